@@ -1,0 +1,36 @@
+# allocscope — `make help` lists the targets.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: help setup host venv demo test test-unit test-bpf bench clean
+help: ## this list
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+host: ## Debian packages, kernel headers link, tracefs mount (root, idempotent)
+	@bash scripts/setup-host.sh
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	@touch $@
+
+venv: $(STAMP) ## .venv/ with allocscope and its PyPI deps (BCC from Debian)
+
+setup: host venv ## everything the tool needs on this box
+
+demo: setup ## record the bundled demo daemon and report it
+	@$(VENV)/bin/allocscope demo
+
+test: setup ## every test (BPF tests fail instead of skipping when CI=true)
+	@$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+test-unit: venv ## tests that need neither root nor BPF
+	@$(PY) -m pytest -q -m 'not bpf' $(PYTEST_ARGS)
+
+bench: setup ## overhead benchmark (prints ratios measured in one run)
+	@$(PY) bench/overhead.py
+
+clean: ## remove build products (keeps .venv)
+	rm -rf build tests/targets/bin *.egg-info .pytest_cache

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Host set-up for allocscope: Debian packages, kernel headers, tracefs.
+# Idempotent; needs root. Run by `make setup` (and so by `make demo` / `make test`).
+set -euo pipefail
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+  say "must run as root (BPF needs it); try: sudo make $*"
+  exit 1
+fi
+
+# 1. Debian packages. python3-bpfcc = BCC's Python bindings (NOT the PyPI 'bcc').
+pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# 2. Kernel headers: BCC compiles against /lib/modules/$(uname -r)/build. When no
+#    package matches the running kernel, link the newest Debian headers there.
+kver=$(uname -r)
+moddir=/lib/modules/$kver
+if [ ! -e "$moddir/build/include/generated/autoconf.h" ] && [ ! -e /sys/kernel/kheaders.tar.xz ]; then
+  arch_hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1 || true)
+  if [ -z "$arch_hdr" ]; then
+    say "no linux-headers-*-amd64 under /usr/src after installing linux-headers-amd64"
+    exit 1
+  fi
+  common_hdr=${arch_hdr%-amd64}-common
+  mkdir -p "$moddir"
+  ln -sfn "$arch_hdr" "$moddir/build"
+  [ -d "$common_hdr" ] && ln -sfn "$common_hdr" "$moddir/source"
+  say "linked $arch_hdr as headers for kernel $kver"
+fi
+
+# 3. tracefs (uprobes and tracepoints are registered through it).
+if [ ! -e /sys/kernel/tracing/uprobe_events ]; then
+  mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+fi
+if [ ! -e /sys/kernel/tracing/uprobe_events ] && [ ! -e /sys/kernel/debug/tracing/uprobe_events ]; then
+  mount -t debugfs nodev /sys/kernel/debug 2>/dev/null || true
+fi
+if [ ! -e /sys/kernel/tracing/uprobe_events ] && [ ! -e /sys/kernel/debug/tracing/uprobe_events ]; then
+  say "tracefs is not available (no uprobe_events); is CONFIG_UPROBE_EVENTS on?"
+  exit 1
+fi
+exit 0
