@@ -1,0 +1,184 @@
+"""allocscope command line. A thin adapter: the work is in tracer/ and reports/; heavy imports
+happen inside the commands so `--help` is instant."""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from tracer.errors import AllocscopeError, UsageError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _fail(err: AllocscopeError) -> None:
+    click.echo(f"allocscope: {err}", err=True)
+    sys.exit(err.exit_code)
+
+
+class Group(click.Group):
+    """Turns AllocscopeError into one line on stderr and its exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except AllocscopeError as e:
+            _fail(e)
+        except BrokenPipeError:
+            sys.stderr.close()
+            sys.exit(1)
+
+
+def _progress(msg: str) -> None:
+    click.echo(f"allocscope: {msg}", err=True)
+
+
+def parse_labels(values: tuple[str, ...]) -> dict[str, str]:
+    labels = {}
+    for v in values:
+        key, sep, val = v.partition("=")
+        key = key.strip()
+        if not sep or not key or any(c.isspace() for c in key):
+            raise UsageError(f"--label wants KEY=VALUE (e.g. --label pw=12), not {v!r}")
+        labels[key] = val
+    return labels
+
+
+@click.group(cls=Group, context_settings=CONTEXT)
+@click.version_option("0.1.0", prog_name="allocscope")
+def main() -> None:
+    """Find what keeps memory in a running native daemon.
+
+    \b
+    Typical session (as root):
+      allocscope doctor                          # can this box trace?
+      allocscope record --pgrep provingd -o pw10.allocscope --duration 60 --label pw=10
+      allocscope report pw10.allocscope          # outstanding bytes by call stack and thread
+      allocscope report pw10.allocscope --format json -o pw10.json
+    """
+
+
+@main.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
+@click.option("--pid", "-p", type=int, help="Attach to this running process.")
+@click.option("--pgrep", "pattern", metavar="PATTERN",
+              help="Attach to the one process whose full command line matches PATTERN (regex, like pgrep -f).")
+@click.option("-o", "--output", "output", required=False, metavar="TRACE",
+              help="Trace directory to write (an existing trace there is kept as TRACE.old).")
+@click.option("--duration", type=float, metavar="SECONDS", help="Stop after this long (default: until Ctrl-C or the target exits).")
+@click.option("--interval", type=float, default=1.0, show_default=True, metavar="SECONDS",
+              help="Snapshot period: RSS, live bytes, per-site and per-thread counters.")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
+              help="Tag the trace (e.g. --label pw=12); shown in reports, used by diff. Repeatable.")
+@click.option("--max-live", type=int, default=1 << 20, show_default=True,
+              help="Outstanding allocations tracked in the kernel; beyond it allocations are counted as lost.")
+@click.option("--force", is_flag=True, help="Replace TRACE even when it is not an allocscope trace.")
+@click.option("--keep-cmdline", is_flag=True, help="Store the target's command line (off: it may hold secrets).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress messages; the summary line only.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD [ARGS...]]")
+def record(pid, pattern, output, duration, interval, labels, max_live, force, keep_cmdline, quiet, command):
+    """Record allocations of a running process (--pid/--pgrep) or of a command it starts (-- CMD).
+
+    Probes malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign,
+    valloc, pvalloc and malloc_trim in the allocator the process really uses, and mmap, munmap,
+    mremap, brk and madvise through syscall tracepoints. Stops at --duration, Ctrl-C/SIGTERM, or
+    when the target exits; the trace is readable even if allocscope is killed.
+
+    \b
+    Examples:
+      allocscope record --pid 4242 -o run.allocscope --duration 30
+      allocscope record --pgrep 'provingd --pw 12' -o pw12.allocscope --label pw=12
+      allocscope record -o demo.allocscope -- ./provingd --pw 4
+    """
+    from tracer import record as rec  # noqa: PLC0415
+
+    given = sum(x is not None and x != () for x in (pid, pattern, command or None))
+    if given == 0:
+        raise UsageError("no target: give --pid PID, --pgrep PATTERN, or -- CMD [ARGS...]")
+    if given > 1:
+        raise UsageError("give only one of --pid, --pgrep, -- CMD")
+    if not output:
+        raise UsageError("missing -o TRACE (where to write the trace)")
+    lab = parse_labels(labels)
+    if interval <= 0:
+        raise UsageError("--interval must be > 0 seconds")
+    if duration is not None and duration <= 0:
+        raise UsageError("--duration must be > 0 seconds")
+    if max_live < 1024:
+        raise UsageError("--max-live must be at least 1024")
+    rec.require_root()
+    from tracer.writer import prepare_output  # noqa: PLC0415
+    prepare_output(output, force)
+    if pid is not None:
+        target = rec.target_from_pid(pid)
+    elif pattern is not None:
+        target = rec.target_from_pgrep(pattern)
+    else:
+        target = rec.target_from_command(list(command))
+    opts = rec.RecordOptions(output=output, duration=duration, interval=interval, labels=lab, force=force,
+                             keep_cmdline=keep_cmdline, max_live=max_live, quiet=quiet)
+    s = rec.record(target, opts, None if quiet else _progress)
+    from reports.render import human_bytes  # noqa: PLC0415
+    click.echo(f"allocscope: wrote {s.path}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "
+               f"live {human_bytes(s.live_bytes)} in {s.live_count} blocks at {s.sites} sites; "
+               f"lost {s.lost}; {human_bytes(s.bytes_written)} on disk")
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("trace", type=click.Path(dir_okay=True, file_okay=True))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
+@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="Sites and threads to show (text).")
+def report(trace, fmt, output, top):
+    """Outstanding bytes by call site and by thread, totals and losses, from TRACE.
+
+    The JSON form (schema allocscope.report/1) is a contract other tools read: sites sorted by
+    live bytes, each with frames innermost first, and threads, arenas and trims.
+    """
+    from reports import render  # noqa: PLC0415
+    from reports.analysis import build_report  # noqa: PLC0415
+    from reports.trace import load_trace  # noqa: PLC0415
+
+    t = load_trace(trace, progress=_progress if sys.stderr.isatty() else None)
+    rep = build_report(t)
+    if fmt == "json":
+        text = render.to_json(rep)
+    else:
+        color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
+        text = render.to_text(rep, top=top, color=color)
+    _emit(text, output)
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output:
+        try:
+            with open(output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise AllocscopeError(f"cannot write {output}: {e.strerror}") from None
+    else:
+        click.echo(text, nl=not text.endswith("\n"))
+
+
+@main.command(context_settings=CONTEXT)
+def doctor():
+    """Check that this machine can trace: root, BPF, BCC, kernel headers, tracefs, uprobes.
+
+    Says exactly what is missing and how to fix it; exits 0 when tracing can work.
+    """
+    from tracer.doctor import run_checks  # noqa: PLC0415
+
+    ok = True
+    for check in run_checks():
+        mark = "ok  " if check.ok else "FAIL"
+        click.echo(f"[{mark}] {check.name}: {check.detail}")
+        if not check.ok:
+            ok = False
+            if check.fix:
+                click.echo(f"       fix: {check.fix}")
+    click.echo("tracing can work" if ok else "tracing cannot work until the failures above are fixed")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,697 @@
+/* allocscope BPF program (BCC dialect).
+ *
+ * Aggregates in the kernel: every allocation is kept in `live` (address ->
+ * size, stack, thread, time) and counted in `sites` per (stack, thread);
+ * frees look the address up and are charged back to the allocating site and
+ * thread, and to the (allocating, freeing) thread pair in `flows`. Nothing
+ * per malloc leaves the kernel. Rare events (mmap family, brk, madvise,
+ * malloc_trim, thread names, exit, exec) go through the `events` ring buffer.
+ *
+ * Compile-time parameters (cflags -D...):
+ *   AS_TGID         process to trace (required)
+ *   AS_MAX_LIVE     outstanding allocations tracked      (default 1048576)
+ *   AS_MAX_STACKS   distinct stacks                      (default 65536)
+ *   AS_MAX_SITES    distinct (stack, thread) pairs       (default 262144)
+ *   AS_RING_PAGES   ring buffer size in pages            (default 1024)
+ *   AS_WAIT_EXEC    launch mode: ignore everything until the target's exec
+ *
+ * Stacks: user stacks are captured in return probes, where the first frame
+ * is the return address into the caller, so the immediate caller is never
+ * lost (an entry probe's frame-pointer walk skips it). In syscall
+ * tracepoints the word at the user stack pointer is kept as a candidate
+ * caller frame; the tracer decides whether it is one. capture_stack() is the
+ * only place that walks a stack: a DWARF unwinder plugs in there.
+ */
+#include <uapi/linux/ptrace.h>
+#include <linux/sched.h>
+#include "allocscope.h"
+
+#if (AS_MAX_DEPTH & (AS_MAX_DEPTH - 1)) != 0
+#error "AS_MAX_DEPTH must be a power of 2"
+#endif
+
+#ifndef AS_TGID
+#error "AS_TGID must be defined"
+#endif
+#ifndef AS_MAX_LIVE
+#define AS_MAX_LIVE 1048576
+#endif
+#ifndef AS_MAX_STACKS
+#define AS_MAX_STACKS 65536
+#endif
+#ifndef AS_MAX_SITES
+#define AS_MAX_SITES 262144
+#endif
+#ifndef AS_RING_PAGES
+#define AS_RING_PAGES 1024
+#endif
+#define AS_MAX_THREADS 32768
+
+BPF_F_TABLE("hash", u64, struct as_live, live, AS_MAX_LIVE, BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", u64, struct as_stack, stacks, AS_MAX_STACKS, BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", struct as_site_key, struct as_site, sites, AS_MAX_SITES, BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", struct as_flow_key, struct as_flow, flows, 65536, BPF_F_NO_PREALLOC);
+BPF_HASH(inflight, u32, struct as_inflight, AS_MAX_THREADS);
+BPF_HASH(sysargs, u32, struct as_sysargs, AS_MAX_THREADS);
+BPF_PERCPU_ARRAY(counters, u64, AS_CNT_MAX);
+BPF_ARRAY(totals, s64, 2); /* 0: live bytes (heap API), 1: peak of 0 */
+BPF_PERCPU_ARRAY(scratch, struct as_stack, 1);
+BPF_RINGBUF_OUTPUT(events, AS_RING_PAGES);
+
+#ifdef AS_WAIT_EXEC
+/* Launch mode: the target is forked by the tracer and traced only once it has exec'd, so the
+ * tracer's own pre-exec allocations in the child never count. */
+BPF_ARRAY(armed, u32, 1);
+
+static __always_inline int is_target(void)
+{
+    if ((bpf_get_current_pid_tgid() >> 32) != AS_TGID)
+        return 0;
+    u32 zero = 0;
+    u32 *a = armed.lookup(&zero);
+    return a && *a;
+}
+#else
+static __always_inline int is_target(void)
+{
+    return (bpf_get_current_pid_tgid() >> 32) == AS_TGID;
+}
+#endif
+
+static __always_inline u32 current_tid(void)
+{
+    return (u32)bpf_get_current_pid_tgid();
+}
+
+static __always_inline void count(u32 idx, u64 n)
+{
+    u64 *c = counters.lookup(&idx);
+    if (c)
+        *c += n; /* per-CPU: no atomics needed */
+}
+
+/* --- stacks ------------------------------------------------------------ */
+
+/* Hash the stack and keep it in `stacks`. bpf_get_stack zero-fills the
+ * buffer past the frames it wrote, so hashing up to the first zero slot is
+ * the same as hashing `depth` frames, and keeps the loop simple enough for
+ * the verifier. */
+static __always_inline u64 store_stack(struct as_stack *st)
+{
+    u64 h = 0xcbf29ce484222325ULL ^ st->flags ^ (st->extra * 0x9e3779b97f4a7c15ULL);
+    for (u32 i = 0; i < AS_MAX_DEPTH; i++) {
+        u64 ip = st->ips[i];
+        if (ip == 0)
+            break;
+        h ^= ip;
+        h *= 0x100000001b3ULL;
+        h ^= h >> 29;
+    }
+    if (h == 0)
+        h = 1;
+    if (stacks.lookup(&h))
+        return h;
+    int err = stacks.insert(&h, st);
+    if (err != 0 && err != -EEXIST) {
+        count(AS_LOST_STACK_FULL, 1);
+        return 0;
+    }
+    return h;
+}
+
+/* Frame-pointer walk of the user stack, starting at the probe's user pc.
+ * `extra` is kept beside the frames (syscalls: word at the user sp). */
+static __always_inline u64 capture_stack(void *ctx, u32 flags, u64 extra)
+{
+    u32 zero = 0;
+    struct as_stack *st = scratch.lookup(&zero);
+    if (!st)
+        return 0;
+    long n = bpf_get_stack(ctx, st->ips, sizeof(st->ips), BPF_F_USER_STACK);
+    if (n <= 0) {
+        count(AS_LOST_STACK_ERR, 1);
+        return 0;
+    }
+    st->depth = (u32)(n / sizeof(u64));
+    st->flags = flags;
+    st->extra = extra;
+    return store_stack(st);
+}
+
+static __always_inline u64 capture_syscall_stack(void *ctx)
+{
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    u64 sp = 0, word = 0;
+    bpf_probe_read_kernel(&sp, sizeof(sp), &regs->sp);
+    if (sp)
+        bpf_probe_read_user(&word, sizeof(word), (void *)sp);
+    return capture_stack(ctx, AS_STACK_SYSCALL, word);
+}
+
+/* --- accounting ---------------------------------------------------------- */
+
+static __always_inline void totals_add(s64 delta)
+{
+    u32 k0 = 0, k1 = 1;
+    s64 *live_b = totals.lookup(&k0);
+    s64 *peak_b = totals.lookup(&k1);
+    if (!live_b || !peak_b)
+        return;
+    s64 now = __sync_fetch_and_add(live_b, delta) + delta;
+    if (delta > 0 && now > *peak_b)
+        *peak_b = now; /* racy max: may miss a concurrent peak by one block */
+}
+
+static __always_inline void record_alloc(struct pt_regs *ctx, u32 tid, u64 addr, u64 size,
+                                         u32 api, u64 ts);
+
+/* Charge the free of `addr` by thread `tid` back to its allocation. */
+static __always_inline void free_addr(u32 tid, u64 addr, u64 now)
+{
+    struct as_live *l = live.lookup(&addr);
+    if (!l) {
+        count(AS_CNT_FREE_UNKNOWN, 1);
+        return;
+    }
+    struct as_live c = *l;
+    if (live.delete(&addr) != 0)
+        return; /* another thread freed it first (double free in the target) */
+    count(AS_CNT_FREES, 1);
+    totals_add(-(s64)c.size);
+
+    struct as_site_key sk = {.stack_id = c.stack_id, .tid = c.tid};
+    struct as_site *s = sites.lookup(&sk);
+    if (s) {
+        __sync_fetch_and_add(&s->free_bytes, c.size);
+        __sync_fetch_and_add(&s->free_count, 1);
+    }
+
+    struct as_flow_key fk = {.alloc_tid = c.tid, .free_tid = tid};
+    struct as_flow *f = flows.lookup(&fk);
+    if (!f) {
+        struct as_flow zero = {};
+        flows.insert(&fk, &zero);
+        f = flows.lookup(&fk);
+        if (!f) {
+            count(AS_LOST_FLOW_FULL, 1);
+            return;
+        }
+    }
+    u64 wait = now > c.ts_ns ? now - c.ts_ns : 0;
+    __sync_fetch_and_add(&f->bytes, c.size);
+    __sync_fetch_and_add(&f->count, 1);
+    __sync_fetch_and_add(&f->wait_ns_sum, wait);
+    if (wait > f->wait_ns_max)
+        f->wait_ns_max = wait;
+}
+
+static __always_inline void record_alloc(struct pt_regs *ctx, u32 tid, u64 addr, u64 size,
+                                         u32 api, u64 ts)
+{
+    /* The address is live already: a free we could not see. Charge it. */
+    if (live.lookup(&addr))
+        free_addr(tid, addr, ts);
+
+    u64 sid = capture_stack(ctx, 0, 0);
+    struct as_live l = {.size = size, .stack_id = sid, .ts_ns = ts, .tid = tid, .api = api};
+    if (live.update(&addr, &l) != 0) {
+        count(AS_LOST_LIVE_FULL, 1);
+        count(AS_LOST_LIVE_FULL_BYTES, size);
+        return;
+    }
+    count(AS_CNT_ALLOCS, 1);
+    totals_add((s64)size);
+
+    struct as_site_key sk = {.stack_id = sid, .tid = tid};
+    struct as_site *s = sites.lookup(&sk);
+    if (!s) {
+        struct as_site zero = {};
+        sites.insert(&sk, &zero);
+        s = sites.lookup(&sk);
+        if (!s) {
+            count(AS_LOST_SITE_FULL, 1);
+            return;
+        }
+    }
+    u64 ab = __sync_fetch_and_add(&s->alloc_bytes, size) + size;
+    __sync_fetch_and_add(&s->alloc_count, 1);
+    u64 fb = s->free_bytes;
+    if (ab > fb && ab - fb > s->peak_live_bytes)
+        s->peak_live_bytes = ab - fb;
+}
+
+/* --- entry/return pairing -------------------------------------------------
+ * One entry state per thread. An allocator entry deeper on the same stack
+ * (sp lower) is a nested call; one at the same sp is a tail jump (glibc's
+ * realloc(NULL, n) jumps to malloc, reallocarray to realloc); both are
+ * counted once, by the outermost call. A return must come back at entry
+ * sp + 8; anything else is reported as unmatched, never guessed. */
+
+static __always_inline int enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg)
+{
+    if (!is_target())
+        return 0;
+    u32 tid = current_tid();
+    u64 sp = PT_REGS_SP(ctx);
+    struct as_inflight *cur = inflight.lookup(&tid);
+    if (cur) {
+        if (sp < cur->sp) {
+            cur->nest++;
+            count(AS_CNT_NESTED, 1);
+            return 0;
+        }
+        if (sp == cur->sp) {
+            cur->tail++;
+            count(AS_CNT_NESTED, 1);
+            return 0;
+        }
+        count(AS_LOST_STALE_ENTRY, 1);
+    }
+    struct as_inflight in = {.sp = sp, .size = size, .arg = arg, .ts_ns = bpf_ktime_get_ns(),
+                             .api = api};
+    if (inflight.update(&tid, &in) != 0)
+        count(AS_LOST_INFLIGHT_FULL, 1);
+    return 0;
+}
+
+static __always_inline void emit_trim(u32 tid, struct as_inflight *in, s64 ret, u64 now)
+{
+    struct as_event *e = events.ringbuf_reserve(sizeof(struct as_event));
+    if (!e) {
+        count(AS_LOST_RING_FULL, 1);
+        return;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->type = AS_EV_TRIM;
+    e->tid = tid;
+    e->ts_ns = in->ts_ns;
+    e->addr = in->arg;
+    e->len2 = now - in->ts_ns;
+    e->ret = ret;
+    e->in_api = AS_API_MALLOC_TRIM;
+    bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    events.ringbuf_submit(e, 0);
+    count(AS_CNT_EVENTS, 1);
+}
+
+/* The one return probe of every allocator function. */
+int alloc_return(struct pt_regs *ctx)
+{
+    if (!is_target())
+        return 0;
+    u32 tid = current_tid();
+    struct as_inflight *cur = inflight.lookup(&tid);
+    if (!cur) {
+        count(AS_LOST_UNMATCHED_RET, 1);
+        return 0;
+    }
+    u64 sp = PT_REGS_SP(ctx);
+    if (sp != cur->sp + 8) {
+        if (sp < cur->sp + 8 && cur->nest > 0) {
+            cur->nest--;
+            return 0;
+        }
+        /* Returned above the entry: the entry's own return was lost. */
+        count(AS_LOST_UNMATCHED_RET, 1);
+        inflight.delete(&tid);
+        return 0;
+    }
+    if (cur->tail > 0) {
+        cur->tail--; /* the tail-jumped-to function returns first, same sp */
+        return 0;
+    }
+    struct as_inflight in = *cur;
+    inflight.delete(&tid);
+
+    u64 ret = PT_REGS_RC(ctx);
+    u64 now = bpf_ktime_get_ns();
+    u64 addr = ret;
+
+    switch (in.api) {
+    case AS_API_MALLOC_TRIM:
+        emit_trim(tid, &in, (s64)(int)ret, now);
+        return 0;
+    case AS_API_POSIX_MEMALIGN:
+        if ((int)ret != 0) {
+            count(AS_CNT_FAILED, 1);
+            return 0;
+        }
+        addr = 0;
+        bpf_probe_read_user(&addr, sizeof(addr), (void *)in.arg);
+        break;
+    case AS_API_REALLOC:
+    case AS_API_REALLOCARRAY:
+        if (ret == 0) {
+            /* glibc: realloc(p, 0) frees p and returns NULL; otherwise p stays. */
+            if (in.size == 0 && in.arg != 0)
+                free_addr(tid, in.arg, now);
+            else
+                count(AS_CNT_FAILED, 1);
+            return 0;
+        }
+        if (in.arg != 0)
+            free_addr(tid, in.arg, now);
+        break;
+    default:
+        break;
+    }
+    if (addr == 0) {
+        count(AS_CNT_FAILED, 1);
+        return 0;
+    }
+    record_alloc(ctx, tid, addr, in.size, in.api, in.ts_ns);
+    return 0;
+}
+
+/* --- entry probes (named after the symbol) ------------------------------- */
+
+/* a * b, or 0 when it overflows (the call then fails). Written without a
+ * division or 128-bit multiply, which BPF lacks. */
+static __always_inline u64 mul_size(u64 a, u64 b)
+{
+    u64 ah = a >> 32, bh = b >> 32;
+    if (ah == 0 && bh == 0)
+        return a * b;
+    if (ah != 0 && bh != 0)
+        return 0;
+    u64 hi = ah ? ah * b : bh * a;          /* the high half times the other */
+    u64 lo = ah ? (a & 0xffffffffULL) * b : (b & 0xffffffffULL) * a;
+    if (hi >> 32)
+        return 0;
+    u64 r = (hi << 32) + lo;
+    return r < lo ? 0 : r;
+}
+
+int malloc_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_MALLOC, PT_REGS_PARM1(ctx), 0);
+}
+
+int calloc_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_CALLOC, mul_size(PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx)), 0);
+}
+
+int realloc_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_REALLOC, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx));
+}
+
+int reallocarray_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_REALLOCARRAY, mul_size(PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx)),
+                 PT_REGS_PARM1(ctx));
+}
+
+int posix_memalign_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_POSIX_MEMALIGN, PT_REGS_PARM3(ctx), PT_REGS_PARM1(ctx));
+}
+
+int aligned_alloc_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_ALIGNED_ALLOC, PT_REGS_PARM2(ctx), 0);
+}
+
+int memalign_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_MEMALIGN, PT_REGS_PARM2(ctx), 0);
+}
+
+int valloc_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_VALLOC, PT_REGS_PARM1(ctx), 0);
+}
+
+int pvalloc_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_PVALLOC, PT_REGS_PARM1(ctx), 0);
+}
+
+int malloc_trim_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_MALLOC_TRIM, 0, PT_REGS_PARM1(ctx));
+}
+
+int free_enter(struct pt_regs *ctx)
+{
+    if (!is_target())
+        return 0;
+    u64 p = PT_REGS_PARM1(ctx);
+    if (p == 0) {
+        count(AS_CNT_FREE_NULL, 1);
+        return 0;
+    }
+    free_addr(current_tid(), p, bpf_ktime_get_ns());
+    return 0;
+}
+
+/* --- memory from the kernel: syscall tracepoints ------------------------ */
+
+static __always_inline void save_sysargs(u32 nr, u64 a0, u64 a1, u64 a2, u64 a3, u64 a4)
+{
+    u32 tid = current_tid();
+    struct as_sysargs a = {.a0 = a0, .a1 = a1, .a2 = a2, .a3 = a3, .a4 = a4, .nr = nr};
+    sysargs.update(&tid, &a);
+}
+
+static __always_inline struct as_event *new_event(u32 type, u32 tid)
+{
+    struct as_event *e = events.ringbuf_reserve(sizeof(struct as_event));
+    if (!e) {
+        count(AS_LOST_RING_FULL, 1);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->type = type;
+    e->tid = tid;
+    e->ts_ns = bpf_ktime_get_ns();
+    bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    return e;
+}
+
+static __always_inline u32 current_api(u32 tid)
+{
+    struct as_inflight *in = inflight.lookup(&tid);
+    return in ? in->api : AS_API_NONE;
+}
+
+/* Pops the saved syscall arguments; 0 when the entry was not seen. */
+static __always_inline int pop_sysargs(u32 nr, struct as_sysargs *out)
+{
+    u32 tid = current_tid();
+    struct as_sysargs *a = sysargs.lookup(&tid);
+    if (!a)
+        return 0;
+    if (a->nr != nr) {
+        sysargs.delete(&tid);
+        return 0;
+    }
+    *out = *a;
+    sysargs.delete(&tid);
+    return 1;
+}
+
+static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
+{
+    struct as_sysargs a = {};
+    if (!pop_sysargs(nr, &a))
+        return;
+    if (ret < 0 && ret > -4096)
+        return; /* failed: nothing changed */
+    u32 tid = current_tid();
+    u32 api = current_api(tid);
+    u64 sid = 0;
+    /* Stacks only where user space will attribute bytes to them. */
+    if (api == AS_API_NONE && (nr == 9 || nr == 12 || nr == 25))
+        sid = capture_syscall_stack(ctx);
+    struct as_event *e;
+    switch (nr) {
+    case 9: /* mmap(addr, len, prot, flags, fd) -> addr */
+        e = new_event(AS_EV_MMAP, tid);
+        if (!e)
+            return;
+        e->addr = (u64)ret;
+        e->len = a.a1;
+        e->prot = (u32)a.a2;
+        e->flags = (u32)a.a3;
+        e->fd = (s32)a.a4;
+        break;
+    case 11: /* munmap(addr, len) */
+        e = new_event(AS_EV_MUNMAP, tid);
+        if (!e)
+            return;
+        e->addr = a.a0;
+        e->len = a.a1;
+        break;
+    case 25: /* mremap(old, old_len, new_len, flags, new_addr) -> new */
+        e = new_event(AS_EV_MREMAP, tid);
+        if (!e)
+            return;
+        e->addr = a.a0;
+        e->len = a.a1;
+        e->len2 = a.a2;
+        e->flags = (u32)a.a3;
+        e->addr2 = (u64)ret;
+        break;
+    case 12: /* brk(requested) -> new break */
+        e = new_event(AS_EV_BRK, tid);
+        if (!e)
+            return;
+        e->addr = (u64)ret;
+        e->len = a.a0;
+        break;
+    case 28: /* madvise(start, len, advice) */
+        e = new_event(AS_EV_MADVISE, tid);
+        if (!e)
+            return;
+        e->addr = a.a0;
+        e->len = a.a1;
+        e->flags = (u32)a.a2;
+        break;
+    default:
+        return;
+    }
+    e->ret = ret;
+    e->stack_id = sid;
+    e->in_api = api;
+    events.ringbuf_submit(e, 0);
+    count(AS_CNT_EVENTS, 1);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+{
+    if (!is_target())
+        return 0;
+    save_sysargs(9, args->addr, args->len, args->prot, args->flags, args->fd);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
+{
+    if (!is_target())
+        return 0;
+    syscall_exit(args, 9, args->ret);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
+{
+    if (!is_target())
+        return 0;
+    save_sysargs(11, args->addr, args->len, 0, 0, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_munmap)
+{
+    if (!is_target())
+        return 0;
+    syscall_exit(args, 11, args->ret);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
+{
+    if (!is_target())
+        return 0;
+    save_sysargs(25, args->addr, args->old_len, args->new_len, args->flags, args->new_addr);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
+{
+    if (!is_target())
+        return 0;
+    syscall_exit(args, 25, args->ret);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_brk)
+{
+    if (!is_target())
+        return 0;
+    save_sysargs(12, args->brk, 0, 0, 0, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_brk)
+{
+    if (!is_target())
+        return 0;
+    syscall_exit(args, 12, args->ret);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_madvise)
+{
+    if (!is_target())
+        return 0;
+    int advice = args->behavior;
+    /* Only advice that can release memory: DONTNEED, FREE, REMOVE, PAGEOUT,
+     * DONTNEED_LOCKED. */
+    if (advice != 4 && advice != 8 && advice != 9 && advice != 21 && advice != 24)
+        return 0;
+    save_sysargs(28, args->start, args->len_in, advice, 0, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_madvise)
+{
+    if (!is_target())
+        return 0;
+    syscall_exit(args, 28, args->ret);
+    return 0;
+}
+
+/* --- threads and process lifetime ----------------------------------------- */
+
+TRACEPOINT_PROBE(task, task_rename)
+{
+    if (!is_target())
+        return 0;
+    struct as_event *e = new_event(AS_EV_THREAD_NAME, (u32)args->pid);
+    if (!e)
+        return 0;
+    bpf_probe_read_kernel(&e->comm, sizeof(e->comm), args->newcomm);
+    events.ringbuf_submit(e, 0);
+    count(AS_CNT_EVENTS, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    if (!is_target())
+        return 0;
+    u32 tid = current_tid();
+    inflight.delete(&tid);
+    sysargs.delete(&tid);
+    struct as_event *e = new_event(AS_EV_THREAD_EXIT, tid);
+    if (!e)
+        return 0;
+    e->ret = args->group_dead;
+    events.ringbuf_submit(e, 0);
+    count(AS_CNT_EVENTS, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+    if ((bpf_get_current_pid_tgid() >> 32) != AS_TGID)
+        return 0;
+#ifdef AS_WAIT_EXEC
+    u32 zero = 0, one = 1;
+    u32 *a = armed.lookup(&zero);
+    if (a && *a == 0) {
+        armed.update(&zero, &one); /* the launched command starts: trace from here */
+        return 0;
+    }
+#endif
+    struct as_event *e = new_event(AS_EV_EXEC, current_tid());
+    if (!e)
+        return 0;
+    events.ringbuf_submit(e, 0);
+    count(AS_CNT_EVENTS, 1);
+    return 0;
+}

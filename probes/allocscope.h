@@ -1,0 +1,157 @@
+/* allocscope: layouts shared by the BPF program (allocscope.c) and the tracer.
+ *
+ * This header is the single source of truth for every map key/value and ring
+ * event. tracer/layout.py mirrors it with ctypes, and tests/test_layout.py
+ * checks that the mirror's sizes equal the ctypes classes BCC derives from
+ * this file. Change both together and bump TRACE_FORMAT_VERSION when a
+ * change reaches the trace files.
+ *
+ * Only fixed-width types, explicit padding, no bitfields.
+ */
+#ifndef ALLOCSCOPE_H
+#define ALLOCSCOPE_H
+
+#ifndef AS_MAX_DEPTH
+#define AS_MAX_DEPTH 64 /* user frames kept per stack */
+#endif
+
+/* Allocator API that made an allocation (as_live.api, as_inflight.api). */
+enum as_api {
+    AS_API_NONE = 0,
+    AS_API_MALLOC = 1,
+    AS_API_CALLOC = 2,
+    AS_API_REALLOC = 3,
+    AS_API_REALLOCARRAY = 4,
+    AS_API_POSIX_MEMALIGN = 5,
+    AS_API_ALIGNED_ALLOC = 6, /* also memalign when both share one address */
+    AS_API_MEMALIGN = 7,
+    AS_API_VALLOC = 8,
+    AS_API_PVALLOC = 9,
+    AS_API_FREE = 10,
+    AS_API_MALLOC_TRIM = 11,
+    AS_API_MMAP = 12, /* syscalls seen outside any allocator call */
+    AS_API_BRK = 13,
+    AS_API_MAX = 14,
+};
+
+/* Counters (index into the per-CPU `counters` array). Losses first. */
+enum as_counter {
+    AS_LOST_LIVE_FULL = 0,     /* live map full: allocation not tracked */
+    AS_LOST_LIVE_FULL_BYTES,   /* ... and its bytes */
+    AS_LOST_STACK_FULL,        /* stack map full: site recorded as "[stack lost]" */
+    AS_LOST_STACK_ERR,         /* bpf_get_stack failed */
+    AS_LOST_SITE_FULL,         /* site map full: bytes not attributed to a site */
+    AS_LOST_INFLIGHT_FULL,     /* per-thread entry state map full */
+    AS_LOST_UNMATCHED_RET,     /* return probe without its entry (probe went live mid-call) */
+    AS_LOST_STALE_ENTRY,       /* entry state overwritten: its return was never seen */
+    AS_LOST_RING_FULL,         /* ring buffer full: syscall/thread event dropped */
+    AS_LOST_FLOW_FULL,         /* flow map full */
+    AS_LOST_COUNT,             /* marker: counters below are not losses */
+    AS_CNT_FREE_UNKNOWN = 16,  /* free() of a block allocated before attach (ignored) */
+    AS_CNT_FREE_NULL,          /* free(NULL) */
+    AS_CNT_ALLOCS,             /* allocations tracked */
+    AS_CNT_FREES,              /* frees matched */
+    AS_CNT_NESTED,             /* allocator calls nested in another (counted once) */
+    AS_CNT_FAILED,             /* allocator call returned NULL / error */
+    AS_CNT_EVENTS,             /* ring events submitted */
+    AS_CNT_MAX = 32,
+};
+
+/* Ring event types. */
+enum as_event_type {
+    AS_EV_MMAP = 1,
+    AS_EV_MUNMAP = 2,
+    AS_EV_MREMAP = 3,
+    AS_EV_BRK = 4,
+    AS_EV_MADVISE = 5,
+    AS_EV_TRIM = 6,         /* malloc_trim: ts = start, len2 = duration ns, ret = return value */
+    AS_EV_THREAD_NAME = 7,  /* comm of tid changed (comm = new name) */
+    AS_EV_THREAD_EXIT = 8,  /* tid exited (comm = last name) */
+    AS_EV_EXEC = 9,         /* the process exec'd another program */
+};
+
+/* Stack flags. */
+#define AS_STACK_SYSCALL 1u /* taken in a syscall: `extra` is the word at the user sp */
+
+/* A user stack. Key of `stacks` is a 64-bit hash of (flags, extra, ips[0..depth)). */
+struct as_stack {
+    __u32 depth;
+    __u32 flags;
+    __u64 extra; /* AS_STACK_SYSCALL: candidate return address read at the user sp */
+    __u64 ips[AS_MAX_DEPTH];
+};
+
+/* Value of `live`: one outstanding allocation, keyed by its address. */
+struct as_live {
+    __u64 size;     /* bytes requested */
+    __u64 stack_id; /* key into `stacks` (0: stack lost) */
+    __u64 ts_ns;    /* CLOCK_MONOTONIC of the allocation */
+    __u32 tid;      /* allocating thread */
+    __u32 api;      /* enum as_api */
+};
+
+/* Key/value of `sites`: cumulative counters per (stack, allocating thread). */
+struct as_site_key {
+    __u64 stack_id;
+    __u32 tid;
+    __u32 pad;
+};
+
+struct as_site {
+    __u64 alloc_bytes;
+    __u64 alloc_count;
+    __u64 free_bytes;  /* frees of blocks this (stack, tid) allocated, by any thread */
+    __u64 free_count;
+    __u64 peak_live_bytes; /* max of alloc_bytes - free_bytes seen at an allocation */
+};
+
+/* Key/value of `flows`: frees by (allocating thread, freeing thread). */
+struct as_flow_key {
+    __u32 alloc_tid;
+    __u32 free_tid;
+};
+
+struct as_flow {
+    __u64 bytes;
+    __u64 count;
+    __u64 wait_ns_sum; /* sum over frees of (free time - allocation time) */
+    __u64 wait_ns_max;
+};
+
+/* Value of `inflight`: a thread between an allocator entry and its return. */
+struct as_inflight {
+    __u64 sp;    /* user sp at the outermost entry; its return has sp + 8 */
+    __u64 size;  /* requested bytes (0 for free/trim) */
+    __u64 arg;   /* realloc: old pointer; posix_memalign: memptr */
+    __u64 ts_ns; /* entry time */
+    __u32 api;   /* enum as_api */
+    __u16 nest;  /* allocator calls made deeper on the stack inside this one */
+    __u16 tail;  /* allocator functions tail-jumped to from this one (same sp) */
+};
+
+/* Value of `sysargs`: a thread between a syscall's entry and exit. */
+struct as_sysargs {
+    __u64 a0, a1, a2, a3, a4;
+    __u32 nr;
+    __u32 pad;
+};
+
+/* Ring event. */
+struct as_event {
+    __u32 type;   /* enum as_event_type */
+    __u32 tid;
+    __u64 ts_ns;
+    __u64 addr;   /* mmap/munmap/madvise: start; mremap: old; brk: new break; trim: pad arg */
+    __u64 len;    /* length; mremap: old length */
+    __u64 addr2;  /* mremap: new address; mmap: file offset */
+    __u64 len2;   /* mremap: new length; trim: duration ns */
+    __u64 stack_id;
+    __s64 ret;    /* syscall / malloc_trim return value */
+    __u32 flags;  /* mmap/mremap flags; madvise: advice */
+    __u32 prot;   /* mmap prot */
+    __s32 fd;     /* mmap fd */
+    __u32 in_api; /* enum as_api of the allocator call this happened inside, 0: none */
+    char comm[16];
+};
+
+#endif /* ALLOCSCOPE_H */

@@ -1,0 +1,163 @@
+"""Load an allocscope trace into pandas DataFrames. No BCC, no root: runs anywhere.
+
+    >>> from reports.trace import load_trace
+    >>> t = load_trace("pw12.allocscope")
+    >>> t.sites.head()        # cumulative counters per (stack, thread, source) per interval
+    >>> t.final_sites()       # the last state of every (stack, thread, source)
+
+DataFrames (columns as in tracer.traceformat): intervals, sites, stacks, threads, flows, events,
+maps, live. Only parts up to the last finished interval are read, so a trace whose tracer was
+killed reads the same as one stopped cleanly at that interval.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracer import traceformat as F
+from tracer.errors import TraceFileError
+
+
+@dataclass
+class Trace:
+    path: str
+    meta: dict
+    intervals: pd.DataFrame
+    sites: pd.DataFrame
+    stacks: pd.DataFrame
+    threads: pd.DataFrame
+    flows: pd.DataFrame
+    events: pd.DataFrame
+    maps: pd.DataFrame
+    live: pd.DataFrame
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.meta.get("complete"))
+
+    @property
+    def last_seq(self) -> int:
+        return int(self.intervals["seq"].max()) if len(self.intervals) else 0
+
+    @property
+    def labels(self) -> dict:
+        return dict(self.meta.get("labels") or {})
+
+    def final_sites(self) -> pd.DataFrame:
+        """Last row of every (stack_id, tid, source), with live_bytes and live_count."""
+        if self.sites.empty:
+            df = self.sites.copy()
+        else:
+            df = self.sites.sort_values("seq").drop_duplicates(["stack_id", "tid", "source"], keep="last")
+        df = df.assign(live_bytes=df["alloc_bytes"] - df["free_bytes"],
+                       live_count=df["alloc_count"] - df["free_count"])
+        return df.reset_index(drop=True)
+
+    def thread_names(self) -> dict[int, str]:
+        """tid -> last known name (renames and exits included)."""
+        if self.threads.empty:
+            return {}
+        df = self.threads.sort_values(["seq", "ts_ns"])
+        return {int(t): str(n) for t, n in zip(df["tid"], df["name"])}
+
+    def final_flows(self) -> pd.DataFrame:
+        if self.flows.empty:
+            return self.flows
+        last = self.flows["seq"].max()
+        return self.flows[self.flows["seq"] == last].reset_index(drop=True)
+
+
+def _empty(table: str) -> pd.DataFrame:
+    if table in F.SCHEMAS:
+        return F.SCHEMAS[table].empty_table().to_pandas()
+    return pd.DataFrame({"seq": pd.Series(dtype="int32")})
+
+
+def read_meta(path: str) -> dict:
+    if not os.path.exists(path):
+        raise TraceFileError(f"no such trace: {path}")
+    if not os.path.isdir(path):
+        raise TraceFileError(f"{path} is not an allocscope trace (a trace is a directory written by "
+                             "'allocscope record')")
+    mpath = os.path.join(path, F.META)
+    try:
+        with open(mpath, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise TraceFileError(f"{path} is not an allocscope trace (no {F.META})") from None
+    except OSError as e:
+        raise TraceFileError(f"cannot read {mpath}: {e.strerror}") from None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        raise TraceFileError(f"{path}: {F.META} is corrupt (not JSON)") from None
+    if not isinstance(meta, dict) or meta.get("format") != F.FORMAT:
+        raise TraceFileError(f"{path} is not an allocscope trace (format {meta.get('format') if isinstance(meta, dict) else '?'!r})")
+    version = meta.get("version")
+    if not isinstance(version, int):
+        raise TraceFileError(f"{path}: {F.META} has no valid format version")
+    if version > F.VERSION:
+        raise TraceFileError(f"{path} was written by a newer allocscope (trace format {version}; "
+                             f"this one reads up to {F.VERSION}); upgrade allocscope")
+    return meta
+
+
+def load_trace(path: str, progress=None) -> Trace:
+    """Read a trace directory. Raises TraceFileError (one line) for anything unreadable."""
+    path = os.fspath(path)
+    meta = read_meta(path)
+    pdir = os.path.join(path, F.PARTS)
+    try:
+        names = os.listdir(pdir)
+    except OSError:
+        names = []
+    parts: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for n in names:
+        parsed = F.parse_part_name(n)
+        if parsed:
+            parts[parsed[0]].append((parsed[1], n))
+    warnings: list[str] = []
+    frames: dict[str, pd.DataFrame] = {}
+
+    def read(table: str, max_seq: int | None) -> pd.DataFrame:
+        chunks = []
+        for seq, n in sorted(parts.get(table, [])):
+            if max_seq is not None and seq > max_seq:
+                continue
+            try:
+                chunks.append(pq.read_table(os.path.join(pdir, n)))
+            except (OSError, pa.ArrowException) as e:
+                warnings.append(f"unreadable part {n} skipped ({str(e).splitlines()[0][:80]})")
+        if not chunks:
+            return _empty(table)
+        try:
+            tab = pa.concat_tables(chunks, promote_options="default")
+        except pa.ArrowException as e:
+            raise TraceFileError(f"{path}: parts of table {table} disagree ({e})") from None
+        return tab.to_pandas()
+
+    if progress:
+        progress(f"loading {path}")
+    intervals = read("intervals", None)
+    if intervals.empty or "seq" not in intervals:
+        raise TraceFileError(f"{path} has no finished interval (the recording stopped before its first "
+                             "snapshot)")
+    intervals = intervals.sort_values("seq").reset_index(drop=True)
+    last = int(intervals["seq"].max())
+    for table in F.SCHEMAS:
+        frames[table] = read(table, last)
+    # Integrity: columns the reports rely on.
+    for table, schema in F.SCHEMAS.items():
+        missing = [c for c in schema.names if c not in frames[table].columns]
+        if missing:
+            raise TraceFileError(f"{path}: table {table} lacks columns {missing}; corrupt or foreign trace")
+    if not meta.get("complete"):
+        warnings.append(f"trace is incomplete (recording was interrupted); read up to interval {last}")
+    return Trace(path=path, meta=meta, intervals=intervals, warnings=warnings, **frames)

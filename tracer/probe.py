@@ -1,0 +1,233 @@
+"""Load probes/allocscope.c with BCC, attach it to one process, read its maps.
+
+This is the only module that imports bcc. Everything it returns is plain Python or numpy, copied
+out of BCC's ctypes buffers at once (BCC reuses them).
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import layout as L
+from .elfinfo import ALLOC_FUNCS, REQUIRED_FUNCS, Allocator
+from .errors import AllocscopeError, PermissionProblem
+
+BPF_PROBE_ENTRY = 0
+BPF_PROBE_RETURN = 1
+
+
+@dataclass
+class ProbeOptions:
+    max_live: int = 1 << 20       # outstanding allocations tracked
+    max_stacks: int = 1 << 16     # distinct stacks
+    max_sites: int = 1 << 18      # distinct (stack, thread)
+    ring_pages: int = 1024        # 4 MiB ring for syscall/thread events
+    wait_exec: bool = False       # launch mode: trace from the target's exec on
+
+    def cflags(self) -> list[str]:
+        return (["-DAS_WAIT_EXEC=1"] if self.wait_exec else []) + [f"-DAS_MAX_LIVE={self.max_live}", f"-DAS_MAX_STACKS={self.max_stacks}",
+                f"-DAS_MAX_SITES={self.max_sites}", f"-DAS_RING_PAGES={self.ring_pages}"]
+
+
+@dataclass
+class AttachReport:
+    allocator: str = ""
+    allocator_kind: str = ""
+    attached: list[str] = field(default_factory=list)            # symbols probed
+    aliases: dict[str, str] = field(default_factory=dict)         # symbol -> symbol sharing its address
+    skipped: dict[str, str] = field(default_factory=dict)         # symbol -> reason
+    tracepoints: list[str] = field(default_factory=list)
+
+
+def _import_bcc():
+    try:
+        import bcc  # noqa: PLC0415  (heavy; imported only when recording)
+    except ImportError as e:
+        raise PermissionProblem(
+            "cannot import BCC's Python bindings (Debian package python3-bpfcc); "
+            f"run 'make setup' or 'apt-get install python3-bpfcc' ({e})") from None
+    return bcc
+
+
+class _Libbcc:
+    """libbcc entry points declared with their real signatures. python3-bpfcc 0.26 declares
+    bpf_attach_uprobe with one argument too few, so ref_ctr_offset is stack garbage and the
+    kernel then refuses other tools' uprobes on the same function. We pass 0."""
+
+    def __init__(self) -> None:
+        lib = ct.CDLL("libbcc.so.0", use_errno=True)
+        self.attach_uprobe = lib["bpf_attach_uprobe"]  # a fresh function object, not BCC's
+        self.attach_uprobe.restype = ct.c_int
+        self.attach_uprobe.argtypes = [ct.c_int, ct.c_int, ct.c_char_p, ct.c_char_p,
+                                       ct.c_uint64, ct.c_int, ct.c_uint32]
+        self.lookup_batch = lib["bpf_lookup_batch"]
+        self.lookup_batch.restype = ct.c_int
+        self.lookup_batch.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_void_p,
+                                      ct.c_void_p, ct.POINTER(ct.c_uint32)]
+
+
+class Probes:
+    """The BPF program for one target process."""
+
+    def __init__(self, pid: int, options: ProbeOptions | None = None) -> None:
+        self.pid = pid
+        self.options = options or ProbeOptions()
+        bcc = _import_bcc()
+        self._bcc = bcc
+        self._lib = _Libbcc()
+        cflags = [f"-I{L.PROBES_DIR}", f"-DAS_TGID={pid}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}",
+                  "-Wno-macro-redefined"] + self.options.cflags()
+        try:
+            self.bpf = bcc.BPF(src_file=str(L.SOURCE).encode(), cflags=cflags)
+        except Exception as e:  # BCC raises bare Exception for compile/load failures
+            raise PermissionProblem(f"cannot load the BPF program: {e}; run 'allocscope doctor'") from None
+        self.report = AttachReport(tracepoints=[
+            f"{c}:{n}" for c, n in [("syscalls", f"sys_{d}_{s}") for s in
+                                    ("mmap", "munmap", "mremap", "brk", "madvise") for d in ("enter", "exit")]
+            + [("task", "task_rename"), ("sched", "sched_process_exit"), ("sched", "sched_process_exec")]])
+        self._events_cb = None
+
+    # --- attach -------------------------------------------------------------------------
+
+    def _attach(self, fn_name: str, path: str, offset: int, kind: int) -> None:
+        fn = self.bpf.load_func(fn_name.encode(), self._bcc.BPF.KPROBE)
+        prefix = b"r" if kind == BPF_PROBE_RETURN else b"p"
+        ev = self.bpf._get_uprobe_evname(prefix, path.encode(), offset, self.pid)
+        fd = self._lib.attach_uprobe(fn.fd, kind, ev, path.encode(), offset, self.pid, 0)
+        if fd < 0:
+            err = ct.get_errno()
+            raise PermissionProblem(
+                f"cannot attach a uprobe to {os.path.basename(path)}+{offset:#x} ({fn_name}): "
+                f"{os.strerror(err) if err else 'unknown error'}")
+        self.bpf._add_uprobe_fd(ev, fd)
+
+    def attach(self, alloc: Allocator) -> AttachReport:
+        """Return probes first, entries second: a call that enters between the two gets no
+        entry state, rather than an entry state whose return is never seen."""
+        rep = self.report
+        rep.allocator, rep.allocator_kind = alloc.path, alloc.kind
+        by_offset: dict[int, str] = {}
+        plan = []
+        for sym in ALLOC_FUNCS:
+            off = alloc.offsets.get(sym)
+            if off is None:
+                if sym in REQUIRED_FUNCS:
+                    raise AllocscopeError(f"{alloc.path} does not define {sym}; cannot trace it")
+                rep.skipped[sym] = f"not defined by {os.path.basename(alloc.path)}"
+                continue
+            if off in by_offset:
+                rep.aliases[sym] = by_offset[off]  # one address, one probe: never counted twice
+                continue
+            by_offset[off] = sym
+            plan.append((sym, off))
+        for sym, off in plan:
+            if sym != "free":
+                self._attach("alloc_return", alloc.path, off, BPF_PROBE_RETURN)
+        for sym, off in plan:
+            self._attach(f"{sym}_enter", alloc.path, off, BPF_PROBE_ENTRY)
+            rep.attached.append(sym)
+        return rep
+
+    def close(self) -> None:
+        """Detach every probe and free the maps. Idempotent."""
+        bpf, self.bpf = getattr(self, "bpf", None), None
+        if bpf is not None:
+            bpf.cleanup()
+
+    # --- events ---------------------------------------------------------------------------
+
+    def open_events(self, callback) -> None:
+        """callback(Event copy) for every ring event, called from poll_events()."""
+        def _cb(_ctx, data, _size):
+            ev = L.Event()
+            ct.memmove(ct.byref(ev), data, ct.sizeof(L.Event))
+            callback(ev)
+            return 0
+        self._events_cb = _cb
+        self.bpf["events"].open_ring_buffer(_cb)
+
+    def poll_events(self, timeout_ms: int) -> None:
+        self.bpf.ring_buffer_poll(timeout_ms)
+
+    def drain_events(self) -> None:
+        self.bpf.ring_buffer_consume()
+
+    # --- map reads ---------------------------------------------------------------------------
+
+    def _read_batch(self, name: str, key_type, val_type, chunk: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+        """All entries of a hash map as two numpy structured arrays, read with
+        BPF_MAP_LOOKUP_BATCH in chunks (one syscall per chunk, not per key)."""
+        table = self.bpf[name]
+        kd, vd = np.dtype(key_type), np.dtype(val_type)
+        keys_out, vals_out = [], []
+        in_batch = ct.c_uint64(0)
+        out_batch = ct.c_uint64(0)
+        first = True
+        while True:
+            kbuf = np.empty(chunk, dtype=kd)
+            vbuf = np.empty(chunk, dtype=vd)
+            cnt = ct.c_uint32(chunk)
+            res = self._lib.lookup_batch(table.map_fd, None if first else ct.byref(in_batch),
+                                         ct.byref(out_batch), kbuf.ctypes.data, vbuf.ctypes.data,
+                                         ct.byref(cnt))
+            err = ct.get_errno()
+            n = cnt.value
+            if res != 0 and err == errno.ENOSPC and n == 0:
+                chunk *= 4  # one bucket holds more than a chunk
+                continue
+            if n:
+                keys_out.append(kbuf[:n].copy())
+                vals_out.append(vbuf[:n].copy())
+            if res != 0:
+                if err != errno.ENOENT:
+                    raise AllocscopeError(f"reading BPF map {name}: {os.strerror(err)}")
+                break
+            first = False
+            in_batch.value = out_batch.value
+        if not keys_out:
+            return np.empty(0, dtype=kd), np.empty(0, dtype=vd)
+        return np.concatenate(keys_out), np.concatenate(vals_out)
+
+    def read_sites(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._read_batch("sites", L.SiteKey, L.Site)
+
+    def read_live(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._read_batch("live", ct.c_uint64, L.Live)
+
+    def read_flows(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._read_batch("flows", L.FlowKey, L.Flow)
+
+    def read_stacks(self, ids) -> dict[int, tuple[int, int, list[int]]]:
+        """stack id -> (flags, extra, ips) for the ids given (missing ids are left out)."""
+        table = self.bpf["stacks"]
+        out = {}
+        for sid in ids:
+            try:
+                st = table[table.Key(sid)]
+            except KeyError:
+                continue
+            ips = []
+            for i in range(min(st.depth, L.MAX_DEPTH)):
+                ip = int(st.ips[i])
+                if ip == 0:  # end of the frame chain
+                    break
+                ips.append(ip)
+            out[int(sid)] = (int(st.flags), int(st.extra), ips)
+        return out
+
+    def read_counters(self) -> dict[str, int]:
+        table = self.bpf["counters"]
+        names = L.counter_names()
+        out = {}
+        for idx, name in names.items():
+            out[name] = int(sum(table[table.Key(idx)]))
+        return out
+
+    def read_totals(self) -> tuple[int, int]:
+        """(live bytes, peak live bytes) of allocator-API memory, exact, from the kernel."""
+        t = self.bpf["totals"]
+        return int(t[t.Key(0)].value), int(t[t.Key(1)].value)

@@ -1,0 +1,71 @@
+"""The trace format (version 1): a directory, written by the tracer, read by reports.
+
+    TRACE/
+      meta.json                   format, version, target, labels, probes, clock; `complete` last
+      parts/<table>-<seq>.parquet one Parquet file per table per interval, written under a
+                                  temporary name and renamed, so a file that exists is whole
+
+Tables (columns; `seq` is the interval number, 1-based):
+  intervals  seq, ts_ns, elapsed_s, rss_bytes, rss_anon_bytes, rss_file_bytes, rss_shmem_bytes,
+             hwm_bytes, heap_live_bytes, heap_peak_bytes, mmap_live_bytes, live_bytes,
+             live_count, lost_* and n_* counters (cumulative)
+  sites      seq, stack_id, tid, source ('heap'|'mmap'|'brk'), alloc_bytes, alloc_count,
+             free_bytes, free_count, peak_live_bytes   — cumulative counters per (stack, allocating
+             thread, source); a part holds only the rows that changed in that interval
+  stacks     stack_id, idx, ip, module, build_id, offset (file offset, -1: no file), syscall
+             (1 where the frame was recovered from the word at the user sp of a syscall)
+  threads    seq, ts_ns, tid, name, event ('seen'|'rename'|'exit')
+  flows      seq, alloc_tid, free_tid, bytes, count, wait_ns_sum, wait_ns_max (cumulative)
+  events     seq, ts_ns, type, tid, addr, len, addr2, len2, ret, flags, prot, fd, in_api,
+             stack_id, released_bytes (mmap family, brk, madvise, malloc_trim)
+  maps       seq, start, end, perms, offset, inode, path, build_id (written when they change)
+  live       seq, addr, size, stack_id, tid, ts_ns, api, source (the final live table)
+
+A reader takes, for every table, the parts whose seq is <= the last seq that has an
+`intervals` part: every finished interval is readable after a SIGKILL of tracer or target.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+FORMAT = "allocscope.trace"
+VERSION = 1
+META = "meta.json"
+PARTS = "parts"
+
+U64, I64, I32, U32, STR, F64 = pa.uint64(), pa.int64(), pa.int32(), pa.uint32(), pa.string(), pa.float64()
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "sites": pa.schema([("seq", I32), ("stack_id", U64), ("tid", U32), ("source", STR),
+                        ("alloc_bytes", I64), ("alloc_count", I64), ("free_bytes", I64),
+                        ("free_count", I64), ("peak_live_bytes", I64)]),
+    "stacks": pa.schema([("stack_id", U64), ("idx", I32), ("ip", U64), ("module", STR),
+                         ("build_id", STR), ("offset", I64), ("syscall", pa.int8())]),
+    "threads": pa.schema([("seq", I32), ("ts_ns", I64), ("tid", U32), ("name", STR), ("event", STR)]),
+    "flows": pa.schema([("seq", I32), ("alloc_tid", U32), ("free_tid", U32), ("bytes", I64),
+                        ("count", I64), ("wait_ns_sum", I64), ("wait_ns_max", I64)]),
+    "events": pa.schema([("seq", I32), ("ts_ns", I64), ("type", STR), ("tid", U32), ("addr", U64),
+                         ("len", U64), ("addr2", U64), ("len2", U64), ("ret", I64), ("flags", U32),
+                         ("prot", U32), ("fd", I32), ("in_api", STR), ("stack_id", U64),
+                         ("released_bytes", I64)]),
+    "maps": pa.schema([("seq", I32), ("start", U64), ("end", U64), ("perms", STR), ("offset", U64),
+                       ("inode", U64), ("path", STR), ("build_id", STR)]),
+    "live": pa.schema([("seq", I32), ("addr", U64), ("size", I64), ("stack_id", U64), ("tid", U32),
+                       ("ts_ns", I64), ("api", STR), ("source", STR)]),
+}
+# `intervals` columns vary with the counters the probe has; its schema is inferred.
+TABLES = ["intervals", *SCHEMAS]
+
+
+def part_name(table: str, seq: int) -> str:
+    return f"{table}-{seq:06d}.parquet"
+
+
+def parse_part_name(name: str) -> tuple[str, int] | None:
+    if not name.endswith(".parquet"):
+        return None
+    stem = name[: -len(".parquet")]
+    table, _, seq = stem.rpartition("-")
+    if table not in TABLES or not seq.isdigit():
+        return None
+    return table, int(seq)

@@ -1,0 +1,119 @@
+"""Crash-safe trace writer: every part is written under a temporary name, fsynced and renamed;
+meta.json is rewritten the same way and says `complete: true` only after the last part.
+
+Files are created 0600 inside a 0700 directory, never through a symlink, and the writer never
+replaces a path that is not an allocscope trace.
+"""
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import shutil
+import stat
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import traceformat as F
+from .errors import OutputError
+
+
+def is_trace_dir(path: str) -> bool:
+    try:
+        with open(os.path.join(path, F.META)) as f:
+            return json.load(f).get("format") == F.FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def prepare_output(path: str, force: bool = False) -> None:
+    """Check that `path` may be written; an existing trace there is moved to PATH.old (like
+    perf.data.old). Raises OutputError otherwise."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise OutputError(f"cannot write {path}: directory {parent} does not exist") from None
+        if not os.access(parent, os.W_OK):
+            raise OutputError(f"cannot write {path}: directory {parent} is not writable") from None
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise OutputError(f"refusing to write through the symlink {path}; give the real path")
+    if not stat.S_ISDIR(st.st_mode) or not is_trace_dir(path):
+        if not force:
+            raise OutputError(f"{path} exists and is not an allocscope trace; "
+                              "choose another -o or pass --force to replace it")
+    old = path.rstrip("/") + ".old"
+    if os.path.lexists(old):
+        if os.path.isdir(old) and not os.path.islink(old) and (is_trace_dir(old) or force):
+            shutil.rmtree(old)
+        elif force:
+            os.unlink(old)
+        else:
+            raise OutputError(f"{old} exists and is not an allocscope trace; remove it first")
+    os.rename(path, old)
+
+
+class TraceWriter:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            os.mkdir(path, 0o700)
+            self._dirfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            os.mkdir(F.PARTS, 0o700, dir_fd=self._dirfd)
+            self._partsfd = os.open(F.PARTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                    dir_fd=self._dirfd)
+        except FileExistsError:
+            raise OutputError(f"{path} appeared while starting; not overwriting it") from None
+        except OSError as e:
+            raise OutputError(f"cannot create trace directory {path}: {e.strerror}") from None
+        self.bytes_written = 0
+
+    def _atomic_write(self, dirfd: int, name: str, data: bytes) -> None:
+        tmp = f".{name}.tmp"
+        try:
+            try:
+                os.unlink(tmp, dir_fd=dirfd)
+            except FileNotFoundError:
+                pass
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600, dir_fd=dirfd)
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+        except OSError as e:
+            try:
+                os.unlink(tmp, dir_fd=dirfd)
+            except OSError:
+                pass
+            if e.errno == errno.ENOSPC:
+                raise OutputError(f"disk full while writing {self.path}; "
+                                  "the intervals already written are kept") from None
+            raise OutputError(f"cannot write {self.path}/{name}: {e.strerror}") from None
+        self.bytes_written += len(data)
+
+    def write_part(self, table: str, seq: int, data: pa.Table) -> None:
+        if data.num_rows == 0 and table != "intervals":
+            return
+        buf = io.BytesIO()
+        pq.write_table(data, buf, compression="zstd")
+        self._atomic_write(self._partsfd, F.part_name(table, seq), buf.getvalue())
+
+    def write_meta(self, meta: dict) -> None:
+        data = json.dumps(meta, indent=1, sort_keys=True, default=str).encode()
+        self._atomic_write(self._dirfd, F.META, data)
+
+    def close(self) -> None:
+        for fd in (getattr(self, "_partsfd", -1), getattr(self, "_dirfd", -1)):
+            if fd >= 0:
+                os.close(fd)
+        self._partsfd = self._dirfd = -1
