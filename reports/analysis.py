@@ -68,7 +68,8 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
     st = st.drop_duplicates(["stack_id", "idx"]).sort_values(["stack_id", "idx"])
     sym = Symbolizer(progress=progress)
     resolved: dict[tuple[str, int], FrameInfo] = {}
-    for (module, build_id), grp in st[st["offset"] >= 0].groupby(["module", "build_id"], sort=False):
+    todo = st[(st["offset"] >= 0) & st["function"].isna()]
+    for (module, build_id), grp in todo.groupby(["module", "build_id"], sort=False):
         offsets = sorted(set(int(o) for o in grp["offset"]))
         res = sym.symbolize(module, offsets, build_id=build_id or None, return_addresses=True)
         for off in offsets:
@@ -80,8 +81,12 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
     out: dict[int, tuple[FrameInfo, ...]] = {0: UNKNOWN_STACK}
     for sid, grp in st.groupby("stack_id", sort=False):
         frames = []
-        for module, off, ip in zip(grp["module"], grp["offset"], grp["ip"]):
-            if off >= 0:
+        for module, off, ip, fn, file, line in zip(grp["module"], grp["offset"], grp["ip"], grp["function"],
+                                                   grp["file"], grp["line"]):
+            if isinstance(fn, str):
+                frames.append(FrameInfo(fn, module, file if isinstance(file, str) else None,
+                                        None if pd.isna(line) else int(line)))
+            elif off >= 0:
                 frames.append(resolved[(module, int(off))])
             else:
                 frames.append(FrameInfo(f"{module or '[anon]'}@{int(ip):#x}", module, None, None))
@@ -137,6 +142,15 @@ def _timeline(trace: Trace, keycol_fn) -> pd.DataFrame:
     by_code = {v: k for k, v in codes.items()}
     summed.columns = [by_code[c] for c in summed.columns]
     return summed
+
+
+def site_timeline(trace: Trace, stacks=None) -> pd.DataFrame:
+    """Live bytes per site over time: index = interval seq (1..n), one column per site
+    (folded frames tuple), values = live bytes at the end of that interval."""
+    st = site_table(trace, stacks)
+    key_to_site = {(int(a), int(b), c): site for a, b, c, site in
+                   zip(st["stack_id"], st["tid"], st["source"], st["site"])}
+    return _timeline(trace, lambda k: key_to_site.get((int(k[0]), int(k[1]), k[2]), UNKNOWN_STACK))
 
 
 def rank_sites(trace: Trace, stacks=None, progress=None) -> pd.DataFrame:

@@ -352,7 +352,7 @@ class Recorder:
         return None
 
     def _stack_rows(self, new_ids: list[int]) -> dict[str, list]:
-        cols: dict[str, list] = {k: [] for k in ("stack_id", "idx", "ip", "module", "build_id", "offset", "syscall")}
+        cols: dict[str, list] = {k: [] for k in F.SCHEMAS["stacks"].names}
         for sid, (flags, extra, ips) in self.probes.read_stacks(new_ids).items():
             frames = [(ip, 0) for ip in ips]
             # In a syscall the frame-pointer walk skips the wrapper's caller; the word at the
@@ -369,6 +369,9 @@ class Recorder:
                 cols["build_id"].append(bid)
                 cols["offset"].append(off)
                 cols["syscall"].append(sc)
+                cols["function"].append(None)
+                cols["file"].append(None)
+                cols["line"].append(None)
             self.known_stacks.add(sid)
         return cols
 

@@ -13,7 +13,9 @@ Tables (columns; `seq` is the interval number, 1-based):
              free_bytes, free_count, peak_live_bytes   — cumulative counters per (stack, allocating
              thread, source); a part holds only the rows that changed in that interval
   stacks     stack_id, idx, ip, module, build_id, offset (file offset, -1: no file), syscall
-             (1 where the frame was recovered from the word at the user sp of a syscall)
+             (1 where the frame was recovered from the word at the user sp of a syscall),
+             function, file, line (null unless symbolized when written; reports symbolize
+             the rest offline from module + build_id + offset)
   threads    seq, ts_ns, tid, name, event ('seen'|'rename'|'exit')
   flows      seq, alloc_tid, free_tid, bytes, count, wait_ns_sum, wait_ns_max (cumulative)
   events     seq, ts_ns, type, tid, addr, len, addr2, len2, ret, flags, prot, fd, in_api,
@@ -40,7 +42,8 @@ SCHEMAS: dict[str, pa.Schema] = {
                         ("alloc_bytes", I64), ("alloc_count", I64), ("free_bytes", I64),
                         ("free_count", I64), ("peak_live_bytes", I64)]),
     "stacks": pa.schema([("stack_id", U64), ("idx", I32), ("ip", U64), ("module", STR),
-                         ("build_id", STR), ("offset", I64), ("syscall", pa.int8())]),
+                         ("build_id", STR), ("offset", I64), ("syscall", pa.int8()),
+                         ("function", STR), ("file", STR), ("line", I32)]),
     "threads": pa.schema([("seq", I32), ("ts_ns", I64), ("tid", U32), ("name", STR), ("event", STR)]),
     "flows": pa.schema([("seq", I32), ("alloc_tid", U32), ("free_tid", U32), ("bytes", I64),
                         ("count", I64), ("wait_ns_sum", I64), ("wait_ns_max", I64)]),

@@ -1,0 +1,125 @@
+"""Build allocscope traces with known contents, without BPF or root, through the real writer.
+
+    t = SynthTrace(tmp_path / "a.allocscope", labels={"pw": "10"})
+    s = t.stack(["make_partition", "worker_main", "start_thread"])     # innermost first
+    t.thread(101, "pworker-1")
+    t.interval(sites={(s, 101): (alloc_bytes, alloc_count, free_bytes, free_count)}, rss=10 << 20)
+    ...
+    t.close()                      # writes the live table and marks the trace complete
+
+Site counters are cumulative, as the tracer writes them; `interval` writes only the rows that
+changed, like the tracer.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from tracer import traceformat as F
+from tracer.writer import TraceWriter
+
+MONO0 = 1_000_000_000_000
+
+
+class SynthTrace:
+    def __init__(self, path, labels: dict | None = None, exe: str = "/usr/bin/synthd", pid: int = 4242,
+                 interval_s: float = 1.0, module: str = "/usr/bin/synthd") -> None:
+        self.path = str(path)
+        self.w = TraceWriter(self.path)
+        self.module = module
+        self.interval_s = interval_s
+        self.seq = 0
+        self.meta = {
+            "format": F.FORMAT, "version": F.VERSION, "complete": False,
+            "labels": dict(labels or {}), "interval_s": interval_s,
+            "clock": {"monotonic_ns": MONO0, "wall_s": 1.7e9},
+            "target": {"pid": pid, "comm": exe.rsplit("/", 1)[-1][:15], "exe": exe},
+            "probes": {"allocator": "/lib/x86_64-linux-gnu/libc.so.6", "allocator_kind": "glibc",
+                       "attached": ["malloc", "free"], "aliases": {}, "skipped": {}, "tracepoints": []},
+        }
+        self.w.write_meta(self.meta)
+        self._stacks: dict[tuple, int] = {}
+        self._stack_rows: list[dict] = []
+        self._prev: dict = {}
+        self._state: dict = {}
+        self._threads: list[tuple] = []
+        self._events: list[tuple] = []
+        self.peak_live = 0
+
+    def stack(self, functions: list[str], files: list[str] | None = None, lines: list[int] | None = None) -> int:
+        """Register a stack (function names innermost first); returns its stack id."""
+        key = tuple(functions)
+        if key in self._stacks:
+            return self._stacks[key]
+        sid = 0x1000 + len(self._stacks) * 7919  # arbitrary, like a hash
+        self._stacks[key] = sid
+        for i, fn in enumerate(functions):
+            self._stack_rows.append({
+                "stack_id": sid, "idx": i, "ip": 0x400000 + 16 * len(self._stack_rows), "module": self.module,
+                "build_id": "", "offset": 0x1000 + 16 * len(self._stack_rows), "syscall": 0, "function": fn,
+                "file": files[i] if files else None, "line": lines[i] if lines else None})
+        return sid
+
+    def thread(self, tid: int, name: str, event: str = "seen") -> None:
+        self._threads.append((tid, name, event))
+
+    def trim(self, tid: int, at_s: float, duration_s: float, ret: int = 1) -> None:
+        self._events.append(("trim", tid, at_s, duration_s, ret))
+
+    def interval(self, sites: dict, rss: int = 0, flows: dict | None = None) -> None:
+        """sites: {(stack_id, tid) or (stack_id, tid, source): (alloc_bytes, alloc_count,
+        free_bytes, free_count)} cumulative; keys not given keep their previous values."""
+        self.seq += 1
+        seq = self.seq
+        for k, v in sites.items():
+            key = k if len(k) == 3 else (k[0], k[1], "heap")
+            prev_peak = self._state.get(key, (0, 0, 0, 0, 0))[4]
+            self._state[key] = (*v, max(prev_peak, v[0] - v[2]))
+        rows = [(k, v) for k, v in self._state.items() if self._prev.get(k) != v]
+        self._prev = dict(self._state)
+        if rows:
+            self.w.write_part("sites", seq, pa.table({
+                "seq": [seq] * len(rows), "stack_id": [k[0] for k, _ in rows], "tid": [k[1] for k, _ in rows],
+                "source": [k[2] for k, _ in rows], "alloc_bytes": [v[0] for _, v in rows],
+                "alloc_count": [v[1] for _, v in rows], "free_bytes": [v[2] for _, v in rows],
+                "free_count": [v[3] for _, v in rows], "peak_live_bytes": [v[4] for _, v in rows]},
+                schema=F.SCHEMAS["sites"]))
+        if self._stack_rows:
+            self.w.write_part("stacks", seq, pa.Table.from_pylist(self._stack_rows, schema=F.SCHEMAS["stacks"]))
+            self._stack_rows = []
+        if self._threads:
+            r = self._threads
+            self.w.write_part("threads", seq, pa.table({
+                "seq": [seq] * len(r), "ts_ns": [MONO0] * len(r), "tid": [x[0] for x in r],
+                "name": [x[1] for x in r], "event": [x[2] for x in r]}, schema=F.SCHEMAS["threads"]))
+            self._threads = []
+        if self._events:
+            rows_ev = [{"seq": seq, "ts_ns": MONO0 + int(at * 1e9), "type": typ, "tid": tid, "addr": 0, "len": 0,
+                        "addr2": 0, "len2": int(dur * 1e9), "ret": ret, "flags": 0, "prot": 0, "fd": -1,
+                        "in_api": "malloc_trim", "stack_id": 0, "released_bytes": 0}
+                       for typ, tid, at, dur, ret in self._events]
+            self.w.write_part("events", seq, pa.Table.from_pylist(rows_ev, schema=F.SCHEMAS["events"]))
+            self._events = []
+        if flows:
+            items = sorted(flows.items())
+            self.w.write_part("flows", seq, pa.table({
+                "seq": [seq] * len(items), "alloc_tid": [k[0] for k, _ in items], "free_tid": [k[1] for k, _ in items],
+                "bytes": [v[0] for _, v in items], "count": [v[1] for _, v in items],
+                "wait_ns_sum": [v[2] for _, v in items], "wait_ns_max": [v[3] for _, v in items]},
+                schema=F.SCHEMAS["flows"]))
+        live = sum(v[0] - v[2] for v in self._state.values())
+        count = sum(v[1] - v[3] for v in self._state.values())
+        heap = sum(v[0] - v[2] for k, v in self._state.items() if k[2] == "heap")
+        self.peak_live = max(self.peak_live, live)
+        row = {"seq": seq, "ts_ns": MONO0 + int(seq * self.interval_s * 1e9), "elapsed_s": seq * self.interval_s,
+               "rss_bytes": rss, "rss_anon_bytes": rss, "rss_file_bytes": 0, "rss_shmem_bytes": 0, "hwm_bytes": rss,
+               "heap_live_bytes": heap, "heap_peak_bytes": self.peak_live, "mmap_live_bytes": live - heap,
+               "live_bytes": live, "live_count": count, "target_alive": 1,
+               "lost_live_full": 0, "lost_stack_full": 0, "n_allocs": 0, "n_frees": 0}
+        self.w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
+
+    def close(self, complete: bool = True) -> str:
+        if complete:
+            self.meta.update({"complete": True, "end_reason": "duration", "intervals": self.seq})
+            self.w.write_meta(self.meta)
+        self.w.close()
+        return self.path
