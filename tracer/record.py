@@ -299,6 +299,7 @@ class Recorder:
         self.trims: list = []
         self.exec_seen = False
         self._pending_maps: list[procfs.Mapping] | None = None
+        self.attach_window_returns = 0
 
     # --- events (called from the ring buffer poll) --------------------------------------------
 
@@ -469,6 +470,8 @@ class Recorder:
             self._write_live(seq)
 
         counters = self.probes.read_counters()
+        counters["n_attach_window_returns"] = self.attach_window_returns
+        counters["lost_unmatched_ret"] -= self.attach_window_returns
         heap_live, heap_peak = self.probes.read_totals()
         heap_count = counters["n_allocs"] - counters["n_frees"]
         mm_live = self.regions.live_bytes()
@@ -564,6 +567,9 @@ class Recorder:
         try:
             self.probes.open_events(self.on_event)
             self.rep = self.probes.attach(alloc)
+            # Returns seen while probes were being attached belong to calls that began before
+            # the attach: like pre-attach allocations, they are not losses.
+            self.attach_window_returns = self.probes.read_counters()["lost_unmatched_ret"]
             self.writer = TraceWriter(self.o.output)
             self.writer.write_meta(self._meta(False))
             self.names = procfs.thread_names(t.pid) if t.child is None else {}

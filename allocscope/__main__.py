@@ -1,0 +1,3 @@
+from allocscope.cli import main
+
+main()
