@@ -101,17 +101,20 @@ class RegionTracker:
 
     def _charge_free(self, parts: list[tuple[int, int, _Alloc]], tid: int, ts_ns: int) -> int:
         total = 0
+        gone: set[int] = set()
         for lo, hi, a in parts:
             n = hi - lo
             total += n
             st = self._stat(a)
             st.free_bytes += n
-            if a.pieces == 0:
+            last = a.pieces == 0 and a.aid not in gone  # its last page went: one free
+            if last:
+                gone.add(a.aid)
                 st.free_count += 1
             f = self.flows.setdefault((a.tid, tid), [0, 0, 0, 0])
             wait = max(0, ts_ns - a.ts_ns)
             f[0] += n
-            if a.pieces == 0:
+            if last:
                 f[1] += 1
                 f[2] += wait
                 f[3] = max(f[3], wait)

@@ -1,0 +1,215 @@
+"""Every bad input: one line on stderr, a non-zero exit, no traceback, nothing half-written."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import cli
+from synth import SynthTrace
+
+
+def one_line_error(p: subprocess.CompletedProcess, *needles: str, code: int | None = None) -> str:
+    assert p.returncode != 0, (p.stdout, p.stderr)
+    if code is not None:
+        assert p.returncode == code, (p.returncode, p.stderr)
+    err = p.stderr.strip()
+    assert "Traceback" not in p.stderr, p.stderr
+    assert len(err.splitlines()) == 1, err
+    for n in needles:
+        assert n.lower() in err.lower(), (n, err)
+    return err
+
+
+@pytest.fixture
+def good_trace(tmp_path):
+    t = SynthTrace(tmp_path / "good.allocscope")
+    s = t.stack(["f", "main"])
+    t.interval({(s, 1): (100, 1, 0, 0)})
+    return t.close()
+
+
+# --- report: traces that are missing, foreign, corrupt, future ------------------------------
+
+def test_report_missing(tmp_path):
+    one_line_error(cli("report", str(tmp_path / "nope")), "no such trace")
+
+
+def test_report_plain_file(tmp_path):
+    f = tmp_path / "x.txt"
+    f.write_text("hello")
+    one_line_error(cli("report", str(f)), "not an allocscope trace")
+
+
+def test_report_empty_dir(tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    one_line_error(cli("report", str(d)), "not an allocscope trace")
+
+
+def test_report_corrupt_meta(good_trace):
+    with open(os.path.join(good_trace, "meta.json"), "w") as f:
+        f.write('{"format": "allocscope.tra')
+    one_line_error(cli("report", good_trace), "corrupt")
+
+
+def test_report_foreign_meta(good_trace):
+    with open(os.path.join(good_trace, "meta.json"), "w") as f:
+        json.dump({"format": "perf.data", "version": 1}, f)
+    one_line_error(cli("report", good_trace), "not an allocscope trace")
+
+
+def test_report_future_version(good_trace):
+    meta = json.load(open(os.path.join(good_trace, "meta.json")))
+    meta["version"] = 99
+    with open(os.path.join(good_trace, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    one_line_error(cli("report", good_trace), "newer allocscope")
+
+
+def test_report_truncated_part_is_skipped_with_warning(good_trace):
+    part = os.path.join(good_trace, "parts", "sites-000001.parquet")
+    data = open(part, "rb").read()
+    with open(part, "wb") as f:
+        f.write(data[: len(data) // 2])
+    p = cli("report", good_trace, "--format", "json")
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert any("unreadable part sites-000001" in w for w in rep["recording"]["warnings"])
+
+
+def test_report_no_finished_interval(good_trace):
+    for n in os.listdir(os.path.join(good_trace, "parts")):
+        if n.startswith("intervals-"):
+            os.unlink(os.path.join(good_trace, "parts", n))
+    one_line_error(cli("report", good_trace), "no finished interval")
+
+
+def test_report_json_output_file(good_trace, tmp_path):
+    out = tmp_path / "r.json"
+    p = cli("report", good_trace, "--format", "json", "-o", str(out))
+    assert p.returncode == 0 and p.stdout == ""
+    assert json.load(open(out))["sites"][0]["live_bytes"] == 100
+
+
+# --- record: argument errors (before anything is attached or written) ---------------------
+
+def test_record_no_target(tmp_path):
+    one_line_error(cli("record", "-o", str(tmp_path / "t")), "no target", code=2)
+
+
+def test_record_two_targets(tmp_path):
+    one_line_error(cli("record", "--pid", "1", "--pgrep", "x", "-o", str(tmp_path / "t")), "only one", code=2)
+
+
+def test_record_no_output():
+    one_line_error(cli("record", "--pid", "1"), "-o", code=2)
+
+
+@pytest.mark.parametrize("label", ["pw", "=3", "a b=1"])
+def test_record_bad_label(tmp_path, label):
+    one_line_error(cli("record", "--pid", "1", "-o", str(tmp_path / "t"), "--label", label), "KEY=VALUE", code=2)
+
+
+def test_record_bad_interval(tmp_path):
+    one_line_error(cli("record", "--pid", "1", "-o", str(tmp_path / "t"), "--interval", "0"), "interval", code=2)
+
+
+def test_record_negative_duration(tmp_path):
+    one_line_error(cli("record", "--pid", "1", "-o", str(tmp_path / "t"), "--duration", "-3"), "duration", code=2)
+
+
+def test_record_not_root(tmp_path):
+    if os.geteuid() != 0:
+        p = cli("record", "--pid", "1", "-o", str(tmp_path / "t"))
+    else:
+        os.chmod(tmp_path, 0o777)
+        p = cli("record", "--pid", "1", "-o", str(tmp_path / "t"), preexec_fn=lambda: os.setuid(65534))
+    one_line_error(p, "root")
+    assert not (tmp_path / "t").exists()
+
+
+# --- record: target and output errors (need root to get that far) ---------------------------
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to get past the root check")
+
+
+@root_only
+def test_record_no_such_pid(tmp_path):
+    one_line_error(cli("record", "--pid", "4999999", "-o", str(tmp_path / "t")), "no process with pid 4999999")
+    assert not (tmp_path / "t").exists()
+
+
+@root_only
+def test_record_kernel_thread(tmp_path):
+    one_line_error(cli("record", "--pid", "2", "-o", str(tmp_path / "t")), "kernel thread")
+
+
+@root_only
+def test_record_zombie(tmp_path):
+    z = subprocess.Popen(["true"])
+    time.sleep(0.3)  # exited, not reaped: a zombie
+    try:
+        one_line_error(cli("record", "--pid", str(z.pid), "-o", str(tmp_path / "t")), "zombie")
+    finally:
+        z.wait()
+
+
+@root_only
+def test_record_pgrep_no_match(tmp_path):
+    one_line_error(cli("record", "--pgrep", "no-such-process-xq7z", "-o", str(tmp_path / "t")), "matches no process")
+
+
+@root_only
+def test_record_pgrep_several(tmp_path):
+    tag = f"allocscope-test-{os.getpid()}"
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", tag]) for _ in range(2)]
+    time.sleep(0.2)
+    try:
+        err = one_line_error(cli("record", "--pgrep", tag, "-o", str(tmp_path / "t")), "matches 2 processes")
+        for s in sleepers:
+            assert str(s.pid) in err  # lists the candidates
+    finally:
+        for s in sleepers:
+            s.kill()
+            s.wait()
+
+
+@root_only
+def test_record_pgrep_never_matches_tracer(tmp_path):
+    """The pattern is on our own command line; the tracer (and its parents) must not match."""
+    one_line_error(cli("record", "--pgrep", "pattern-only-in-tracer-argv-9x", "-o", str(tmp_path / "t")),
+                   "matches no process")
+
+
+@root_only
+def test_record_bad_regex(tmp_path):
+    one_line_error(cli("record", "--pgrep", "a(b", "-o", str(tmp_path / "t")), "regular expression", code=2)
+
+
+@root_only
+def test_record_output_symlink(tmp_path):
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    one_line_error(cli("record", "--pid", "1", "-o", str(tmp_path / "link")), "symlink")
+
+
+@root_only
+def test_record_output_existing_non_trace(tmp_path):
+    f = tmp_path / "precious.txt"
+    f.write_text("keep me")
+    one_line_error(cli("record", "--pid", "1", "-o", str(f)), "not an allocscope trace")
+    assert f.read_text() == "keep me"
+
+
+@root_only
+def test_record_output_dir_missing(tmp_path):
+    one_line_error(cli("record", "--pid", "1", "-o", str(tmp_path / "no" / "t")), "does not exist")
+
+
+@root_only
+def test_record_command_not_found(tmp_path):
+    one_line_error(cli("record", "-o", str(tmp_path / "t"), "--", "/no/such/binary"), "not found")

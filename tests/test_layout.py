@@ -1,0 +1,67 @@
+"""probes/allocscope.h is mirrored once in tracer/layout.py: sizes and offsets must agree with
+the ctypes classes BCC derives from the header itself."""
+from __future__ import annotations
+
+import ctypes as ct
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tracer import layout as L
+
+
+def test_enums_parsed_from_header():
+    assert L.enum("AS_API_MALLOC") == 1 and L.API_NAMES[L.enum("AS_API_MMAP")] == "mmap"
+    names = L.counter_names()
+    assert names[0] == "lost_live_full" and "n_free_unknown" in names.values()
+    assert all(i < L.enum("AS_CNT_MAX") for i in names)
+
+
+def test_event_layout_matches_c_compiler(tmp_path):
+    """Compile a C program with the header and print sizeof/offsetof of each struct."""
+    src = tmp_path / "sz.c"
+    structs = {"as_stack": L.Stack, "as_live": L.Live, "as_site_key": L.SiteKey, "as_site": L.Site,
+               "as_flow_key": L.FlowKey, "as_flow": L.Flow, "as_inflight": L.Inflight, "as_event": L.Event}
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include <linux/types.h>', '#include "allocscope.h"',
+             "int main(void){"]
+    for cname, cls in structs.items():
+        lines.append(f'printf("{cname} %zu\\n", sizeof(struct {cname}));')
+        for fname, _ in cls._fields_:
+            lines.append(f'printf("{cname}.{fname} %zu\\n", offsetof(struct {cname}, {fname}));')
+    lines.append("return 0;}")
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "sz"
+    subprocess.run(["gcc", f"-I{L.PROBES_DIR}", "-o", str(exe), str(src)], check=True)
+    got = dict(line.split() for line in subprocess.run([str(exe)], capture_output=True, text=True,
+                                                        check=True).stdout.splitlines())
+    for cname, cls in structs.items():
+        assert int(got[cname]) == ct.sizeof(cls), cname
+        for fname, _ in cls._fields_:
+            assert int(got[f"{cname}.{fname}"]) == getattr(cls, fname).offset, (cname, fname)
+
+
+@pytest.mark.bpf
+def test_layout_matches_bcc_maps():
+    from tracer.probe import ProbeOptions, Probes
+
+    p = Probes(os.getpid(), ProbeOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16))
+    try:
+        for name, (key, val) in L.MAP_LAYOUTS.items():
+            t = p.bpf[name]
+            assert ct.sizeof(t.Key) == ct.sizeof(key), name
+            assert ct.sizeof(t.Leaf) == ct.sizeof(val), name
+    finally:
+        p.close()
+
+
+def test_reports_never_import_bcc():
+    """reports/ runs anywhere: importing it (and loading a trace) must not need BCC."""
+    code = ("import sys; sys.modules['bcc'] = None\n"
+            "import reports.trace, reports.analysis, reports.render, reports.symbolize\n"
+            "import allocscope.cli\n"
+            "print('ok')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert p.stdout.strip() == "ok", p.stderr
