@@ -11,7 +11,9 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # 1. Debian packages. python3-bpfcc = BCC's Python bindings (NOT the PyPI 'bcc').
-pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev)
+# chromium + fonts: the HTML report's render test; bpfcc-tools: memleak for bench/ comparisons.
+pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev
+      chromium fonts-dejavu-core bpfcc-tools)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
