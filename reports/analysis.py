@@ -1,17 +1,39 @@
 """Turn a Trace into ranked tables. Functions are verbs returning DataFrames or plain dicts;
-renderers (reports.render) only format what these return.
+renderers (reports.render) only format what these return, and the CLI only calls these.
 
 A *site* is the symbolized call stack with allocator and allocator-wrapper frames folded away
 (innermost first); the same code gives the same site in every run, whatever the addresses.
+
+Python API (notebooks get exactly what `allocscope report` prints):
+
+    >>> from reports.trace import load_trace
+    >>> from reports import analysis as A
+    >>> t = load_trace("pw12.allocscope")
+    >>> stacks = A.symbolize_stacks(t)            # symbolize once, pass to the others
+    >>> A.rank_sites(t, stacks, sort="growth")    # one row per site: live, peak, growth, age, verdict
+    >>> A.site_timeline(t, stacks)                # live bytes per site per interval
+    >>> A.thread_table(t); A.thread_group_table(t); A.flow_table(t)
+    >>> A.totals(t)                               # RSS, live, peaks, losses
+    >>> A.build_report(t, sort="peak")            # the allocscope.report/1 document
+
+Every DataFrame-returning function documents its columns. Byte counts are int64; times are
+seconds (float) measured from the start of the recording unless stated otherwise.
+
+Verdicts (see `verdict` for the exact rules): each site is *freed*, *transient*, *growing* or
+*plateaued*, judged from its live-bytes timeline.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from tracer.errors import UsageError
 
 from .trace import Trace
 
@@ -70,11 +92,11 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
     resolved: dict[tuple[str, int], FrameInfo] = {}
     todo = st[(st["offset"] >= 0) & st["function"].isna()]
     for (module, build_id), grp in todo.groupby(["module", "build_id"], sort=False):
-        offsets = sorted(set(int(o) for o in grp["offset"]))
+        offsets = sorted({int(o) for o in grp["offset"]})
         res = sym.symbolize(module, offsets, build_id=build_id or None, return_addresses=True)
         for off in offsets:
-            frames = res.get(off) or []
-            f = frames[0] if frames else None
+            found = res.get(off) or []
+            f = found[0] if found else None
             resolved[(module, off)] = FrameInfo(
                 f.function if f else f"{os.path.basename(module)}+{off:#x}", module,
                 f.file if f else None, f.line if f else None)
@@ -125,11 +147,30 @@ def site_table(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]] | None = N
     return df
 
 
-def _timeline(trace: Trace, keycol_fn) -> pd.DataFrame:
-    """live bytes per interval (rows: seq) per group (columns), forward-filled cumulative."""
+SiteKey = tuple[FrameInfo, ...]
+SORT_KEYS = ("live", "peak", "growth", "age")
+
+# Verdict rules (documented in `verdict`).
+FIT_TAIL_FRACTION = 0.5      # growth is fitted over the last half of the recording...
+MIN_FIT_POINTS = 4           # ...but over at least this many intervals; fewer: never "growing"
+GROWTH_MIN_R2 = 0.8          # a line must explain >= 80% of the variance to call it growth
+GROWTH_MIN_RISE = 0.10       # and the rise over the fit window must be >= 10% of the live bytes
+TRANSIENT_MAX_FRACTION = 0.25  # live at the end <= 25% of the peak: the peak was mostly freed
+TIMELINE_POINTS = 50         # at most this many points of each site's timeline in the JSON
+
+
+def _site_lookup(st: pd.DataFrame) -> Callable[[tuple], SiteKey]:
+    """(stack_id, tid, source) -> site, for `_timeline`, from a `site_table` frame."""
+    m = {(int(a), int(b), c): site for a, b, c, site in zip(st["stack_id"], st["tid"], st["source"], st["site"])}
+    return lambda k: m.get((int(k[0]), int(k[1]), k[2]), UNKNOWN_STACK)
+
+
+def _timeline(trace: Trace, keycol_fn: Callable[[tuple], Hashable]) -> pd.DataFrame:
+    """live bytes per interval (rows: seq 1..n) per group (columns), forward-filled cumulative.
+    `keycol_fn` maps a (stack_id, tid, source) key to its group."""
     s = trace.sites
     if s.empty:
-        return pd.DataFrame()
+        return pd.DataFrame(index=pd.RangeIndex(1, trace.last_seq + 1, name="seq"))
     s = s.assign(live=s["alloc_bytes"] - s["free_bytes"])
     key = list(zip(s["stack_id"], s["tid"], s["source"]))
     piv = pd.DataFrame({"seq": s["seq"].to_numpy(), "key": key, "live": s["live"].to_numpy()})
@@ -138,73 +179,270 @@ def _timeline(trace: Trace, keycol_fn) -> pd.DataFrame:
     groups = [keycol_fn(k) for k in wide.columns]
     codes: dict = {}
     idx = [codes.setdefault(g, len(codes)) for g in groups]
-    summed = wide.T.groupby(np.array(idx), sort=False).sum().T
+    summed = wide.T.groupby(np.array(idx), sort=False).sum().T.astype("int64")
     by_code = {v: k for k, v in codes.items()}
-    summed.columns = [by_code[c] for c in summed.columns]
+    summed.columns = pd.Index([by_code[c] for c in summed.columns], tupleize_cols=False)
+    summed.index.name = "seq"
     return summed
 
 
 def site_timeline(trace: Trace, stacks=None) -> pd.DataFrame:
     """Live bytes per site over time: index = interval seq (1..n), one column per site
     (folded frames tuple), values = live bytes at the end of that interval."""
-    st = site_table(trace, stacks)
-    key_to_site = {(int(a), int(b), c): site for a, b, c, site in
-                   zip(st["stack_id"], st["tid"], st["source"], st["site"])}
-    return _timeline(trace, lambda k: key_to_site.get((int(k[0]), int(k[1]), k[2]), UNKNOWN_STACK))
+    return _timeline(trace, _site_lookup(site_table(trace, stacks)))
 
 
-def rank_sites(trace: Trace, stacks=None, progress=None) -> pd.DataFrame:
-    """Sites ranked by live bytes at the end. Columns: site, full_frames, live_bytes, live_count,
-    peak_live_bytes, alloc_bytes, alloc_count, free_bytes, free_count, sources, threads
-    (list of (tid, live_bytes) by live desc), rank."""
+def elapsed_s(trace: Trace) -> pd.Series:
+    """Seconds since the start of the recording at the end of every interval, indexed by seq
+    1..n (gaps, e.g. an unreadable part, are interpolated)."""
+    iv = trace.intervals.set_index("seq")
+    idx = pd.RangeIndex(1, trace.last_seq + 1, name="seq")
+    if "elapsed_s" in iv:
+        el = iv["elapsed_s"].astype(float).reindex(idx)
+    else:
+        el = pd.Series(np.nan, index=idx)
+    fallback = pd.Series(idx.to_numpy() * float(trace.meta.get("interval_s") or 1.0), index=idx)
+    return el.interpolate(limit_area="inside").fillna(fallback)
+
+
+def end_time_ns(trace: Trace) -> int:
+    """CLOCK_MONOTONIC time of the last interval (the clock of `live.ts_ns`)."""
+    last = trace.intervals.iloc[-1]
+    if "ts_ns" in trace.intervals and not pd.isna(last["ts_ns"]):
+        return int(last["ts_ns"])
+    t0 = int((trace.meta.get("clock") or {}).get("monotonic_ns", 0))
+    return t0 + int(float(last.get("elapsed_s", 0.0)) * 1e9)
+
+
+def fit_window(n: int) -> int:
+    """Number of trailing intervals the growth line is fitted over (see `verdict`)."""
+    return min(n, max(MIN_FIT_POINTS, math.ceil(n * FIT_TAIL_FRACTION)))
+
+
+def fit_growth(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares line through every column of `y` (m points x k series) over `x` (m,):
+    (slope per column in y-units per x-unit, R² per column). R² is 1.0 for a series the line
+    fits exactly (a constant included) and NaN with fewer than 3 points."""
+    y = np.asarray(y, dtype=float).reshape(len(x), -1)
+    k = y.shape[1]
+    if len(x) < 2:
+        return np.zeros(k), np.full(k, np.nan)
+    xc = np.asarray(x, dtype=float) - np.mean(x)
+    sxx = float(xc @ xc)
+    if sxx == 0:
+        return np.zeros(k), np.full(k, np.nan)
+    yc = y - y.mean(axis=0)
+    slope = (xc @ yc) / sxx
+    ss_tot = (yc ** 2).sum(axis=0)
+    ss_res = ((yc - np.outer(xc, slope)) ** 2).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r2 = np.where(ss_tot > 0, 1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0), 1.0)
+    if len(x) < 3:
+        r2 = np.full(k, np.nan)
+    return slope, np.clip(r2, 0.0, 1.0)
+
+
+def verdict(live_bytes: int, peak_live_bytes: int, growth_bytes_per_s: float, growth_r2: float | None,
+            window_s: float, window_points: int) -> str:
+    """What a site's memory did, at a glance. The first rule that matches wins:
+
+    1. ``freed``: nothing of it is live at the end (live bytes == 0).
+    2. ``transient``: live at the end <= 25% of its peak: it peaked, then most was freed.
+    3. ``growing``: over the fit window (the last half of the recording, at least 4 intervals;
+       never with fewer intervals) the least-squares slope of its live bytes is > 0, the fit
+       is good (R² >= 0.8, so noise is not called growth) and the rise the line predicts over
+       the window (slope x window seconds) is >= 10% of its live bytes at the end.
+    4. ``plateaued``: anything else: memory is held, not released, not clearly rising.
+    """
+    if live_bytes <= 0:
+        return "freed"
+    if live_bytes <= TRANSIENT_MAX_FRACTION * peak_live_bytes:
+        return "transient"
+    if (window_points >= MIN_FIT_POINTS and growth_bytes_per_s > 0 and growth_r2 is not None
+            and not math.isnan(growth_r2) and growth_r2 >= GROWTH_MIN_R2
+            and growth_bytes_per_s * window_s >= GROWTH_MIN_RISE * live_bytes):
+        return "growing"
+    return "plateaued"
+
+
+def growth_table(timeline: pd.DataFrame, elapsed: pd.Series) -> pd.DataFrame:
+    """Per timeline column (index: the column keys): growth_bytes_per_s and growth_r2 of the
+    line fitted over the last `fit_window` intervals, window_s (seconds the window spans) and
+    window_points."""
+    n = len(timeline)
+    w = fit_window(n)
+    if timeline.shape[1] == 0 or w == 0:
+        return pd.DataFrame(columns=["growth_bytes_per_s", "growth_r2", "window_s", "window_points"],
+                            index=timeline.columns)
+    tail = timeline.iloc[n - w:]
+    x = elapsed.reindex(tail.index).to_numpy(dtype=float)
+    slope, r2 = fit_growth(x, tail.to_numpy())
+    return pd.DataFrame({"growth_bytes_per_s": slope, "growth_r2": r2,
+                         "window_s": float(x[-1] - x[0]), "window_points": w}, index=timeline.columns)
+
+
+def oldest_ages(trace: Trace, stacks: dict[int, SiteKey]) -> dict[SiteKey, float]:
+    """site -> age in seconds of its oldest allocation still outstanding at the end (from the
+    final `live` table; a trace cut short has none, and its sites get no age)."""
+    lv = trace.live
+    if lv.empty:
+        return {}
+    end = end_time_ns(trace)
+    first = lv.groupby("stack_id")["ts_ns"].min()
+    out: dict[SiteKey, float] = {}
+    for sid, ts in first.items():
+        site = fold_frames(stacks.get(int(sid), UNKNOWN_STACK))
+        age = max(0.0, (end - int(ts)) / 1e9)
+        out[site] = max(out.get(site, 0.0), age)
+    return out
+
+
+RANK_COLUMNS = ["rank", "site", "full_frames", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes",
+                "alloc_count", "free_bytes", "free_count", "sources", "threads", "growth_bytes_per_s",
+                "growth_r2", "oldest_age_s", "verdict", "timeline"]
+
+
+def _sort_sites(df: pd.DataFrame, sort: str) -> pd.DataFrame:
+    """Order rows of rank_sites by `sort` (see rank_sites); ties by live, peak, allocated bytes,
+    then by the innermost frame so the order is deterministic."""
+    tie = ["live_bytes", "peak_live_bytes", "alloc_bytes"]
+    df = df.assign(_growing=df["verdict"] == "growing",
+                   _age=df["oldest_age_s"].astype(float).fillna(-1.0),
+                   _name=[frame_key_text(s) for s in df["site"]])
+    first = {"live": [], "peak": ["peak_live_bytes"], "growth": ["_growing", "growth_bytes_per_s"],
+             "age": ["_age"]}[sort]
+    cols = first + [c for c in tie if c not in first]
+    df = df.sort_values(cols + ["_name"], ascending=[False] * len(cols) + [True], kind="mergesort")
+    return df.drop(columns=["_growing", "_age", "_name"])
+
+
+def frame_key_text(site: SiteKey) -> str:
+    """A stable one-line text of a site, for deterministic tie-breaking and messages."""
+    return " < ".join(f"{f.function}@{os.path.basename(f.file or '')}:{f.line or ''}" for f in site)
+
+
+def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live") -> pd.DataFrame:
+    """Sites ranked by `sort`. One row per site; columns:
+
+    rank (1-based), site (folded frames tuple, innermost first), full_frames (one unfolded
+    stack of the site), live_bytes, live_count (outstanding at the end), peak_live_bytes
+    (highest live bytes seen), alloc_bytes, alloc_count, free_bytes, free_count (totals over
+    the recording), sources (list of 'heap'/'mmap'/'brk'), threads (list of (tid, live_bytes),
+    live desc), growth_bytes_per_s, growth_r2 (least-squares slope of live bytes over the last
+    half of the recording and its R², NaN when too short), oldest_age_s (age at the end of its
+    oldest outstanding allocation, NaN when unknown), verdict (see `verdict`), timeline (list
+    of live bytes at the end of every interval).
+
+    sort: ``live`` (live bytes at the end), ``peak`` (peak live bytes), ``growth`` (growing
+    sites first, then by slope), ``age`` (oldest outstanding allocation first); ties by live,
+    peak and allocated bytes, all descending.
+    """
+    if sort not in SORT_KEYS:
+        raise UsageError(f"unknown sort {sort!r}; choose one of {', '.join(SORT_KEYS)}")
     st = site_table(trace, stacks, progress)
     if st.empty:
-        return pd.DataFrame(columns=["rank", "site", "full_frames", "live_bytes", "live_count", "peak_live_bytes",
-                                     "alloc_bytes", "alloc_count", "free_bytes", "free_count", "sources", "threads"])
-    key_to_site = {(int(a), int(b), c): site for a, b, c, site in
-                   zip(st["stack_id"], st["tid"], st["source"], st["site"])}
-    tl = _timeline(trace, lambda k: key_to_site.get((int(k[0]), int(k[1]), k[2]), UNKNOWN_STACK))
-    peaks_tl = tl.max().to_dict() if not tl.empty else {}
+        return pd.DataFrame(columns=RANK_COLUMNS)
+    if stacks is None:
+        stacks = {int(s): f for s, f in zip(st["stack_id"], st["full_frames"])}
+    tl = _timeline(trace, _site_lookup(st))
+    series = {site: tl.iloc[:, i].to_numpy() for i, site in enumerate(tl.columns)}
+    growth = growth_table(tl, elapsed_s(trace)).to_dict("index")
+    ages = oldest_ages(trace, stacks)
     rows = []
     for site, g in st.groupby("site", sort=False):
         by_tid = g.groupby("tid")["live_bytes"].sum().sort_values(ascending=False)
+        live = int(g["live_bytes"].sum())
+        line = series.get(site, np.zeros(0, dtype="int64"))
+        peak = int(max(line.max(initial=0), g["peak_live_bytes"].max(), live))
+        gr = growth.get(site, {"growth_bytes_per_s": 0.0, "growth_r2": math.nan, "window_s": 0.0,
+                               "window_points": 0})
+        slope, r2 = float(gr["growth_bytes_per_s"]), float(gr["growth_r2"])
         rows.append({
             "site": site,
             "full_frames": g["full_frames"].iloc[int(np.argmax(g["alloc_bytes"].to_numpy()))],
-            "live_bytes": int(g["live_bytes"].sum()), "live_count": int(g["live_count"].sum()),
-            "peak_live_bytes": int(max(peaks_tl.get(site, 0), g["peak_live_bytes"].max(), g["live_bytes"].sum())),
+            "live_bytes": live, "live_count": int(g["live_count"].sum()), "peak_live_bytes": peak,
             "alloc_bytes": int(g["alloc_bytes"].sum()), "alloc_count": int(g["alloc_count"].sum()),
             "free_bytes": int(g["free_bytes"].sum()), "free_count": int(g["free_count"].sum()),
             "sources": sorted(set(g["source"])),
             "threads": [(int(t), int(b)) for t, b in by_tid.items()],
+            "growth_bytes_per_s": slope, "growth_r2": r2,
+            "oldest_age_s": ages.get(site, math.nan),
+            "verdict": verdict(live, peak, slope, r2, float(gr["window_s"]), int(gr["window_points"])),
+            "timeline": [int(v) for v in line],
         })
-    df = pd.DataFrame(rows).sort_values(["live_bytes", "peak_live_bytes", "alloc_bytes"], ascending=False)
+    df = _sort_sites(pd.DataFrame(rows), sort)
     df.insert(0, "rank", range(1, len(df) + 1))
-    return df.reset_index(drop=True)
+    return df[RANK_COLUMNS].reset_index(drop=True)
+
+
+def _thread_peaks(trace: Trace, group_of_tid: Callable[[int], Hashable], st: pd.DataFrame) -> dict:
+    """group -> peak live bytes: the highest of its summed timeline and of any one key's peak."""
+    tl = _timeline(trace, lambda k: group_of_tid(int(k[1])))
+    peaks = tl.max().to_dict() if tl.shape[1] else {}
+    for tid, kp in st.groupby("tid")["peak_live_bytes"].max().items():
+        g = group_of_tid(int(tid))
+        peaks[g] = max(int(peaks.get(g, 0)), int(kp))
+    return peaks
 
 
 def thread_table(trace: Trace) -> pd.DataFrame:
-    """Per allocating thread: tid, name, live_bytes, live_count, peak_live_bytes, alloc_bytes,
-    alloc_count, ranked by live bytes."""
+    """Per allocating thread, ranked by live bytes. Columns: tid, name (last known name, '?'
+    if never seen), live_bytes, live_count (outstanding at the end, allocated by this thread),
+    peak_live_bytes, alloc_bytes, alloc_count."""
     st = trace.final_sites()
     names = trace.thread_names()
     if st.empty:
         return pd.DataFrame(columns=["tid", "name", "live_bytes", "live_count", "peak_live_bytes",
                                      "alloc_bytes", "alloc_count"])
-    tl = _timeline(trace, lambda k: int(k[1]))
-    peaks = tl.max().to_dict() if not tl.empty else {}
+    peaks = _thread_peaks(trace, int, st)
     g = st.groupby("tid").agg(live_bytes=("live_bytes", "sum"), live_count=("live_count", "sum"),
-                              alloc_bytes=("alloc_bytes", "sum"), alloc_count=("alloc_count", "sum"),
-                              key_peak=("peak_live_bytes", "max")).reset_index()
-    g["peak_live_bytes"] = [int(max(peaks.get(int(t), 0), kp, lb)) for t, kp, lb in
-                            zip(g["tid"], g["key_peak"], g["live_bytes"])]
+                              alloc_bytes=("alloc_bytes", "sum"), alloc_count=("alloc_count", "sum")).reset_index()
+    g["peak_live_bytes"] = [int(max(peaks.get(int(t), 0), lb)) for t, lb in zip(g["tid"], g["live_bytes"])]
     g["name"] = [names.get(int(t), "?") for t in g["tid"]]
-    g = g.drop(columns="key_peak").sort_values(["live_bytes", "peak_live_bytes"], ascending=False)
+    g = g.sort_values(["live_bytes", "peak_live_bytes", "tid"], ascending=[False, False, True])
     return g[["tid", "name", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count"]].reset_index(drop=True)
 
 
+_DIGITS_RX = re.compile(r"\d+")
+
+
+def thread_group(name: str) -> str:
+    """The name pattern of a thread: digit runs replaced by N (pworker-1..pworker-12 ->
+    pworker-N), so pools of different sizes compare."""
+    return _DIGITS_RX.sub("N", name)
+
+
+THREAD_GROUP_COLUMNS = ["group", "threads", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes",
+                        "alloc_count"]
+
+
+def thread_group_table(trace: Trace) -> pd.DataFrame:
+    """Threads grouped by `thread_group` of their name, ranked by live bytes. Columns: group,
+    threads (number of distinct tids: every thread seen or allocating), live_bytes, live_count,
+    peak_live_bytes (peak of the group's summed live bytes), alloc_bytes, alloc_count."""
+    st = trace.final_sites()
+    names = trace.thread_names()
+    tids = set(names) | {int(t) for t in st["tid"]}
+    if not tids:
+        return pd.DataFrame(columns=THREAD_GROUP_COLUMNS)
+    group_of = {t: thread_group(names.get(t, "?")) for t in tids}
+    peaks = _thread_peaks(trace, lambda t: group_of.get(t, "?"), st)
+    st = st.assign(group=[group_of[int(t)] for t in st["tid"]])
+    counts = pd.Series(list(group_of.values())).value_counts()
+    sums = (st.groupby("group")[["live_bytes", "live_count", "alloc_bytes", "alloc_count"]].sum()
+            .reindex(sorted(counts.index), fill_value=0))
+    rows = [{"group": g, "threads": int(counts[g]), "live_bytes": int(s.live_bytes), "live_count": int(s.live_count),
+             "peak_live_bytes": int(max(peaks.get(g, 0), s.live_bytes)), "alloc_bytes": int(s.alloc_bytes),
+             "alloc_count": int(s.alloc_count)} for g, s in sums.iterrows()]
+    df = pd.DataFrame(rows, columns=THREAD_GROUP_COLUMNS)
+    df = df.sort_values(["live_bytes", "peak_live_bytes", "group"], ascending=[False, False, True], kind="mergesort")
+    return df.reset_index(drop=True)
+
+
 def flow_table(trace: Trace) -> pd.DataFrame:
-    """Frees by (allocating thread, freeing thread): bytes, count, mean and max wait."""
+    """Frees by (allocating thread, freeing thread), bytes desc. Columns: alloc_tid,
+    alloc_thread, free_tid, free_thread (names), bytes, count (freed), mean_wait_s, max_wait_s
+    (time between the allocation and its free)."""
     f = trace.final_flows()
     names = trace.thread_names()
     if f.empty:
@@ -215,39 +453,51 @@ def flow_table(trace: Trace) -> pd.DataFrame:
     f["free_thread"] = [names.get(int(t), "?") for t in f["free_tid"]]
     f["mean_wait_s"] = np.where(f["count"] > 0, f["wait_ns_sum"] / f["count"].clip(lower=1) / 1e9, 0.0)
     f["max_wait_s"] = f["wait_ns_max"] / 1e9
-    return f.sort_values("bytes", ascending=False)[
+    return f.sort_values(["bytes", "alloc_tid", "free_tid"], ascending=[False, True, True])[
         ["alloc_tid", "alloc_thread", "free_tid", "free_thread", "bytes", "count", "mean_wait_s", "max_wait_s"]
     ].reset_index(drop=True)
 
 
 def losses(trace: Trace) -> dict[str, int]:
+    """Every lost_* counter at the end of the recording (cumulative)."""
     last = trace.intervals.iloc[-1]
-    return {c: int(last[c]) for c in trace.intervals.columns if c.startswith("lost_")}
+    return {c: int(last[c]) for c in trace.intervals.columns if c.startswith("lost_") and not pd.isna(last[c])}
+
+
+def _col_max(df: pd.DataFrame, col: str) -> int:
+    return int(df[col].max()) if col in df and len(df) else 0
 
 
 def totals(trace: Trace) -> dict:
+    """Whole-process numbers: live_bytes, live_count (tracked and outstanding at the end),
+    peak_live_bytes, rss_bytes (last sample while the target was readable), peak_rss_bytes
+    (highest sample), hwm_bytes (kernel VmHWM), lost_events (sum of the lost_* counters except
+    byte counts), losses (the non-zero lost_* counters), heap_live_bytes, mmap_live_bytes,
+    duration_s, intervals."""
     iv = trace.intervals
-    alive = iv[iv.get("rss_bytes", pd.Series(dtype=int)) >= 0] if "rss_bytes" in iv else iv
+    alive = iv[iv["rss_bytes"] >= 0] if "rss_bytes" in iv else iv.iloc[0:0]
     last = iv.iloc[-1]
     lost = losses(trace)
-    rss_now = int(alive["rss_bytes"].iloc[-1]) if len(alive) else 0
+    peak_cols = [c for c in ("live_bytes", "heap_peak_bytes") if c in iv]
     return {
         "live_bytes": int(last["live_bytes"]),
         "live_count": int(last["live_count"]),
-        "peak_live_bytes": int(max(iv["live_bytes"].max(), iv["heap_peak_bytes"].max())),
-        "rss_bytes": rss_now,
-        "peak_rss_bytes": int(alive["rss_bytes"].max()) if len(alive) else 0,
-        "hwm_bytes": int(alive["hwm_bytes"].max()) if len(alive) else 0,
-        "lost_events": int(sum(v for k, v in lost.items() if k != "lost_live_full_bytes")),
+        "peak_live_bytes": max((_col_max(iv, c) for c in peak_cols), default=0),
+        "rss_bytes": int(alive["rss_bytes"].iloc[-1]) if len(alive) else 0,
+        "peak_rss_bytes": _col_max(alive, "rss_bytes"),
+        "hwm_bytes": _col_max(alive, "hwm_bytes"),
+        "lost_events": int(sum(v for k, v in lost.items() if not k.endswith("_bytes"))),
         "losses": {k: v for k, v in lost.items() if v},
-        "heap_live_bytes": int(last["heap_live_bytes"]),
-        "mmap_live_bytes": int(last["mmap_live_bytes"]),
-        "duration_s": float(last["elapsed_s"]),
+        "heap_live_bytes": int(last.get("heap_live_bytes", 0)),
+        "mmap_live_bytes": int(last.get("mmap_live_bytes", 0)),
+        "duration_s": float(last.get("elapsed_s", 0.0)),
         "intervals": int(last["seq"]),
     }
 
 
 def trims(trace: Trace) -> list[dict]:
+    """malloc_trim calls in time order: time (s from start), tid, thread, duration_s, returned,
+    released_bytes (None: not measured)."""
     ev = trace.events
     if ev.empty:
         return []
@@ -261,36 +511,59 @@ def trims(trace: Trace) -> list[dict]:
 
 
 def advice(trace: Trace, tot: dict) -> list[str]:
+    """One line per non-zero loss counter: what was lost and what to do about it."""
     out = []
     for k, v in tot["losses"].items():
-        msg = LOSS_ADVICE.get(k)
-        if msg and v:
-            out.append(f"{k}={v}: {msg}")
+        if k == "lost_live_full_bytes":
+            continue
+        msg = LOSS_ADVICE.get(k) or "some events were not recorded; the numbers are lower bounds"
+        out.append(f"{k}={v}: {msg}")
     if tot["losses"].get("lost_live_full_bytes"):
         out.append(f"{tot['losses']['lost_live_full_bytes']} bytes were allocated but not tracked (live map full)")
     return out
 
 
-def build_report(trace: Trace, progress=None) -> dict:
-    """The allocscope.report/1 document (see README): what `report --format json` prints."""
+def timeline_points(n: int, max_points: int = TIMELINE_POINTS) -> list[int]:
+    """Indices (0-based) of at most `max_points` evenly spaced intervals out of n, first and
+    last included: the points of each site's `timeline` in the JSON."""
+    if n <= max_points:
+        return list(range(n))
+    return sorted({round(i) for i in np.linspace(0, n - 1, max_points)})
+
+
+def _num(v: float, digits: int) -> float | None:
+    """A float for JSON: rounded, None for NaN."""
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else round(float(v), digits)
+
+
+def site_dict(r, names: dict[int, str], points: list[int]) -> dict:
+    """One row of rank_sites as an allocscope.report/1 site."""
+    return {
+        "rank": int(r.rank), "live_bytes": int(r.live_bytes), "live_count": int(r.live_count),
+        "peak_live_bytes": int(r.peak_live_bytes), "alloc_bytes": int(r.alloc_bytes),
+        "alloc_count": int(r.alloc_count), "free_bytes": int(r.free_bytes), "free_count": int(r.free_count),
+        "sources": list(r.sources),
+        "growth_bytes_per_s": _num(r.growth_bytes_per_s, 3), "growth_r2": _num(r.growth_r2, 4),
+        "oldest_age_s": _num(r.oldest_age_s, 3), "verdict": r.verdict,
+        "timeline": [r.timeline[i] for i in points if i < len(r.timeline)],
+        "frames": [f.as_dict() for f in r.site],
+        "full_frames": [f.as_dict() for f in r.full_frames],
+        "threads": [{"tid": t, "name": names.get(t, "?"), "live_bytes": b} for t, b in r.threads],
+    }
+
+
+def build_report(trace: Trace, progress=None, sort: str = "live") -> dict:
+    """The allocscope.report/1 document: what `report --format json` prints. Sites are ordered
+    (and `rank`ed) by `sort` (see rank_sites); each site's `timeline` holds its live bytes at the
+    intervals listed once in `timeline_seq`."""
     stacks = symbolize_stacks(trace, progress)
-    sites = rank_sites(trace, stacks)
+    sites = rank_sites(trace, stacks, sort=sort)
     threads = thread_table(trace)
     names = trace.thread_names()
     tot = totals(trace)
     meta = trace.meta
     tgt = meta.get("target") or {}
-    site_list = []
-    for r in sites.itertuples():
-        site_list.append({
-            "rank": int(r.rank), "live_bytes": int(r.live_bytes), "live_count": int(r.live_count),
-            "peak_live_bytes": int(r.peak_live_bytes), "alloc_bytes": int(r.alloc_bytes),
-            "alloc_count": int(r.alloc_count), "free_bytes": int(r.free_bytes), "free_count": int(r.free_count),
-            "sources": list(r.sources),
-            "frames": [f.as_dict() for f in r.site],
-            "full_frames": [f.as_dict() for f in r.full_frames],
-            "threads": [{"tid": t, "name": names.get(t, "?"), "live_bytes": b} for t, b in r.threads],
-        })
+    points = timeline_points(trace.last_seq)
     return {
         "schema": REPORT_SCHEMA,
         "target": {"pid": tgt.get("pid"), "comm": tgt.get("comm"), "exe": tgt.get("exe"),
@@ -301,11 +574,15 @@ def build_report(trace: Trace, progress=None) -> dict:
                       "probes": meta.get("probes"), "warnings": trace.warnings},
         "totals": tot,
         "advice": advice(trace, tot),
-        "sites": site_list,
+        "sort": sort,
+        "timeline_seq": [i + 1 for i in points],
+        "sites": [site_dict(r, names, points) for r in sites.itertuples()],
         "threads": [{"tid": int(r.tid), "name": r.name, "live_bytes": int(r.live_bytes),
                      "live_count": int(r.live_count), "peak_live_bytes": int(r.peak_live_bytes),
                      "alloc_bytes": int(r.alloc_bytes), "alloc_count": int(r.alloc_count)}
                     for r in threads.itertuples()],
+        "thread_groups": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+                          for row in thread_group_table(trace).to_dict("records")],
         "flows": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
                   for row in flow_table(trace).to_dict("records")],
         "arenas": [],

@@ -5,6 +5,7 @@ import json
 import os
 
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+SORT_TITLES = {"live": "live bytes", "peak": "peak live bytes", "growth": "growth", "age": "oldest allocation"}
 
 
 def human_bytes(n: float | int | None) -> str:
@@ -65,6 +66,36 @@ def table(headers: list[str], rows: list[list[str]], align: str | None = None) -
     return [fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
 
 
+def human_rate(n: float | None) -> str:
+    """Bytes per second with a sign: +1.5 KiB/s; '-' when unknown."""
+    if n is None:
+        return "-"
+    return ("+" if n > 0 else "") + human_bytes(n) + "/s"
+
+
+def human_delta(n: int | None) -> str:
+    """A byte delta with a sign: +1.5 KiB, -12 B, 0 B."""
+    if n is None:
+        return "-"
+    return ("+" if n > 0 else "") + human_bytes(n)
+
+
+def seconds(n: float | None) -> str:
+    return "-" if n is None else f"{n:.1f}s"
+
+
+_SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[int]) -> str:
+    """A one-line sketch of a series, lowest value ▁, highest █."""
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1
+    return "".join(_SPARKS[min(len(_SPARKS) - 1, int((v - lo) / span * (len(_SPARKS) - 1) + 0.5))] for v in values)
+
+
 def frame_text(f: dict) -> str:
     loc = ""
     if f.get("file"):
@@ -101,22 +132,31 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
         out.append(s.yellow(f"    ! {a}"))
     out.append("")
     sites = doc["sites"][:top]
-    out.append(s.bold(f"Top {len(sites)} of {len(doc['sites'])} sites by live bytes"))
+    out.append(s.bold(f"Top {len(sites)} of {len(doc['sites'])} sites by {SORT_TITLES.get(doc.get('sort', 'live'))}"))
     rows = []
     for site in sites:
         fr = site["frames"]
         first = frame_text(fr[0]) if fr else "?"
         rows.append([str(site["rank"]), human_bytes(site["live_bytes"]), str(site["live_count"]),
-                     human_bytes(site["peak_live_bytes"]), human_bytes(site["alloc_bytes"]),
+                     human_bytes(site["peak_live_bytes"]), human_rate(site.get("growth_bytes_per_s")),
+                     seconds(site.get("oldest_age_s")), site.get("verdict") or "-", human_bytes(site["alloc_bytes"]),
                      str(site["alloc_count"]), first])
-    out += ["  " + line for line in table(["#", "live", "blocks", "peak", "allocated", "allocs", "site (innermost)"],
-                                          rows, "rrrrrrl")]
+    out += ["  " + line for line in table(["#", "live", "blocks", "peak", "growth", "oldest", "verdict",
+                                           "allocated", "allocs", "site (innermost)"], rows, "rrrrrrlrrl")]
+    out.append(s.dim("  verdicts: freed = nothing live at the end; transient = end <= 25% of peak;"))
+    out.append(s.dim("  growing = steady rise over the last half (R² >= 0.8, by >= 10% of its live bytes);"
+                     " plateaued = held, not rising"))
     out.append("")
     for site in sites[: min(top, 10)]:
         if not site["live_bytes"] and not site["peak_live_bytes"]:
             continue
         thr = ", ".join(f"{x['name']}({x['tid']}) {human_bytes(x['live_bytes'])}" for x in site["threads"][:4])
         out.append(s.bold(f"#{site['rank']} {human_bytes(site['live_bytes'])} live") + f"  threads: {thr}")
+        if site.get("timeline"):
+            r2 = site.get("growth_r2")
+            out.append(s.dim(f"    {site.get('verdict')}: {sparkline(site['timeline'])}  "
+                             f"{human_rate(site.get('growth_bytes_per_s'))}"
+                             + (f" (R² {r2:.2f})" if r2 is not None else "")))
         for f in site["frames"][:frames_per_site]:
             out.append(f"    {frame_text(f)}")
         if len(site["frames"]) > frames_per_site:
@@ -144,4 +184,82 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
             ["time", "thread", "duration", "returned", "released"],
             [[f"{x['time']:.3f}s", f"{x['thread']}({x['tid']})", f"{x['duration_s'] * 1e3:.2f}ms", str(x.get("returned")),
               human_bytes(x["released_bytes"])] for x in doc["trims"]], "rlrrr")]
+    return "\n".join(out) + "\n"
+
+
+DIFF_SORT_TITLES = {"delta": "|peak delta|", "live": "|live-at-end delta|", "alloc": "|allocated delta|",
+                    "ratio": "B/A ratio", "excess": "|excess over linear scaling|"}
+
+
+def ratio_text(r: float | None, present_in: str) -> str:
+    """B/A as 1.20x; 'new' for a site only in B, '-' when there is nothing to compare."""
+    if r is None:
+        return "new" if present_in == "b" else "-"
+    return f"{r:.2f}x"
+
+
+def _side_text(name: str, side: dict) -> str:
+    """'A: comm pid N [k=v ...]' from one entry of a diff document's `traces`."""
+    labels = " ".join(f"{k}={v}" for k, v in (side.get("labels") or {}).items())
+    return f"{name}: {side.get('comm') or '?'} pid {side.get('pid')}" + (f" [{labels}]" if labels else "")
+
+
+def _diff_totals(tot: dict) -> list[str]:
+    rows = []
+    for key, title in (("live_bytes", "live now"), ("peak_live_bytes", "live peak"), ("rss_bytes", "RSS now"),
+                       ("peak_rss_bytes", "RSS peak")):
+        rows.append([title, human_bytes(tot["a"][key]), human_bytes(tot["b"][key]), human_delta(tot["delta"][key])])
+    rows.append(["lost", str(tot["a"]["lost_events"]), str(tot["b"]["lost_events"]), f"{tot['delta']['lost_events']:+d}"])
+    return ["  " + line for line in table(["", "A", "B", "delta"], rows, "lrrr")]
+
+
+def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int = 6) -> str:
+    """The allocscope.diff/1 document as text. With a `per` label, flagged sites (grown out of
+    proportion) come first."""
+    s = _Style(color)
+    a, b, per = doc["traces"]["a"], doc["traces"]["b"], doc.get("per")
+    out = [s.bold(f"allocscope diff — {_side_text('A', a)}  vs  {_side_text('B', b)}"),
+           f"  A {a['path']}", f"  B {b['path']}"]
+    out += [s.yellow(f"warning: {w}") for w in doc.get("warnings") or []]
+    if per:
+        out.append(f"normalized per {per['label']}: a site scaling linearly has B/A = {per['b']:g}/{per['a']:g}"
+                   f" = {per['expected_ratio']:.2f}; ! = grew more than {per['flag_scaling']:g}x that, by at least"
+                   f" {per['flag_material']:.0%} of the total change")
+    out += ["", s.bold("Totals")] + _diff_totals(doc["totals"]) + [""]
+    sites = sorted(doc["sites"], key=lambda x: not x.get("flagged"))[:top]
+    flagged = sum(1 for x in doc["sites"] if x.get("flagged"))
+    order = f"{flagged} flagged first, then by " if per else "by "
+    out.append(s.bold(f"Top {len(sites)} of {len(doc['sites'])} sites, {order}{DIFF_SORT_TITLES[doc['sort']]}"))
+    heads = ["", "#", "A peak", "B peak", "delta", "B/A"] + (["vs linear"] if per else []) + \
+        ["A live", "B live", "verdict A→B", "site (innermost)"]
+    rows = []
+    for i, x in enumerate(sites, 1):
+        row = ["!" if x.get("flagged") else "", str(i), human_bytes(x["a_peak_live_bytes"]),
+               human_bytes(x["b_peak_live_bytes"]), human_delta(x["delta_bytes"]), ratio_text(x["ratio"], x["in"])]
+        if per:
+            row.append("-" if x.get("scaling") is None else f"{x['scaling']:.2f}x")
+        row += [human_bytes(x["a_live_bytes"]), human_bytes(x["b_live_bytes"]),
+                f"{x.get('a_verdict') or '-'}→{x.get('b_verdict') or '-'}",
+                frame_text(x["frames"][0]) if x["frames"] else "?"]
+        rows.append(row)
+    out += ["  " + line for line in table(heads, rows, "lrrrrr" + ("r" if per else "") + "rrll")]
+    out.append("")
+    for i, x in enumerate(sites[: min(top, 10)], 1):
+        if not x["delta_bytes"]:
+            continue
+        mark = s.red("! ") if x.get("flagged") else ""
+        out.append(mark + s.bold(f"#{i} {human_delta(x['delta_bytes'])} peak") +
+                   f"  ({human_bytes(x['a_peak_live_bytes'])} → {human_bytes(x['b_peak_live_bytes'])})")
+        for f in x["frames"][:frames_per_site]:
+            out.append(f"    {frame_text(f)}")
+        if len(x["frames"]) > frames_per_site:
+            out.append(s.dim(f"    ... {len(x['frames']) - frames_per_site} more frames"))
+    groups = doc.get("thread_groups") or []
+    if groups:
+        out += ["", s.bold("Thread groups (digits in names replaced by N)")]
+        out += ["  " + line for line in table(
+            ["group", "A thr", "B thr", "A live", "B live", "A peak", "B peak", "peak delta"],
+            [[g["group"], str(g["a_threads"]), str(g["b_threads"]), human_bytes(g["a_live_bytes"]),
+              human_bytes(g["b_live_bytes"]), human_bytes(g["a_peak_live_bytes"]), human_bytes(g["b_peak_live_bytes"]),
+              human_delta(g["peak_delta_bytes"])] for g in groups[:top]], "lrrrrrrr")]
     return "\n".join(out) + "\n"

@@ -5,10 +5,13 @@
     t.thread(101, "pworker-1")
     t.interval(sites={(s, 101): (alloc_bytes, alloc_count, free_bytes, free_count)}, rss=10 << 20)
     ...
+    t.live_block(s, 101, size=4096, at_s=2.5)   # an allocation still outstanding at the end
     t.close()                      # writes the live table and marks the trace complete
 
 Site counters are cumulative, as the tracer writes them; `interval` writes only the rows that
-changed, like the tracer.
+changed, like the tracer. Interval `seq` ends at MONO0 + seq * interval_s (CLOCK_MONOTONIC ns),
+so a live block allocated at `at_s` is `n * interval_s - at_s` seconds old at the end.
+`id_base`/`ip_base` give the same code different stack ids and addresses, as another run has.
 """
 from __future__ import annotations
 
@@ -22,11 +25,14 @@ MONO0 = 1_000_000_000_000
 
 class SynthTrace:
     def __init__(self, path, labels: dict | None = None, exe: str = "/usr/bin/synthd", pid: int = 4242,
-                 interval_s: float = 1.0, module: str = "/usr/bin/synthd") -> None:
+                 interval_s: float = 1.0, module: str = "/usr/bin/synthd", id_base: int = 0x1000,
+                 ip_base: int = 0x400000) -> None:
         self.path = str(path)
         self.w = TraceWriter(self.path)
         self.module = module
         self.interval_s = interval_s
+        self.id_base = id_base
+        self.ip_base = ip_base
         self.seq = 0
         self.meta = {
             "format": F.FORMAT, "version": F.VERSION, "complete": False,
@@ -43,18 +49,21 @@ class SynthTrace:
         self._state: dict = {}
         self._threads: list[tuple] = []
         self._events: list[tuple] = []
+        self._live: list[dict] = []
         self.peak_live = 0
 
-    def stack(self, functions: list[str], files: list[str] | None = None, lines: list[int] | None = None) -> int:
+    def stack(self, functions: list[str], files: list[str] | None = None, lines: list[int] | None = None,
+              module: str | None = None) -> int:
         """Register a stack (function names innermost first); returns its stack id."""
-        key = tuple(functions)
+        key = (tuple(functions), tuple(files or ()), tuple(lines or ()), module)
         if key in self._stacks:
             return self._stacks[key]
-        sid = 0x1000 + len(self._stacks) * 7919  # arbitrary, like a hash
+        sid = self.id_base + len(self._stacks) * 7919  # arbitrary, like a hash
         self._stacks[key] = sid
         for i, fn in enumerate(functions):
             self._stack_rows.append({
-                "stack_id": sid, "idx": i, "ip": 0x400000 + 16 * len(self._stack_rows), "module": self.module,
+                "stack_id": sid, "idx": i, "ip": self.ip_base + 16 * len(self._stack_rows),
+                "module": module or self.module,
                 "build_id": "", "offset": 0x1000 + 16 * len(self._stack_rows), "syscall": 0, "function": fn,
                 "file": files[i] if files else None, "line": lines[i] if lines else None})
         return sid
@@ -65,9 +74,17 @@ class SynthTrace:
     def trim(self, tid: int, at_s: float, duration_s: float, ret: int = 1) -> None:
         self._events.append(("trim", tid, at_s, duration_s, ret))
 
-    def interval(self, sites: dict, rss: int = 0, flows: dict | None = None) -> None:
+    def live_block(self, stack_id: int, tid: int, size: int, at_s: float, source: str = "heap",
+                   api: str = "malloc") -> None:
+        """An allocation outstanding at the end, made `at_s` seconds after the start; written
+        into the final `live` table by close()."""
+        self._live.append({"addr": 0x7f0000000000 + 64 * len(self._live), "size": size, "stack_id": stack_id,
+                           "tid": tid, "ts_ns": MONO0 + int(at_s * 1e9), "api": api, "source": source})
+
+    def interval(self, sites: dict, rss: int = 0, flows: dict | None = None, lost: dict | None = None) -> None:
         """sites: {(stack_id, tid) or (stack_id, tid, source): (alloc_bytes, alloc_count,
-        free_bytes, free_count)} cumulative; keys not given keep their previous values."""
+        free_bytes, free_count)} cumulative; keys not given keep their previous values.
+        lost: cumulative lost_* counters to set in this interval's row."""
         self.seq += 1
         seq = self.seq
         for k, v in sites.items():
@@ -115,9 +132,14 @@ class SynthTrace:
                "heap_live_bytes": heap, "heap_peak_bytes": self.peak_live, "mmap_live_bytes": live - heap,
                "live_bytes": live, "live_count": count, "target_alive": 1,
                "lost_live_full": 0, "lost_stack_full": 0, "n_allocs": 0, "n_frees": 0}
+        row.update(lost or {})
         self.w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
 
     def close(self, complete: bool = True) -> str:
+        """Write the final live table (complete traces only, like the tracer) and meta.json."""
+        if complete and self._live:
+            rows = [{"seq": self.seq, **r} for r in self._live]
+            self.w.write_part("live", self.seq, pa.Table.from_pylist(rows, schema=F.SCHEMAS["live"]))
         if complete:
             self.meta.update({"complete": True, "end_reason": "duration", "intervals": self.seq})
             self.w.write_meta(self.meta)

@@ -1,0 +1,85 @@
+"""`allocscope diff TRACE_A TRACE_B`: the command object registered by allocscope.cli with
+`main.add_command(diff)`. A thin adapter over reports.diff; heavy imports happen inside."""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from tracer.errors import AllocscopeError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+SORTS = ("delta", "live", "alloc", "ratio", "excess")  # reports.diff.DIFF_SORTS, without importing pandas
+
+
+class OneLineErrors(click.Command):
+    """Prints an AllocscopeError as one `allocscope: ...` line and exits with its code, also when
+    the command is invoked on its own (tests, embedding) rather than through the cli group."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except AllocscopeError as e:
+            click.echo(f"allocscope: {e}", err=True)
+            ctx.exit(e.exit_code)
+
+
+def _progress(msg: str) -> None:
+    click.echo(f"allocscope: {msg}", err=True)
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output:
+        try:
+            with open(output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise AllocscopeError(f"cannot write {output}: {e.strerror}") from None
+    else:
+        click.echo(text, nl=not text.endswith("\n"))
+
+
+@click.command(cls=OneLineErrors, context_settings=CONTEXT)
+@click.argument("trace_a", type=click.Path(dir_okay=True, file_okay=True))
+@click.argument("trace_b", type=click.Path(dir_okay=True, file_okay=True))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--sort", type=click.Choice(SORTS), default="delta", show_default=True,
+              help="Order sites by |peak delta|, |live-at-end delta|, |allocated delta|, B/A ratio, or "
+                   "|excess over linear scaling| (needs --per).")
+@click.option("--per", metavar="LABEL",
+              help="Normalize by a numeric label both traces carry (e.g. --per pw): flag sites that grew "
+                   "out of proportion to LABEL_B/LABEL_A.")
+@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Sites and thread groups to show (text).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
+def diff(trace_a, trace_b, fmt, sort, per, top, output):
+    """Compare two traces: which call sites and thread pools hold more memory in B than in A.
+
+    Sites are matched by symbolized frames (function, module, file, line), never by address, so
+    runs with different PIDs and address layouts compare. With --per LABEL, a site whose B/A
+    peak ratio is more than 1.5 x LABEL_B/LABEL_A (and whose growth is >= 1% of the total
+    change) is flagged with ! and listed first: it grew out of proportion to LABEL.
+
+    \b
+    Examples:
+      allocscope diff pw10.allocscope pw12.allocscope --per pw
+      allocscope diff before.allocscope after.allocscope --format json -o diff.json
+
+    The JSON form (schema allocscope.diff/1): a, b (labels...), sites (frames, a_peak_live_bytes,
+    b_peak_live_bytes, delta_bytes, ...), totals, thread_groups.
+    """
+    from reports import render  # noqa: PLC0415
+    from reports.diff import diff_traces  # noqa: PLC0415
+    from reports.trace import load_trace  # noqa: PLC0415
+
+    progress = _progress if sys.stderr.isatty() else None
+    a = load_trace(trace_a, progress=progress)
+    b = load_trace(trace_b, progress=progress)
+    doc = diff_traces(a, b, per=per, sort=sort, progress=progress)
+    if fmt == "json":
+        text = render.to_json(doc)
+    else:
+        color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
+        text = render.diff_to_text(doc, top=top, color=color)
+    _emit(text, output)

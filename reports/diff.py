@@ -1,0 +1,293 @@
+"""Compare two traces of (usually) the same program: which call sites and thread pools hold
+more memory in run B than in run A, and which grew out of proportion to a scaling label.
+
+    >>> from reports.trace import load_trace
+    >>> from reports.diff import diff_traces, diff_sites, summarize
+    >>> a, b = load_trace("pw10.allocscope"), load_trace("pw12.allocscope")
+    >>> doc = diff_traces(a, b, per="pw")         # the allocscope.diff/1 document
+    >>> diff_sites(summarize(a), summarize(b))    # the same, as a DataFrame (columns below)
+
+Sites are matched by their symbolized, folded frames, each reduced to (function, module
+basename, file basename, line): never by address or stack id, which ASLR, other builds paths
+and other PIDs change. Everything per trace comes from reports.analysis (rank_sites,
+thread_group_table, totals), so a diff shows the same numbers as the two reports.
+
+Normalization (``per=LABEL``): both traces carry a numeric label (``--label pw=10``), and a
+site whose memory scales linearly with it has B/A ~= label_b / label_a (the *expected ratio*).
+A site is *flagged* when its ``scaling`` (its B/A peak ratio divided by the expected ratio; a
+site absent from A scales infinitely) is > 1.5 and its peak grew by at least 1% of the sum of
+|delta| over all sites: it grew out of proportion and by an amount that matters.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from tracer.errors import UsageError
+
+from .analysis import (
+    FrameInfo,
+    SiteKey,
+    advice,
+    frame_key_text,
+    rank_sites,
+    symbolize_stacks,
+    thread_group_table,
+    totals,
+)
+from .trace import Trace
+
+DIFF_SCHEMA = "allocscope.diff/1"
+DIFF_SORTS = ("delta", "live", "alloc", "ratio", "excess")
+FLAG_SCALING = 1.5     # flagged: grew more than 1.5x what linear scaling with the label predicts
+FLAG_MATERIAL = 0.01   # ...and its delta is at least 1% of the sum of |delta| over all sites
+
+SITE_DIFF_COLUMNS = [
+    "site", "in", "a_peak_live_bytes", "b_peak_live_bytes", "delta_bytes", "ratio",
+    "a_live_bytes", "b_live_bytes", "live_delta_bytes", "a_alloc_bytes", "b_alloc_bytes", "alloc_delta_bytes",
+    "a_alloc_count", "b_alloc_count", "alloc_count_delta", "a_verdict", "b_verdict",
+    "a_growth_bytes_per_s", "b_growth_bytes_per_s", "expected_b_peak_live_bytes", "excess_bytes", "scaling",
+    "flagged",
+]
+_SITE_VALUES = ["peak_live_bytes", "live_bytes", "alloc_bytes", "alloc_count"]
+TOTAL_KEYS = ["live_bytes", "live_count", "peak_live_bytes", "rss_bytes", "peak_rss_bytes", "hwm_bytes",
+              "lost_events", "duration_s", "intervals"]
+
+
+def match_frame(f: FrameInfo) -> FrameInfo:
+    """A frame reduced to what is the same in every run: function, module and file basenames,
+    line."""
+    return FrameInfo(f.function, os.path.basename(f.module or ""), os.path.basename(f.file) if f.file else None,
+                     f.line)
+
+
+def normalize_stacks(stacks: dict[int, SiteKey]) -> dict[int, SiteKey]:
+    """stack_id -> frames reduced by `match_frame`, so rank_sites groups (and sums) exactly the
+    stacks that match across runs."""
+    return {sid: tuple(match_frame(f) for f in frames) for sid, frames in stacks.items()}
+
+
+@dataclass
+class Side:
+    """One trace, summarized for a diff: its sites (rank_sites over matched frames), thread
+    groups (thread_group_table) and totals (analysis.totals)."""
+
+    trace: Trace
+    sites: pd.DataFrame
+    groups: pd.DataFrame
+    totals: dict
+
+
+def summarize(trace: Trace, progress=None) -> Side:
+    """Everything a diff needs from one trace."""
+    stacks = normalize_stacks(symbolize_stacks(trace, progress))
+    return Side(trace, rank_sites(trace, stacks), thread_group_table(trace), totals(trace))
+
+
+def label_value(trace: Trace, label: str, which: str) -> float:
+    """The numeric value of `label` in a trace; UsageError when missing, not a number, or <= 0."""
+    labels = trace.labels
+    if label not in labels:
+        have = ", ".join(f"{k}={v}" for k, v in labels.items()) or "none"
+        raise UsageError(f"--per {label}: trace {which} ({trace.path}) has no label {label} (its labels: {have}); "
+                         f"record with --label {label}=N")
+    try:
+        value = float(labels[label])
+    except (TypeError, ValueError):
+        raise UsageError(f"--per {label}: trace {which} has {label}={labels[label]!r}, not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"--per {label}: trace {which} has {label}={labels[label]!r}; it must be > 0")
+    return value
+
+
+def _ratio(a: int, b: int) -> float:
+    """b / a; inf for a site new in B, NaN when both are 0."""
+    if a:
+        return b / a
+    return math.inf if b else math.nan
+
+
+def _site_rows(a: pd.DataFrame, b: pd.DataFrame) -> list[dict]:
+    """Outer join of two rank_sites frames on `site`: one dict per site with a_*/b_* values."""
+    ra = {r["site"]: r for r in a.to_dict("records")}
+    rb = {r["site"]: r for r in b.to_dict("records")}
+    rows = []
+    for site in list(ra) + [s for s in rb if s not in ra]:
+        x, y = ra.get(site), rb.get(site)
+        row = {"site": site, "in": "both" if x and y else ("a" if x else "b")}
+        for col in _SITE_VALUES:
+            row[f"a_{col}"] = int(x[col]) if x else 0
+            row[f"b_{col}"] = int(y[col]) if y else 0
+        for col in ("verdict", "growth_bytes_per_s"):
+            row[f"a_{col}"] = x[col] if x else None
+            row[f"b_{col}"] = y[col] if y else None
+        rows.append(row)
+    return rows
+
+
+def _add_deltas(row: dict, expected: float | None) -> None:
+    """delta, ratio and (with an expected ratio) the normalized columns of one site row."""
+    row["delta_bytes"] = row["b_peak_live_bytes"] - row["a_peak_live_bytes"]
+    row["ratio"] = _ratio(row["a_peak_live_bytes"], row["b_peak_live_bytes"])
+    row["live_delta_bytes"] = row["b_live_bytes"] - row["a_live_bytes"]
+    row["alloc_delta_bytes"] = row["b_alloc_bytes"] - row["a_alloc_bytes"]
+    row["alloc_count_delta"] = row["b_alloc_count"] - row["a_alloc_count"]
+    if expected is None:
+        row.update(expected_b_peak_live_bytes=None, excess_bytes=None, scaling=math.nan)
+        return
+    row["expected_b_peak_live_bytes"] = round(row["a_peak_live_bytes"] * expected)
+    row["excess_bytes"] = row["b_peak_live_bytes"] - row["expected_b_peak_live_bytes"]
+    row["scaling"] = row["ratio"] / expected
+
+
+def _flag(rows: list[dict], expected: float | None) -> None:
+    """Set `flagged` (see the module docstring)."""
+    total = sum(abs(r["delta_bytes"]) for r in rows)
+    for r in rows:
+        r["flagged"] = bool(expected is not None and r["scaling"] > FLAG_SCALING and r["delta_bytes"] > 0
+                            and r["delta_bytes"] >= FLAG_MATERIAL * total)
+
+
+def _sort_key(sort: str):
+    """Row -> sort key (ascending) for a diff sort name; ties by B peak, then frames text."""
+    primary = {
+        "delta": lambda r: -abs(r["delta_bytes"]),
+        "live": lambda r: -abs(r["live_delta_bytes"]),
+        "alloc": lambda r: -abs(r["alloc_delta_bytes"]),
+        "ratio": lambda r: -r["ratio"] if not math.isnan(r["ratio"]) else math.inf,
+        "excess": lambda r: -abs(r["excess_bytes"] or 0),
+    }[sort]
+    return lambda r: (primary(r), -r["b_peak_live_bytes"], frame_key_text(r["site"]))
+
+
+def diff_sites(a: Side, b: Side, per: str | None = None, sort: str = "delta") -> pd.DataFrame:
+    """Sites of A and B matched by frames. One row per site; columns:
+
+    site (matched frames tuple), in ('both'|'a'|'b'), a_/b_peak_live_bytes, delta_bytes (b - a
+    peak), ratio (b/a peak; inf: new in B; NaN: 0 in both), a_/b_live_bytes (at the end),
+    live_delta_bytes, a_/b_alloc_bytes, alloc_delta_bytes, a_/b_alloc_count, alloc_count_delta,
+    a_/b_verdict and a_/b_growth_bytes_per_s (None where absent; see analysis.verdict), and with
+    `per`: expected_b_peak_live_bytes (A peak x expected ratio), excess_bytes (B peak minus that),
+    scaling (ratio / expected ratio); flagged (see the module docstring).
+
+    sort: delta (|delta_bytes|), live (|live_delta_bytes|), alloc (|alloc_delta_bytes|), ratio
+    (highest B/A first, new sites first), excess (|excess_bytes|, needs `per`); all descending.
+    """
+    if sort not in DIFF_SORTS:
+        raise UsageError(f"unknown sort {sort!r}; choose one of {', '.join(DIFF_SORTS)}")
+    if sort == "excess" and per is None:
+        raise UsageError("--sort excess needs --per LABEL (the excess is over linear scaling with LABEL)")
+    expected = normalization(a.trace, b.trace, per)["expected_ratio"] if per else None
+    rows = _site_rows(a.sites, b.sites)
+    for r in rows:
+        _add_deltas(r, expected)
+    _flag(rows, expected)
+    rows.sort(key=_sort_key(sort))
+    return pd.DataFrame(rows, columns=SITE_DIFF_COLUMNS)
+
+
+def diff_thread_groups(a: Side, b: Side) -> pd.DataFrame:
+    """Thread groups (analysis.thread_group) of A and B side by side, by |peak delta| desc.
+    Columns: group, a_threads, b_threads, a_live_bytes, b_live_bytes, live_delta_bytes,
+    a_peak_live_bytes, b_peak_live_bytes, peak_delta_bytes."""
+    cols = ["threads", "live_bytes", "peak_live_bytes"]
+    ga = a.groups.set_index("group")[cols].add_prefix("a_")
+    gb = b.groups.set_index("group")[cols].add_prefix("b_")
+    df = ga.join(gb, how="outer").fillna(0).astype("int64").reset_index()
+    df["live_delta_bytes"] = df["b_live_bytes"] - df["a_live_bytes"]
+    df["peak_delta_bytes"] = df["b_peak_live_bytes"] - df["a_peak_live_bytes"]
+    df = df.assign(_abs=df["peak_delta_bytes"].abs()).sort_values(["_abs", "group"], ascending=[False, True],
+                                                                 kind="mergesort")
+    return df[["group", "a_threads", "b_threads", "a_live_bytes", "b_live_bytes", "live_delta_bytes",
+               "a_peak_live_bytes", "b_peak_live_bytes", "peak_delta_bytes"]].reset_index(drop=True)
+
+
+def _header(side: Side) -> dict:
+    """One trace of the `traces` block: which trace, which process, its labels."""
+    t = side.trace
+    tgt = t.meta.get("target") or {}
+    return {"path": t.path, "labels": t.labels, "pid": tgt.get("pid"), "comm": tgt.get("comm"),
+            "exe": tgt.get("exe"), "complete": t.complete, "warnings": list(t.warnings)}
+
+
+def _program(side: Side) -> str:
+    tgt = side.trace.meta.get("target") or {}
+    return os.path.basename(tgt.get("exe") or "") or str(tgt.get("comm") or "?")
+
+
+def _warnings(a: Side, b: Side) -> list[str]:
+    out = []
+    pa_, pb = _program(a), _program(b)
+    if pa_ != pb:
+        out.append(f"A and B are different programs ({pa_} vs {pb}): only sites with the same "
+                   "symbolized frames match")
+    for name, s in (("A", a), ("B", b)):
+        out += [f"{name}: {w}" for w in s.trace.warnings]
+        out += [f"{name} lost events, its numbers are lower bounds: {line}" for line in advice(s.trace, s.totals)]
+    return out
+
+
+def _jnum(v):
+    """A JSON-safe value: plain Python types, None for NaN/inf."""
+    if hasattr(v, "item"):
+        v = v.item()
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _site_json(row: dict) -> dict:
+    out: dict[str, Any] = {"frames": [f.as_dict() for f in row["site"]]}
+    out.update({k: _jnum(row[k]) for k in SITE_DIFF_COLUMNS if k != "site"})
+    for k in ("ratio", "scaling"):
+        if out[k] is not None:
+            out[k] = round(out[k], 4)
+    return out
+
+
+def _totals_json(a: Side, b: Side, expected: float | None) -> dict:
+    ta = {k: a.totals[k] for k in TOTAL_KEYS}
+    tb = {k: b.totals[k] for k in TOTAL_KEYS}
+    out: dict[str, Any] = {"a": ta, "b": tb, "delta": {k: tb[k] - ta[k] for k in TOTAL_KEYS}}
+    if expected is not None:
+        out["expected_b_peak_live_bytes"] = round(ta["peak_live_bytes"] * expected)
+    return out
+
+
+def normalization(trace_a: Trace, trace_b: Trace, per: str) -> dict:
+    """The `per` block: label, its values a and b in the two traces, expected_ratio (b / a: the
+    B/A ratio of a site that scales linearly with the label), flag_scaling, flag_material."""
+    va, vb = label_value(trace_a, per, "A"), label_value(trace_b, per, "B")
+    return {"label": per, "a": va, "b": vb, "expected_ratio": vb / va, "flag_scaling": FLAG_SCALING,
+            "flag_material": FLAG_MATERIAL}
+
+
+def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: str = "delta",
+                progress=None) -> dict:
+    """The allocscope.diff/1 document: `allocscope diff A B --format json`.
+
+    Keys: schema; a, b (the labels of each trace); traces (a, b: path, labels, pid, comm, exe,
+    complete, warnings); per (label, a, b, expected_ratio, flag thresholds; null without
+    `per`); sort; warnings (e.g. different programs); totals (a,
+    b, delta: live/peak/RSS/losses; expected_b_peak_live_bytes with `per`); sites (see
+    diff_sites; `frames` instead of `site`, NaN/inf ratios as null), ordered by `sort`;
+    thread_groups (see diff_thread_groups).
+    """
+    a, b = summarize(trace_a, progress), summarize(trace_b, progress)
+    sites = diff_sites(a, b, per, sort)
+    norm = normalization(trace_a, trace_b, per) if per else None
+    return {
+        "schema": DIFF_SCHEMA,
+        "a": a.trace.labels,
+        "b": b.trace.labels,
+        "traces": {"a": _header(a), "b": _header(b)},
+        "per": norm,
+        "sort": sort,
+        "warnings": _warnings(a, b),
+        "totals": _totals_json(a, b, norm["expected_ratio"] if norm else None),
+        "sites": [_site_json(r) for r in sites.to_dict("records")],
+        "thread_groups": [{k: _jnum(v) for k, v in r.items()}
+                          for r in diff_thread_groups(a, b).to_dict("records")],
+    }
