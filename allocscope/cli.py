@@ -126,27 +126,72 @@ def record(pid, pattern, output, duration, interval, labels, max_live, force, ke
 
 @main.command(context_settings=CONTEXT)
 @click.argument("trace", type=click.Path(dir_okay=True, file_okay=True))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv", "html", "pprof", "folded"]),
+              default="text", show_default=True,
+              help="text for people; json (allocscope.report/1) for tools; csv of ranked sites; html "
+                   "(self-contained, offline); pprof (gzipped protobuf for go tool pprof / Pyroscope); "
+                   "folded stacks for flamegraph.pl / speedscope.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
 @click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="Sites and threads to show (text).")
-def report(trace, fmt, output, top):
+@click.option("--sort", type=click.Choice(["live", "peak", "growth", "age"]), default="live", show_default=True,
+              help="Rank sites by live bytes at the end, peak live bytes, growth (growing sites first, "
+                   "then bytes/s), or age of the oldest outstanding allocation.")
+@click.option("--metric", type=click.Choice(["live_bytes", "alloc_bytes", "live_count", "alloc_count"]),
+              default="live_bytes", show_default=True, help="Value of each stack in --format folded.")
+def report(trace, fmt, output, top, sort, metric):
     """Outstanding bytes by call site and by thread, totals and losses, from TRACE.
 
+    \b
+    Examples:
+      allocscope report run.allocscope --sort growth
+      allocscope report run.allocscope --format html -o run.html
+      allocscope report run.allocscope --format pprof -o heap.pb.gz && go tool pprof -top heap.pb.gz
+      allocscope report run.allocscope --format folded | flamegraph.pl > live.svg
+
     The JSON form (schema allocscope.report/1) is a contract other tools read: sites sorted by
-    live bytes, each with frames innermost first, and threads, arenas and trims.
+    --sort (default: live bytes), each with frames innermost first, and threads, arenas, trims.
     """
     from reports import render  # noqa: PLC0415
-    from reports.analysis import build_report  # noqa: PLC0415
+    from reports.analysis import build_report, symbolize_stacks  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
 
-    t = load_trace(trace, progress=_progress if sys.stderr.isatty() else None)
-    rep = build_report(t)
+    progress = _progress if sys.stderr.isatty() else None
+    t = load_trace(trace, progress=progress)
+    if fmt == "pprof":
+        from reports.pprof import to_pprof  # noqa: PLC0415
+        if output is None and sys.stdout.isatty():
+            raise UsageError("--format pprof is binary: give -o FILE (e.g. -o heap.pb.gz)")
+        _emit_bytes(to_pprof(t), output)
+        return
+    if fmt == "folded":
+        from reports.folded import to_folded  # noqa: PLC0415
+        _emit(to_folded(t, metric=metric), output)
+        return
+    stacks = symbolize_stacks(t, progress)
+    rep = build_report(t, sort=sort, stacks=stacks)
     if fmt == "json":
         text = render.to_json(rep)
+    elif fmt == "csv":
+        from reports.csvout import to_csv  # noqa: PLC0415
+        text = to_csv(rep)
+    elif fmt == "html":
+        from reports.html import to_html  # noqa: PLC0415
+        text = to_html(t, rep, stacks=stacks)
     else:
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
         text = render.to_text(rep, top=top, color=color)
     _emit(text, output)
+
+
+def _emit_bytes(data: bytes, output: str | None) -> None:
+    if output:
+        try:
+            with open(output, "wb") as f:
+                f.write(data)
+        except OSError as e:
+            raise AllocscopeError(f"cannot write {output}: {e.strerror}") from None
+    else:
+        sys.stdout.buffer.write(data)
 
 
 def _emit(text: str, output: str | None) -> None:
@@ -179,6 +224,12 @@ def doctor():
     click.echo("tracing can work" if ok else "tracing cannot work until the failures above are fixed")
     sys.exit(0 if ok else 1)
 
+
+from allocscope.cmd_diff import diff  # noqa: E402
+from allocscope.demo import demo  # noqa: E402
+
+main.add_command(diff)
+main.add_command(demo)
 
 if __name__ == "__main__":
     main()

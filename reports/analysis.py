@@ -552,11 +552,13 @@ def site_dict(r, names: dict[int, str], points: list[int]) -> dict:
     }
 
 
-def build_report(trace: Trace, progress=None, sort: str = "live") -> dict:
+def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None) -> dict:
     """The allocscope.report/1 document: what `report --format json` prints. Sites are ordered
     (and `rank`ed) by `sort` (see rank_sites); each site's `timeline` holds its live bytes at the
-    intervals listed once in `timeline_seq`."""
-    stacks = symbolize_stacks(trace, progress)
+    intervals listed once in `timeline_seq`. `stacks` (from symbolize_stacks) saves symbolizing
+    again when the caller has them."""
+    if stacks is None:
+        stacks = symbolize_stacks(trace, progress)
     sites = rank_sites(trace, stacks, sort=sort)
     threads = thread_table(trace)
     names = trace.thread_names()
