@@ -99,7 +99,7 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
 @click.option("--out", type=click.Path(file_okay=False), default="demo-out", show_default=True,
               help="Directory for the daemon, the traces and the HTML report.")
 @click.option("--pw-a", type=click.IntRange(1, 12), default=2, show_default=True, help="Smaller pw setting.")
-@click.option("--pw-b", type=click.IntRange(1, 12), default=4, show_default=True, help="Larger pw setting.")
+@click.option("--pw-b", type=click.IntRange(1, 12), default=3, show_default=True, help="Larger pw setting.")
 @click.option("--partitions", type=click.IntRange(10, 1000), default=50, show_default=True,
               help="Partitions each run proves (about 0.2 s each).")
 def demo(out, pw_a, pw_b, partitions):
