@@ -49,7 +49,7 @@ def test_layout_matches_bcc_maps():
     p = Probes(os.getpid(), ProbeOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16))
     try:
         for name, (key, val) in L.MAP_LAYOUTS.items():
-            t = p.bpf[name]
+            t = p.bpf[name.encode()]
             assert ct.sizeof(t.Key) == ct.sizeof(key), name
             assert ct.sizeof(t.Leaf) == ct.sizeof(val), name
     finally:

@@ -203,8 +203,8 @@ def test_second_tracer_attaches_beside_ours(targets, tmp_path, procs, tracers):
     assert tr.poll() is None, tr.stderr.read()
     second = _raw_uprobe_counter(tgt.pid)  # ... and another one after ours
     time.sleep(0.5)
-    n1 = first["n"][ct.c_int(0)].value
-    n2 = second["n"][ct.c_int(0)].value
+    n1 = first[b"n"][ct.c_int(0)].value
+    n2 = second[b"n"][ct.c_int(0)].value
     first.cleanup()
     second.cleanup()
     tr.send_signal(signal.SIGINT)

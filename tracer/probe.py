@@ -148,7 +148,7 @@ class Probes:
             callback(ev)
             return 0
         self._events_cb = _cb
-        self.bpf["events"].open_ring_buffer(_cb)
+        self.bpf[b"events"].open_ring_buffer(_cb)
 
     def poll_events(self, timeout_ms: int) -> None:
         self.bpf.ring_buffer_poll(timeout_ms)
@@ -161,7 +161,7 @@ class Probes:
     def _read_batch(self, name: str, key_type, val_type, chunk: int = 65536) -> tuple[np.ndarray, np.ndarray]:
         """All entries of a hash map as two numpy structured arrays, read with
         BPF_MAP_LOOKUP_BATCH in chunks (one syscall per chunk, not per key)."""
-        table = self.bpf[name]
+        table = self.bpf[name.encode()]
         kd, vd = np.dtype(key_type), np.dtype(val_type)
         keys_out, vals_out = [], []
         in_batch = ct.c_uint64(0)
@@ -203,7 +203,7 @@ class Probes:
 
     def read_stacks(self, ids) -> dict[int, tuple[int, int, list[int]]]:
         """stack id -> (flags, extra, ips) for the ids given (missing ids are left out)."""
-        table = self.bpf["stacks"]
+        table = self.bpf[b"stacks"]
         out = {}
         for sid in ids:
             try:
@@ -220,7 +220,7 @@ class Probes:
         return out
 
     def read_counters(self) -> dict[str, int]:
-        table = self.bpf["counters"]
+        table = self.bpf[b"counters"]
         names = L.counter_names()
         out = {}
         for idx, name in names.items():
@@ -229,5 +229,5 @@ class Probes:
 
     def read_totals(self) -> tuple[int, int]:
         """(live bytes, peak live bytes) of allocator-API memory, exact, from the kernel."""
-        t = self.bpf["totals"]
+        t = self.bpf[b"totals"]
         return int(t[t.Key(0)].value), int(t[t.Key(1)].value)
