@@ -149,6 +149,42 @@ static __always_inline u64 capture_syscall_stack(void *ctx)
     return capture_stack(ctx, AS_STACK_SYSCALL, word);
 }
 
+/* --- resident memory: the kernel's RSS counters of the target's mm --------- */
+/* rss[m] is the latest value (bytes) of counter m (0 file, 1 anon, 2 swap, 3 shmem) of the
+ * target's mm, kept up to date by the kmem:rss_stat tracepoint; the tracer seeds it at attach.
+ * Releases (malloc_trim, munmap, madvise, brk) carry the anon value before and after, so the
+ * bytes they really gave back are measured, not summed from lengths. */
+BPF_ARRAY(rss, s64, 4);
+BPF_ARRAY(rss_mm, u32, 1); /* mm_id of the target, learned from its own first rss_stat event */
+
+static __always_inline s64 rss_anon(void)
+{
+    u32 k = 1;
+    s64 *v = rss.lookup(&k);
+    return v ? *v : 0;
+}
+
+TRACEPOINT_PROBE(kmem, rss_stat)
+{
+    u32 zero = 0;
+    u32 *mm = rss_mm.lookup(&zero);
+    if (!mm)
+        return 0;
+    if (*mm == 0) {
+        if (!args->curr || !is_target())
+            return 0;
+        *mm = args->mm_id;
+    } else if (args->mm_id != *mm) {
+        return 0;
+    }
+    u32 m = (u32)args->member;
+    if (m >= 4)
+        return 0;
+    s64 v = args->size;
+    rss.update(&m, &v);
+    return 0;
+}
+
 /* --- accounting ---------------------------------------------------------- */
 
 static __always_inline void totals_add(s64 delta)
@@ -288,6 +324,8 @@ static __always_inline void emit_trim(u32 tid, struct as_inflight *in, s64 ret, 
     e->ts_ns = in->ts_ns;
     e->addr = in->arg;
     e->len2 = now - in->ts_ns;
+    e->len = in->size;       /* anon RSS at entry */
+    e->addr2 = rss_anon();   /* anon RSS at return */
     e->ret = ret;
     e->in_api = AS_API_MALLOC_TRIM;
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
@@ -431,7 +469,7 @@ int pvalloc_enter(struct pt_regs *ctx)
 
 int malloc_trim_enter(struct pt_regs *ctx)
 {
-    return enter(ctx, AS_API_MALLOC_TRIM, 0, PT_REGS_PARM1(ctx));
+    return enter(ctx, AS_API_MALLOC_TRIM, (u64)rss_anon(), PT_REGS_PARM1(ctx));
 }
 
 int free_enter(struct pt_regs *ctx)
@@ -553,6 +591,10 @@ static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
     default:
         return;
     }
+    if (nr == 11 || nr == 12 || nr == 28) {
+        e->addr2 = a.a4;        /* anon RSS at entry */
+        e->len2 = rss_anon();   /* anon RSS at exit */
+    }
     e->ret = ret;
     e->stack_id = sid;
     e->in_api = api;
@@ -580,7 +622,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 {
     if (!is_target())
         return 0;
-    save_sysargs(11, args->addr, args->len, 0, 0, 0);
+    save_sysargs(11, args->addr, args->len, 0, 0, (u64)rss_anon());
     return 0;
 }
 
@@ -612,7 +654,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_brk)
 {
     if (!is_target())
         return 0;
-    save_sysargs(12, args->brk, 0, 0, 0, 0);
+    save_sysargs(12, args->brk, 0, 0, 0, (u64)rss_anon());
     return 0;
 }
 
@@ -633,7 +675,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_madvise)
      * DONTNEED_LOCKED. */
     if (advice != 4 && advice != 8 && advice != 9 && advice != 21 && advice != 24)
         return 0;
-    save_sysargs(28, args->start, args->len_in, advice, 0, 0);
+    save_sysargs(28, args->start, args->len_in, advice, 0, (u64)rss_anon());
     return 0;
 }
 

@@ -142,9 +142,10 @@ struct as_event {
     __u32 tid;
     __u64 ts_ns;
     __u64 addr;   /* mmap/munmap/madvise: start; mremap: old; brk: new break; trim: pad arg */
-    __u64 len;    /* length; mremap: old length */
-    __u64 addr2;  /* mremap: new address; mmap: file offset */
-    __u64 len2;   /* mremap: new length; trim: duration ns */
+    __u64 len;    /* length; mremap: old length; brk: requested; trim: anon RSS at entry */
+    __u64 addr2;  /* mremap: new address; munmap/madvise/brk: anon RSS at entry; trim: anon RSS
+                   * at return */
+    __u64 len2;   /* mremap: new length; munmap/madvise/brk: anon RSS at exit; trim: duration ns */
     __u64 stack_id;
     __s64 ret;    /* syscall / malloc_trim return value */
     __u32 flags;  /* mmap/mremap flags; madvise: advice */

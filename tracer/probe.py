@@ -227,6 +227,14 @@ class Probes:
             out[name] = int(sum(table[table.Key(idx)]))
         return out
 
+    def seed_rss(self, mem: dict[str, int]) -> None:
+        """Start the in-kernel copy of the target's RSS counters from /proc (bytes); the
+        rss_stat tracepoint keeps it current from then on."""
+        t = self.bpf[b"rss"]
+        for idx, key in ((0, "rss_file_bytes"), (1, "rss_anon_bytes"), (3, "rss_shmem_bytes")):
+            if key in mem:
+                t[t.Key(idx)] = t.Leaf(mem[key])
+
     def read_totals(self) -> tuple[int, int]:
         """(live bytes, peak live bytes) of allocator-API memory, exact, from the kernel."""
         t = self.bpf[b"totals"]

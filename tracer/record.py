@@ -214,6 +214,10 @@ def launch_maps(target: Target) -> list[procfs.Mapping]:
     return maps
 
 
+def _s64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
 class MapIndex:
     """Resolve absolute addresses to (module, build id, file offset) with one maps snapshot."""
 
@@ -312,7 +316,7 @@ class Recorder:
             if ev.prot & 0x4 and not in_alloc:  # PROT_EXEC: code (ld.so, dlopen): read maps now
                 self._maps_now()
         elif typ == EV_MUNMAP:
-            released = self.regions.unmap(ev.addr, ev.len, tid, ts)
+            self.regions.unmap(ev.addr, ev.len, tid, ts)
             self.maps_dirty = True
         elif typ == EV_MREMAP:
             self.regions.mremap(ev.addr, ev.len, ev.addr2, ev.len2, tid, ts)
@@ -328,6 +332,10 @@ class Recorder:
             self.exec_seen = True
             if self.stop_reason is None:
                 self.stop_reason = "target exec'd another program"
+        if typ in (EV_MUNMAP, EV_MADVISE, EV_BRK):
+            released = _s64(ev.addr2) - _s64(ev.len2)  # anon RSS before - after: measured
+        elif typ == EV_TRIM:
+            released = _s64(ev.len) - _s64(ev.addr2)
         if typ in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_MADVISE, EV_TRIM, EV_EXEC):
             self.events.append((self.seq + 1, ts, EVT.get(typ, str(typ)), tid, ev.addr, ev.len, ev.addr2,
                                 ev.len2, ev.ret, ev.flags, ev.prot, ev.fd, API.get(ev.in_api, ""),
@@ -566,6 +574,7 @@ class Recorder:
         self.writer = None
         try:
             self.probes.open_events(self.on_event)
+            self.probes.seed_rss(procfs.rss(t.pid) if t.child is None else {})
             self.rep = self.probes.attach(alloc)
             # Returns seen while probes were being attached belong to calls that began before
             # the attach: like pre-attach allocations, they are not losses.
