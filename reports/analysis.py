@@ -495,6 +495,110 @@ def totals(trace: Trace) -> dict:
     }
 
 
+ARENA_COLUMNS = ["id", "kind", "live_bytes", "resident_bytes", "retained_bytes", "threads", "heaps",
+                 "size_bytes", "estimated"]
+
+
+def arena_table(trace: Trace) -> pd.DataFrame:
+    """Allocator arenas at the end of the recording, ranked by retained bytes. Columns: id
+    ('main', the arena address of a glibc thread arena, 'mmap' for the allocator's own mmapped
+    chunks, 'other' for heap-API blocks outside those, e.g. jemalloc extents), kind
+    (main|thread|mmap|other), live_bytes (blocks allocated after attach and still live),
+    resident_bytes (pagemap at the end; None when unknown), retained_bytes (resident − live,
+    at least 0: memory the allocator keeps that the program does not hold), threads (tids that
+    allocated the live blocks), heaps (glibc heaps in the arena), size_bytes (mapped read-write),
+    estimated (residency sampled, not read page by page)."""
+    h = trace.heaps
+    if h is None or h.empty:
+        return pd.DataFrame(columns=ARENA_COLUMNS)
+    h = h.sort_values("start").reset_index(drop=True)
+    live = trace.live[trace.live["source"] == "heap"] if not trace.live.empty else trace.live
+    starts = h["start"].to_numpy(dtype=np.uint64)
+    ends = h["reserved_end"].to_numpy(dtype=np.uint64)
+    ids = np.where(h["kind"] == "main", "main", np.where(h["kind"] == "mmap", "mmap", h["arena"]))
+    owner = np.full(len(live), -1)
+    if len(live):
+        addr = live["addr"].to_numpy(dtype=np.uint64)
+        i = np.searchsorted(starts, addr, side="right") - 1
+        ok = (i >= 0) & (addr < ends[np.clip(i, 0, None)])
+        owner = np.where(ok, i, -1)
+    rows = []
+    for aid in dict.fromkeys(ids):
+        idx = np.flatnonzero(ids == aid)
+        sel = np.isin(owner, idx)
+        lb = int(live["size"].to_numpy()[sel].sum()) if len(live) else 0
+        res = int(h["resident_bytes"].to_numpy()[idx].sum())
+        kind = str(h["kind"].iloc[idx[0]])
+        rows.append({"id": str(aid), "kind": kind, "live_bytes": lb, "resident_bytes": res,
+                     "retained_bytes": max(0, res - lb),
+                     "threads": sorted({int(t) for t in live["tid"].to_numpy()[sel]}) if len(live) else [],
+                     "heaps": int(len(idx)) if kind != "mmap" else 0,
+                     "size_bytes": int((h["end"].to_numpy()[idx] - h["start"].to_numpy()[idx]).sum()),
+                     "estimated": bool(h["estimated"].to_numpy()[idx].any())})
+    outside = owner < 0
+    if len(live) and outside.any():
+        rows.append({"id": "other", "kind": "other", "live_bytes": int(live["size"].to_numpy()[outside].sum()),
+                     "resident_bytes": None, "retained_bytes": 0,
+                     "threads": sorted({int(t) for t in live["tid"].to_numpy()[outside]}), "heaps": 0,
+                     "size_bytes": 0, "estimated": False})
+    df = pd.DataFrame(rows, columns=ARENA_COLUMNS)
+    return df.sort_values(["retained_bytes", "live_bytes"], ascending=False).reset_index(drop=True)
+
+
+def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None) -> dict | None:
+    """RSS at the end split as: live heap (held by the program, resident) + retained by the
+    allocator (resident, not held) + other anonymous (stacks, the program's own mmaps, memory of
+    allocators we cannot see into) + file-backed + shared memory. The first two are measured
+    (pagemap of the allocator's ranges); other anonymous is RssAnon minus the allocator's
+    resident bytes. None when the trace has no end-of-run residency."""
+    arenas = arena_table(trace) if arenas is None else arenas
+    iv = trace.intervals
+    if arenas.empty or "rss_anon_bytes" not in iv:
+        return None
+    alive = iv[iv["rss_bytes"] >= 0]
+    if alive.empty:
+        return None
+    last = alive.iloc[-1]
+    known = arenas[arenas["resident_bytes"].notna()]
+    resident = int(known["resident_bytes"].sum())
+    held = int(np.minimum(known["live_bytes"].to_numpy(dtype=np.int64),
+                          known["resident_bytes"].to_numpy(dtype=np.int64)).sum())
+    retained = int(known["retained_bytes"].sum())
+    other_anon = max(0, int(last["rss_anon_bytes"]) - resident)
+    parts = {"live_heap_bytes": held, "retained_bytes": retained, "other_anon_bytes": other_anon,
+             "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
+    total = sum(parts.values())
+    return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": total,
+            "allocator_resident_bytes": resident}
+
+
+def residency_advice(arenas: pd.DataFrame, dec: dict | None) -> list[str]:
+    """Plain advice from the arena table and the RSS decomposition."""
+    if dec is None or not dec["rss_bytes"]:
+        return []
+    rss = dec["rss_bytes"]
+    out = []
+    thread = arenas[arenas["kind"] == "thread"]
+    t_ret = int(thread["retained_bytes"].sum())
+    m_ret = int(arenas.loc[arenas["kind"] == "main", "retained_bytes"].sum())
+    if t_ret > 0.2 * rss and thread["id"].nunique() > 1:
+        out.append(f"{thread['id'].nunique()} glibc thread arenas retain {t_ret >> 20} MiB ({100 * t_ret // rss}% of RSS) "
+                   "that the program freed: cap them with MALLOC_ARENA_MAX=2..4, or call malloc_trim(0) "
+                   "after bursts")
+    if m_ret > 0.2 * rss:
+        out.append(f"the main heap retains {m_ret >> 20} MiB ({100 * m_ret // rss}% of RSS) of freed memory: "
+                   "malloc_trim(0) returns whole free pages; if it sits at the top of the heap, lower "
+                   "M_TRIM_THRESHOLD (GLIBC_TUNABLES=glibc.malloc.trim_threshold=...)")
+    if dec["live_heap_bytes"] > 0.5 * rss:
+        out.append("most resident memory is live data the program holds: see the top sites")
+    if dec["other_anon_bytes"] > 0.5 * rss:
+        out.append("most resident memory is anonymous memory outside the allocator's heaps "
+                   "(mmap regions, thread stacks, another allocator): see the mmap sites")
+    if dec["shmem_bytes"] > 0.2 * rss:
+        out.append(f"{dec['shmem_bytes'] >> 20} MiB is shared memory (e.g. pinned CUDA host memory shows as RssShmem)")
+    return out
+
+
 def _trace_t0(trace: Trace) -> int:
     return int((trace.meta.get("clock") or {}).get("monotonic_ns", 0))
 
@@ -608,6 +712,8 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None) -
     threads = thread_table(trace)
     names = trace.thread_names()
     tot = totals(trace)
+    arenas = arena_table(trace)
+    dec = rss_decomposition(trace, arenas)
     meta = trace.meta
     tgt = meta.get("target") or {}
     points = timeline_points(trace.last_seq)
@@ -620,7 +726,7 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None) -
                       "allocator_kind": (meta.get("probes") or {}).get("allocator_kind"),
                       "probes": meta.get("probes"), "warnings": trace.warnings},
         "totals": tot,
-        "advice": advice(trace, tot),
+        "advice": advice(trace, tot) + residency_advice(arenas, dec),
         "sort": sort,
         "timeline_seq": [i + 1 for i in points],
         "sites": [site_dict(r, names, points) for r in sites.itertuples()],
@@ -632,7 +738,9 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None) -
                           for row in thread_group_table(trace).to_dict("records")],
         "flows": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
                   for row in flow_table(trace).to_dict("records")],
-        "arenas": [],
+        "arenas": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+                   for row in arenas.to_dict("records")],
+        "rss_decomposition": dec,
         "trims": trims(trace),
         "releases": releases_by_thread(trace),
     }

@@ -37,6 +37,7 @@ class Trace:
     maps: pd.DataFrame
     live: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
+    heaps: pd.DataFrame = field(default_factory=lambda: _empty("heaps"))
 
     @property
     def complete(self) -> bool:

@@ -21,6 +21,7 @@ import pyarrow as pa
 from . import layout as L
 from . import procfs
 from . import traceformat as F
+from .arenas import Pagemap, chunk_ranges, find_heaps
 from .elfinfo import build_id, find_allocator
 from .errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
 from .regions import RegionTracker
@@ -269,6 +270,7 @@ class RecordOptions:
     max_stacks: int = 1 << 16
     max_sites: int = 1 << 18
     quiet: bool = False
+    residency_budget_pages: int = 1 << 20  # pagemap pages read per interval (4 GiB of heap)
 
 
 @dataclass
@@ -304,6 +306,7 @@ class Recorder:
         self.exec_seen = False
         self._pending_maps: list[procfs.Mapping] | None = None
         self.attach_window_returns = 0
+        self.live_blocks: list[tuple[int, int]] | None = None
 
     # --- events (called from the ring buffer poll) --------------------------------------------
 
@@ -488,19 +491,50 @@ class Recorder:
         except OSError:
             mem = {}
         self.last_rss = mem or getattr(self, "last_rss", {})
+        arena_res, res_ms = self._measure_heaps(seq, final, readable)
         row = {"seq": seq, "ts_ns": now, "elapsed_s": (now - self.t0) / 1e9,
                "rss_bytes": mem.get("rss_bytes", -1), "rss_anon_bytes": mem.get("rss_anon_bytes", -1),
                "rss_file_bytes": mem.get("rss_file_bytes", -1), "rss_shmem_bytes": mem.get("rss_shmem_bytes", -1),
                "hwm_bytes": mem.get("hwm_bytes", -1),
                "heap_live_bytes": heap_live, "heap_peak_bytes": heap_peak, "mmap_live_bytes": mm_live,
                "live_bytes": heap_live + mm_live, "live_count": heap_count + self.regions.live_count(),
-               "target_alive": int(alive)}
+               "target_alive": int(alive), "arena_resident_bytes": arena_res, "residency_ms": res_ms}
         row.update(counters)
         self.last_row = row
         w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
 
+    def _measure_heaps(self, seq: int, final: bool, readable: bool) -> tuple[int, float]:
+        """Resident bytes of the glibc heaps (every interval, within the page budget); at the
+        end also per heap and per allocator-mmapped chunk, written as the `heaps` table."""
+        if not readable:
+            return -1, 0.0
+        t0 = time.perf_counter()
+        try:
+            maps = procfs.read_maps(self.t.pid)
+            heaps = find_heaps(self.t.pid, maps)
+            rows = []
+            with Pagemap(self.t.pid, self.o.residency_budget_pages) as pm:
+                total = 0
+                for h in heaps:
+                    r = pm.resident(h.start, h.end)
+                    total += r
+                    rows.append((h.start, h.end, h.reserved_end, h.kind, h.arena, r, int(pm.estimated)))
+                if final and self.live_blocks is not None and self.rep.allocator_kind == "glibc":
+                    for lo, hi in chunk_ranges(self.live_blocks, heaps):
+                        rows.append((lo, hi, hi, "mmap", "mmap", pm.resident(lo, hi), int(pm.estimated)))
+        except OSError:
+            return -1, (time.perf_counter() - t0) * 1e3
+        ms = (time.perf_counter() - t0) * 1e3
+        if final:
+            names = [f.name for f in F.SCHEMAS["heaps"]]
+            self.writer.write_part("heaps", seq, pa.table(
+                {n: [seq] * len(rows) if n == "seq" else [r[i - 1] for r in rows] for i, n in enumerate(names)},
+                schema=F.SCHEMAS["heaps"]))
+        return total, ms
+
     def _write_live(self, seq: int) -> None:
         keys, vals = self.probes.read_live()
+        self.live_blocks = list(zip(keys.tolist(), vals["size"].tolist()))
         addr = keys.tolist()
         v = vals
         reg = self.regions.live()

@@ -8,7 +8,8 @@
 Tables (columns; `seq` is the interval number, 1-based):
   intervals  seq, ts_ns, elapsed_s, rss_bytes, rss_anon_bytes, rss_file_bytes, rss_shmem_bytes,
              hwm_bytes, heap_live_bytes, heap_peak_bytes, mmap_live_bytes, live_bytes,
-             live_count, lost_* and n_* counters (cumulative)
+             live_count, arena_resident_bytes (glibc heaps, pagemap), residency_ms (its cost),
+             lost_* and n_* counters (cumulative)
   sites      seq, stack_id, tid, source ('heap'|'mmap'|'brk'), alloc_bytes, alloc_count,
              free_bytes, free_count, peak_live_bytes   — cumulative counters per (stack, allocating
              thread, source); a part holds only the rows that changed in that interval
@@ -21,6 +22,9 @@ Tables (columns; `seq` is the interval number, 1-based):
   events     seq, ts_ns, type, tid, addr, len, addr2, len2, ret, flags, prot, fd, in_api,
              stack_id, released_bytes (mmap family, brk, madvise, malloc_trim)
   maps       seq, start, end, perms, offset, inode, path, build_id (written when they change)
+  heaps      seq, start, end, reserved_end, kind ('main'|'thread'|'mmap'), arena ('main', the
+             arena address for thread heaps, 'mmap' for the allocator's mmapped chunks),
+             resident_bytes (pagemap), estimated (1 when sampled) — written at the end
   live       seq, addr, size, stack_id, tid, ts_ns, api, source (the final live table)
 
 A reader takes, for every table, the parts whose seq is <= the last seq that has an
@@ -53,6 +57,8 @@ SCHEMAS: dict[str, pa.Schema] = {
                          ("released_bytes", I64)]),
     "maps": pa.schema([("seq", I32), ("start", U64), ("end", U64), ("perms", STR), ("offset", U64),
                        ("inode", U64), ("path", STR), ("build_id", STR)]),
+    "heaps": pa.schema([("seq", I32), ("start", U64), ("end", U64), ("reserved_end", U64), ("kind", STR),
+                        ("arena", STR), ("resident_bytes", I64), ("estimated", pa.int8())]),
     "live": pa.schema([("seq", I32), ("addr", U64), ("size", I64), ("stack_id", U64), ("tid", U32),
                        ("ts_ns", I64), ("api", STR), ("source", STR)]),
 }

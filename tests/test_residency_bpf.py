@@ -1,0 +1,76 @@
+"""What keeps memory resident: malloc_trim's measured release, thread arenas found before attach,
+and the RSS decomposition — against targets that measure themselves (RssAnon, mincore)."""
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+from conftest import attached, cli, report_json, wait_for
+
+pytestmark = pytest.mark.bpf
+
+
+def test_malloc_trim_release_measured(targets, tmp_path):
+    out = tmp_path / "trim.allocscope"
+    p = cli("record", "-q", "-o", str(out), "--", str(targets["trim"]), check=True)
+    own = {int(m[0]): (int(m[1]), int(m[2]), int(m[3]))
+           for m in re.findall(r"trim(\d) ret=(-?\d+) released=(-?\d+) dur_ns=(\d+)", p.stdout)}
+    assert set(own) == {1, 2}, p.stdout
+    rep = report_json(out)
+    trims = rep["trims"]
+    assert [t["thread"] for t in trims] == ["trimmer", "trimmer"]
+    assert trims[0]["time"] < trims[1]["time"]
+    for n, t in zip((1, 2), trims):
+        ret, released, dur_ns = own[n]
+        assert t["returned"] == ret == 1           # glibc says "released" both times
+        # duration: the program times the same call around it
+        assert 0.5 * dur_ns / 1e9 <= t["duration_s"] <= dur_ns / 1e9 + 0.002, (t, dur_ns)
+    released1 = own[1][1]
+    assert released1 > 50 << 20                     # ~75 MB of free chunks in the main arena
+    assert abs(trims[0]["released_bytes"] - released1) <= 0.2 * released1, (trims[0], released1)
+    assert abs(trims[1]["released_bytes"]) <= 256 << 10   # the second trim gives back ~nothing
+    # the madvise calls inside malloc_trim are not counted again as separate releases
+    assert all(r["kind"] != "madvise" or r["released_bytes"] < released1 / 2 for r in rep["releases"])
+
+
+def test_thread_arenas_found_and_measured(targets, procs, tracers, tmp_path):
+    tgt = procs(targets["arenas"], "--linger")
+    tgt.expect("ready")
+    out = tmp_path / "arenas.allocscope"
+    tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
+    wait_for(lambda: attached(out) or tr.poll() is not None, what="attach")
+    assert tr.poll() is None, tr.stderr.read()
+    tgt.signal(signal.SIGUSR1)
+    own = {}
+    for _ in range(3):
+        line = tgt.expect("arena ")
+        m = re.match(r"arena (\S+) tid=(\d+) heap=(0x[0-9a-f]+) live=(\d+) resident=(\d+)", line)
+        own[m[1]] = {"tid": int(m[2]), "heap": int(m[3], 16), "live": int(m[4]), "resident": int(m[5])}
+    tgt.expect("done")
+    time.sleep(0.6)
+    tr.send_signal(signal.SIGINT)
+    assert tr.wait(60) == 0, tr.stderr.read()
+    rep = report_json(out)
+    thread_arenas = [a for a in rep["arenas"] if a["kind"] == "thread"]
+    assert len(thread_arenas) >= 3
+    by_tid = {}
+    for a in thread_arenas:
+        for t in a["threads"]:
+            by_tid[t] = a
+    for name, o in own.items():
+        a = by_tid[o["tid"]]                         # every arena found, with its thread
+        assert a["threads"] == [o["tid"]], (name, a)
+        assert int(a["id"], 16) & ~((64 << 20) - 1) == o["heap"]
+        assert abs(a["live_bytes"] - o["live"]) <= 0.03 * o["live"], (name, a, o)
+        assert abs(a["resident_bytes"] - o["resident"]) <= 0.03 * o["resident"], (name, a, o)
+        own_retained = o["resident"] - o["live"]
+        assert abs(a["retained_bytes"] - own_retained) <= 0.05 * own_retained, (name, a, o)
+    # ranked by retained: arena-3 (most freed) first among them
+    order = [a["threads"][0] for a in rep["arenas"] if a["kind"] == "thread" and a["threads"]]
+    assert order[:3] == [own["arena-3"]["tid"], own["arena-2"]["tid"], own["arena-1"]["tid"]]
+    dec = rep["rss_decomposition"]
+    assert abs(dec["sum_bytes"] - dec["rss_bytes"]) <= 0.05 * dec["rss_bytes"], dec
+    assert dec["retained_bytes"] >= sum(o["resident"] - o["live"] for o in own.values()) * 0.95
+    assert any("MALLOC_ARENA_MAX" in a for a in rep["advice"])
