@@ -206,6 +206,23 @@ def trims_table(doc: dict) -> str:
     return _table(["time", "thread", "duration", "returned", "released"], rows, {0, 2, 3, 4})
 
 
+def arenas_table(doc: dict) -> str:
+    rows = [[_e(a["id"]), _e(a["kind"]), _bytes(a["live_bytes"]), _bytes(a["resident_bytes"]),
+             _bytes(a["retained_bytes"]), _e(a.get("heaps", "")), _e(", ".join(str(t) for t in a["threads"][:8]))]
+            for a in doc.get("arenas") or []]
+    return _table(["arena", "kind", "live", "resident", "retained", "heaps", "threads"], rows, {2, 3, 4, 5})
+
+
+def decomposition_html(doc: dict) -> str:
+    d = doc.get("rss_decomposition")
+    if not d:
+        return ""
+    parts = [("live heap", d["live_heap_bytes"]), ("retained by allocator", d["retained_bytes"]),
+             ("other anonymous", d["other_anon_bytes"]), ("file", d["file_bytes"]), ("shmem", d["shmem_bytes"])]
+    cells = " + ".join(f"{_e(k)} <b>{_bytes(v)}</b>" for k, v in parts)
+    return f'<p class="decomp">RSS <b>{_bytes(d["rss_bytes"])}</b> = {cells}</p>'
+
+
 def diff_table(diff_doc: dict) -> str:
     a, b = _label_text(diff_doc.get("a")) or "A", _label_text(diff_doc.get("b")) or "B"
     rows = []
@@ -251,6 +268,8 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
         ("threads", "Threads by live bytes", threads_table(report_doc)),
         ("flows", "Frees by allocating → freeing thread", flows_table(report_doc)),
     ]
+    if report_doc.get("arenas"):
+        sections.append(("arenas", "Allocator arenas by retained bytes", arenas_table(report_doc)))
     if report_doc.get("trims"):
         sections.append(("trims", "malloc_trim calls", trims_table(report_doc)))
     if diff_doc is not None:
@@ -268,7 +287,7 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
 <p class="sub">exe <code>{_e(tgt.get('exe'))}</code>{(' &nbsp; ' + _e(labels)) if labels else ''} &nbsp;
 allocator {_e(rec.get('allocator_kind'))} <code>{_e(rec.get('allocator'))}</code> &nbsp;
 ended: {_e(rec.get('end_reason') or 'interrupted')}</p>
-<div class="cards">{cards_html}</div>{notes_html}</header>
+<div class="cards">{cards_html}</div>{decomposition_html(report_doc)}{notes_html}</header>
 <main>{body}</main>
 <script type="application/json" id="allocscope-data">{_json_for_script(data)}</script>
 <script>{_asset(UPLOT_JS)}</script>

@@ -128,6 +128,12 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
                f", kernel high-water {human_bytes(tot['hwm_bytes'])}")
     lost = tot["lost_events"]
     out.append(f"  lost       {lost:>10}" if not lost else s.red(f"  lost       {lost:>10}"))
+    dec = doc.get("rss_decomposition")
+    if dec:
+        out.append(f"  RSS {human_bytes(dec['rss_bytes'])} = live heap {human_bytes(dec['live_heap_bytes'])}"
+                   f" + retained by allocator {human_bytes(dec['retained_bytes'])}"
+                   f" + other anon {human_bytes(dec['other_anon_bytes'])} + file {human_bytes(dec['file_bytes'])}"
+                   f" + shmem {human_bytes(dec['shmem_bytes'])}")
     for a in doc.get("advice") or []:
         out.append(s.yellow(f"    ! {a}"))
     out.append("")
@@ -177,6 +183,15 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
             [[f"{f['alloc_thread']}({f['alloc_tid']})", f"{f['free_thread']}({f['free_tid']})",
               human_bytes(f["bytes"]), str(f["count"]), f"{f['mean_wait_s']:.3f}s", f"{f['max_wait_s']:.3f}s"]
              for f in flows], "llrrrr")]
+    if doc.get("arenas"):
+        out.append("")
+        out.append(s.bold("Allocator arenas by retained bytes"))
+        out += ["  " + line for line in table(
+            ["arena", "kind", "live", "resident", "retained", "heaps", "threads"],
+            [[a["id"], a["kind"], human_bytes(a["live_bytes"]), human_bytes(a["resident_bytes"]),
+              human_bytes(a["retained_bytes"]), str(a.get("heaps", "")),
+              ",".join(str(t) for t in a["threads"][:6]) + ("…" if len(a["threads"]) > 6 else "")]
+             for a in doc["arenas"][:top]], "llrrrrl")]
     if doc.get("trims"):
         out.append("")
         out.append(s.bold("malloc_trim calls"))
