@@ -136,6 +136,15 @@ class Pagemap:
         except OSError:
             return 0
 
+    def resident_many(self, ranges: list[tuple[int, int]]) -> list[int]:
+        """Resident bytes of each range, the page budget shared by all of them: exact when
+        their total fits, otherwise each range is sampled in proportion to its size."""
+        total = sum(max(0, (hi - lo) // PAGE) for lo, hi in ranges)
+        if total <= self.budget:
+            return [self.resident(lo, hi, budget=total) for lo, hi in ranges]
+        return [self.resident(lo, hi, budget=max(WINDOW, self.budget * ((hi - lo) // PAGE) // total))
+                for lo, hi in ranges]
+
 
 def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []

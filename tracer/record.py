@@ -270,7 +270,7 @@ class RecordOptions:
     max_stacks: int = 1 << 16
     max_sites: int = 1 << 18
     quiet: bool = False
-    residency_budget_pages: int = 1 << 20  # pagemap pages read per interval (4 GiB of heap)
+    residency_budget_pages: int = 1 << 18  # pagemap pages read per interval (1 GiB of heap)
 
 
 @dataclass
@@ -333,6 +333,14 @@ class Recorder:
         elif typ == EV_EXEC:
             # The program was replaced: the allocator we probe and every live block are gone.
             self.exec_seen = True
+            # exec renamed the thread just before (task_rename): what it allocated was the old
+            # program's, under its old name.
+            comm = ev.comm.decode("utf-8", "replace")
+            for i in range(len(self.thread_rows) - 1, -1, -1):
+                if self.thread_rows[i][2] == tid and self.thread_rows[i][4] == "rename":
+                    if self.thread_rows[i][3] == comm:
+                        del self.thread_rows[i]
+                    break
             if self.stop_reason is None:
                 self.stop_reason = "target exec'd another program"
         if typ in (EV_MUNMAP, EV_MADVISE, EV_BRK):
@@ -356,6 +364,9 @@ class Recorder:
         try:
             maps = procfs.read_maps(self.t.pid)
         except OSError:
+            return None
+        if self.probes.target_gone():  # exec'd meanwhile: these are another program's maps
+            self.exec_seen = self.exec_seen or self.t.alive()
             return None
         if maps != self.maps:
             self.maps = maps
@@ -394,7 +405,7 @@ class Recorder:
         w = self.writer
         alive = self.t.alive()
 
-        readable = self.t.readable()
+        readable = self.t.readable() and not self.exec_seen  # after exec: another program's maps
         if self.maps_dirty or seq == 1:
             changed = self._refresh_maps() if readable else None
             self.maps_dirty = False
@@ -513,15 +524,14 @@ class Recorder:
             maps = procfs.read_maps(self.t.pid)
             heaps = find_heaps(self.t.pid, maps)
             rows = []
+            spans = [(h.start, h.end, h.reserved_end, h.kind, h.arena) for h in heaps]
+            if final and self.live_blocks is not None and self.rep.allocator_kind == "glibc":
+                spans += [(lo, hi, hi, "mmap", "mmap") for lo, hi in chunk_ranges(self.live_blocks, heaps)]
             with Pagemap(self.t.pid, self.o.residency_budget_pages) as pm:
-                total = 0
-                for h in heaps:
-                    r = pm.resident(h.start, h.end)
-                    total += r
-                    rows.append((h.start, h.end, h.reserved_end, h.kind, h.arena, r, int(pm.estimated)))
-                if final and self.live_blocks is not None and self.rep.allocator_kind == "glibc":
-                    for lo, hi in chunk_ranges(self.live_blocks, heaps):
-                        rows.append((lo, hi, hi, "mmap", "mmap", pm.resident(lo, hi), int(pm.estimated)))
+                res = pm.resident_many([(sp[0], sp[1]) for sp in spans])
+                est = int(pm.estimated)
+            rows = [(*sp, r, est) for sp, r in zip(spans, res)]
+            total = sum(r for sp, r in zip(spans, res) if sp[3] != "mmap")
         except OSError:
             return -1, (time.perf_counter() - t0) * 1e3
         ms = (time.perf_counter() - t0) * 1e3
