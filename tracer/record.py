@@ -623,6 +623,9 @@ class Recorder:
             # Returns seen while probes were being attached belong to calls that began before
             # the attach: like pre-attach allocations, they are not losses.
             self.attach_window_returns = self.probes.read_counters()["lost_unmatched_ret"]
+            # The clock (and --duration) starts once the probes are live, not while BCC compiles.
+            self.t0 = time.monotonic_ns()
+            self.wall0 = time.time()
             self.writer = TraceWriter(self.o.output)
             self.writer.write_meta(self._meta(False))
             self.names = procfs.thread_names(t.pid) if t.child is None else {}
