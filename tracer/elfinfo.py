@@ -54,6 +54,7 @@ def _vaddr_to_offset(elf: ELFFile, vaddr: int) -> int | None:
 class SymbolOffsets:
     path: str
     offsets: dict[str, int] = field(default_factory=dict)  # defined function -> file offset
+    sizes: dict[str, int] = field(default_factory=dict)    # defined function -> st_size
     static: bool = False  # no PT_INTERP / no .dynsym: statically linked
 
 
@@ -80,6 +81,7 @@ def symbol_offsets(path: str, names: list[str]) -> SymbolOffsets:
                     off = _vaddr_to_offset(elf, sym["st_value"])
                     if off is not None:
                         res.offsets[name] = off
+                        res.sizes[name] = int(sym["st_size"])
     except (OSError, ELFError, ValueError):
         pass
     return res
@@ -90,6 +92,7 @@ class Allocator:
     path: str        # the ELF file that provides malloc to the process
     kind: str        # glibc | jemalloc | tcmalloc | mimalloc | static | custom
     offsets: dict[str, int]
+    sizes: dict[str, int] = field(default_factory=dict)
 
 
 def find_allocator(exe_path: str, maps: list[Mapping]) -> Allocator | None:
@@ -113,5 +116,5 @@ def find_allocator(exe_path: str, maps: list[Mapping]) -> Allocator | None:
                 kind = "static" if so.static else "custom"
             else:
                 kind = next((k for pre, k in KNOWN_ALLOCATORS if base.startswith(pre)), "custom")
-            return Allocator(path, kind, so.offsets)
+            return Allocator(path, kind, so.offsets, so.sizes)
     return None
