@@ -75,8 +75,16 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Replace TRACE even when it is not an allocscope trace.")
 @click.option("--keep-cmdline", is_flag=True, help="Store the target's command line (off: it may hold secrets).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages; the summary line only.")
+@click.option("--unwind", type=click.Choice(["dwarf", "fp"]), default="dwarf", show_default=True,
+              help="How stacks are walked: dwarf unwinds with the modules' .eh_frame/.debug_frame in the "
+                   "kernel (complete stacks without frame pointers; tables cached per build ID); fp "
+                   "follows frame pointers only (cheaper, short stacks on release builds).")
+@click.option("--embed-symbols", is_flag=True,
+              help="Store the symbol tables of the modules on the stacks in the trace, so it can be "
+                   "symbolized on a machine without these binaries.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD [ARGS...]]")
-def record(pid, pattern, output, duration, interval, labels, max_live, force, keep_cmdline, quiet, command):
+def record(pid, pattern, output, duration, interval, labels, max_live, force, keep_cmdline, quiet, unwind,
+           embed_symbols, command):
     """Record allocations of a running process (--pid/--pgrep) or of a command it starts (-- CMD).
 
     Probes malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign,
@@ -116,7 +124,8 @@ def record(pid, pattern, output, duration, interval, labels, max_live, force, ke
     else:
         target = rec.target_from_command(list(command))
     opts = rec.RecordOptions(output=output, duration=duration, interval=interval, labels=lab, force=force,
-                             keep_cmdline=keep_cmdline, max_live=max_live, quiet=quiet)
+                             keep_cmdline=keep_cmdline, max_live=max_live, quiet=quiet, unwind=unwind,
+                             embed_symbols=embed_symbols)
     s = rec.record(target, opts, None if quiet else _progress)
     from reports.render import human_bytes  # noqa: PLC0415
     click.echo(f"allocscope: wrote {s.path}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "

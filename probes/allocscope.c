@@ -119,10 +119,21 @@ static __always_inline u64 store_stack(struct as_stack *st)
     return h;
 }
 
+#ifdef AS_UNWIND_DWARF
+#include "unwind_dwarf.h"
+#endif
+
 /* Frame-pointer walk of the user stack, starting at the probe's user pc.
- * `extra` is kept beside the frames (syscalls: word at the user sp). */
+ * `extra` is kept beside the frames (syscalls: word at the user sp).
+ * AS_UNWIND_DWARF: return probes unwind with CFI rows from the caller's registers. */
 static __always_inline u64 capture_stack(void *ctx, u32 flags, u64 extra)
 {
+#ifdef AS_UNWIND_DWARF
+    if (!(flags & AS_STACK_SYSCALL)) {
+        struct pt_regs *regs = (struct pt_regs *)ctx;
+        return capture_dwarf(PT_REGS_IP(regs), PT_REGS_SP(regs), PT_REGS_FP(regs), 0);
+    }
+#endif
     u32 zero = 0;
     struct as_stack *st = scratch.lookup(&zero);
     if (!st)
@@ -144,6 +155,12 @@ static __always_inline u64 capture_syscall_stack(void *ctx)
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
     u64 sp = 0, word = 0;
     bpf_probe_read_kernel(&sp, sizeof(sp), &regs->sp);
+#ifdef AS_UNWIND_DWARF
+    u64 ip = 0, bp = 0; /* DWARF: the syscall wrapper's own row finds its caller */
+    bpf_probe_read_kernel(&ip, sizeof(ip), &regs->ip);
+    bpf_probe_read_kernel(&bp, sizeof(bp), &regs->bp);
+    return capture_dwarf(ip, sp, bp, 1);
+#endif
     if (sp)
         bpf_probe_read_user(&word, sizeof(word), (void *)sp);
     return capture_stack(ctx, AS_STACK_SYSCALL, word);

@@ -46,6 +46,7 @@ enum as_counter {
     AS_LOST_STALE_ENTRY,       /* entry state overwritten: its return was never seen */
     AS_LOST_RING_FULL,         /* ring buffer full: syscall/thread event dropped */
     AS_LOST_FLOW_FULL,         /* flow map full */
+    AS_LOST_STACK_TRUNCATED,   /* DWARF unwinding stopped early (depth, unreadable stack, CFI rule) */
     AS_LOST_COUNT,             /* marker: counters below are not losses */
     AS_CNT_FREE_UNKNOWN = 16,  /* free() of a block allocated before attach (ignored) */
     AS_CNT_FREE_NULL,          /* free(NULL) */
@@ -153,6 +154,48 @@ struct as_event {
     __s32 fd;     /* mmap fd */
     __u32 in_api; /* enum as_api of the allocator call this happened inside, 0: none */
     char comm[16];
+};
+
+/* --- DWARF unwinding (probes/unwind_dwarf.h, tracer/unwind.py) ----------------------------
+ * User space turns .eh_frame/.debug_frame of every executable mapping into rows (`urows`, one
+ * contiguous slice per module sorted by file offset) and maps address ranges of the target to
+ * slices (`umaps`, an LPM trie). */
+#define AS_STACK_DWARF 2u     /* unwound with CFI rows: `extra` bit i set = frame i was found
+                                 by a frame-pointer step (no row covered frame i-1) */
+#define AS_STACK_TRUNCATED 4u /* unwinding stopped before the outermost frame */
+
+/* How a row finds the CFA (as_urow.cfa_type). */
+enum as_cfa {
+    AS_CFA_NONE = 0,        /* no CFI covers the pc: frame-pointer step */
+    AS_CFA_RSP = 1,         /* CFA = rsp + 8 * cfa_off */
+    AS_CFA_RBP = 2,         /* CFA = rbp + 8 * cfa_off */
+    AS_CFA_PLT = 3,         /* PLT entry: CFA = rsp + 8, + 8 more when (rip & 15) >= cfa_off */
+    AS_CFA_SIGNAL = 4,      /* __restore_rt: the interrupted registers are in the ucontext at rsp */
+    AS_CFA_STOP = 5,        /* return address undefined: the outermost frame (_start, clone3) */
+    AS_CFA_UNSUPPORTED = 6, /* any other rule (DWARF expression, CFA in another register) */
+};
+#define AS_RBP_UNKNOWN 0x80 /* as_urow.rbp_off: the caller's rbp cannot be recovered */
+
+/* One unwind row, valid from file offset `pc` up to the next row's. Return address at CFA - 8. */
+struct as_urow {
+    __u32 pc;       /* file offset in the module */
+    __s16 cfa_off;  /* in units of 8 bytes (AS_CFA_PLT: the rip & 15 threshold) */
+    __u8 cfa_type;  /* enum as_cfa */
+    __u8 rbp_off;   /* signed (BCC has no s8): caller's rbp saved at CFA + 8 * (s8)rbp_off;
+                       0: rbp unchanged */
+};
+
+/* Key of `umaps` (LPM trie): a prefix of a target address, address bytes big-endian. */
+struct as_umap_key {
+    __u32 prefixlen;
+    __u8 addr[8];
+};
+
+/* Value of `umaps`: file offset = address - bias; rows [begin, begin + count) of `urows`. */
+struct as_umap {
+    __u64 bias;
+    __u32 begin;
+    __u32 count;
 };
 
 #endif /* ALLOCSCOPE_H */

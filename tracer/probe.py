@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from . import layout as L
 from .elfinfo import ALLOC_FUNCS, REQUIRED_FUNCS, Allocator
 from .errors import AllocscopeError, PermissionProblem
+from .unwind import UNWIND_STEPS
 
 BPF_PROBE_ENTRY = 0
 BPF_PROBE_RETURN = 1
@@ -27,10 +29,25 @@ class ProbeOptions:
     max_sites: int = 1 << 18      # distinct (stack, thread)
     ring_pages: int = 1024        # 4 MiB ring for syscall/thread events
     wait_exec: bool = False       # launch mode: trace from the target's exec on
+    unwind: str = "dwarf"         # dwarf: CFI rows in BPF maps (tracer/unwind.py); fp: frame pointers
+    unwind_rows: int = 1 << 21    # capacity of the CFI row array (8 bytes a row)
 
     def cflags(self) -> list[str]:
         return (["-DAS_WAIT_EXEC=1"] if self.wait_exec else []) + [f"-DAS_MAX_LIVE={self.max_live}", f"-DAS_MAX_STACKS={self.max_stacks}",
-                f"-DAS_MAX_SITES={self.max_sites}", f"-DAS_RING_PAGES={self.ring_pages}"]
+                f"-DAS_MAX_SITES={self.max_sites}", f"-DAS_RING_PAGES={self.ring_pages}"] + \
+            (["-DAS_UNWIND_DWARF=1", f"-DAS_UNWIND_ROWS={self.unwind_rows}",
+              f"-DAS_UNWIND_STEPS={UNWIND_STEPS}"] if self.unwind == "dwarf" else [])
+
+
+def bpf_text() -> bytes:
+    """probes/allocscope.c with its local includes other than allocscope.h inlined: BCC rewrites
+    map calls (`map.lookup(...)`) only in the main file, and probes/unwind_dwarf.h has some."""
+    def inline(m: re.Match) -> str:
+        path = L.PROBES_DIR / m.group(1)
+        if m.group(1) == L.HEADER.name or not path.is_file():
+            return m.group(0)
+        return f"/* ---- {m.group(1)} ---- */\n{path.read_text()}\n/* ---- end of {m.group(1)} ---- */"
+    return re.sub(r'^#include "([\w.]+)"[ \t]*$', inline, L.SOURCE.read_text(), flags=re.M).encode()
 
 
 @dataclass
@@ -64,6 +81,9 @@ class _Libbcc:
         self.attach_uprobe.restype = ct.c_int
         self.attach_uprobe.argtypes = [ct.c_int, ct.c_int, ct.c_char_p, ct.c_char_p,
                                        ct.c_uint64, ct.c_int, ct.c_uint32]
+        self.update_batch = lib["bpf_update_batch"]
+        self.update_batch.restype = ct.c_int
+        self.update_batch.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p, ct.POINTER(ct.c_uint32)]
         self.lookup_batch = lib["bpf_lookup_batch"]
         self.lookup_batch.restype = ct.c_int
         self.lookup_batch.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_void_p,
@@ -76,15 +96,25 @@ class Probes:
     def __init__(self, pid: int, options: ProbeOptions | None = None) -> None:
         self.pid = pid
         self.options = options or ProbeOptions()
+        self.unwind_error = ""  # why DWARF unwinding fell back to frame pointers, if it did
         bcc = _import_bcc()
         self._bcc = bcc
         self._lib = _Libbcc()
         cflags = [f"-I{L.PROBES_DIR}", f"-DAS_TGID={pid}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}",
                   "-Wno-macro-redefined"] + self.options.cflags()
         try:
-            self.bpf = bcc.BPF(src_file=str(L.SOURCE).encode(), cflags=cflags)
+            self.bpf = bcc.BPF(text=bpf_text(), cflags=cflags)
         except Exception as e:  # BCC raises bare Exception for compile/load failures
-            raise PermissionProblem(f"cannot load the BPF program: {e}; run 'allocscope doctor'") from None
+            if self.options.unwind != "dwarf":
+                raise PermissionProblem(f"cannot load the BPF program: {e}; run 'allocscope doctor'") from None
+            # The DWARF unwinder is the largest part for the verifier: keep tracing without it.
+            self.unwind_error = str(e).splitlines()[0] if str(e) else "BPF load failed"
+            self.options.unwind = "fp"
+            cflags = [c for c in cflags if not c.startswith("-DAS_UNWIND_")]
+            try:
+                self.bpf = bcc.BPF(text=bpf_text(), cflags=cflags)
+            except Exception as e2:  # noqa: BLE001
+                raise PermissionProblem(f"cannot load the BPF program: {e2}; run 'allocscope doctor'") from None
         self.report = AttachReport(tracepoints=[
             f"{c}:{n}" for c, n in [("syscalls", f"sys_{d}_{s}") for s in
                                     ("mmap", "munmap", "mremap", "brk", "madvise") for d in ("enter", "exit")]
@@ -131,6 +161,14 @@ class Probes:
             self._attach(f"{sym}_enter", alloc.path, off, BPF_PROBE_ENTRY)
             rep.attached.append(sym)
         return rep
+
+    def unwinder(self, progress=None):
+        """The manager of the DWARF unwind maps (tracer.unwind.Unwinder); None with frame pointers."""
+        if self.options.unwind != "dwarf":
+            return None
+        from .unwind import Unwinder  # noqa: PLC0415
+        return Unwinder(self.bpf, self.pid, self.options.unwind_rows, progress,
+                        update_batch=self._lib.update_batch)
 
     def close(self) -> None:
         """Detach every probe and free the maps. Idempotent."""

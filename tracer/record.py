@@ -25,6 +25,7 @@ from .arenas import Pagemap, chunk_ranges, find_heaps
 from .elfinfo import build_id, find_allocator
 from .errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
 from .regions import RegionTracker
+from .unwind import STACK_DWARF, start_unwinder, unwind_meta
 from .writer import TraceWriter, prepare_output
 
 API = L.API_NAMES
@@ -110,6 +111,7 @@ class Child:
         self.returncode: int | None = None
         self.exiting = False
         self.traced = True
+        self.on_exec = None  # called at the exec stop, before the program runs
 
     def after_release(self) -> None:
         """Wait for the exec stop, ask for the exit stop, let it run."""
@@ -119,6 +121,8 @@ class Child:
             self.returncode = -1
             return
         if os.WIFSTOPPED(status):
+            if self.on_exec is not None:
+                self.on_exec()
             _ptrace(PTRACE_SETOPTIONS, self.pid, 0, PTRACE_O_TRACEEXIT | PTRACE_O_EXITKILL)
             _ptrace(PTRACE_CONT, self.pid, 0, 0)
         else:
@@ -270,6 +274,8 @@ class RecordOptions:
     max_stacks: int = 1 << 16
     max_sites: int = 1 << 18
     quiet: bool = False
+    unwind: str = "dwarf"         # dwarf: CFI tables unwound in BPF (tracer/unwind.py); fp: frame pointers
+    embed_symbols: bool = False   # store the symbol tables of the modules seen (reports/embedded.py)
     residency_budget_pages: int = 1 << 18  # pagemap pages read per interval (1 GiB of heap)
 
 
@@ -371,13 +377,16 @@ class Recorder:
         if maps != self.maps:
             self.maps = maps
             self.map_index = self.map_index.updated(maps)
+            if getattr(self, "unwinder", None) is not None:
+                self.unwinder.update(maps)  # dlopen'd code gets its unwind tables
             return maps
         return None
 
     def _stack_rows(self, new_ids: list[int]) -> dict[str, list]:
         cols: dict[str, list] = {k: [] for k in F.SCHEMAS["stacks"].names}
         for sid, (flags, extra, ips) in self.probes.read_stacks(new_ids).items():
-            frames = [(ip, 0) for ip in ips]
+            # DWARF stacks: `extra` marks frames found by a frame-pointer step (syscall = 2).
+            frames = [(ip, 2 if flags & STACK_DWARF and extra >> i & 1 else 0) for i, ip in enumerate(ips)]
             # In a syscall the frame-pointer walk skips the wrapper's caller; the word at the
             # user sp is its return address when it points into code.
             if flags & L.STACK_SYSCALL and extra and self.map_index.is_code(extra) and \
@@ -581,6 +590,7 @@ class Recorder:
                        "skipped": self.rep.skipped, "tracepoints": self.rep.tracepoints},
             "limits": {"max_live": self.o.max_live, "max_stacks": self.o.max_stacks,
                        "max_sites": self.o.max_sites},
+            "unwind": unwind_meta(self),
         }
         if complete:
             meta.update({"end_reason": self.stop_reason, "intervals": self.seq,
@@ -613,11 +623,15 @@ class Recorder:
             heap = next((m for m in maps if m.path == "[heap]"), None)
             self.regions.brk = heap.end if heap else None
         self.probes = Probes(t.pid, ProbeOptions(max_live=self.o.max_live, max_stacks=self.o.max_stacks,
-                                                 max_sites=self.o.max_sites, wait_exec=t.child is not None))
+                                                 max_sites=self.o.max_sites, wait_exec=t.child is not None,
+                                                 unwind=self.o.unwind))
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         self.writer = None
         try:
             self.probes.open_events(self.on_event)
+            self.unwinder = start_unwinder(self.probes, maps, t.child is not None, self.progress)
+            if t.child is not None and self.unwinder is not None:
+                t.child.on_exec = self._maps_now  # exe and ld.so are mapped: their unwind tables
             self.probes.seed_rss(procfs.rss(t.pid) if t.child is None else {})
             self.rep = self.probes.attach(alloc)
             # Returns seen while probes were being attached belong to calls that began before
