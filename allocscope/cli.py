@@ -82,9 +82,19 @@ def main() -> None:
 @click.option("--embed-symbols", is_flag=True,
               help="Store the symbol tables of the modules on the stacks in the trace, so it can be "
                    "symbolized on a machine without these binaries.")
+@click.option("--mode", type=click.Choice(["full", "residency"]), default="full", show_default=True,
+              help="full: every allocator call (exact bytes per site and thread). residency: no "
+                   "allocator probes at all — the mmap family plus sampled first-touch page faults, "
+                   "for daemons whose memory is huge buffers; near-zero cost, but no frees of heap "
+                   "blocks, no per-block sizes.")
+@click.option("--sample-bytes", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Sample allocations in proportion to size, one per N bytes on average (like "
+                   "jemalloc/tcmalloc heap profiles); reports show estimates with error bars. 0: off.")
+@click.option("--fault-sample", type=click.IntRange(min=1), default=16, show_default=True, metavar="N",
+              help="Residency mode: record one user page fault in N.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD [ARGS...]]")
 def record(pid, pattern, output, duration, interval, labels, max_live, force, keep_cmdline, quiet, unwind,
-           embed_symbols, command):
+           embed_symbols, mode, sample_bytes, fault_sample, command):
     """Record allocations of a running process (--pid/--pgrep) or of a command it starts (-- CMD).
 
     Probes malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign,
@@ -125,7 +135,8 @@ def record(pid, pattern, output, duration, interval, labels, max_live, force, ke
         target = rec.target_from_command(list(command))
     opts = rec.RecordOptions(output=output, duration=duration, interval=interval, labels=lab, force=force,
                              keep_cmdline=keep_cmdline, max_live=max_live, quiet=quiet, unwind=unwind,
-                             embed_symbols=embed_symbols)
+                             embed_symbols=embed_symbols, mode=mode, sample_bytes=sample_bytes,
+                             fault_sample=fault_sample)
     s = rec.record(target, opts, None if quiet else _progress)
     from reports.render import human_bytes  # noqa: PLC0415
     click.echo(f"allocscope: wrote {s.path}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "

@@ -25,6 +25,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
+# allocscope configurations: name -> extra `record` arguments
+ALLOCSCOPE_CONFIGS = {
+    "allocscope": [],
+    "allocscope-fp": ["--unwind", "fp"],
+    "allocscope-sampled": ["--sample-bytes", "65536"],
+    "allocscope-residency": ["--mode", "residency"],
+}
+
+
 def build(tmp: Path) -> Path:
     exe = tmp / "malloc_loop"
     subprocess.run(["gcc", "-O2", "-pthread", "-fno-omit-frame-pointer", "-o", str(exe),
@@ -60,10 +69,11 @@ def run_once(exe: Path, cfg: str, args, tmp: Path) -> tuple[float, float]:
     read_line(loop, "ready")
     tracer = None
     try:
-        if cfg == "allocscope":
+        if cfg.startswith("allocscope"):
             out = tmp / f"bench-{time.monotonic_ns()}.allocscope"
+            extra = ALLOCSCOPE_CONFIGS[cfg]
             tracer = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "-q", "--pid", str(loop.pid),
-                                       "-o", str(out)], cwd=str(ROOT), stdout=subprocess.DEVNULL,
+                                       "-o", str(out), *extra], cwd=str(ROOT), stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, text=True)
             while not (out / "meta.json").exists():
                 if tracer.poll() is not None:
@@ -99,7 +109,7 @@ def main() -> None:
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/overhead.py: run as root (it attaches BPF probes)")
-    configs = ["untraced", "allocscope"]
+    configs = ["untraced", *ALLOCSCOPE_CONFIGS]
     if not args.no_memleak:
         if shutil.which("memleak-bpfcc"):
             configs += ["memleak", "memleak-combined", "memleak-s10"]

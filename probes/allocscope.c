@@ -58,6 +58,18 @@ BPF_ARRAY(totals, s64, 2); /* 0: live bytes (heap API), 1: peak of 0 */
 BPF_PERCPU_ARRAY(scratch, struct as_stack, 1);
 BPF_RINGBUF_OUTPUT(events, AS_RING_PAGES);
 
+/* Set once the traced program is gone: it exec'd another program (whose allocations would
+ * reach the same libc probes and tracepoints), or its last thread exited (its pid may be given
+ * to a new process). Nothing of that pid is counted after. */
+BPF_ARRAY(gone, u32, 1);
+
+static __always_inline int target_gone(void)
+{
+    u32 zero = 0;
+    u32 *g = gone.lookup(&zero);
+    return g && *g;
+}
+
 #ifdef AS_WAIT_EXEC
 /* Launch mode: the target is forked by the tracer and traced only once it has exec'd, so the
  * tracer's own pre-exec allocations in the child never count. */
@@ -69,12 +81,12 @@ static __always_inline int is_target(void)
         return 0;
     u32 zero = 0;
     u32 *a = armed.lookup(&zero);
-    return a && *a;
+    return a && *a && !target_gone();
 }
 #else
 static __always_inline int is_target(void)
 {
-    return (bpf_get_current_pid_tgid() >> 32) == AS_TGID;
+    return (bpf_get_current_pid_tgid() >> 32) == AS_TGID && !target_gone();
 }
 #endif
 
@@ -415,7 +427,22 @@ int alloc_return(struct pt_regs *ctx)
         count(AS_CNT_FAILED, 1);
         return 0;
     }
+#ifdef AS_SAMPLE_BYTES
+    /* Byte-weighted sampling: a block is kept with probability min(1, size/N) and then stands
+     * for max(size, N) bytes — an unbiased estimate of the bytes, decided here, so unsampled
+     * blocks cost no stack walk and no map update (their free is one failed lookup). */
+    u64 weight = in.size;
+    if (in.size < AS_SAMPLE_BYTES) {
+        if ((u64)bpf_get_prandom_u32() * AS_SAMPLE_BYTES >= (in.size << 32)) {
+            count(AS_CNT_UNSAMPLED, 1);
+            return 0;
+        }
+        weight = AS_SAMPLE_BYTES;
+    }
+    record_alloc(ctx, tid, addr, weight, in.api, in.ts_ns);
+#else
     record_alloc(ctx, tid, addr, in.size, in.api, in.ts_ns);
+#endif
     return 0;
 }
 
@@ -726,6 +753,10 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     u32 tid = current_tid();
     inflight.delete(&tid);
     sysargs.delete(&tid);
+    if (args->group_dead) {
+        u32 zero = 0, one = 1;
+        gone.update(&zero, &one); /* the pid may be reused from now on */
+    }
     struct as_event *e = new_event(AS_EV_THREAD_EXIT, tid);
     if (!e)
         return 0;
@@ -747,6 +778,10 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
         return 0;
     }
 #endif
+    if (target_gone())
+        return 0; /* a reused pid exec'ing: not ours */
+    u32 zero_g = 0, one_g = 1;
+    gone.update(&zero_g, &one_g); /* the new program is not traced */
     struct as_event *e = new_event(AS_EV_EXEC, current_tid());
     if (!e)
         return 0;
@@ -754,3 +789,45 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     count(AS_CNT_EVENTS, 1);
     return 0;
 }
+
+/* --- residency mode: sampled first touches ---------------------------------------------------
+ * With AS_FAULTS (allocscope record --mode residency) no allocator probe is attached: memory is
+ * seen where the kernel hands it out — the mmap family above, and user page faults here, one
+ * in AS_FAULT_SAMPLE per CPU, each standing for AS_FAULT_SAMPLE pages, charged to the faulting
+ * stack and thread in `fault_sites` (alloc_bytes / alloc_count; nothing is ever freed here). */
+#ifdef AS_FAULTS
+#ifndef AS_FAULT_SAMPLE
+#define AS_FAULT_SAMPLE 16
+#endif
+BPF_PERCPU_ARRAY(fault_tick, u32, 1);
+BPF_F_TABLE("hash", struct as_site_key, struct as_site, fault_sites, AS_MAX_SITES, BPF_F_NO_PREALLOC);
+
+TRACEPOINT_PROBE(exceptions, page_fault_user)
+{
+    if (!is_target())
+        return 0;
+    count(AS_CNT_FAULTS, 1);
+    u32 zero = 0;
+    u32 *tick = fault_tick.lookup(&zero);
+    if (!tick)
+        return 0;
+    if (++*tick < AS_FAULT_SAMPLE)
+        return 0;
+    *tick = 0;
+    struct as_site_key k = {.stack_id = capture_syscall_stack(args), .tid = current_tid()};
+    struct as_site *s = fault_sites.lookup(&k);
+    if (!s) {
+        struct as_site z = {};
+        fault_sites.insert(&k, &z);
+        s = fault_sites.lookup(&k);
+        if (!s) {
+            count(AS_LOST_SITE_FULL, 1);
+            return 0;
+        }
+    }
+    __sync_fetch_and_add(&s->alloc_bytes, AS_FAULT_SAMPLE * 4096);
+    __sync_fetch_and_add(&s->alloc_count, AS_FAULT_SAMPLE);
+    s->peak_live_bytes = s->alloc_bytes;
+    return 0;
+}
+#endif

@@ -55,6 +55,8 @@ enum as_counter {
     AS_CNT_NESTED,             /* allocator calls nested in another (counted once) */
     AS_CNT_FAILED,             /* allocator call returned NULL / error */
     AS_CNT_EVENTS,             /* ring events submitted */
+    AS_CNT_UNSAMPLED = 24,     /* --sample-bytes: allocations not sampled */
+    AS_CNT_FAULTS,             /* residency mode: user page faults seen (before sampling) */
     AS_CNT_MAX = 32,
 };
 

@@ -125,13 +125,16 @@ def is_wrapper(function: str) -> bool:
 
 
 def fold_frames(frames: tuple[FrameInfo, ...]) -> tuple[FrameInfo, ...]:
-    """Drop the innermost frames that are allocator entry points or wrappers around them
-    (operator new, __rust_alloc, alloc::raw_vec::*, libc's mmap wrapper...). At least the
+    """Drop the innermost frames that belong to the allocator: entry points and wrappers
+    (malloc, operator new, __rust_alloc, alloc::raw_vec::*, libc's mmap wrapper...) and the
+    allocator's internals they called (sysmalloc, _int_malloc... — frames of the same module
+    as the wrapper, inside it). Complete stacks (DWARF unwinding) show these. At least the
     outermost frame is kept."""
-    i = 0
-    while i < len(frames) - 1 and is_wrapper(frames[i].function):
-        i += 1
-    return frames[i:]
+    cut = 0
+    for j, f in enumerate(frames[:-1]):
+        if is_wrapper(f.function) and all(g.module == f.module or is_wrapper(g.function) for g in frames[cut:j]):
+            cut = j + 1
+    return frames[cut:]
 
 
 def site_table(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]] | None = None, progress=None) -> pd.DataFrame:
@@ -701,6 +704,30 @@ def site_dict(r, names: dict[int, str], points: list[int]) -> dict:
     }
 
 
+def sampling_error(live_bytes: int, sample_bytes: int) -> int:
+    """95% error bar of a byte-weighted-sampled estimate (sample one block per N bytes on
+    average, weight max(size, N)): for blocks smaller than N the estimate's variance is about
+    bytes * N, so ±1.96 * sqrt(bytes * N)."""
+    return int(1.96 * (max(live_bytes, 0) * sample_bytes) ** 0.5) if sample_bytes else 0
+
+
+def mode_notes(trace: Trace) -> list[str]:
+    """What a sampled or residency-mode trace can and cannot answer (shown on top of reports)."""
+    meta = trace.meta
+    out = []
+    if meta.get("mode") == "residency":
+        n = (meta.get("sampling") or {}).get("fault_sample", 0)
+        out.append(f"residency mode: no allocator probes. Sites of source 'fault' count first touches of pages "
+                   f"(sampled 1 in {n}, each standing for {n} pages; cumulative — pages given back are not "
+                   "subtracted); sites of source 'mmap'/'brk' are exact and live. Frees of heap blocks, "
+                   "per-block sizes and thread flows are not seen.")
+    sb = (meta.get("sampling") or {}).get("sample_bytes", 0)
+    if sb:
+        out.append(f"sampled trace: one sample per {sb} bytes on average; heap bytes are unbiased estimates "
+                   "(see live_bytes_error, a 95% bound) and block counts are sample counts")
+    return out
+
+
 def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None) -> dict:
     """The allocscope.report/1 document: what `report --format json` prints. Sites are ordered
     (and `rank`ed) by `sort` (see rank_sites); each site's `timeline` holds its live bytes at the
@@ -712,6 +739,7 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None) -
     threads = thread_table(trace)
     names = trace.thread_names()
     tot = totals(trace)
+    sample_bytes = int((trace.meta.get("sampling") or {}).get("sample_bytes", 0) or 0)
     arenas = arena_table(trace)
     dec = rss_decomposition(trace, arenas)
     meta = trace.meta
@@ -726,10 +754,12 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None) -
                       "allocator_kind": (meta.get("probes") or {}).get("allocator_kind"),
                       "probes": meta.get("probes"), "warnings": trace.warnings},
         "totals": tot,
-        "advice": advice(trace, tot) + residency_advice(arenas, dec),
+        "advice": mode_notes(trace) + advice(trace, tot) + residency_advice(arenas, dec),
         "sort": sort,
         "timeline_seq": [i + 1 for i in points],
-        "sites": [site_dict(r, names, points) for r in sites.itertuples()],
+        "sites": [dict(site_dict(r, names, points),
+                       **({"live_bytes_error": sampling_error(int(r.live_bytes), sample_bytes)} if sample_bytes else {}))
+                  for r in sites.itertuples()],
         "threads": [{"tid": int(r.tid), "name": r.name, "live_bytes": int(r.live_bytes),
                      "live_count": int(r.live_count), "peak_live_bytes": int(r.peak_live_bytes),
                      "alloc_bytes": int(r.alloc_bytes), "alloc_count": int(r.alloc_count)}

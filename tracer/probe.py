@@ -29,11 +29,19 @@ class ProbeOptions:
     max_sites: int = 1 << 18      # distinct (stack, thread)
     ring_pages: int = 1024        # 4 MiB ring for syscall/thread events
     wait_exec: bool = False       # launch mode: trace from the target's exec on
+    mode: str = "full"            # full: allocator probes; residency: mmap family + sampled page faults
+    sample_bytes: int = 0         # >0: byte-weighted sampling of allocations, one per N bytes on average
+    fault_sample: int = 16        # residency mode: one user page fault in N is recorded (weight N pages)
     unwind: str = "dwarf"         # dwarf: CFI rows in BPF maps (tracer/unwind.py); fp: frame pointers
     unwind_rows: int = 1 << 21    # capacity of the CFI row array (8 bytes a row)
 
     def cflags(self) -> list[str]:
-        return (["-DAS_WAIT_EXEC=1"] if self.wait_exec else []) + [f"-DAS_MAX_LIVE={self.max_live}", f"-DAS_MAX_STACKS={self.max_stacks}",
+        extra = ["-DAS_WAIT_EXEC=1"] if self.wait_exec else []
+        if self.sample_bytes > 0:
+            extra.append(f"-DAS_SAMPLE_BYTES={self.sample_bytes}ULL")
+        if self.mode == "residency":
+            extra += ["-DAS_FAULTS=1", f"-DAS_FAULT_SAMPLE={self.fault_sample}"]
+        return extra + [f"-DAS_MAX_LIVE={self.max_live}", f"-DAS_MAX_STACKS={self.max_stacks}",
                 f"-DAS_MAX_SITES={self.max_sites}", f"-DAS_RING_PAGES={self.ring_pages}"] + \
             (["-DAS_UNWIND_DWARF=1", f"-DAS_UNWIND_ROWS={self.unwind_rows}",
               f"-DAS_UNWIND_STEPS={UNWIND_STEPS}"] if self.unwind == "dwarf" else [])
@@ -58,6 +66,7 @@ class AttachReport:
     aliases: dict[str, str] = field(default_factory=dict)         # symbol -> symbol sharing its address
     skipped: dict[str, str] = field(default_factory=dict)         # symbol -> reason
     tracepoints: list[str] = field(default_factory=list)
+    placement: dict[str, str] = field(default_factory=dict)       # symbol -> where its entry probe sits
 
 
 def _import_bcc():
@@ -140,6 +149,10 @@ class Probes:
         entry state, rather than an entry state whose return is never seen."""
         rep = self.report
         rep.allocator, rep.allocator_kind = alloc.path, alloc.kind
+        if self.options.mode == "residency":
+            rep.skipped = {sym: "residency mode: no allocator probes" for sym in ALLOC_FUNCS}
+            rep.tracepoints.append("exceptions:page_fault_user")
+            return rep
         by_offset: dict[int, str] = {}
         plan = []
         for sym in ALLOC_FUNCS:
@@ -158,7 +171,13 @@ class Probes:
             if sym != "free":
                 self._attach("alloc_return", alloc.path, off, BPF_PROBE_RETURN)
         for sym, off in plan:
-            self._attach(f"{sym}_enter", alloc.path, off, BPF_PROBE_ENTRY)
+            entry = off
+            if sym == "free":  # entry-only, reads only %rdi: may sit behind the NULL check
+                from .placement import place_entry  # noqa: PLC0415
+                pl = place_entry(alloc.path, off, alloc.sizes.get(sym, 0))
+                entry = pl.offset
+                rep.placement[sym] = pl.reason
+            self._attach(f"{sym}_enter", alloc.path, entry, BPF_PROBE_ENTRY)
             rep.attached.append(sym)
         return rep
 
@@ -236,6 +255,12 @@ class Probes:
     def read_live(self) -> tuple[np.ndarray, np.ndarray]:
         return self._read_batch("live", ct.c_uint64, L.Live)
 
+    def read_fault_sites(self) -> tuple[np.ndarray, np.ndarray]:
+        """Residency mode: sampled first touches per (stack, thread), as `sites`."""
+        if self.options.mode != "residency":
+            return np.empty(0, dtype=np.dtype(L.SiteKey)), np.empty(0, dtype=np.dtype(L.Site))
+        return self._read_batch("fault_sites", L.SiteKey, L.Site)
+
     def read_flows(self) -> tuple[np.ndarray, np.ndarray]:
         return self._read_batch("flows", L.FlowKey, L.Flow)
 
@@ -277,3 +302,9 @@ class Probes:
         """(live bytes, peak live bytes) of allocator-API memory, exact, from the kernel."""
         t = self.bpf[b"totals"]
         return int(t[t.Key(0)].value), int(t[t.Key(1)].value)
+
+    def target_gone(self) -> bool:
+        """The probes saw the target exec another program or its last thread exit: from then on
+        nothing of its pid is counted, and /proc/PID describes something else."""
+        t = self.bpf[b"gone"]
+        return bool(t[t.Key(0)].value)

@@ -274,6 +274,9 @@ class RecordOptions:
     max_stacks: int = 1 << 16
     max_sites: int = 1 << 18
     quiet: bool = False
+    mode: str = "full"          # full | residency
+    sample_bytes: int = 0       # >0: byte-weighted sampling (mean one sample per N bytes)
+    fault_sample: int = 16      # residency mode: one page fault in N recorded
     unwind: str = "dwarf"         # dwarf: CFI tables unwound in BPF (tracer/unwind.py); fp: frame pointers
     embed_symbols: bool = False   # store the symbol tables of the modules seen (reports/embedded.py)
     residency_budget_pages: int = 1 << 18  # pagemap pages read per interval (1 GiB of heap)
@@ -321,7 +324,7 @@ class Recorder:
         in_alloc = ev.in_api != 0
         released = 0
         if typ == EV_MMAP:
-            self.regions.mmap(ev.addr, ev.len, ev.flags, ev.fd, ev.stack_id, tid, ts, in_alloc)
+            self.regions.mmap(ev.addr, ev.len, ev.flags, ev.fd, ev.stack_id, tid, ts, in_alloc, ev.prot)
             if ev.prot & 0x4 and not in_alloc:  # PROT_EXEC: code (ld.so, dlopen): read maps now
                 self._maps_now()
         elif typ == EV_MUNMAP:
@@ -436,6 +439,9 @@ class Recorder:
             current[(k[0], k[1], "heap")] = tuple(v)
         for (sid, tid, src), st in self.regions.sites.items():
             current[(sid, tid, src)] = st.as_tuple()
+        fk, fv = self.probes.read_fault_sites()
+        for k, v in zip(fk.tolist(), fv.tolist()):
+            current[(k[0], k[1], "fault")] = tuple(v)
         rows = [(k, v) for k, v in current.items() if self.prev_sites.get(k) != v]
         self.prev_sites = current
         if rows:
@@ -587,9 +593,13 @@ class Recorder:
             "host": {"kernel": platform.release(), "hostname": platform.node(), "page_size": os.sysconf("SC_PAGE_SIZE")},
             "probes": {"allocator": self.rep.allocator, "allocator_kind": self.rep.allocator_kind,
                        "attached": self.rep.attached, "aliases": self.rep.aliases,
-                       "skipped": self.rep.skipped, "tracepoints": self.rep.tracepoints},
+                       "skipped": self.rep.skipped, "tracepoints": self.rep.tracepoints,
+                       "placement": self.rep.placement},
             "limits": {"max_live": self.o.max_live, "max_stacks": self.o.max_stacks,
                        "max_sites": self.o.max_sites},
+            "mode": self.o.mode,
+            "sampling": {"sample_bytes": self.o.sample_bytes,
+                         "fault_sample": self.o.fault_sample if self.o.mode == "residency" else 0},
             "unwind": unwind_meta(self),
         }
         if complete:
@@ -624,7 +634,9 @@ class Recorder:
             self.regions.brk = heap.end if heap else None
         self.probes = Probes(t.pid, ProbeOptions(max_live=self.o.max_live, max_stacks=self.o.max_stacks,
                                                  max_sites=self.o.max_sites, wait_exec=t.child is not None,
-                                                 unwind=self.o.unwind))
+                                                 unwind=self.o.unwind, mode=self.o.mode,
+                                                 sample_bytes=self.o.sample_bytes,
+                                                 fault_sample=self.o.fault_sample))
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         self.writer = None
         try:

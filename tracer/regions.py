@@ -141,11 +141,12 @@ class RegionTracker:
         return freed
 
     def mmap(self, addr: int, length: int, flags: int, fd: int, stack_id: int, tid: int,
-             ts_ns: int, in_allocator: bool) -> None:
+             ts_ns: int, in_allocator: bool, prot: int = 3) -> None:
         lo, hi = page_down(addr), page_up(addr + length)
         # The kernel replaces whatever was mapped there (MAP_FIXED); charge it as freed.
         self._charge_free(self._extract(lo, hi), tid, ts_ns)
-        if in_allocator or not (flags & MAP_ANONYMOUS) or hi <= lo:
+        # PROT_NONE: address space reserved (glibc's 64 MiB heap reservations), not memory.
+        if in_allocator or not (flags & MAP_ANONYMOUS) or prot == 0 or hi <= lo:
             return
         self._new_alloc(lo, hi, stack_id, tid, ts_ns, "mmap")
 
