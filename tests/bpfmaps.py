@@ -1,0 +1,120 @@
+"""The BPF objects one tracer process holds, read from outside it (as root), so tests and
+bench/soak.py can watch a running `allocscope record` without touching it:
+
+    ids = tracer_objects(pid)          # {"maps": {map_id, ...}, "progs": {prog_id, ...}}
+    map_counts(pid)                    # {"live": 1234, "stacks": 56, "inflight": 2, ...}
+    prog_exists(prog_id)               # False once the program is freed
+
+Objects are found through /proc/PID/fdinfo (map_id:/prog_id: lines), so other tracers running
+on the same machine at the same time are never mistaken for ours. Entry counts walk the map
+with BPF_MAP_GET_NEXT_KEY (what `bpftool map dump` does); a map that changes during the walk
+gives an approximate count, good enough for bounds.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+
+_libc = ct.CDLL(None, use_errno=True)
+NR_BPF = 321
+MAP_GET_NEXT_KEY, PROG_GET_FD_BY_ID, MAP_GET_FD_BY_ID, OBJ_GET_INFO_BY_FD = 4, 13, 14, 15
+
+
+class _IdAttr(ct.Structure):
+    _fields_ = [("id", ct.c_uint32), ("next_id", ct.c_uint32), ("open_flags", ct.c_uint32),
+                ("pad", ct.c_uint8 * 116)]
+
+
+class _InfoAttr(ct.Structure):
+    _fields_ = [("bpf_fd", ct.c_uint32), ("info_len", ct.c_uint32), ("info", ct.c_uint64),
+                ("pad", ct.c_uint8 * 112)]
+
+
+class _KeyAttr(ct.Structure):
+    _fields_ = [("map_fd", ct.c_uint32), ("pad0", ct.c_uint32), ("key", ct.c_uint64),
+                ("next_key", ct.c_uint64), ("flags", ct.c_uint64), ("pad", ct.c_uint8 * 96)]
+
+
+def _bpf(cmd: int, attr) -> int:
+    return _libc.syscall(NR_BPF, cmd, ct.byref(attr), ct.sizeof(attr))
+
+
+def tracer_objects(pid: int) -> dict[str, set[int]]:
+    """IDs of the BPF maps and programs process `pid` holds open."""
+    out: dict[str, set[int]] = {"maps": set(), "progs": set()}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fdinfo")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                text = f.read()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("map_id:"):
+                out["maps"].add(int(line.split()[1]))
+            elif line.startswith("prog_id:"):
+                out["progs"].add(int(line.split()[1]))
+    return out
+
+
+def prog_exists(prog_id: int) -> bool:
+    fd = _bpf(PROG_GET_FD_BY_ID, _IdAttr(id=prog_id))
+    if fd < 0:
+        return ct.get_errno() != errno.ENOENT
+    os.close(fd)
+    return True
+
+
+def _map_info(fd: int) -> tuple[str, int, int]:
+    """(name, key_size, max_entries)"""
+    buf = (ct.c_uint8 * 256)()
+    ia = _InfoAttr(bpf_fd=fd, info_len=256, info=ct.addressof(buf))
+    if _bpf(OBJ_GET_INFO_BY_FD, ia) != 0:
+        return "", 0, 0
+    raw = bytes(buf)
+    key_size = int.from_bytes(raw[8:12], "little")
+    max_entries = int.from_bytes(raw[16:20], "little")
+    return raw[24:40].split(b"\0")[0].decode(), key_size, max_entries
+
+
+def _count(fd: int, key_size: int, max_entries: int) -> int:
+    key = (ct.c_uint8 * max(key_size, 1))()
+    nxt = (ct.c_uint8 * max(key_size, 1))()
+    attr = _KeyAttr(map_fd=fd, key=0, next_key=ct.addressof(nxt))
+    n = 0
+    while n <= 2 * max_entries + 16:
+        if _bpf(MAP_GET_NEXT_KEY, attr) != 0:
+            break
+        n += 1
+        ct.memmove(key, nxt, key_size)
+        attr.key = ct.addressof(key)
+    return n
+
+
+def map_counts(pid: int, names: tuple[str, ...] = ("live", "stacks", "sites", "flows", "inflight",
+                                                   "sysargs")) -> dict[str, int]:
+    """Entries in the named hash maps of the tracer `pid` (names as in probes/allocscope.c)."""
+    out: dict[str, int] = {}
+    for mid in sorted(tracer_objects(pid)["maps"]):
+        fd = _bpf(MAP_GET_FD_BY_ID, _IdAttr(id=mid))
+        if fd < 0:
+            continue
+        try:
+            name, key_size, max_entries = _map_info(fd)
+            if name in names:
+                out[name] = _count(fd, key_size, max_entries)
+        finally:
+            os.close(fd)
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
