@@ -113,7 +113,7 @@ def _encode(row: dict, ra_reg: int) -> tuple[int, int, int]:
     else:
         return CFA_UNSUPPORTED, 0, 0
     off = cfa.offset
-    if off % 8 or not -32768 <= off // 8 <= 32767:
+    if off is None or off % 8 or not -32768 <= off // 8 <= 32767:  # None: a rule pyelftools left open
         return CFA_UNSUPPORTED, 0, 0
     rbp = row.get(REG_RBP)
     if rbp is None or rbp.type == RegisterRule.SAME_VALUE:
