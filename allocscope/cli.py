@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from allocscope.output import emit, progress
 from tracer.errors import AllocscopeError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -28,10 +29,6 @@ class Group(click.Group):
         except BrokenPipeError:
             sys.stderr.close()
             sys.exit(1)
-
-
-def _progress(msg: str) -> None:
-    click.echo(f"allocscope: {msg}", err=True)
 
 
 def parse_labels(values: tuple[str, ...]) -> dict[str, str]:
@@ -137,7 +134,7 @@ def record(pid, pattern, output, duration, interval, labels, max_live, force, ke
                              keep_cmdline=keep_cmdline, max_live=max_live, quiet=quiet, unwind=unwind,
                              embed_symbols=embed_symbols, mode=mode, sample_bytes=sample_bytes,
                              fault_sample=fault_sample)
-    s = rec.record(target, opts, None if quiet else _progress)
+    s = rec.record(target, opts, None if quiet else progress)
     from reports.render import human_bytes  # noqa: PLC0415
     click.echo(f"allocscope: wrote {s.path}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "
                f"live {human_bytes(s.live_bytes)} in {s.live_count} blocks at {s.sites} sites; "
@@ -175,19 +172,19 @@ def report(trace, fmt, output, top, sort, metric):
     from reports.analysis import build_report, symbolize_stacks  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
 
-    progress = _progress if sys.stderr.isatty() else None
-    t = load_trace(trace, progress=progress)
+    say = progress if sys.stderr.isatty() else None
+    t = load_trace(trace, progress=say)
     if fmt == "pprof":
         from reports.pprof import to_pprof  # noqa: PLC0415
         if output is None and sys.stdout.isatty():
             raise UsageError("--format pprof is binary: give -o FILE (e.g. -o heap.pb.gz)")
-        _emit_bytes(to_pprof(t), output)
+        emit(to_pprof(t), output)
         return
     if fmt == "folded":
         from reports.folded import to_folded  # noqa: PLC0415
-        _emit(to_folded(t, metric=metric), output)
+        emit(to_folded(t, metric=metric), output)
         return
-    stacks = symbolize_stacks(t, progress)
+    stacks = symbolize_stacks(t, say)
     rep = build_report(t, sort=sort, stacks=stacks)
     if fmt == "json":
         text = render.to_json(rep)
@@ -200,29 +197,7 @@ def report(trace, fmt, output, top, sort, metric):
     else:
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
         text = render.to_text(rep, top=top, color=color)
-    _emit(text, output)
-
-
-def _emit_bytes(data: bytes, output: str | None) -> None:
-    if output:
-        try:
-            with open(output, "wb") as f:
-                f.write(data)
-        except OSError as e:
-            raise AllocscopeError(f"cannot write {output}: {e.strerror}") from None
-    else:
-        sys.stdout.buffer.write(data)
-
-
-def _emit(text: str, output: str | None) -> None:
-    if output:
-        try:
-            with open(output, "w") as f:
-                f.write(text)
-        except OSError as e:
-            raise AllocscopeError(f"cannot write {output}: {e.strerror}") from None
-    else:
-        click.echo(text, nl=not text.endswith("\n"))
+    emit(text, output)
 
 
 @main.command(context_settings=CONTEXT)

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from allocscope.output import emit, progress
 from tracer.errors import AllocscopeError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -23,21 +24,6 @@ class OneLineErrors(click.Command):
         except AllocscopeError as e:
             click.echo(f"allocscope: {e}", err=True)
             ctx.exit(e.exit_code)
-
-
-def _progress(msg: str) -> None:
-    click.echo(f"allocscope: {msg}", err=True)
-
-
-def _emit(text: str, output: str | None) -> None:
-    if output:
-        try:
-            with open(output, "w") as f:
-                f.write(text)
-        except OSError as e:
-            raise AllocscopeError(f"cannot write {output}: {e.strerror}") from None
-    else:
-        click.echo(text, nl=not text.endswith("\n"))
 
 
 @click.command(cls=OneLineErrors, context_settings=CONTEXT)
@@ -73,13 +59,13 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output):
     from reports.diff import diff_traces  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
 
-    progress = _progress if sys.stderr.isatty() else None
-    a = load_trace(trace_a, progress=progress)
-    b = load_trace(trace_b, progress=progress)
-    doc = diff_traces(a, b, per=per, sort=sort, progress=progress)
+    say = progress if sys.stderr.isatty() else None
+    a = load_trace(trace_a, progress=say)
+    b = load_trace(trace_b, progress=say)
+    doc = diff_traces(a, b, per=per, sort=sort, progress=say)
     if fmt == "json":
         text = render.to_json(doc)
     else:
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
         text = render.diff_to_text(doc, top=top, color=color)
-    _emit(text, output)
+    emit(text, output)
