@@ -130,9 +130,9 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     out.append(f"  lost       {lost:>10}" if not lost else s.red(f"  lost       {lost:>10}"))
     dec = doc.get("rss_decomposition")
     if dec:
-        out.append(f"  RSS {human_bytes(dec['rss_bytes'])} = live heap {human_bytes(dec['live_heap_bytes'])}"
-                   + (f" + retained by allocator {human_bytes(dec['retained_bytes'])}" if dec.get("retained_known", True)
-                      else " (allocator retention not separable for this allocator: inside other anon)")
+        retained = (f" + retained by allocator {human_bytes(dec['retained_bytes'])}" if dec.get("retained_known", True)
+                    else " (allocator retention not separable for this allocator: inside other anon)")
+        out.append(f"  RSS {human_bytes(dec['rss_bytes'])} = live heap {human_bytes(dec['live_heap_bytes'])}{retained}"
                    f" + other anon {human_bytes(dec['other_anon_bytes'])} + file {human_bytes(dec['file_bytes'])}"
                    f" + shmem {human_bytes(dec['shmem_bytes'])}")
     for a in doc.get("advice") or []:
