@@ -75,10 +75,11 @@ class SynthTrace:
         self._events.append(("trim", tid, at_s, duration_s, ret))
 
     def live_block(self, stack_id: int, tid: int, size: int, at_s: float, source: str = "heap",
-                   api: str = "malloc") -> None:
+                   api: str = "malloc", addr: int | None = None) -> None:
         """An allocation outstanding at the end, made `at_s` seconds after the start; written
         into the final `live` table by close()."""
-        self._live.append({"addr": 0x7f0000000000 + 64 * len(self._live), "size": size, "stack_id": stack_id,
+        addr = 0x7f0000000000 + 64 * len(self._live) if addr is None else addr
+        self._live.append({"addr": addr, "size": size, "stack_id": stack_id,
                            "tid": tid, "ts_ns": MONO0 + int(at_s * 1e9), "api": api, "source": source})
 
     def interval(self, sites: dict, rss: int = 0, flows: dict | None = None, lost: dict | None = None) -> None:
