@@ -28,7 +28,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -49,6 +49,13 @@ WRAPPER_PATTERNS = [
     r"^(__libc_)?(malloc|calloc|realloc|reallocarray|free|posix_memalign|aligned_alloc|memalign|valloc|pvalloc)$",
     r"^(__)?(mmap|mmap64|munmap|mremap|brk|sbrk|__brk|__sbrk|madvise|syscall)$",
     r"^(strdup|strndup|__strdup|__strndup)$",
+    # Rust's alloc crate (Vec, RawVec, Box, String, their trait impls) and C++ standard containers:
+    # with DWARF unwinding and inlines their internals are on the stack; the caller is the site.
+    r"^alloc::", r"^<alloc::(vec|raw_vec|string|alloc|collections)::",
+    r"^(void |\S+ )?std::(vector|_Vector_base|__cxx11::basic_string|basic_string|deque|_Deque_base|"
+    r"__cxx11::list|list|_List_base|_Rb_tree|map|multimap|set|multiset|unordered_map|unordered_set|"
+    r"_Hashtable|__detail::_Hashtable_alloc|__detail::_Map_base|__shared_count|__shared_ptr|shared_ptr|"
+    r"make_shared|allocate_shared|unique_ptr|make_unique|__allocated_ptr)\b",
 ]
 _WRAPPER_RX = re.compile("|".join(WRAPPER_PATTERNS))
 
@@ -63,6 +70,8 @@ LOSS_ADVICE = {
     "lost_stale_entry": "entries whose return was never seen (a thread left malloc abnormally)",
     "lost_ring_full": "the event ring overflowed: some mmap/munmap/thread events are missing",
     "lost_flow_full": "the thread-flow map was full: some cross-thread frees are not in the flow table",
+    "lost_stack_truncated": "some stacks were cut short (deeper than 64 frames, or code the DWARF unwinder "
+                            "cannot follow): their sites show the innermost frames only",
 }
 
 
@@ -72,6 +81,8 @@ class FrameInfo:
     module: str
     file: str | None
     line: int | None
+    # Inlined into the next (outer) frame, at the same address; not part of equality.
+    inlined: bool = field(default=False, compare=False)
 
     def as_dict(self) -> dict:
         return {"function": self.function, "module": self.module, "file": self.file, "line": self.line}
@@ -81,7 +92,9 @@ UNKNOWN_STACK = (FrameInfo("[stack lost]", "", None, None),)
 
 
 def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, ...]]:
-    """stack_id -> frames innermost first, every frame symbolized (offline, pyelftools)."""
+    """stack_id -> frames innermost first, every frame symbolized (offline, pyelftools). A frame
+    whose address lies in inlined code expands to the inlined functions (`inlined=True`, innermost
+    first) followed by the function they were inlined into."""
     from .symbolize import Symbolizer  # noqa: PLC0415
 
     st = trace.stacks
@@ -89,17 +102,16 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
         return {0: UNKNOWN_STACK}
     st = st.drop_duplicates(["stack_id", "idx"]).sort_values(["stack_id", "idx"])
     sym = Symbolizer(progress=progress)
-    resolved: dict[tuple[str, int], FrameInfo] = {}
+    resolved: dict[tuple[str, int], tuple[FrameInfo, ...]] = {}
     todo = st[(st["offset"] >= 0) & st["function"].isna()]
     for (module, build_id), grp in todo.groupby(["module", "build_id"], sort=False):
         offsets = sorted({int(o) for o in grp["offset"]})
         res = sym.symbolize(module, offsets, build_id=build_id or None, return_addresses=True)
         for off in offsets:
             found = res.get(off) or []
-            f = found[0] if found else None
-            resolved[(module, off)] = FrameInfo(
-                f.function if f else f"{os.path.basename(module)}+{off:#x}", module,
-                f.file if f else None, f.line if f else None)
+            resolved[(module, off)] = tuple(
+                FrameInfo(f.function, module, f.file, f.line, inlined=f.inlined) for f in found) or (
+                FrameInfo(f"{os.path.basename(module)}+{off:#x}", module, None, None),)
     out: dict[int, tuple[FrameInfo, ...]] = {0: UNKNOWN_STACK}
     for sid, grp in st.groupby("stack_id", sort=False):
         frames = []
@@ -109,7 +121,7 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
                 frames.append(FrameInfo(fn, module, file if isinstance(file, str) else None,
                                         None if pd.isna(line) else int(line)))
             elif off >= 0:
-                frames.append(resolved[(module, int(off))])
+                frames.extend(resolved[(module, int(off))])
             else:
                 frames.append(FrameInfo(f"{module or '[anon]'}@{int(ip):#x}", module, None, None))
         out[int(sid)] = tuple(frames)
