@@ -156,17 +156,22 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def chunk_ranges(blocks: list[tuple[int, int]], heaps: list[Heap]) -> list[tuple[int, int]]:
-    """Page ranges of live heap-API blocks that lie outside every glibc heap: the allocator's
-    own mmapped chunks (glibc serves requests above the mmap threshold that way)."""
+def chunk_ranges(blocks: tuple[np.ndarray, np.ndarray], heaps: list[Heap]) -> list[tuple[int, int]]:
+    """Page ranges of live heap-API blocks (addresses, sizes) that lie outside every glibc heap:
+    the allocator's own mmapped chunks (glibc serves requests above the mmap threshold that way).
+    Vectorized: millions of live blocks are normal."""
+    addr = np.asarray(blocks[0], dtype=np.uint64)
+    size = np.asarray(blocks[1], dtype=np.uint64)
+    if len(addr) == 0:
+        return []
     hs = sorted((h.start, h.reserved_end) for h in heaps)
-    starts = [h[0] for h in hs]
-    import bisect
-
-    out = []
-    for addr, size in blocks:
-        i = bisect.bisect_right(starts, addr) - 1
-        if i >= 0 and hs[i][0] <= addr < hs[i][1]:
-            continue
-        out.append(((addr - 16) & ~(PAGE - 1), (addr + size + PAGE - 1) & ~(PAGE - 1)))
-    return merge_ranges(out)
+    if hs:
+        starts = np.array([h[0] for h in hs], dtype=np.uint64)
+        ends = np.array([h[1] for h in hs], dtype=np.uint64)
+        i = np.searchsorted(starts, addr, side="right") - 1
+        inside = (i >= 0) & (addr < ends[np.clip(i, 0, None)])
+        addr, size = addr[~inside], size[~inside]
+    mask = np.uint64(~(PAGE - 1) & 0xFFFFFFFFFFFFFFFF)
+    lo = (addr - np.uint64(16)) & mask
+    hi = (addr + size + np.uint64(PAGE - 1)) & mask
+    return merge_ranges(list(zip(lo.tolist(), hi.tolist())))

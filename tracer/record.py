@@ -16,7 +16,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import layout as L
 from . import procfs
@@ -315,7 +317,7 @@ class Recorder:
         self.exec_seen = False
         self._pending_maps: list[procfs.Mapping] | None = None
         self.attach_window_returns = 0
-        self.live_blocks: list[tuple[int, int]] | None = None
+        self.live_blocks: tuple[np.ndarray, np.ndarray] | None = None  # (addresses, sizes)
 
     # --- events (called from the ring buffer poll) --------------------------------------------
 
@@ -559,22 +561,25 @@ class Recorder:
 
     def _write_live(self, seq: int) -> None:
         keys, vals = self.probes.read_live()
-        self.live_blocks = list(zip(keys.tolist(), vals["size"].tolist()))
-        addr = keys.tolist()
-        v = vals
+        self.live_blocks = (keys, vals["size"])
         reg = self.regions.live()
-        api = [API.get(a, str(a)) for a in v["api"].tolist()]
-        table = pa.table({
-            "seq": [seq] * (len(addr) + len(reg)),
-            "addr": addr + [r[0] for r in reg],
-            "size": v["size"].tolist() + [r[1] for r in reg],
-            "stack_id": v["stack_id"].tolist() + [r[2] for r in reg],
-            "tid": v["tid"].tolist() + [r[3] for r in reg],
-            "ts_ns": v["ts_ns"].tolist() + [r[4] for r in reg],
-            "api": api + [r[5] for r in reg],
-            "source": ["heap"] * len(addr) + [r[5] for r in reg],
+        names = pa.array([API.get(i, str(i)) for i in range(max(API) + 1)])
+        """The final live table: BPF's live map (numpy, no per-row Python objects: millions of
+        rows are normal) plus the region tracker's pieces."""
+        api = vals["api"].astype(np.int64)
+        api = np.where(api < len(names), api, 0)
+        heap = pa.table({
+            "seq": pa.array(np.full(len(keys), seq, dtype=np.int32)),
+            "addr": pa.array(keys.astype(np.uint64)), "size": pa.array(vals["size"].astype(np.int64)),
+            "stack_id": pa.array(vals["stack_id"].astype(np.uint64)), "tid": pa.array(vals["tid"].astype(np.uint32)),
+            "ts_ns": pa.array(vals["ts_ns"].astype(np.int64)), "api": pc.take(names, pa.array(api)),
+            "source": pa.array(np.full(len(keys), "heap", dtype=object), type=pa.string()),
         }, schema=F.SCHEMAS["live"])
-        self.writer.write_part("live", seq, table)
+        regions = pa.table({
+            "seq": [seq] * len(reg), "addr": [r[0] for r in reg], "size": [r[1] for r in reg],
+            "stack_id": [r[2] for r in reg], "tid": [r[3] for r in reg], "ts_ns": [r[4] for r in reg],
+            "api": [r[5] for r in reg], "source": [r[5] for r in reg]}, schema=F.SCHEMAS["live"])
+        self.writer.write_part("live", seq, pa.concat_tables([heap, regions]))
 
     # --- lifecycle --------------------------------------------------------------------------
 
