@@ -644,6 +644,13 @@ static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
     e->in_api = api;
     events.ringbuf_submit(e, 0);
     count(AS_CNT_EVENTS, 1);
+#if defined(AS_UNWIND_DWARF) && defined(AS_WAIT_EXEC)
+    /* Launch mode: hold the main thread at each file mapped executable (the loader mapping a
+     * library) until the tracer has mapped its unwind rows: the tracer is its ptrace parent, sees
+     * the stop, loads, and resumes it with the signal suppressed (tracer/unwind.py). */
+    if (nr == 9 && (a.a2 & 4) && (s32)a.a4 >= 0 && tid == AS_TGID)
+        bpf_send_signal_thread(19 /* SIGSTOP */);
+#endif
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mmap)

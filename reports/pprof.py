@@ -140,16 +140,25 @@ class _Strings:
 
 def _captured_frames(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]]) -> dict[int, tuple[_Frame, ...]]:
     """stack_id -> frames (innermost first) joined with their ip, offset and build id. Rows are
-    ordered as symbolize_stacks orders them (one per (stack_id, idx), by idx)."""
+    ordered as symbolize_stacks orders them (one per (stack_id, idx), by idx); inlined frames
+    share the row (address) of the frame they were inlined into."""
     st = trace.stacks.drop_duplicates(["stack_id", "idx"]).sort_values(["stack_id", "idx"])
     out: dict[int, tuple[_Frame, ...]] = {}
     for sid, g in st.groupby("stack_id", sort=False):
         infos = stacks.get(int(sid))
-        if infos is None or len(infos) != len(g):
+        if infos is None:
+            continue
+        groups: list[list[FrameInfo]] = [[]]
+        for fi in infos:
+            groups[-1].append(fi)
+            if not getattr(fi, "inlined", False):
+                groups.append([])
+        groups = [grp for grp in groups if grp]
+        if len(groups) != len(g):
             continue
         out[int(sid)] = tuple(
             _Frame(fi, int(ip), int(off), bid if isinstance(bid, str) else "")
-            for fi, ip, off, bid in zip(infos, g["ip"], g["offset"], g["build_id"]))
+            for grp, ip, off, bid in zip(groups, g["ip"], g["offset"], g["build_id"]) for fi in grp)
     return out
 
 

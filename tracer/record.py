@@ -27,7 +27,7 @@ from .arenas import Pagemap, chunk_ranges, find_heaps
 from .elfinfo import build_id, find_allocator
 from .errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
 from .regions import RegionTracker
-from .unwind import STACK_DWARF, start_unwinder, unwind_meta
+from .unwind import STACK_DWARF, held_by_probe, start_unwinder, unwind_meta
 from .writer import TraceWriter, prepare_output
 
 API = L.API_NAMES
@@ -114,6 +114,7 @@ class Child:
         self.exiting = False
         self.traced = True
         self.on_exec = None  # called at the exec stop, before the program runs
+        self.on_hold = None  # called when the probes stop it at a code mapping (DWARF unwinding)
 
     def after_release(self) -> None:
         """Wait for the exec stop, ask for the exit stop, let it run."""
@@ -144,6 +145,9 @@ class Child:
                     self.exiting = True  # held: maps still readable until resume()
                 else:
                     sig = os.WSTOPSIG(status)
+                    if sig == signal.SIGSTOP and self.on_hold is not None and held_by_probe(self.pid):
+                        self.on_hold()  # held at a code mapping: map its unwind rows first
+                        sig = 0
                     _ptrace(PTRACE_CONT, self.pid, 0, 0 if sig == signal.SIGTRAP else sig)
                 continue
             self.returncode = os.waitstatus_to_exitcode(status)
@@ -650,6 +654,7 @@ class Recorder:
             if t.child is not None and self.unwinder is not None:
                 t.child.on_exec = self._maps_now  # exe and ld.so are mapped: their unwind tables
             self.probes.seed_rss(procfs.rss(t.pid) if t.child is None else {})
+                t.child.on_hold = lambda: (self.probes.drain_events(), self._maps_now())
             self.rep = self.probes.attach(alloc)
             # Returns seen while probes were being attached belong to calls that began before
             # the attach: like pre-attach allocations, they are not losses.

@@ -1,0 +1,157 @@
+"""tracer/unwind.py without BPF: CFI rows of compiled programs and system libraries, the cache,
+LPM prefixes and slices."""
+from __future__ import annotations
+
+import random
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from tracer import unwind as U
+from tracer.elfinfo import symbol_offsets
+
+SRC = r"""
+#include <stdlib.h>
+void *volatile sink;
+__attribute__((noinline, noipa)) void *leaf(unsigned long n) { void *p = malloc(n); sink = p; return p; }
+__attribute__((noinline, noipa)) void *mid(unsigned long n) { void *p = leaf(n); sink = p; return p; }
+int main(void) { return mid(10) == 0; }
+"""
+
+
+def build(tmp: Path, name: str, *flags: str) -> Path:
+    src = tmp / "u.c"
+    src.write_text(SRC)
+    exe = tmp / name
+    subprocess.run(["gcc", *flags, "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+def table(path: Path | str) -> U.TableInfo:
+    with open(path, "rb") as f:
+        return U.build_table(ELFFile(f))
+
+
+def row_at(rows: np.ndarray, off: int) -> tuple[int, int, int]:
+    """(cfa_type, cfa_off, rbp_off) of the row covering file offset `off`."""
+    i = int(np.searchsorted(rows["pc"], off, side="right")) - 1
+    r = rows[i]
+    return int(r["cfa_type"]), int(r["cfa_off"]), int(r["rbp_off"])
+
+
+def test_rows_of_a_no_frame_pointer_build(tmp_path):
+    exe = build(tmp_path, "nofp", "-O2", "-fomit-frame-pointer")
+    info = table(exe)
+    rows = info.rows
+    assert info.sources == [".eh_frame"] and info.fdes >= 3
+    assert np.all(np.diff(rows["pc"].astype(np.int64)) > 0), "sorted, one row per pc"
+    offs = symbol_offsets(str(exe), ["leaf", "mid", "_start"]).offsets
+    # first instruction: CFA = rsp + 8, rbp untouched; after `sub $8,%rsp`: rsp + 16
+    assert row_at(rows, offs["mid"]) == (U.CFA_RSP, 1, 0)
+    assert row_at(rows, offs["mid"] + 4) == (U.CFA_RSP, 2, 0)
+    # _start: return address undefined, the end of the stack
+    assert row_at(rows, offs["_start"] + 4)[0] == U.CFA_STOP
+    # consecutive rows never repeat a rule
+    enc = list(zip(rows["cfa_type"].tolist(), rows["cfa_off"].tolist(), rows["rbp_off"].tolist()))
+    assert all(a != b for a, b in zip(enc, enc[1:]))
+
+
+def test_rows_of_a_frame_pointer_build(tmp_path):
+    exe = build(tmp_path, "fp", "-O1", "-fno-omit-frame-pointer")
+    rows = table(exe).rows
+    off = symbol_offsets(str(exe), ["mid"]).offsets["mid"]
+    # push %rbp; mov %rsp,%rbp: then CFA = rbp + 16, caller's rbp at CFA - 16
+    assert row_at(rows, off) == (U.CFA_RSP, 1, 0)
+    assert row_at(rows, off + 1) == (U.CFA_RSP, 2, -2)
+    assert row_at(rows, off + 4) == (U.CFA_RBP, 2, -2)
+
+
+def test_gaps_between_functions_fall_back(tmp_path):
+    """An FDE ends with a `none` row unless the next one starts there."""
+    exe = build(tmp_path, "gaps", "-O2", "-fomit-frame-pointer")
+    with open(exe, "rb") as f:
+        elf = ELFFile(f)
+        di, _ = U._frame_dwarfinfo(elf)
+        segs = U._segments(elf)
+        fdes = [e for e in di.EH_CFI_entries() if isinstance(e, U.FDE)]
+        starts = {U._to_offset(segs, e.header["initial_location"]) for e in fdes}
+        rows = U.build_table(elf).rows
+    pcs = dict(zip(rows["pc"].tolist(), rows["cfa_type"].tolist()))
+    for e in fdes:
+        end = U._to_offset(segs, e.header["initial_location"] + e.header["address_range"], end=True)
+        if end not in starts:
+            assert pcs.get(end) == U.CFA_NONE, hex(end)
+
+
+def test_system_libraries():
+    """glibc and libstdc++: every FDE decodes (DW_CFA_GNU_args_size included), PLT and the signal
+    trampoline are recognized, clone3 ends the stack."""
+    import glob
+    libc = sorted(glob.glob("/lib/x86_64-linux-gnu/libc.so.6") + glob.glob("/usr/lib/x86_64-linux-gnu/libc.so.6"))[0]
+    info = table(libc)
+    assert info.kinds.get("signal") == 1 and info.kinds.get("plt", 0) >= 1 and info.kinds.get("stop", 0) >= 1
+    assert 15_000 < len(info.rows) < 80_000
+    assert info.kinds.get("unsupported", 0) < 20
+    cxx = glob.glob("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
+    if cxx:
+        with open(cxx[0], "rb") as f:
+            elf = ELFFile(f)
+            di, _ = U._frame_dwarfinfo(elf)
+            n = sum(isinstance(e, U.FDE) for e in di.EH_CFI_entries())
+            assert U.build_table(elf).fdes == n
+
+
+def test_cache_roundtrip(tmp_path, monkeypatch):
+    monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    exe = build(tmp_path, "cached", "-O2", "-Wl,--build-id")
+    key, rows, cached = U.load_rows(str(exe))
+    assert not cached and len(key) == 40
+    assert (tmp_path / "cache" / "unwind" / f"v{U.CACHE_VERSION}-{key}.npy").exists()
+    key2, rows2, cached2 = U.load_rows(str(exe))
+    assert cached2 and key2 == key and np.array_equal(rows, rows2) and rows2.dtype == U.ROW
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_prefixes_cover_exactly(seed):
+    rnd = random.Random(seed)
+    for _ in range(200):
+        lo = rnd.randrange(0, 1 << 47) & ~0xFFF if rnd.random() < 0.5 else rnd.randrange(0, 1 << 47)
+        hi = lo + rnd.randrange(1, 1 << rnd.randrange(1, 34))
+        covered = lo
+        n = 0
+        for addr, plen in U.prefixes(lo, hi):
+            size = 1 << (64 - plen)
+            assert addr == covered and addr % size == 0
+            covered += size
+            n += 1
+        assert covered == hi and n <= 2 * 64
+
+
+def test_big_modules_are_split(monkeypatch):
+    monkeypatch.setattr(U, "MAX_SLICE", 4)
+    rows = np.zeros(10, dtype=U.ROW)
+    rows["pc"] = np.arange(10) * 16
+    sl = U.slices_of(10, rows, 100)
+    assert sl == [(0, 64, 100, 4), (64, 128, 104, 4), (128, 1 << 32, 108, 2)]
+
+
+def test_row_layout_matches_header(tmp_path):
+    """The numpy row and the ctypes classes agree with allocscope.h (what BPF reads)."""
+    import ctypes as ct
+
+    from tracer import layout as L
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include <linux/types.h>', '#include "allocscope.h"',
+             "int main(void){",
+             'printf("%zu %zu %zu %zu %zu\\n", sizeof(struct as_urow), offsetof(struct as_urow, cfa_off),'
+             ' offsetof(struct as_urow, cfa_type), offsetof(struct as_urow, rbp_off), sizeof(struct as_umap_key));',
+             'printf("%zu %zu\\n", sizeof(struct as_umap), offsetof(struct as_umap, count));', "return 0;}"]
+    src = tmp_path / "sz.c"
+    src.write_text("\n".join(lines))
+    subprocess.run(["gcc", f"-I{L.PROBES_DIR}", "-o", str(tmp_path / "sz"), str(src)], check=True)
+    out = subprocess.run([str(tmp_path / "sz")], capture_output=True, text=True, check=True).stdout.split()
+    assert [int(x) for x in out] == [U.ROW.itemsize, U.ROW.fields["cfa_off"][1], U.ROW.fields["cfa_type"][1],
+                                     U.ROW.fields["rbp_off"][1], ct.sizeof(U._UmapKey), ct.sizeof(U._Umap),
+                                     U._Umap.count.offset]

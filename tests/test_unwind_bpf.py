@@ -1,0 +1,289 @@
+"""DWARF unwinding in BPF on release builds: C -O2 -fomit-frame-pointer, Rust -C opt-level=2,
+C++ -O2 (tests/targets/nofp, tests/targets/rust, tests/targets/cxx). Every target waits for a
+line on stdin before it allocates, so the tracer is attached first; frames and lines are checked
+against markers in the sources ("L7", "R2", ...)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TARGETS_SRC, attached, cli, report_json, wait_for
+
+pytestmark = pytest.mark.bpf
+
+NOFP_CFLAGS = ["-O2", "-g", "-fomit-frame-pointer", "-pthread", "-Wall"]
+
+
+def find_rustc() -> str | None:
+    for cand in (shutil.which("rustc"), os.path.expanduser("~/.cargo/bin/rustc"), "/usr/local/cargo/bin/rustc",
+                 "/root/.cargo/bin/rustc"):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+@pytest.fixture(scope="session")
+def release_targets(tmp_path_factory) -> dict[str, Path]:
+    """Release builds without frame pointers: nofp/*.c (gcc), cxx/*.cpp (g++), rust/*.rs (rustc,
+    when installed)."""
+    out = tmp_path_factory.mktemp("release-targets")
+    built: dict[str, Path] = {}
+    for src in sorted((TARGETS_SRC / "nofp").glob("*.c")):
+        exe = out / src.stem
+        subprocess.run(["gcc", *NOFP_CFLAGS, "-o", str(exe), str(src)], check=True)
+        built[src.stem] = exe
+    for src in sorted((TARGETS_SRC / "cxx").glob("*.cpp")):
+        exe = out / src.stem
+        subprocess.run(["g++", "-O2", "-g", "-pthread", "-Wall", "-o", str(exe), str(src)], check=True)
+        built[src.stem] = exe
+    rustc = find_rustc()
+    if rustc:
+        for src in sorted((TARGETS_SRC / "rust").glob("*.rs")):
+            exe = out / src.stem
+            subprocess.run([rustc, "-C", "opt-level=2", "-g", "--edition", "2021", "-o", str(exe), str(src)],
+                           check=True, cwd=str(out))
+            built[src.stem] = exe
+    return built
+
+
+def marker_lines(src: Path) -> dict[str, int]:
+    """'L7' -> line of the comment /* L7 */ or // L7 in src."""
+    out = {}
+    for i, line in enumerate(src.read_text().splitlines(), 1):
+        for m in re.finditer(r"(?:/\*|//)\s*([A-Z]\d+)\b", line):
+            out[m.group(1)] = i
+    return out
+
+
+class Target:
+    def __init__(self, exe: Path, *args: str) -> None:
+        self.p = subprocess.Popen([str(exe), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+
+    def expect(self, prefix: str, timeout: float = 30) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            r, _, _ = select.select([self.p.stdout], [], [], 0.2)
+            if r:
+                line = self.p.stdout.readline()
+                if line.startswith(prefix):
+                    return
+                if not line and self.p.poll() is not None:
+                    break
+        raise AssertionError(f"target did not print {prefix!r} (rc={self.p.poll()}): {self.p.stderr.read()}")
+
+    def go(self) -> None:
+        self.p.stdin.write("go\n")
+        self.p.stdin.flush()
+
+    def exit(self) -> None:
+        self.p.stdin.close()
+        self.p.wait(30)
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait(10)
+
+
+@pytest.fixture
+def run_target(tmp_path, tracers):
+    started: list[Target] = []
+
+    def run(exe: Path, name: str, *record_args: str, stop: str = "sigint") -> tuple[Path, Target]:
+        """Attach to `exe` (waiting for its go line), let it work, then stop the recording:
+        stop="sigint" (target left running) or "exit" (the target exits, ending it)."""
+        tgt = Target(exe, "--wait-stdin")
+        started.append(tgt)
+        tgt.expect("ready")
+        out = tmp_path / f"{name}.allocscope"
+        tr = tracers("record", "--pid", str(tgt.p.pid), "-o", str(out), "--interval", "0.5", *record_args)
+        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
+        assert tr.poll() is None, tr.stderr.read()
+        tgt.go()
+        tgt.expect("done")
+        time.sleep(0.6)
+        if stop == "exit":
+            tgt.exit()
+        else:
+            tr.send_signal(signal.SIGINT)
+        assert tr.wait(120) == 0, tr.stderr.read()
+        return out, tgt
+
+    yield run
+    for t in started:
+        t.kill()
+
+
+def names(frames: list[dict]) -> list[str]:
+    return [f["function"] for f in frames]
+
+
+def site_with(rep: dict, function: str) -> dict:
+    found = [s for s in rep["sites"] if s["frames"] and s["frames"][0]["function"] == function]
+    assert found, f"no site starting at {function}; sites: {[names(s['frames'])[:3] for s in rep['sites']]}"
+    return found[0]
+
+
+def assert_thread_bottom(frames: list[dict]) -> None:
+    """The stack reaches the start of its thread."""
+    assert names(frames)[-2:] == ["start_thread", "clone3"], names(frames)
+
+
+def test_c_nofp_ten_frames(release_targets, run_target):
+    src = TARGETS_SRC / "nofp" / "deep.c"
+    mark = marker_lines(src)
+    out, tgt = run_target(release_targets["deep"], "deep")
+    rep = report_json(out)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["unwind"]["mode"] == "dwarf", meta["unwind"]
+    assert rep["totals"]["lost_events"] == 0, rep["totals"]
+
+    # 10 noinline calls deep, in order, each with its call line
+    s = site_with(rep, "level10")
+    fr = s["frames"]
+    assert names(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"], names(fr)
+    for i, f in zip(range(10, 0, -1), fr):
+        assert f["file"].endswith("deep.c") and f["line"] == mark[f"L{i}"], (i, f)
+    assert fr[10]["line"] == mark["T0"]
+    assert_thread_bottom(fr)
+    assert (s["live_bytes"], s["live_count"]) == (3 * 4321, 3)
+    assert [t["name"] for t in s["threads"]] == ["deep"]
+
+    # syscall path: frame 0 is inside libc's mmap wrapper, unwound by its own row
+    m = site_with(rep, "map_level3")
+    assert names(m["frames"])[:4] == ["map_level3", "map_level2", "map_level1", "deep_main"]
+    assert [f["line"] for f in m["frames"][:4]] == [mark["M3"], mark["M2"], mark["M1"], mark["T1"]]
+    assert "mmap" in m["full_frames"][0]["function"] and m["live_bytes"] == 7 * 4096
+    assert_thread_bottom(m["frames"])
+
+    c = site_with(rep, "calloc_level2")
+    assert names(c["frames"])[:3] == ["calloc_level2", "calloc_level1", "deep_main"]
+    assert c["live_bytes"] == 1001 * 3
+
+    # a signal frame on the stack: through __restore_rt back into the interrupted code
+    h = site_with(rep, "on_usr2")
+    hn = names(h["frames"])
+    assert hn[0] == "on_usr2" and h["frames"][0]["line"] == mark["S0"]
+    i = hn.index("signal_level2")
+    assert "raise" in hn[1:i], hn
+    assert hn[i:i + 3] == ["signal_level2", "signal_level1", "deep_main"], hn
+    assert_thread_bottom(h["frames"])
+
+    # the same stacks once the target has exited
+    tgt.exit()
+    again = report_json(out)
+    assert [(names(x["frames"]), x["live_bytes"]) for x in again["sites"]] == \
+        [(names(x["frames"]), x["live_bytes"]) for x in rep["sites"]]
+
+
+def test_c_nofp_frame_pointer_mode_is_short(release_targets, run_target):
+    """--unwind fp keeps the old walk: without frame pointers the chain is lost."""
+    out, _ = run_target(release_targets["deep"], "deep-fp", "--unwind", "fp")
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["unwind"]["mode"] == "fp"
+    rep = report_json(out)
+    s = site_with(rep, "level10")
+    assert "level1" not in names(s["full_frames"]), names(s["full_frames"])
+
+
+def test_c_nofp_stacks_after_target_exit(release_targets, run_target):
+    """Recording ended by the target's exit; reported after it is gone."""
+    out, tgt = run_target(release_targets["deep"], "deep-exit", stop="exit")
+    assert tgt.p.poll() is not None
+    rep = report_json(out)
+    assert rep["recording"]["end_reason"] == "target exited"
+    fr = site_with(rep, "level10")["frames"]
+    assert names(fr)[:10] == [f"level{i}" for i in range(10, 0, -1)]
+    assert_thread_bottom(fr)
+
+
+def test_rust_release_chain(release_targets, run_target):
+    if "vecchain" not in release_targets:
+        pytest.skip("rustc not found (looked in PATH, ~/.cargo/bin, /usr/local/cargo/bin): Rust target not built")
+    mark = marker_lines(TARGETS_SRC / "rust" / "vecchain.rs")
+    out, _ = run_target(release_targets["vecchain"], "rust")
+    rep = report_json(out)
+    assert rep["totals"]["lost_events"] == 0, rep["totals"]
+    s = site_with(rep, "vecchain::rust_inner")
+    fr = s["frames"]
+    assert names(fr)[:4] == ["vecchain::rust_inner", "vecchain::rust_middle", "vecchain::rust_outer",
+                             "vecchain::main::{{closure}}"], names(fr)
+    assert [f["line"] for f in fr[:4]] == [mark["R3"], mark["R2"], mark["R1"], mark["R0"]]
+    assert all(f["file"].endswith("vecchain.rs") for f in fr[:4])
+    assert_thread_bottom(fr)
+    full = names(s["full_frames"])
+    inner = full.index("vecchain::rust_inner")
+    shims = full[:inner]
+    assert shims and any(n.startswith("alloc::raw_vec::") for n in shims), full
+    assert all(n.startswith(("alloc::", "<alloc::")) for n in shims), shims
+    assert not any(re.search(r"_ZN|_R[0-9A-Z]|::h[0-9a-f]{16}", n) for n in full), full  # demangled
+    threads = {t["name"]: t["live_bytes"] for t in s["threads"]}
+    assert threads == {"vec-maker-1": 5 * 1001 * 8, "vec-maker-2": 5 * 2001 * 8}, threads
+    assert (s["live_bytes"], s["live_count"]) == (5 * 1001 * 8 + 5 * 2001 * 8, 10)
+
+
+def test_cxx_release_chain(release_targets, run_target):
+    mark = marker_lines(TARGETS_SRC / "cxx" / "vecs.cpp")
+    out, _ = run_target(release_targets["vecs"], "cxx")
+    rep = report_json(out)
+    assert rep["totals"]["lost_events"] == 0, rep["totals"]
+    chain = ["shop::cxx_inner(int)", "shop::Maker::middle(int)", "cxx_outer(int)", "worker(void*)"]
+    sites = [s for s in rep["sites"] if names(s["frames"])[:4] == chain]
+    by_line = {s["frames"][0]["line"]: s for s in sites}
+    # new std::vector<int>(n, 7): its buffer and the vector object, each from cxx_inner line X3
+    v = by_line[mark["X3"]]
+    assert v["live_bytes"] == 4 * 24 + (300 + 301 + 302 + 303) * 4, v["live_bytes"]
+    full = names(v["full_frames"])
+    assert full[0] == "operator new(unsigned long)", full
+    assert any(n.startswith("std::") for n in full[:full.index(chain[0])]), full
+    # push_back growth: the surviving buffer
+    g = by_line[mark["X4"]]
+    assert g["live_count"] == 1 and any("push_back" in n for n in names(g["full_frames"]))
+    for s in (v, g):
+        assert [f["line"] for f in s["frames"][1:4]] == [mark["X2"], mark["X1"], mark["X0"]]
+        assert_thread_bottom(s["frames"])
+    w = [s for s in rep["sites"] if names(s["frames"])[:3] == chain[1:] and s["frames"][0]["line"] == mark["X5"]]
+    assert w and w[0]["live_bytes"] == 4 * 37 * 8 and w[0]["threads"][0]["name"] == "cxx-worker"
+
+
+def test_unwind_maps_match_bcc():
+    """urows/umaps as BCC derives them from allocscope.h agree with tracer/unwind.py."""
+    import ctypes as ct
+
+    from tracer import unwind as U
+    from tracer.probe import ProbeOptions, Probes
+
+    p = Probes(os.getpid(), ProbeOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
+                                         unwind_rows=4096))
+    try:
+        assert p.options.unwind == "dwarf", p.unwind_error
+        for name, (key, val) in U.MAP_LAYOUTS.items():
+            t = p.bpf[name.encode()]
+            assert ct.sizeof(t.Key) == ct.sizeof(key) and ct.sizeof(t.Leaf) == ct.sizeof(val), name
+    finally:
+        p.close()
+
+
+def test_launch_mode_holds_the_loader(release_targets, tmp_path):
+    """-- CMD: libraries are mapped by ld.so after exec; the probes hold it at each code mapping
+    until their rows are mapped, so even the first allocations have complete stacks."""
+    out = tmp_path / "launch.allocscope"
+    p = cli("record", "-q", "-o", str(out), "--", str(release_targets["deep"]), "--exit", check=True, timeout=180)
+    assert "target exited" in p.stdout
+    rep = report_json(out)
+    assert rep["totals"]["lost_events"] == 0, rep["totals"]
+    fr = site_with(rep, "level10")["frames"]
+    assert names(fr)[:10] == [f"level{i}" for i in range(10, 0, -1)]
+    assert_thread_bottom(fr)
+    main_sites = [s for s in rep["sites"] if "main" in names(s["frames"])]
+    assert main_sites and all(names(s["frames"])[-1] == "_start" for s in main_sites), \
+        [names(s["frames"]) for s in main_sites]
