@@ -106,9 +106,16 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=300000, help="iterations per thread (1 malloc + 1 free each)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-memleak", action="store_true")
+    ap.add_argument("--unwind", action="store_true",
+                    help="instead: DWARF vs frame-pointer unwinding cost per allocation on a no-frame-pointer "
+                         "build at stack depth 8 and 32 (bench/unwind_cost.py)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/overhead.py: run as root (it attaches BPF probes)")
+    if args.unwind:
+        from unwind_cost import main as unwind_cost  # noqa: PLC0415 (bench/ is on sys.path)
+        unwind_cost(["--rounds", str(args.rounds), "--threads", str(args.threads)])
+        return
     configs = ["untraced", *ALLOCSCOPE_CONFIGS]
     if not args.no_memleak:
         if shutil.which("memleak-bpfcc"):
