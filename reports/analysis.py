@@ -95,7 +95,8 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
     """stack_id -> frames innermost first, every frame symbolized (offline, pyelftools). A frame
     whose address lies in inlined code expands to the inlined functions (`inlined=True`, innermost
     first) followed by the function they were inlined into."""
-    from .symbolize import Symbolizer  # noqa: PLC0415
+    from .embedded import load as embedded_symbols  # noqa: PLC0415
+    from .symbolize import Frame, Symbolizer, unknown_name  # noqa: PLC0415
 
     st = trace.stacks
     if st.empty:
@@ -103,12 +104,17 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
     st = st.drop_duplicates(["stack_id", "idx"]).sort_values(["stack_id", "idx"])
     sym = Symbolizer(progress=progress)
     resolved: dict[tuple[str, int], tuple[FrameInfo, ...]] = {}
+    embedded = None  # symbols stored in the trace (record --embed-symbols), read when needed
     todo = st[(st["offset"] >= 0) & st["function"].isna()]
     for (module, build_id), grp in todo.groupby(["module", "build_id"], sort=False):
         offsets = sorted({int(o) for o in grp["offset"]})
         res = sym.symbolize(module, offsets, build_id=build_id or None, return_addresses=True)
         for off in offsets:
             found = res.get(off) or []
+            if not found or found[-1].function == unknown_name(module, off):  # module file missing
+                embedded = embedded if embedded is not None else embedded_symbols(trace)
+                name = embedded.lookup(build_id, module, off)
+                found = [Frame(name, module, None, None, off)] if name else found
             resolved[(module, off)] = tuple(
                 FrameInfo(f.function, module, f.file, f.line, inlined=f.inlined) for f in found) or (
                 FrameInfo(f"{os.path.basename(module)}+{off:#x}", module, None, None),)

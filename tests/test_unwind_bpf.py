@@ -287,3 +287,18 @@ def test_launch_mode_holds_the_loader(release_targets, tmp_path):
     main_sites = [s for s in rep["sites"] if "main" in names(s["frames"])]
     assert main_sites and all(names(s["frames"])[-1] == "_start" for s in main_sites), \
         [names(s["frames"]) for s in main_sites]
+
+
+def test_embedded_symbols_when_binary_is_gone(release_targets, run_target, tmp_path):
+    """--embed-symbols: the trace names the frames of a binary deleted before the report."""
+    exe = tmp_path / "deep-gone"
+    shutil.copy(release_targets["deep"], exe)
+    out, tgt = run_target(exe, "embedded", "--embed-symbols")
+    tgt.exit()
+    assert list((out / "parts").glob("symbols-*.parquet"))
+    exe.unlink()
+    rep = report_json(out)
+    fr = site_with(rep, "level10")["frames"]
+    assert names(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"]
+    assert fr[0]["line"] is None  # names only: lines need the file (or its debug file)
+    assert_thread_bottom(fr)

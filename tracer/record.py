@@ -466,6 +466,9 @@ class Recorder:
                 self._refresh_maps()
             cols = self._stack_rows(new_ids)
             w.write_part("stacks", seq, pa.table(cols, schema=F.SCHEMAS["stacks"]))
+            if self.o.embed_symbols:  # symbol tables of the modules on these stacks, in the trace
+                from reports.embedded import embed_new_modules  # noqa: PLC0415
+                embed_new_modules(self, seq, cols)
 
         # Threads: names of allocating threads not seen yet.
         tids = {k[1] for k in current} | {e[3] for e in self.events}
