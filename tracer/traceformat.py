@@ -14,7 +14,9 @@ Tables (columns; `seq` is the interval number, 1-based):
              free_bytes, free_count, peak_live_bytes   — cumulative counters per (stack, allocating
              thread, source); a part holds only the rows that changed in that interval
   stacks     stack_id, idx, ip, module, build_id, offset (file offset, -1: no file), syscall
-             (1 where the frame was recovered from the word at the user sp of a syscall),
+             (1 where the frame was recovered from the word at the user sp of a syscall; 2
+             where a DWARF-unwound stack found it by a frame-pointer step: no CFI row covered
+             the frame below),
              function, file, line (null unless symbolized when written; reports symbolize
              the rest offline from module + build_id + offset)
   threads    seq, ts_ns, tid, name, event ('seen'|'rename'|'exit')
