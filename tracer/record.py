@@ -618,7 +618,8 @@ class Recorder:
             meta.update({"end_reason": self.stop_reason, "intervals": self.seq,
                          "duration_s": (time.monotonic_ns() - self.t0) / 1e9,
                          "target_exit": getattr(self, "target_exit", None),
-                         "exec_seen": self.exec_seen})
+                         "exec_seen": self.exec_seen,
+                         "final_snapshot_s": round(getattr(self, "final_snapshot_s", 0.0), 3)})
         return meta
 
     def _on_signal(self, signum, _frame) -> None:
@@ -693,7 +694,9 @@ class Recorder:
                         next_snap = now + int(self.o.interval * 1e9)
             self.finalizing = True
             self.probes.drain_events()
+            t_final = time.perf_counter()
             self.snapshot(final=True)
+            self.final_snapshot_s = time.perf_counter() - t_final
             if t.child is not None:
                 t.child.resume()
             if t.child is not None:
