@@ -567,12 +567,12 @@ class Recorder:
         return total, ms
 
     def _write_live(self, seq: int) -> None:
+        """The final live table: BPF's live map (numpy, no per-row Python objects: millions of
+        rows are normal) plus the region tracker's pieces."""
         keys, vals = self.probes.read_live()
         self.live_blocks = (keys, vals["size"])
         reg = self.regions.live()
         names = pa.array([API.get(i, str(i)) for i in range(max(API) + 1)])
-        """The final live table: BPF's live map (numpy, no per-row Python objects: millions of
-        rows are normal) plus the region tracker's pieces."""
         api = vals["api"].astype(np.int64)
         api = np.where(api < len(names), api, 0)
         heap = pa.table({
@@ -657,8 +657,8 @@ class Recorder:
             self.unwinder = start_unwinder(self.probes, maps, t.child is not None, self.progress)
             if t.child is not None and self.unwinder is not None:
                 t.child.on_exec = self._maps_now  # exe and ld.so are mapped: their unwind tables
-            self.probes.seed_rss(procfs.rss(t.pid) if t.child is None else {})
                 t.child.on_hold = lambda: (self.probes.drain_events(), self._maps_now())
+            self.probes.seed_rss(procfs.rss(t.pid) if t.child is None else {})
             self.rep = self.probes.attach(alloc)
             # Returns seen while probes were being attached belong to calls that began before
             # the attach: like pre-attach allocations, they are not losses.
