@@ -552,7 +552,7 @@ def arena_table(trace: Trace) -> pd.DataFrame:
         kind = str(h["kind"].iloc[idx[0]])
         rows.append({"id": str(aid), "kind": kind, "live_bytes": lb, "resident_bytes": res,
                      "retained_bytes": max(0, res - lb),
-                     "threads": sorted({int(t) for t in live["tid"].to_numpy()[sel]}) if len(live) else [],
+                     "threads": [int(t) for t in np.unique(live["tid"].to_numpy()[sel])] if len(live) else [],
                      "heaps": int(len(idx)) if kind != "mmap" else 0,
                      "size_bytes": int((h["end"].to_numpy()[idx] - h["start"].to_numpy()[idx]).sum()),
                      "estimated": bool(h["estimated"].to_numpy()[idx].any())})
@@ -560,7 +560,7 @@ def arena_table(trace: Trace) -> pd.DataFrame:
     if len(live) and outside.any():
         rows.append({"id": "other", "kind": "other", "live_bytes": int(live["size"].to_numpy()[outside].sum()),
                      "resident_bytes": None, "retained_bytes": 0,
-                     "threads": sorted({int(t) for t in live["tid"].to_numpy()[outside]}), "heaps": 0,
+                     "threads": [int(t) for t in np.unique(live["tid"].to_numpy()[outside])], "heaps": 0,
                      "size_bytes": 0, "estimated": False})
     df = pd.DataFrame(rows, columns=ARENA_COLUMNS)
     return df.sort_values(["retained_bytes", "live_bytes"], ascending=False).reset_index(drop=True)

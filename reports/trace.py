@@ -142,7 +142,8 @@ def load_trace(path: str, progress=None) -> Trace:
             tab = pa.concat_tables(chunks, promote_options="default")
         except pa.ArrowException as e:
             raise TraceFileError(f"{path}: parts of table {table} disagree ({e})") from None
-        return tab.to_pandas()
+        # The live table can hold millions of rows: its few distinct strings become categoricals.
+        return tab.to_pandas(strings_to_categorical=(table == "live"))
 
     if progress:
         progress(f"loading {path}")
