@@ -24,6 +24,7 @@ ROOT = HERE.parent
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10_000_000)
+    ap.add_argument("--keep", metavar="DIR", help="keep the trace in DIR/scale.allocscope")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root")
@@ -32,7 +33,7 @@ def main() -> None:
         subprocess.run(["gcc", "-O2", "-fno-omit-frame-pointer", "-o", str(exe), str(HERE / "gen.c")], check=True)
         gen = subprocess.Popen([str(exe), str(args.n)], stdout=subprocess.PIPE, text=True)
         pid = gen.stdout.readline().split()[1]
-        out = Path(td) / "scale.allocscope"
+        out = Path(args.keep or td) / "scale.allocscope"
         tr = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "-q",
                                "--pid", pid, "-o", str(out), "--max-live", str(int(args.n * 1.25) + 65536),
                                "--interval", "2", "--unwind", "fp"],
