@@ -40,6 +40,15 @@ def release_targets(tmp_path_factory) -> dict[str, Path]:
         exe = out / src.stem
         subprocess.run(["gcc", *NOFP_CFLAGS, "-o", str(exe), str(src)], check=True)
         built[src.stem] = exe
+    deep = TARGETS_SRC / "nofp" / "deep.c"
+    # CFI only in .debug_frame (no .eh_frame for the program's own code)
+    built["deep_debugframe"] = out / "deep_debugframe"
+    subprocess.run(["gcc", *NOFP_CFLAGS, "-fno-asynchronous-unwind-tables", "-o", str(built["deep_debugframe"]),
+                    str(deep)], check=True)
+    # no CFI at all for the program's code, frame pointers instead
+    built["deep_nocfi"] = out / "deep_nocfi"
+    subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-fno-asynchronous-unwind-tables", "-pthread",
+                    "-o", str(built["deep_nocfi"]), str(deep)], check=True)
     for src in sorted((TARGETS_SRC / "cxx").glob("*.cpp")):
         exe = out / src.stem
         subprocess.run(["g++", "-O2", "-g", "-pthread", "-Wall", "-o", str(exe), str(src)], check=True)
@@ -98,10 +107,11 @@ class Target:
 def run_target(tmp_path, tracers):
     started: list[Target] = []
 
-    def run(exe: Path, name: str, *record_args: str, stop: str = "sigint") -> tuple[Path, Target]:
+    def run(exe: Path, name: str, *record_args: str, stop: str = "sigint",
+            target_args: tuple[str, ...] = ()) -> tuple[Path, Target]:
         """Attach to `exe` (waiting for its go line), let it work, then stop the recording:
         stop="sigint" (target left running) or "exit" (the target exits, ending it)."""
-        tgt = Target(exe, "--wait-stdin")
+        tgt = Target(exe, "--wait-stdin", *target_args)
         started.append(tgt)
         tgt.expect("ready")
         out = tmp_path / f"{name}.allocscope"
@@ -302,3 +312,54 @@ def test_embedded_symbols_when_binary_is_gone(release_targets, run_target, tmp_p
     assert names(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"]
     assert fr[0]["line"] is None  # names only: lines need the file (or its debug file)
     assert_thread_bottom(fr)
+
+
+def test_falls_back_to_frame_pointers_when_the_unwinder_cannot_load():
+    """A DWARF program the kernel refuses (here: a row array too big to allocate) still traces,
+    with frame pointers, and says why."""
+    from tracer.probe import ProbeOptions, Probes
+
+    p = Probes(os.getpid(), ProbeOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
+                                         unwind_rows=(1 << 32) - 1))
+    try:
+        assert p.options.unwind == "fp" and p.unwind_error
+        assert p.unwinder() is None
+    finally:
+        p.close()
+
+
+def test_debug_frame_only(release_targets, run_target):
+    """Code whose CFI is only in .debug_frame (-fno-asynchronous-unwind-tables -g)."""
+    out, _ = run_target(release_targets["deep_debugframe"], "debugframe")
+    rep = report_json(out)
+    fr = site_with(rep, "level10")["frames"]
+    assert names(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"], names(fr)
+    assert_thread_bottom(fr)
+    assert rep["totals"]["lost_events"] == 0, rep["totals"]
+
+
+def test_no_cfi_falls_back_to_frame_pointers_and_marks_frames(release_targets, run_target):
+    """No CFI for the program's code (built with frame pointers): frame-pointer steps there,
+    marked syscall = 2 in the stacks table; libc's rows take over again below."""
+    import pandas as pd
+
+    out, _ = run_target(release_targets["deep_nocfi"], "nocfi")
+    rep = report_json(out)
+    fr = site_with(rep, "level10")["frames"]
+    assert names(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"], names(fr)
+    assert_thread_bottom(fr)
+    st = pd.concat(pd.read_parquet(p) for p in (out / "parts").glob("stacks-*.parquet"))
+    sid = [s for s, g in st.groupby("stack_id") if len(g) == len(fr)]
+    g = st[st["stack_id"] == sid[0]].sort_values("idx")
+    marks = g["syscall"].tolist()
+    # frames 1..12 (level9 .. start_thread) were found by frame-pointer steps; clone3 by start_thread's rows
+    assert marks[0] == 0 and marks[1:12] == [2] * 11 and marks[-1] == 0, marks
+
+
+def test_deeper_than_64_frames_is_counted_truncated(release_targets, run_target):
+    out, _ = run_target(release_targets["deep"], "recurse", target_args=("--recurse", "90"))
+    rep = report_json(out)
+    assert rep["totals"]["losses"].get("lost_stack_truncated") == 1, rep["totals"]
+    s = site_with(rep, "recurse")
+    assert len(s["full_frames"]) == 64 and s["live_bytes"] == 777
+    assert any("lost_stack_truncated" in a for a in rep["advice"]), rep["advice"]

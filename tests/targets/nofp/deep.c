@@ -5,7 +5,9 @@
  * malloc inside a SIGUSR2 handler (a signal frame on the stack); then prints "done" and
  * lingers until stdin closes. Every call line is marked "L<n>" for the test's file:line check.
  *
- *   deep [--wait-stdin] [--exit]     --exit: return after the work instead of lingering
+ *   deep [--wait-stdin] [--exit] [--recurse N]
+ *     --exit        return after the work instead of lingering
+ *     --recurse N   also malloc(777) N frames deeper (beyond the unwinder's 64 frames: truncated)
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -48,6 +50,15 @@ NI void *map_level1(size_t n) { void *p = map_level2(n); /* M1 */ sink = p; retu
 NI void *calloc_level2(size_t n) { void *p = calloc(n, 3); /* C2 */ sink = p; return p; }
 NI void *calloc_level1(size_t n) { void *p = calloc_level2(n); /* C1 */ sink = p; return p; }
 
+static int recurse_depth;
+
+NI long recurse(int d)
+{
+    long r = d > 0 ? recurse(d - 1) : (long)(sink = malloc(777)); /* D0 */
+    sink = &r; /* not a tail call */
+    return r + 1;
+}
+
 static void on_usr2(int sig)
 {
     (void)sig;
@@ -66,6 +77,8 @@ static void *deep_main(void *arg)
     map_level1(7 * 4096); /* T1 */
     calloc_level1(1001); /* T2 */
     signal_level1(); /* T3 */
+    if (recurse_depth)
+        recurse(recurse_depth);
     return NULL;
 }
 
@@ -77,6 +90,8 @@ int main(int argc, char **argv)
             wait = 1;
         else if (!strcmp(argv[i], "--exit"))
             leave = 1;
+        else if (!strcmp(argv[i], "--recurse") && i + 1 < argc)
+            recurse_depth = atoi(argv[++i]);
     }
     signal(SIGUSR2, on_usr2);
     char line[64];
