@@ -118,9 +118,12 @@ def check_compile() -> Check:
     try:
         from .probe import ProbeOptions, Probes  # noqa: PLC0415
 
-        p = Probes(os.getpid(), ProbeOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16))
+        p = Probes(os.getpid(), ProbeOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
+                                             unwind_rows=4096))
+        unwind = "with the DWARF unwinder" if p.options.unwind == "dwarf" else \
+            f"without the DWARF unwinder ({p.unwind_error[:120]}): stacks will use frame pointers"
         p.close()
     except Exception as e:  # noqa: BLE001 - report whatever BCC says
         return Check("probe program", False, f"does not load: {str(e).splitlines()[0][:200]}",
                      "run scripts/setup-host.sh; see the checks above")
-    return Check("probe program", True, "probes/allocscope.c compiles and passes the verifier")
+    return Check("probe program", True, f"probes/allocscope.c compiles and passes the verifier, {unwind}")
