@@ -52,10 +52,10 @@ WRAPPER_PATTERNS = [
     # Rust's alloc crate (Vec, RawVec, Box, String, their trait impls) and C++ standard containers:
     # with DWARF unwinding and inlines their internals are on the stack; the caller is the site.
     r"^alloc::", r"^<alloc::(vec|raw_vec|string|alloc|collections)::",
-    r"^(void |\S+ )?std::(vector|_Vector_base|__cxx11::basic_string|basic_string|deque|_Deque_base|"
-    r"__cxx11::list|list|_List_base|_Rb_tree|map|multimap|set|multiset|unordered_map|unordered_set|"
-    r"_Hashtable|__detail::_Hashtable_alloc|__detail::_Map_base|__shared_count|__shared_ptr|shared_ptr|"
-    r"make_shared|allocate_shared|unique_ptr|make_unique|__allocated_ptr)\b",
+    (r"^(void |\S+ )?std::(vector|_Vector_base|__cxx11::basic_string|basic_string|deque|_Deque_base|"
+     r"__cxx11::list|list|_List_base|_Rb_tree|map|multimap|set|multiset|unordered_map|unordered_set|"
+     r"_Hashtable|__detail::_Hashtable_alloc|__detail::_Map_base|__shared_count|__shared_ptr|shared_ptr|"
+     r"make_shared|allocate_shared|unique_ptr|make_unique|__allocated_ptr)\b"),
 ]
 _WRAPPER_RX = re.compile("|".join(WRAPPER_PATTERNS))
 

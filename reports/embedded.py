@@ -66,7 +66,7 @@ def module_symbols(path: str, build_id: str | None = None,
         if debug is not None:
             debug.stream.close()
     out = []
-    for start, end, name in zip(table._starts, table._ends, table._names):  # noqa: SLF001
+    for start, end, name in zip(table._starts, table._ends, table._names):
         for seg in segments:
             if seg.vaddr <= start < seg.vaddr + seg.filesz:
                 out.append((start - seg.vaddr + seg.offset, end - start, name))
@@ -78,7 +78,7 @@ def symbols_table(seq: int, modules: Iterable[tuple[str, str]]) -> pa.Table:
     """The `symbols` part for (module path, build id) pairs."""
     cols: dict[str, list] = {n: [] for n in SCHEMA.names}
     for path, bid in modules:
-        clean = path[:-len(" (deleted)")] if path.endswith(" (deleted)") else path
+        clean = path.removesuffix(" (deleted)")
         for start, size, name in module_symbols(clean, bid or None):
             cols["seq"].append(seq)
             cols["build_id"].append(bid or "")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TARGETS_SRC, attached, cli, report_json, wait_for
+from conftest import TARGETS_SRC, attached, cli, report_json, wait_for
 
 pytestmark = pytest.mark.bpf
 

@@ -142,7 +142,7 @@ def _frame_dwarfinfo(elf: ELFFile) -> tuple[DWARFInfo | None, list[str]]:
         if sec is None or sec["sh_type"] == "SHT_NOBITS" or sec["sh_size"] == 0:
             secs[name] = None
             continue
-        secs[name] = elf._read_dwarf_section(sec, relocate_dwarf_sections=False)  # noqa: SLF001
+        secs[name] = elf._read_dwarf_section(sec, relocate_dwarf_sections=False)
         used.append(name)
     if not used:
         return None, []
@@ -223,7 +223,7 @@ def build_table(elf: ELFFile) -> TableInfo:
 
 
 def _overlaps(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
-    import bisect  # noqa: PLC0415
+    import bisect
 
     i = bisect.bisect_right(ranges, (start, float("inf"))) - 1
     for j in (i, i + 1):
@@ -366,8 +366,7 @@ class Unwinder:
         mf = f"/proc/{self.pid}/map_files/{m.start:x}-{m.end:x}"
         if m.start and os.path.exists(mf):
             return mf
-        path = m.path[:-len(" (deleted)")] if m.path.endswith(" (deleted)") else m.path
-        return path
+        return m.path.removesuffix(" (deleted)")
 
     def module(self, m: Mapping) -> Module | None:
         ident = (m.path, m.inode)
@@ -377,8 +376,8 @@ class Unwinder:
         t0 = time.perf_counter()
         try:
             key, rows, cached = load_rows(self._open_path(m), self.use_cache)
-        except (OSError, ELFError, DWARFError, ValueError) as e:
-            self.failed[m.path] = f"unreadable: {e}"
+        except Exception as e:  # noqa: BLE001 - any malformed ELF/CFI: that module falls back
+            self.failed[m.path] = f"unreadable: {type(e).__name__}: {str(e)[:120]}"
             self.by_file[ident] = None
             return None
         if key in self.modules:
@@ -449,7 +448,11 @@ class Unwinder:
             del self.entries[k]
         for k, v in want.items():
             if self.entries.get(k) != v:
-                self.lpm[self._key(*k)] = self.lpm.Leaf(*v)
+                try:
+                    self.lpm[self._key(*k)] = self.lpm.Leaf(*v)
+                except Exception:  # noqa: BLE001 - BCC raises bare Exception: the trie is full
+                    self.failed["[umaps]"] = f"address map full ({len(self.entries)} prefixes)"
+                    continue
                 self.entries[k] = v
         self.seconds += time.perf_counter() - t0
 
