@@ -155,3 +155,22 @@ def test_row_layout_matches_header(tmp_path):
     assert [int(x) for x in out] == [U.ROW.itemsize, U.ROW.fields["cfa_off"][1], U.ROW.fields["cfa_type"][1],
                                      U.ROW.fields["rbp_off"][1], ct.sizeof(U._UmapKey), ct.sizeof(U._Umap),
                                      U._Umap.count.offset]
+
+
+def test_pprof_keeps_addresses_of_inlined_frames():
+    """symbolize_stacks expands inlined frames; pprof maps each back to its captured address."""
+    import types
+
+    import pandas as pd
+
+    from reports.analysis import FrameInfo
+    from reports.pprof import _captured_frames
+
+    st = pd.DataFrame({"stack_id": [7, 7], "idx": [0, 1], "ip": [0x1010, 0x2020], "offset": [0x10, 0x20],
+                       "build_id": ["ab", "ab"]})
+    frames = (FrameInfo("Vec::with_capacity", "/m", "a.rs", 3, inlined=True), FrameInfo("inner", "/m", "a.rs", 9),
+              FrameInfo("outer", "/m", "a.rs", 20))
+    got = _captured_frames(types.SimpleNamespace(stacks=st), {7: frames})[7]
+    assert [(f.info.function, f.ip) for f in got] == [("Vec::with_capacity", 0x1010), ("inner", 0x1010),
+                                                      ("outer", 0x2020)]
+    assert FrameInfo("inner", "/m", "a.rs", 9, inlined=True) == frames[1]  # not part of equality
