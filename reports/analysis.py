@@ -111,6 +111,11 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
         res = sym.symbolize(module, offsets, build_id=build_id or None, return_addresses=True)
         for off in offsets:
             found = res.get(off) or []
+            if found and found[-1].function == unknown_name(module, off):
+                # not a call's return address: a signal handler returns to the first byte of
+                # the trampoline (__restore_rt), whose ip - 1 is outside any function
+                exact = sym.symbolize(module, [off], build_id=build_id or None, return_addresses=False)
+                found = exact.get(off) or found
             if not found or found[-1].function == unknown_name(module, off):  # module file missing
                 embedded = embedded if embedded is not None else embedded_symbols(trace)
                 name = embedded.lookup(build_id, module, off)
