@@ -124,7 +124,8 @@ def load_trace(path: str, progress=None) -> Trace:
         parsed = F.parse_part_name(n)
         if parsed:
             parts[parsed[0]].append((parsed[1], n))
-    warnings: list[str] = []
+    from .metacheck import conform_part, sanitize  # noqa: PLC0415
+    meta, warnings = sanitize(meta)  # fields of the wrong type: dropped, with a warning
     frames: dict[str, pd.DataFrame] = {}
 
     def read(table: str, max_seq: int | None) -> pd.DataFrame:
@@ -133,9 +134,18 @@ def load_trace(path: str, progress=None) -> Trace:
             if max_seq is not None and seq > max_seq:
                 continue
             try:
-                chunks.append(pq.read_table(os.path.join(pdir, n)))
+                chunk = pq.read_table(os.path.join(pdir, n))
             except (OSError, pa.ArrowException) as e:
                 warnings.append(f"unreadable part {n} skipped ({str(e).splitlines()[0][:80]})")
+                continue
+            try:  # a part holding another table (or damaged values) is skipped, never mixed in
+                chunk, dropped = conform_part(table, chunk, F.SCHEMAS, seq)
+            except ValueError as e:
+                warnings.append(f"part {n} is not a valid {table} part, skipped ({e})")
+                continue
+            if dropped:
+                warnings.append(f"part {n}: {dropped} rows with missing values skipped")
+            chunks.append(chunk)
         if not chunks:
             return _empty(table)
         try:
