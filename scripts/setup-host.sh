@@ -11,9 +11,10 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # 1. Debian packages. python3-bpfcc = BCC's Python bindings (NOT the PyPI 'bcc').
-# chromium + fonts: the HTML report's render test; bpfcc-tools: memleak for bench/ comparisons.
+# chromium + fonts: the HTML report's render test; bpfcc-tools: memleak for bench/ comparisons;
+# redis-server + redis-tools: the soak (bench/soak.py, tests/test_soak_bpf.py).
 pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev
-      chromium fonts-dejavu-core bpfcc-tools)
+      chromium fonts-dejavu-core bpfcc-tools redis-server redis-tools)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
