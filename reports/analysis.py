@@ -579,7 +579,7 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None) -> dict 
     resident bytes. None when the trace has no end-of-run residency."""
     arenas = arena_table(trace) if arenas is None else arenas
     iv = trace.intervals
-    if arenas.empty or "rss_anon_bytes" not in iv:
+    if "rss_anon_bytes" not in iv:
         return None
     alive = iv[iv["rss_bytes"] >= 0]
     if alive.empty:

@@ -96,24 +96,36 @@ def attached(trace: Path) -> bool:
 
 
 class Proc:
-    """A target process whose stdout lines can be awaited."""
+    """A target process whose stdout lines can be awaited (a reader thread queues them: select()
+    on a buffered pipe would miss lines already read ahead)."""
 
     def __init__(self, argv: list[str]) -> None:
+        import queue
+        import threading
+
         self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.pid = self.p.pid
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.p.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # EOF
 
     def expect(self, prefix: str, timeout: float = 30) -> str:
-        import select
+        import queue
 
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            r, _, _ = select.select([self.p.stdout], [], [], 0.2)
-            if r:
-                line = self.p.stdout.readline()
-                if line.startswith(prefix):
-                    return line
-                if line == "" and self.p.poll() is not None:
-                    break
+            try:
+                line = self.lines.get(timeout=max(0.01, end - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            if line.startswith(prefix):
+                return line
         raise AssertionError(f"target did not print {prefix!r} (rc={self.p.poll()})")
 
     def signal(self, sig: int) -> None:
