@@ -84,7 +84,7 @@ def run_once(exe: Path, cfg: str, args, tmp: Path) -> tuple[float, float]:
             tracer = subprocess.Popen(["memleak-bpfcc", "-p", str(loop.pid), *extra, "600"],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             read_line(tracer, "Attaching to pid", timeout=120)
-            time.sleep(1.0)  # memleak prints before it has attached every probe
+            time.sleep(3.0)  # memleak prints before it has attached every probe
         cpu0 = cpu_seconds(tracer.pid) if tracer else 0.0
         loop.send_signal(signal.SIGUSR1)
         secs = float(read_line(loop, "elapsed", timeout=600).split()[1])

@@ -585,6 +585,15 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None) -> dict 
     if alive.empty:
         return None
     last = alive.iloc[-1]
+    if arenas.empty or arenas["resident_bytes"].isna().all():
+        # Not glibc (jemalloc, tcmalloc...): its retention cannot be told apart from other
+        # anonymous memory; the live heap is what the program holds.
+        held = min(int(last["heap_live_bytes"]), int(last["rss_anon_bytes"]))
+        parts = {"live_heap_bytes": held, "retained_bytes": 0,
+                 "other_anon_bytes": max(0, int(last["rss_anon_bytes"]) - held),
+                 "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
+        return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": sum(parts.values()),
+                "allocator_resident_bytes": None, "retained_known": False}
     known = arenas[arenas["resident_bytes"].notna()]
     resident = int(known["resident_bytes"].sum())
     held = int(np.minimum(known["live_bytes"].to_numpy(dtype=np.int64),
@@ -597,15 +606,6 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None) -> dict 
     return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": total,
             "allocator_resident_bytes": resident, "retained_known": True}
 
-    if arenas.empty or arenas["resident_bytes"].isna().all():
-        # Not glibc (jemalloc, tcmalloc...): its retention cannot be told apart from other
-        # anonymous memory; the live heap is what the program holds.
-        held = min(int(last["heap_live_bytes"]), int(last["rss_anon_bytes"]))
-        parts = {"live_heap_bytes": held, "retained_bytes": 0,
-                 "other_anon_bytes": max(0, int(last["rss_anon_bytes"]) - held),
-                 "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
-        return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": sum(parts.values()),
-                "allocator_resident_bytes": None, "retained_known": False}
 
 def residency_advice(arenas: pd.DataFrame, dec: dict | None) -> list[str]:
     """Plain advice from the arena table and the RSS decomposition."""
