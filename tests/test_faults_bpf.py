@@ -357,31 +357,29 @@ def small_fs(tmp_path):
         subprocess.run(["umount", "-l", str(d)], check=False)
 
 
-def test_disk_full_stops_cleanly_and_keeps_what_was_written(bins, small_fs, tracers):
+def test_disk_full_stops_cleanly_and_keeps_what_was_written(bins, small_fs, start, tracers):
     """ENOSPC while writing: one line saying so, exit 6 (the recording was cut short), the target
     unharmed, no temporary file left, every interval written before readable."""
     with open(small_fs / "filler", "wb") as f:  # leave ~200 KiB
         f.write(b"\0" * ((1 << 20) - (200 << 10)))
-    busy = subprocess.Popen([str(bins["busy"]), "--threads", "2"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert busy.stdout.readline().startswith("ready")
-        out = small_fs / "full.allocscope"
-        tr = tracers("record", "--pid", busy.pid, "-o", out, "--interval", "0.05")
-        rc = tr.wait(120)
-        so, se = tr.stdout.read(), tr.stderr.read()
-        assert rc == 6, (rc, so, se)
-        no_traceback(so, se)
-        last = se.strip().splitlines()[-1]
-        assert re.fullmatch(r"allocscope: disk full while writing .*; the intervals already written are kept", last), se
-        assert busy.poll() is None
-        assert not [p for p in (out / "parts").iterdir() if p.name.startswith(".")]
-        rep = report(out)
-        assert rep["recording"]["complete"] is False
-        assert rep["totals"]["intervals"] >= 2
-        assert any(s["frames"][0]["function"] == "churn_once" for s in rep["sites"])
-    finally:
-        busy.kill()
-        busy.wait()
+    tgt = start(bins["faults"])
+    out = small_fs / "full.allocscope"
+    tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.05")
+    wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
+    tgt.do("hold 20 1000")
+    rc = tr.wait(120)  # ~12 KB per interval: full in a second or two
+    so, se = tr.stdout.read(), tr.stderr.read()
+    assert rc == 6, (rc, so, se)
+    no_traceback(so, se)
+    last = se.strip().splitlines()[-1]
+    assert re.fullmatch(r"allocscope: disk full while writing .*; the intervals already written are kept", last), se
+    assert tgt.alive()
+    tgt.do("hold 1 1")
+    assert not [p for p in (out / "parts").iterdir() if p.name.startswith(".")]
+    rep = report(out)
+    assert rep["recording"]["complete"] is False
+    assert rep["totals"]["intervals"] >= 2
+    assert live_of(rep, "hold_block") == (20 * 1000, 20, 20)
 
 
 def test_output_directory_read_only(tmp_path):
@@ -500,7 +498,7 @@ def test_tracer_memory_flat_on_busy_target(bins, tmp_path, tracers):
         wait_intervals(out, 1)
         samples = []
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 10:
+        while time.monotonic() - t0 < 8:
             samples.append((time.monotonic() - t0, rss_bytes(tr.pid)))
             time.sleep(0.25)
         counts = map_counts(tr.pid)
@@ -509,14 +507,14 @@ def test_tracer_memory_flat_on_busy_target(bins, tmp_path, tracers):
     finally:
         busy.kill()
         busy.wait()
-    after = [r for t, r in samples if t >= 3]
+    after = [r for t, r in samples if t >= 2]
     growth = max(after) - after[0]
     print(f"tracer RSS MiB: {[round(r / 2**20, 1) for _, r in samples]}; maps {counts}")
     assert growth < 8 << 20, [r >> 20 for r in after]
     assert counts["inflight"] <= 4 and counts["sysargs"] <= 4, counts
     assert counts["live"] <= 16 and counts["stacks"] <= 64 and counts["sites"] <= 64, counts
     rep = report(out)
-    assert rep["totals"]["intervals"] >= 40
+    assert rep["totals"]["intervals"] >= 30
 
 
 # --- bad input -------------------------------------------------------------------------------------
