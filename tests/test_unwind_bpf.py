@@ -38,8 +38,12 @@ def release_targets(tmp_path_factory) -> dict[str, Path]:
     built: dict[str, Path] = {}
     for src in sorted((TARGETS_SRC / "nofp").glob("*.c")):
         exe = out / src.stem
-        subprocess.run(["gcc", *NOFP_CFLAGS, "-o", str(exe), str(src)], check=True)
+        subprocess.run(["gcc", *NOFP_CFLAGS, "-o", str(exe), str(src), "-ldl"], check=True)
         built[src.stem] = exe
+    for src in sorted((TARGETS_SRC / "nofp" / "lib").glob("*.c")):
+        lib = out / f"lib{src.stem}.so"
+        subprocess.run(["gcc", *NOFP_CFLAGS, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+        built[f"lib{src.stem}"] = lib
     deep = TARGETS_SRC / "nofp" / "deep.c"
     # CFI only in .debug_frame (no .eh_frame for the program's own code)
     built["deep_debugframe"] = out / "deep_debugframe"
@@ -363,3 +367,31 @@ def test_deeper_than_64_frames_is_counted_truncated(release_targets, run_target)
     s = site_with(rep, "recurse")
     assert len(s["full_frames"]) == 64 and s["live_bytes"] == 777
     assert any("lost_stack_truncated" in a for a in rep["advice"]), rep["advice"]
+
+
+DL_CHAIN = ["dl_level4", "dl_level3", "dl_level2", "dl_level1", "dl_entry", "call_lib", "main"]
+
+
+def test_dlopen_in_pid_mode(release_targets, run_target):
+    """A library dlopen'ed while recording gets its rows when its code is mapped (the tracer sees
+    the PROT_EXEC mmap); here the program lets 300 ms pass before calling into it."""
+    out, _ = run_target(release_targets["dlmain"], "dlopen",
+                        target_args=("--settle", "300", str(release_targets["libdlchain"])))
+    rep = report_json(out)
+    fr = site_with(rep, "dl_level4")["frames"]
+    assert names(fr)[:7] == DL_CHAIN, names(fr)
+    assert names(fr)[-1] == "_start"
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["unwind"]["modules"] >= 4 and not meta["unwind"]["failed"], meta["unwind"]
+
+
+def test_dlopen_in_launch_mode_without_delay(release_targets, tmp_path):
+    """-- CMD: the probes hold the main thread at the library's code mapping until its rows are
+    in, so a call right after dlopen already unwinds through it."""
+    out = tmp_path / "dl-launch.allocscope"
+    cli("record", "-q", "-o", str(out), "--", str(release_targets["dlmain"]), "--exit",
+        str(release_targets["libdlchain"]), check=True, timeout=180)
+    rep = report_json(out)
+    fr = site_with(rep, "dl_level4")["frames"]
+    assert names(fr)[:7] == DL_CHAIN, names(fr)
+    assert names(fr)[-1] == "_start"
