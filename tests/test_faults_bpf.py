@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import random
 import re
-import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,24 +47,33 @@ def bins(tmp_path_factory) -> dict[str, Path]:
 
 
 class Target:
-    """A faults.c process: send a command, wait for its "ok"."""
+    """A faults.c process: send a command, wait for its "ok" (a reader thread queues the output
+    lines: select() on a buffered pipe would miss lines already read ahead)."""
 
     def __init__(self, argv, **kw) -> None:
         self.p = subprocess.Popen([str(a) for a in argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, **kw)
+                                  stderr=subprocess.DEVNULL, text=True, **kw)
         self.pid = self.p.pid
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
         self.expect("ready")
+
+    def _pump(self) -> None:
+        for line in self.p.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # EOF
 
     def expect(self, prefix: str, timeout: float = 60) -> str:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            r, _, _ = select.select([self.p.stdout], [], [], 0.2)
-            if r:
-                line = self.p.stdout.readline()
-                if line.startswith(prefix):
-                    return line
-                if line == "":
-                    break
+            try:
+                line = self.lines.get(timeout=max(0.01, end - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            if line.startswith(prefix):
+                return line
         raise AssertionError(f"target did not print {prefix!r} (rc={self.p.poll()})")
 
     def send(self, line: str) -> None:
