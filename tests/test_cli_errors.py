@@ -213,3 +213,16 @@ def test_record_output_dir_missing(tmp_path):
 @root_only
 def test_record_command_not_found(tmp_path):
     one_line_error(cli("record", "-o", str(tmp_path / "t"), "--", "/no/such/binary"), "not found")
+
+
+@root_only
+def test_record_tracefs_not_mounted(tmp_path):
+    """In a private mount namespace without tracefs: one line naming the fix, nothing written."""
+    out = tmp_path / "t"
+    script = ("umount /sys/kernel/tracing 2>/dev/null; umount /sys/kernel/debug 2>/dev/null; "
+              f"exec {sys.executable} -m allocscope record -o {out} -- /bin/true")
+    p = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60,
+                       cwd=os.path.dirname(os.path.dirname(__file__)))
+    one_line_error(p, "tracefs", "mount -t tracefs")
+    assert p.returncode == 4
+    assert not out.exists()

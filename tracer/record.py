@@ -60,8 +60,15 @@ class Target:
 
 
 def require_root() -> None:
+    """Root, a working bpf() syscall and tracefs: checked before anything is compiled or written,
+    so a box that cannot trace gets one line, not a compiler's error dump."""
     if os.geteuid() != 0:
         raise PermissionProblem("allocscope record needs root (BPF and uprobes); run it with sudo")
+    from .doctor import check_bpf_syscall, check_tracefs  # noqa: PLC0415
+
+    for check in (check_bpf_syscall(), check_tracefs()):
+        if not check.ok:
+            raise PermissionProblem(f"{check.name}: {check.detail}; fix: {check.fix}")
 
 
 def target_from_pid(pid: int) -> Target:
