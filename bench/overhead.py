@@ -81,10 +81,17 @@ def run_once(exe: Path, cfg: str, args, tmp: Path) -> tuple[float, float]:
                 time.sleep(0.05)
         elif cfg.startswith("memleak"):
             extra = {"memleak": [], "memleak-combined": ["--combined-only"], "memleak-s10": ["-s", "10"]}[cfg]
-            tracer = subprocess.Popen(["memleak-bpfcc", "-p", str(loop.pid), *extra, "600"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            read_line(tracer, "Attaching to pid", timeout=120)
-            time.sleep(3.0)  # memleak prints before it has attached every probe
+            # memleak prints "Attaching" before it compiles and attaches; its first periodic
+            # report ("Top N stacks...") proves the probes are live.
+            tracer = subprocess.Popen(["memleak-bpfcc", "-p", str(loop.pid), *extra, "2"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            try:
+                read_line(tracer, "[", timeout=180)
+            except RuntimeError:
+                raise RuntimeError("memleak-bpfcc did not attach; python3-bpfcc 0.26 passes a garbage "
+                                   "ref_ctr_offset, so it cannot probe malloc while any other uprobe "
+                                   "(another allocscope, perf, bpftrace) sits on it: run on a quiet box") from None
         cpu0 = cpu_seconds(tracer.pid) if tracer else 0.0
         loop.send_signal(signal.SIGUSR1)
         secs = float(read_line(loop, "elapsed", timeout=600).split()[1])
@@ -97,7 +104,13 @@ def run_once(exe: Path, cfg: str, args, tmp: Path) -> tuple[float, float]:
                 tracer.wait(60)
             except subprocess.TimeoutExpired:
                 tracer.kill()
-        loop.wait(60)
+        if loop.poll() is None and tracer is not None and tracer.returncode not in (None, 0):
+            loop.kill()  # the tracer failed before the loop was released
+        try:
+            loop.wait(60)
+        except subprocess.TimeoutExpired:
+            loop.kill()
+            loop.wait()
 
 
 def main() -> None:
