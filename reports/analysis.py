@@ -147,16 +147,31 @@ def is_wrapper(function: str) -> bool:
     return bool(_WRAPPER_RX.search(function) or _WRAPPER_RX.search(_PREFIX_RX.sub("", function)))
 
 
+_ENTRY_RX = re.compile(r"^(malloc|calloc|realloc|reallocarray|free|posix_memalign|aligned_alloc|memalign|"
+                       r"valloc|pvalloc|malloc_trim|mmap|mmap64|munmap|mremap|brk|sbrk|madvise)$")
+
+
+def is_allocator_entry(function: str) -> bool:
+    """An allocator's public entry point or a libc memory syscall wrapper (after glibc's
+    __GI_/__libc_ prefixes): the frames inside one of these are the allocator's internals."""
+    return bool(_ENTRY_RX.match(_PREFIX_RX.sub("", function)))
+
+
 def fold_frames(frames: tuple[FrameInfo, ...]) -> tuple[FrameInfo, ...]:
-    """Drop the innermost frames that belong to the allocator: entry points and wrappers
-    (malloc, operator new, __rust_alloc, alloc::raw_vec::*, libc's mmap wrapper...) and the
-    allocator's internals they called (sysmalloc, _int_malloc... — frames of the same module
-    as the wrapper, inside it). Complete stacks (DWARF unwinding) show these. At least the
+    """Drop the innermost frames that belong to the allocator: its internals (sysmalloc,
+    _int_malloc... — frames of the same module inside an allocator entry point), the entry
+    point itself (malloc, libc's mmap wrapper...), and the language wrappers right around it
+    (operator new, __rust_alloc, alloc::raw_vec::*, std::vector internals...). Only an exact
+    entry-point name swallows the frames inside it, so a wrapper-looking frame far up a
+    statically linked program (one module) never folds the program away. At least the
     outermost frame is kept."""
     cut = 0
     for j, f in enumerate(frames[:-1]):
-        if is_wrapper(f.function) and all(g.module == f.module or is_wrapper(g.function) for g in frames[cut:j]):
+        if is_allocator_entry(f.function) and \
+                all(g.module == f.module or is_wrapper(g.function) for g in frames[:j]):
             cut = j + 1
+    while cut < len(frames) - 1 and is_wrapper(frames[cut].function):
+        cut += 1
     return frames[cut:]
 
 

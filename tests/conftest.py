@@ -99,11 +99,12 @@ class Proc:
     """A target process whose stdout lines can be awaited (a reader thread queues them: select()
     on a buffered pipe would miss lines already read ahead)."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], **popen_kw) -> None:
         import queue
         import threading
 
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        popen_kw.setdefault("stderr", subprocess.PIPE)
+        self.p = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, text=True, **popen_kw)
         self.pid = self.p.pid
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -113,7 +114,7 @@ class Proc:
             self.lines.put(line)
         self.lines.put(None)  # EOF
 
-    def expect(self, prefix: str, timeout: float = 30) -> str:
+    def expect(self, prefix: str, timeout: float = 60) -> str:
         import queue
 
         end = time.monotonic() + timeout

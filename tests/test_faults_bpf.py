@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import random
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from bpfmaps import map_counts, prog_exists, rss_bytes, tracer_objects
-from conftest import CFLAGS_FP, IN_CI, ROOT, TARGETS_SRC, attached, cli, cli_bg, wait_for
+from conftest import CFLAGS_FP, IN_CI, ROOT, TARGETS_SRC, Proc, attached, cli, cli_bg, wait_for
 
 pytestmark = pytest.mark.bpf
 
@@ -46,35 +44,12 @@ def bins(tmp_path_factory) -> dict[str, Path]:
     return b
 
 
-class Target:
-    """A faults.c process: send a command, wait for its "ok" (a reader thread queues the output
-    lines: select() on a buffered pipe would miss lines already read ahead)."""
+class Target(Proc):
+    """A faults.c process: send a command, wait for its "ok"."""
 
     def __init__(self, argv, **kw) -> None:
-        self.p = subprocess.Popen([str(a) for a in argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, text=True, **kw)
-        self.pid = self.p.pid
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.expect("ready")
-
-    def _pump(self) -> None:
-        for line in self.p.stdout:
-            self.lines.put(line)
-        self.lines.put(None)  # EOF
-
-    def expect(self, prefix: str, timeout: float = 60) -> str:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            try:
-                line = self.lines.get(timeout=max(0.01, end - time.monotonic()))
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            if line.startswith(prefix):
-                return line
-        raise AssertionError(f"target did not print {prefix!r} (rc={self.p.poll()})")
+        super().__init__(argv, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, **kw)
+        self.expect("ready", timeout=60)
 
     def send(self, line: str) -> None:
         self.p.stdin.write(line + "\n")
@@ -86,11 +61,6 @@ class Target:
 
     def alive(self) -> bool:
         return self.p.poll() is None
-
-    def kill(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-        self.p.wait(10)
 
 
 @pytest.fixture
