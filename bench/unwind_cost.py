@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What DWARF unwinding costs per allocation, against the frame-pointer path.
 
-A malloc+free loop (bench/deep_loop.c) runs at stack depth 8 and 32, built two ways:
+A malloc+free loop (bench/malloc_loop.c) runs at stack depth 8 and 32, built two ways:
   nofp  -O2 -fomit-frame-pointer (release build: `--unwind fp` sees one frame, dwarf sees all)
   fp    -O2 -fno-omit-frame-pointer (the frame-pointer walk sees all frames: its full cost)
 Configurations, interleaved per round, medians:
@@ -41,8 +41,8 @@ CONFIGS = {  # name -> (build, record arguments or None for untraced)
 def build(tmp: Path) -> dict[str, Path]:
     out = {}
     for kind, flag in (("nofp", "-fomit-frame-pointer"), ("fp", "-fno-omit-frame-pointer")):
-        exe = tmp / f"deep_loop_{kind}"
-        subprocess.run(["gcc", "-O2", "-g", "-pthread", flag, "-o", str(exe), str(HERE / "deep_loop.c")], check=True)
+        exe = tmp / f"malloc_loop_{kind}"
+        subprocess.run(["gcc", "-O2", "-g", "-pthread", flag, "-o", str(exe), str(HERE / "malloc_loop.c")], check=True)
         out[kind] = exe
     return out
 
