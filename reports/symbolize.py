@@ -509,17 +509,20 @@ class _LineHeader:
     address_size: int
 
 
+def _initial_length(buf: bytes, pos: int, order: ByteOrder) -> tuple[int, int, int]:
+    """A DWARF unit's initial length at `pos`: (length, offset of what follows, offset size),
+    the 64-bit form (0xffffffff escape) included."""
+    length = int.from_bytes(buf[pos:pos + 4], order)
+    if length == 0xFFFFFFFF:
+        return int.from_bytes(buf[pos + 4:pos + 12], order), pos + 12, 8
+    return length, pos + 4, 4
+
+
 def _parse_line_header(buf: bytes, pos: int, order: ByteOrder, strings: _Strings,
                        address_size: int) -> _LineHeader:
     """Decode one line-number program header (DWARF 2 to 5)."""
     unit_offset = pos
-    unit_length = int.from_bytes(buf[pos:pos + 4], order)
-    pos += 4
-    offset_size = 4
-    if unit_length == 0xFFFFFFFF:
-        unit_length = int.from_bytes(buf[pos:pos + 8], order)
-        pos += 8
-        offset_size = 8
+    unit_length, pos, offset_size = _initial_length(buf, pos, order)
     unit_end = pos + unit_length
     version = int.from_bytes(buf[pos:pos + 2], order)
     pos += 2
@@ -818,10 +821,7 @@ class _DieReader:
     def _read_unit_headers(self) -> list[_Unit]:
         buf, order, units, pos = self.info, self._order, [], 0
         while pos + 11 <= len(buf):
-            length = int.from_bytes(buf[pos:pos + 4], order)
-            start, offset_size = pos + 4, 4
-            if length == 0xFFFFFFFF:
-                length, start, offset_size = int.from_bytes(buf[pos + 4:pos + 12], order), pos + 12, 8
+            length, start, offset_size = _initial_length(buf, pos, order)
             end = start + length
             version = int.from_bytes(buf[start:start + 2], order)
             p = start + 2
@@ -1071,10 +1071,7 @@ class _DieReader:
         """(low, high, unit offset) from .debug_aranges."""
         buf, order, out, pos = self._aranges, self._order, [], 0
         while pos + 12 <= len(buf):
-            length = int.from_bytes(buf[pos:pos + 4], order)
-            start, offset_size = pos + 4, 4
-            if length == 0xFFFFFFFF:
-                length, start, offset_size = int.from_bytes(buf[pos + 4:pos + 12], order), pos + 12, 8
+            length, start, offset_size = _initial_length(buf, pos, order)
             end = start + length
             p = start + 2  # version
             unit_offset = int.from_bytes(buf[p:p + offset_size], order)
