@@ -1,29 +1,52 @@
 #!/usr/bin/env python3
-"""Slowdown of a malloc-heavy C loop: untraced vs allocscope vs memleak-bpfcc, in one run.
+"""Overhead of allocscope against untraced runs, memleak-bpfcc and heaptrack, in one run.
 
-Configurations are interleaved (A B C A B C ...) so machine noise hits them alike; the table
-shows medians and the ratio to the untraced median. The loop times its own work (the tracers'
-start-up is not counted): it waits for SIGUSR1, sent once the tracer has attached.
+Workloads (--workload, default all):
+  loop   bench/malloc_loop.c: 2 threads of malloc+free over 10 size classes (16 B .. 16 KiB).
+         It times its own work only: it prints "ready", waits for SIGUSR1 (sent once the
+         tracer has attached), then prints "elapsed <s>". Metric: seconds (lower is better).
+  redis  redis-server (Debian, jemalloc) on 127.0.0.1, no persistence, a fresh server per trial;
+         the tracer attaches to it, then redis-benchmark runs bounded request counts over
+         loopback (--csv). Metric: requests/s over all tests (higher is better).
+  demo   the bundled demo daemon (demo/provingd.c) with --wait-signal; by default unpaced
+         (--synth-ms 0 --gpu-ms 0) so it is CPU-bound. Metric: partitions/s, timed from
+         SIGUSR1 to its summary line (higher is better).
 
-    sudo .venv/bin/python bench/overhead.py [--rounds 5] [--iters 300000] [--threads 2]
+Configurations, interleaved per round (A B C A B C ...) so machine noise hits them alike:
+untraced, allocscope (full, DWARF), allocscope-fp, allocscope-sampled (--sample-bytes 65536),
+allocscope-residency, memleak (memleak-bpfcc default), memleak-combined (--combined-only),
+memleak-s10 (-s 10), heaptrack (when installed: LD_PRELOAD launch for loop and demo,
+`heaptrack -p` (gdb injection) for redis). Per configuration: median metric, ratio to untraced,
+the tracer's CPU seconds during the measured work and in total (start-up, compile and
+shutdown included), and its peak RSS (VmHWM, summed over the tracer's processes, read from
+/proc until they exit). A configuration that cannot run (memleak cannot attach, heaptrack
+missing or its injection fails) is reported in the table with the reason; the rest go on.
+At the end, whether each goal of issue #6 is met.
+
+    sudo .venv/bin/python bench/overhead.py [--workload loop|redis|demo|all] [--rounds 5]
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import os
 import select
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # allocscope configurations: name -> extra `record` arguments
 ALLOCSCOPE_CONFIGS = {
@@ -32,16 +55,23 @@ ALLOCSCOPE_CONFIGS = {
     "allocscope-sampled": ["--sample-bytes", "65536"],
     "allocscope-residency": ["--mode", "residency"],
 }
+MEMLEAK_CONFIGS = {"memleak": [], "memleak-combined": ["--combined-only"], "memleak-s10": ["-s", "10"]}
+MEMLEAK_INTERVAL = "5"  # memleak-bpfcc's own default report interval
+MEMLEAK_NO_ATTACH = ("another uprobe on malloc? (python3-bpfcc 0.26 passes a garbage ref_ctr_offset, so memleak "
+                     "cannot probe malloc while any other uprobe - allocscope, perf, bpftrace, a test suite - "
+                     "sits on it: run on a quiet box)")
 
 
-def build(tmp: Path) -> Path:
-    exe = tmp / "malloc_loop"
-    subprocess.run(["gcc", "-O2", "-pthread", "-fno-omit-frame-pointer", "-o", str(exe),
-                    str(HERE / "malloc_loop.c")], check=True)
-    return exe
+class TrialError(RuntimeError):
+    """A configuration could not run this trial; the message goes into the table."""
 
 
-def read_line(p: subprocess.Popen, prefix: str, timeout: float = 60) -> str:
+# ---------------------------------------------------------------------------------------------
+# process helpers
+
+
+def read_line(p: subprocess.Popen, prefix: str, timeout: float = 60, keep: list | None = None) -> str:
+    """The first line of p's stdout starting with prefix; other lines go to keep."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         r, _, _ = select.select([p.stdout], [], [], 0.2)
@@ -49,76 +79,557 @@ def read_line(p: subprocess.Popen, prefix: str, timeout: float = 60) -> str:
             line = p.stdout.readline()
             if line.startswith(prefix):
                 return line.strip()
+            if line and keep is not None:
+                keep.append(line.rstrip())
             if not line and p.poll() is not None:
                 break
-    raise RuntimeError(f"no {prefix!r} from {p.args}")
+        elif p.poll() is not None:
+            break
+    raise TrialError(f"no {prefix!r} from {Path(str(p.args[0])).name}")
 
 
-def cpu_seconds(pid: int) -> float:
+def proc_cpu(pid: int) -> float | None:
     try:
-        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        return float("nan")
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
 
 
-def run_once(exe: Path, cfg: str, args, tmp: Path) -> tuple[float, float]:
-    """Returns (loop seconds, tracer CPU seconds during the loop)."""
-    loop = subprocess.Popen([str(exe), "--wait-signal", "--iters", str(args.iters), "--threads", str(args.threads)],
-                            stdout=subprocess.PIPE, text=True)
-    read_line(loop, "ready")
-    tracer = None
+def proc_hwm_kib(pid: int) -> int | None:
     try:
-        if cfg.startswith("allocscope"):
-            out = tmp / f"bench-{time.monotonic_ns()}.allocscope"
-            extra = ALLOCSCOPE_CONFIGS[cfg]
-            tracer = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "-q", "--pid", str(loop.pid),
-                                       "-o", str(out), *extra], cwd=str(ROOT), stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True)
-            while not (out / "meta.json").exists():
-                if tracer.poll() is not None:
-                    raise RuntimeError(tracer.stderr.read())
-                time.sleep(0.05)
-        elif cfg.startswith("memleak"):
-            extra = {"memleak": [], "memleak-combined": ["--combined-only"], "memleak-s10": ["-s", "10"]}[cfg]
-            # memleak prints "Attaching" before it compiles and attaches; its first periodic
-            # report ("Top N stacks...") proves the probes are live.
-            tracer = subprocess.Popen(["memleak-bpfcc", "-p", str(loop.pid), *extra, "2"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            try:
-                read_line(tracer, "[", timeout=180)
-            except RuntimeError:
-                raise RuntimeError("memleak-bpfcc did not attach; python3-bpfcc 0.26 passes a garbage "
-                                   "ref_ctr_offset, so it cannot probe malloc while any other uprobe "
-                                   "(another allocscope, perf, bpftrace) sits on it: run on a quiet box") from None
-        cpu0 = cpu_seconds(tracer.pid) if tracer else 0.0
-        loop.send_signal(signal.SIGUSR1)
-        secs = float(read_line(loop, "elapsed", timeout=600).split()[1])
-        cpu = (cpu_seconds(tracer.pid) - cpu0) if tracer else 0.0
-        return secs, cpu
-    finally:
-        if tracer is not None:
-            tracer.send_signal(signal.SIGINT)
-            try:
-                tracer.wait(60)
-            except subprocess.TimeoutExpired:
-                tracer.kill()
-        if loop.poll() is None and tracer is not None and tracer.returncode not in (None, 0):
-            loop.kill()  # the tracer failed before the loop was released
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return 0  # a kernel thread or a zombie
+
+
+def children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
         try:
-            loop.wait(60)
-        except subprocess.TimeoutExpired:
-            loop.kill()
-            loop.wait()
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+class TracerMonitor:
+    """Samples the CPU time and VmHWM of a tracer's process tree (minus the target) until it
+    exits: the last values read before each process went away are its totals."""
+
+    def __init__(self, root: int, exclude: set[int] | None = None, period: float = 0.05) -> None:
+        self.root, self.exclude, self.period = root, set(exclude or ()), period
+        self.cpu: dict[int, float] = {}
+        self.hwm: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def exclude_pid(self, pid: int) -> None:
+        with self.lock:
+            self.exclude.add(pid)
+            self.cpu.pop(pid, None)
+            self.hwm.pop(pid, None)
+
+    def sample(self) -> None:
+        kids = children_map()
+        todo, tree = [self.root], []
+        while todo:
+            p = todo.pop()
+            tree.append(p)
+            todo.extend(kids.get(p, []))
+        with self.lock:
+            for p in tree:
+                if p in self.exclude:
+                    continue
+                c, h = proc_cpu(p), proc_hwm_kib(p)
+                if c is not None:
+                    self.cpu[p] = max(c, self.cpu.get(p, 0.0))
+                if h:
+                    self.hwm[p] = max(h, self.hwm.get(p, 0))
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            self.sample()
+            self.done.wait(self.period)
+
+    def cpu_total(self) -> float:
+        self.sample()
+        with self.lock:
+            return sum(self.cpu.values())
+
+    def stop(self) -> tuple[float, float]:
+        """(CPU seconds, peak RSS MiB) of the whole tree over its life."""
+        self.done.set()
+        self.thread.join()
+        with self.lock:
+            return sum(self.cpu.values()), sum(self.hwm.values()) / 1024
+
+
+def stop_process(p: subprocess.Popen | None, sig: int = signal.SIGINT, timeout: float = 120) -> None:
+    if p is None or p.poll() is not None:
+        return
+    try:
+        p.send_signal(sig)
+        p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# tracers
+
+
+@dataclass
+class Tracer:
+    proc: subprocess.Popen
+    monitor: TracerMonitor
+    log: list = field(default_factory=list)
+
+
+def start_attach_tracer(cfg: str, pid: int, tmp: Path, alloc_obj: str | None = None) -> Tracer:
+    """allocscope or memleak attached to a running pid; returns once the probes are live."""
+    if cfg.startswith("allocscope"):
+        out = tmp / f"bench-{time.monotonic_ns()}.allocscope"
+        proc = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "-q", "--pid", str(pid),
+                                 "-o", str(out), *ALLOCSCOPE_CONFIGS[cfg]], cwd=str(ROOT),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        t = Tracer(proc, TracerMonitor(proc.pid, {pid}))
+        end = time.monotonic() + 300
+        while not (out / "meta.json").exists():
+            if proc.poll() is not None:
+                t.monitor.stop()
+                err = proc.stderr.read().strip().splitlines()
+                raise TrialError(f"allocscope failed: {err[-1] if err else proc.returncode}")
+            if time.monotonic() > end:
+                stop_process(proc)
+                t.monitor.stop()
+                raise TrialError("allocscope did not attach in 300 s")
+            time.sleep(0.05)
+        return t
+    if cfg.startswith("memleak"):
+        obj = ["-O", alloc_obj] if alloc_obj else []
+        proc = subprocess.Popen(["memleak-bpfcc", "-p", str(pid), *obj, *MEMLEAK_CONFIGS[cfg], MEMLEAK_INTERVAL],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        t = Tracer(proc, TracerMonitor(proc.pid, {pid}))
+        # memleak prints "Attaching" before it compiles and attaches; its first periodic report
+        # ("[time] Top N stacks ...") proves the probes are live.
+        try:
+            read_line(proc, "[", timeout=240, keep=t.log)
+        except TrialError:
+            stop_process(proc)
+            t.monitor.stop()
+            last = next((ln for ln in reversed(t.log) if ln.strip()), "")
+            raise TrialError(f"did not attach: {last[:60]}; {MEMLEAK_NO_ATTACH}") from None
+        # drain its reports so it never blocks on a full pipe
+        threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+        return t
+    raise ValueError(cfg)
+
+
+def finish_tracer(t: Tracer | None) -> tuple[float, float]:
+    """Stop the tracer (SIGINT) and return (total CPU s, peak RSS MiB)."""
+    if t is None:
+        return 0.0, 0.0
+    stop_process(t.proc)
+    return t.monitor.stop()
+
+
+@dataclass
+class Trial:
+    metric: float
+    cpu_work: float
+    cpu_total: float
+    rss_mib: float
+    detail: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# workloads
+
+
+class Workload:
+    name = ""
+    unit = ""
+    higher_is_better = False
+
+    def prepare(self, tmp: Path) -> None: ...
+
+    def run(self, cfg: str, tmp: Path) -> Trial: ...
+
+    def header(self) -> str: ...
+
+
+class SignalledProgram(Workload):
+    """A program started with --wait-signal: it prints "ready <pid>", then works after SIGUSR1.
+    heaptrack launches it under LD_PRELOAD; the other tracers attach to its pid."""
+
+    def argv(self) -> list[str]: ...
+
+    def measure(self, prog: subprocess.Popen, pid: int) -> tuple[float, dict]: ...
+
+    def run(self, cfg: str, tmp: Path) -> Trial:
+        heaptrack = cfg == "heaptrack"
+        argv = self.argv()
+        if heaptrack:
+            argv = ["heaptrack", "-o", str(tmp / f"heaptrack-{time.monotonic_ns()}"), *argv]
+        prog = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        mon = TracerMonitor(prog.pid) if heaptrack else None
+        tracer = None
+        pid = None
+        try:
+            pid = int(read_line(prog, "ready", timeout=120).split()[1])
+            if heaptrack:
+                mon.exclude_pid(pid)
+            elif cfg != "untraced":
+                tracer = start_attach_tracer(cfg, pid, tmp)
+                mon = tracer.monitor
+            cpu0 = mon.cpu_total() if mon else 0.0
+            os.kill(pid, signal.SIGUSR1)
+            metric, detail = self.measure(prog, pid)
+            cpu_work = (mon.cpu_total() - cpu0) if mon else 0.0
+            cpu, rss = 0.0, 0.0
+            if tracer is not None:
+                cpu, rss = finish_tracer(tracer)
+                tracer = None
+            try:
+                prog.wait(600)  # heaptrack: until its interpreter has finished
+            except subprocess.TimeoutExpired:
+                kill_pid(pid)
+                prog.wait()
+            if heaptrack:
+                cpu, rss = mon.stop()
+                mon = None
+            return Trial(metric, cpu_work, cpu, rss, detail)
+        finally:
+            if tracer is not None:
+                finish_tracer(tracer)
+            if prog.poll() is None:
+                if pid is not None:
+                    kill_pid(pid)
+                stop_process(prog, signal.SIGKILL, 30)
+            if mon is not None and heaptrack:
+                mon.stop()
+
+
+class LoopWorkload(SignalledProgram):
+    name, unit, higher_is_better = "loop", "seconds", False
+
+    def __init__(self, iters: int, threads: int) -> None:
+        self.iters, self.threads = iters, threads
+
+    def prepare(self, tmp: Path) -> None:
+        self.exe = tmp / "malloc_loop"
+        subprocess.run(["gcc", "-O2", "-pthread", "-fno-omit-frame-pointer", "-o", str(self.exe),
+                        str(HERE / "malloc_loop.c")], check=True)
+
+    def argv(self) -> list[str]:
+        return [str(self.exe), "--wait-signal", "--iters", str(self.iters), "--threads", str(self.threads)]
+
+    def measure(self, prog, pid):
+        return float(read_line(prog, "elapsed", timeout=900).split()[1]), {}
+
+    def header(self) -> str:
+        calls = 2 * self.iters * self.threads
+        return (f"malloc-heavy loop: {self.threads} threads x {self.iters} iterations ({calls} malloc+free "
+                f"calls, 10 size classes 16 B..16 KiB), seconds of work after SIGUSR1")
+
+
+class DemoWorkload(SignalledProgram):
+    name, unit, higher_is_better = "demo", "partitions/s", True
+
+    def __init__(self, partitions: int, extra: list[str]) -> None:
+        self.partitions, self.extra = partitions, extra
+
+    def prepare(self, tmp: Path) -> None:
+        sys.path.insert(0, str(ROOT))
+        from allocscope.demo import build_daemon
+
+        self.exe = build_daemon(tmp)
+
+    def argv(self) -> list[str]:
+        return [str(self.exe), "--wait-signal", "--partitions", str(self.partitions), *self.extra]
+
+    def measure(self, prog, pid):
+        t0 = time.monotonic()
+        end = t0 + 900
+        summary = ""
+        while time.monotonic() < end:  # the summary line goes to stderr at the very end
+            r, _, _ = select.select([prog.stderr], [], [], 0.2)
+            if r:
+                line = prog.stderr.readline()
+                if line.startswith("provingd:") and "elapsed" in line:
+                    summary = line
+                    break
+                if not line and prog.poll() is not None:
+                    break
+        secs = time.monotonic() - t0
+        if not summary:
+            raise TrialError("provingd printed no summary")
+        return self.partitions / secs, {"seconds": secs}
+
+    def header(self) -> str:
+        return (f"demo daemon (demo/provingd.c {' '.join(self.extra)} --partitions {self.partitions}, "
+                f"8 MiB mmapped partitions), partitions/s from SIGUSR1 to its summary")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def allocator_object(pid: int) -> str | None:
+    """The shared object that provides malloc in pid when it is not libc (redis: jemalloc)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 6 and ("libjemalloc" in parts[5] or "libtcmalloc" in parts[5]):
+                    return parts[5]
+    except OSError:
+        pass
+    return None
+
+
+class RedisWorkload(Workload):
+    name, unit, higher_is_better = "redis", "requests/s", True
+
+    def __init__(self, requests: int, tests: str, clients: int, keyspace: int, datasize: int) -> None:
+        self.requests, self.tests, self.clients = requests, tests, clients
+        self.keyspace, self.datasize = keyspace, datasize
+
+    def prepare(self, tmp: Path) -> None:
+        for exe in ("redis-server", "redis-benchmark", "redis-cli"):
+            if not shutil.which(exe):
+                raise SystemExit(f"{exe} not found: apt-get install redis-server redis-tools (make setup)")
+
+    def header(self) -> str:
+        return (f"redis-server {redis_version()} on 127.0.0.1, redis-benchmark -t {self.tests} -n {self.requests} "
+                f"-c {self.clients} -P 1 -r {self.keyspace} -d {self.datasize}; requests/s over all tests "
+                f"(total requests / total time)")
+
+    def start_server(self, tmp: Path) -> tuple[subprocess.Popen, int]:
+        port = free_port()
+        d = tmp / f"redis-{port}"
+        d.mkdir(exist_ok=True)
+        srv = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no", "--dir", str(d), "--protected-mode", "yes"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            if srv.poll() is not None:
+                raise TrialError(f"redis-server exited ({srv.returncode}) on port {port}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return srv, port
+            except OSError:
+                pass
+            time.sleep(0.05)
+        stop_process(srv, signal.SIGKILL)
+        raise TrialError("redis-server did not answer PING")
+
+    def benchmark(self, port: int) -> tuple[float, dict]:
+        p = subprocess.run(["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-t", self.tests,
+                            "-n", str(self.requests), "-c", str(self.clients), "-P", "1", "-r", str(self.keyspace),
+                            "-d", str(self.datasize), "--csv"], capture_output=True, text=True, timeout=1800, check=False)
+        rps = {}
+        for row in csv.DictReader(io.StringIO(p.stdout)):
+            try:
+                rps[row["test"]] = float(row["rps"])
+            except (KeyError, ValueError):
+                pass
+        if p.returncode != 0 or not rps or any(v <= 0 for v in rps.values()):
+            raise TrialError(f"redis-benchmark failed: {(p.stderr.strip() or p.stdout.strip())[-120:]}")
+        total = self.requests * len(rps) / sum(self.requests / v for v in rps.values())
+        return total, rps
+
+    def run(self, cfg: str, tmp: Path) -> Trial:
+        srv, port = self.start_server(tmp)
+        tracer = None
+        mon = None
+        ht = None
+        try:
+            if cfg == "heaptrack":
+                ht = subprocess.Popen(["heaptrack", "-o", str(tmp / f"heaptrack-redis-{port}"), "-p", str(srv.pid)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True)
+                mon = TracerMonitor(ht.pid, {srv.pid})
+                log: list[str] = []
+                try:
+                    read_line(ht, "injection finished", timeout=120, keep=log)
+                except TrialError:
+                    raise TrialError("heaptrack -p (gdb injection) failed: "
+                                     + (log[-1][:100] if log else "no output")) from None
+                if srv.poll() is not None:
+                    raise TrialError("redis-server died during heaptrack's gdb injection")
+                threading.Thread(target=lambda: [None for _ in ht.stdout], daemon=True).start()
+            elif cfg != "untraced":
+                tracer = start_attach_tracer(cfg, srv.pid, tmp, allocator_object(srv.pid))
+                mon = tracer.monitor
+            cpu0 = mon.cpu_total() if mon else 0.0
+            metric, rps = self.benchmark(port)
+            cpu_work = (mon.cpu_total() - cpu0) if mon else 0.0
+            if tracer is not None:
+                cpu, rss = finish_tracer(tracer)
+                tracer = None
+            stop_process(srv, signal.SIGTERM, 60)
+            if ht is not None:
+                try:
+                    ht.wait(300)  # the interpreter finishes once redis has exited
+                except subprocess.TimeoutExpired:
+                    stop_process(ht, signal.SIGKILL)
+                cpu, rss = mon.stop()
+                mon = None
+            elif cfg == "untraced":
+                cpu, rss = 0.0, 0.0
+            return Trial(metric, cpu_work, cpu, rss, rps)
+        finally:
+            if tracer is not None:
+                finish_tracer(tracer)
+            stop_process(srv, signal.SIGKILL, 30)
+            if ht is not None:
+                stop_process(ht, signal.SIGKILL, 30)
+                if mon is not None:
+                    mon.stop()
+
+
+def redis_version() -> str:
+    try:
+        out = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, check=False).stdout
+        v = next((w[2:] for w in out.split() if w.startswith("v=")), "?")
+        m = next((w[7:] for w in out.split() if w.startswith("malloc=")), "?")
+        return f"{v} ({m})"
+    except OSError:
+        return "?"
+
+
+# ---------------------------------------------------------------------------------------------
+# table and goals
+
+
+def fmt_metric(v: float, unit: str) -> str:
+    return f"{v:.3f}" if unit == "seconds" else f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
+
+
+def report(w: Workload, configs: list[str], results: dict[str, list[Trial]], errors: dict[str, list[str]],
+           rounds: int) -> dict[str, float]:
+    """Prints the table; returns the median metric per configuration that ran."""
+    med = {c: statistics.median(t.metric for t in results[c]) for c in configs if results[c]}
+    base = med.get("untraced")
+    ratio_head = "kept" if w.higher_is_better else "slowdown"
+    print(f"\n{w.header()}\n{rounds} interleaved rounds, medians; tracer CPU = its processes' CPU seconds "
+          f"(work: during the measured work; total: start-up and shutdown too); peak RSS = VmHWM")
+    extra_cols = []
+    if isinstance(w, RedisWorkload):
+        extra_cols = sorted({k for c in configs for t in results[c] for k in t.detail},
+                            key=lambda k: [x.upper() for x in w.tests.split(",")].index(k)
+                            if k in [x.upper() for x in w.tests.split(",")] else 99)
+    head = (f"{'configuration':21s} {w.unit:>13s} {ratio_head:>9s} {'CPU work s':>10s} {'CPU total s':>11s} "
+            f"{'peak RSS MiB':>12s}" + "".join(f" {k + ' kept':>10s}" for k in extra_cols) + "  runs")
+    print(head)
+    base_detail = {k: statistics.median(t.detail[k] for t in results["untraced"] if k in t.detail)
+                   for k in extra_cols} if results.get("untraced") else {}
+    for c in configs:
+        ts = results[c]
+        if not ts:
+            why = errors[c][-1] if errors[c] else "not run"
+            print(f"{c:21s} {'n/a':>13s}   {why}")
+            continue
+        m = med[c]
+        if base:
+            r = f"{m / base * 100:8.1f}%" if w.higher_is_better else f"{m / base:8.2f}x"
+        else:
+            r = f"{'-':>9s}"
+        cols = ""
+        for k in extra_cols:
+            vals = [t.detail[k] for t in ts if k in t.detail]
+            cols += (f" {statistics.median(vals) / base_detail[k] * 100:9.1f}%" if vals and base_detail.get(k)
+                     else f" {'-':>10s}")
+        runs = f"{len(ts)}/{rounds}"
+        print(f"{c:21s} {fmt_metric(m, w.unit):>13s} {r} {statistics.median(t.cpu_work for t in ts):10.2f} "
+              f"{statistics.median(t.cpu_total for t in ts):11.2f} {statistics.median(t.rss_mib for t in ts):12.0f}"
+              f"{cols}  {runs}")
+        if errors[c]:
+            print(f"{'':21s}   {len(errors[c])} failed: {errors[c][-1]}")
+    return med
+
+
+def check_goals(w: Workload, med: dict[str, float]) -> None:
+    base = med.get("untraced")
+    lines = []
+
+    def goal(text: str, cfg: str, ok_fn, shown: str) -> None:
+        if base is None or cfg not in med:
+            lines.append(f"  {text}: not measured ({cfg} did not run)")
+            return
+        lines.append(f"  {text}: {shown} -> {'MET' if ok_fn() else 'NOT MET'}")
+
+    if w.name == "loop":
+        sd = {c: m / base for c, m in med.items()} if base else {}
+        if "memleak" in med and "allocscope" in med and base:
+            lines.append(f"  full <= 1/4 of memleak's slowdown: allocscope {sd['allocscope']:.1f}x vs memleak "
+                         f"{sd['memleak']:.1f}x / 4 = {sd['memleak'] / 4:.1f}x -> "
+                         f"{'MET' if sd['allocscope'] <= sd['memleak'] / 4 else 'NOT MET'}")
+        else:
+            lines.append("  full <= 1/4 of memleak's slowdown: not measured (memleak or allocscope did not run)")
+        goal("sampled <= 3x", "allocscope-sampled", lambda: sd["allocscope-sampled"] <= 3,
+             f"{sd.get('allocscope-sampled', 0):.2f}x")
+        goal("residency <= 1.05x", "allocscope-residency", lambda: sd["allocscope-residency"] <= 1.05,
+             f"{sd.get('allocscope-residency', 0):.2f}x")
+    elif w.name == "redis":
+        for cfg, need, label in (("allocscope", 60, "full"), ("allocscope-sampled", 85, "sampled"),
+                                 ("allocscope-residency", 97, "residency")):
+            kept = med[cfg] / base * 100 if base and cfg in med else 0
+            goal(f"{label} keeps >= {need} % of throughput", cfg, lambda k=kept, n=need: k >= n, f"{kept:.1f} %")
+    else:
+        lines.append("  (issue #6 states no goal for the demo daemon)")
+    print("goals (issue #6):")
+    print("\n".join(lines))
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", choices=["loop", "redis", "demo", "all"], default="all")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=300000, help="iterations per thread (1 malloc + 1 free each)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--configs", help="comma-separated subset of configurations (untraced is always run)")
+    ap.add_argument("--iters", type=int, default=300000, help="loop: iterations per thread (1 malloc + 1 free each)")
+    ap.add_argument("--threads", type=int, default=2, help="loop: threads")
+    ap.add_argument("--requests", type=int, default=100000, help="redis: requests per test (-n)")
+    ap.add_argument("--tests", default="set,get,lpush,lpop", help="redis: redis-benchmark -t")
+    ap.add_argument("--clients", type=int, default=50, help="redis: parallel connections (-c)")
+    ap.add_argument("--keyspace", type=int, default=100000, help="redis: random key space (-r)")
+    ap.add_argument("--datasize", type=int, default=64, help="redis: value size in bytes (-d)")
+    ap.add_argument("--partitions", type=int, default=60, help="demo: partitions to prove")
+    ap.add_argument("--demo-args", default="--synth-ms 0 --gpu-ms 0 --pw 3",
+                    help="demo: further provingd flags (the paced daemon of `allocscope demo`: '')")
     ap.add_argument("--no-memleak", action="store_true")
+    ap.add_argument("--no-heaptrack", action="store_true")
     ap.add_argument("--unwind", action="store_true",
                     help="instead: DWARF vs frame-pointer unwinding cost per allocation on a no-frame-pointer "
                          "build at stack depth 8 and 32 (bench/unwind_cost.py)")
@@ -126,38 +637,74 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("bench/overhead.py: run as root (it attaches BPF probes)")
     if args.unwind:
-        from unwind_cost import main as unwind_cost  # noqa: PLC0415 (bench/ is on sys.path)
+        sys.path.insert(0, str(HERE))
+        from unwind_cost import main as unwind_cost
+
         unwind_cost(["--rounds", str(args.rounds), "--threads", str(args.threads)])
         return
+
     configs = ["untraced", *ALLOCSCOPE_CONFIGS]
+    skipped: dict[str, str] = {}
     if not args.no_memleak:
         if shutil.which("memleak-bpfcc"):
-            configs += ["memleak", "memleak-combined", "memleak-s10"]
+            configs += list(MEMLEAK_CONFIGS)
         else:
-            print("memleak-bpfcc not found (apt-get install bpfcc-tools); comparing without it", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as td:
+            skipped.update({c: "memleak-bpfcc not installed (apt-get install bpfcc-tools)" for c in MEMLEAK_CONFIGS})
+    if not args.no_heaptrack:
+        if shutil.which("heaptrack"):
+            configs.append("heaptrack")
+        else:
+            skipped["heaptrack"] = "not installed (make bench installs it: scripts/setup-bench.sh)"
+    if args.configs:
+        want = {c.strip() for c in args.configs.split(",")} | {"untraced"}
+        unknown = want - set(configs) - set(skipped)
+        if unknown:
+            sys.exit(f"unknown configuration(s): {', '.join(sorted(unknown))}")
+        configs = [c for c in configs if c in want]
+        skipped = {c: why for c, why in skipped.items() if c in want}
+
+    names = ["loop", "redis", "demo"] if args.workload == "all" else [args.workload]
+    workloads: list[Workload] = []
+    for n in names:
+        if n == "loop":
+            workloads.append(LoopWorkload(args.iters, args.threads))
+        elif n == "redis":
+            workloads.append(RedisWorkload(args.requests, args.tests, args.clients, args.keyspace, args.datasize))
+        else:
+            workloads.append(DemoWorkload(args.partitions, args.demo_args.split()))
+
+    print(f"bench/overhead.py {time.strftime('%Y-%m-%d %H:%M %Z')}, {os.uname().nodename}, kernel "
+          f"{os.uname().release}, {os.cpu_count()} CPUs", flush=True)
+    with tempfile.TemporaryDirectory(prefix="allocscope-overhead-") as td:
         tmp = Path(td)
-        exe = build(tmp)
-        times: dict[str, list[float]] = {c: [] for c in configs}
-        cpus: dict[str, list[float]] = {c: [] for c in configs}
-        for r in range(args.rounds):
-            for c in configs:
-                s, cpu = run_once(exe, c, args, tmp)
-                times[c].append(s)
-                cpus[c].append(cpu)
-                print(f"round {r + 1}/{args.rounds} {c:17s} {s:8.3f}s", file=sys.stderr)
-    base = statistics.median(times["untraced"])
-    calls = 2 * args.iters * args.threads
-    print(f"\nmalloc-heavy loop: {args.threads} threads x {args.iters} iterations "
-          f"({calls} malloc+free calls), {args.rounds} interleaved rounds, medians")
-    print(f"{'configuration':18s} {'seconds':>9s} {'slowdown':>9s} {'ns/call added':>14s} {'tracer CPU s':>13s}")
-    for c in configs:
-        m = statistics.median(times[c])
-        added = (m - base) / calls * 1e9
-        print(f"{c:18s} {m:9.3f} {m / base:8.1f}x {added:14.0f} {statistics.median(cpus[c]):13.2f}")
-    if "memleak" in times:
-        ratio = statistics.median(times["memleak"]) / statistics.median(times["allocscope"])
-        print(f"\nallocscope is {ratio:.1f}x faster than memleak-bpfcc (default mode) on this loop")
+        for w in workloads:
+            w.prepare(tmp)
+            results: dict[str, list[Trial]] = {c: [] for c in configs}
+            errors: dict[str, list[str]] = {c: [] for c in configs}
+            for r in range(args.rounds):
+                for c in configs:
+                    try:
+                        t = w.run(c, tmp)
+                    except TrialError as e:
+                        errors[c].append(str(e))
+                        print(f"{w.name} round {r + 1}/{args.rounds} {c:21s} FAILED: {e}", file=sys.stderr)
+                        continue
+                    results[c].append(t)
+                    print(f"{w.name} round {r + 1}/{args.rounds} {c:21s} {fmt_metric(t.metric, w.unit):>12s} "
+                          f"{w.unit}  tracer CPU {t.cpu_work:.2f}/{t.cpu_total:.2f} s, peak {t.rss_mib:.0f} MiB",
+                          file=sys.stderr, flush=True)
+                    for f in tmp.glob("bench-*.allocscope"):  # traces are not kept
+                        shutil.rmtree(f, ignore_errors=True)
+                    for f in tmp.glob("heaptrack-*"):
+                        f.unlink(missing_ok=True)
+            if not results["untraced"]:
+                print(f"\n{w.name}: the untraced runs failed ({errors['untraced'][-1]}); no table", flush=True)
+                continue
+            med = report(w, configs, results, errors, args.rounds)
+            for c, why in skipped.items():
+                print(f"{c:21s} {'n/a':>13s}   {why}")
+            check_goals(w, med)
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":
