@@ -29,8 +29,9 @@ test: setup ## every test (BPF tests fail instead of skipping when CI=true)
 test-unit: venv ## tests that need neither root nor BPF
 	@$(PY) -m pytest -q -m 'not bpf' $(PYTEST_ARGS)
 
-bench: setup ## overhead benchmark (prints ratios measured in one run)
-	@$(PY) bench/overhead.py
+bench: setup ## overhead benchmark: loop, redis, demo (installs heaptrack + gdb; BENCH_ARGS=...)
+	@bash scripts/setup-bench.sh
+	@$(PY) bench/overhead.py $(BENCH_ARGS)
 
 clean: ## remove build products (keeps .venv)
 	rm -rf build tests/targets/bin *.egg-info .pytest_cache

@@ -176,6 +176,24 @@ class TracerMonitor:
             return sum(self.cpu.values()), sum(self.hwm.values()) / 1024
 
 
+def settle(mon: TracerMonitor, quiet: float = 0.05, window: float = 0.5, limit: float = 15) -> None:
+    """Wait until the freshly attached tracer is idle (under `quiet` of a CPU over `window` s,
+    at most `limit` s), so its start-up work does not leak into the measured window."""
+    end = time.monotonic() + limit
+    last = mon.cpu_total()
+    while time.monotonic() < end:
+        time.sleep(window)
+        now = mon.cpu_total()
+        if now - last < quiet * window:
+            return
+        last = now
+
+
+def exported(obj: str, sym: str) -> bool:
+    p = subprocess.run(["nm", "-D", "--defined-only", obj], capture_output=True, text=True, check=False)
+    return any(line.split()[-1:] == [sym] for line in p.stdout.splitlines())
+
+
 def stop_process(p: subprocess.Popen | None, sig: int = signal.SIGINT, timeout: float = 120) -> None:
     if p is None or p.poll() is not None:
         return
@@ -224,8 +242,15 @@ def start_attach_tracer(cfg: str, pid: int, tmp: Path, alloc_obj: str | None = N
                 t.monitor.stop()
                 raise TrialError("allocscope did not attach in 300 s")
             time.sleep(0.05)
+        settle(t.monitor)
         return t
     if cfg.startswith("memleak"):
+        if alloc_obj and not (exported(alloc_obj, "mmap") and exported(alloc_obj, "munmap")):
+            # memleak -O OBJ probes malloc..free *and* mmap/munmap in OBJ, none of them optional;
+            # without -O it probes libc, whose malloc this process does not call.
+            raise TrialError(f"memleak-bpfcc cannot probe {Path(alloc_obj).name}: its -O needs mmap and munmap "
+                             "in the allocator object (jemalloc exports neither), and its default (libc) "
+                             "would see none of this process' allocations")
         obj = ["-O", alloc_obj] if alloc_obj else []
         proc = subprocess.Popen(["memleak-bpfcc", "-p", str(pid), *obj, *MEMLEAK_CONFIGS[cfg], MEMLEAK_INTERVAL],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -242,6 +267,7 @@ def start_attach_tracer(cfg: str, pid: int, tmp: Path, alloc_obj: str | None = N
             raise TrialError(f"did not attach: {last[:60]}; {MEMLEAK_NO_ATTACH}") from None
         # drain its reports so it never blocks on a full pipe
         threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+        settle(t.monitor)
         return t
     raise ValueError(cfg)
 
@@ -486,6 +512,7 @@ class RedisWorkload(Workload):
                 if srv.poll() is not None:
                     raise TrialError("redis-server died during heaptrack's gdb injection")
                 threading.Thread(target=lambda: [None for _ in ht.stdout], daemon=True).start()
+                settle(mon)
             elif cfg != "untraced":
                 tracer = start_attach_tracer(cfg, srv.pid, tmp, allocator_object(srv.pid))
                 mon = tracer.monitor
@@ -625,7 +652,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=50, help="redis: parallel connections (-c)")
     ap.add_argument("--keyspace", type=int, default=100000, help="redis: random key space (-r)")
     ap.add_argument("--datasize", type=int, default=64, help="redis: value size in bytes (-d)")
-    ap.add_argument("--partitions", type=int, default=60, help="demo: partitions to prove")
+    ap.add_argument("--partitions", type=int, default=200, help="demo: partitions to prove")
     ap.add_argument("--demo-args", default="--synth-ms 0 --gpu-ms 0 --pw 3",
                     help="demo: further provingd flags (the paced daemon of `allocscope demo`: '')")
     ap.add_argument("--no-memleak", action="store_true")
