@@ -97,6 +97,12 @@ def proc_cpu(pid: int) -> float | None:
         return None
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds of one process (NaN once it is gone); used by bench/unwind_cost.py."""
+    c = proc_cpu(pid)
+    return float("nan") if c is None else c
+
+
 def proc_hwm_kib(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -647,7 +653,7 @@ def main() -> None:
     ap.add_argument("--configs", help="comma-separated subset of configurations (untraced is always run)")
     ap.add_argument("--iters", type=int, default=300000, help="loop: iterations per thread (1 malloc + 1 free each)")
     ap.add_argument("--threads", type=int, default=2, help="loop: threads")
-    ap.add_argument("--requests", type=int, default=100000, help="redis: requests per test (-n)")
+    ap.add_argument("--requests", type=int, default=50000, help="redis: requests per test (-n)")
     ap.add_argument("--tests", default="set,get,lpush,lpop", help="redis: redis-benchmark -t")
     ap.add_argument("--clients", type=int, default=50, help="redis: parallel connections (-c)")
     ap.add_argument("--keyspace", type=int, default=100000, help="redis: random key space (-r)")
