@@ -156,6 +156,18 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+def outside_heaps(addr: np.ndarray, heaps: list[Heap]) -> np.ndarray:
+    """Boolean mask of the addresses that lie in no glibc heap (start .. reserved end)."""
+    addr = np.asarray(addr, dtype=np.uint64)
+    hs = sorted((h.start, h.reserved_end) for h in heaps)
+    if not hs or len(addr) == 0:
+        return np.ones(len(addr), dtype=bool)
+    starts = np.array([h[0] for h in hs], dtype=np.uint64)
+    ends = np.array([h[1] for h in hs], dtype=np.uint64)
+    i = np.searchsorted(starts, addr, side="right") - 1
+    return ~((i >= 0) & (addr < ends[np.clip(i, 0, None)]))
+
+
 def chunk_ranges(blocks: tuple[np.ndarray, np.ndarray], heaps: list[Heap]) -> list[tuple[int, int]]:
     """Page ranges of live heap-API blocks (addresses, sizes) that lie outside every glibc heap:
     the allocator's own mmapped chunks (glibc serves requests above the mmap threshold that way).
@@ -164,13 +176,8 @@ def chunk_ranges(blocks: tuple[np.ndarray, np.ndarray], heaps: list[Heap]) -> li
     size = np.asarray(blocks[1], dtype=np.uint64)
     if len(addr) == 0:
         return []
-    hs = sorted((h.start, h.reserved_end) for h in heaps)
-    if hs:
-        starts = np.array([h[0] for h in hs], dtype=np.uint64)
-        ends = np.array([h[1] for h in hs], dtype=np.uint64)
-        i = np.searchsorted(starts, addr, side="right") - 1
-        inside = (i >= 0) & (addr < ends[np.clip(i, 0, None)])
-        addr, size = addr[~inside], size[~inside]
+    out = outside_heaps(addr, heaps)
+    addr, size = addr[out], size[out]
     mask = np.uint64(~(PAGE - 1) & 0xFFFFFFFFFFFFFFFF)
     lo = (addr - np.uint64(16)) & mask
     hi = (addr + size + np.uint64(PAGE - 1)) & mask

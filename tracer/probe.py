@@ -215,38 +215,104 @@ class Probes:
 
     # --- map reads ---------------------------------------------------------------------------
 
-    def _read_batch(self, name: str, key_type, val_type, chunk: int = 65536) -> tuple[np.ndarray, np.ndarray]:
-        """All entries of a hash map as two numpy structured arrays, read with
-        BPF_MAP_LOOKUP_BATCH in chunks (one syscall per chunk, not per key)."""
+    def iter_batches(self, name: str, key_type, val_type, chunk: int = 1 << 18, prefetch: bool = False):
+        """Every entry of a hash map, read with BPF_MAP_LOOKUP_BATCH straight into preallocated
+        numpy structured arrays of `chunk` entries (one syscall per chunk, not per key). Yields
+        (keys, values) views of those buffers, valid until the next item is asked for: a caller
+        copies what it keeps. With `prefetch`, a thread reads the next chunks (into two more
+        buffers) while the caller works on this one: the kernel's copy-out (~0.4 µs an entry)
+        and the caller's encoding overlap. Memory: 1 (3 with prefetch) x chunk x (key + value
+        size), whatever the map holds."""
         table = self.bpf[name.encode()]
         kd, vd = np.dtype(key_type), np.dtype(val_type)
-        keys_out, vals_out = [], []
-        in_batch = ct.c_uint64(0)
-        out_batch = ct.c_uint64(0)
-        first = True
-        while True:
-            kbuf = np.empty(chunk, dtype=kd)
-            vbuf = np.empty(chunk, dtype=vd)
-            cnt = ct.c_uint32(chunk)
-            res = self._lib.lookup_batch(table.map_fd, None if first else ct.byref(in_batch),
-                                         ct.byref(out_batch), kbuf.ctypes.data, vbuf.ctypes.data,
-                                         ct.byref(cnt))
-            err = ct.get_errno()
-            n = cnt.value
-            if res != 0 and err == errno.ENOSPC and n == 0:
-                chunk *= 4  # one bucket holds more than a chunk
-                continue
-            if n:
-                keys_out.append(kbuf[:n].copy())
-                vals_out.append(vbuf[:n].copy())
-            if res != 0:
-                if err != errno.ENOENT:
+        fd = table.map_fd
+        lookup = self._lib.lookup_batch
+
+        def chunks(get_buf, stop=lambda: False):
+            """(buffer pair, n) per chunk; get_buf() hands out a free pair."""
+            in_batch, out_batch = ct.c_uint64(0), ct.c_uint64(0)
+            first = True
+            bufs = get_buf()
+            while not stop():
+                kbuf, vbuf = bufs
+                cnt = ct.c_uint32(len(kbuf))
+                res = lookup(fd, None if first else ct.byref(in_batch), ct.byref(out_batch),
+                             kbuf.ctypes.data, vbuf.ctypes.data, ct.byref(cnt))
+                err = ct.get_errno()
+                n = cnt.value
+                if res != 0 and err == errno.ENOSPC and n == 0:
+                    # one bucket holds more entries than the buffer: a larger one, same position
+                    bufs = (np.empty(len(kbuf) * 4, dtype=kd), np.empty(len(vbuf) * 4, dtype=vd))
+                    continue
+                if res != 0 and err != errno.ENOENT:
                     raise AllocscopeError(f"reading BPF map {name}: {os.strerror(err)}")
-                break
-            first = False
-            in_batch.value = out_batch.value
+                if n:
+                    yield bufs, n
+                    if res == 0:
+                        bufs = get_buf()
+                if res != 0:
+                    return
+                first = False
+                in_batch.value = out_batch.value
+
+        def new_pair():
+            return np.empty(chunk, dtype=kd), np.empty(chunk, dtype=vd)
+
+        if not prefetch:
+            pair = new_pair()
+            for (k, v), n in chunks(lambda: pair):
+                yield k[:n], v[:n]
+            return
+
+        import queue  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+
+        free: queue.Queue = queue.Queue()
+        for _ in range(3):
+            free.put(new_pair())
+        full: queue.Queue = queue.Queue()
+        stop = threading.Event()
+
+        def get_buf():
+            while not stop.is_set():
+                try:
+                    return free.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+            return new_pair()  # stopping: never used
+
+        def reader():
+            try:
+                for item in chunks(get_buf, stop.is_set):
+                    full.put(item)
+                full.put(None)
+            except BaseException as e:  # noqa: BLE001 (handed to the consumer)
+                full.put(e)
+
+        th = threading.Thread(target=reader, name=f"read-{name}", daemon=True)
+        th.start()
+        try:
+            while True:
+                item = full.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                (k, v), n = item
+                yield k[:n], v[:n]
+                free.put((k, v))
+        finally:
+            stop.set()
+            th.join()
+
+    def _read_batch(self, name: str, key_type, val_type, chunk: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+        """All entries of a hash map as two numpy structured arrays (see iter_batches)."""
+        keys_out, vals_out = [], []
+        for k, v in self.iter_batches(name, key_type, val_type, chunk):
+            keys_out.append(k.copy())
+            vals_out.append(v.copy())
         if not keys_out:
-            return np.empty(0, dtype=kd), np.empty(0, dtype=vd)
+            return np.empty(0, dtype=np.dtype(key_type)), np.empty(0, dtype=np.dtype(val_type))
         return np.concatenate(keys_out), np.concatenate(vals_out)
 
     def read_sites(self) -> tuple[np.ndarray, np.ndarray]:
@@ -254,6 +320,11 @@ class Probes:
 
     def read_live(self) -> tuple[np.ndarray, np.ndarray]:
         return self._read_batch("live", ct.c_uint64, L.Live)
+
+    def iter_live(self, chunk: int = 1 << 18):
+        """The live map in chunks of at most `chunk` blocks (views, see iter_batches): the
+        final snapshot streams them to the trace without holding the whole map."""
+        return self.iter_batches("live", ct.c_uint64, L.Live, chunk, prefetch=True)
 
     def read_fault_sites(self) -> tuple[np.ndarray, np.ndarray]:
         """Residency mode: sampled first touches per (stack, thread), as `sites`."""

@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from . import layout as L
 from . import procfs
 from . import traceformat as F
-from .arenas import Pagemap, chunk_ranges, find_heaps
+from .arenas import Pagemap, chunk_ranges, find_heaps, outside_heaps
 from .elfinfo import build_id, find_allocator
 from .errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
 from .regions import RegionTracker
@@ -520,7 +519,7 @@ class Recorder:
                 "wait_ns_max": [v[3] for _, v in items]}, schema=F.SCHEMAS["flows"]))
 
         if final:
-            self._write_live(seq)
+            self._write_live(seq, readable)
 
         counters = self.probes.read_counters()
         counters["n_attach_window_returns"] = self.attach_window_returns
@@ -573,27 +572,51 @@ class Recorder:
                 schema=F.SCHEMAS["heaps"]))
         return total, ms
 
-    def _write_live(self, seq: int) -> None:
-        """The final live table: BPF's live map (numpy, no per-row Python objects: millions of
-        rows are normal) plus the region tracker's pieces."""
-        keys, vals = self.probes.read_live()
-        self.live_blocks = (keys, vals["size"])
-        reg = self.regions.live()
+    def _write_live(self, seq: int, readable: bool) -> None:
+        """The final live table, streamed: the BPF live map is read in chunks straight into
+        preallocated numpy buffers (probe.iter_live) and every chunk becomes one Parquet row
+        group at once, so the tracer never holds the whole table — millions of rows are normal;
+        the memory it takes is one chunk (256 Ki blocks: ~10 MiB of buffers and ~30 MiB of
+        Arrow columns). No per-row Python objects. Kept for the `heaps` table: the blocks that
+        lie outside glibc's heaps (its mmapped chunks; each is a mapping, so there are few)."""
+        heaps = None
+        if readable and self.rep.allocator_kind == "glibc":
+            try:
+                heaps = find_heaps(self.t.pid, procfs.read_maps(self.t.pid))
+            except OSError:
+                heaps = None
         names = pa.array([API.get(i, str(i)) for i in range(max(API) + 1)])
-        api = vals["api"].astype(np.int64)
-        api = np.where(api < len(names), api, 0)
-        heap = pa.table({
-            "seq": pa.array(np.full(len(keys), seq, dtype=np.int32)),
-            "addr": pa.array(keys.astype(np.uint64)), "size": pa.array(vals["size"].astype(np.int64)),
-            "stack_id": pa.array(vals["stack_id"].astype(np.uint64)), "tid": pa.array(vals["tid"].astype(np.uint32)),
-            "ts_ns": pa.array(vals["ts_ns"].astype(np.int64)), "api": pc.take(names, pa.array(api)),
-            "source": pa.array(np.full(len(keys), "heap", dtype=object), type=pa.string()),
-        }, schema=F.SCHEMAS["live"])
-        regions = pa.table({
-            "seq": [seq] * len(reg), "addr": [r[0] for r in reg], "size": [r[1] for r in reg],
-            "stack_id": [r[2] for r in reg], "tid": [r[3] for r in reg], "ts_ns": [r[4] for r in reg],
-            "api": [r[5] for r in reg], "source": [r[5] for r in reg]}, schema=F.SCHEMAS["live"])
-        self.writer.write_part("live", seq, pa.concat_tables([heap, regions]))
+        schema = F.SCHEMAS["live"]
+        kept_addr: list[np.ndarray] = []
+        kept_size: list[np.ndarray] = []
+
+        def batches():
+            for keys, vals in self.probes.iter_live():
+                n = len(keys)
+                size = vals["size"].astype(np.int64)
+                if heaps is not None:
+                    out = outside_heaps(keys, heaps)
+                    kept_addr.append(keys[out].astype(np.uint64))
+                    kept_size.append(size[out])
+                api = vals["api"].astype(np.int32)
+                api[(api < 0) | (api >= len(names))] = 0
+                # keys is a view of the read buffer: written before the next chunk is read
+                yield pa.record_batch([
+                    pa.array(np.full(n, seq, dtype=np.int32)), pa.array(keys.astype(np.uint64)),
+                    pa.array(size), pa.array(vals["stack_id"].astype(np.uint64)),
+                    pa.array(vals["tid"].astype(np.uint32)), pa.array(vals["ts_ns"].astype(np.int64)),
+                    names.take(pa.array(api)), pa.repeat("heap", n)], schema=schema)
+            reg = self.regions.live()
+            if reg:
+                yield pa.RecordBatch.from_pydict({
+                    "seq": [seq] * len(reg), "addr": [r[0] for r in reg], "size": [r[1] for r in reg],
+                    "stack_id": [r[2] for r in reg], "tid": [r[3] for r in reg], "ts_ns": [r[4] for r in reg],
+                    "api": [r[5] for r in reg], "source": [r[5] for r in reg]}, schema=schema)
+
+        self.writer.write_part_batches("live", seq, schema, batches())
+        if heaps is not None:
+            self.live_blocks = (np.concatenate(kept_addr) if kept_addr else np.empty(0, np.uint64),
+                                np.concatenate(kept_size) if kept_size else np.empty(0, np.int64))
 
     # --- lifecycle --------------------------------------------------------------------------
 
