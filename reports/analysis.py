@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from tracer.errors import UsageError
 
@@ -325,11 +326,16 @@ def growth_table(timeline: pd.DataFrame, elapsed: pd.Series) -> pd.DataFrame:
 def oldest_ages(trace: Trace, stacks: dict[int, SiteKey]) -> dict[SiteKey, float]:
     """site -> age in seconds of its oldest allocation still outstanding at the end (from the
     final `live` table; a trace cut short has none, and its sites get no age)."""
-    lv = trace.live
-    if lv.empty:
+    if not trace.live_rows:
         return {}
     end = end_time_ns(trace)
-    first = lv.groupby("stack_id")["ts_ns"].min()
+    # Hash aggregates over the (possibly millions of) live blocks, batch by batch; the result
+    # has a row a stack.
+    first: dict[int, int] = {}
+    for b in trace.live_batches(["stack_id", "ts_ns"]):
+        agg = pa.table({"s": b["stack_id"], "t": b["ts_ns"].astype(np.int64, copy=False)}).group_by("s").aggregate([("t", "min")])
+        for sid, ts in zip(agg["s"].to_pylist(), agg["t_min"].to_pylist()):
+            first[sid] = min(ts, first.get(sid, ts))
     out: dict[SiteKey, float] = {}
     for sid, ts in first.items():
         site = fold_frames(stacks.get(int(sid), UNKNOWN_STACK))
@@ -553,35 +559,52 @@ def arena_table(trace: Trace) -> pd.DataFrame:
     if h is None or h.empty:
         return pd.DataFrame(columns=ARENA_COLUMNS)
     h = h.sort_values("start").reset_index(drop=True)
-    live = trace.live[trace.live["source"] == "heap"] if not trace.live.empty else trace.live
     starts = h["start"].to_numpy(dtype=np.uint64)
     ends = h["reserved_end"].to_numpy(dtype=np.uint64)
     ids = np.where(h["kind"] == "main", "main", np.where(h["kind"] == "mmap", "mmap", h["arena"]))
-    owner = np.full(len(live), -1)
-    if len(live):
-        addr = live["addr"].to_numpy(dtype=np.uint64)
-        i = np.searchsorted(starts, addr, side="right") - 1
-        ok = (i >= 0) & (addr < ends[np.clip(i, 0, None)])
-        owner = np.where(ok, i, -1)
+    arena_ids = list(dict.fromkeys(ids))
+    code_of = {aid: c for c, aid in enumerate(arena_ids)}
+    other = len(arena_ids)  # heap-API blocks in no known range
+    live_sum: dict[int, int] = {}
+    tids: dict[int, set[int]] = {}
+    heap_code = np.array([code_of[a] for a in ids], dtype=np.int32)
+    # One pass over the live blocks, batch by batch, no per-row Python: the group of each block
+    # (its arena, or `other`), then exact hash aggregates per group.
+    for b in trace.live_batches(["source", "addr", "size", "tid"]):
+        addr, size, tid = b["addr"].astype(np.uint64, copy=False), b["size"], b["tid"]
+        if not b["heap"].all():
+            addr, size, tid = addr[b["heap"]], size[b["heap"]], tid[b["heap"]]
+        grp = np.full(len(addr), other, dtype=np.int32)
+        if len(starts) <= 16:  # a few ranges (they never overlap): two compares a range
+            for j in range(len(starts)):
+                grp[(addr >= starts[j]) & (addr < ends[j])] = heap_code[j]
+        else:
+            i = np.searchsorted(starts, addr, side="right") - 1
+            ic = np.maximum(i, 0)
+            ok = (i >= 0) & (addr < ends[ic])
+            grp[ok] = heap_code[ic[ok]]
+        tab = pa.table({"g": grp, "size": size.astype(np.int64, copy=False), "tid": tid})
+        sums = tab.group_by("g").aggregate([("size", "sum")])
+        for g, v in zip(sums["g"].to_pylist(), sums["size_sum"].to_pylist()):
+            live_sum[g] = live_sum.get(g, 0) + v
+        pairs = tab.group_by(["g", "tid"]).aggregate([])
+        for g, t in zip(pairs["g"].to_pylist(), pairs["tid"].to_pylist()):
+            tids.setdefault(g, set()).add(t)
     rows = []
-    for aid in dict.fromkeys(ids):
+    for c, aid in enumerate(arena_ids):
         idx = np.flatnonzero(ids == aid)
-        sel = np.isin(owner, idx)
-        lb = int(live["size"].to_numpy()[sel].sum()) if len(live) else 0
+        lb = int(live_sum.get(c, 0))
         res = int(h["resident_bytes"].to_numpy()[idx].sum())
         kind = str(h["kind"].iloc[idx[0]])
         rows.append({"id": str(aid), "kind": kind, "live_bytes": lb, "resident_bytes": res,
-                     "retained_bytes": max(0, res - lb),
-                     "threads": [int(t) for t in np.unique(live["tid"].to_numpy()[sel])] if len(live) else [],
+                     "retained_bytes": max(0, res - lb), "threads": sorted(tids.get(c, [])),
                      "heaps": int(len(idx)) if kind != "mmap" else 0,
                      "size_bytes": int((h["end"].to_numpy()[idx] - h["start"].to_numpy()[idx]).sum()),
                      "estimated": bool(h["estimated"].to_numpy()[idx].any())})
-    outside = owner < 0
-    if len(live) and outside.any():
-        rows.append({"id": "other", "kind": "other", "live_bytes": int(live["size"].to_numpy()[outside].sum()),
-                     "resident_bytes": None, "retained_bytes": 0,
-                     "threads": [int(t) for t in np.unique(live["tid"].to_numpy()[outside])], "heaps": 0,
-                     "size_bytes": 0, "estimated": False})
+    if other in live_sum:
+        rows.append({"id": "other", "kind": "other", "live_bytes": int(live_sum[other]),
+                     "resident_bytes": None, "retained_bytes": 0, "threads": sorted(tids.get(other, [])),
+                     "heaps": 0, "size_bytes": 0, "estimated": False})
     df = pd.DataFrame(rows, columns=ARENA_COLUMNS)
     return df.sort_values(["retained_bytes", "live_bytes"], ascending=False).reset_index(drop=True)
 

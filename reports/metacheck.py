@@ -104,8 +104,14 @@ def conform_part(table: str, tab, schemas: dict, seq: int | None = None):
         missing = [c for c in want.names if c not in tab.column_names]
         if missing:
             raise ValueError(f"no column {missing[0]}")
+        tab = tab.select(want.names)
+        # A string column read as a dictionary (the reader asks for that on big tables) stays
+        # one: same values, no per-row strings.
+        target = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type))
+                            if f.type == pa.string() and pa.types.is_dictionary(tab.schema.field(f.name).type)
+                            else f for f in want])
         try:
-            tab = tab.select(want.names).cast(want)
+            tab = tab.cast(target)
         except (pa.ArrowException, ValueError, TypeError) as e:
             raise ValueError(f"values do not fit: {str(e).splitlines()[0][:60]}") from None
         check = [c for c in want.names if c not in NULLABLE.get(table, ())]

@@ -16,8 +16,10 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracer import traceformat as F
@@ -35,9 +37,54 @@ class Trace:
     flows: pd.DataFrame
     events: pd.DataFrame
     maps: pd.DataFrame
-    live: pd.DataFrame
+    # The final live table (one row per outstanding block: millions are normal). load_trace
+    # keeps it as Arrow (`live_table`) and makes the DataFrame on first use of `live`; the
+    # reports aggregate it straight from Arrow (`live_batches`) and never build it.
+    # (a default factory, not a default: a class attribute `live` would hide __getattr__)
+    live: pd.DataFrame | None = field(default_factory=lambda: None, repr=False)
     warnings: list[str] = field(default_factory=list)
     heaps: pd.DataFrame = field(default_factory=lambda: _empty("heaps"))
+    live_table: pa.Table | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.live is None:
+            if self.live_table is None:
+                self.live = _empty("live")
+            else:
+                del self.__dict__["live"]  # built from live_table on first use (__getattr__)
+
+    def __getattr__(self, name: str):
+        if name == "live":  # only while not built yet
+            tab = self.__dict__.get("live_table")
+            df = _empty("live") if tab is None else _live_frame(tab)
+            self.__dict__["live"] = df
+            return df
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def live_rows(self) -> int:
+        """Rows of the live table, without building its DataFrame."""
+        if "live" in self.__dict__ or self.live_table is None:
+            return len(self.live)
+        return self.live_table.num_rows
+
+    def live_batches(self, columns: list[str]):
+        """The live table in batches (the row groups it was written in), each a dict of numpy
+        arrays, zero-copy views of Arrow's memory when the DataFrame was never built: reports
+        aggregate millions of rows without a pandas conversion or a concatenated copy. `source`
+        comes as a boolean array `heap` (source == 'heap') instead of strings."""
+        if "live" in self.__dict__ or self.live_table is None:
+            df = self.live
+            if len(df):
+                yield {("heap" if c == "source" else c):
+                       ((df["source"] == "heap").to_numpy(dtype=bool) if c == "source" else df[c].to_numpy())
+                       for c in columns}
+            return
+        for batch in self.live_table.select(columns).to_batches():
+            if batch.num_rows:
+                yield {("heap" if c == "source" else c):
+                       (_equals(batch.column(c), "heap") if c == "source" else
+                        batch.column(c).to_numpy(zero_copy_only=False)) for c in columns}
 
     @property
     def complete(self) -> bool:
@@ -73,6 +120,23 @@ class Trace:
             return self.flows
         last = self.flows["seq"].max()
         return self.flows[self.flows["seq"] == last].reset_index(drop=True)
+
+
+DICT_COLUMNS = {"live": ["api", "source"]}
+
+
+def _live_frame(tab: pa.Table) -> pd.DataFrame:
+    """The live table as pandas: numbers in one block per column, strings categorical."""
+    return tab.to_pandas(strings_to_categorical=True, split_blocks=True)
+
+
+def _equals(arr: pa.Array, value: str) -> np.ndarray:
+    """arr == value as a numpy boolean array; a dictionary array is compared by its indices."""
+    if pa.types.is_dictionary(arr.type):
+        hit = [i for i, v in enumerate(arr.dictionary.to_pylist()) if v == value]
+        idx = arr.indices.to_numpy(zero_copy_only=False)
+        return idx == hit[0] if len(hit) == 1 else np.isin(idx, hit)
+    return pc.equal(arr, value).to_numpy(zero_copy_only=False)
 
 
 def _empty(table: str) -> pd.DataFrame:
@@ -126,15 +190,17 @@ def load_trace(path: str, progress=None) -> Trace:
             parts[parsed[0]].append((parsed[1], n))
     from .metacheck import conform_part, sanitize  # noqa: PLC0415
     meta, warnings = sanitize(meta)  # fields of the wrong type: dropped, with a warning
-    frames: dict[str, pd.DataFrame] = {}
+    frames: dict = {}
 
-    def read(table: str, max_seq: int | None) -> pd.DataFrame:
+    def read(table: str, max_seq: int | None):
         chunks = []
         for seq, n in sorted(parts.get(table, [])):
             if max_seq is not None and seq > max_seq:
                 continue
             try:
-                chunk = pq.read_table(os.path.join(pdir, n))
+                # The live table can hold millions of rows: its few distinct strings are read
+                # as dictionaries (categoricals in pandas), never as one Python string a row.
+                chunk = pq.read_table(os.path.join(pdir, n), read_dictionary=DICT_COLUMNS.get(table))
             except (OSError, pa.ArrowException) as e:
                 warnings.append(f"unreadable part {n} skipped ({str(e).splitlines()[0][:80]})")
                 continue
@@ -152,8 +218,9 @@ def load_trace(path: str, progress=None) -> Trace:
             tab = pa.concat_tables(chunks, promote_options="default")
         except pa.ArrowException as e:
             raise TraceFileError(f"{path}: parts of table {table} disagree ({e})") from None
-        # The live table can hold millions of rows: its few distinct strings become categoricals.
-        return tab.to_pandas(strings_to_categorical=(table == "live"))
+        if table == "live":
+            return tab  # kept as Arrow; Trace.live converts it when asked
+        return tab.to_pandas()
 
     if progress:
         progress(f"loading {path}")
@@ -165,8 +232,12 @@ def load_trace(path: str, progress=None) -> Trace:
     last = int(intervals["seq"].max())
     for table in F.SCHEMAS:
         frames[table] = read(table, last)
+    if not isinstance(frames["live"], pd.DataFrame):  # Arrow, conformed part by part
+        frames["live_table"] = frames.pop("live")
     # Integrity: columns the reports rely on.
     for table, schema in F.SCHEMAS.items():
+        if table not in frames:
+            continue
         missing = [c for c in schema.names if c not in frames[table].columns]
         if missing:
             raise TraceFileError(f"{path}: table {table} lacks columns {missing}; corrupt or foreign trace")

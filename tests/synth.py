@@ -15,6 +15,7 @@ so a live block allocated at `at_s` is `n * interval_s - at_s` seconds old at th
 """
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 from tracer import traceformat as F
@@ -50,6 +51,8 @@ class SynthTrace:
         self._threads: list[tuple] = []
         self._events: list[tuple] = []
         self._live: list[dict] = []
+        self._live_batches: list[pa.Table] = []
+        self._heaps: list[tuple] = []
         self.peak_live = 0
 
     def stack(self, functions: list[str], files: list[str] | None = None, lines: list[int] | None = None,
@@ -81,6 +84,29 @@ class SynthTrace:
         addr = 0x7f0000000000 + 64 * len(self._live) if addr is None else addr
         self._live.append({"addr": addr, "size": size, "stack_id": stack_id,
                            "tid": tid, "ts_ns": MONO0 + int(at_s * 1e9), "api": api, "source": source})
+
+    def live_blocks(self, stack_ids, tids, sizes, at_s, addrs=None, source: str = "heap",
+                    api: str = "malloc") -> None:
+        """Many outstanding allocations at once (numpy arrays or scalars broadcast to the
+        length of `sizes`), for live tables of millions of rows: written by close() as one
+        part of several row groups, like the tracer's streamed live table."""
+
+        n = len(sizes)
+        col = lambda v, dt: np.broadcast_to(np.asarray(v, dtype=dt), (n,))  # noqa: E731
+        addr = np.asarray(addrs, dtype=np.uint64) if addrs is not None else \
+            np.uint64(0x7e0000000000) + np.arange(n, dtype=np.uint64) * np.uint64(64)
+        ts = (MONO0 + np.round(col(at_s, np.float64) * 1e9)).astype(np.int64)
+        self._live_batches.append(pa.table({
+            "seq": pa.array(np.zeros(n, dtype=np.int32)), "addr": pa.array(addr),
+            "size": pa.array(col(sizes, np.int64)), "stack_id": pa.array(col(stack_ids, np.uint64)),
+            "tid": pa.array(col(tids, np.uint32)), "ts_ns": pa.array(ts),
+            "api": pa.array([api] * n, pa.string()) if n < 1000 else pa.repeat(api, n),
+            "source": pa.repeat(source, n)}, schema=F.SCHEMAS["live"]))
+
+    def heaps(self, rows: list[tuple]) -> None:
+        """The tracer's end-of-run `heaps` table: (start, end, reserved_end, kind, arena,
+        resident_bytes, estimated) per glibc heap or mmapped chunk range."""
+        self._heaps = list(rows)
 
     def interval(self, sites: dict, rss: int = 0, flows: dict | None = None, lost: dict | None = None) -> None:
         """sites: {(stack_id, tid) or (stack_id, tid, source): (alloc_bytes, alloc_count,
@@ -138,9 +164,17 @@ class SynthTrace:
 
     def close(self, complete: bool = True) -> str:
         """Write the final live table (complete traces only, like the tracer) and meta.json."""
-        if complete and self._live:
+        if complete and (self._live or self._live_batches):
             rows = [{"seq": self.seq, **r} for r in self._live]
-            self.w.write_part("live", self.seq, pa.Table.from_pylist(rows, schema=F.SCHEMAS["live"]))
+            tabs = [pa.Table.from_pylist(rows, schema=F.SCHEMAS["live"])] + [
+                t.set_column(0, "seq", pa.array(np.full(t.num_rows, self.seq, dtype=np.int32))) for t in self._live_batches]
+            batches = [b for t in tabs for b in t.to_batches(max_chunksize=1 << 18)]
+            self.w.write_part_batches("live", self.seq, F.SCHEMAS["live"], batches)
+        if complete and self._heaps:
+            names = [f.name for f in F.SCHEMAS["heaps"]]
+            self.w.write_part("heaps", self.seq, pa.table(
+                {n: [self.seq] * len(self._heaps) if n == "seq" else [r[i - 1] for r in self._heaps]
+                 for i, n in enumerate(names)}, schema=F.SCHEMAS["heaps"]))
         if complete:
             self.meta.update({"complete": True, "end_reason": "duration", "intervals": self.seq})
             self.w.write_meta(self.meta)
