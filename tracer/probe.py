@@ -321,7 +321,7 @@ class Probes:
     def read_live(self) -> tuple[np.ndarray, np.ndarray]:
         return self._read_batch("live", ct.c_uint64, L.Live)
 
-    def iter_live(self, chunk: int = 1 << 18):
+    def iter_live(self, chunk: int = 1 << 16):
         """The live map in chunks of at most `chunk` blocks (views, see iter_batches): the
         final snapshot streams them to the trace without holding the whole map."""
         return self.iter_batches("live", ct.c_uint64, L.Live, chunk, prefetch=True)
