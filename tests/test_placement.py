@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from tracer.elfinfo import symbol_offsets
-from tracer.placement import place_entry
+from tracer.placement import ENTRY_READS, place_entry, place_probe
 
 ASM = r"""
     .text
@@ -57,6 +57,55 @@ f_mov:
     mov %rdi, %rax
     ret
     .size f_mov, .-f_mov
+
+    .globl f_prefix
+    .type f_prefix, @function
+f_prefix:
+    cmp $0x1000, %rdi
+    mov %rdi, %rax
+    shr $4, %rax
+    ja 5f
+    push %rbx
+    pop %rbx
+5:  ret
+    .size f_prefix, .-f_prefix
+
+    .globl f_prefix_writes_arg
+    .type f_prefix_writes_arg, @function
+f_prefix_writes_arg:
+    mov %rdi, %rax
+    xor %edi, %edi
+    ja 6f
+6:  ret
+    .size f_prefix_writes_arg, .-f_prefix_writes_arg
+
+    .globl f_prefix_moves_sp
+    .type f_prefix_moves_sp, @function
+f_prefix_moves_sp:
+    sub $8, %rsp
+    ja 7f
+7:  add $8, %rsp
+    ret
+    .size f_prefix_moves_sp, .-f_prefix_moves_sp
+
+    .globl f_prefix_stores
+    .type f_prefix_stores, @function
+f_prefix_stores:
+    mov %rdi, (%rax)
+    ja 8f
+8:  ret
+    .size f_prefix_stores, .-f_prefix_stores
+
+    .globl f_prefix_reentered
+    .type f_prefix_reentered, @function
+f_prefix_reentered:
+    mov %rdi, %rax
+9:  cmp $1, %rax
+    ja 10f
+    dec %rax
+    jmp 9b
+10: ret
+    .size f_prefix_reentered, .-f_prefix_reentered
 """
 
 
@@ -66,7 +115,8 @@ def lib(tmp_path_factory):
     (d / "f.s").write_text(ASM)
     so = d / "libf.so"
     subprocess.run(["gcc", "-shared", "-o", str(so), str(d / "f.s")], check=True)
-    names = ["f_null_check", "f_loop_back", "f_other_reg", "f_push", "f_mov"]
+    names = ["f_null_check", "f_loop_back", "f_other_reg", "f_push", "f_mov", "f_prefix",
+             "f_prefix_writes_arg", "f_prefix_moves_sp", "f_prefix_stores", "f_prefix_reentered"]
     s = symbol_offsets(str(so), names)
     return str(so), s
 
@@ -107,3 +157,39 @@ def test_glibc_free_moves_malloc_stays():
     assert not malloc.moved and "emulated" in malloc.reason
     # Debian 12's glibc 2.36: free = test %rdi,%rdi; je; push %rbp
     assert free.moved and free.offset > s.offsets["free"]
+
+
+def test_prefix_moves_to_first_emulated_instruction(lib):
+    path, s = lib
+    p = place_probe(path, s.offsets["f_prefix"], s.sizes["f_prefix"], ENTRY_READS["malloc"])
+    # cmp $imm32,%rdi (7 bytes) + mov (3) + shr (4): the `ja` follows; the push behind it is later
+    assert p.moved and p.offset == s.offsets["f_prefix"] + 14 and p.reason.startswith("+14: ja")
+
+
+@pytest.mark.parametrize("fn", ["f_prefix_writes_arg", "f_prefix_moves_sp", "f_prefix_stores",
+                                "f_prefix_reentered"])
+def test_prefix_stays_when_not_provably_equivalent(lib, fn):
+    """The argument register rewritten, the stack pointer moved, memory written, or a branch back
+    into the prefix (the probe would fire twice): the entry stays."""
+    path, s = lib
+    p = place_probe(path, s.offsets[fn], s.sizes[fn], ENTRY_READS["malloc"])
+    assert not p.moved and p.offset == s.offsets[fn], (fn, p)
+
+
+def test_prefix_checks_every_register_the_probe_reads(lib):
+    """`xor %edi,%edi` is harmless to a probe that reads only %rsi (aligned_alloc's size)."""
+    path, s = lib
+    p = place_probe(path, s.offsets["f_prefix_writes_arg"], s.sizes["f_prefix_writes_arg"],
+                    ENTRY_READS["aligned_alloc"])
+    assert p.moved and p.reason.startswith("+5: ja"), p
+
+
+def test_jemalloc_malloc_and_free_move():
+    import glob
+    libs = glob.glob("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    if not libs:
+        pytest.skip("libjemalloc.so.2 not installed (make setup installs it with redis-server)")
+    s = symbol_offsets(libs[0], ["malloc", "free"])
+    for fn in ("malloc", "free"):
+        p = place_probe(libs[0], s.offsets[fn], s.sizes[fn], ENTRY_READS[fn])
+        assert p.moved and "emulated" in p.reason, (fn, p)

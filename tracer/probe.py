@@ -167,17 +167,22 @@ class Probes:
                 continue
             by_offset[off] = sym
             plan.append((sym, off))
+        from .placement import ENTRY_READS, place_entry, place_probe  # noqa: PLC0415
+        where: dict[str, int] = {}
         for sym, off in plan:
-            if sym != "free":
-                self._attach("alloc_return", alloc.path, off, BPF_PROBE_RETURN)
-        for sym, off in plan:
-            entry = off
-            if sym == "free":  # entry-only, reads only %rdi: may sit behind the NULL check
-                from .placement import place_entry  # noqa: PLC0415
-                pl = place_entry(alloc.path, off, alloc.sizes.get(sym, 0))
-                entry = pl.offset
+            size = alloc.sizes.get(sym, 0)
+            # free is entry-only: behind its NULL check it skips free(NULL) calls too
+            pl = place_entry(alloc.path, off, size) if sym == "free" else None
+            if pl is None or not pl.moved:
+                pl = place_probe(alloc.path, off, size, ENTRY_READS[sym])
+            where[sym] = pl.offset
+            if pl.moved:
                 rep.placement[sym] = pl.reason
-            self._attach(f"{sym}_enter", alloc.path, entry, BPF_PROBE_ENTRY)
+        for sym, off in plan:
+            if sym != "free":  # the same address as the entry probe: one trap for both
+                self._attach("alloc_return", alloc.path, where[sym], BPF_PROBE_RETURN)
+        for sym, off in plan:
+            self._attach(f"{sym}_enter", alloc.path, where[sym], BPF_PROBE_ENTRY)
             rep.attached.append(sym)
         return rep
 

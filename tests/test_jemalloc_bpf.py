@@ -1,0 +1,75 @@
+"""Real probes on a program linked against Debian's jemalloc (the allocator of redis-server).
+
+jemalloc's `malloc` begins `cmp $0x1000,%rdi` and its `free` with nine plain instructions: both
+would be single-stepped, so their probes (and malloc's return probe) move onto the first emulated
+branch behind them. Every call must still be counted exactly once.
+"""
+from __future__ import annotations
+
+import glob
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import ROOT, attached, report_json, wait_for
+
+pytestmark = pytest.mark.bpf
+
+JEMALLOC = sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2") +
+                  glob.glob("/lib/x86_64-linux-gnu/libjemalloc.so.2"))
+
+
+@pytest.fixture(scope="module")
+def jem(tmp_path_factory):
+    if not JEMALLOC:
+        pytest.fail("libjemalloc.so.2 missing: `make setup` installs redis-server, which brings it")
+    exe = tmp_path_factory.mktemp("jem") / "jem"
+    subprocess.run(["gcc", "-O1", "-g", "-fno-omit-frame-pointer", "-o", str(exe),
+                    str(ROOT / "tests/targets/jemalloc/jem.c"), JEMALLOC[0]], check=True)
+    return exe
+
+
+def test_jemalloc_calls_counted_once_with_moved_probes(jem, tmp_path, procs, tracers):
+    import json
+
+    tgt = procs(jem, "--wait-signal")
+    tgt.expect("ready")
+    out = tmp_path / "jem.allocscope"
+    tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
+    wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
+    assert tr.poll() is None, tr.stderr.read()
+    tgt.signal(signal.SIGUSR1)
+    tgt.expect("done")
+    time.sleep(0.6)
+    tr.send_signal(signal.SIGINT)
+    assert tr.wait(60) == 0, tr.stderr.read()
+
+    probes = json.loads((out / "meta.json").read_text())["probes"]
+    assert probes["allocator_kind"] == "jemalloc", probes
+    assert "ja" in probes["placement"]["malloc"] and "emulated" in probes["placement"]["malloc"]
+    assert "emulated" in probes["placement"]["free"], probes["placement"]
+
+    rep = report_json(out)
+    assert rep["totals"]["lost_events"] == 0, rep["totals"]
+    got: dict[str, list[int]] = {}
+    for s in rep["sites"]:
+        fns = [f["function"] for f in s["frames"]]
+        fn = next((f for f in fns if f.startswith("jem_")), None)
+        if fn:
+            g = got.setdefault(fn, [0, 0, 0])
+            g[0] += s["live_bytes"]
+            g[1] += s["live_count"]
+            g[2] += s["alloc_count"]
+    assert got == {
+        "jem_leak": [700 * 333, 700, 700],
+        "jem_calloc": [9 * 13 * 41, 9, 9],
+        "jem_realloc": [4 * 5000, 4, 8],   # 4 malloc(100), each moved by realloc to 5000 B
+        "jem_churn": [0, 0, 5000],
+    }, got
+    from reports.trace import load_trace
+
+    last = load_trace(out).intervals.iloc[-1]
+    assert last["n_free_null"] == 100  # jemalloc's free probe sits before its NULL handling
+    assert last["n_frees"] == 5000 + 4  # churn, and the 4 blocks realloc moved
+    assert last["n_allocs"] == 700 + 9 + 8 + 5000
