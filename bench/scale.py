@@ -117,7 +117,7 @@ class _Reader:
     """Drain a pipe in a thread (a report's JSON can exceed the pipe buffer)."""
 
     def __init__(self, pipe) -> None:
-        import threading  # noqa: PLC0415
+        import threading
 
         self.text = ""
         self._t = threading.Thread(target=self._run, args=(pipe,), daemon=True)

@@ -92,7 +92,9 @@ class SynthTrace:
         part of several row groups, like the tracer's streamed live table."""
 
         n = len(sizes)
-        col = lambda v, dt: np.broadcast_to(np.asarray(v, dtype=dt), (n,))  # noqa: E731
+        def col(v, dt):
+            return np.broadcast_to(np.asarray(v, dtype=dt), (n,))
+
         addr = np.asarray(addrs, dtype=np.uint64) if addrs is not None else \
             np.uint64(0x7e0000000000) + np.arange(n, dtype=np.uint64) * np.uint64(64)
         ts = (MONO0 + np.round(col(at_s, np.float64) * 1e9)).astype(np.int64)

@@ -59,7 +59,7 @@ def _million(tmp_path):
     t.heaps([(MAIN[0], MAIN[1], MAIN[1], "main", "main", 2 << 30, 0),
              (ARENA[0], ARENA[1], ARENA[1], "thread", f"{ARENA[0] + 0x20:#x}", 64 << 20, 0)])
     t.close()
-    return t.path, dict(sid=sid, tid=tid, size=size, at_s=at_s, where=where, stacks=stacks, per=per)
+    return t.path, {"sid": sid, "tid": tid, "size": size, "at_s": at_s, "where": where, "stacks": stacks}
 
 
 def test_report_on_a_million_live_blocks_is_exact(tmp_path):
@@ -100,7 +100,7 @@ def test_report_on_a_million_live_blocks_is_exact(tmp_path):
 def test_old_style_live_part_reads_the_same(tmp_path):
     """A live part written the way traces were before (one row group, dictionary encoding for
     every column, plain strings) reads and reports the same as the streamed one."""
-    path, x = _million(tmp_path)
+    path, _ = _million(tmp_path)
     parts = os.path.join(path, "parts")
     name = next(n for n in os.listdir(parts) if n.startswith("live-"))
     new = A.build_report(load_trace(path))

@@ -34,7 +34,7 @@ def test_streamed_live_table_holds_every_block_once(tmp_path, tracers):
             tgt.p.stdin.flush()
             tgt.expect("ok hold", timeout=300)
         tr.send_signal(signal.SIGINT)
-        so, se = tr.communicate(timeout=300)
+        _, se = tr.communicate(timeout=300)
         assert tr.returncode == 0, se
         t = load_trace(out)
         assert t.complete and not t.warnings

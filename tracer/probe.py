@@ -269,8 +269,8 @@ class Probes:
                 yield k[:n], v[:n]
             return
 
-        import queue  # noqa: PLC0415
-        import threading  # noqa: PLC0415
+        import queue
+        import threading
 
         free: queue.Queue = queue.Queue()
         for _ in range(3):

@@ -137,12 +137,12 @@ class TraceWriter:
 
         def fill(fd: int) -> bool:
             nonlocal rows
-            with os.fdopen(fd, "wb", buffering=1 << 20, closefd=False) as f:
-                with pq.ParquetWriter(f, schema, compression="zstd", **F.PARQUET_OPTIONS.get(table, {})) as pw:
-                    for b in batches:
-                        if b.num_rows:
-                            pw.write_batch(b)
-                            rows += b.num_rows
+            with os.fdopen(fd, "wb", buffering=1 << 20, closefd=False) as f, \
+                    pq.ParquetWriter(f, schema, compression="zstd", **F.PARQUET_OPTIONS.get(table, {})) as pw:
+                for b in batches:
+                    if b.num_rows:
+                        pw.write_batch(b)
+                        rows += b.num_rows
             return rows > 0 or table == "intervals"
         self._atomic(self._partsfd, F.part_name(table, seq), fill)
         return rows
