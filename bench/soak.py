@@ -7,7 +7,7 @@ redis-server (Debian package, installed with apt-get when missing) listens on a 
 only (no TCP port at all); redis-benchmark runs in a loop with bounded request counts over a
 bounded key space (-r), so redis' own live set stops growing after warm-up. Every --sample
 seconds the script records, from outside the tracer: its RSS and CPU time, the entry counts of
-its BPF maps (live, stacks, sites, flows, inflight, sysargs; read by map id through
+its BPF maps (live, stacks, sites, flows, sysargs; read by map id through
 /proc/PID/fdinfo, see tests/bpfmaps.py) and the size of the trace so far. At the end it prints
 the samples, a summary (RSS after warm-up: first/last/max and slope; largest map counts; trace
 MB per hour) and writes it as JSON with --json. Exit status 0 when the tracer ran and finished
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from bpfmaps import map_counts, rss_bytes  # noqa: E402
 
-MAPS = ("live", "stacks", "sites", "flows", "inflight", "sysargs")
+MAPS = ("live", "stacks", "sites", "flows", "sysargs")
 BENCH_TESTS = "set,get,incr,lpush,lpop,sadd,spop,hset,mset"
 
 

@@ -51,7 +51,9 @@ BPF_F_TABLE("hash", u64, struct as_live, live, AS_MAX_LIVE, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", u64, struct as_stack, stacks, AS_MAX_STACKS, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", struct as_site_key, struct as_site, sites, AS_MAX_SITES, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("hash", struct as_flow_key, struct as_flow, flows, 65536, BPF_F_NO_PREALLOC);
-BPF_HASH(inflight, u32, struct as_inflight, AS_MAX_THREADS);
+/* Per-thread state between an allocator entry and its return: task-local storage, which the
+ * kernel frees with the thread (no hash update or delete per call; sp == 0: no call open). */
+BPF_TASK_STORAGE(inflight, struct as_inflight);
 BPF_HASH(sysargs, u32, struct as_sysargs, AS_MAX_THREADS);
 BPF_PERCPU_ARRAY(counters, u64, AS_CNT_MAX);
 BPF_ARRAY(totals, s64, 2); /* 0: live bytes (heap API), 1: peak of 0 */
@@ -93,6 +95,11 @@ static __always_inline int is_target(void)
 static __always_inline u32 current_tid(void)
 {
     return (u32)bpf_get_current_pid_tgid();
+}
+
+static __always_inline struct as_inflight *thread_state(u64 flags)
+{
+    return inflight.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0, flags);
 }
 
 static __always_inline void count(u32 idx, u64 n)
@@ -228,8 +235,6 @@ static __always_inline void totals_add(s64 delta)
         *peak_b = now; /* racy max: may miss a concurrent peak by one block */
 }
 
-static __always_inline void record_alloc(struct pt_regs *ctx, u32 tid, u64 addr, u64 size,
-                                         u32 api, u64 ts);
 
 /* Charge the free of `addr` by thread `tid` back to its allocation. */
 static __always_inline void free_addr(u32 tid, u64 addr, u64 now)
@@ -271,16 +276,17 @@ static __always_inline void free_addr(u32 tid, u64 addr, u64 now)
         f->wait_ns_max = wait;
 }
 
-static __always_inline void record_alloc(struct pt_regs *ctx, u32 tid, u64 addr, u64 size,
-                                         u32 api, u64 ts)
+/* Keep one allocation made at stack `sid`. */
+static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u64 ts, u64 sid)
 {
-    /* The address is live already: a free we could not see. Charge it. */
-    if (live.lookup(&addr))
-        free_addr(tid, addr, ts);
-
-    u64 sid = capture_stack(ctx, 0, 0);
     struct as_live l = {.size = size, .stack_id = sid, .ts_ns = ts, .tid = tid, .api = api};
-    if (live.update(&addr, &l) != 0) {
+    int err = live.insert(&addr, &l);
+    if (err == -EEXIST) {
+        /* The address is live already: a free we could not see. Charge it, then replace. */
+        free_addr(tid, addr, ts);
+        err = live.update(&addr, &l);
+    }
+    if (err != 0) {
         count(AS_LOST_LIVE_FULL, 1);
         count(AS_LOST_LIVE_FULL_BYTES, size);
         return;
@@ -319,8 +325,12 @@ static __always_inline int enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg
         return 0;
     u32 tid = current_tid();
     u64 sp = PT_REGS_SP(ctx);
-    struct as_inflight *cur = inflight.lookup(&tid);
-    if (cur) {
+    struct as_inflight *cur = thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!cur) {
+        count(AS_LOST_INFLIGHT_FULL, 1);
+        return 0;
+    }
+    if (cur->sp) {
         if (sp < cur->sp) {
             cur->nest++;
             count(AS_CNT_NESTED, 1);
@@ -333,10 +343,13 @@ static __always_inline int enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg
         }
         count(AS_LOST_STALE_ENTRY, 1);
     }
-    struct as_inflight in = {.sp = sp, .size = size, .arg = arg, .ts_ns = bpf_ktime_get_ns(),
-                             .api = api};
-    if (inflight.update(&tid, &in) != 0)
-        count(AS_LOST_INFLIGHT_FULL, 1);
+    cur->sp = sp;
+    cur->size = size;
+    cur->arg = arg;
+    cur->ts_ns = api == AS_API_MALLOC_TRIM ? bpf_ktime_get_ns() : 0; /* allocations: return time */
+    cur->api = api;
+    cur->nest = 0;
+    cur->tail = 0;
     return 0;
 }
 
@@ -362,14 +375,82 @@ static __always_inline void emit_trim(u32 tid, struct as_inflight *in, s64 ret, 
     count(AS_CNT_EVENTS, 1);
 }
 
+#if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
+/* Stack cache miss: alloc_return hands the allocation to alloc_unwind, which unwinds and hands
+ * it to alloc_keep (tail calls, on the same CPU, state in `pending`): the verifier then sees the
+ * cache check, the unwinder and the accounting as three programs, not their product. */
+struct as_pending {
+    u64 addr, size, ts, sid;
+    u32 tid, api;
+};
+BPF_PERCPU_ARRAY(pending, struct as_pending, 1);
+BPF_PROG_ARRAY(tails, 2); /* 0: alloc_unwind, 1: alloc_keep (set by the tracer before attaching) */
+
+static __always_inline void tail_failed(struct as_pending *p)
+{
+    count(AS_LOST_LIVE_FULL, 1); /* cannot happen once `tails` is filled; never silent */
+    count(AS_LOST_LIVE_FULL_BYTES, p->size);
+}
+
+int alloc_unwind(struct pt_regs *ctx)
+{
+    u32 zero = 0;
+    struct as_pending *p = pending.lookup(&zero);
+    if (!p)
+        return 0;
+    u64 ip = PT_REGS_IP(ctx), sp = PT_REGS_SP(ctx), bp = PT_REGS_FP(ctx);
+    p->sid = unwind_store(ip, sp, bp, 0);
+    tails.call(ctx, 1);
+    tail_failed(p);
+    return 0;
+}
+
+int alloc_keep(struct pt_regs *ctx)
+{
+    u32 zero = 0;
+    struct as_pending *p = pending.lookup(&zero);
+    if (!p)
+        return 0;
+    scache_fill(PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx), p->sid);
+    record_alloc(p->tid, p->addr, p->size, p->api, p->ts, p->sid);
+    return 0;
+}
+#endif
+
+/* The stack of an allocation seen in alloc_return, then keep it. */
+static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
+                                       u64 ts)
+{
+#if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
+    u64 sid = scache_lookup(PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx));
+    if (!sid) {
+        u32 zero = 0;
+        struct as_pending *p = pending.lookup(&zero);
+        if (p) {
+            p->addr = addr;
+            p->size = size;
+            p->ts = ts;
+            p->tid = tid;
+            p->api = api;
+            tails.call(ctx, 0);
+            tail_failed(p);
+        }
+        return;
+    }
+    record_alloc(tid, addr, size, api, ts, sid);
+#else
+    record_alloc(tid, addr, size, api, ts, capture_stack(ctx, 0, 0));
+#endif
+}
+
 /* The one return probe of every allocator function. */
 int alloc_return(struct pt_regs *ctx)
 {
     if (!is_target())
         return 0;
     u32 tid = current_tid();
-    struct as_inflight *cur = inflight.lookup(&tid);
-    if (!cur) {
+    struct as_inflight *cur = thread_state(0);
+    if (!cur || !cur->sp) {
         count(AS_LOST_UNMATCHED_RET, 1);
         return 0;
     }
@@ -381,7 +462,7 @@ int alloc_return(struct pt_regs *ctx)
         }
         /* Returned above the entry: the entry's own return was lost. */
         count(AS_LOST_UNMATCHED_RET, 1);
-        inflight.delete(&tid);
+        cur->sp = 0;
         return 0;
     }
     if (cur->tail > 0) {
@@ -389,7 +470,7 @@ int alloc_return(struct pt_regs *ctx)
         return 0;
     }
     struct as_inflight in = *cur;
-    inflight.delete(&tid);
+    cur->sp = 0;
 
     u64 ret = PT_REGS_RC(ctx);
     u64 now = bpf_ktime_get_ns();
@@ -439,9 +520,9 @@ int alloc_return(struct pt_regs *ctx)
         }
         weight = AS_SAMPLE_BYTES;
     }
-    record_alloc(ctx, tid, addr, weight, in.api, in.ts_ns);
+    alloc_done(ctx, tid, addr, weight, in.api, now);
 #else
-    record_alloc(ctx, tid, addr, in.size, in.api, in.ts_ns);
+    alloc_done(ctx, tid, addr, in.size, in.api, now);
 #endif
     return 0;
 }
@@ -555,8 +636,8 @@ static __always_inline struct as_event *new_event(u32 type, u32 tid)
 
 static __always_inline u32 current_api(u32 tid)
 {
-    struct as_inflight *in = inflight.lookup(&tid);
-    return in ? in->api : AS_API_NONE;
+    struct as_inflight *in = thread_state(0);
+    return in && in->sp ? in->api : AS_API_NONE;
 }
 
 /* Pops the saved syscall arguments; 0 when the entry was not seen. */
@@ -758,8 +839,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     if (!is_target())
         return 0;
     u32 tid = current_tid();
-    inflight.delete(&tid);
-    sysargs.delete(&tid);
+    sysargs.delete(&tid); /* `inflight` is task storage: the kernel frees it with the thread */
     if (args->group_dead) {
         u32 zero = 0, one = 1;
         gone.update(&zero, &one); /* the pid may be reused from now on */

@@ -57,6 +57,7 @@ enum as_counter {
     AS_CNT_EVENTS,             /* ring events submitted */
     AS_CNT_UNSAMPLED = 24,     /* --sample-bytes: allocations not sampled */
     AS_CNT_FAULTS,             /* residency mode: user page faults seen (before sampling) */
+    AS_CNT_STACK_CACHED,       /* stacks taken from the per-thread stack cache (not unwound) */
     AS_CNT_MAX = 32,
 };
 

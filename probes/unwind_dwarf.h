@@ -17,6 +17,18 @@
  *   AS_UNWIND_ROWS   rows in `urows`                  (default 2097152, 16 MiB)
  *   AS_UNWIND_MAPS   prefixes in `umaps`              (default 65536)
  *   AS_UNWIND_STEPS  binary search steps: a slice has at most 2^steps rows (default 20)
+ *   AS_SCACHE_WAYS   cached stacks per thread, a power of 2 (default 8; 0: no stack cache)
+ *
+ * Stack cache (return probes). Unwinding is a pure function of its inputs: the registers (ip,
+ * sp, and bp when a rule used it before a saved value replaced it), the rows (which change only
+ * when the tracer rewrites `umaps`; it bumps `ugen` then) and the stack words it read — at most
+ * two a frame (the return address, the saved rbp), kept as offsets from sp in fixed slots. The
+ * return probe looks (ip, sp) up in a small per-thread cache (task storage), re-reads those
+ * words and compares a hash of them: the same inputs give the same stack, so the cached stack id
+ * is used with no row lookups (~1 read a frame). A miss tail-calls `alloc_unwind`, which unwinds
+ * and fills the way. Nothing that cannot be reproduced (a failed read, a signal frame, a
+ * truncated stack, a word beyond 4 GiB of the sp) is cached. Two different word vectors of one
+ * (ip, sp) can only be confused by a 64-bit hash collision.
  */
 #ifndef AS_UNWIND_ROWS
 #define AS_UNWIND_ROWS 2097152
@@ -28,7 +40,45 @@
 #define AS_UNWIND_STEPS 20
 #endif
 
+#ifndef AS_SCACHE_WAYS
+#define AS_SCACHE_WAYS 8
+#endif
+#define AS_SCACHE_SLOTS (2 * AS_MAX_DEPTH) /* return address and saved rbp of each frame */
+#define AS_SLOT_NONE 0xffffffffu
+
 BPF_ARRAY(urows, struct as_urow, AS_UNWIND_ROWS);
+BPF_ARRAY(ugen, u64, 1); /* bumped by the tracer whenever `umaps` changes */
+
+/* Offsets from sp of the words one unwind read, by slot (2 * frame, + 1 for the saved rbp), and
+ * the running state of the cache bookkeeping. Kept in a per-CPU map value, not on the BPF
+ * stack: the verifier does not track map memory, so these values do not split its states. */
+struct as_slots {
+    u32 off[AS_SCACHE_SLOTS];
+    u64 vh;      /* sum over slots of vh_mix(slot, word) */
+    u64 bad;     /* != 0: not reproducible */
+    u64 bp_reg;  /* 1 while bp holds frame 0's register value */
+    u64 need_bp; /* ... and a rule used it */
+    u64 nslots;  /* after the unwind: slots to cache, 0: do not cache */
+};
+BPF_PERCPU_ARRAY(uslots, struct as_slots, 1);
+
+#if AS_SCACHE_WAYS > 0
+struct as_scache {
+    u64 ip, sp, bp;  /* registers at the return probe; bp compared only when need_bp */
+    u64 gen;         /* `ugen` when cached */
+    u64 stack_id;
+    u64 vhash;       /* sum over used slots of vh_mix(slot, word at sp + off) */
+    u32 nslots;      /* 0: empty */
+    u32 need_bp;
+    struct as_slots s;
+};
+
+struct as_scache_set {
+    struct as_scache way[AS_SCACHE_WAYS];
+};
+
+BPF_TASK_STORAGE(scache, struct as_scache_set);
+#endif
 BPF_F_TABLE("lpm_trie", struct as_umap_key, struct as_umap, umaps, AS_UNWIND_MAPS, BPF_F_NO_PREALLOC);
 
 /* Outcome of one step. */
@@ -41,7 +91,16 @@ struct as_ustate {
     u32 exact; /* ip is the pc of the frame (frame 0 of a syscall, interrupted code), not a
                   return address: look its own row up, not the call's (ip - 1) */
     u32 fp;    /* this frame was found by a frame-pointer step */
+    struct as_slots *rec; /* the stack cache's bookkeeping */
+    u64 sp0;
 };
+
+static __always_inline u64 vh_mix(u32 slot, u64 w)
+{
+    u64 h = (w ^ ((u64)slot << 48)) * 0x9e3779b97f4a7c15ULL;
+    h ^= h >> 29;
+    return h * 0xbf58476d1ce4e5b9ULL;
+}
 
 /* The row for `pc` (file offset `key` in slice `m`); type AS_CFA_NONE when none covers it. */
 static __always_inline void find_row(struct as_umap *m, u32 key, struct as_urow *out)
@@ -69,14 +128,34 @@ static __always_inline void find_row(struct as_umap *m, u32 key, struct as_urow 
         *out = *r;
 }
 
-static __always_inline int read_word(u64 addr, u64 *out)
+/* Read the word at `addr` for slot `slot`, noting it for the stack cache. */
+static __always_inline int read_word(struct as_ustate *s, u32 slot, u64 addr, u64 *out)
 {
-    return bpf_probe_read_user(out, sizeof(*out), (void *)addr);
+    long err = bpf_probe_read_user(out, sizeof(*out), (void *)addr);
+    u64 off = addr - s->sp0;
+    struct as_slots *r = s->rec;
+    r->bad |= (u64)err | (off >> 32); /* below sp0 wraps to a huge offset */
+    r->off[slot & (AS_SCACHE_SLOTS - 1)] = (u32)off;
+    r->vh += vh_mix(slot, *out);
+    return err;
 }
 
-/* One frame up from `s`. */
-static __always_inline int unwind_step(struct as_ustate *s)
+static __always_inline void set_bp(struct as_ustate *s, u64 bp)
 {
+    s->bp = bp;
+    s->rec->bp_reg = 0;
+}
+
+/* A rule is about to use s->bp. */
+static __always_inline void use_bp(struct as_ustate *s)
+{
+    s->rec->need_bp |= s->rec->bp_reg;
+}
+
+/* One frame up from `s`, frame `i`. */
+static __always_inline int unwind_step(struct as_ustate *s, u32 i)
+{
+    u32 sra = 2 * i, sbp = 2 * i + 1; /* slots of this frame's return address and saved rbp */
     u64 pc = s->exact ? s->ip : s->ip - 1;
     struct as_umap_key key = {.prefixlen = 64};
 #pragma unroll
@@ -92,6 +171,7 @@ static __always_inline int unwind_step(struct as_ustate *s)
     if (t == AS_CFA_RSP) {
         cfa = s->sp + ((s64)row.cfa_off << 3);
     } else if (t == AS_CFA_RBP) {
+        use_bp(s);
         if (s->bp == 0)
             return AS_STEP_TRUNC;
         cfa = s->bp + ((s64)row.cfa_off << 3);
@@ -100,12 +180,13 @@ static __always_inline int unwind_step(struct as_ustate *s)
     } else if (t == AS_CFA_SIGNAL) {
         /* rt_sigreturn frame: struct ucontext at rsp; uc_mcontext.rbp/rsp/rip at 120/160/168 */
         u64 nbp = 0, nsp = 0, nip = 0;
-        if (read_word(s->sp + 120, &nbp) || read_word(s->sp + 160, &nsp) ||
-            read_word(s->sp + 168, &nip))
+        s->rec->bad = 1; /* the interrupted sp may lie anywhere (an alternate signal stack) */
+        if (read_word(s, sra, s->sp + 120, &nbp) || read_word(s, sbp, s->sp + 160, &nsp) ||
+            read_word(s, sbp, s->sp + 168, &nip))
             return AS_STEP_TRUNC;
         s->ip = nip;
         s->sp = nsp;
-        s->bp = nbp;
+        set_bp(s, nbp);
         s->exact = 1; /* the interrupted instruction itself */
         s->fp = 0;
         return nip ? AS_STEP_OK : AS_STEP_END;
@@ -115,28 +196,31 @@ static __always_inline int unwind_step(struct as_ustate *s)
         return AS_STEP_TRUNC; /* AS_CFA_UNSUPPORTED */
     } else { /* no row: frame-pointer step */
         u64 obp = s->bp, nbp = 0;
+        use_bp(s);
         if (obp == 0)
             return AS_STEP_END;
-        if (obp < s->sp || read_word(obp, &nbp) || read_word(obp + 8, &ra))
+        if (obp < s->sp)
             return AS_STEP_END; /* not a frame chain: where frame pointers end too */
+        if (read_word(s, sbp, obp, &nbp) || read_word(s, sra, obp + 8, &ra))
+            return AS_STEP_END;
         s->ip = ra;
         s->sp = obp + 16;
-        s->bp = nbp;
+        set_bp(s, nbp);
         s->exact = 0;
         s->fp = 1;
         return ra ? AS_STEP_OK : AS_STEP_END;
     }
     if (cfa <= s->sp && row.cfa_type != AS_CFA_PLT)
         return AS_STEP_TRUNC; /* the stack grows down: a caller's frame is above */
-    if (read_word(cfa - 8, &ra))
+    if (read_word(s, sra, cfa - 8, &ra))
         return AS_STEP_TRUNC;
     if (row.rbp_off == AS_RBP_UNKNOWN) {
-        s->bp = 0;
+        set_bp(s, 0);
     } else if (row.rbp_off != 0) {
         u64 nbp = 0;
-        if (read_word(cfa + ((s64)(s8)row.rbp_off << 3), &nbp))
+        if (read_word(s, sbp, cfa + ((s64)(s8)row.rbp_off << 3), &nbp))
             return AS_STEP_TRUNC;
-        s->bp = nbp;
+        set_bp(s, nbp);
     }
     s->ip = ra;
     s->sp = cfa;
@@ -145,14 +229,21 @@ static __always_inline int unwind_step(struct as_ustate *s)
     return ra ? AS_STEP_OK : AS_STEP_END;
 }
 
-/* Unwind from (ip, sp, bp) into scratch and store the stack. */
-static __always_inline u64 capture_dwarf(u64 ip, u64 sp, u64 bp, u32 exact)
+/* Unwind from (ip, sp, bp) into scratch and store the stack; what caching it needs is left in
+ * `uslots` (this CPU's). The way is filled by another program (scache_fill): filling it here,
+ * after a loop whose every exit the verifier follows apart, would cost it too much. */
+static __always_inline u64 unwind_store(u64 ip, u64 sp, u64 bp, u32 exact)
 {
     u32 zero = 0;
     struct as_stack *st = scratch.lookup(&zero);
-    if (!st)
+    struct as_slots *rec = uslots.lookup(&zero);
+    if (!st || !rec)
         return 0;
-    struct as_ustate s = {.ip = ip, .sp = sp, .bp = bp, .exact = exact};
+    struct as_ustate s = {.ip = ip, .sp = sp, .bp = bp, .exact = exact, .rec = rec, .sp0 = sp};
+    rec->vh = 0;
+    rec->bad = 0;
+    rec->bp_reg = 1;
+    rec->need_bp = 0;
     u64 fpmask = 0;
     u32 n = 0, flags = AS_STACK_DWARF;
     if (ip == 0) {
@@ -165,7 +256,9 @@ static __always_inline u64 capture_dwarf(u64 ip, u64 sp, u64 bp, u32 exact)
         if (s.fp)
             fpmask |= 1ULL << (i & 63);
         n = i + 1;
-        int r = unwind_step(&s);
+        rec->off[(2 * i) & (AS_SCACHE_SLOTS - 1)] = AS_SLOT_NONE;
+        rec->off[(2 * i + 1) & (AS_SCACHE_SLOTS - 1)] = AS_SLOT_NONE;
+        int r = unwind_step(&s, i);
         if (r == AS_STEP_END)
             break;
         if (r == AS_STEP_TRUNC || i == AS_MAX_DEPTH - 1) {
@@ -180,5 +273,80 @@ static __always_inline u64 capture_dwarf(u64 ip, u64 sp, u64 bp, u32 exact)
     st->depth = n;
     st->flags = flags;
     st->extra = fpmask;
+    if (flags & AS_STACK_TRUNCATED)
+        rec->bad = 1;
+    rec->nslots = 2 * n;
     return store_stack(st);
 }
+
+static __always_inline u64 capture_dwarf(u64 ip, u64 sp, u64 bp, u32 exact)
+{
+    return unwind_store(ip, sp, bp, exact);
+}
+
+#if AS_SCACHE_WAYS > 0
+static __always_inline struct as_scache *scache_way(u64 ip, u64 sp, u64 create)
+{
+    struct as_scache_set *set = scache.task_storage_get(
+        (struct task_struct *)bpf_get_current_task_btf(), 0, create);
+    if (!set)
+        return 0;
+    u64 k = (ip ^ (sp << 7)) * 0x9e3779b97f4a7c15ULL;
+    return &set->way[(k >> 40) & (AS_SCACHE_WAYS - 1)];
+}
+
+/* Cache the stack `id` that unwind_store just unwound from (ip, sp, bp) on this CPU. */
+static __always_inline void scache_fill(u64 ip, u64 sp, u64 bp, u64 id)
+{
+    u32 zero = 0;
+    struct as_slots *rec = uslots.lookup(&zero);
+    u64 *g = ugen.lookup(&zero);
+    if (!id || !rec || rec->bad || !rec->nslots)
+        return;
+    struct as_scache *w = scache_way(ip, sp, 0);
+    if (!w)
+        return;
+    w->nslots = 0;
+    __builtin_memcpy(&w->s, rec, sizeof(w->s));
+    w->ip = ip;
+    w->sp = sp;
+    w->bp = bp;
+    w->gen = g ? *g : 0;
+    w->stack_id = id;
+    w->vhash = rec->vh;
+    w->need_bp = (u32)rec->need_bp;
+    w->nslots = (u32)rec->nslots;
+}
+
+/* The cached stack id of a return probe's (ip, sp, bp) when the words its unwind read are
+ * unchanged; 0: unwind. */
+static __always_inline u64 scache_lookup(u64 ip, u64 sp, u64 bp)
+{
+    struct as_scache *c = scache_way(ip, sp, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!c)
+        return 0;
+    u32 zero = 0;
+    u64 *g = ugen.lookup(&zero);
+    u64 gen = g ? *g : 0;
+    u32 ns = c->nslots;
+    if (ns == 0 || c->ip != ip || c->sp != sp || c->gen != gen || (c->need_bp && c->bp != bp))
+        return 0;
+    u64 h = 0;
+#pragma clang loop unroll(disable)
+    for (u32 j = 0; j < AS_SCACHE_SLOTS; j++) {
+        if (j >= ns)
+            break;
+        u32 off = c->s.off[j];
+        if (off == AS_SLOT_NONE)
+            continue;
+        u64 w = 0;
+        if (bpf_probe_read_user(&w, sizeof(w), (void *)(sp + off)))
+            return 0;
+        h += vh_mix(j, w);
+    }
+    if (h != c->vhash)
+        return 0;
+    count(AS_CNT_STACK_CACHED, 1);
+    return c->stack_id;
+}
+#endif

@@ -2,7 +2,7 @@
 bench/soak.py can watch a running `allocscope record` without touching it:
 
     ids = tracer_objects(pid)          # {"maps": {map_id, ...}, "progs": {prog_id, ...}}
-    map_counts(pid)                    # {"live": 1234, "stacks": 56, "inflight": 2, ...}
+    map_counts(pid)                    # {"live": 1234, "stacks": 56, "sysargs": 2, ...}
     prog_exists(prog_id)               # False once the program is freed
 
 Objects are found through /proc/PID/fdinfo (map_id:/prog_id: lines), so other tracers running
@@ -95,7 +95,7 @@ def _count(fd: int, key_size: int, max_entries: int) -> int:
     return n
 
 
-def map_counts(pid: int, names: tuple[str, ...] = ("live", "stacks", "sites", "flows", "inflight",
+def map_counts(pid: int, names: tuple[str, ...] = ("live", "stacks", "sites", "flows",
                                                    "sysargs")) -> dict[str, int]:
     """Entries in the named hash maps of the tracer `pid` (names as in probes/allocscope.c)."""
     out: dict[str, int] = {}

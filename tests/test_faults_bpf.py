@@ -491,7 +491,7 @@ def test_tracer_memory_flat_on_busy_target(bins, tmp_path, tracers):
     growth = max(after) - after[0]
     print(f"tracer RSS MiB: {[round(r / 2**20, 1) for _, r in samples]}; maps {counts}")
     assert growth < 8 << 20, [r >> 20 for r in after]
-    assert counts["inflight"] <= 4 and counts["sysargs"] <= 4, counts
+    assert counts["sysargs"] <= 4, counts  # (per-call entry state is task storage: freed with its thread)
     assert counts["live"] <= 16 and counts["stacks"] <= 64 and counts["sites"] <= 64, counts
     rep = report(out)
     assert rep["totals"]["intervals"] >= 30
@@ -627,12 +627,12 @@ def test_forked_children_are_not_followed(everyday):
 
 def test_thousands_of_short_lived_threads(everyday):
     """3000 threads come and go: every allocating thread keeps its name, the per-thread entry
-    maps (inflight, sysargs) hold only live threads, nothing is lost."""
+    map (sysargs) holds only live threads; `inflight` and the stack cache are task storage, which the kernel frees with each thread, nothing is lost."""
     from reports.trace import load_trace
 
     n = 3000
     counts, rep = everyday["counts"], everyday["rep"]
-    assert counts["inflight"] <= 1 and counts["sysargs"] <= 1, counts  # only main, blocked in read()
+    assert counts["sysargs"] <= 1, counts  # only main, blocked in read()
     assert rep["totals"]["lost_events"] == 0, rep["totals"]
     ss = sites_of(rep, "thread_leak")
     assert sum(s["alloc_count"] for s in ss) == n

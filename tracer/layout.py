@@ -118,5 +118,5 @@ MAP_LAYOUTS = {
     "stacks": (ct.c_uint64, Stack),
     "sites": (SiteKey, Site),
     "flows": (FlowKey, Flow),
-    "inflight": (ct.c_uint32, Inflight),
-}
+}  # (Inflight is the value of task storage `inflight`, which BCC's Python cannot open; its
+   # layout is checked against gcc in tests/test_layout.py)

@@ -113,6 +113,7 @@ class Probes:
                   "-Wno-macro-redefined"] + self.options.cflags()
         try:
             self.bpf = bcc.BPF(text=bpf_text(), cflags=cflags)
+            self._load_allocator_programs()
         except Exception as e:  # BCC raises bare Exception for compile/load failures
             if self.options.unwind != "dwarf":
                 raise PermissionProblem(f"cannot load the BPF program: {e}; run 'allocscope doctor'") from None
@@ -122,6 +123,7 @@ class Probes:
             cflags = [c for c in cflags if not c.startswith("-DAS_UNWIND_")]
             try:
                 self.bpf = bcc.BPF(text=bpf_text(), cflags=cflags)
+                self._load_allocator_programs()
             except Exception as e2:  # noqa: BLE001
                 raise PermissionProblem(f"cannot load the BPF program: {e2}; run 'allocscope doctor'") from None
         self.report = AttachReport(tracepoints=[
@@ -129,6 +131,19 @@ class Probes:
                                     ("mmap", "munmap", "mremap", "brk", "madvise") for d in ("enter", "exit")]
             + [("task", "task_rename"), ("sched", "sched_process_exit"), ("sched", "sched_process_exec")]])
         self._events_cb = None
+
+    def _load_allocator_programs(self) -> None:
+        """Verify the allocator programs now (the verifier is what may refuse the DWARF unwinder)
+        and, with the stack cache, fill the tail-call table alloc_return jumps through on a miss:
+        [0] alloc_unwind, [1] alloc_keep. Residency mode attaches no allocator probe."""
+        if self.options.mode == "residency":
+            return
+        kprobe = self._bcc.BPF.KPROBE
+        self.bpf.load_func(b"alloc_return", kprobe)
+        if self.options.unwind == "dwarf":
+            tails = self.bpf[b"tails"]
+            for i, name in enumerate((b"alloc_unwind", b"alloc_keep")):
+                tails[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, kprobe).fd)
 
     # --- attach -------------------------------------------------------------------------
 

@@ -348,6 +348,8 @@ class Unwinder:
         self.pid = pid
         self.rows_map = bpf[b"urows"]
         self.lpm = bpf[b"umaps"]
+        self.gen_map = bpf[b"ugen"]  # the probes' stack cache drops what it kept when this moves
+        self.gen = 0
         self.capacity = capacity
         self.progress = progress or (lambda _m: None)
         self.use_cache = use_cache
@@ -440,20 +442,26 @@ class Unwinder:
                 a, b = max(m.start, m.start - m.offset + lo), min(m.end, m.start - m.offset + hi)
                 for addr, plen in prefixes(a, b) if a < b else ():
                     want[(addr, plen)] = (bias, begin, count)
+        changed = False
         for k in [k for k in self.entries if k not in want]:
             try:
                 del self.lpm[self._key(*k)]
             except KeyError:
                 pass
             del self.entries[k]
+            changed = True
         for k, v in want.items():
             if self.entries.get(k) != v:
+                changed = True
                 try:
                     self.lpm[self._key(*k)] = self.lpm.Leaf(*v)
                 except Exception:  # noqa: BLE001 - BCC raises bare Exception: the trie is full
                     self.failed["[umaps]"] = f"address map full ({len(self.entries)} prefixes)"
                     continue
                 self.entries[k] = v
+        if changed:
+            self.gen += 1
+            self.gen_map[self.gen_map.Key(0)] = self.gen_map.Leaf(self.gen)
         self.seconds += time.perf_counter() - t0
 
     def _key(self, addr: int, plen: int):
