@@ -70,8 +70,18 @@ struct as_scache {
     u64 vhash;       /* sum over used slots of vh_mix(slot, word at sp + off) */
     u32 nslots;      /* 0: empty */
     u32 need_bp;
+    u32 span;        /* bytes from sp covering every slot's word; > AS_SCACHE_SPAN: read each */
+    u32 pad;
     struct as_slots s;
 };
+
+/* A cached stack whose words lie within AS_SCACHE_SPAN bytes of sp is checked with one read of
+ * that stretch of stack instead of one read a word. */
+#define AS_SCACHE_SPAN 4096
+struct as_sbuf {
+    u64 w[AS_SCACHE_SPAN / 8];
+};
+BPF_PERCPU_ARRAY(sbuf, struct as_sbuf, 1);
 
 struct as_scache_set {
     struct as_scache way[AS_SCACHE_WAYS];
@@ -315,7 +325,23 @@ static __always_inline void scache_fill(u64 ip, u64 sp, u64 bp, u64 id)
     w->stack_id = id;
     w->vhash = rec->vh;
     w->need_bp = (u32)rec->need_bp;
-    w->nslots = (u32)rec->nslots;
+    u32 ns = (u32)rec->nslots, span = 0;
+#pragma clang loop unroll(disable)
+    for (u32 j = 0; j < AS_SCACHE_SLOTS; j++) {
+        if (j >= ns)
+            break;
+        u32 off = rec->off[j];
+        if (off == AS_SLOT_NONE)
+            continue;
+        if (off & 7) { /* not a whole word of the buffer */
+            span = AS_SCACHE_SPAN + 1;
+            break;
+        }
+        if (off + 8 > span)
+            span = off + 8;
+    }
+    w->span = span;
+    w->nslots = ns;
 }
 
 /* The cached stack id of a return probe's (ip, sp, bp) when the words its unwind read are
@@ -332,17 +358,33 @@ static __always_inline u64 scache_lookup(u64 ip, u64 sp, u64 bp)
     if (ns == 0 || c->ip != ip || c->sp != sp || c->gen != gen || (c->need_bp && c->bp != bp))
         return 0;
     u64 h = 0;
-#pragma clang loop unroll(disable)
-    for (u32 j = 0; j < AS_SCACHE_SLOTS; j++) {
-        if (j >= ns)
-            break;
-        u32 off = c->s.off[j];
-        if (off == AS_SLOT_NONE)
-            continue;
-        u64 w = 0;
-        if (bpf_probe_read_user(&w, sizeof(w), (void *)(sp + off)))
+    u32 span = c->span;
+    struct as_sbuf *b = sbuf.lookup(&zero);
+    if (b && span > 0 && span <= AS_SCACHE_SPAN) {
+        if (bpf_probe_read_user(b->w, span, (void *)sp))
             return 0;
-        h += vh_mix(j, w);
+#pragma clang loop unroll(disable)
+        for (u32 j = 0; j < AS_SCACHE_SLOTS; j++) {
+            if (j >= ns)
+                break;
+            u32 off = c->s.off[j];
+            if (off == AS_SLOT_NONE)
+                continue;
+            h += vh_mix(j, b->w[(off >> 3) & (AS_SCACHE_SPAN / 8 - 1)]);
+        }
+    } else {
+#pragma clang loop unroll(disable)
+        for (u32 j = 0; j < AS_SCACHE_SLOTS; j++) {
+            if (j >= ns)
+                break;
+            u32 off = c->s.off[j];
+            if (off == AS_SLOT_NONE)
+                continue;
+            u64 w = 0;
+            if (bpf_probe_read_user(&w, sizeof(w), (void *)(sp + off)))
+                return 0;
+            h += vh_mix(j, w);
+        }
     }
     if (h != c->vhash)
         return 0;
