@@ -66,7 +66,7 @@ LOSS_ADVICE = {
     "lost_stack_full": "the stack map was full: some bytes are shown under '[stack lost]'",
     "lost_stack_err": "some stacks could not be read: those bytes are under '[stack lost]'",
     "lost_site_full": "the site map was full: bytes counted in totals but not per site",
-    "lost_inflight_full": "too many threads inside malloc at once: some calls were not seen",
+    "lost_inflight_full": "no kernel memory for a thread's entry state: some calls were not seen",
     "lost_unmatched_ret": "returns without their entry (normal right after attach; large values mean missed calls)",
     "lost_stale_entry": "entries whose return was never seen (a thread left malloc abnormally)",
     "lost_ring_full": "the event ring overflowed: some mmap/munmap/thread events are missing",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
@@ -22,7 +23,20 @@ def human_bytes(n: float | int | None) -> str:
 
 
 def to_json(doc: dict) -> str:
-    return json.dumps(doc, indent=2, default=_json_default) + "\n"
+    """Strict JSON: a value that is not a finite number (an unknown figure) is null, never NaN."""
+    return json.dumps(_finite(doc), indent=2, default=_json_default, allow_nan=False) + "\n"
+
+
+def _finite(o):
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    if hasattr(o, "item") and not hasattr(o, "__len__"):  # numpy scalar
+        o = o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
 
 
 def _json_default(o):

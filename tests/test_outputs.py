@@ -358,3 +358,14 @@ def test_exports_of_a_trace_without_allocations(tmp_path):
     assert to_csv(report).count("\n") == 1
     page = to_html(trace, report)
     assert '"series":[]' in page and 'id="flame-graph"' in page
+
+
+def test_json_is_strict_unknown_figures_are_null():
+    import json as _json
+
+    import numpy as np
+
+    from reports.render import to_json
+    out = to_json({"a": float("nan"), "b": [np.float64("inf"), 1.5, np.int64(3)], "c": {"d": np.nan}})
+    assert _json.loads(out, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}")) == \
+        {"a": None, "b": [None, 1.5, 3], "c": {"d": None}}
