@@ -152,6 +152,21 @@ def procs():
         pr.kill()
 
 
+def record_run(procs, tracers, out, argv: list, done: str = "done", interval: str = "0.5") -> None:
+    """Start the target `argv` (it prints "ready" and waits for SIGUSR1), record it with --pid
+    into `out`, release it, wait for its `done` line, stop the tracer with SIGINT (exit 0)."""
+    tgt = procs(*argv)
+    tgt.expect("ready")
+    tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", interval)
+    wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
+    assert tr.poll() is None, tr.stderr.read()
+    tgt.signal(signal.SIGUSR1)
+    tgt.expect(done)
+    time.sleep(float(interval) + 0.1)
+    tr.send_signal(signal.SIGINT)
+    assert tr.wait(60) == 0, tr.stderr.read()
+
+
 @pytest.fixture
 def tracers():
     started: list[subprocess.Popen] = []

@@ -7,12 +7,10 @@ branch behind them. Every call must still be counted exactly once.
 from __future__ import annotations
 
 import glob
-import signal
 import subprocess
-import time
 
 import pytest
-from conftest import ROOT, attached, report_json, wait_for
+from conftest import ROOT, record_run, report_json
 
 pytestmark = pytest.mark.bpf
 
@@ -33,17 +31,8 @@ def jem(tmp_path_factory):
 def test_jemalloc_calls_counted_once_with_moved_probes(jem, tmp_path, procs, tracers):
     import json
 
-    tgt = procs(jem, "--wait-signal")
-    tgt.expect("ready")
     out = tmp_path / "jem.allocscope"
-    tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
-    wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
-    assert tr.poll() is None, tr.stderr.read()
-    tgt.signal(signal.SIGUSR1)
-    tgt.expect("done")
-    time.sleep(0.6)
-    tr.send_signal(signal.SIGINT)
-    assert tr.wait(60) == 0, tr.stderr.read()
+    record_run(procs, tracers, out, [jem, "--wait-signal"])
 
     probes = json.loads((out / "meta.json").read_text())["probes"]
     assert probes["allocator_kind"] == "jemalloc", probes

@@ -4,11 +4,8 @@ reaches one malloc through two callers whose frames are identical, so (return ad
 the same both ways; only the callers' return addresses differ."""
 from __future__ import annotations
 
-import signal
-import time
-
 import pytest
-from conftest import attached, report_json, wait_for
+from conftest import record_run, report_json
 
 pytestmark = pytest.mark.bpf
 
@@ -16,17 +13,8 @@ pytestmark = pytest.mark.bpf
 def test_cache_tells_callers_apart_at_the_same_sp(targets, tmp_path, procs, tracers):
     from reports.trace import load_trace
 
-    tgt = procs(targets["samesp"], "--wait-signal")
-    tgt.expect("ready")
     out = tmp_path / "samesp.allocscope"
-    tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
-    wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
-    assert tr.poll() is None, tr.stderr.read()
-    tgt.signal(signal.SIGUSR1)
-    tgt.expect("done")
-    time.sleep(0.6)
-    tr.send_signal(signal.SIGINT)
-    assert tr.wait(60) == 0, tr.stderr.read()
+    record_run(procs, tracers, out, [targets["samesp"], "--wait-signal"])
 
     rep = report_json(out)
     assert rep["totals"]["lost_events"] == 0, rep["totals"]

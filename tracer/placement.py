@@ -90,12 +90,13 @@ def _branch_targets(insns) -> set[int]:
     return out
 
 
-def place_entry(path: str, offset: int, size: int, arg_reg: int = X.X86_REG_RDI) -> Placement:
-    """Probe offset for an entry-only probe of the function at file `offset` (`size` bytes)."""
+def _disassemble(path: str, offset: int, length: int):
+    """The function's instructions, or the Placement at its entry when there is no choice to make
+    (unreadable, undecodable, or its first instruction is emulated already)."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            code = f.read(max(size, 16) if size else 64)
+            code = f.read(length)
     except OSError as e:
         return Placement(offset, False, f"entry (cannot read code: {e.strerror})")
     insns = list(_md.disasm(code, offset))
@@ -103,6 +104,14 @@ def place_entry(path: str, offset: int, size: int, arg_reg: int = X.X86_REG_RDI)
         return Placement(offset, False, "entry (cannot disassemble)")
     if emulated(insns[0]):
         return Placement(offset, False, f"entry ({insns[0].mnemonic}: emulated)")
+    return insns
+
+
+def place_entry(path: str, offset: int, size: int, arg_reg: int = X.X86_REG_RDI) -> Placement:
+    """Probe offset for an entry-only probe of the function at file `offset` (`size` bytes)."""
+    insns = _disassemble(path, offset, max(size, 16) if size else 64)
+    if isinstance(insns, Placement):
+        return insns
     if len(insns) >= 3 and size:
         t, j, nxt = insns[0], insns[1], insns[2]
         is_null_check = (t.id == X.X86_INS_TEST and len(t.operands) == 2 and
@@ -118,17 +127,9 @@ def place_probe(path: str, offset: int, size: int, reads: tuple[int, ...]) -> Pl
     """Probe offset for the function at file `offset` (`size` bytes) whose entry (and return)
     probes read the argument registers `reads` and %rsp: the first emulated instruction behind a
     straight-line prefix that leaves them (and memory) untouched; else the entry."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            code = f.read(size if size else 64)
-    except OSError as e:
-        return Placement(offset, False, f"entry (cannot read code: {e.strerror})")
-    insns = list(_md.disasm(code, offset))
-    if not insns:
-        return Placement(offset, False, "entry (cannot disassemble)")
-    if emulated(insns[0]):
-        return Placement(offset, False, f"entry ({insns[0].mnemonic}: emulated)")
+    insns = _disassemble(path, offset, size if size else 64)
+    if isinstance(insns, Placement):
+        return insns
     if not size:  # without the function's extent no branch into the prefix can be ruled out
         return Placement(offset, False, f"entry ({insns[0].mnemonic}: single-stepped)")
     targets = _branch_targets(insns)
