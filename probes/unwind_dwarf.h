@@ -17,7 +17,7 @@
  *   AS_UNWIND_ROWS   rows in `urows`                  (default 2097152, 16 MiB)
  *   AS_UNWIND_MAPS   prefixes in `umaps`              (default 65536)
  *   AS_UNWIND_STEPS  binary search steps: a slice has at most 2^steps rows (default 20)
- *   AS_SCACHE_WAYS   cached stacks per thread, a power of 2 (default 8; 0: no stack cache)
+ *   AS_SCACHE_WAYS   cached stacks per thread, a power of 2 (default 32, ~20 KiB a thread; 0: none)
  *
  * Stack cache (return probes). Unwinding is a pure function of its inputs: the registers (ip,
  * sp, and bp when a rule used it before a saved value replaced it), the rows (which change only
@@ -41,7 +41,7 @@
 #endif
 
 #ifndef AS_SCACHE_WAYS
-#define AS_SCACHE_WAYS 8
+#define AS_SCACHE_WAYS 32
 #endif
 #define AS_SCACHE_SLOTS (2 * AS_MAX_DEPTH) /* return address and saved rbp of each frame */
 #define AS_SLOT_NONE 0xffffffffu
@@ -59,6 +59,11 @@ struct as_slots {
     u64 bp_reg;  /* 1 while bp holds frame 0's register value */
     u64 need_bp; /* ... and a rule used it */
     u64 nslots;  /* after the unwind: slots to cache, 0: do not cache */
+    /* A saved rbp read from the stack counts only once a rule uses it: in code without frame
+     * pointers rbp is an ordinary register whose saved value changes from call to call. */
+    u64 pend_val;
+    u32 pend_slot; /* AS_SLOT_NONE: no saved rbp waiting */
+    u32 pend_off;
 };
 BPF_PERCPU_ARRAY(uslots, struct as_slots, 1);
 
@@ -138,28 +143,56 @@ static __always_inline void find_row(struct as_umap *m, u32 key, struct as_urow 
         *out = *r;
 }
 
-/* Read the word at `addr` for slot `slot`, noting it for the stack cache. */
-static __always_inline int read_word(struct as_ustate *s, u32 slot, u64 addr, u64 *out)
+/* Read the word at `addr` for slot `slot`, noting it for the stack cache (a saved rbp, `is_bp`,
+ * only provisionally: see use_bp). */
+static __always_inline int read_word_as(struct as_ustate *s, u32 slot, u64 addr, u64 *out, int is_bp)
 {
     long err = bpf_probe_read_user(out, sizeof(*out), (void *)addr);
     u64 off = addr - s->sp0;
     struct as_slots *r = s->rec;
     r->bad |= (u64)err | (off >> 32); /* below sp0 wraps to a huge offset */
-    r->off[slot & (AS_SCACHE_SLOTS - 1)] = (u32)off;
-    r->vh += vh_mix(slot, *out);
+    if (is_bp) {
+        r->pend_slot = slot;
+        r->pend_off = (u32)off;
+        r->pend_val = *out;
+    } else {
+        r->off[slot & (AS_SCACHE_SLOTS - 1)] = (u32)off;
+        r->vh += vh_mix(slot, *out);
+    }
     return err;
 }
 
-static __always_inline void set_bp(struct as_ustate *s, u64 bp)
+static __always_inline int read_word(struct as_ustate *s, u32 slot, u64 addr, u64 *out)
+{
+    return read_word_as(s, slot, addr, out, 0);
+}
+
+static __always_inline int read_bp(struct as_ustate *s, u32 slot, u64 addr, u64 *out)
+{
+    return read_word_as(s, slot, addr, out, 1);
+}
+
+/* s->bp now holds a value read from the stack (read_bp), or 0 (`known`: nothing was read). */
+static __always_inline void set_bp(struct as_ustate *s, u64 bp, int known)
 {
     s->bp = bp;
     s->rec->bp_reg = 0;
+    if (known)
+        s->rec->pend_slot = AS_SLOT_NONE;
 }
 
-/* A rule is about to use s->bp. */
+/* A rule is about to use s->bp: the unwind now depends on where that value came from — the
+ * register of frame 0, or the saved rbp read last, which is committed to the cached words. */
 static __always_inline void use_bp(struct as_ustate *s)
 {
-    s->rec->need_bp |= s->rec->bp_reg;
+    struct as_slots *r = s->rec;
+    r->need_bp |= r->bp_reg;
+    u32 slot = r->pend_slot;
+    if (slot != AS_SLOT_NONE) {
+        r->off[slot & (AS_SCACHE_SLOTS - 1)] = r->pend_off;
+        r->vh += vh_mix(slot, r->pend_val);
+        r->pend_slot = AS_SLOT_NONE;
+    }
 }
 
 /* One frame up from `s`, frame `i`. */
@@ -196,7 +229,7 @@ static __always_inline int unwind_step(struct as_ustate *s, u32 i)
             return AS_STEP_TRUNC;
         s->ip = nip;
         s->sp = nsp;
-        set_bp(s, nbp);
+        set_bp(s, nbp, 1); /* not cached anyway */
         s->exact = 1; /* the interrupted instruction itself */
         s->fp = 0;
         return nip ? AS_STEP_OK : AS_STEP_END;
@@ -211,11 +244,11 @@ static __always_inline int unwind_step(struct as_ustate *s, u32 i)
             return AS_STEP_END;
         if (obp < s->sp)
             return AS_STEP_END; /* not a frame chain: where frame pointers end too */
-        if (read_word(s, sbp, obp, &nbp) || read_word(s, sra, obp + 8, &ra))
+        if (read_bp(s, sbp, obp, &nbp) || read_word(s, sra, obp + 8, &ra))
             return AS_STEP_END;
         s->ip = ra;
         s->sp = obp + 16;
-        set_bp(s, nbp);
+        set_bp(s, nbp, 0);
         s->exact = 0;
         s->fp = 1;
         return ra ? AS_STEP_OK : AS_STEP_END;
@@ -225,12 +258,12 @@ static __always_inline int unwind_step(struct as_ustate *s, u32 i)
     if (read_word(s, sra, cfa - 8, &ra))
         return AS_STEP_TRUNC;
     if (row.rbp_off == AS_RBP_UNKNOWN) {
-        set_bp(s, 0);
+        set_bp(s, 0, 1);
     } else if (row.rbp_off != 0) {
         u64 nbp = 0;
-        if (read_word(s, sbp, cfa + ((s64)(s8)row.rbp_off << 3), &nbp))
+        if (read_bp(s, sbp, cfa + ((s64)(s8)row.rbp_off << 3), &nbp))
             return AS_STEP_TRUNC;
-        set_bp(s, nbp);
+        set_bp(s, nbp, 0);
     }
     s->ip = ra;
     s->sp = cfa;
@@ -254,6 +287,7 @@ static __always_inline u64 unwind_store(u64 ip, u64 sp, u64 bp, u32 exact)
     rec->bad = 0;
     rec->bp_reg = 1;
     rec->need_bp = 0;
+    rec->pend_slot = AS_SLOT_NONE;
     u64 fpmask = 0;
     u32 n = 0, flags = AS_STACK_DWARF;
     if (ip == 0) {
