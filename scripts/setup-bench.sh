@@ -13,14 +13,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 pkgs=(heaptrack gdb)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  say "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
-fi
+# shellcheck source=scripts/pkgs.sh
+. "$(dirname "${BASH_SOURCE[0]}")/pkgs.sh"
+ensure_pkgs "${pkgs[@]}"
 exit 0

@@ -15,16 +15,9 @@ fi
 # redis-server + redis-tools: the soak (bench/soak.py, tests/test_soak_bpf.py).
 pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev
       chromium fonts-dejavu-core bpfcc-tools redis-server redis-tools)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  say "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
-fi
+# shellcheck source=scripts/pkgs.sh
+. "$(dirname "${BASH_SOURCE[0]}")/pkgs.sh"
+ensure_pkgs "${pkgs[@]}"
 
 # 2. Kernel headers: BCC compiles against /lib/modules/$(uname -r)/build. When no
 #    package matches the running kernel, link the newest Debian headers there.
