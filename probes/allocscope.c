@@ -323,7 +323,6 @@ static __always_inline int enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg
 {
     if (!is_target())
         return 0;
-    u32 tid = current_tid();
     u64 sp = PT_REGS_SP(ctx);
     struct as_inflight *cur = thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!cur) {
@@ -634,7 +633,7 @@ static __always_inline struct as_event *new_event(u32 type, u32 tid)
     return e;
 }
 
-static __always_inline u32 current_api(u32 tid)
+static __always_inline u32 current_api(void)
 {
     struct as_inflight *in = thread_state(0);
     return in && in->sp ? in->api : AS_API_NONE;
@@ -664,7 +663,7 @@ static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
     if (ret < 0 && ret > -4096)
         return; /* failed: nothing changed */
     u32 tid = current_tid();
-    u32 api = current_api(tid);
+    u32 api = current_api();
     u64 sid = 0;
     /* Stacks only where user space will attribute bytes to them. */
     if (api == AS_API_NONE && (nr == 9 || nr == 12 || nr == 25))
