@@ -89,9 +89,13 @@ def main() -> None:
                    "jemalloc/tcmalloc heap profiles); reports show estimates with error bars. 0: off.")
 @click.option("--fault-sample", type=click.IntRange(min=1), default=16, show_default=True, metavar="N",
               help="Residency mode: record one user page fault in N.")
+@click.option("--probe-floor", is_flag=True, hidden=True,
+              help="Benchmarks: attach every probe, but every program returns at once (the trap floor).")
+@click.option("--rss-tracepoint", is_flag=True, hidden=True,
+              help="Benchmarks: keep the RSS counter with the kmem:rss_stat tracepoint instead of reading it.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD [ARGS...]]")
 def record(pid, pattern, output, duration, interval, labels, max_live, force, keep_cmdline, quiet, unwind,
-           embed_symbols, mode, sample_bytes, fault_sample, command):
+           embed_symbols, mode, sample_bytes, fault_sample, probe_floor, rss_tracepoint, command):
     """Record allocations of a running process (--pid/--pgrep) or of a command it starts (-- CMD).
 
     Probes malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign,
@@ -133,7 +137,7 @@ def record(pid, pattern, output, duration, interval, labels, max_live, force, ke
     opts = rec.RecordOptions(output=output, duration=duration, interval=interval, labels=lab, force=force,
                              keep_cmdline=keep_cmdline, max_live=max_live, quiet=quiet, unwind=unwind,
                              embed_symbols=embed_symbols, mode=mode, sample_bytes=sample_bytes,
-                             fault_sample=fault_sample)
+                             fault_sample=fault_sample, probe_floor=probe_floor, rss_tracepoint=rss_tracepoint)
     s = rec.record(target, opts, None if quiet else progress)
     from reports.render import human_bytes  # noqa: PLC0415
     click.echo(f"allocscope: wrote {s.path}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "

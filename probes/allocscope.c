@@ -45,6 +45,9 @@
 #ifndef AS_RING_PAGES
 #define AS_RING_PAGES 1024
 #endif
+#ifndef AS_PAGE_SIZE
+#define AS_PAGE_SIZE 4096
+#endif
 #define AS_MAX_THREADS 32768
 
 BPF_F_TABLE("hash", u64, struct as_live, live, AS_MAX_LIVE, BPF_F_NO_PREALLOC);
@@ -56,7 +59,8 @@ BPF_F_TABLE("hash", struct as_flow_key, struct as_flow, flows, 65536, BPF_F_NO_P
 BPF_TASK_STORAGE(inflight, struct as_inflight);
 BPF_HASH(sysargs, u32, struct as_sysargs, AS_MAX_THREADS);
 BPF_PERCPU_ARRAY(counters, u64, AS_CNT_MAX);
-BPF_ARRAY(totals, s64, 2); /* 0: live bytes (heap API), 1: peak of 0 */
+BPF_ARRAY(totals, s64, 4); /* 0: live bytes (heap API), 1: peak of 0, 2: bytes in `regions`,
+                            * 3: regions */
 BPF_PERCPU_ARRAY(scratch, struct as_stack, 1);
 BPF_RINGBUF_OUTPUT(events, AS_RING_PAGES);
 
@@ -90,6 +94,10 @@ static __always_inline int is_target(void)
 {
     return (bpf_get_current_pid_tgid() >> 32) == AS_TGID && !target_gone();
 }
+#endif
+#ifdef AS_FLOOR
+/* The trap floor (bench/overhead.py): every probe attached, every program returning at once. */
+#define is_target() 0
 #endif
 
 static __always_inline u32 current_tid(void)
@@ -186,10 +194,25 @@ static __always_inline u64 capture_syscall_stack(void *ctx)
 }
 
 /* --- resident memory: the kernel's RSS counters of the target's mm --------- */
-/* rss[m] is the latest value (bytes) of counter m (0 file, 1 anon, 2 swap, 3 shmem) of the
- * target's mm, kept up to date by the kmem:rss_stat tracepoint; the tracer seeds it at attach.
- * Releases (malloc_trim, munmap, madvise, brk) carry the anon value before and after, so the
- * bytes they really gave back are measured, not summed from lengths. */
+/* Releases (malloc_trim, munmap, madvise, brk) are measured as the drop of the target's anonymous
+ * RSS between their entry and return, so the bytes they really gave back are known, not summed
+ * from lengths. The counter is read when needed: mm->rss_stat[MM_ANONPAGES] of the current task,
+ * at offsets the tracer found in the running kernel's BTF (tracer/kernel.py) — the same value the
+ * kernel's kmem:rss_stat tracepoint reports (percpu_counter's global count). With
+ * AS_RSS_TRACEPOINT instead (a kernel whose BTF lacks the layout) a program on that tracepoint
+ * keeps a copy current, at the price of one BPF run per RSS change of every process. */
+#ifndef AS_RSS_TRACEPOINT
+static __always_inline s64 rss_anon(void)
+{
+    u64 task = bpf_get_current_task(), mm = 0;
+    s64 pages = 0;
+    bpf_probe_read_kernel(&mm, sizeof(mm), (void *)(task + AS_OFF_TASK_MM));
+    if (!mm)
+        return 0;
+    bpf_probe_read_kernel(&pages, sizeof(pages), (void *)(mm + AS_OFF_MM_ANON));
+    return pages * AS_PAGE_SIZE;
+}
+#else
 BPF_ARRAY(rss, s64, 4);
 BPF_ARRAY(rss_mm, u32, 1); /* mm_id of the target, learned from its own first rss_stat event */
 
@@ -220,6 +243,7 @@ TRACEPOINT_PROBE(kmem, rss_stat)
     rss.update(&m, &v);
     return 0;
 }
+#endif
 
 /* --- accounting ---------------------------------------------------------- */
 
@@ -236,6 +260,46 @@ static __always_inline void totals_add(s64 delta)
 }
 
 
+/* One free by thread `tid` of `bytes` allocated by `alloc_tid` at `alloc_ts`; `count`: 1 when
+ * it was the allocation's last byte. */
+static __always_inline void flow_add(u32 alloc_tid, u32 tid, u64 bytes, u64 cnt, u64 alloc_ts, u64 now)
+{
+    struct as_flow_key fk = {.alloc_tid = alloc_tid, .free_tid = tid};
+    struct as_flow *f = flows.lookup(&fk);
+    if (!f) {
+        struct as_flow zero = {};
+        flows.insert(&fk, &zero);
+        f = flows.lookup(&fk);
+        if (!f) {
+            count(AS_LOST_FLOW_FULL, 1);
+            return;
+        }
+    }
+    __sync_fetch_and_add(&f->bytes, bytes);
+    if (!cnt)
+        return;
+    u64 wait = now > alloc_ts ? now - alloc_ts : 0;
+    __sync_fetch_and_add(&f->count, 1);
+    __sync_fetch_and_add(&f->wait_ns_sum, wait);
+    if (wait > f->wait_ns_max)
+        f->wait_ns_max = wait;
+}
+
+/* The site of (stack, thread, source), created empty when new; 0 when the map is full. */
+static __always_inline struct as_site *site_of(u64 sid, u32 tid, u32 source)
+{
+    struct as_site_key sk = {.stack_id = sid, .tid = tid, .source = source};
+    struct as_site *s = sites.lookup(&sk);
+    if (!s) {
+        struct as_site zero = {};
+        sites.insert(&sk, &zero);
+        s = sites.lookup(&sk);
+        if (!s)
+            count(AS_LOST_SITE_FULL, 1);
+    }
+    return s;
+}
+
 /* Charge the free of `addr` by thread `tid` back to its allocation. */
 static __always_inline void free_addr(u32 tid, u64 addr, u64 now)
 {
@@ -250,30 +314,13 @@ static __always_inline void free_addr(u32 tid, u64 addr, u64 now)
     count(AS_CNT_FREES, 1);
     totals_add(-(s64)c.size);
 
-    struct as_site_key sk = {.stack_id = c.stack_id, .tid = c.tid};
+    struct as_site_key sk = {.stack_id = c.stack_id, .tid = c.tid, .source = AS_SRC_HEAP};
     struct as_site *s = sites.lookup(&sk);
     if (s) {
         __sync_fetch_and_add(&s->free_bytes, c.size);
         __sync_fetch_and_add(&s->free_count, 1);
     }
-
-    struct as_flow_key fk = {.alloc_tid = c.tid, .free_tid = tid};
-    struct as_flow *f = flows.lookup(&fk);
-    if (!f) {
-        struct as_flow zero = {};
-        flows.insert(&fk, &zero);
-        f = flows.lookup(&fk);
-        if (!f) {
-            count(AS_LOST_FLOW_FULL, 1);
-            return;
-        }
-    }
-    u64 wait = now > c.ts_ns ? now - c.ts_ns : 0;
-    __sync_fetch_and_add(&f->bytes, c.size);
-    __sync_fetch_and_add(&f->count, 1);
-    __sync_fetch_and_add(&f->wait_ns_sum, wait);
-    if (wait > f->wait_ns_max)
-        f->wait_ns_max = wait;
+    flow_add(c.tid, tid, c.size, 1, c.ts_ns, now);
 }
 
 /* Keep one allocation made at stack `sid`. */
@@ -294,17 +341,9 @@ static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u
     count(AS_CNT_ALLOCS, 1);
     totals_add((s64)size);
 
-    struct as_site_key sk = {.stack_id = sid, .tid = tid};
-    struct as_site *s = sites.lookup(&sk);
-    if (!s) {
-        struct as_site zero = {};
-        sites.insert(&sk, &zero);
-        s = sites.lookup(&sk);
-        if (!s) {
-            count(AS_LOST_SITE_FULL, 1);
-            return;
-        }
-    }
+    struct as_site *s = site_of(sid, tid, AS_SRC_HEAP);
+    if (!s)
+        return;
     u64 ab = __sync_fetch_and_add(&s->alloc_bytes, size) + size;
     __sync_fetch_and_add(&s->alloc_count, 1);
     u64 fb = s->free_bytes;
@@ -610,11 +649,46 @@ int free_enter(struct pt_regs *ctx)
 }
 
 /* --- memory from the kernel: syscall tracepoints ------------------------ */
+/* Memory the target maps outside any allocator call (and the break it moves up) is accounted
+ * here, page by page, with no event: `regions` holds one entry per allocation, keyed by its
+ * start, and the common shapes — a region mapped, unmapped whole or from its start, moved or
+ * resized by mremap, the break moved up — update the per-(stack, thread, source) sites, the
+ * flows and the totals in place. The rare shapes (a munmap that does not start at a region, a
+ * MAP_FIXED mapping, an mremap to a fixed address, the break shrinking over tracked pages, a
+ * full map) go to the tracer as events (counted: n_slow); it takes the regions they touch out
+ * of the map and replays them page-exact (tracer/regions.py). Syscalls made inside allocator
+ * calls (glibc's mmapped chunks, heap trimming) belong to that call and are never regions.
+ * Every release (munmap, madvise, brk down) is measured by the anonymous RSS it gave back and
+ * summed per (thread, kind, allocator call) in `releases`. */
+#ifndef AS_MAX_REGIONS
+#define AS_MAX_REGIONS 65536
+#endif
+#define AS_UNMAP_STEPS 8   /* regions one munmap may free here, back to back */
+#define AS_MAP_FIXED 0x10
+#define AS_MAP_ANONYMOUS 0x20
+#define AS_PROT_EXEC 4
+#define AS_MREMAP_FIXED 2
+#define AS_MREMAP_DONTUNMAP 4
 
-static __always_inline void save_sysargs(u32 nr, u64 a0, u64 a1, u64 a2, u64 a3, u64 a4)
+BPF_F_TABLE("hash", u64, struct as_region, regions, AS_MAX_REGIONS, BPF_F_NO_PREALLOC);
+/* Per region site: bytes the tracer freed in regions it took over (written by the tracer only),
+ * so that a site's peak here is alloc - free - these. */
+BPF_F_TABLE("hash", struct as_site_key, u64, site_ext, AS_MAX_REGIONS, BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", struct as_release_key, struct as_release, releases, 16384, BPF_F_NO_PREALLOC);
+/* 0: the break (0: not known yet; the tracer seeds it from /proc), 1: != 0 once the break was a
+ * region here (a shrink then goes to the tracer) */
+BPF_ARRAY(brk_state, u64, 2);
+
+static __always_inline u64 page_up(u64 n)
+{
+    return (n + AS_PAGE_SIZE - 1) & ~(u64)(AS_PAGE_SIZE - 1);
+}
+
+static __always_inline void save_sysargs(u32 nr, u64 a0, u64 a1, u64 a2, u64 a3, u64 a4, s64 rss)
 {
     u32 tid = current_tid();
-    struct as_sysargs a = {.a0 = a0, .a1 = a1, .a2 = a2, .a3 = a3, .a4 = a4, .nr = nr};
+    struct as_sysargs a = {.a0 = a0, .a1 = a1, .a2 = a2, .a3 = a3, .a4 = a4,
+                           .ts_ns = bpf_ktime_get_ns(), .rss = rss, .nr = nr};
     sysargs.update(&tid, &a);
 }
 
@@ -631,6 +705,12 @@ static __always_inline struct as_event *new_event(u32 type, u32 tid)
     e->ts_ns = bpf_ktime_get_ns();
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
     return e;
+}
+
+static __always_inline void submit(struct as_event *e)
+{
+    events.ringbuf_submit(e, 0);
+    count(AS_CNT_EVENTS, 1);
 }
 
 static __always_inline u32 current_api(void)
@@ -655,6 +735,278 @@ static __always_inline int pop_sysargs(u32 nr, struct as_sysargs *out)
     return 1;
 }
 
+static __always_inline void region_totals(s64 bytes, s64 n)
+{
+    u32 k2 = 2, k3 = 3;
+    s64 *b = totals.lookup(&k2);
+    s64 *c = totals.lookup(&k3);
+    if (b)
+        __sync_fetch_and_add(b, bytes);
+    if (c && n)
+        __sync_fetch_and_add(c, n);
+}
+
+/* Bytes newly held by a region site: alloc counters and its peak. */
+static __always_inline void region_grew(u64 sid, u32 tid, u32 source, u64 bytes, u64 allocs)
+{
+    struct as_site *s = site_of(sid, tid, source);
+    if (!s)
+        return;
+    u64 ab = __sync_fetch_and_add(&s->alloc_bytes, bytes) + bytes;
+    if (allocs)
+        __sync_fetch_and_add(&s->alloc_count, allocs);
+    struct as_site_key sk = {.stack_id = sid, .tid = tid, .source = source};
+    u64 fb = s->free_bytes;
+    u64 *ext = site_ext.lookup(&sk);
+    if (ext)
+        fb += *ext;
+    if (ab > fb && ab - fb > s->peak_live_bytes)
+        s->peak_live_bytes = ab - fb;
+}
+
+/* `bytes` of region `c` given back by thread `tid`; `last`: the region is gone. */
+static __always_inline void region_freed(struct as_region *c, u64 bytes, u32 last, u32 tid, u64 now)
+{
+    region_totals(-(s64)bytes, last ? -1 : 0);
+    struct as_site_key sk = {.stack_id = c->stack_id, .tid = c->tid, .source = c->source};
+    struct as_site *s = sites.lookup(&sk);
+    if (s) {
+        __sync_fetch_and_add(&s->free_bytes, bytes);
+        if (last)
+            __sync_fetch_and_add(&s->free_count, 1);
+    }
+    flow_add(c->tid, tid, bytes, last, c->ts_ns, now);
+}
+
+/* A new region [lo, hi); -1 when it cannot be kept here (its start is still a region: the
+ * tracer has not replayed the unmap of the old one yet; or the map is full). */
+static __always_inline int region_new(u64 lo, u64 hi, u64 sid, u32 tid, u64 now, u32 source)
+{
+    struct as_region r = {.end = hi, .stack_id = sid, .ts_ns = now, .tid = tid, .source = source};
+    if (regions.insert(&lo, &r) != 0)
+        return -1;
+    region_totals((s64)(hi - lo), 1);
+    region_grew(sid, tid, source, hi - lo, 1);
+    return 0;
+}
+
+/* munmap [lo, hi): frees the regions that start at lo and, back to back, at each freed one's
+ * end; the last one may lose only its head. Returns where it stopped: hi when [lo, hi) was
+ * accounted here, less when the rest is for the tracer. */
+static __always_inline u64 unmap_regions(u64 lo, u64 hi, u32 tid, u64 now)
+{
+    u64 cur = lo;
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < AS_UNMAP_STEPS; i++) {
+        if (cur >= hi)
+            break;
+        struct as_region *r = regions.lookup(&cur);
+        if (!r)
+            break;
+        struct as_region c = *r;
+        if (c.end > hi) { /* its head: the rest stays, keyed by its new start */
+            u64 key = hi;
+            if (regions.insert(&key, &c) != 0)
+                break;
+            if (regions.delete(&cur) != 0) {
+                regions.delete(&key);
+                break;
+            }
+            region_freed(&c, hi - cur, 0, tid, now);
+            cur = hi;
+            break;
+        }
+        if (regions.delete(&cur) != 0)
+            break;
+        region_freed(&c, c.end - cur, 1, tid, now);
+        cur = c.end;
+    }
+    return cur;
+}
+
+/* mremap of a whole region to a place the kernel chose (or in place): 0 when done here. */
+static __always_inline int remap_region(struct as_sysargs *a, u64 nlo, u32 tid, u64 now)
+{
+    u64 olo = a->a0, ohi = page_up(a->a0 + a->a1), nhi = page_up(nlo + a->a2);
+    if (a->a3 & (AS_MREMAP_FIXED | AS_MREMAP_DONTUNMAP))
+        return -1;
+    struct as_region *r = regions.lookup(&olo);
+    if (!r || r->end != ohi)
+        return -1;
+    struct as_region c = *r;
+    c.end = nhi;
+    if (nlo != olo) {
+        if (regions.insert(&nlo, &c) != 0)
+            return -1;
+        if (regions.delete(&olo) != 0) {
+            regions.delete(&nlo);
+            return -1;
+        }
+    } else {
+        r->end = nhi;
+    }
+    u64 olen = ohi - olo, nlen = nhi - nlo;
+    if (nlen > olen) { /* the new pages belong to the region that grew */
+        region_totals((s64)(nlen - olen), 0);
+        region_grew(c.stack_id, c.tid, c.source, nlen - olen, 0);
+    } else if (nlen < olen) {
+        region_freed(&c, olen - nlen, 0, tid, now);
+    }
+    return 0;
+}
+
+static __always_inline void count_release(u32 tid, u32 kind, u32 api, u64 len, s64 before)
+{
+    struct as_release_key k = {.tid = tid, .kind = (u16)kind, .api = (u16)api};
+    struct as_release *r = releases.lookup(&k);
+    if (!r) {
+        struct as_release zero = {};
+        releases.insert(&k, &zero);
+        r = releases.lookup(&k);
+        if (!r)
+            return;
+    }
+    __sync_fetch_and_add(&r->calls, 1);
+    __sync_fetch_and_add(&r->requested_bytes, len);
+    __sync_fetch_and_add(&r->released_bytes, before - rss_anon());
+}
+
+/* A rare shape for the tracer: the event, timed at the syscall's entry (regions it takes over
+ * must be older). */
+static __always_inline struct as_event *slow_event(u32 type, u32 tid, struct as_sysargs *a, u32 api)
+{
+    struct as_event *e = new_event(type, tid);
+    if (!e)
+        return 0;
+    count(AS_CNT_SLOW, 1);
+    e->ts_ns = a->ts_ns;
+    e->in_api = api;
+    return e;
+}
+
+/* What an mmap with these arguments is tracked as (enum as_source), 0: not tracked. */
+static __always_inline u32 mmap_source(struct as_sysargs *a, u32 api)
+{
+    if (api != AS_API_NONE || a->a2 == 0 /* PROT_NONE: address space reserved, not memory */)
+        return 0;
+    return (a->a3 & AS_MAP_ANONYMOUS) ? AS_SRC_MMAP : 0;
+}
+
+static __always_inline void mmap_exit(void *ctx, struct as_sysargs *a, u64 lo, u32 tid, u32 api, u64 now)
+{
+    u64 hi = page_up(lo + a->a1);
+    u32 prot = (u32)a->a2, flags = (u32)a->a3;
+    s32 fd = (s32)a->a4;
+    u32 src = mmap_source(a, api);
+    int code = (prot & AS_PROT_EXEC) && !(flags & AS_MAP_ANONYMOUS);
+    int slow = (flags & AS_MAP_FIXED) && api == AS_API_NONE;
+    u64 sid = 0;
+    if (src) {
+        sid = capture_syscall_stack(ctx);
+        if (!slow && region_new(lo, hi, sid, tid, now, src) == 0) {
+            count(AS_CNT_REGION_OPS, 1);
+            return;
+        }
+        slow = 1; /* MAP_FIXED, or its start is still a region: the tracer replays it */
+    }
+    if (!slow && !code)
+        return;
+    struct as_event *e = slow ? slow_event(AS_EV_MMAP, tid, a, api) : new_event(AS_EV_CODE, tid);
+    if (!e)
+        return;
+    e->addr = lo;
+    e->len = a->a1;
+    e->prot = prot;
+    e->flags = flags;
+    e->fd = fd;
+    e->source = src;
+    e->stack_id = sid;
+    e->in_api = api;
+    e->ret = (s64)lo;
+    submit(e);
+#if defined(AS_UNWIND_DWARF) && defined(AS_WAIT_EXEC)
+    /* Launch mode: hold the main thread at each file mapped executable (the loader mapping a
+     * library) until the tracer has mapped its unwind rows: the tracer is its ptrace parent, sees
+     * the stop, loads, and resumes it with the signal suppressed (tracer/unwind.py). */
+    if (code && fd >= 0 && tid == AS_TGID)
+        bpf_send_signal_thread(19 /* SIGSTOP */);
+#endif
+}
+
+static __always_inline void munmap_exit(struct as_sysargs *a, u32 tid, u32 api, u64 now)
+{
+    u64 lo = a->a0 & ~(u64)(AS_PAGE_SIZE - 1), hi = page_up(a->a0 + a->a1);
+    count_release(tid, AS_EV_MUNMAP, api, a->a1, a->rss);
+    if (api != AS_API_NONE || hi <= lo)
+        return; /* an allocator unmapping its own memory */
+    u64 cur = unmap_regions(lo, hi, tid, now);
+    if (cur >= hi) {
+        count(AS_CNT_REGION_OPS, 1);
+        return;
+    }
+    struct as_event *e = slow_event(AS_EV_MUNMAP, tid, a, api);
+    if (!e)
+        return;
+    e->addr = cur;
+    e->len = hi - cur;
+    submit(e);
+}
+
+static __always_inline void mremap_exit(struct as_sysargs *a, u64 nlo, u32 tid, u32 api, u64 now)
+{
+    if (api != AS_API_NONE)
+        return; /* glibc's realloc moving its own mmapped chunk */
+    if (remap_region(a, nlo, tid, now) == 0) {
+        count(AS_CNT_REGION_OPS, 1);
+        return;
+    }
+    struct as_event *e = slow_event(AS_EV_MREMAP, tid, a, api);
+    if (!e)
+        return;
+    e->addr = a->a0;
+    e->len = a->a1;
+    e->addr2 = nlo;
+    e->len2 = a->a2;
+    e->flags = (u32)a->a3;
+    submit(e);
+}
+
+static __always_inline void brk_exit(void *ctx, struct as_sysargs *a, u64 nb, u32 tid, u32 api, u64 now)
+{
+    u32 k0 = 0, k1 = 1;
+    u64 *cur = brk_state.lookup(&k0);
+    u64 *tracked = brk_state.lookup(&k1);
+    if (!cur || !tracked)
+        return;
+    u64 old = *cur;
+    *cur = nb;
+    if (old == 0 || nb == old)
+        return; /* not known before, or a query (brk(0)) */
+    u64 sid = 0;
+    if (nb > old) {
+        u64 lo = page_up(old), hi = page_up(nb);
+        if (api != AS_API_NONE || hi <= lo)
+            return; /* malloc growing its heap */
+        sid = capture_syscall_stack(ctx);
+        *tracked = 1;
+        if (region_new(lo, hi, sid, tid, now, AS_SRC_BRK) == 0) {
+            count(AS_CNT_REGION_OPS, 1);
+            return;
+        }
+    } else {
+        count_release(tid, AS_EV_BRK, api, 0, a->rss);
+        if (!*tracked)
+            return; /* no page of the break was ever a region */
+    }
+    struct as_event *e = slow_event(AS_EV_BRK, tid, a, api);
+    if (!e)
+        return;
+    e->addr = nb;
+    e->len = old;
+    e->stack_id = sid;
+    submit(e);
+}
+
 static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
 {
     struct as_sysargs a = {};
@@ -664,80 +1016,33 @@ static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
         return; /* failed: nothing changed */
     u32 tid = current_tid();
     u32 api = current_api();
-    u64 sid = 0;
-    /* Stacks only where user space will attribute bytes to them. */
-    if (api == AS_API_NONE && (nr == 9 || nr == 12 || nr == 25))
-        sid = capture_syscall_stack(ctx);
-    struct as_event *e;
+    u64 now = bpf_ktime_get_ns();
     switch (nr) {
     case 9: /* mmap(addr, len, prot, flags, fd) -> addr */
-        e = new_event(AS_EV_MMAP, tid);
-        if (!e)
-            return;
-        e->addr = (u64)ret;
-        e->len = a.a1;
-        e->prot = (u32)a.a2;
-        e->flags = (u32)a.a3;
-        e->fd = (s32)a.a4;
+        mmap_exit(ctx, &a, (u64)ret, tid, api, now);
         break;
     case 11: /* munmap(addr, len) */
-        e = new_event(AS_EV_MUNMAP, tid);
-        if (!e)
-            return;
-        e->addr = a.a0;
-        e->len = a.a1;
+        munmap_exit(&a, tid, api, now);
         break;
     case 25: /* mremap(old, old_len, new_len, flags, new_addr) -> new */
-        e = new_event(AS_EV_MREMAP, tid);
-        if (!e)
-            return;
-        e->addr = a.a0;
-        e->len = a.a1;
-        e->len2 = a.a2;
-        e->flags = (u32)a.a3;
-        e->addr2 = (u64)ret;
+        mremap_exit(&a, (u64)ret, tid, api, now);
         break;
     case 12: /* brk(requested) -> new break */
-        e = new_event(AS_EV_BRK, tid);
-        if (!e)
-            return;
-        e->addr = (u64)ret;
-        e->len = a.a0;
+        brk_exit(ctx, &a, (u64)ret, tid, api, now);
         break;
     case 28: /* madvise(start, len, advice) */
-        e = new_event(AS_EV_MADVISE, tid);
-        if (!e)
-            return;
-        e->addr = a.a0;
-        e->len = a.a1;
-        e->flags = (u32)a.a2;
+        count_release(tid, AS_EV_MADVISE, api, a.a1, a.rss);
         break;
     default:
-        return;
+        break;
     }
-    if (nr == 11 || nr == 12 || nr == 28) {
-        e->addr2 = a.a4;        /* anon RSS at entry */
-        e->len2 = rss_anon();   /* anon RSS at exit */
-    }
-    e->ret = ret;
-    e->stack_id = sid;
-    e->in_api = api;
-    events.ringbuf_submit(e, 0);
-    count(AS_CNT_EVENTS, 1);
-#if defined(AS_UNWIND_DWARF) && defined(AS_WAIT_EXEC)
-    /* Launch mode: hold the main thread at each file mapped executable (the loader mapping a
-     * library) until the tracer has mapped its unwind rows: the tracer is its ptrace parent, sees
-     * the stop, loads, and resumes it with the signal suppressed (tracer/unwind.py). */
-    if (nr == 9 && (a.a2 & 4) && (s32)a.a4 >= 0 && tid == AS_TGID)
-        bpf_send_signal_thread(19 /* SIGSTOP */);
-#endif
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
 {
     if (!is_target())
         return 0;
-    save_sysargs(9, args->addr, args->len, args->prot, args->flags, args->fd);
+    save_sysargs(9, args->addr, args->len, args->prot, args->flags, args->fd, 0);
     return 0;
 }
 
@@ -753,7 +1058,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 {
     if (!is_target())
         return 0;
-    save_sysargs(11, args->addr, args->len, 0, 0, (u64)rss_anon());
+    save_sysargs(11, args->addr, args->len, 0, 0, 0, rss_anon());
     return 0;
 }
 
@@ -769,7 +1074,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
 {
     if (!is_target())
         return 0;
-    save_sysargs(25, args->addr, args->old_len, args->new_len, args->flags, args->new_addr);
+    save_sysargs(25, args->addr, args->old_len, args->new_len, args->flags, args->new_addr, 0);
     return 0;
 }
 
@@ -785,7 +1090,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_brk)
 {
     if (!is_target())
         return 0;
-    save_sysargs(12, args->brk, 0, 0, 0, (u64)rss_anon());
+    save_sysargs(12, args->brk, 0, 0, 0, 0, rss_anon());
     return 0;
 }
 
@@ -806,7 +1111,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_madvise)
      * DONTNEED_LOCKED. */
     if (advice != 4 && advice != 8 && advice != 9 && advice != 21 && advice != 24)
         return 0;
-    save_sysargs(28, args->start, args->len_in, advice, 0, (u64)rss_anon());
+    save_sysargs(28, args->start, args->len_in, advice, 0, 0, rss_anon());
     return 0;
 }
 
@@ -828,8 +1133,7 @@ TRACEPOINT_PROBE(task, task_rename)
     if (!e)
         return 0;
     bpf_probe_read_kernel(&e->comm, sizeof(e->comm), args->newcomm);
-    events.ringbuf_submit(e, 0);
-    count(AS_CNT_EVENTS, 1);
+    submit(e);
     return 0;
 }
 
@@ -847,8 +1151,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     if (!e)
         return 0;
     e->ret = args->group_dead;
-    events.ringbuf_submit(e, 0);
-    count(AS_CNT_EVENTS, 1);
+    submit(e);
     return 0;
 }
 
@@ -871,36 +1174,29 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     struct as_event *e = new_event(AS_EV_EXEC, current_tid());
     if (!e)
         return 0;
-    events.ringbuf_submit(e, 0);
-    count(AS_CNT_EVENTS, 1);
+    submit(e);
     return 0;
 }
 
 /* --- residency mode: sampled first touches ---------------------------------------------------
  * With AS_FAULTS (allocscope record --mode residency) no allocator probe is attached: memory is
- * seen where the kernel hands it out — the mmap family above, and user page faults here, one
- * in AS_FAULT_SAMPLE per CPU, each standing for AS_FAULT_SAMPLE pages, charged to the faulting
- * stack and thread in `fault_sites` (alloc_bytes / alloc_count; nothing is ever freed here). */
+ * seen where the kernel hands it out — the mmap family above, and user page faults here. The
+ * tracer opens a software perf event (page faults) on every thread of the target with a sample
+ * period of AS_FAULT_SAMPLE, inherited by threads created later: the kernel only counts faults,
+ * and this program runs on one in AS_FAULT_SAMPLE, which stands for AS_FAULT_SAMPLE pages charged
+ * to the faulting stack and thread in `fault_sites` (alloc_bytes / alloc_count; nothing is ever
+ * freed here). Stacks go through the per-thread stack cache: a loop touching the pages of a
+ * buffer faults at the same few (ip, sp) and is unwound once. */
 #ifdef AS_FAULTS
+#include <uapi/linux/bpf_perf_event.h>
 #ifndef AS_FAULT_SAMPLE
 #define AS_FAULT_SAMPLE 16
 #endif
-BPF_PERCPU_ARRAY(fault_tick, u32, 1);
 BPF_F_TABLE("hash", struct as_site_key, struct as_site, fault_sites, AS_MAX_SITES, BPF_F_NO_PREALLOC);
 
-TRACEPOINT_PROBE(exceptions, page_fault_user)
+static __always_inline void fault_charge(u64 sid)
 {
-    if (!is_target())
-        return 0;
-    count(AS_CNT_FAULTS, 1);
-    u32 zero = 0;
-    u32 *tick = fault_tick.lookup(&zero);
-    if (!tick)
-        return 0;
-    if (++*tick < AS_FAULT_SAMPLE)
-        return 0;
-    *tick = 0;
-    struct as_site_key k = {.stack_id = capture_syscall_stack(args), .tid = current_tid()};
+    struct as_site_key k = {.stack_id = sid, .tid = current_tid(), .source = AS_SRC_FAULT};
     struct as_site *s = fault_sites.lookup(&k);
     if (!s) {
         struct as_site z = {};
@@ -908,12 +1204,80 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
         s = fault_sites.lookup(&k);
         if (!s) {
             count(AS_LOST_SITE_FULL, 1);
-            return 0;
+            return;
         }
     }
-    __sync_fetch_and_add(&s->alloc_bytes, AS_FAULT_SAMPLE * 4096);
+    __sync_fetch_and_add(&s->alloc_bytes, AS_FAULT_SAMPLE * AS_PAGE_SIZE);
     __sync_fetch_and_add(&s->alloc_count, AS_FAULT_SAMPLE);
     s->peak_live_bytes = s->alloc_bytes;
+}
+
+/* The user registers of the faulting thread: those of the fault itself, or of the syscall
+ * whose kernel code touched user memory. */
+static __always_inline void fault_regs(u64 *ip, u64 *sp, u64 *bp)
+{
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    bpf_probe_read_kernel(ip, sizeof(*ip), &regs->ip);
+    bpf_probe_read_kernel(sp, sizeof(*sp), &regs->sp);
+    bpf_probe_read_kernel(bp, sizeof(*bp), &regs->bp);
+}
+
+#if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
+BPF_PROG_ARRAY(ftails, 2); /* 0: fault_unwind, 1: fault_keep (perf-event programs) */
+
+int fault_sample(struct bpf_perf_event_data *ctx)
+{
+    if (!is_target())
+        return 0;
+    count(AS_CNT_FAULT_SAMPLES, 1);
+    u64 ip = 0, sp = 0, bp = 0;
+    fault_regs(&ip, &sp, &bp);
+    u64 sid = scache_lookup(ip, sp, bp);
+    if (sid) {
+        fault_charge(sid);
+        return 0;
+    }
+    ftails.call(ctx, 0);
+    fault_charge(0); /* cannot happen once `ftails` is filled: counted as a lost stack */
+    count(AS_LOST_STACK_ERR, 1);
     return 0;
 }
+
+int fault_unwind(struct bpf_perf_event_data *ctx)
+{
+    u32 zero = 0;
+    struct as_pending *p = pending.lookup(&zero);
+    if (!p)
+        return 0;
+    u64 ip = 0, sp = 0, bp = 0;
+    fault_regs(&ip, &sp, &bp);
+    p->sid = unwind_store(ip, sp, bp, 1);
+    ftails.call(ctx, 1);
+    fault_charge(p->sid);
+    return 0;
+}
+
+int fault_keep(struct bpf_perf_event_data *ctx)
+{
+    u32 zero = 0;
+    struct as_pending *p = pending.lookup(&zero);
+    if (!p)
+        return 0;
+    u64 ip = 0, sp = 0, bp = 0;
+    fault_regs(&ip, &sp, &bp);
+    scache_fill(ip, sp, bp, p->sid);
+    fault_charge(p->sid);
+    return 0;
+}
+#else
+int fault_sample(struct bpf_perf_event_data *ctx)
+{
+    if (!is_target())
+        return 0;
+    count(AS_CNT_FAULT_SAMPLES, 1);
+    fault_charge(capture_syscall_stack(ctx));
+    return 0;
+}
+#endif
 #endif

@@ -58,7 +58,19 @@ enum as_counter {
     AS_CNT_UNSAMPLED = 24,     /* --sample-bytes: allocations not sampled */
     AS_CNT_FAULTS,             /* residency mode: user page faults seen (before sampling) */
     AS_CNT_STACK_CACHED,       /* stacks taken from the per-thread stack cache (not unwound) */
+    AS_CNT_REGION_OPS,         /* mmap-family calls accounted in the kernel (no event) */
+    AS_CNT_SLOW,               /* mmap-family calls of a rare shape handed to the tracer (events) */
+    AS_CNT_FAULT_SAMPLES,      /* residency mode: sampled page faults (one in AS_FAULT_SAMPLE) */
     AS_CNT_MAX = 32,
+};
+
+/* What a tracked allocation is (as_site_key.source, as_region.source). */
+enum as_source {
+    AS_SRC_HEAP = 0,  /* an allocator call (malloc family) */
+    AS_SRC_MMAP = 1,  /* an anonymous private mapping made outside any allocator call */
+    AS_SRC_BRK = 2,   /* the break moved up outside any allocator call */
+    AS_SRC_FAULT = 3, /* residency mode: sampled first touches (fault_sites) */
+    AS_SRC_MAX = 16,
 };
 
 /* Ring event types. */
@@ -72,7 +84,12 @@ enum as_event_type {
     AS_EV_THREAD_NAME = 7,  /* comm of tid changed (comm = new name) */
     AS_EV_THREAD_EXIT = 8,  /* tid exited (comm = last name) */
     AS_EV_EXEC = 9,         /* the process exec'd another program */
+    AS_EV_CODE = 10,        /* a file mapped executable (a library loaded): the tracer reads the maps */
 };
+/* AS_EV_MMAP .. AS_EV_BRK are the rare shapes the kernel side does not account itself (a
+ * partial munmap, MAP_FIXED, an mremap it cannot follow, brk shrinking tracked pages): the
+ * tracer replays them (tracer/regions.py) after taking the regions they touch out of the
+ * `regions` map. Their ts_ns is the syscall's entry time. */
 
 /* Stack flags. */
 #define AS_STACK_SYSCALL 1u /* taken in a syscall: `extra` is the word at the user sp */
@@ -94,11 +111,11 @@ struct as_live {
     __u32 api;      /* enum as_api */
 };
 
-/* Key/value of `sites`: cumulative counters per (stack, allocating thread). */
+/* Key/value of `sites`: cumulative counters per (stack, allocating thread, source). */
 struct as_site_key {
     __u64 stack_id;
     __u32 tid;
-    __u32 pad;
+    __u32 source; /* enum as_source */
 };
 
 struct as_site {
@@ -136,8 +153,36 @@ struct as_inflight {
 /* Value of `sysargs`: a thread between a syscall's entry and exit. */
 struct as_sysargs {
     __u64 a0, a1, a2, a3, a4;
+    __u64 ts_ns;  /* entry time */
+    __s64 rss;    /* anon RSS (bytes) at entry: munmap, madvise, brk */
     __u32 nr;
     __u32 pad;
+};
+
+/* Value of `regions` (key: start address, page aligned): memory the target mapped outside any
+ * allocator call (or the break it moved up), accounted in the kernel. A region is one
+ * allocation; a munmap from its start trims or frees it here. */
+struct as_region {
+    __u64 end;
+    __u64 stack_id;
+    __u64 ts_ns;  /* when it was mapped (syscall exit) */
+    __u32 tid;
+    __u32 source; /* enum as_source */
+};
+
+/* Key/value of `releases`: memory handed back to the kernel (munmap, madvise, brk shrink),
+ * per (thread, kind, allocator call it ran inside), measured as the drop of the target's
+ * anonymous RSS between the syscall's entry and exit. Cumulative. */
+struct as_release_key {
+    __u32 tid;
+    __u16 kind; /* enum as_event_type: AS_EV_MUNMAP, AS_EV_MADVISE, AS_EV_BRK */
+    __u16 api;  /* enum as_api of the allocator call, AS_API_NONE outside one */
+};
+
+struct as_release {
+    __u64 calls;
+    __u64 requested_bytes; /* lengths asked for (0 for brk) */
+    __s64 released_bytes;  /* sum of anon RSS before - after */
 };
 
 /* Ring event. */
@@ -145,17 +190,18 @@ struct as_event {
     __u32 type;   /* enum as_event_type */
     __u32 tid;
     __u64 ts_ns;
-    __u64 addr;   /* mmap/munmap/madvise: start; mremap: old; brk: new break; trim: pad arg */
-    __u64 len;    /* length; mremap: old length; brk: requested; trim: anon RSS at entry */
-    __u64 addr2;  /* mremap: new address; munmap/madvise/brk: anon RSS at entry; trim: anon RSS
-                   * at return */
-    __u64 len2;   /* mremap: new length; munmap/madvise/brk: anon RSS at exit; trim: duration ns */
+    __u64 addr;   /* mmap/munmap/code: start; mremap: old; brk: new break; trim: pad arg */
+    __u64 len;    /* length; mremap: old length; brk: the break before; trim: anon RSS at entry */
+    __u64 addr2;  /* mremap: new address; trim: anon RSS at return */
+    __u64 len2;   /* mremap: new length; trim: duration ns */
     __u64 stack_id;
     __s64 ret;    /* syscall / malloc_trim return value */
     __u32 flags;  /* mmap/mremap flags; madvise: advice */
     __u32 prot;   /* mmap prot */
     __s32 fd;     /* mmap fd */
     __u32 in_api; /* enum as_api of the allocator call this happened inside, 0: none */
+    __u32 source; /* AS_EV_MMAP: enum as_source it is tracked as, 0: not tracked */
+    __u32 pad;
     char comm[16];
 };
 

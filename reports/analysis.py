@@ -719,13 +719,26 @@ def release_table(trace: Trace) -> pd.DataFrame:
 
 
 def releases_by_thread(trace: Trace) -> list[dict]:
-    """Per (thread, kind): calls and measured bytes released, largest first."""
-    df = release_table(trace)
-    if df.empty:
-        return []
-    g = df.groupby(["tid", "thread", "kind"]).agg(calls=("released_bytes", "size"),
-                                                  released_bytes=("released_bytes", "sum"),
-                                                  requested_bytes=("requested_bytes", "sum")).reset_index()
+    """Per (thread, kind): calls and measured bytes released, largest first. Version 2 traces
+    have them summed in the kernel (`releases`); version 1 traces, one event per syscall."""
+    rel = trace.releases
+    if not rel.empty:
+        last = rel.sort_values("seq").drop_duplicates(["tid", "kind", "in_api"], keep="last")
+        last = last[last["in_api"] != "malloc_trim"]
+        names = trace.thread_names()
+        df = pd.DataFrame({"tid": last["tid"].astype(int), "thread": [names.get(int(t), "?") for t in last["tid"]],
+                           "kind": last["kind"], "calls": last["calls"].astype("int64"),
+                           "released_bytes": last["released_bytes"].astype("int64"),
+                           "requested_bytes": last["requested_bytes"].astype("int64")})
+        g = df.groupby(["tid", "thread", "kind"]).agg(calls=("calls", "sum"), released_bytes=("released_bytes", "sum"),
+                                                      requested_bytes=("requested_bytes", "sum")).reset_index()
+    else:
+        df = release_table(trace)
+        if df.empty:
+            return []
+        g = df.groupby(["tid", "thread", "kind"]).agg(calls=("released_bytes", "size"),
+                                                      released_bytes=("released_bytes", "sum"),
+                                                      requested_bytes=("requested_bytes", "sum")).reset_index()
     g = g.sort_values("released_bytes", ascending=False)
     return [{"tid": int(r.tid), "thread": r.thread, "kind": r.kind, "calls": int(r.calls),
              "released_bytes": int(r.released_bytes), "requested_bytes": int(r.requested_bytes)}

@@ -44,6 +44,7 @@ class Trace:
     live: pd.DataFrame | None = field(default_factory=lambda: None, repr=False)
     warnings: list[str] = field(default_factory=list)
     heaps: pd.DataFrame = field(default_factory=lambda: _empty("heaps"))
+    releases: pd.DataFrame = field(default_factory=lambda: _empty("releases"))
     live_table: pa.Table | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -53,6 +53,7 @@ def _names(prefix: str, stop: str | None = None) -> dict[int, str]:
 
 API_NAMES: dict[int, str] = _names("AS_API_")
 EVENT_NAMES: dict[int, str] = _names("AS_EV_")
+SOURCE_NAMES: dict[int, str] = _names("AS_SRC_")
 
 
 def counter_names() -> dict[int, str]:
@@ -80,7 +81,7 @@ class Live(ct.Structure):
 
 
 class SiteKey(ct.Structure):
-    _fields_ = [("stack_id", ct.c_uint64), ("tid", ct.c_uint32), ("pad", ct.c_uint32)]
+    _fields_ = [("stack_id", ct.c_uint64), ("tid", ct.c_uint32), ("source", ct.c_uint32)]
 
 
 class Site(ct.Structure):
@@ -109,7 +110,27 @@ class Event(ct.Structure):
                 ("addr", ct.c_uint64), ("len", ct.c_uint64), ("addr2", ct.c_uint64),
                 ("len2", ct.c_uint64), ("stack_id", ct.c_uint64), ("ret", ct.c_int64),
                 ("flags", ct.c_uint32), ("prot", ct.c_uint32), ("fd", ct.c_int32),
-                ("in_api", ct.c_uint32), ("comm", ct.c_char * 16)]
+                ("in_api", ct.c_uint32), ("source", ct.c_uint32), ("pad", ct.c_uint32),
+                ("comm", ct.c_char * 16)]
+
+
+class Sysargs(ct.Structure):
+    _fields_ = [("a0", ct.c_uint64), ("a1", ct.c_uint64), ("a2", ct.c_uint64), ("a3", ct.c_uint64),
+                ("a4", ct.c_uint64), ("ts_ns", ct.c_uint64), ("rss", ct.c_int64), ("nr", ct.c_uint32),
+                ("pad", ct.c_uint32)]
+
+
+class Region(ct.Structure):
+    _fields_ = [("end", ct.c_uint64), ("stack_id", ct.c_uint64), ("ts_ns", ct.c_uint64),
+                ("tid", ct.c_uint32), ("source", ct.c_uint32)]
+
+
+class ReleaseKey(ct.Structure):
+    _fields_ = [("tid", ct.c_uint32), ("kind", ct.c_uint16), ("api", ct.c_uint16)]
+
+
+class Release(ct.Structure):
+    _fields_ = [("calls", ct.c_uint64), ("requested_bytes", ct.c_uint64), ("released_bytes", ct.c_int64)]
 
 
 # map name -> (key class, value class): what tests compare against BCC's classes.
@@ -118,5 +139,9 @@ MAP_LAYOUTS = {
     "stacks": (ct.c_uint64, Stack),
     "sites": (SiteKey, Site),
     "flows": (FlowKey, Flow),
+    "sysargs": (ct.c_uint32, Sysargs),
+    "regions": (ct.c_uint64, Region),
+    "site_ext": (SiteKey, ct.c_uint64),
+    "releases": (ReleaseKey, Release),
 }  # (Inflight is the value of task storage `inflight`, which BCC's Python cannot open; its
    # layout is checked against gcc in tests/test_layout.py)

@@ -16,6 +16,7 @@ import numpy as np
 from . import layout as L
 from .elfinfo import ALLOC_FUNCS, REQUIRED_FUNCS, Allocator
 from .errors import AllocscopeError, PermissionProblem
+from .kernel import rss_offsets
 from .unwind import UNWIND_STEPS
 
 BPF_PROBE_ENTRY = 0
@@ -34,9 +35,22 @@ class ProbeOptions:
     fault_sample: int = 16        # residency mode: one user page fault in N is recorded (weight N pages)
     unwind: str = "dwarf"         # dwarf: CFI rows in BPF maps (tracer/unwind.py); fp: frame pointers
     unwind_rows: int = 1 << 21    # capacity of the CFI row array (8 bytes a row)
+    max_regions: int = 1 << 16    # mmap-family allocations accounted in the kernel
+    rss_tracepoint: bool = False  # keep RSS current with kmem:rss_stat instead of reading it (bench)
+    floor: bool = False           # every program returns at once: the trap floor (bench)
 
     def cflags(self) -> list[str]:
         extra = ["-DAS_WAIT_EXEC=1"] if self.wait_exec else []
+        extra += [f"-DAS_PAGE_SIZE={os.sysconf('SC_PAGE_SIZE')}", f"-DAS_MAX_REGIONS={self.max_regions}"]
+        if self.floor:
+            extra.append("-DAS_FLOOR=1")
+        if not self.rss_tracepoint:
+            try:
+                extra += rss_offsets().cflags()
+            except (OSError, LookupError):
+                self.rss_tracepoint = True  # this kernel's BTF does not say where the counter is
+        if self.rss_tracepoint:
+            extra.append("-DAS_RSS_TRACEPOINT=1")
         if self.sample_bytes > 0:
             extra.append(f"-DAS_SAMPLE_BYTES={self.sample_bytes}ULL")
         if self.mode == "residency":
@@ -129,14 +143,23 @@ class Probes:
         self.report = AttachReport(tracepoints=[
             f"{c}:{n}" for c, n in [("syscalls", f"sys_{d}_{s}") for s in
                                     ("mmap", "munmap", "mremap", "brk", "madvise") for d in ("enter", "exit")]
-            + [("task", "task_rename"), ("sched", "sched_process_exit"), ("sched", "sched_process_exec")]])
+            + [("task", "task_rename"), ("sched", "sched_process_exit"), ("sched", "sched_process_exec")]
+            + ([("kmem", "rss_stat")] if self.options.rss_tracepoint else [])])
         self._events_cb = None
+        self._fault_fds: dict[int, int] = {}  # tid -> perf event fd (residency mode)
 
     def _load_allocator_programs(self) -> None:
         """Verify the allocator programs now (the verifier is what may refuse the DWARF unwinder)
         and, with the stack cache, fill the tail-call table alloc_return jumps through on a miss:
-        [0] alloc_unwind, [1] alloc_keep. Residency mode attaches no allocator probe."""
+        [0] alloc_unwind, [1] alloc_keep. Residency mode attaches no allocator probe; its fault
+        program jumps through `ftails` likewise: [0] fault_unwind, [1] fault_keep."""
         if self.options.mode == "residency":
+            pe = self._bcc.BPF.PERF_EVENT
+            self._fault_prog = self.bpf.load_func(b"fault_sample", pe)
+            if self.options.unwind == "dwarf":
+                tails = self.bpf[b"ftails"]
+                for i, name in enumerate((b"fault_unwind", b"fault_keep")):
+                    tails[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, pe).fd)
             return
         kprobe = self._bcc.BPF.KPROBE
         self.bpf.load_func(b"alloc_return", kprobe)
@@ -166,7 +189,9 @@ class Probes:
         rep.allocator, rep.allocator_kind = alloc.path, alloc.kind
         if self.options.mode == "residency":
             rep.skipped = {sym: "residency mode: no allocator probes" for sym in ALLOC_FUNCS}
-            rep.tracepoints.append("exceptions:page_fault_user")
+            self.attach_faults()
+            rep.tracepoints.append(f"perf:page-faults (software event, every {self.options.fault_sample}th, "
+                                   "per thread, inherited)")
             return rep
         by_offset: dict[int, str] = {}
         plan = []
@@ -209,8 +234,58 @@ class Probes:
         return Unwinder(self.bpf, self.pid, self.options.unwind_rows, progress,
                         update_batch=self._lib.update_batch)
 
+    def attach_faults(self) -> None:
+        """Residency mode: a page-fault software perf event on every thread of the target, one
+        sample per `fault_sample` faults, inherited by the threads (and children) it creates
+        later, each sample running fault_sample. Unsampled faults cost the kernel a counter
+        increment, no BPF. Threads created while attaching are caught by listing again."""
+        from bcc.libbcc import lib  # noqa: PLC0415
+        from bcc.perf import Perf  # noqa: PLC0415
+
+        attr = Perf.perf_event_attr()
+        attr.type = 1     # PERF_TYPE_SOFTWARE
+        attr.config = 2   # PERF_COUNT_SW_PAGE_FAULTS
+        attr.size = ct.sizeof(attr)
+        attr.sample_period = self.options.fault_sample
+        attr.inherit = 1
+        fd_prog = self._fault_prog.fd
+        for _ in range(100):
+            try:
+                tids = {int(t) for t in os.listdir(f"/proc/{self.pid}/task")}
+            except OSError:
+                tids = set()
+            new = tids - set(self._fault_fds)
+            if not new:
+                break
+            for tid in sorted(new):
+                fd = lib.bpf_attach_perf_event_raw(fd_prog, ct.byref(attr), tid, -1, -1, 0)
+                if fd < 0:
+                    if not os.path.exists(f"/proc/{self.pid}/task/{tid}"):
+                        self._fault_fds[tid] = -1  # exited meanwhile
+                        continue
+                    raise PermissionProblem(f"cannot open a page-fault perf event on thread {tid}; "
+                                            "run 'allocscope doctor'")
+                self._fault_fds[tid] = fd
+
+    def fault_count(self) -> int:
+        """User page faults of the target since the attach (its perf events' counts, threads
+        created later included), exact: the probes only see one in `fault_sample`."""
+        total = 0
+        for fd in self._fault_fds.values():
+            if fd < 0:
+                continue
+            try:
+                total += int.from_bytes(os.read(fd, 8), "little")
+            except OSError:
+                continue
+        return total
+
     def close(self) -> None:
         """Detach every probe and free the maps. Idempotent."""
+        for fd in self._fault_fds.values():
+            if fd >= 0:
+                os.close(fd)
+        self._fault_fds = {}
         bpf, self.bpf = getattr(self, "bpf", None), None
         if bpf is not None:
             bpf.cleanup()
@@ -381,18 +456,47 @@ class Probes:
             out[name] = int(sum(table[table.Key(idx)]))
         return out
 
-    def seed_rss(self, mem: dict[str, int]) -> None:
-        """Start the in-kernel copy of the target's RSS counters from /proc (bytes); the
-        rss_stat tracepoint keeps it current from then on."""
-        t = self.bpf[b"rss"]
-        for idx, key in ((0, "rss_file_bytes"), (1, "rss_anon_bytes"), (3, "rss_shmem_bytes")):
-            if key in mem:
-                t[t.Key(idx)] = t.Leaf(mem[key])
+    def seed(self, mem: dict[str, int], brk: int | None) -> None:
+        """What the probes cannot know from the attach on: the break (/proc/PID/maps' [heap]
+        end), and with the rss_stat tracepoint the RSS counters (bytes) it keeps current."""
+        if brk:
+            t = self.bpf[b"brk_state"]
+            t[t.Key(0)] = t.Leaf(brk)
+        if self.options.rss_tracepoint:
+            t = self.bpf[b"rss"]
+            for idx, key in ((0, "rss_file_bytes"), (1, "rss_anon_bytes"), (3, "rss_shmem_bytes")):
+                if key in mem:
+                    t[t.Key(idx)] = t.Leaf(mem[key])
 
-    def read_totals(self) -> tuple[int, int]:
-        """(live bytes, peak live bytes) of allocator-API memory, exact, from the kernel."""
+    def read_totals(self) -> tuple[int, int, int, int]:
+        """(live bytes, peak live bytes) of allocator-API memory, exact, from the kernel, and
+        (bytes, count) of the regions the kernel side holds."""
         t = self.bpf[b"totals"]
-        return int(t[t.Key(0)].value), int(t[t.Key(1)].value)
+        return tuple(int(t[t.Key(i)].value) for i in range(4))  # type: ignore[return-value]
+
+    def read_regions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every region the kernel side holds: (starts, Region values)."""
+        return self._read_batch("regions", ct.c_uint64, L.Region)
+
+    def take_region(self, start: int) -> bool:
+        """Delete the region at `start` from the kernel side (the tracer takes it over); False
+        when it is no longer there (the probes freed or moved it meanwhile)."""
+        t = self.bpf[b"regions"]
+        try:
+            del t[t.Key(start)]
+        except KeyError:
+            return False
+        return True
+
+    def set_site_ext(self, sid: int, tid: int, source: int, freed: int) -> None:
+        """Bytes of a region site the tracer freed itself (see site_ext in probes/allocscope.c)."""
+        t = self.bpf[b"site_ext"]
+        k = t.Key()
+        k.stack_id, k.tid, k.source = sid, tid, source
+        t[k] = t.Leaf(freed)
+
+    def read_releases(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._read_batch("releases", L.ReleaseKey, L.Release)
 
     def target_gone(self) -> bool:
         """The probes saw the target exec another program or its last thread exit: from then on

@@ -25,15 +25,17 @@ from . import traceformat as F
 from .arenas import Pagemap, chunk_ranges, find_heaps, outside_heaps
 from .elfinfo import build_id, find_allocator
 from .errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
-from .regions import RegionTracker
+from .regions import RegionTracker, SlowPath
 from .unwind import STACK_DWARF, held_by_probe, start_unwinder, unwind_meta
 from .writer import TraceWriter, prepare_output
 
 API = L.API_NAMES
 EVT = L.EVENT_NAMES
-EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_MADVISE, EV_TRIM, EV_NAME, EV_EXIT, EV_EXEC = (
+SRC = L.SOURCE_NAMES
+EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_MADVISE, EV_TRIM, EV_NAME, EV_EXIT, EV_EXEC, EV_CODE = (
     L.enum(n) for n in ("AS_EV_MMAP", "AS_EV_MUNMAP", "AS_EV_MREMAP", "AS_EV_BRK", "AS_EV_MADVISE",
-                        "AS_EV_TRIM", "AS_EV_THREAD_NAME", "AS_EV_THREAD_EXIT", "AS_EV_EXEC"))
+                        "AS_EV_TRIM", "AS_EV_THREAD_NAME", "AS_EV_THREAD_EXIT", "AS_EV_EXEC", "AS_EV_CODE"))
+SLOW_EVENTS = (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK)
 
 
 @dataclass
@@ -292,6 +294,8 @@ class RecordOptions:
     unwind: str = "dwarf"         # dwarf: CFI tables unwound in BPF (tracer/unwind.py); fp: frame pointers
     embed_symbols: bool = False   # store the symbol tables of the modules seen (reports/embedded.py)
     residency_budget_pages: int = 1 << 18  # pagemap pages read per interval (1 GiB of heap)
+    probe_floor: bool = False     # bench: every probe attached, every program returning at once
+    rss_tracepoint: bool = False  # bench: RSS kept by kmem:rss_stat instead of read when needed
 
 
 @dataclass
@@ -323,6 +327,9 @@ class Recorder:
         self.map_index = MapIndex([])
         self.maps_dirty = True
         self.regions = RegionTracker()
+        self.slow: SlowPath | None = None    # the rare mmap-family shapes (set up in run())
+        self.slow_events: list[L.Event] = []  # queued by on_event, replayed after each poll
+        self.prev_releases: dict[tuple[int, int, int], tuple] = {}
         self.trims: list = []
         self.exec_seen = False
         self._pending_maps: list[procfs.Mapping] | None = None
@@ -333,19 +340,13 @@ class Recorder:
 
     def on_event(self, ev: L.Event) -> None:
         typ, tid, ts = ev.type, ev.tid, ev.ts_ns
-        in_alloc = ev.in_api != 0
         released = 0
-        if typ == EV_MMAP:
-            self.regions.mmap(ev.addr, ev.len, ev.flags, ev.fd, ev.stack_id, tid, ts, in_alloc, ev.prot)
-            if ev.prot & 0x4 and not in_alloc:  # PROT_EXEC: code (ld.so, dlopen): read maps now
-                self._maps_now()
-        elif typ == EV_MUNMAP:
-            self.regions.unmap(ev.addr, ev.len, tid, ts)
-            self.maps_dirty = True
-        elif typ == EV_MREMAP:
-            self.regions.mremap(ev.addr, ev.len, ev.addr2, ev.len2, tid, ts)
-        elif typ == EV_BRK:
-            self.regions.set_brk(ev.addr, ev.stack_id, tid, ts, in_alloc)
+        if typ in SLOW_EVENTS:
+            self.slow_events.append(ev)  # replayed in order once the poll returns (replay_slow)
+            if typ == EV_MMAP and ev.prot & 0x4 and not ev.in_api:
+                self._maps_now()  # code mapped MAP_FIXED (ld.so, dlopen): read maps now
+        elif typ == EV_CODE:
+            self._maps_now()  # a library's code was mapped: read maps now
         elif typ in (EV_NAME, EV_EXIT):
             name = ev.comm.decode("utf-8", "replace")
             self.names[tid] = name
@@ -364,14 +365,22 @@ class Recorder:
                     break
             if self.stop_reason is None:
                 self.stop_reason = "target exec'd another program"
-        if typ in (EV_MUNMAP, EV_MADVISE, EV_BRK):
-            released = _s64(ev.addr2) - _s64(ev.len2)  # anon RSS before - after: measured
         elif typ == EV_TRIM:
-            released = _s64(ev.len) - _s64(ev.addr2)
-        if typ in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_MADVISE, EV_TRIM, EV_EXEC):
-            self.events.append((self.seq + 1, ts, EVT.get(typ, str(typ)), tid, ev.addr, ev.len, ev.addr2,
-                                ev.len2, ev.ret, ev.flags, ev.prot, ev.fd, API.get(ev.in_api, ""),
-                                ev.stack_id, released))
+            released = _s64(ev.len) - _s64(ev.addr2)  # anon RSS before - after: measured
+        self.events.append((self.seq + 1, ts, EVT.get(typ, str(typ)), tid, ev.addr, ev.len, ev.addr2,
+                            ev.len2, ev.ret, ev.flags, ev.prot, ev.fd, API.get(ev.in_api, ""),
+                            ev.stack_id, released))
+
+    def replay_slow(self) -> None:
+        """The rare mmap-family shapes the probes handed over, in order (tracer/regions.py)."""
+        if not self.slow_events:
+            return
+        evs, self.slow_events = self.slow_events, []
+        replay = {EV_MMAP: self.slow.mmap, EV_MUNMAP: self.slow.munmap, EV_MREMAP: self.slow.mremap,
+                  EV_BRK: self.slow.brk}
+        for ev in evs:
+            replay[ev.type](ev)
+        self.slow.site_ext()
 
     # --- snapshot -------------------------------------------------------------------------
 
@@ -444,16 +453,22 @@ class Recorder:
                     "build_id": [build_id(m.path) if m.is_file and "x" in m.perms else "" for m in changed],
                 }, schema=F.SCHEMAS["maps"]))
 
-        # Sites: BPF (heap API) and the region tracker (mmap/brk); only changed rows.
-        keys, vals = self.probes.read_sites()
+        # Sites: the kernel side (heap API, mmap-family regions, sampled faults) plus what the
+        # slow path's tracker freed or allocated; only changed rows.
+        self.replay_slow()
         current: dict[tuple[int, int, str], tuple] = {}
-        for k, v in zip(keys.tolist(), vals.tolist()):
-            current[(k[0], k[1], "heap")] = tuple(v)
-        for (sid, tid, src), st in self.regions.sites.items():
-            current[(sid, tid, src)] = st.as_tuple()
-        fk, fv = self.probes.read_fault_sites()
-        for k, v in zip(fk.tolist(), fv.tolist()):
-            current[(k[0], k[1], "fault")] = tuple(v)
+        for keys, vals in (self.probes.read_sites(), self.probes.read_fault_sites()):
+            for k, v in zip(keys.tolist(), vals.tolist()):
+                current[(k[0], k[1], SRC.get(k[2], str(k[2])))] = tuple(v)
+        for key, st in self.regions.sites.items():
+            mine = st.as_tuple()
+            k = current.get(key)
+            if k is None:
+                current[key] = mine
+            else:  # counters add up; the peak is the larger of the two views and the live now
+                live = k[0] + mine[0] - k[2] - mine[2]
+                current[key] = (k[0] + mine[0], k[1] + mine[1], k[2] + mine[2], k[3] + mine[3],
+                                max(k[4], mine[4], live))
         rows = [(k, v) for k, v in current.items() if self.prev_sites.get(k) != v]
         self.prev_sites = current
         if rows:
@@ -521,12 +536,17 @@ class Recorder:
         if final:
             self._write_live(seq, readable)
 
+        self._write_releases(seq)
+
         counters = self.probes.read_counters()
         counters["n_attach_window_returns"] = self.attach_window_returns
         counters["lost_unmatched_ret"] -= self.attach_window_returns
-        heap_live, heap_peak = self.probes.read_totals()
+        if self.o.mode == "residency":
+            counters["n_faults"] = self.probes.fault_count()
+        heap_live, heap_peak, reg_bytes, reg_count = self.probes.read_totals()
         heap_count = counters["n_allocs"] - counters["n_frees"]
-        mm_live = self.regions.live_bytes()
+        mm_live = reg_bytes - self.slow.taken_bytes + self.regions.live_bytes()
+        mm_count = reg_count - self.slow.taken_count + self.regions.live_count()
         try:
             mem = procfs.rss(self.t.pid) if readable else {}
         except OSError:
@@ -538,11 +558,28 @@ class Recorder:
                "rss_file_bytes": mem.get("rss_file_bytes", -1), "rss_shmem_bytes": mem.get("rss_shmem_bytes", -1),
                "hwm_bytes": mem.get("hwm_bytes", -1),
                "heap_live_bytes": heap_live, "heap_peak_bytes": heap_peak, "mmap_live_bytes": mm_live,
-               "live_bytes": heap_live + mm_live, "live_count": heap_count + self.regions.live_count(),
+               "live_bytes": heap_live + mm_live, "live_count": heap_count + mm_count,
                "target_alive": int(alive), "arena_resident_bytes": arena_res, "residency_ms": res_ms}
         row.update(counters)
         self.last_row = row
         w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
+
+    def _write_releases(self, seq: int) -> None:
+        """Memory handed back to the kernel per (thread, kind, allocator call), cumulative: the
+        rows that changed."""
+        keys, vals = self.probes.read_releases()
+        rows = []
+        for k, v in zip(keys.tolist(), vals.tolist()):
+            key, val = (k[0], k[1], k[2]), tuple(v)
+            if self.prev_releases.get(key) != val:
+                self.prev_releases[key] = val
+                rows.append((key, val))
+        if rows:
+            self.writer.write_part("releases", seq, pa.table({
+                "seq": [seq] * len(rows), "tid": [k[0] for k, _ in rows],
+                "kind": [EVT.get(k[1], str(k[1])) for k, _ in rows], "in_api": [API.get(k[2], "") for k, _ in rows],
+                "calls": [v[0] for _, v in rows], "requested_bytes": [v[1] for _, v in rows],
+                "released_bytes": [v[2] for _, v in rows]}, schema=F.SCHEMAS["releases"]))
 
     def _measure_heaps(self, seq: int, final: bool, readable: bool) -> tuple[int, float]:
         """Resident bytes of the glibc heaps (every interval, within the page budget); at the
@@ -608,6 +645,10 @@ class Recorder:
                     pa.array(vals["tid"].astype(np.uint32)), pa.array(vals["ts_ns"].astype(np.int64)),
                     names.take(pa.array(api)), pa.repeat("heap", n)], schema=schema)
             reg = self.regions.live()
+            keys, vals = self.probes.read_regions()
+            for start, v in zip(keys.tolist(), vals.tolist()):
+                src = SRC.get(v[4], "mmap")
+                reg.append((start, v[0] - start, v[1], v[3], v[2], src))
             if reg:
                 yield pa.RecordBatch.from_pydict({
                     "seq": [seq] * len(reg), "addr": [r[0] for r in reg], "size": [r[1] for r in reg],
@@ -670,17 +711,19 @@ class Recorder:
         if alloc is None:
             raise TargetError(f"no malloc/free found in {t.exe} or its libraries "
                               "(statically linked and stripped?); nothing to probe")
+        brk = None
         if t.child is None:
             self.maps = maps
             self.map_index = MapIndex(maps)
             self._pending_maps = maps
             heap = next((m for m in maps if m.path == "[heap]"), None)
-            self.regions.brk = heap.end if heap else None
+            brk = heap.end if heap else None
         self.probes = Probes(t.pid, ProbeOptions(max_live=self.o.max_live, max_stacks=self.o.max_stacks,
                                                  max_sites=self.o.max_sites, wait_exec=t.child is not None,
                                                  unwind=self.o.unwind, mode=self.o.mode,
                                                  sample_bytes=self.o.sample_bytes,
-                                                 fault_sample=self.o.fault_sample))
+                                                 fault_sample=self.o.fault_sample, floor=self.o.probe_floor,
+                                                 rss_tracepoint=self.o.rss_tracepoint))
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         self.writer = None
         try:
@@ -689,7 +732,8 @@ class Recorder:
             if t.child is not None and self.unwinder is not None:
                 t.child.on_exec = self._maps_now  # exe and ld.so are mapped: their unwind tables
                 t.child.on_hold = lambda: (self.probes.drain_events(), self._maps_now())
-            self.probes.seed_rss(procfs.rss(t.pid) if t.child is None else {})
+            self.slow = SlowPath(self.probes, self.regions, SRC)
+            self.probes.seed(procfs.rss(t.pid) if t.child is None else {}, brk)
             self.rep = self.probes.attach(alloc)
             # Returns seen while probes were being attached belong to calls that began before
             # the attach: like pre-attach allocations, they are not losses.
@@ -711,6 +755,7 @@ class Recorder:
                 now = time.monotonic_ns()
                 wait_ms = max(0, min(next_snap - now, 100_000_000) // 1_000_000)
                 self.probes.poll_events(int(wait_ms))
+                self.replay_slow()
                 now = time.monotonic_ns()
                 if not t.alive():
                     self.stop_reason = "target exited"

@@ -22,7 +22,12 @@ Tables (columns; `seq` is the interval number, 1-based):
   threads    seq, ts_ns, tid, name, event ('seen'|'rename'|'exit')
   flows      seq, alloc_tid, free_tid, bytes, count, wait_ns_sum, wait_ns_max (cumulative)
   events     seq, ts_ns, type, tid, addr, len, addr2, len2, ret, flags, prot, fd, in_api,
-             stack_id, released_bytes (mmap family, brk, madvise, malloc_trim)
+             stack_id, released_bytes: what reached user space one by one — malloc_trim calls,
+             code mappings, exec, and the rare mmap-family shapes the probes hand over (version
+             1: every mmap/munmap/mremap/brk/madvise, with released_bytes)
+  releases   seq, tid, kind ('munmap'|'madvise'|'brk'), in_api, calls, requested_bytes,
+             released_bytes (drop of anon RSS) — cumulative per (thread, kind, allocator call);
+             changed rows only (version 2)
   maps       seq, start, end, perms, offset, inode, path, build_id (written when they change)
   heaps      seq, start, end, reserved_end, kind ('main'|'thread'|'mmap'), arena ('main', the
              arena address for thread heaps, 'mmap' for the allocator's mmapped chunks),
@@ -37,7 +42,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 FORMAT = "allocscope.trace"
-VERSION = 1
+VERSION = 2  # 2: the `releases` table; `events` holds only what went to user space
 META = "meta.json"
 PARTS = "parts"
 
@@ -57,6 +62,8 @@ SCHEMAS: dict[str, pa.Schema] = {
                          ("len", U64), ("addr2", U64), ("len2", U64), ("ret", I64), ("flags", U32),
                          ("prot", U32), ("fd", I32), ("in_api", STR), ("stack_id", U64),
                          ("released_bytes", I64)]),
+    "releases": pa.schema([("seq", I32), ("tid", U32), ("kind", STR), ("in_api", STR), ("calls", I64),
+                           ("requested_bytes", I64), ("released_bytes", I64)]),
     "maps": pa.schema([("seq", I32), ("start", U64), ("end", U64), ("perms", STR), ("offset", U64),
                        ("inode", U64), ("path", STR), ("build_id", STR)]),
     "heaps": pa.schema([("seq", I32), ("start", U64), ("end", U64), ("reserved_end", U64), ("kind", STR),

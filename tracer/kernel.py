@@ -1,0 +1,150 @@
+"""Facts about the running kernel the probes need, read from its BTF (/sys/kernel/btf/vmlinux).
+
+BCC compiles the probes against whatever kernel headers the box has (Debian's 6.1 headers under a
+6.18 kernel here), so the probes never dereference kernel structs by the headers' layout. Where
+they must read one — the target's anonymous RSS counter, mm->rss_stat[MM_ANONPAGES], at the
+entry and exit of every release — the offsets come from the running kernel's own BTF, through
+libbpf's BTF API (libbpf1, a dependency of BCC), and reach the program as -D flags.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+from dataclasses import dataclass
+from functools import lru_cache
+
+BTF_KIND_ARRAY, BTF_KIND_STRUCT, BTF_KIND_UNION, BTF_KIND_ENUM = 3, 4, 5, 6
+
+
+@dataclass(frozen=True)
+class RssOffsets:
+    """Byte offsets: task_struct.mm, and the anonymous-pages count inside mm_struct (a
+    percpu_counter's global `count` since 6.2, an atomic_long_t before)."""
+    task_mm: int
+    mm_anon: int
+
+    def cflags(self) -> list[str]:
+        return [f"-DAS_OFF_TASK_MM={self.task_mm}", f"-DAS_OFF_MM_ANON={self.mm_anon}"]
+
+
+class _Btf:
+    """The few calls of libbpf's BTF API used here; types are read as libbpf lays them out
+    (struct btf_type: name_off, info, size/type; then the kind's members)."""
+
+    def __init__(self) -> None:
+        lib = ct.CDLL("libbpf.so.1")
+        lib.btf__load_vmlinux_btf.restype = ct.c_void_p
+        lib.btf__free.argtypes = [ct.c_void_p]
+        lib.btf__find_by_name_kind.argtypes = [ct.c_void_p, ct.c_char_p, ct.c_uint32]
+        lib.btf__find_by_name_kind.restype = ct.c_int32
+        lib.btf__type_by_id.argtypes = [ct.c_void_p, ct.c_uint32]
+        lib.btf__type_by_id.restype = ct.c_void_p
+        lib.btf__name_by_offset.argtypes = [ct.c_void_p, ct.c_uint32]
+        lib.btf__name_by_offset.restype = ct.c_char_p
+        lib.btf__resolve_type.argtypes = [ct.c_void_p, ct.c_uint32]
+        lib.btf__resolve_type.restype = ct.c_int32
+        lib.btf__resolve_size.argtypes = [ct.c_void_p, ct.c_uint32]
+        lib.btf__resolve_size.restype = ct.c_int64
+        lib.btf__type_cnt.argtypes = [ct.c_void_p]
+        lib.btf__type_cnt.restype = ct.c_uint32
+        self.lib = lib
+        self.btf = lib.btf__load_vmlinux_btf()
+        if not self.btf:
+            raise OSError("no kernel BTF (/sys/kernel/btf/vmlinux)")
+
+    def close(self) -> None:
+        self.lib.btf__free(self.btf)
+
+    def find(self, name: str, kind: int) -> int:
+        tid = self.lib.btf__find_by_name_kind(self.btf, name.encode(), kind)
+        if tid <= 0:
+            raise LookupError(name)
+        return tid
+
+    def _type(self, tid: int) -> tuple[int, str, int, int, int, int]:
+        p = self.lib.btf__type_by_id(self.btf, tid)
+        if not p:
+            raise LookupError(f"BTF type {tid}")
+        name_off, info, size_or_type = (ct.c_uint32 * 3).from_address(p)
+        name = (self.lib.btf__name_by_offset(self.btf, name_off) or b"").decode()
+        return p, name, (info >> 24) & 0x1F, info & 0xFFFF, info >> 31, size_or_type
+
+    def resolve(self, tid: int) -> int:
+        """Through typedefs and qualifiers."""
+        return self.lib.btf__resolve_type(self.btf, tid)
+
+    def kind_name(self, tid: int) -> tuple[int, str]:
+        _p, name, kind, *_ = self._type(self.resolve(tid))
+        return kind, name
+
+    def size(self, tid: int) -> int:
+        return self.lib.btf__resolve_size(self.btf, tid)
+
+    def member(self, struct_tid: int, field: str) -> tuple[int, int]:
+        """(byte offset, type id) of `field`, looked for through anonymous members too."""
+        p, _name, kind, vlen, kflag, _ = self._type(struct_tid)
+        if kind not in (BTF_KIND_STRUCT, BTF_KIND_UNION):
+            raise LookupError(f"BTF type {struct_tid} is not a struct")
+        arr = (ct.c_uint32 * (3 * vlen)).from_address(p + 12)
+        for i in range(vlen):
+            name_off, ty, off = arr[3 * i: 3 * i + 3]
+            bits = off & 0xFFFFFF if kflag else off
+            name = (self.lib.btf__name_by_offset(self.btf, name_off) or b"").decode()
+            if name == field:
+                return bits // 8, ty
+            if not name:
+                try:
+                    inner, ity = self.member(self.resolve(ty), field)
+                    return bits // 8 + inner, ity
+                except LookupError:
+                    continue
+        raise LookupError(field)
+
+    def array(self, tid: int) -> tuple[int, int]:
+        """(element type id, number of elements) of an array type."""
+        p, _name, kind, *_ = self._type(self.resolve(tid))
+        if kind != BTF_KIND_ARRAY:
+            raise LookupError(f"BTF type {tid} is not an array")
+        elem, _index, nelems = (ct.c_uint32 * 3).from_address(p + 12)
+        return elem, nelems
+
+    def enumerator(self, value_name: str) -> int:
+        """The value of an enumerator, whatever (possibly anonymous) enum declares it."""
+        want = value_name.encode()
+        for tid in range(1, self.lib.btf__type_cnt(self.btf)):
+            p, _name, kind, vlen, *_ = self._type(tid)
+            if kind != BTF_KIND_ENUM:
+                continue
+            vals = (ct.c_uint32 * (2 * vlen)).from_address(p + 12)
+            for i in range(vlen):
+                if self.lib.btf__name_by_offset(self.btf, vals[2 * i]) == want:
+                    return ct.c_int32(vals[2 * i + 1]).value
+        raise LookupError(value_name)
+
+
+@lru_cache(maxsize=1)
+def rss_offsets() -> RssOffsets:
+    """Where the probes read the current task's anonymous RSS (pages). Raises OSError or
+    LookupError when this kernel's BTF does not describe it (the probes then fall back to the
+    kmem:rss_stat tracepoint)."""
+    btf = _Btf()
+    try:
+        task = btf.find("task_struct", BTF_KIND_STRUCT)
+        task_mm, _ = btf.member(task, "mm")
+        mm = btf.find("mm_struct", BTF_KIND_STRUCT)
+        rss_off, rss_ty = btf.member(mm, "rss_stat")
+        anon = btf.enumerator("MM_ANONPAGES")
+        kind, name = btf.kind_name(rss_ty)
+        if kind == BTF_KIND_ARRAY:  # 6.2+: struct percpu_counter rss_stat[NR_MM_COUNTERS]
+            elem, n = btf.array(rss_ty)
+            if anon >= n:
+                raise LookupError("MM_ANONPAGES")
+            count_off, _ = btf.member(btf.resolve(elem), "count")
+            return RssOffsets(task_mm, rss_off + anon * btf.size(elem) + count_off)
+        if kind == BTF_KIND_STRUCT and name == "mm_rss_stat":  # before 6.2: atomic_long_t count[]
+            count_off, count_ty = btf.member(btf.resolve(rss_ty), "count")
+            elem, _n = btf.array(count_ty)
+            return RssOffsets(task_mm, rss_off + count_off + anon * btf.size(elem))
+        raise LookupError(f"mm_struct.rss_stat of an unknown type ({name or kind})")
+    finally:
+        btf.close()
+
