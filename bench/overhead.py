@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import os
 import select
 import shutil
@@ -54,7 +55,18 @@ ALLOCSCOPE_CONFIGS = {
     "allocscope-fp": ["--unwind", "fp"],
     "allocscope-sampled": ["--sample-bytes", "65536"],
     "allocscope-residency": ["--mode", "residency"],
+    # the trap floor: the same probes attached, every BPF program returning at once
+    "floor": ["--probe-floor"],
+    "floor-residency": ["--probe-floor", "--mode", "residency"],
 }
+# not run unless named in --configs: the anonymous RSS kept by a kmem:rss_stat program (the way
+# before 2026-12) instead of read at each release's entry and exit
+EXTRA_CONFIGS = {"allocscope-rsstp": ["--rss-tracepoint"], "allocscope-residency-rsstp": ["--mode", "residency",
+                                                                                            "--rss-tracepoint"]}
+# which floor each mode is measured against
+FLOOR_OF = {"allocscope": "floor", "allocscope-fp": "floor", "allocscope-sampled": "floor",
+            "allocscope-rsstp": "floor", "allocscope-residency": "floor-residency",
+            "allocscope-residency-rsstp": "floor-residency"}
 MEMLEAK_CONFIGS = {"memleak": [], "memleak-combined": ["--combined-only"], "memleak-s10": ["-s", "10"]}
 MEMLEAK_INTERVAL = "5"  # memleak-bpfcc's own default report interval
 MEMLEAK_NO_ATTACH = "see its output (bench/memleak_fixed.py runs it with ref_ctr_offset 0)"
@@ -225,16 +237,18 @@ class Tracer:
     proc: subprocess.Popen
     monitor: TracerMonitor
     log: list = field(default_factory=list)
+    trace: Path | None = None  # allocscope: where it records (its meta.json has bpf_stats)
 
 
 def start_attach_tracer(cfg: str, pid: int, tmp: Path, alloc_obj: str | None = None) -> Tracer:
     """allocscope or memleak attached to a running pid; returns once the probes are live."""
-    if cfg.startswith("allocscope"):
+    if cfg.startswith("allocscope") or cfg.startswith("floor"):
         out = tmp / f"bench-{time.monotonic_ns()}.allocscope"
+        extra = ALLOCSCOPE_CONFIGS.get(cfg, EXTRA_CONFIGS.get(cfg))
         proc = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "-q", "--pid", str(pid),
-                                 "-o", str(out), *ALLOCSCOPE_CONFIGS[cfg]], cwd=str(ROOT),
+                                 "-o", str(out), *extra], cwd=str(ROOT),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        t = Tracer(proc, TracerMonitor(proc.pid, {pid}))
+        t = Tracer(proc, TracerMonitor(proc.pid, {pid}), trace=out)
         end = time.monotonic() + 300
         while not (out / "meta.json").exists():
             if proc.poll() is not None:
@@ -279,11 +293,21 @@ def start_attach_tracer(cfg: str, pid: int, tmp: Path, alloc_obj: str | None = N
     raise ValueError(cfg)
 
 
+LAST_BPF_STATS: dict = {}  # bpf_stats of the allocscope trace finish_tracer last read
+
+
 def finish_tracer(t: Tracer | None) -> tuple[float, float]:
-    """Stop the tracer (SIGINT) and return (total CPU s, peak RSS MiB)."""
+    """Stop the tracer (SIGINT) and return (total CPU s, peak RSS MiB). The BPF run time per
+    program it recorded (--bpf-stats) is left in LAST_BPF_STATS."""
     if t is None:
         return 0.0, 0.0
     stop_process(t.proc)
+    LAST_BPF_STATS.clear()
+    if t.trace is not None:
+        try:
+            LAST_BPF_STATS.update(json.loads((t.trace / "meta.json").read_text()).get("bpf_stats") or {})
+        except (OSError, ValueError):
+            pass
     return t.monitor.stop()
 
 
@@ -338,12 +362,16 @@ class SignalledProgram(Workload):
                 tracer = start_attach_tracer(cfg, pid, tmp)
                 mon = tracer.monitor
             cpu0 = mon.cpu_total() if mon else 0.0
+            tcpu0 = proc_cpu(pid) or 0.0
             os.kill(pid, signal.SIGUSR1)
             metric, detail = self.measure(prog, pid)
             cpu_work = (mon.cpu_total() - cpu0) if mon else 0.0
+            tcpu = proc_cpu(pid)
+            detail["target_cpu"] = (tcpu - tcpu0) if tcpu is not None else float("nan")
             cpu, rss = 0.0, 0.0
             if tracer is not None:
                 cpu, rss = finish_tracer(tracer)
+                detail["bpf"] = dict(LAST_BPF_STATS)
                 tracer = None
             try:
                 prog.wait(600)  # heaptrack: until its interpreter has finished
@@ -391,8 +419,8 @@ class LoopWorkload(SignalledProgram):
 class DemoWorkload(SignalledProgram):
     name, unit, higher_is_better = "demo", "partitions/s", True
 
-    def __init__(self, partitions: int, extra: list[str]) -> None:
-        self.partitions, self.extra = partitions, extra
+    def __init__(self, partitions: int, extra: list[str], name: str = "demo") -> None:
+        self.partitions, self.extra, self.name = partitions, extra, name
 
     def prepare(self, tmp: Path) -> None:
         sys.path.insert(0, str(ROOT))
@@ -422,8 +450,9 @@ class DemoWorkload(SignalledProgram):
         return self.partitions / secs, {"seconds": secs}
 
     def header(self) -> str:
+        mb = self.extra[self.extra.index("--partition-mb") + 1] if "--partition-mb" in self.extra else "8"
         return (f"demo daemon (demo/provingd.c {' '.join(self.extra)} --partitions {self.partitions}, "
-                f"8 MiB mmapped partitions), partitions/s from SIGUSR1 to its summary")
+                f"{mb} MiB mmapped partitions), partitions/s from SIGUSR1 to its summary")
 
 
 def free_port() -> int:
@@ -524,10 +553,14 @@ class RedisWorkload(Workload):
                 tracer = start_attach_tracer(cfg, srv.pid, tmp, allocator_object(srv.pid))
                 mon = tracer.monitor
             cpu0 = mon.cpu_total() if mon else 0.0
+            tcpu0 = proc_cpu(srv.pid) or 0.0
             metric, rps = self.benchmark(port)
             cpu_work = (mon.cpu_total() - cpu0) if mon else 0.0
+            tcpu = proc_cpu(srv.pid)
+            rps = {**rps, "target_cpu": (tcpu - tcpu0) if tcpu is not None else float("nan")}
             if tracer is not None:
                 cpu, rss = finish_tracer(tracer)
+                rps["bpf"] = dict(LAST_BPF_STATS)
                 tracer = None
             stop_process(srv, signal.SIGTERM, 60)
             if ht is not None:
@@ -568,79 +601,118 @@ def fmt_metric(v: float, unit: str) -> str:
     return f"{v:.3f}" if unit == "seconds" else f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
 
 
+def cost(w: Workload, m: float, base: float) -> float:
+    """Time a configuration adds per unit of work, relative to the untraced run (0 = free)."""
+    return base / m - 1 if w.higher_is_better else m / base - 1
+
+
 def report(w: Workload, configs: list[str], results: dict[str, list[Trial]], errors: dict[str, list[str]],
-           rounds: int) -> dict[str, float]:
-    """Prints the table; returns the median metric per configuration that ran."""
-    med = {c: statistics.median(t.metric for t in results[c]) for c in configs if results[c]}
-    base = med.get("untraced")
+           rounds: int) -> dict[str, dict]:
+    """Prints the table; returns per configuration that ran: median metric, cost, tracer CPU
+    during the work, and that CPU as a share of the target's."""
+    med: dict[str, dict] = {}
+    for c in configs:
+        ts = results[c]
+        if not ts:
+            continue
+        tcpu = [t.detail.get("target_cpu", float("nan")) for t in ts]
+        share = [t.cpu_work / x for t, x in zip(ts, tcpu) if x == x and x > 0]
+        med[c] = {"metric": statistics.median(t.metric for t in ts),
+                  "cpu_work": statistics.median(t.cpu_work for t in ts),
+                  "cpu_share": statistics.median(share) if share else float("nan")}
+    base = med.get("untraced", {}).get("metric")
+    for c, m in med.items():
+        m["cost"] = cost(w, m["metric"], base) if base else float("nan")
     ratio_head = "kept" if w.higher_is_better else "slowdown"
-    print(f"\n{w.header()}\n{rounds} interleaved rounds, medians; tracer CPU = its processes' CPU seconds "
-          f"(work: during the measured work; total: start-up and shutdown too); peak RSS = VmHWM")
-    extra_cols = []
-    if isinstance(w, RedisWorkload):
-        extra_cols = sorted({k for c in configs for t in results[c] for k in t.detail},
-                            key=lambda k: [x.upper() for x in w.tests.split(",")].index(k)
-                            if k in [x.upper() for x in w.tests.split(",")] else 99)
-    head = (f"{'configuration':21s} {w.unit:>13s} {ratio_head:>9s} {'CPU work s':>10s} {'CPU total s':>11s} "
-            f"{'peak RSS MiB':>12s}" + "".join(f" {k + ' kept':>10s}" for k in extra_cols) + "  runs")
+    print(f"\n{w.header()}\n{rounds} interleaved rounds, medians; cost = time added per unit of work "
+          f"(untraced = 0); x floor = cost / the cost of its trap floor (the same probes, programs "
+          f"returning at once); tracer CPU = its processes' CPU seconds during the work (and as a share "
+          f"of the target's CPU then), total = start-up and shutdown too; peak RSS = VmHWM")
+    tests = [x.upper() for x in w.tests.split(",")] if isinstance(w, RedisWorkload) else []
+    head = (f"{'configuration':26s} {w.unit:>13s} {ratio_head:>9s} {'x floor':>8s} {'CPU work s':>10s} "
+            f"{'% target':>8s} {'CPU total s':>11s} {'peak MiB':>8s}" + "".join(f" {k + ' kept':>10s}" for k in tests)
+            + "  runs")
     print(head)
     base_detail = {k: statistics.median(t.detail[k] for t in results["untraced"] if k in t.detail)
-                   for k in extra_cols} if results.get("untraced") else {}
+                   for k in tests} if results.get("untraced") else {}
     for c in configs:
         ts = results[c]
         if not ts:
             why = errors[c][-1] if errors[c] else "not run"
-            print(f"{c:21s} {'n/a':>13s}   {why}")
+            print(f"{c:26s} {'n/a':>13s}   {why}")
             continue
         m = med[c]
-        if base:
-            r = f"{m / base * 100:8.1f}%" if w.higher_is_better else f"{m / base:8.2f}x"
-        else:
-            r = f"{'-':>9s}"
+        r = (f"{m['metric'] / base * 100:8.1f}%" if w.higher_is_better else f"{m['metric'] / base:8.2f}x") \
+            if base else f"{'-':>9s}"
+        fl = med.get(FLOOR_OF.get(c, ""))
+        xf = f"{m['cost'] / fl['cost']:7.2f}x" if fl and fl["cost"] > 0 else f"{'-':>8s}"
+        share = f"{m['cpu_share'] * 100:7.1f}%" if m["cpu_share"] == m["cpu_share"] and c != "untraced" \
+            else f"{'-':>8s}"
         cols = ""
-        for k in extra_cols:
+        for k in tests:
             vals = [t.detail[k] for t in ts if k in t.detail]
             cols += (f" {statistics.median(vals) / base_detail[k] * 100:9.1f}%" if vals and base_detail.get(k)
                      else f" {'-':>10s}")
-        runs = f"{len(ts)}/{rounds}"
-        print(f"{c:21s} {fmt_metric(m, w.unit):>13s} {r} {statistics.median(t.cpu_work for t in ts):10.2f} "
-              f"{statistics.median(t.cpu_total for t in ts):11.2f} {statistics.median(t.rss_mib for t in ts):12.0f}"
-              f"{cols}  {runs}")
+        print(f"{c:26s} {fmt_metric(m['metric'], w.unit):>13s} {r} {xf} {m['cpu_work']:10.2f} {share} "
+              f"{statistics.median(t.cpu_total for t in ts):11.2f} {statistics.median(t.rss_mib for t in ts):8.0f}"
+              f"{cols}  {len(ts)}/{rounds}")
         if errors[c]:
-            print(f"{'':21s}   {len(errors[c])} failed: {errors[c][-1]}")
+            print(f"{'':26s}   {len(errors[c])} failed: {errors[c][-1]}")
+    stats = {c: [t.detail["bpf"] for t in results[c] if t.detail.get("bpf")] for c in configs}
+    if any(stats.values()):
+        print("BPF run time per program (kernel.bpf_stats_enabled; whole recording, median of rounds):")
+        for c, runs in stats.items():
+            if not runs:
+                continue
+            progs = sorted({p for r in runs for p in r})
+            parts = []
+            for p in progs:
+                ns = statistics.median(r[p]["run_time_ns"] for r in runs if p in r)
+                cnt = statistics.median(r[p]["run_cnt"] for r in runs if p in r)
+                parts.append(f"{p} {cnt:,.0f} runs {ns / max(cnt, 1):,.0f} ns")
+            print(f"  {c}: " + "; ".join(parts))
     return med
 
 
-def check_goals(w: Workload, med: dict[str, float]) -> None:
-    base = med.get("untraced")
+def check_goals(w: Workload, med: dict[str, dict]) -> None:
+    """The goals of issue #11, from this run's medians."""
     lines = []
 
-    def goal(text: str, cfg: str, ok_fn, shown: str) -> None:
-        if base is None or cfg not in med:
-            lines.append(f"  {text}: not measured ({cfg} did not run)")
-            return
-        lines.append(f"  {text}: {shown} -> {'MET' if ok_fn() else 'NOT MET'}")
+    def kept(cfg: str) -> float | None:
+        return med[cfg]["metric"] / med["untraced"]["metric"] * 100 if cfg in med and "untraced" in med else None
+
+    def slowdown(cfg: str) -> float | None:
+        return med[cfg]["metric"] / med["untraced"]["metric"] if cfg in med and "untraced" in med else None
+
+    def goal(text: str, value: float | None, ok: bool, shown: str) -> None:
+        lines.append(f"  {text}: " + ("not measured" if value is None else f"{shown} -> {'MET' if ok else 'NOT MET'}"))
+
+    def xfloor(cfg: str) -> float | None:
+        fl = med.get(FLOOR_OF.get(cfg, ""))
+        return med[cfg]["cost"] / fl["cost"] if cfg in med and fl and fl["cost"] > 0 else None
 
     if w.name == "loop":
-        sd = {c: m / base for c, m in med.items()} if base else {}
-        if "memleak" in med and "allocscope" in med and base:
-            lines.append(f"  full <= 1/4 of memleak's slowdown: allocscope {sd['allocscope']:.1f}x vs memleak "
-                         f"{sd['memleak']:.1f}x / 4 = {sd['memleak'] / 4:.1f}x -> "
-                         f"{'MET' if sd['allocscope'] <= sd['memleak'] / 4 else 'NOT MET'}")
-        else:
-            lines.append("  full <= 1/4 of memleak's slowdown: not measured (memleak or allocscope did not run)")
-        goal("sampled <= 3x", "allocscope-sampled", lambda: sd["allocscope-sampled"] <= 3,
-             f"{sd.get('allocscope-sampled', 0):.2f}x")
-        goal("residency <= 1.05x", "allocscope-residency", lambda: sd["allocscope-residency"] <= 1.05,
-             f"{sd.get('allocscope-residency', 0):.2f}x")
+        a, m = slowdown("allocscope"), slowdown("memleak")
+        goal("full <= 1/5 of memleak's slowdown", a if m else None, bool(a and m and a <= m / 5),
+             f"allocscope {a or 0:.1f}x vs memleak {m or 0:.1f}x / 5 = {(m or 0) / 5:.1f}x")
+        r = slowdown("allocscope-residency")
+        goal("residency <= 1.05x", r, bool(r and r <= 1.05), f"{r or 0:.3f}x")
     elif w.name == "redis":
-        for cfg, need, label in (("allocscope", 60, "full"), ("allocscope-sampled", 85, "sampled"),
-                                 ("allocscope-residency", 97, "residency")):
-            kept = med[cfg] / base * 100 if base and cfg in med else 0
-            goal(f"{label} keeps >= {need} % of throughput", cfg, lambda k=kept, n=need: k >= n, f"{kept:.1f} %")
+        k = kept("allocscope-residency")
+        goal("residency keeps >= 95 %", k, bool(k and k >= 95), f"{k or 0:.1f} %")
+        for cfg, label in (("allocscope", "full"), ("allocscope-sampled", "sampled")):
+            x = xfloor(cfg)
+            goal(f"{label} within 1.25x of the trap floor's cost", x, bool(x and x <= 1.25), f"{x or 0:.2f}x")
     else:
-        lines.append("  (issue #6 states no goal for the demo daemon)")
-    print("goals (issue #6):")
+        k = kept("allocscope-residency")
+        goal("residency keeps >= 97 %", k, bool(k and k >= 97), f"{k or 0:.1f} %")
+        k, m = kept("allocscope"), kept("memleak")
+        goal("full keeps >= 95 % and >= memleak", k, bool(k and k >= 95 and (m is None or k >= m)),
+             f"{k or 0:.1f} % (memleak {'-' if m is None else f'{m:.1f} %'})")
+        sh = med.get("allocscope-residency", {}).get("cpu_share")
+        goal("residency: tracer CPU during the work <= 3 % of the daemon's", sh if sh == sh else None,
+             bool(sh is not None and sh == sh and sh <= 0.03), f"{(sh or 0) * 100:.1f} %")
+    print("goals (issue #11):")
     print("\n".join(lines))
 
 
@@ -649,7 +721,7 @@ def check_goals(w: Workload, med: dict[str, float]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", choices=["loop", "redis", "demo", "all"], default="all")
+    ap.add_argument("--workload", choices=["loop", "redis", "demo", "demo-large", "all"], default="all")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--configs", help="comma-separated subset of configurations (untraced is always run)")
     ap.add_argument("--iters", type=int, default=300000, help="loop: iterations per thread (1 malloc + 1 free each)")
@@ -662,6 +734,11 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=200, help="demo: partitions to prove")
     ap.add_argument("--demo-args", default="--synth-ms 0 --gpu-ms 0 --pw 3",
                     help="demo: further provingd flags (the paced daemon of `allocscope demo`: '')")
+    ap.add_argument("--large-args", default="--synth-ms 0 --gpu-ms 0 --pw 4 --workers 16 --partition-mb 128",
+                    help="demo-large: provingd flags of the mission-scale daemon")
+    ap.add_argument("--large-partitions", type=int, default=24, help="demo-large: partitions to prove")
+    ap.add_argument("--bpf-stats", action="store_true",
+                    help="turn on kernel.bpf_stats_enabled for the run and print BPF run time per program")
     ap.add_argument("--no-memleak", action="store_true")
     ap.add_argument("--no-heaptrack", action="store_true")
     ap.add_argument("--unwind", action="store_true",
@@ -678,6 +755,7 @@ def main() -> None:
         return
 
     configs = ["untraced", *ALLOCSCOPE_CONFIGS]
+    optional = dict(EXTRA_CONFIGS)
     skipped: dict[str, str] = {}
     if not args.no_memleak:
         if shutil.which("memleak-bpfcc"):
@@ -691,21 +769,35 @@ def main() -> None:
             skipped["heaptrack"] = "not installed (make bench installs it: scripts/setup-bench.sh)"
     if args.configs:
         want = {c.strip() for c in args.configs.split(",")} | {"untraced"}
-        unknown = want - set(configs) - set(skipped)
+        unknown = want - set(configs) - set(skipped) - set(optional)
         if unknown:
             sys.exit(f"unknown configuration(s): {', '.join(sorted(unknown))}")
-        configs = [c for c in configs if c in want]
+        configs = [c for c in configs + list(optional) if c in want]
         skipped = {c: why for c, why in skipped.items() if c in want}
 
-    names = ["loop", "redis", "demo"] if args.workload == "all" else [args.workload]
+    names = ["loop", "redis", "demo", "demo-large"] if args.workload == "all" else [args.workload]
     workloads: list[Workload] = []
     for n in names:
         if n == "loop":
             workloads.append(LoopWorkload(args.iters, args.threads))
         elif n == "redis":
             workloads.append(RedisWorkload(args.requests, args.tests, args.clients, args.keyspace, args.datasize))
-        else:
+        elif n == "demo":
             workloads.append(DemoWorkload(args.partitions, args.demo_args.split()))
+        else:
+            workloads.append(DemoWorkload(args.large_partitions, args.large_args.split(), "demo-large"))
+    stats_was = None
+    if args.bpf_stats:
+        stats_was = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
+        Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
+    try:
+        run_all(args, workloads, configs, skipped)
+    finally:
+        if stats_was is not None:
+            Path("/proc/sys/kernel/bpf_stats_enabled").write_text(stats_was)
+
+
+def run_all(args, workloads: list[Workload], configs: list[str], skipped: dict[str, str]) -> None:
 
     print(f"bench/overhead.py {time.strftime('%Y-%m-%d %H:%M %Z')}, {os.uname().nodename}, kernel "
           f"{os.uname().release}, {os.cpu_count()} CPUs", flush=True)

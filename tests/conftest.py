@@ -152,12 +152,14 @@ def procs():
         pr.kill()
 
 
-def record_run(procs, tracers, out, argv: list, done: str = "done", interval: str = "0.5") -> None:
+def record_run(procs, tracers, out, argv: list, done: str = "done", interval: str = "0.5",
+               record_args: tuple = ()) -> None:
     """Start the target `argv` (it prints "ready" and waits for SIGUSR1), record it with --pid
-    into `out`, release it, wait for its `done` line, stop the tracer with SIGINT (exit 0)."""
+    into `out` (and `record_args`), release it, wait for its `done` line, stop the tracer with
+    SIGINT (exit 0)."""
     tgt = procs(*argv)
     tgt.expect("ready")
-    tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", interval)
+    tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", interval, *record_args)
     wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
     assert tr.poll() is None, tr.stderr.read()
     tgt.signal(signal.SIGUSR1)

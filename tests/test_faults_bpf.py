@@ -393,8 +393,8 @@ def _record_api(pid: int, out: Path, **opts) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def limits(bins, tmp_path_factory) -> dict:
     """max_live 1024 (the CLI's minimum --max-live) and max_stacks 16. The target holds 5000
-    blocks (live map full); the tracer is stopped while the target makes 200k mmap/munmap events
-    (a 4 MiB ring holds ~37k: overrun); then the blocks are freed and 100 new ones leaked (room
+    blocks (live map full); the tracer is stopped while the target makes 200k munmaps of a rare
+    shape, each an event (a 4 MiB ring holds ~37k: overrun); then the blocks are freed and 100 new ones leaked (room
     again: tracked exactly); then 60 distinct stacks (stack map full)."""
     out = tmp_path_factory.mktemp("limits") / "limits.allocscope"
     tgt = Target([bins["faults"]])
@@ -408,7 +408,7 @@ def limits(bins, tmp_path_factory) -> dict:
         tr.send_signal(signal.SIGSTOP)
         try:
             t0 = time.monotonic()
-            tgt.do("mmaps 100000")
+            tgt.do("splits 100000")
             burst = time.monotonic() - t0
         finally:
             tr.send_signal(signal.SIGCONT)

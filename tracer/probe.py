@@ -113,6 +113,24 @@ class _Libbcc:
                                       ct.c_void_p, ct.POINTER(ct.c_uint32)]
 
 
+_PROG_INFO_SIZE, _RUN_TIME_OFF, _RUN_CNT_OFF = 232, 192, 200  # struct bpf_prog_info (uapi, append-only)
+
+
+def _prog_info(fd: int) -> tuple[int, int] | None:
+    """(run_time_ns, run_cnt) of a BPF program fd."""
+    class Attr(ct.Structure):
+        _fields_ = [("bpf_fd", ct.c_uint32), ("info_len", ct.c_uint32), ("info", ct.c_uint64),
+                    ("pad", ct.c_uint8 * 112)]
+    buf = (ct.c_uint8 * _PROG_INFO_SIZE)()
+    attr = Attr(bpf_fd=fd, info_len=_PROG_INFO_SIZE, info=ct.addressof(buf))
+    libc = ct.CDLL(None, use_errno=True)
+    if libc.syscall(321, 15, ct.byref(attr), ct.sizeof(attr)) != 0:  # bpf(BPF_OBJ_GET_INFO_BY_FD)
+        return None
+    raw = bytes(buf)
+    return (int.from_bytes(raw[_RUN_TIME_OFF:_RUN_TIME_OFF + 8], "little"),
+            int.from_bytes(raw[_RUN_CNT_OFF:_RUN_CNT_OFF + 8], "little"))
+
+
 class Probes:
     """The BPF program for one target process."""
 
@@ -279,6 +297,23 @@ class Probes:
             except OSError:
                 continue
         return total
+
+    def program_stats(self) -> dict[str, dict[str, int]]:
+        """BPF run time and runs per program of ours ({} unless the kernel keeps them:
+        sysctl kernel.bpf_stats_enabled=1), from bpf(BPF_OBJ_GET_INFO_BY_FD)."""
+        try:
+            with open("/proc/sys/kernel/bpf_stats_enabled") as f:
+                if f.read().strip() != "1":
+                    return {}
+        except OSError:
+            return {}
+        out = {}
+        for name, fn in getattr(self.bpf, "funcs", {}).items():
+            info = _prog_info(fn.fd)
+            if info and info[1]:
+                out[name.decode() if isinstance(name, bytes) else str(name)] = {
+                    "run_time_ns": info[0], "run_cnt": info[1]}
+        return out
 
     def close(self) -> None:
         """Detach every probe and free the maps. Idempotent."""

@@ -692,6 +692,8 @@ class Recorder:
                          "target_exit": getattr(self, "target_exit", None),
                          "exec_seen": self.exec_seen,
                          "final_snapshot_s": round(getattr(self, "final_snapshot_s", 0.0), 3)})
+            if getattr(self, "bpf_stats", None):
+                meta["bpf_stats"] = self.bpf_stats  # with sysctl kernel.bpf_stats_enabled=1
         return meta
 
     def _on_signal(self, signum, _frame) -> None:
@@ -777,6 +779,7 @@ class Recorder:
                 t.child.resume()
             if t.child is not None:
                 self.target_exit = t.child.wait(timeout=0.2)
+            self.bpf_stats = self.probes.program_stats()
             self.writer.write_meta(self._meta(True))
         except OutputError:
             raise

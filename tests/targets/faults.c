@@ -7,7 +7,9 @@
  *   free             free every held block
  *   leak N SIZE      after_full_leak(): malloc N blocks of SIZE, kept (never freed)
  *   stacks N         deep_leaf() at recursion depths 1..N: N distinct stacks, one 512-byte block each
- *   mmaps N          N anonymous one-page mmap + munmap pairs (ring events)
+ *   mmaps N          N anonymous one-page mmap + munmap pairs (accounted in the kernel: no event)
+ *   splits N         N x (map 4 pages, unmap its 2nd and 3rd page one at a time, then all 4): two
+ *                    rare shapes each, so 2N ring events
  *   threads N        N short-lived threads, 16 at a time, named "sl-<i>": each leaks 48 bytes in
  *                    thread_leak() and maps/unmaps one page, then exits
  *   fork             the child leaks 50 x 4321 in child_alloc() and exits; the parent waits for
@@ -58,6 +60,16 @@ NOINLINE void map_pair(void)
     void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p != MAP_FAILED)
         munmap(p, 4096);
+}
+
+NOINLINE void map_split(void)
+{
+    char *p = mmap(NULL, 4 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return;
+    munmap(p + 4096, 4096);     /* not at a region's start: handed to the tracer */
+    munmap(p + 2 * 4096, 4096); /* likewise */
+    munmap(p, 4 * 4096);
 }
 
 NOINLINE void map_signature(long pages)
@@ -136,6 +148,9 @@ int main(int argc, char **argv)
         } else if (!strcmp(cmd, "mmaps")) {
             for (long i = 0; i < n; i++)
                 map_pair();
+        } else if (!strcmp(cmd, "splits")) {
+            for (long i = 0; i < n; i++)
+                map_split();
         } else if (!strcmp(cmd, "mmapsig")) {
             map_signature(n);
         } else if (!strcmp(cmd, "threads")) {
