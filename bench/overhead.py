@@ -250,7 +250,8 @@ def start_attach_tracer(cfg: str, pid: int, tmp: Path, alloc_obj: str | None = N
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         t = Tracer(proc, TracerMonitor(proc.pid, {pid}), trace=out)
         end = time.monotonic() + 300
-        while not (out / "meta.json").exists():
+        # attached once meta.json exists; the first snapshot (maps, build IDs) is start-up too
+        while not (out / "parts" / "intervals-000001.parquet").exists():
             if proc.poll() is not None:
                 t.monitor.stop()
                 err = proc.stderr.read().strip().splitlines()
