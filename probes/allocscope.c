@@ -59,8 +59,11 @@ BPF_F_TABLE("hash", struct as_flow_key, struct as_flow, flows, 65536, BPF_F_NO_P
 BPF_TASK_STORAGE(inflight, struct as_inflight);
 BPF_HASH(sysargs, u32, struct as_sysargs, AS_MAX_THREADS);
 BPF_PERCPU_ARRAY(counters, u64, AS_CNT_MAX);
-BPF_ARRAY(totals, s64, 4); /* 0: live bytes (heap API), 1: peak of 0, 2: bytes in `regions`,
-                            * 3: regions */
+BPF_ARRAY(totals, s64, 8); /* 0: live bytes (heap API), 1: peak of 0, 2: bytes in `regions`,
+                            * 3: regions, 4: CUDA host memory (pinned, managed) from the driver
+                            * API, 5: GPU memory (device), 6: peak of 5 */
+/* GPU memory and pinned registrations (no new host addresses), keyed apart from `live`. */
+BPF_F_TABLE("hash", struct as_dev_key, struct as_live, dev_live, AS_MAX_LIVE, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(scratch, struct as_stack, 1);
 BPF_RINGBUF_OUTPUT(events, AS_RING_PAGES);
 
@@ -108,6 +111,46 @@ static __always_inline u32 current_tid(void)
 static __always_inline struct as_inflight *thread_state(u64 flags)
 {
     return inflight.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0, flags);
+}
+
+/* The CUDA driver API's own call state: a driver call and the mallocs it makes inside nest in
+ * separate states, so both are counted (each once). */
+BPF_TASK_STORAGE(cu_inflight, struct as_inflight);
+
+static __always_inline struct as_inflight *cu_state(u64 flags)
+{
+    return cu_inflight.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0, flags);
+}
+
+/* What an allocation made by `api` is (enum as_source), and whether it is GPU memory or a
+ * registration (`dev_live`) rather than a new host block (`live`). */
+static __always_inline u32 api_source(u32 api)
+{
+    switch (api) {
+    case AS_API_CU_ALLOC:
+    case AS_API_CU_ALLOC_PITCH:
+    case AS_API_CU_CREATE:
+        return AS_SRC_CUDA_DEVICE;
+    case AS_API_CU_HOST_ALLOC:
+    case AS_API_CU_HOST_REGISTER:
+        return AS_SRC_CUDA_PINNED;
+    case AS_API_CU_MANAGED:
+        return AS_SRC_CUDA_MANAGED;
+    default:
+        return AS_SRC_HEAP;
+    }
+}
+
+/* The key kind of a dev_live entry: device pointers (cuMemAlloc*, freed by cuMemFree*),
+ * handles (cuMemCreate / cuMemRelease), registrations (cuMemHostRegister / Unregister); 0: a
+ * host block in `live`. */
+static __always_inline u32 dev_kind(u32 api)
+{
+    if (api == AS_API_CU_ALLOC || api == AS_API_CU_ALLOC_PITCH)
+        return AS_API_CU_ALLOC;
+    if (api == AS_API_CU_CREATE || api == AS_API_CU_HOST_REGISTER)
+        return api;
+    return 0;
 }
 
 static __always_inline void count(u32 idx, u64 n)
@@ -260,6 +303,25 @@ static __always_inline void totals_add(s64 delta)
 }
 
 
+/* Live-bytes totals of what an allocation is: heap (malloc family), CUDA host memory, GPU. */
+static __always_inline void source_totals(u32 src, s64 delta)
+{
+    if (src == AS_SRC_HEAP) {
+        totals_add(delta);
+        return;
+    }
+    u32 k = src == AS_SRC_CUDA_DEVICE ? 5 : 4, kp = 6;
+    s64 *v = totals.lookup(&k);
+    if (!v)
+        return;
+    s64 now = __sync_fetch_and_add(v, delta) + delta;
+    if (k == 5 && delta > 0) {
+        s64 *peak = totals.lookup(&kp);
+        if (peak && now > *peak)
+            *peak = now;
+    }
+}
+
 /* One free by thread `tid` of `bytes` allocated by `alloc_tid` at `alloc_ts`; `count`: 1 when
  * it was the allocation's last byte. */
 static __always_inline void flow_add(u32 alloc_tid, u32 tid, u64 bytes, u64 cnt, u64 alloc_ts, u64 now)
@@ -300,6 +362,21 @@ static __always_inline struct as_site *site_of(u64 sid, u32 tid, u32 source)
     return s;
 }
 
+/* A tracked allocation `c` freed by thread `tid`: its site, its total, its flow. */
+static __always_inline void charge_free(struct as_live *c, u32 tid, u64 now)
+{
+    u32 src = api_source(c->api);
+    count(AS_CNT_FREES, 1);
+    source_totals(src, -(s64)c->size);
+    struct as_site_key sk = {.stack_id = c->stack_id, .tid = c->tid, .source = src};
+    struct as_site *s = sites.lookup(&sk);
+    if (s) {
+        __sync_fetch_and_add(&s->free_bytes, c->size);
+        __sync_fetch_and_add(&s->free_count, 1);
+    }
+    flow_add(c->tid, tid, c->size, 1, c->ts_ns, now);
+}
+
 /* Charge the free of `addr` by thread `tid` back to its allocation. */
 static __always_inline void free_addr(u32 tid, u64 addr, u64 now)
 {
@@ -311,27 +388,44 @@ static __always_inline void free_addr(u32 tid, u64 addr, u64 now)
     struct as_live c = *l;
     if (live.delete(&addr) != 0)
         return; /* another thread freed it first (double free in the target) */
-    count(AS_CNT_FREES, 1);
-    totals_add(-(s64)c.size);
-
-    struct as_site_key sk = {.stack_id = c.stack_id, .tid = c.tid, .source = AS_SRC_HEAP};
-    struct as_site *s = sites.lookup(&sk);
-    if (s) {
-        __sync_fetch_and_add(&s->free_bytes, c.size);
-        __sync_fetch_and_add(&s->free_count, 1);
-    }
-    flow_add(c.tid, tid, c.size, 1, c.ts_ns, now);
+    charge_free(&c, tid, now);
 }
 
-/* Keep one allocation made at stack `sid`. */
+/* The free of a GPU allocation or registration (`dev_live`); 0 when it was not tracked. */
+static __always_inline int dev_free(u32 tid, u64 value, u32 kind, u64 now)
+{
+    struct as_dev_key k = {.value = value, .kind = kind};
+    struct as_live *l = dev_live.lookup(&k);
+    if (!l)
+        return 0;
+    struct as_live c = *l;
+    if (dev_live.delete(&k) != 0)
+        return 1;
+    charge_free(&c, tid, now);
+    return 1;
+}
+
+/* Keep one allocation made at stack `sid`: a host block in `live`, or GPU memory / a pinned
+ * registration in `dev_live`. */
 static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u64 ts, u64 sid)
 {
     struct as_live l = {.size = size, .stack_id = sid, .ts_ns = ts, .tid = tid, .api = api};
-    int err = live.insert(&addr, &l);
-    if (err == -EEXIST) {
-        /* The address is live already: a free we could not see. Charge it, then replace. */
-        free_addr(tid, addr, ts);
-        err = live.update(&addr, &l);
+    u32 kind = dev_kind(api), src = api_source(api);
+    int err;
+    if (kind) {
+        struct as_dev_key k = {.value = addr, .kind = kind};
+        err = dev_live.insert(&k, &l);
+        if (err == -EEXIST) { /* the same value live already: a free we could not see */
+            dev_free(tid, addr, kind, ts);
+            err = dev_live.update(&k, &l);
+        }
+    } else {
+        err = live.insert(&addr, &l);
+        if (err == -EEXIST) {
+            /* The address is live already: a free we could not see. Charge it, then replace. */
+            free_addr(tid, addr, ts);
+            err = live.update(&addr, &l);
+        }
     }
     if (err != 0) {
         count(AS_LOST_LIVE_FULL, 1);
@@ -339,9 +433,9 @@ static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u
         return;
     }
     count(AS_CNT_ALLOCS, 1);
-    totals_add((s64)size);
+    source_totals(src, (s64)size);
 
-    struct as_site *s = site_of(sid, tid, AS_SRC_HEAP);
+    struct as_site *s = site_of(sid, tid, src);
     if (!s)
         return;
     u64 ab = __sync_fetch_and_add(&s->alloc_bytes, size) + size;
@@ -358,12 +452,10 @@ static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u
  * counted once, by the outermost call. A return must come back at entry
  * sp + 8; anything else is reported as unmatched, never guessed. */
 
-static __always_inline int enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg)
+static __always_inline int enter_state(struct pt_regs *ctx, struct as_inflight *cur, u32 api, u64 size,
+                                       u64 arg, u64 arg2)
 {
-    if (!is_target())
-        return 0;
     u64 sp = PT_REGS_SP(ctx);
-    struct as_inflight *cur = thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!cur) {
         count(AS_LOST_INFLIGHT_FULL, 1);
         return 0;
@@ -384,11 +476,54 @@ static __always_inline int enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg
     cur->sp = sp;
     cur->size = size;
     cur->arg = arg;
+    cur->arg2 = arg2;
     cur->ts_ns = api == AS_API_MALLOC_TRIM ? bpf_ktime_get_ns() : 0; /* allocations: return time */
     cur->api = api;
     cur->nest = 0;
     cur->tail = 0;
     return 0;
+}
+
+static __always_inline int enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg)
+{
+    if (!is_target())
+        return 0;
+    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, 0);
+}
+
+static __always_inline int cu_enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg, u64 arg2)
+{
+    if (!is_target())
+        return 0;
+    return enter_state(ctx, cu_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, arg2);
+}
+
+/* The return matching the outermost open call of `cur`: 1 when this is it (the call state is
+ * copied to `out` and closed), 0 for the return of a nested or tail-jumped call. */
+static __always_inline int leave_state(struct pt_regs *ctx, struct as_inflight *cur, struct as_inflight *out)
+{
+    if (!cur || !cur->sp) {
+        count(AS_LOST_UNMATCHED_RET, 1);
+        return 0;
+    }
+    u64 sp = PT_REGS_SP(ctx);
+    if (sp != cur->sp + 8) {
+        if (sp < cur->sp + 8 && cur->nest > 0) {
+            cur->nest--;
+            return 0;
+        }
+        /* Returned above the entry: the entry's own return was lost. */
+        count(AS_LOST_UNMATCHED_RET, 1);
+        cur->sp = 0;
+        return 0;
+    }
+    if (cur->tail > 0) {
+        cur->tail--; /* the tail-jumped-to function returns first, same sp */
+        return 0;
+    }
+    *out = *cur;
+    cur->sp = 0;
+    return 1;
 }
 
 static __always_inline void emit_trim(u32 tid, struct as_inflight *in, s64 ret, u64 now)
@@ -487,28 +622,9 @@ int alloc_return(struct pt_regs *ctx)
     if (!is_target())
         return 0;
     u32 tid = current_tid();
-    struct as_inflight *cur = thread_state(0);
-    if (!cur || !cur->sp) {
-        count(AS_LOST_UNMATCHED_RET, 1);
+    struct as_inflight in = {};
+    if (!leave_state(ctx, thread_state(0), &in))
         return 0;
-    }
-    u64 sp = PT_REGS_SP(ctx);
-    if (sp != cur->sp + 8) {
-        if (sp < cur->sp + 8 && cur->nest > 0) {
-            cur->nest--;
-            return 0;
-        }
-        /* Returned above the entry: the entry's own return was lost. */
-        count(AS_LOST_UNMATCHED_RET, 1);
-        cur->sp = 0;
-        return 0;
-    }
-    if (cur->tail > 0) {
-        cur->tail--; /* the tail-jumped-to function returns first, same sp */
-        return 0;
-    }
-    struct as_inflight in = *cur;
-    cur->sp = 0;
 
     u64 ret = PT_REGS_RC(ctx);
     u64 now = bpf_ktime_get_ns();
@@ -648,6 +764,114 @@ int free_enter(struct pt_regs *ctx)
     return 0;
 }
 
+/* --- the CUDA driver API (libcuda.so.1) ---------------------------------------------------
+ * Out-pointer calls: the address or handle is read from *dptr when the call returns
+ * CUDA_SUCCESS (0); a failed call allocates nothing. The mappings the driver makes inside a
+ * call (pinned host memory is a shared mapping of /dev/nvidiactl) belong to the call: the call
+ * state makes them "inside an API call", as malloc's own mmaps are. GPU memory is its own total
+ * (totals[5]) and never host memory. */
+int cu_return(struct pt_regs *ctx)
+{
+    if (!is_target())
+        return 0;
+    u32 tid = current_tid();
+    struct as_inflight in = {};
+    if (!leave_state(ctx, cu_state(0), &in))
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    if ((int)PT_REGS_RC(ctx) != 0) {
+        count(AS_CNT_FAILED, 1);
+        return 0;
+    }
+    u64 addr = 0, size = in.size;
+    switch (in.api) {
+    case AS_API_CU_FREE:
+        if (!dev_free(tid, in.arg, AS_API_CU_ALLOC, now))
+            free_addr(tid, in.arg, now); /* managed memory: a host block */
+        return 0;
+    case AS_API_CU_RELEASE:
+        if (!dev_free(tid, in.arg, AS_API_CU_CREATE, now))
+            count(AS_CNT_FREE_UNKNOWN, 1);
+        return 0;
+    case AS_API_CU_FREE_HOST:
+        free_addr(tid, in.arg, now);
+        return 0;
+    case AS_API_CU_UNREGISTER:
+        if (!dev_free(tid, in.arg, AS_API_CU_HOST_REGISTER, now))
+            count(AS_CNT_FREE_UNKNOWN, 1);
+        return 0;
+    case AS_API_CU_HOST_REGISTER:
+        addr = in.arg;
+        break;
+    case AS_API_CU_ALLOC_PITCH: {
+        u64 pitch = 0;
+        bpf_probe_read_user(&pitch, sizeof(pitch), (void *)in.arg2);
+        size = mul_size(pitch, in.size);
+        bpf_probe_read_user(&addr, sizeof(addr), (void *)in.arg);
+        break;
+    }
+    default: /* the address or handle was stored at the out pointer */
+        bpf_probe_read_user(&addr, sizeof(addr), (void *)in.arg);
+        break;
+    }
+    if (addr == 0 || size == 0) {
+        count(AS_CNT_FAILED, 1);
+        return 0;
+    }
+    alloc_done(ctx, tid, addr, size, in.api, now);
+    return 0;
+}
+
+int cu_alloc_enter(struct pt_regs *ctx) /* (CUdeviceptr *dptr, size_t bytesize, ...) */
+{
+    return cu_enter(ctx, AS_API_CU_ALLOC, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), 0);
+}
+
+int cu_pitch_enter(struct pt_regs *ctx) /* (dptr, size_t *pPitch, WidthInBytes, Height, ...) */
+{
+    return cu_enter(ctx, AS_API_CU_ALLOC_PITCH, PT_REGS_PARM4(ctx), PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx));
+}
+
+int cu_create_enter(struct pt_regs *ctx) /* (CUmemGenericAllocationHandle *handle, size_t size, ...) */
+{
+    return cu_enter(ctx, AS_API_CU_CREATE, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), 0);
+}
+
+int cu_host_alloc_enter(struct pt_regs *ctx) /* (void **pp, size_t bytesize, ...) */
+{
+    return cu_enter(ctx, AS_API_CU_HOST_ALLOC, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), 0);
+}
+
+int cu_register_enter(struct pt_regs *ctx) /* (void *p, size_t bytesize, unsigned int Flags) */
+{
+    return cu_enter(ctx, AS_API_CU_HOST_REGISTER, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), 0);
+}
+
+int cu_managed_enter(struct pt_regs *ctx) /* (CUdeviceptr *dptr, size_t bytesize, unsigned int flags) */
+{
+    return cu_enter(ctx, AS_API_CU_MANAGED, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx), 0);
+}
+
+int cu_free_enter(struct pt_regs *ctx) /* (CUdeviceptr dptr, ...) */
+{
+    return cu_enter(ctx, AS_API_CU_FREE, 0, PT_REGS_PARM1(ctx), 0);
+}
+
+int cu_release_enter(struct pt_regs *ctx) /* (CUmemGenericAllocationHandle handle) */
+{
+    return cu_enter(ctx, AS_API_CU_RELEASE, 0, PT_REGS_PARM1(ctx), 0);
+}
+
+int cu_free_host_enter(struct pt_regs *ctx) /* (void *p) */
+{
+    return cu_enter(ctx, AS_API_CU_FREE_HOST, 0, PT_REGS_PARM1(ctx), 0);
+}
+
+int cu_unregister_enter(struct pt_regs *ctx) /* (void *p) */
+{
+    return cu_enter(ctx, AS_API_CU_UNREGISTER, 0, PT_REGS_PARM1(ctx), 0);
+}
+
 /* --- memory from the kernel: syscall tracepoints ------------------------ */
 /* Memory the target maps outside any allocator call (and the break it moves up) is accounted
  * here, page by page, with no event: `regions` holds one entry per allocation, keyed by its
@@ -666,6 +890,9 @@ int free_enter(struct pt_regs *ctx)
 #define AS_UNMAP_STEPS 8   /* regions one munmap may free here, back to back */
 #define AS_MAP_FIXED 0x10
 #define AS_MAP_ANONYMOUS 0x20
+#ifndef AS_UVM_MAJOR
+#define AS_UVM_MAJOR 0
+#endif
 #define AS_PROT_EXEC 4
 #define AS_MREMAP_FIXED 2
 #define AS_MREMAP_DONTUNMAP 4
@@ -713,10 +940,14 @@ static __always_inline void submit(struct as_event *e)
     count(AS_CNT_EVENTS, 1);
 }
 
+/* The allocator or CUDA call the current thread is inside, AS_API_NONE outside any. */
 static __always_inline u32 current_api(void)
 {
     struct as_inflight *in = thread_state(0);
-    return in && in->sp ? in->api : AS_API_NONE;
+    if (in && in->sp)
+        return in->api;
+    struct as_inflight *cu = cu_state(0);
+    return cu && cu->sp ? cu->api : AS_API_NONE;
 }
 
 /* Pops the saved syscall arguments; 0 when the entry was not seen. */
@@ -884,12 +1115,77 @@ static __always_inline struct as_event *slow_event(u32 type, u32 tid, struct as_
     return e;
 }
 
-/* What an mmap with these arguments is tracked as (enum as_source), 0: not tracked. */
+#define AS_MAP_TYPE 0x0f /* MAP_SHARED 1, MAP_PRIVATE 2, MAP_SHARED_VALIDATE 3 */
+#define AS_MAP_PRIVATE 2
+
+#ifdef AS_OFF_TASK_FILES
+/* What the file behind `fd` is, for a mapping of it: shared memory (tmpfs: memfd, /dev/shm;
+ * hugetlbfs), a device (by major: /dev/nvidiactl and /dev/nvidia* 195, nvidia-uvm's dynamic
+ * major AS_UVM_MAJOR, /dev/zero and the other mem devices 1), or 0: a regular file, not
+ * tracked. Read through the fd table at offsets from the kernel's BTF (tracer/kernel.py). */
+static __always_inline u32 fd_source(s32 fd, u32 flags)
+{
+    u64 task = bpf_get_current_task(), files = 0, fdt = 0, fds = 0, file = 0, inode = 0, sb = 0;
+    u64 magic = 0;
+    u32 max_fds = 0, rdev = 0;
+    u16 mode = 0;
+    if (fd < 0)
+        return 0;
+    bpf_probe_read_kernel(&files, sizeof(files), (void *)(task + AS_OFF_TASK_FILES));
+    if (!files)
+        return 0;
+    bpf_probe_read_kernel(&fdt, sizeof(fdt), (void *)(files + AS_OFF_FILES_FDT));
+    if (!fdt)
+        return 0;
+    bpf_probe_read_kernel(&max_fds, sizeof(max_fds), (void *)(fdt + AS_OFF_FDT_MAX_FDS));
+    if ((u32)fd >= max_fds)
+        return 0;
+    bpf_probe_read_kernel(&fds, sizeof(fds), (void *)(fdt + AS_OFF_FDT_FD));
+    bpf_probe_read_kernel(&file, sizeof(file), (void *)(fds + 8 * (u64)fd));
+    if (!file)
+        return 0;
+    bpf_probe_read_kernel(&inode, sizeof(inode), (void *)(file + AS_OFF_FILE_INODE));
+    if (!inode)
+        return 0;
+    bpf_probe_read_kernel(&mode, sizeof(mode), (void *)(inode + AS_OFF_INODE_MODE));
+    if ((mode & 0170000) == 0020000) { /* S_ISCHR */
+        bpf_probe_read_kernel(&rdev, sizeof(rdev), (void *)(inode + AS_OFF_INODE_RDEV));
+        u32 major = rdev >> 20;
+        if (major == 1) /* /dev/zero and friends: anonymous memory by another name */
+            return (flags & AS_MAP_TYPE) == AS_MAP_PRIVATE ? AS_SRC_MMAP : AS_SRC_SHMEM;
+        if (major == 195)
+            return AS_SRC_CUDA_PINNED;
+        if (AS_UVM_MAJOR && major == AS_UVM_MAJOR)
+            return AS_SRC_CUDA_MANAGED;
+        return AS_SRC_DEVICE;
+    }
+    bpf_probe_read_kernel(&sb, sizeof(sb), (void *)(inode + AS_OFF_INODE_SB));
+    if (!sb)
+        return 0;
+    bpf_probe_read_kernel(&magic, sizeof(magic), (void *)(sb + AS_OFF_SB_MAGIC));
+    if ((u32)magic == 0x01021994 /* TMPFS_MAGIC */ || (u32)magic == 0x958458f6 /* HUGETLBFS_MAGIC */)
+        return AS_SRC_SHMEM;
+    return 0;
+}
+#else
+static __always_inline u32 fd_source(s32 fd, u32 flags)
+{
+    return 0; /* this kernel's BTF does not describe the fd table: file mappings untracked */
+}
+#endif
+
+/* What an mmap with these arguments is tracked as (enum as_source), 0: not tracked. Mappings
+ * made inside an allocator or CUDA call belong to that call. */
 static __always_inline u32 mmap_source(struct as_sysargs *a, u32 api)
 {
     if (api != AS_API_NONE || a->a2 == 0 /* PROT_NONE: address space reserved, not memory */)
         return 0;
-    return (a->a3 & AS_MAP_ANONYMOUS) ? AS_SRC_MMAP : 0;
+    u32 flags = (u32)a->a3;
+    if (flags & AS_MAP_ANONYMOUS)
+        return (flags & AS_MAP_TYPE) == AS_MAP_PRIVATE ? AS_SRC_MMAP : AS_SRC_SHMEM;
+    if (a->a2 & AS_PROT_EXEC)
+        return 0; /* code */
+    return fd_source((s32)a->a4, flags);
 }
 
 static __always_inline void mmap_exit(void *ctx, struct as_sysargs *a, u64 lo, u32 tid, u32 api, u64 now)

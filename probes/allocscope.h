@@ -31,7 +31,19 @@ enum as_api {
     AS_API_MALLOC_TRIM = 11,
     AS_API_MMAP = 12, /* syscalls seen outside any allocator call */
     AS_API_BRK = 13,
-    AS_API_MAX = 14,
+    /* The CUDA driver API (libcuda.so.1): its own per-thread call state (cu_inflight), so the
+     * driver's own mallocs inside a call still count as heap allocations. */
+    AS_API_CU_ALLOC = 20,         /* cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocFromPoolAsync: *dptr */
+    AS_API_CU_ALLOC_PITCH = 21,   /* cuMemAllocPitch_v2: *dptr, *pPitch x Height bytes */
+    AS_API_CU_CREATE = 22,        /* cuMemCreate: *handle (virtual memory management) */
+    AS_API_CU_HOST_ALLOC = 23,    /* cuMemHostAlloc, cuMemAllocHost_v2: *pp, pinned host memory */
+    AS_API_CU_HOST_REGISTER = 24, /* cuMemHostRegister_v2: p, existing host memory pinned */
+    AS_API_CU_MANAGED = 25,       /* cuMemAllocManaged: *dptr, managed (host-mapped) memory */
+    AS_API_CU_FREE = 26,          /* cuMemFree_v2, cuMemFreeAsync: dptr (device or managed) */
+    AS_API_CU_RELEASE = 27,       /* cuMemRelease: handle */
+    AS_API_CU_FREE_HOST = 28,     /* cuMemFreeHost: p */
+    AS_API_CU_UNREGISTER = 29,    /* cuMemHostUnregister: p */
+    AS_API_MAX = 30,
 };
 
 /* Counters (index into the per-CPU `counters` array). Losses first. */
@@ -70,6 +82,11 @@ enum as_source {
     AS_SRC_MMAP = 1,  /* an anonymous private mapping made outside any allocator call */
     AS_SRC_BRK = 2,   /* the break moved up outside any allocator call */
     AS_SRC_FAULT = 3, /* residency mode: sampled first touches (fault_sites) */
+    AS_SRC_SHMEM = 4, /* a shared mapping: MAP_SHARED|MAP_ANONYMOUS, memfd, tmpfs (/dev/shm) */
+    AS_SRC_CUDA_PINNED = 5,  /* pinned host memory: cuMemHostAlloc..., or a map of /dev/nvidiactl */
+    AS_SRC_CUDA_MANAGED = 6, /* cuMemAllocManaged, or a map of /dev/nvidia-uvm */
+    AS_SRC_DEVICE = 7,       /* a map of another device file (/dev/dri, /dev/kfd, ...) */
+    AS_SRC_CUDA_DEVICE = 8,  /* GPU memory (cuMemAlloc..., cuMemCreate): never host memory */
     AS_SRC_MAX = 16,
 };
 
@@ -126,6 +143,14 @@ struct as_site {
     __u64 peak_live_bytes; /* max of alloc_bytes - free_bytes seen at an allocation */
 };
 
+/* Key of `dev_live`: GPU memory and pinned registrations, which are no new host addresses
+ * (a device pointer, a cuMemCreate handle, a cuMemHostRegister'd range: another key space). */
+struct as_dev_key {
+    __u64 value;
+    __u32 kind;  /* enum as_api of the allocating call */
+    __u32 pad;
+};
+
 /* Key/value of `flows`: frees by (allocating thread, freeing thread). */
 struct as_flow_key {
     __u32 alloc_tid;
@@ -142,8 +167,9 @@ struct as_flow {
 /* Value of `inflight`: a thread between an allocator entry and its return. */
 struct as_inflight {
     __u64 sp;    /* user sp at the outermost entry; its return has sp + 8 */
-    __u64 size;  /* requested bytes (0 for free/trim) */
-    __u64 arg;   /* realloc: old pointer; posix_memalign: memptr */
+    __u64 size;  /* requested bytes (0 for free/trim); cuMemAllocPitch: Height */
+    __u64 arg;   /* realloc: old pointer; posix_memalign: memptr; CUDA: the out pointer or handle */
+    __u64 arg2;  /* cuMemAllocPitch: pPitch */
     __u64 ts_ns; /* entry time */
     __u32 api;   /* enum as_api */
     __u16 nest;  /* allocator calls made deeper on the stack inside this one */

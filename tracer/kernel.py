@@ -148,3 +148,60 @@ def rss_offsets() -> RssOffsets:
     finally:
         btf.close()
 
+
+
+@dataclass(frozen=True)
+class FileOffsets:
+    """Byte offsets along task->files->fdt->fd[n]->f_inode->{i_mode, i_rdev, i_sb->s_magic}: what
+    the probes read to tell a shared-memory or device mapping from a regular file's."""
+    task_files: int
+    files_fdt: int
+    fdt_fd: int
+    fdt_max_fds: int
+    file_inode: int
+    inode_mode: int
+    inode_rdev: int
+    inode_sb: int
+    sb_magic: int
+
+    def cflags(self) -> list[str]:
+        return [f"-DAS_OFF_TASK_FILES={self.task_files}", f"-DAS_OFF_FILES_FDT={self.files_fdt}",
+                f"-DAS_OFF_FDT_FD={self.fdt_fd}", f"-DAS_OFF_FDT_MAX_FDS={self.fdt_max_fds}",
+                f"-DAS_OFF_FILE_INODE={self.file_inode}", f"-DAS_OFF_INODE_MODE={self.inode_mode}",
+                f"-DAS_OFF_INODE_RDEV={self.inode_rdev}", f"-DAS_OFF_INODE_SB={self.inode_sb}",
+                f"-DAS_OFF_SB_MAGIC={self.sb_magic}"]
+
+
+@lru_cache(maxsize=1)
+def file_offsets() -> FileOffsets:
+    """Raises OSError or LookupError when the kernel's BTF lacks one (file mappings then stay
+    untracked, as before)."""
+    btf = _Btf()
+    try:
+        def off(struct: str, field: str) -> int:
+            return btf.member(btf.find(struct, BTF_KIND_STRUCT), field)[0]
+        return FileOffsets(off("task_struct", "files"), off("files_struct", "fdt"), off("fdtable", "fd"),
+                           off("fdtable", "max_fds"), off("file", "f_inode"), off("inode", "i_mode"),
+                           off("inode", "i_rdev"), off("inode", "i_sb"), off("super_block", "s_magic"))
+    finally:
+        btf.close()
+
+
+def char_major(name: str, devices: str = "/proc/devices") -> int:
+    """The major number of a character device driver by name (/proc/devices), 0 when absent:
+    nvidia-uvm's is dynamic."""
+    try:
+        with open(devices) as f:
+            in_char = False
+            for line in f:
+                if line.startswith("Character devices"):
+                    in_char = True
+                elif line.startswith("Block devices"):
+                    in_char = False
+                elif in_char:
+                    parts = line.split()
+                    if len(parts) == 2 and parts[1] == name and parts[0].isdigit():
+                        return int(parts[0])
+    except OSError:
+        pass
+    return 0

@@ -53,7 +53,19 @@ def _names(prefix: str, stop: str | None = None) -> dict[int, str]:
 
 API_NAMES: dict[int, str] = _names("AS_API_")
 EVENT_NAMES: dict[int, str] = _names("AS_EV_")
-SOURCE_NAMES: dict[int, str] = _names("AS_SRC_")
+SOURCE_NAMES: dict[int, str] = {k: v.replace("_", "-") for k, v in _names("AS_SRC_").items()}
+
+
+def api_source(api: int) -> int:
+    """enum as_source of a block made by `api` (api_source() in probes/allocscope.c)."""
+    name = API_NAMES.get(api, "")
+    if name in ("cu_alloc", "cu_alloc_pitch", "cu_create"):
+        return enum("AS_SRC_CUDA_DEVICE")
+    if name in ("cu_host_alloc", "cu_host_register"):
+        return enum("AS_SRC_CUDA_PINNED")
+    if name == "cu_managed":
+        return enum("AS_SRC_CUDA_MANAGED")
+    return enum("AS_SRC_HEAP")
 
 
 def counter_names() -> dict[int, str]:
@@ -90,6 +102,10 @@ class Site(ct.Structure):
                 ("peak_live_bytes", ct.c_uint64)]
 
 
+class DevKey(ct.Structure):
+    _fields_ = [("value", ct.c_uint64), ("kind", ct.c_uint32), ("pad", ct.c_uint32)]
+
+
 class FlowKey(ct.Structure):
     _fields_ = [("alloc_tid", ct.c_uint32), ("free_tid", ct.c_uint32)]
 
@@ -100,7 +116,7 @@ class Flow(ct.Structure):
 
 
 class Inflight(ct.Structure):
-    _fields_ = [("sp", ct.c_uint64), ("size", ct.c_uint64), ("arg", ct.c_uint64),
+    _fields_ = [("sp", ct.c_uint64), ("size", ct.c_uint64), ("arg", ct.c_uint64), ("arg2", ct.c_uint64),
                 ("ts_ns", ct.c_uint64), ("api", ct.c_uint32), ("nest", ct.c_uint16),
                 ("tail", ct.c_uint16)]
 
@@ -143,5 +159,6 @@ MAP_LAYOUTS = {
     "regions": (ct.c_uint64, Region),
     "site_ext": (SiteKey, ct.c_uint64),
     "releases": (ReleaseKey, Release),
+    "dev_live": (DevKey, Live),
 }  # (Inflight is the value of task storage `inflight`, which BCC's Python cannot open; its
    # layout is checked against gcc in tests/test_layout.py)

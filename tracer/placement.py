@@ -48,7 +48,7 @@ def emulated(insn) -> bool:
 
 # Instructions a straight-line prefix may hold: they read registers or memory and write one
 # register (or only flags). Anything else (stores, stack ops, string ops, calls) ends the search.
-_PLAIN = {X.X86_INS_MOV, X.X86_INS_MOVABS, X.X86_INS_MOVZX, X.X86_INS_MOVSX, X.X86_INS_MOVSXD,
+_PLAIN = {X.X86_INS_ENDBR64, X.X86_INS_MOV, X.X86_INS_MOVABS, X.X86_INS_MOVZX, X.X86_INS_MOVSX, X.X86_INS_MOVSXD,
           X.X86_INS_LEA, X.X86_INS_CMP, X.X86_INS_TEST, X.X86_INS_AND, X.X86_INS_OR, X.X86_INS_XOR,
           X.X86_INS_ADD, X.X86_INS_SUB, X.X86_INS_SHR, X.X86_INS_SHL, X.X86_INS_SAR, X.X86_INS_NOT,
           X.X86_INS_NEG, X.X86_INS_INC, X.X86_INS_DEC, X.X86_INS_IMUL}
@@ -63,7 +63,8 @@ _PARTS = {
 _MAX_PREFIX = 16
 
 # Argument registers each entry probe of probes/allocscope.c reads (besides %rsp).
-_DI, _SI, _DX = X.X86_REG_RDI, X.X86_REG_RSI, X.X86_REG_RDX
+REG_DI, REG_SI, REG_DX, REG_CX = X.X86_REG_RDI, X.X86_REG_RSI, X.X86_REG_RDX, X.X86_REG_RCX
+_DI, _SI, _DX = REG_DI, REG_SI, REG_DX
 ENTRY_READS: dict[str, tuple[int, ...]] = {
     "malloc": (_DI,), "calloc": (_DI, _SI), "realloc": (_DI, _SI), "reallocarray": (_DI, _SI, _DX),
     "posix_memalign": (_DI, _DX), "aligned_alloc": (_SI,), "memalign": (_SI,), "valloc": (_DI,),

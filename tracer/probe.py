@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import layout as L
-from .elfinfo import ALLOC_FUNCS, REQUIRED_FUNCS, Allocator
+from .elfinfo import ALLOC_FUNCS, REQUIRED_FUNCS, Allocator, symbol_offsets
 from .errors import AllocscopeError, PermissionProblem
-from .kernel import rss_offsets
+from .kernel import char_major, file_offsets, rss_offsets
 from .unwind import UNWIND_STEPS
 
 BPF_PROBE_ENTRY = 0
@@ -51,6 +51,11 @@ class ProbeOptions:
                 self.rss_tracepoint = True  # this kernel's BTF does not say where the counter is
         if self.rss_tracepoint:
             extra.append("-DAS_RSS_TRACEPOINT=1")
+        try:
+            extra += file_offsets().cflags()
+        except (OSError, LookupError):
+            pass  # mappings of shared memory and device files stay untracked
+        extra.append(f"-DAS_UVM_MAJOR={char_major('nvidia-uvm')}")
         if self.sample_bytes > 0:
             extra.append(f"-DAS_SAMPLE_BYTES={self.sample_bytes}ULL")
         if self.mode == "residency":
@@ -81,6 +86,7 @@ class AttachReport:
     skipped: dict[str, str] = field(default_factory=dict)         # symbol -> reason
     tracepoints: list[str] = field(default_factory=list)
     placement: dict[str, str] = field(default_factory=dict)       # symbol -> where its entry probe sits
+    cuda: dict = field(default_factory=dict)                       # the CUDA driver's probes (tracer.cuda)
 
 
 def _import_bcc():
@@ -243,6 +249,50 @@ class Probes:
             self._attach(f"{sym}_enter", alloc.path, where[sym], BPF_PROBE_ENTRY)
             rep.attached.append(sym)
         return rep
+
+    def attach_cuda(self, path: str) -> dict:
+        """Entry and return probes on the CUDA driver's allocation calls in `path`
+        (libcuda.so.1; tracer/cuda.py), placed as the allocator's are. A call the library lacks,
+        or one whose probe the kernel refuses, is skipped and said; the recording goes on."""
+        from .cuda import CUDA_FUNCS, CudaReport  # noqa: PLC0415
+        from .placement import place_probe  # noqa: PLC0415
+
+        rep = CudaReport(module=path, attached=[], skipped={}, placement={})
+        if self.options.mode == "residency":
+            rep.skipped = {sym: "residency mode: no API probes" for sym in CUDA_FUNCS}
+            self.report.cuda = rep.as_dict()
+            return self.report.cuda
+        so = symbol_offsets(path, list(CUDA_FUNCS))
+        plan: list[tuple[str, str, int]] = []
+        by_offset: dict[int, str] = {}
+        for sym, (prog, reads) in CUDA_FUNCS.items():
+            off = so.offsets.get(sym)
+            if off is None:
+                rep.skipped[sym] = f"not defined by {os.path.basename(path)}"
+                continue
+            if off in by_offset:
+                rep.skipped[sym] = f"same address as {by_offset[off]}: probed once"
+                continue
+            by_offset[off] = sym
+            pl = place_probe(path, off, so.sizes.get(sym, 0), reads)
+            if pl.moved:
+                rep.placement[sym] = pl.reason
+            plan.append((sym, prog, pl.offset))
+        returns = []
+        for sym, _prog, off in plan:  # returns first, as for the allocator
+            try:
+                self._attach("cu_return", path, off, BPF_PROBE_RETURN)
+                returns.append((sym, _prog, off))
+            except PermissionProblem as e:
+                rep.skipped[sym] = str(e)
+        for sym, prog, off in returns:
+            try:
+                self._attach(prog, path, off, BPF_PROBE_ENTRY)
+                rep.attached.append(sym)
+            except PermissionProblem as e:
+                rep.skipped[sym] = str(e)
+        self.report.cuda = rep.as_dict()
+        return self.report.cuda
 
     def unwinder(self, progress=None):
         """The manager of the DWARF unwind maps (tracer.unwind.Unwinder); None with frame pointers."""
@@ -451,6 +501,10 @@ class Probes:
     def read_live(self) -> tuple[np.ndarray, np.ndarray]:
         return self._read_batch("live", ct.c_uint64, L.Live)
 
+    def read_dev_live(self) -> tuple[np.ndarray, np.ndarray]:
+        """GPU allocations and pinned registrations outstanding: (DevKey, Live) arrays."""
+        return self._read_batch("dev_live", L.DevKey, L.Live)
+
     def iter_live(self, chunk: int = 1 << 16):
         """The live map in chunks of at most `chunk` blocks (views, see iter_batches): the
         final snapshot streams them to the trace without holding the whole map."""
@@ -503,11 +557,12 @@ class Probes:
                 if key in mem:
                     t[t.Key(idx)] = t.Leaf(mem[key])
 
-    def read_totals(self) -> tuple[int, int, int, int]:
-        """(live bytes, peak live bytes) of allocator-API memory, exact, from the kernel, and
-        (bytes, count) of the regions the kernel side holds."""
+    def read_totals(self) -> tuple[int, ...]:
+        """From the kernel, exact: (live bytes, peak live bytes) of allocator-API memory;
+        (bytes, count) of the regions the kernel side holds; CUDA host memory (pinned, managed)
+        live; GPU memory live and its peak."""
         t = self.bpf[b"totals"]
-        return tuple(int(t[t.Key(i)].value) for i in range(4))  # type: ignore[return-value]
+        return tuple(int(t[t.Key(i)].value) for i in range(7))
 
     def read_regions(self) -> tuple[np.ndarray, np.ndarray]:
         """Every region the kernel side holds: (starts, Region values)."""

@@ -25,6 +25,7 @@ from . import traceformat as F
 from .arenas import Pagemap, chunk_ranges, find_heaps, outside_heaps
 from .elfinfo import build_id, find_allocator
 from .errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
+from .cuda import find_driver
 from .regions import RegionTracker, SlowPath
 from .unwind import STACK_DWARF, held_by_probe, start_unwinder, unwind_meta
 from .writer import TraceWriter, prepare_output
@@ -330,6 +331,7 @@ class Recorder:
         self.slow: SlowPath | None = None    # the rare mmap-family shapes (set up in run())
         self.slow_events: list[L.Event] = []  # queued by on_event, replayed after each poll
         self.prev_releases: dict[tuple[int, int, int], tuple] = {}
+        self.cuda_module: str | None = None  # the libcuda.so.1 probed, once the target maps it
         self.trims: list = []
         self.exec_seen = False
         self._pending_maps: list[procfs.Mapping] | None = None
@@ -390,6 +392,16 @@ class Recorder:
         if changed is not None:
             self._pending_maps = changed
 
+    def _attach_cuda(self, maps: list[procfs.Mapping]) -> None:
+        """Probe the CUDA driver's allocation calls once the target maps libcuda.so.1."""
+        if self.cuda_module is not None or getattr(self, "rep", None) is None:
+            return
+        path = find_driver(maps)
+        if path is not None:
+            self.cuda_module = path
+            self.probes.attach_cuda(path)
+            self.progress(f"CUDA driver {path}: {len(self.rep.cuda.get('attached', []))} calls probed")
+
     def _refresh_maps(self) -> list[procfs.Mapping] | None:
         try:
             maps = procfs.read_maps(self.t.pid)
@@ -401,6 +413,7 @@ class Recorder:
         if maps != self.maps:
             self.maps = maps
             self.map_index = self.map_index.updated(maps)
+            self._attach_cuda(maps)  # the CUDA driver dlopen'd since
             if getattr(self, "unwinder", None) is not None:
                 self.unwinder.update(maps)  # dlopen'd code gets its unwind tables
             return maps
@@ -543,7 +556,7 @@ class Recorder:
         counters["lost_unmatched_ret"] -= self.attach_window_returns
         if self.o.mode == "residency":
             counters["n_faults"] = self.probes.fault_count()
-        heap_live, heap_peak, reg_bytes, reg_count = self.probes.read_totals()
+        heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = self.probes.read_totals()
         heap_count = counters["n_allocs"] - counters["n_frees"]
         mm_live = reg_bytes - self.slow.taken_bytes + self.regions.live_bytes()
         mm_count = reg_count - self.slow.taken_count + self.regions.live_count()
@@ -558,7 +571,8 @@ class Recorder:
                "rss_file_bytes": mem.get("rss_file_bytes", -1), "rss_shmem_bytes": mem.get("rss_shmem_bytes", -1),
                "hwm_bytes": mem.get("hwm_bytes", -1),
                "heap_live_bytes": heap_live, "heap_peak_bytes": heap_peak, "mmap_live_bytes": mm_live,
-               "live_bytes": heap_live + mm_live, "live_count": heap_count + mm_count,
+               "cuda_host_live_bytes": cuda_host, "device_live_bytes": dev_live, "device_peak_bytes": dev_peak,
+               "live_bytes": heap_live + mm_live + cuda_host, "live_count": heap_count + mm_count,
                "target_alive": int(alive), "arena_resident_bytes": arena_res, "residency_ms": res_ms}
         row.update(counters)
         self.last_row = row
@@ -624,6 +638,8 @@ class Recorder:
             except OSError:
                 heaps = None
         names = pa.array([API.get(i, str(i)) for i in range(max(API) + 1)])
+        # what each API's blocks are: heap for the malloc family, cuda-* for the driver's
+        sources = pa.array([SRC.get(L.api_source(i), "heap") for i in range(max(API) + 1)])
         schema = F.SCHEMAS["live"]
         kept_addr: list[np.ndarray] = []
         kept_size: list[np.ndarray] = []
@@ -643,7 +659,16 @@ class Recorder:
                     pa.array(np.full(n, seq, dtype=np.int32)), pa.array(keys.astype(np.uint64)),
                     pa.array(size), pa.array(vals["stack_id"].astype(np.uint64)),
                     pa.array(vals["tid"].astype(np.uint32)), pa.array(vals["ts_ns"].astype(np.int64)),
-                    names.take(pa.array(api)), pa.repeat("heap", n)], schema=schema)
+                    names.take(pa.array(api)), sources.take(pa.array(api))], schema=schema)
+            dk, dv = self.probes.read_dev_live()  # GPU memory and pinned registrations
+            if len(dk):
+                api = dv["api"].astype(np.int32)
+                api[(api < 0) | (api >= len(names))] = 0
+                yield pa.record_batch([
+                    pa.array(np.full(len(dk), seq, dtype=np.int32)), pa.array(dk["value"].astype(np.uint64)),
+                    pa.array(dv["size"].astype(np.int64)), pa.array(dv["stack_id"].astype(np.uint64)),
+                    pa.array(dv["tid"].astype(np.uint32)), pa.array(dv["ts_ns"].astype(np.int64)),
+                    names.take(pa.array(api)), sources.take(pa.array(api))], schema=schema)
             reg = self.regions.live()
             keys, vals = self.probes.read_regions()
             for start, v in zip(keys.tolist(), vals.tolist()):
@@ -678,7 +703,7 @@ class Recorder:
             "probes": {"allocator": self.rep.allocator, "allocator_kind": self.rep.allocator_kind,
                        "attached": self.rep.attached, "aliases": self.rep.aliases,
                        "skipped": self.rep.skipped, "tracepoints": self.rep.tracepoints,
-                       "placement": self.rep.placement},
+                       "placement": self.rep.placement, "cuda": self.rep.cuda},
             "limits": {"max_live": self.o.max_live, "max_stacks": self.o.max_stacks,
                        "max_sites": self.o.max_sites},
             "mode": self.o.mode,
@@ -740,6 +765,7 @@ class Recorder:
             self.slow = SlowPath(self.probes, self.regions, SRC)
             self.probes.seed(procfs.rss(t.pid) if t.child is None else {}, brk)
             self.rep = self.probes.attach(alloc)
+            self._attach_cuda(maps)
             # Returns seen while probes were being attached belong to calls that began before
             # the attach: like pre-attach allocations, they are not losses.
             self.attach_window_returns = self.probes.read_counters()["lost_unmatched_ret"]
