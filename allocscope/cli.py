@@ -8,7 +8,7 @@ import sys
 import click
 
 from allocscope.output import emit, progress
-from tracer.errors import AllocscopeError, UsageError
+from common.errors import AllocscopeError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -122,7 +122,7 @@ def record(pid, pattern, output, duration, interval, labels, max_live, force, ke
     if max_live < 1024:
         raise UsageError("--max-live must be at least 1024")
     rec.require_root()
-    from tracer.writer import prepare_output  # noqa: PLC0415
+    from common.tracefile.writer import prepare_output  # noqa: PLC0415
     prepare_output(output, force)
     if pid is not None:
         target = rec.target_from_pid(pid)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from tracer.errors import AllocscopeError
+from common.errors import AllocscopeError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_SRC = ROOT / "demo" / "provingd.c"
@@ -37,7 +37,7 @@ def record_run(exe: Path, out: Path, pw: int, bug: bool, partitions: int, say) -
     trace = out / name
     argv = [str(exe), "--pw", str(pw), "--partitions", str(partitions)] + (["--bug"] if bug else [])
     say(f"recording {' '.join(argv[1:])} -> {trace}")
-    from tracer.writer import prepare_output  # noqa: PLC0415
+    from common.tracefile.writer import prepare_output  # noqa: PLC0415
 
     prepare_output(str(trace), force=False)
     target = rec.target_from_command(argv)

@@ -34,9 +34,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from tracer.errors import UsageError
+from common.errors import UsageError
 
-from .trace import Trace
+from common.tracefile.reader import Trace
 
 REPORT_SCHEMA = "allocscope.report/1"
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from tracer.errors import UsageError
+from common.errors import UsageError
 
 from .analysis import (
     FrameInfo,
@@ -39,7 +39,7 @@ from .analysis import (
     thread_group_table,
     totals,
 )
-from .trace import Trace
+from common.tracefile.reader import Trace
 
 DIFF_SCHEMA = "allocscope.diff/1"
 DIFF_SORTS = ("delta", "live", "alloc", "ratio", "excess")

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracer import traceformat as F
+from common.tracefile import format as F
 
 from .symbolize import (
     SymbolTable,

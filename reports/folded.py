@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .analysis import FrameInfo, site_table
-from .trace import Trace
+from common.tracefile.reader import Trace
 
 METRICS = ("live_bytes", "alloc_bytes", "live_count", "alloc_count")
 

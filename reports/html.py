@@ -27,7 +27,7 @@ import pandas as pd
 from .analysis import FrameInfo, site_timeline, symbolize_stacks
 from .folded import folded_stacks
 from .render import frame_text, human_bytes
-from .trace import Trace
+from common.tracefile.reader import Trace
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 UPLOT_JS = "uPlot.iife.min.js"

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from tracer import traceformat as F
-from tracer.writer import TraceWriter
+from common.tracefile import format as F
+from common.tracefile.writer import TraceWriter
 
 MONO0 = 1_000_000_000_000
 

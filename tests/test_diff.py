@@ -21,7 +21,7 @@ from reports import diff as D
 from reports import render
 from reports.trace import load_trace
 from synth import SynthTrace
-from tracer.errors import UsageError
+from common.errors import UsageError
 
 # Site -> (function, line). Frames: malloc, <function>, worker_main, start_thread.
 LINES = {"linear": 10, "superlinear": 20, "only_a": 30, "only_b": 40, "tiny": 50}

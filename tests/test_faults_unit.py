@@ -16,7 +16,7 @@ from synth import SynthTrace
 from test_cli_errors import one_line_error
 
 from tracer import procfs
-from tracer.errors import TargetError
+from common.errors import TargetError
 
 
 # --- pid reuse and our own pid ------------------------------------------------------------------

@@ -28,7 +28,7 @@ from reports.analysis import build_report, symbolize_stacks
 from reports.diff import diff_traces
 from reports.render import diff_to_text, to_text
 from reports.trace import load_trace
-from tracer.errors import TraceFileError
+from common.errors import TraceFileError
 
 EXTRA = int(os.environ.get("ALLOCSCOPE_FUZZ_EXAMPLES", "0"))
 SETTINGS = dict(deadline=None, derandomize=not EXTRA, database=None,

@@ -7,7 +7,7 @@ from synth import SynthTrace
 from reports.analysis import arena_table, build_report, rss_decomposition
 from reports.render import to_text
 from reports.trace import load_trace
-from tracer import traceformat as F
+from common.tracefile import format as F
 
 MiB = 1 << 20
 

@@ -16,9 +16,9 @@ from synth import MONO0, SynthTrace
 
 from reports import analysis as A
 from reports.trace import load_trace
-from tracer import traceformat as F
-from tracer.errors import OutputError
-from tracer.writer import TraceWriter
+from common.tracefile import format as F
+from common.errors import OutputError
+from common.tracefile.writer import TraceWriter
 
 N = 1_000_000
 MAIN = (0x555500000000, 0x555500000000 + (4 << 30))      # brk heap, 4 GiB

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import layout as L
 from .elfinfo import ALLOC_FUNCS, REQUIRED_FUNCS, Allocator
-from .errors import AllocscopeError, PermissionProblem
+from common.errors import AllocscopeError, PermissionProblem
 from .unwind import UNWIND_STEPS
 
 BPF_PROBE_ENTRY = 0

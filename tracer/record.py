@@ -21,13 +21,13 @@ import pyarrow as pa
 
 from . import layout as L
 from . import procfs
-from . import traceformat as F
+from common.tracefile import format as F
 from .arenas import Pagemap, chunk_ranges, find_heaps, outside_heaps
 from .elfinfo import build_id, find_allocator
-from .errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
+from common.errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
 from .regions import RegionTracker
 from .unwind import STACK_DWARF, held_by_probe, start_unwinder, unwind_meta
-from .writer import TraceWriter, prepare_output
+from common.tracefile.writer import TraceWriter, prepare_output
 
 API = L.API_NAMES
 EVT = L.EVENT_NAMES

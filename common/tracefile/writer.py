@@ -16,8 +16,9 @@ import stat
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import traceformat as F
-from .errors import OutputError
+from common.errors import OutputError
+
+from . import format as F
 
 
 def is_trace_dir(path: str) -> bool:
