@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from elftools.elf.elffile import ELFFile
 
+from common.elf import segments, vaddr_to_offset
 from tracer import unwind as U
 from tracer.elfinfo import symbol_offsets
 
@@ -74,14 +75,15 @@ def test_gaps_between_functions_fall_back(tmp_path):
     exe = build(tmp_path, "gaps", "-O2", "-fomit-frame-pointer")
     with open(exe, "rb") as f:
         elf = ELFFile(f)
-        di, _ = U._frame_dwarfinfo(elf)
-        segs = U._segments(elf)
+        di, _ = U.frame_dwarfinfo(elf)
+        segs = segments(elf)
         fdes = [e for e in di.EH_CFI_entries() if isinstance(e, U.FDE)]
-        starts = {U._to_offset(segs, e.header["initial_location"]) for e in fdes}
+        starts = {vaddr_to_offset(segs, e.header["initial_location"], whole=True) for e in fdes}
         rows = U.build_table(elf).rows
     pcs = dict(zip(rows["pc"].tolist(), rows["cfa_type"].tolist()))
     for e in fdes:
-        end = U._to_offset(segs, e.header["initial_location"] + e.header["address_range"], end=True)
+        end = vaddr_to_offset(segs, e.header["initial_location"] + e.header["address_range"],
+                              whole=True, end=True)
         if end not in starts:
             assert pcs.get(end) == U.CFA_NONE, hex(end)
 
@@ -99,7 +101,7 @@ def test_system_libraries():
     if cxx:
         with open(cxx[0], "rb") as f:
             elf = ELFFile(f)
-            di, _ = U._frame_dwarfinfo(elf)
+            di, _ = U.frame_dwarfinfo(elf)
             n = sum(isinstance(e, U.FDE) for e in di.EH_CFI_entries())
             assert U.build_table(elf).fdes == n
 
@@ -153,8 +155,8 @@ def test_row_layout_matches_header(tmp_path):
     subprocess.run(["gcc", f"-I{L.PROBES_DIR}", "-o", str(tmp_path / "sz"), str(src)], check=True)
     out = subprocess.run([str(tmp_path / "sz")], capture_output=True, text=True, check=True).stdout.split()
     assert [int(x) for x in out] == [U.ROW.itemsize, U.ROW.fields["cfa_off"][1], U.ROW.fields["cfa_type"][1],
-                                     U.ROW.fields["rbp_off"][1], ct.sizeof(U._UmapKey), ct.sizeof(U._Umap),
-                                     U._Umap.count.offset]
+                                     U.ROW.fields["rbp_off"][1], ct.sizeof(U.UmapKey), ct.sizeof(U.Umap),
+                                     U.Umap.count.offset]
 
 
 def test_pprof_keeps_addresses_of_inlined_frames():

@@ -23,7 +23,8 @@ from . import layout as L
 from . import procfs
 from common.tracefile import format as F
 from .arenas import Pagemap, chunk_ranges, find_heaps, outside_heaps
-from .elfinfo import build_id, find_allocator
+from common.elf import build_id
+from .elfinfo import find_allocator
 from common.errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
 from .regions import RegionTracker
 from .unwind import STACK_DWARF, held_by_probe, start_unwinder, unwind_meta
