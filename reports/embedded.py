@@ -23,55 +23,14 @@ from collections.abc import Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from common.elf import module_symbols
 from common.tracefile import format as F
 
-from .symbolize import (
-    SymbolTable,
-    _build_id,
-    _debuglink,
-    _find_debug_file,
-    _load_segments,
-    _open_elf,
-    _read_symbols,
-    demangle,
-)
+from .symbolize import demangle
 
 TABLE = "symbols"
 SCHEMA = pa.schema([("seq", pa.int32()), ("build_id", pa.string()), ("module", pa.string()),
                     ("start", pa.uint64()), ("size", pa.uint64()), ("name", pa.string())])
-
-
-def module_symbols(path: str, build_id: str | None = None,
-                   debug_dirs: tuple[str, ...] = ("/usr/lib/debug",)) -> list[tuple[int, int, str]]:
-    """(file offset, size, raw name) of the functions of one module, sorted; [] if unreadable."""
-    main = _open_elf(path)
-    if main is None:
-        return []
-    stream, elf = main
-    debug = None
-    try:
-        file_id = _build_id(elf)
-        if build_id and file_id and file_id != build_id.lower():
-            return []  # another build than the one traced
-        segments = _load_segments(elf)
-        raw = _read_symbols(elf, ".symtab") + _read_symbols(elf, ".dynsym")
-        debug = _find_debug_file(path, build_id or file_id, _debuglink(elf), debug_dirs, lambda _m: None)
-        if debug is not None:
-            raw += _read_symbols(debug.elf, ".symtab")
-        table = SymbolTable.build(raw)
-    except Exception:  # noqa: BLE001 - a corrupt file embeds nothing
-        return []
-    finally:
-        stream.close()
-        if debug is not None:
-            debug.stream.close()
-    out = []
-    for start, end, name in zip(table._starts, table._ends, table._names):
-        for seg in segments:
-            if seg.vaddr <= start < seg.vaddr + seg.filesz:
-                out.append((start - seg.vaddr + seg.offset, end - start, name))
-                break
-    return out
 
 
 def symbols_table(seq: int, modules: Iterable[tuple[str, str]]) -> pa.Table:
