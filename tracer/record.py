@@ -25,6 +25,7 @@ from common.tracefile import format as F
 from .arenas import Pagemap, chunk_ranges, find_heaps, outside_heaps
 from common.elf import build_id
 from .elfinfo import find_allocator
+from .embed import SymbolEmbedder
 from common.errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
 from .regions import RegionTracker
 from .unwind import STACK_DWARF, held_by_probe, start_unwinder, unwind_meta
@@ -291,7 +292,7 @@ class RecordOptions:
     sample_bytes: int = 0       # >0: byte-weighted sampling (mean one sample per N bytes)
     fault_sample: int = 16      # residency mode: one page fault in N recorded
     unwind: str = "dwarf"         # dwarf: CFI tables unwound in BPF (tracer/unwind.py); fp: frame pointers
-    embed_symbols: bool = False   # store the symbol tables of the modules seen (reports/embedded.py)
+    embed_symbols: bool = False   # store the symbol tables of the modules seen (tracer/embed.py)
     residency_budget_pages: int = 1 << 18  # pagemap pages read per interval (1 GiB of heap)
 
 
@@ -329,6 +330,7 @@ class Recorder:
         self._pending_maps: list[procfs.Mapping] | None = None
         self.attach_window_returns = 0
         self.live_blocks: tuple[np.ndarray, np.ndarray] | None = None  # (addresses, sizes)
+        self.symbol_embedder = SymbolEmbedder() if opts.embed_symbols else None
 
     # --- events (called from the ring buffer poll) --------------------------------------------
 
@@ -473,9 +475,8 @@ class Recorder:
                 self._refresh_maps()
             cols = self._stack_rows(new_ids)
             w.write_part("stacks", seq, pa.table(cols, schema=F.SCHEMAS["stacks"]))
-            if self.o.embed_symbols:  # symbol tables of the modules on these stacks, in the trace
-                from reports.embedded import embed_new_modules  # noqa: PLC0415
-                embed_new_modules(self, seq, cols)
+            if self.symbol_embedder is not None:  # symbol tables of the modules on these stacks
+                w.write_part(F.SYMBOLS, seq, self.symbol_embedder.part(seq, cols))
 
         # Threads: names of allocating threads not seen yet.
         tids = {k[1] for k in current} | {e[3] for e in self.events}
