@@ -166,13 +166,13 @@ def test_pprof_keeps_addresses_of_inlined_frames():
     import pandas as pd
 
     from reports.analysis import FrameInfo
-    from reports.pprof import _captured_frames
+    from reports.pprof import captured_frames
 
     st = pd.DataFrame({"stack_id": [7, 7], "idx": [0, 1], "ip": [0x1010, 0x2020], "offset": [0x10, 0x20],
                        "build_id": ["ab", "ab"]})
     frames = (FrameInfo("Vec::with_capacity", "/m", "a.rs", 3, inlined=True), FrameInfo("inner", "/m", "a.rs", 9),
               FrameInfo("outer", "/m", "a.rs", 20))
-    got = _captured_frames(types.SimpleNamespace(stacks=st), {7: frames})[7]
+    got = captured_frames(types.SimpleNamespace(stacks=st), {7: frames})[7]
     assert [(f.info.function, f.ip) for f in got] == [("Vec::with_capacity", 0x1010), ("inner", 0x1010),
                                                       ("outer", 0x2020)]
     assert FrameInfo("inner", "/m", "a.rs", 9, inlined=True) == frames[1]  # not part of equality
