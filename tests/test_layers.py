@@ -108,8 +108,9 @@ class Tree:
             for imp in self.imports(path):
                 if imp.module.split(".")[0] not in tops:
                     continue
-                if not imp.names:
-                    bound[imp.asname or imp.module.split(".")[0]] = imp.module if imp.asname else imp.module.split(".")[0]
+                if not imp.names:  # `import a.b` binds a; `import a.b as x` binds x to a.b
+                    top = imp.module.split(".")[0]
+                    bound[imp.asname or top] = imp.module if imp.asname else top
                 for n, asname in imp.names:
                     if private(n):
                         bad.append(f"{where}:{imp.line}: imports {n} from {imp.module}")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import support
 from elftools.elf.elffile import ELFFile
 
 from common.elf import segments, vaddr_to_offset
@@ -26,9 +27,7 @@ int main(void) { return mid(10) == 0; }
 def build(tmp: Path, name: str, *flags: str) -> Path:
     src = tmp / "u.c"
     src.write_text(SRC)
-    exe = tmp / name
-    subprocess.run(["gcc", *flags, "-o", str(exe), str(src)], check=True)
-    return exe
+    return support.build(tmp / name, src, flags=flags)
 
 
 def table(path: Path | str) -> U.TableInfo:
@@ -152,7 +151,7 @@ def test_row_layout_matches_header(tmp_path):
              'printf("%zu %zu\\n", sizeof(struct as_umap), offsetof(struct as_umap, count));', "return 0;}"]
     src = tmp_path / "sz.c"
     src.write_text("\n".join(lines))
-    subprocess.run(["gcc", f"-I{L.PROBES_DIR}", "-o", str(tmp_path / "sz"), str(src)], check=True)
+    support.build(tmp_path / "sz", src, flags=[f"-I{L.PROBES_DIR}"])
     out = subprocess.run([str(tmp_path / "sz")], capture_output=True, text=True, check=True).stdout.split()
     assert [int(x) for x in out] == [U.ROW.itemsize, U.ROW.fields["cfa_off"][1], U.ROW.fields["cfa_type"][1],
                                      U.ROW.fields["rbp_off"][1], ct.sizeof(U.UmapKey), ct.sizeof(U.Umap),
