@@ -61,8 +61,8 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     from reports import render  # noqa: PLC0415
     from reports.analysis import build_report  # noqa: PLC0415
     from reports.diff import diff_traces  # noqa: PLC0415
-    from reports.render import diff_to_text  # noqa: PLC0415
     from reports.html import to_html  # noqa: PLC0415
+    from reports.render import diff_to_text  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
     from tracer.record import require_root  # noqa: PLC0415
 

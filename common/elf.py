@@ -53,7 +53,7 @@ class ElfFile:
     @classmethod
     def open(cls, path: str) -> ElfFile:
         """Open `path` as ELF; raises OSError or ELFError (and struct errors on a truncated file)."""
-        stream = open(path, "rb")
+        stream = open(path, "rb")  # noqa: SIM115 - the ElfFile owns it until close()
         try:
             return cls(path, stream, ELFFile(stream))
         except BaseException:

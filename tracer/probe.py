@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from common.errors import AllocscopeError, PermissionProblem
+
 from . import layout as L
 from .elfinfo import ALLOC_FUNCS, REQUIRED_FUNCS, Allocator
-from common.errors import AllocscopeError, PermissionProblem
 from .unwind import UNWIND_STEPS
 
 BPF_PROBE_ENTRY = 0

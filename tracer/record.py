@@ -19,17 +19,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from common.elf import build_id
+from common.errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
+from common.tracefile import format as F
+from common.tracefile.writer import TraceWriter, prepare_output
+
 from . import layout as L
 from . import procfs
-from common.tracefile import format as F
 from .arenas import Pagemap, chunk_ranges, find_heaps, outside_heaps
-from common.elf import build_id
 from .elfinfo import find_allocator
 from .embed import SymbolEmbedder
-from common.errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
 from .regions import RegionTracker
 from .unwind import STACK_DWARF, held_by_probe, start_unwinder, unwind_meta
-from common.tracefile.writer import TraceWriter, prepare_output
 
 API = L.API_NAMES
 EVT = L.EVENT_NAMES

@@ -23,6 +23,7 @@ Nothing here needs BCC: `Unwinder` gets the BCC table objects from tracer.probe.
 """
 from __future__ import annotations
 
+import bisect
 import ctypes as ct
 import hashlib
 import os
@@ -212,13 +213,8 @@ def build_table(elf: ELFFile) -> TableInfo:
 
 
 def _overlaps(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
-    import bisect
-
     i = bisect.bisect_right(ranges, (start, float("inf"))) - 1
-    for j in (i, i + 1):
-        if 0 <= j < len(ranges) and ranges[j][0] < end and start < ranges[j][1]:
-            return True
-    return False
+    return any(0 <= j < len(ranges) and ranges[j][0] < end and start < ranges[j][1] for j in (i, i + 1))
 
 
 # --------------------------------------------------------------------------- cache

@@ -174,7 +174,8 @@ def read_meta(path: str) -> dict:
     except ValueError:
         raise TraceFileError(f"{path}: {F.META} is corrupt (not JSON)") from None
     if not isinstance(meta, dict) or meta.get("format") != F.FORMAT:
-        raise TraceFileError(f"{path} is not an allocscope trace (format {meta.get('format') if isinstance(meta, dict) else '?'!r})")
+        fmt = meta.get("format") if isinstance(meta, dict) else "?"
+        raise TraceFileError(f"{path} is not an allocscope trace (format {fmt!r})")
     version = meta.get("version")
     if not isinstance(version, int):
         raise TraceFileError(f"{path}: {F.META} has no valid format version")

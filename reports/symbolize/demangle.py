@@ -7,11 +7,11 @@ from functools import lru_cache
 
 try:  # both are declared dependencies; stay importable (and non-demangling) without them
     import cxxfilt
-except Exception:  # pragma: no cover - depends on the host's libstdc++
+except Exception:  # noqa: BLE001 - depends on the host's libstdc++
     cxxfilt = None  # type: ignore[assignment]
 try:
     import rust_demangler
-except Exception:  # pragma: no cover
+except Exception:  # noqa: BLE001
     rust_demangler = None  # type: ignore[assignment]
 
 _RUST_LEGACY_RE = re.compile(r"^_?_ZN.*17h[0-9a-f]{16}E(?:\.[\w.$]*)?$")
