@@ -1,6 +1,6 @@
-"""The one ELF reader: what unwinding, allocator detection, probe placement, symbol embedding and
-symbolizing need from an ELF file. pyelftools reads the container (headers, sections, notes,
-compressed sections); this module adds the policy on top:
+"""The one ELF reader: what unwinding, allocator detection (whose function offsets and sizes probe
+placement works from), symbol embedding and symbolizing need from an ELF file. pyelftools reads
+the container (headers, sections, notes, compressed sections); this module adds the policy on top:
 
 * `open_elf` opens a file as ELF or gives None (missing, unreadable, truncated, not ELF);
   `ElfFile.open` raises instead, for callers that report why.
