@@ -3,7 +3,7 @@ placement works from), symbol embedding and symbolizing need from an ELF file. p
 the container (headers, sections, notes, compressed sections); this module adds the policy on top:
 
 * `open_elf` opens a file as ELF or gives None (missing, unreadable, truncated, not ELF);
-  `ElfFile.open` raises instead, for callers that report why.
+  `OpenedElf.open` raises instead, for callers that report why.
 * `segments` / `offset_to_vaddr` / `vaddr_to_offset`: file offsets <-> virtual addresses through
   the PT_LOAD program headers (PIE, shared libraries and fixed-address executables alike).
 * `elf_build_id` / `build_id`: the GNU build ID from the notes.
@@ -15,8 +15,8 @@ the container (headers, sections, notes, compressed sections); this module adds 
 * `section_bytes`, `has_section`, `exec_ranges`: section contents (decompressed) and the
   address ranges of code.
 
-Nothing here raises for a bad file except `ElfFile.open`; nothing keeps a file open after its
-`ElfFile` is closed.
+Nothing here raises for a bad file except `OpenedElf.open`; nothing keeps a file open after its
+`OpenedElf` is closed.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _quiet(_message: str) -> None:
 # --------------------------------------------------------------------------- opening
 
 
-class ElfFile:
+class OpenedElf:
     """An open ELF file: its path, the stream pyelftools reads and the ELFFile. Close it (or use
     it as a context manager) once what is needed was read."""
 
@@ -51,9 +51,9 @@ class ElfFile:
         self.elf = elf
 
     @classmethod
-    def open(cls, path: str) -> ElfFile:
+    def open(cls, path: str) -> OpenedElf:
         """Open `path` as ELF; raises OSError or ELFError (and struct errors on a truncated file)."""
-        stream = open(path, "rb")  # noqa: SIM115 - the ElfFile owns it until close()
+        stream = open(path, "rb")  # noqa: SIM115 - the OpenedElf owns it until close()
         try:
             return cls(path, stream, ELFFile(stream))
         except BaseException:
@@ -63,17 +63,17 @@ class ElfFile:
     def close(self) -> None:
         self.stream.close()
 
-    def __enter__(self) -> ElfFile:
+    def __enter__(self) -> OpenedElf:
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
 
-def open_elf(path: str) -> ElfFile | None:
+def open_elf(path: str) -> OpenedElf | None:
     """Open `path` as ELF, or return None (missing, unreadable, not ELF)."""
     try:
-        return ElfFile.open(path)
+        return OpenedElf.open(path)
     except Exception:  # noqa: BLE001 - OSError, ELFError, struct errors on truncated files, ...
         return None
 
@@ -226,7 +226,7 @@ def debug_file_candidates(module_path: str, bid: str | None, link: str | None,
 
 
 def find_debug_file(path: str, bid: str | None, link: str | None,
-                    debug_dirs: Iterable[str] = DEBUG_DIRS, progress: Progress = _quiet) -> ElfFile | None:
+                    debug_dirs: Iterable[str] = DEBUG_DIRS, progress: Progress = _quiet) -> OpenedElf | None:
     """First separate debug file of the module at `path` that exists, is ELF and (when both
     IDs are known) has build ID `bid`."""
     own = os.path.realpath(path)
@@ -245,8 +245,8 @@ def find_debug_file(path: str, bid: str | None, link: str | None,
     return None
 
 
-def find_alt_file(dwarf_file: ElfFile, debug_dirs: Iterable[str] = DEBUG_DIRS,
-                  progress: Progress = _quiet) -> ElfFile | None:
+def find_alt_file(dwarf_file: OpenedElf, debug_dirs: Iterable[str] = DEBUG_DIRS,
+                  progress: Progress = _quiet) -> OpenedElf | None:
     """The dwz supplementary file named by `.gnu_debugaltlink` (its path, then its build ID)."""
     section = dwarf_file.elf.get_section_by_name(".gnu_debugaltlink")
     if section is None or section["sh_type"] == "SHT_NOBITS":

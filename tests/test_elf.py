@@ -42,7 +42,7 @@ def test_build_id_and_segments(prog):
     readelf = subprocess.run(["readelf", "-n", str(prog)], capture_output=True, text=True, check=True).stdout
     want = re.search(r"Build ID: ([0-9a-f]+)", readelf).group(1)
     assert E.build_id(str(prog)) == want
-    with E.ElfFile.open(str(prog)) as f:
+    with E.OpenedElf.open(str(prog)) as f:
         assert E.elf_build_id(f.elf) == want
         segs = E.segments(f.elf)
         for name, vaddr in nm(prog).items():
@@ -56,7 +56,7 @@ def test_build_id_and_segments(prog):
 
 def test_functions_and_symbol_table(prog):
     addrs = nm(prog)
-    with E.ElfFile.open(str(prog)) as f:
+    with E.OpenedElf.open(str(prog)) as f:
         segs = E.segments(f.elf)
         found = E.defined_functions(f.elf, ["grow", "main", "hidden", "malloc"])
         assert not E.is_static(f.elf)
@@ -76,7 +76,7 @@ def test_bad_files(tmp_path):
     assert E.open_elf(str(text)) is None and E.open_elf(str(tmp_path / "missing")) is None
     assert E.build_id(str(text)) == "" and E.module_symbols(str(text)) == []
     with pytest.raises(ELFError):
-        E.ElfFile.open(str(text))
+        E.OpenedElf.open(str(text))
 
 
 def test_embedder_writes_each_module_once(prog):

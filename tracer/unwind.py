@@ -38,7 +38,7 @@ from elftools.dwarf.callframe import CIE, FDE, RegisterRule
 from elftools.dwarf.dwarfinfo import DebugSectionDescriptor, DwarfConfig, DWARFInfo
 from elftools.elf.elffile import ELFFile
 
-from common.elf import ElfFile, elf_build_id, segments, vaddr_to_offset
+from common.elf import OpenedElf, elf_build_id, segments, vaddr_to_offset
 
 from . import layout as L
 from .procfs import Mapping
@@ -227,7 +227,7 @@ def cache_dir() -> Path:
     return Path(base) / "allocscope" / "unwind"
 
 
-def file_key(opened: ElfFile) -> str:
+def file_key(opened: OpenedElf) -> str:
     """Build ID, or a digest of the file's identity when it has none."""
     bid = elf_build_id(opened.elf)
     if bid:
@@ -238,7 +238,7 @@ def file_key(opened: ElfFile) -> str:
 
 def load_rows(path: str, use_cache: bool = True) -> tuple[str, np.ndarray, bool]:
     """(key, rows, from_cache) for the ELF file at `path` (raises OSError / ELFError)."""
-    with ElfFile.open(path) as opened:
+    with OpenedElf.open(path) as opened:
         key = file_key(opened)
         cpath = cache_dir() / f"v{CACHE_VERSION}-{key}.npy"
         if use_cache:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from common.elf import (
     DEBUG_DIRS,
-    ElfFile,
+    OpenedElf,
     Progress,
     RawSymbol,
     Segment,
@@ -136,7 +136,7 @@ def _load_module(path: str, build_id: str | None, debug_dirs: tuple[str, ...],
                 item.close()
 
 
-def _assemble(path: str, opened: ElfFile | None, debug: ElfFile | None, inlines: bool,
+def _assemble(path: str, opened: OpenedElf | None, debug: OpenedElf | None, inlines: bool,
               debug_dirs: tuple[str, ...], progress: Progress, started: float) -> _Module:
     """Build symbol table, line table and DIE index from the opened files."""
     if opened is not None:
@@ -163,7 +163,7 @@ def _assemble(path: str, opened: ElfFile | None, debug: ElfFile | None, inlines:
     return _Module(path, segs, symbols, lines, dwarf)
 
 
-def _dwarf_index(dwarf_file: ElfFile, debug_dirs: tuple[str, ...],
+def _dwarf_index(dwarf_file: OpenedElf, debug_dirs: tuple[str, ...],
                  progress: Progress) -> DwarfIndex | None:
     """The DIE index of a file, or None without (readable) .debug_info."""
     if not has_section(dwarf_file.elf, ".debug_info"):
