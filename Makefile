@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup host venv demo test test-unit test-bpf bench clean
+.PHONY: help setup host venv lint demo test test-unit test-bpf bench clean
 help: ## this list
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
@@ -23,10 +23,13 @@ setup: host venv ## everything the tool needs on this box
 demo: setup ## record the bundled demo daemon and report it
 	@$(VENV)/bin/allocscope demo
 
-test: setup ## every test (BPF tests fail instead of skipping when CI=true)
+lint: venv ## ruff (rules in pyproject.toml); a finding fails
+	@$(VENV)/bin/ruff check .
+
+test: setup lint ## ruff, then every test (what would skip fails instead when CI=true)
 	@$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
-test-unit: venv ## tests that need neither root nor BPF
+test-unit: venv lint ## ruff, then the tests that need no BPF
 	@$(PY) -m pytest -q -m 'not bpf' $(PYTEST_ARGS)
 
 bench: setup ## overhead benchmark: loop, redis, demo (installs heaptrack + gdb; BENCH_ARGS=...)

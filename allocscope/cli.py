@@ -8,7 +8,7 @@ import sys
 import click
 
 from allocscope.output import emit, progress
-from tracer.errors import AllocscopeError, UsageError
+from common.errors import AllocscopeError, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -62,7 +62,8 @@ def main() -> None:
               help="Attach to the one process whose full command line matches PATTERN (regex, like pgrep -f).")
 @click.option("-o", "--output", "output", required=False, metavar="TRACE",
               help="Trace directory to write (an existing trace there is kept as TRACE.old).")
-@click.option("--duration", type=float, metavar="SECONDS", help="Stop after this long (default: until Ctrl-C or the target exits).")
+@click.option("--duration", type=float, metavar="SECONDS",
+              help="Stop after this long (default: until Ctrl-C or the target exits).")
 @click.option("--interval", type=float, default=1.0, show_default=True, metavar="SECONDS",
               help="Snapshot period: RSS, live bytes, per-site and per-thread counters.")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
@@ -126,7 +127,7 @@ def record(pid, pattern, output, duration, interval, labels, max_live, force, ke
     if max_live < 1024:
         raise UsageError("--max-live must be at least 1024")
     rec.require_root()
-    from tracer.writer import prepare_output  # noqa: PLC0415
+    from common.tracefile.writer import prepare_output  # noqa: PLC0415
     prepare_output(output, force)
     if pid is not None:
         target = rec.target_from_pid(pid)
@@ -153,7 +154,8 @@ def record(pid, pattern, output, duration, interval, labels, max_live, force, ke
                    "(self-contained, offline); pprof (gzipped protobuf for go tool pprof / Pyroscope); "
                    "folded stacks for flamegraph.pl / speedscope.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
-@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="Sites and threads to show (text).")
+@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Sites and threads to show (text).")
 @click.option("--sort", type=click.Choice(["live", "peak", "growth", "age"]), default="live", show_default=True,
               help="Rank sites by live bytes at the end, peak live bytes, growth (growing sites first, "
                    "then bytes/s), or age of the oldest outstanding allocation.")

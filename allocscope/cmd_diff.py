@@ -8,7 +8,7 @@ import sys
 import click
 
 from allocscope.output import emit, progress
-from tracer.errors import AllocscopeError
+from common.errors import AllocscopeError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 SORTS = ("delta", "live", "alloc", "ratio", "excess")  # reports.diff.DIFF_SORTS, without importing pandas

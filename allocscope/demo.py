@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from tracer.errors import AllocscopeError
+from common.errors import AllocscopeError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_SRC = ROOT / "demo" / "provingd.c"
@@ -37,7 +37,7 @@ def record_run(exe: Path, out: Path, pw: int, bug: bool, partitions: int, say) -
     trace = out / name
     argv = [str(exe), "--pw", str(pw), "--partitions", str(partitions)] + (["--bug"] if bug else [])
     say(f"recording {' '.join(argv[1:])} -> {trace}")
-    from tracer.writer import prepare_output  # noqa: PLC0415
+    from common.tracefile.writer import prepare_output  # noqa: PLC0415
 
     prepare_output(str(trace), force=False)
     target = rec.target_from_command(argv)
@@ -61,8 +61,8 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     from reports import render  # noqa: PLC0415
     from reports.analysis import build_report  # noqa: PLC0415
     from reports.diff import diff_traces  # noqa: PLC0415
-    from reports.render import diff_to_text  # noqa: PLC0415
     from reports.html import to_html  # noqa: PLC0415
+    from reports.render import diff_to_text  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
     from tracer.record import require_root  # noqa: PLC0415
 

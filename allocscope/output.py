@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from tracer.errors import AllocscopeError
+from common.errors import AllocscopeError
 
 
 def progress(msg: str) -> None:

@@ -517,7 +517,8 @@ class RedisWorkload(Workload):
     def benchmark(self, port: int) -> tuple[float, dict]:
         p = subprocess.run(["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-t", self.tests,
                             "-n", str(self.requests), "-c", str(self.clients), "-P", "1", "-r", str(self.keyspace),
-                            "-d", str(self.datasize), "--csv"], capture_output=True, text=True, timeout=1800, check=False)
+                            "-d", str(self.datasize), "--csv"], capture_output=True, text=True, timeout=1800,
+                           check=False)
         rps = {}
         for row in csv.DictReader(io.StringIO(p.stdout)):
             try:
@@ -622,7 +623,7 @@ def report(w: Workload, configs: list[str], results: dict[str, list[Trial]], err
                   "cpu_work": statistics.median(t.cpu_work for t in ts),
                   "cpu_share": statistics.median(share) if share else float("nan")}
     base = med.get("untraced", {}).get("metric")
-    for c, m in med.items():
+    for m in med.values():
         m["cost"] = cost(w, m["metric"], base) if base else float("nan")
     ratio_head = "kept" if w.higher_is_better else "slowdown"
     print(f"\n{w.header()}\n{rounds} interleaved rounds, medians; cost = time added per unit of work "
@@ -762,7 +763,7 @@ def main() -> None:
         if shutil.which("memleak-bpfcc"):
             configs += list(MEMLEAK_CONFIGS)
         else:
-            skipped.update({c: "memleak-bpfcc not installed (apt-get install bpfcc-tools)" for c in MEMLEAK_CONFIGS})
+            skipped.update(dict.fromkeys(MEMLEAK_CONFIGS, "memleak-bpfcc not installed (apt-get install bpfcc-tools)"))
     if not args.no_heaptrack:
         if shutil.which("heaptrack"):
             configs.append("heaptrack")

@@ -62,7 +62,8 @@ def main() -> None:
         while tr.poll() is None:  # the tracer's peak RSS (VmHWM) just before it exits
             tracer_kb = max(tracer_kb, _status_kb(tr.pid, "VmHWM"))
             time.sleep(0.05)
-        meta = json.load(open(out / "meta.json"))
+        with open(out / "meta.json") as f:
+            meta = json.load(f)
         gen.kill()
         gen.wait()
         # The report twice: right after the tracer exited (the kernel is still freeing its maps,

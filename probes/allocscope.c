@@ -1120,9 +1120,10 @@ static __always_inline struct as_event *slow_event(u32 type, u32 tid, struct as_
 
 #ifdef AS_OFF_TASK_FILES
 /* What the file behind `fd` is, for a mapping of it: shared memory (tmpfs: memfd, /dev/shm;
- * hugetlbfs), a device (by major: /dev/nvidiactl and /dev/nvidia* 195, nvidia-uvm's dynamic
- * major AS_UVM_MAJOR, /dev/zero and the other mem devices 1), or 0: a regular file, not
- * tracked. Read through the fd table at offsets from the kernel's BTF (tracer/kernel.py). */
+ * hugetlbfs), a device (/dev/nvidiactl: major 195 minor 255, nvidia-uvm's dynamic major
+ * AS_UVM_MAJOR, /dev/zero and the other mem devices 1), or 0: a regular file, not
+ * tracked. /dev/nvidia0.. (major 195, minor < 255: doorbells, register windows) are `device`.
+ * Read through the fd table at offsets from the kernel's BTF (tracer/kernel.py). */
 static __always_inline u32 fd_source(s32 fd, u32 flags)
 {
     u64 task = bpf_get_current_task(), files = 0, fdt = 0, fds = 0, file = 0, inode = 0, sb = 0;
@@ -1150,10 +1151,11 @@ static __always_inline u32 fd_source(s32 fd, u32 flags)
     bpf_probe_read_kernel(&mode, sizeof(mode), (void *)(inode + AS_OFF_INODE_MODE));
     if ((mode & 0170000) == 0020000) { /* S_ISCHR */
         bpf_probe_read_kernel(&rdev, sizeof(rdev), (void *)(inode + AS_OFF_INODE_RDEV));
-        u32 major = rdev >> 20;
-        if (major == 1) /* /dev/zero and friends: anonymous memory by another name */
+        u32 major = rdev >> 20, minor = rdev & 0xfffff;
+        if (major == 1) /* /dev/zero and friends: anonymous memory by another name (the 580
+                         * driver's pinned memory is a rw-s map of /dev/zero) */
             return (flags & AS_MAP_TYPE) == AS_MAP_PRIVATE ? AS_SRC_MMAP : AS_SRC_SHMEM;
-        if (major == 195)
+        if (major == 195 && minor == 255) /* /dev/nvidiactl */
             return AS_SRC_CUDA_PINNED;
         if (AS_UVM_MAJOR && major == AS_UVM_MAJOR)
             return AS_SRC_CUDA_MANAGED;

@@ -34,9 +34,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from tracer.errors import UsageError
-
-from .trace import Trace
+from common.errors import UsageError
+from common.tracefile.reader import Trace
 
 REPORT_SCHEMA = "allocscope.report/1"
 
@@ -333,7 +332,8 @@ def oldest_ages(trace: Trace, stacks: dict[int, SiteKey]) -> dict[SiteKey, float
     # has a row a stack.
     first: dict[int, int] = {}
     for b in trace.live_batches(["stack_id", "ts_ns"]):
-        agg = pa.table({"s": b["stack_id"], "t": b["ts_ns"].astype(np.int64, copy=False)}).group_by("s").aggregate([("t", "min")])
+        agg = pa.table({"s": b["stack_id"], "t": b["ts_ns"].astype(np.int64, copy=False)}) \
+            .group_by("s").aggregate([("t", "min")])
         for sid, ts in zip(agg["s"].to_pylist(), agg["t_min"].to_pylist()):
             first[sid] = min(ts, first.get(sid, ts))
     out: dict[SiteKey, float] = {}
@@ -447,7 +447,8 @@ def thread_table(trace: Trace) -> pd.DataFrame:
     g["peak_live_bytes"] = [int(max(peaks.get(int(t), 0), lb)) for t, lb in zip(g["tid"], g["live_bytes"])]
     g["name"] = [names.get(int(t), "?") for t in g["tid"]]
     g = g.sort_values(["live_bytes", "peak_live_bytes", "tid"], ascending=[False, False, True])
-    return g[["tid", "name", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count"]].reset_index(drop=True)
+    cols = ["tid", "name", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count"]
+    return g[cols].reset_index(drop=True)
 
 
 _DIGITS_RX = re.compile(r"\d+")
@@ -655,9 +656,9 @@ def residency_advice(arenas: pd.DataFrame, dec: dict | None) -> list[str]:
     t_ret = int(thread["retained_bytes"].sum())
     m_ret = int(arenas.loc[arenas["kind"] == "main", "retained_bytes"].sum())
     if t_ret > 0.2 * rss and thread["id"].nunique() > 1:
-        out.append(f"{thread['id'].nunique()} glibc thread arenas retain {t_ret >> 20} MiB ({100 * t_ret // rss}% of RSS) "
-                   "that the program freed: cap them with MALLOC_ARENA_MAX=2..4, or call malloc_trim(0) "
-                   "after bursts")
+        out.append(f"{thread['id'].nunique()} glibc thread arenas retain {t_ret >> 20} MiB "
+                   f"({100 * t_ret // rss}% of RSS) that the program freed: cap them with MALLOC_ARENA_MAX=2..4, "
+                   "or call malloc_trim(0) after bursts")
     if m_ret > 0.2 * rss:
         out.append(f"the main heap retains {m_ret >> 20} MiB ({100 * m_ret // rss}% of RSS) of freed memory: "
                    "malloc_trim(0) returns whole free pages; if it sits at the top of the heap, lower "
@@ -841,7 +842,8 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None) -
         "sort": sort,
         "timeline_seq": [i + 1 for i in points],
         "sites": [dict(site_dict(r, names, points),
-                       **({"live_bytes_error": sampling_error(int(r.live_bytes), sample_bytes)} if sample_bytes else {}))
+                       **({"live_bytes_error": sampling_error(int(r.live_bytes), sample_bytes)}
+                          if sample_bytes else {}))
                   for r in sites.itertuples()],
         "threads": [{"tid": int(r.tid), "name": r.name, "live_bytes": int(r.live_bytes),
                      "live_count": int(r.live_count), "peak_live_bytes": int(r.peak_live_bytes),

@@ -27,7 +27,8 @@ from typing import Any
 
 import pandas as pd
 
-from tracer.errors import UsageError
+from common.errors import UsageError
+from common.tracefile.reader import Trace
 
 from .analysis import (
     FrameInfo,
@@ -39,7 +40,6 @@ from .analysis import (
     thread_group_table,
     totals,
 )
-from .trace import Trace
 
 DIFF_SCHEMA = "allocscope.diff/1"
 DIFF_SORTS = ("delta", "live", "alloc", "ratio", "excess")

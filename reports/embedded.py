@@ -1,18 +1,9 @@
-"""Symbol tables carried inside a trace (`allocscope record --embed-symbols`).
+"""Symbol tables carried inside a trace (`allocscope record --embed-symbols`): the reading side.
 
-A trace normally names frames by module + build ID + file offset and is symbolized from the
-module files (and their debug files) wherever the report runs. With --embed-symbols the
-recorder also stores, for every module that appears on a stack, its function symbols as the
-symbolizer would use them (.symtab, the separate debug file's .symtab, .dynsym), so the trace
-can be symbolized on a machine that has none of these files:
-
-    TRACE/parts/symbols-<seq>.parquet   seq, build_id, module, start, size, name
-
-`start` is a file offset (like the `offset` of `stacks`), `size` the bytes the function covers,
-`name` the raw (mangled) symbol; reports demangle it. Parts are written in the interval that
-first needed the module, under the same crash-safe rules as every other part. Reports use them
-only for frames the module files cannot resolve (file missing, or another build on disk); file
-and line numbers are not embedded.
+tracer/embed.py stores, for every module that appears on a stack, its function symbols in
+`symbols` parts (seq, build_id, module, start = file offset, size, name = raw symbol). Reports
+use them only for frames the module files cannot resolve (file missing, or another build on
+disk); they demangle the names. File and line numbers are not embedded.
 """
 from __future__ import annotations
 
@@ -23,83 +14,11 @@ from collections.abc import Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracer import traceformat as F
+from common.tracefile import format as F
 
-from .symbolize import (
-    SymbolTable,
-    _build_id,
-    _debuglink,
-    _find_debug_file,
-    _load_segments,
-    _open_elf,
-    _read_symbols,
-    demangle,
-)
+from .symbolize import demangle
 
-TABLE = "symbols"
-SCHEMA = pa.schema([("seq", pa.int32()), ("build_id", pa.string()), ("module", pa.string()),
-                    ("start", pa.uint64()), ("size", pa.uint64()), ("name", pa.string())])
-
-
-def module_symbols(path: str, build_id: str | None = None,
-                   debug_dirs: tuple[str, ...] = ("/usr/lib/debug",)) -> list[tuple[int, int, str]]:
-    """(file offset, size, raw name) of the functions of one module, sorted; [] if unreadable."""
-    main = _open_elf(path)
-    if main is None:
-        return []
-    stream, elf = main
-    debug = None
-    try:
-        file_id = _build_id(elf)
-        if build_id and file_id and file_id != build_id.lower():
-            return []  # another build than the one traced
-        segments = _load_segments(elf)
-        raw = _read_symbols(elf, ".symtab") + _read_symbols(elf, ".dynsym")
-        debug = _find_debug_file(path, build_id or file_id, _debuglink(elf), debug_dirs, lambda _m: None)
-        if debug is not None:
-            raw += _read_symbols(debug.elf, ".symtab")
-        table = SymbolTable.build(raw)
-    except Exception:  # noqa: BLE001 - a corrupt file embeds nothing
-        return []
-    finally:
-        stream.close()
-        if debug is not None:
-            debug.stream.close()
-    out = []
-    for start, end, name in zip(table._starts, table._ends, table._names):
-        for seg in segments:
-            if seg.vaddr <= start < seg.vaddr + seg.filesz:
-                out.append((start - seg.vaddr + seg.offset, end - start, name))
-                break
-    return out
-
-
-def symbols_table(seq: int, modules: Iterable[tuple[str, str]]) -> pa.Table:
-    """The `symbols` part for (module path, build id) pairs."""
-    cols: dict[str, list] = {n: [] for n in SCHEMA.names}
-    for path, bid in modules:
-        clean = path.removesuffix(" (deleted)")
-        for start, size, name in module_symbols(clean, bid or None):
-            cols["seq"].append(seq)
-            cols["build_id"].append(bid or "")
-            cols["module"].append(path)
-            cols["start"].append(start)
-            cols["size"].append(size)
-            cols["name"].append(name)
-    return pa.table(cols, schema=SCHEMA)
-
-
-def embed_new_modules(recorder, seq: int, stack_cols: dict[str, list]) -> None:
-    """Recorder hook: write the symbols of modules first seen on the stacks written now."""
-    done: set = recorder.__dict__.setdefault("_embedded_modules", set())
-    new = []
-    for mod, bid, off in zip(stack_cols["module"], stack_cols["build_id"], stack_cols["offset"]):
-        key = (mod, bid)
-        if off >= 0 and mod and key not in done:
-            done.add(key)
-            new.append(key)
-    if new:
-        recorder.writer.write_part(TABLE, seq, symbols_table(seq, new))
+TABLE = F.SYMBOLS
 
 
 class EmbeddedSymbols:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from common.tracefile.reader import Trace
+
 from .analysis import FrameInfo, site_table
-from .trace import Trace
 
 METRICS = ("live_bytes", "alloc_bytes", "live_count", "alloc_count")
 

@@ -24,10 +24,11 @@ from typing import Any
 
 import pandas as pd
 
+from common.tracefile.reader import Trace
+
 from .analysis import FrameInfo, site_timeline, symbolize_stacks
 from .folded import folded_stacks
 from .render import frame_text, human_bytes
-from .trace import Trace
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 UPLOT_JS = "uPlot.iife.min.js"
@@ -263,7 +264,8 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
         ("timeline", "Memory over time", '<div class="chart" id="chart-timeline"></div>'),
         ("site-timeline", f"Top sites over time (live bytes, stacked; top {TOP_SITES_CHART})",
          '<div class="chart" id="chart-sites"></div>'),
-        ("flame", "Live bytes by stack (click a frame to zoom, the top bar to zoom out)", '<div id="flame-graph"></div>'),
+        ("flame", "Live bytes by stack (click a frame to zoom, the top bar to zoom out)",
+         '<div id="flame-graph"></div>'),
         ("sites", "Sites by live bytes", sites_table(report_doc)),
         ("threads", "Threads by live bytes", threads_table(report_doc)),
         ("flows", "Frees by allocating → freeing thread", flows_table(report_doc)),
@@ -374,7 +376,8 @@ _JS = r"""
     const opts = {
       width: Math.max(320, el.clientWidth), height: 320, series: series, bands: bands,
       scales: {x: {time: false}, y: {range: (u, lo, hi) => [0, hi > 0 ? hi * 1.05 : 1]}},
-      axes: [{label: "elapsed (s)"}, {size: 80, incrs: BYTE_INCRS, values: (u, ticks) => ticks.map(v => hb(v).replace(".0 ", " "))}],
+      axes: [{label: "elapsed (s)"},
+             {size: 80, incrs: BYTE_INCRS, values: (u, ticks) => ticks.map(v => hb(v).replace(".0 ", " "))}],
       legend: {live: true}, cursor: {drag: {x: true, y: false}},
       hooks: {draw: [markInk], ready: [u => u.setLegend({idx: spec.t.length - 1})]},
     };

@@ -29,8 +29,9 @@ import pandas as pd
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
+from common.tracefile.reader import Trace
+
 from .analysis import FrameInfo, site_table, symbolize_stacks
-from .trace import Trace
 
 # (name, unit) in Go's heap-profile order; the report columns they come from.
 SAMPLE_TYPES: list[tuple[str, str, str]] = [
@@ -114,7 +115,7 @@ def parse_pprof(data: bytes) -> Message:
 
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class _Frame:
+class CapturedFrame:
     """A symbolized frame with where it was captured: what a pprof Location needs."""
     info: FrameInfo
     ip: int
@@ -138,12 +139,12 @@ class _Strings:
         return i
 
 
-def _captured_frames(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]]) -> dict[int, tuple[_Frame, ...]]:
+def captured_frames(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]]) -> dict[int, tuple[CapturedFrame, ...]]:
     """stack_id -> frames (innermost first) joined with their ip, offset and build id. Rows are
     ordered as symbolize_stacks orders them (one per (stack_id, idx), by idx); inlined frames
     share the row (address) of the frame they were inlined into."""
     st = trace.stacks.drop_duplicates(["stack_id", "idx"]).sort_values(["stack_id", "idx"])
-    out: dict[int, tuple[_Frame, ...]] = {}
+    out: dict[int, tuple[CapturedFrame, ...]] = {}
     for sid, g in st.groupby("stack_id", sort=False):
         infos = stacks.get(int(sid))
         if infos is None:
@@ -157,7 +158,7 @@ def _captured_frames(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]]) 
         if len(groups) != len(g):
             continue
         out[int(sid)] = tuple(
-            _Frame(fi, int(ip), int(off), bid if isinstance(bid, str) else "")
+            CapturedFrame(fi, int(ip), int(off), bid if isinstance(bid, str) else "")
             for grp, ip, off, bid in zip(groups, g["ip"], g["offset"], g["build_id"]) for fi in grp)
     return out
 
@@ -168,7 +169,7 @@ def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = 
     if stacks is None:
         stacks = symbolize_stacks(trace)
     sites = site_table(trace, dict(stacks))
-    captured = _captured_frames(trace, stacks)
+    captured = captured_frames(trace, stacks)
     names = trace.thread_names()
     s = _Strings()
     prof = Profile()
@@ -179,7 +180,7 @@ def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = 
     prof.period = 1  # every allocation is counted: nothing is sampled
 
     # Mappings: one per (module, build id); address range from the frames seen in it.
-    frames_by_key: dict[tuple, list[_Frame]] = {}
+    frames_by_key: dict[tuple, list[CapturedFrame]] = {}
     for frames in captured.values():
         for fr in frames:
             if fr.info.module and fr.offset >= 0:
@@ -195,7 +196,7 @@ def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = 
     function_ids: dict[tuple, int] = {}
     location_ids: dict[tuple, int] = {}
 
-    def location(fi: FrameInfo, fr: _Frame | None) -> int:
+    def location(fi: FrameInfo, fr: CapturedFrame | None) -> int:
         key = (fi, fr.ip if fr else 0, fr.build_id if fr else "")
         lid = location_ids.get(key)
         if lid is not None:

@@ -125,12 +125,14 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     rec = doc["recording"]
     out = []
     labels = " ".join(f"{k}={v}" for k, v in (t.get("labels") or {}).items())
-    out.append(s.bold(f"allocscope report — pid {t['pid']} {t.get('comm') or ''}") + (f"  [{labels}]" if labels else ""))
+    out.append(s.bold(f"allocscope report — pid {t['pid']} {t.get('comm') or ''}")
+               + (f"  [{labels}]" if labels else ""))
     out.append(f"exe {t.get('exe')}; allocator {rec.get('allocator_kind')} {rec.get('allocator')}")
     probes = rec.get("probes") or {}
     if probes.get("skipped"):
         out.append(s.dim("not probed: " + ", ".join(f"{k} ({v})" for k, v in probes["skipped"].items())))
-    out.append(f"{tot['intervals']} intervals, {tot['duration_s']:.1f}s; ended: {rec.get('end_reason') or 'interrupted'}")
+    out.append(f"{tot['intervals']} intervals, {tot['duration_s']:.1f}s; "
+               f"ended: {rec.get('end_reason') or 'interrupted'}")
     for w in rec.get("warnings") or []:
         out.append(s.yellow(f"warning: {w}"))
     out.append("")
@@ -212,8 +214,8 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
         out.append(s.bold("malloc_trim calls"))
         out += ["  " + line for line in table(
             ["time", "thread", "duration", "returned", "released"],
-            [[f"{x['time']:.3f}s", f"{x['thread']}({x['tid']})", f"{x['duration_s'] * 1e3:.2f}ms", str(x.get("returned")),
-              human_bytes(x["released_bytes"])] for x in doc["trims"]], "rlrrr")]
+            [[f"{x['time']:.3f}s", f"{x['thread']}({x['tid']})", f"{x['duration_s'] * 1e3:.2f}ms",
+              str(x.get("returned")), human_bytes(x["released_bytes"])] for x in doc["trims"]], "rlrrr")]
     return "\n".join(out) + "\n"
 
 
@@ -239,7 +241,8 @@ def _diff_totals(tot: dict) -> list[str]:
     for key, title in (("live_bytes", "live now"), ("peak_live_bytes", "live peak"), ("rss_bytes", "RSS now"),
                        ("peak_rss_bytes", "RSS peak")):
         rows.append([title, human_bytes(tot["a"][key]), human_bytes(tot["b"][key]), human_delta(tot["delta"][key])])
-    rows.append(["lost", str(tot["a"]["lost_events"]), str(tot["b"]["lost_events"]), f"{tot['delta']['lost_events']:+d}"])
+    rows.append(["lost", str(tot["a"]["lost_events"]), str(tot["b"]["lost_events"]),
+                 f"{tot['delta']['lost_events']:+d}"])
     return ["  " + line for line in table(["", "A", "B", "delta"], rows, "lrrr")]
 
 

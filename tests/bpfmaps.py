@@ -1,9 +1,11 @@
-"""The BPF objects one tracer process holds, read from outside it (as root), so tests and
-bench/soak.py can watch a running `allocscope record` without touching it:
+"""The tests' one bpf(2) layer (ctypes, as root): the BPF objects one tracer process holds, and
+the programs loaded on the machine, read from outside, so tests and bench/soak.py can watch a
+running `allocscope record` without touching it:
 
     ids = tracer_objects(pid)          # {"maps": {map_id, ...}, "progs": {prog_id, ...}}
     map_counts(pid)                    # {"live": 1234, "stacks": 56, "sysargs": 2, ...}
     prog_exists(prog_id)               # False once the program is freed
+    prog_names()                       # names of every loaded program (a killed tracer left none)
 
 Objects are found through /proc/PID/fdinfo (map_id:/prog_id: lines), so other tracers running
 on the same machine at the same time are never mistaken for ours. Entry counts walk the map
@@ -18,10 +20,10 @@ import os
 
 _libc = ct.CDLL(None, use_errno=True)
 NR_BPF = 321
-MAP_GET_NEXT_KEY, PROG_GET_FD_BY_ID, MAP_GET_FD_BY_ID, OBJ_GET_INFO_BY_FD = 4, 13, 14, 15
+MAP_GET_NEXT_KEY, PROG_GET_NEXT_ID, PROG_GET_FD_BY_ID, MAP_GET_FD_BY_ID, OBJ_GET_INFO_BY_FD = 4, 11, 13, 14, 15
 
 
-class _IdAttr(ct.Structure):
+class _IdAttr(ct.Structure):  # start_id (GET_NEXT_ID) and prog_id/map_id (GET_FD_BY_ID) share `id`
     _fields_ = [("id", ct.c_uint32), ("next_id", ct.c_uint32), ("open_flags", ct.c_uint32),
                 ("pad", ct.c_uint8 * 116)]
 
@@ -69,16 +71,40 @@ def prog_exists(prog_id: int) -> bool:
     return True
 
 
-def _map_info(fd: int) -> tuple[str, int, int]:
-    """(name, key_size, max_entries)"""
+def _info(fd: int) -> bytes | None:
+    """bpf_prog_info / bpf_map_info of an object fd (its first 256 bytes)."""
     buf = (ct.c_uint8 * 256)()
     ia = _InfoAttr(bpf_fd=fd, info_len=256, info=ct.addressof(buf))
-    if _bpf(OBJ_GET_INFO_BY_FD, ia) != 0:
+    return bytes(buf) if _bpf(OBJ_GET_INFO_BY_FD, ia) == 0 else None
+
+
+def _map_info(fd: int) -> tuple[str, int, int]:
+    """(name, key_size, max_entries)"""
+    raw = _info(fd)
+    if raw is None:
         return "", 0, 0
-    raw = bytes(buf)
     key_size = int.from_bytes(raw[8:12], "little")
     max_entries = int.from_bytes(raw[16:20], "little")
     return raw[24:40].split(b"\0")[0].decode(), key_size, max_entries
+
+
+def prog_names() -> list[str]:
+    """Names of every BPF program loaded on the machine (PROG_GET_NEXT_ID, then each one's info)."""
+    names = []
+    nid = 0
+    while True:
+        a = _IdAttr(id=nid)
+        if _bpf(PROG_GET_NEXT_ID, a) != 0:
+            break
+        nid = a.next_id
+        fd = _bpf(PROG_GET_FD_BY_ID, _IdAttr(id=nid))
+        if fd < 0:
+            continue
+        raw = _info(fd)
+        if raw is not None:
+            names.append(raw[64:80].split(b"\0")[0].decode())
+        os.close(fd)
+    return names
 
 
 def _count(fd: int, key_size: int, max_entries: int) -> int:

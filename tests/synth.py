@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from tracer import traceformat as F
-from tracer.writer import TraceWriter
+from common.tracefile import format as F
+from common.tracefile.writer import TraceWriter
 
 MONO0 = 1_000_000_000_000
 
@@ -169,7 +169,8 @@ class SynthTrace:
         if complete and (self._live or self._live_batches):
             rows = [{"seq": self.seq, **r} for r in self._live]
             tabs = [pa.Table.from_pylist(rows, schema=F.SCHEMAS["live"])] + [
-                t.set_column(0, "seq", pa.array(np.full(t.num_rows, self.seq, dtype=np.int32))) for t in self._live_batches]
+                t.set_column(0, "seq", pa.array(np.full(t.num_rows, self.seq, dtype=np.int32)))
+                for t in self._live_batches]
             batches = [b for t in tabs for b in t.to_batches(max_chunksize=1 << 18)]
             self.w.write_part_batches("live", self.seq, F.SCHEMAS["live"], batches)
         if complete and self._heaps:

@@ -10,12 +10,12 @@ import math
 
 import numpy as np
 import pytest
+from synth import SynthTrace
 
+from common.errors import UsageError
 from reports import analysis as A
 from reports import render
 from reports.trace import load_trace
-from synth import SynthTrace
-from tracer.errors import UsageError
 
 N = 10  # intervals, 1 s each
 # Live bytes at the end of intervals 1..10 for every site (its ground truth).

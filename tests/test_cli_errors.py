@@ -6,22 +6,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from conftest import cli
+from support import cli, one_line_error
 from synth import SynthTrace
-
-
-def one_line_error(p: subprocess.CompletedProcess, *needles: str, code: int | None = None) -> str:
-    assert p.returncode != 0, (p.stdout, p.stderr)
-    if code is not None:
-        assert p.returncode == code, (p.returncode, p.stderr)
-    err = p.stderr.strip()
-    assert "Traceback" not in p.stderr, p.stderr
-    assert len(err.splitlines()) == 1, err
-    for n in needles:
-        assert n.lower() in err.lower(), (n, err)
-    return err
 
 
 @pytest.fixture
@@ -63,7 +52,7 @@ def test_report_foreign_meta(good_trace):
 
 
 def test_report_future_version(good_trace):
-    meta = json.load(open(os.path.join(good_trace, "meta.json")))
+    meta = json.loads(Path(good_trace, "meta.json").read_text())
     meta["version"] = 99
     with open(os.path.join(good_trace, "meta.json"), "w") as f:
         json.dump(meta, f)
@@ -72,7 +61,7 @@ def test_report_future_version(good_trace):
 
 def test_report_truncated_part_is_skipped_with_warning(good_trace):
     part = os.path.join(good_trace, "parts", "sites-000001.parquet")
-    data = open(part, "rb").read()
+    data = Path(part).read_bytes()
     with open(part, "wb") as f:
         f.write(data[: len(data) // 2])
     p = cli("report", good_trace, "--format", "json")
@@ -92,7 +81,7 @@ def test_report_json_output_file(good_trace, tmp_path):
     out = tmp_path / "r.json"
     p = cli("report", good_trace, "--format", "json", "-o", str(out))
     assert p.returncode == 0 and p.stdout == ""
-    assert json.load(open(out))["sites"][0]["live_bytes"] == 100
+    assert json.loads(out.read_text())["sites"][0]["live_bytes"] == 100
 
 
 # --- record: argument errors (before anything is attached or written) ---------------------
@@ -134,7 +123,7 @@ def test_record_not_root(tmp_path):
 
 # --- record: target and output errors (need root to get that far) ---------------------------
 
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to get past the root check")
+root_only = pytest.mark.root  # to get past the root check
 
 
 @root_only

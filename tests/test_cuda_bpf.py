@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import CFLAGS_FP, attached, report_json, wait_for
+from support import CFLAGS_FP, attached, build, report_json, wait_for
 
 from reports.trace import load_trace
 
@@ -50,11 +50,9 @@ def cuda_bins(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("cuda")
     libdir = d / "driver"
     libdir.mkdir()
-    subprocess.run(["gcc", "-shared", "-fPIC", *CFLAGS_FP, "-fcf-protection", "-Wl,-soname,libcuda.so.1",
-                    "-o", str(libdir / "libcuda.so.1"), str(HERE / "libcuda_standin.c")], check=True)
-    prog = d / "cudaprog"
-    subprocess.run(["gcc", *CFLAGS_FP, "-o", str(prog), str(HERE / "cudaprog.c"), "-ldl"], check=True)
-    return {"libdir": libdir, "prog": prog}
+    build(libdir / "libcuda.so.1", HERE / "libcuda_standin.c",
+          flags=["-shared", "-fPIC", *CFLAGS_FP, "-fcf-protection", "-Wl,-soname,libcuda.so.1"])
+    return {"libdir": libdir, "prog": build(d / "cudaprog", HERE / "cudaprog.c", "-ldl")}
 
 
 def by_function(rep: dict) -> dict[str, dict]:

@@ -13,15 +13,16 @@ import os
 
 import pytest
 from click.testing import CliRunner
+from support import one_line_error
+from synth import SynthTrace
 
 from allocscope import cmd_diff
 from allocscope.cmd_diff import diff
+from common.errors import UsageError
 from reports import analysis as A
 from reports import diff as D
 from reports import render
 from reports.trace import load_trace
-from synth import SynthTrace
-from tracer.errors import UsageError
 
 # Site -> (function, line). Frames: malloc, <function>, worker_main, start_thread.
 LINES = {"linear": 10, "superlinear": 20, "only_a": 30, "only_b": 40, "tiny": 50}
@@ -289,15 +290,9 @@ def test_cli_text_and_json(paths, tmp_path):
     assert doc["sites"][0]["frames"][0]["function"] == "only_b"
 
 
-def one_line_error(r, code: int, text: str) -> None:
-    assert r.exit_code == code
-    assert r.stderr.count("\n") == 1 and r.stderr.startswith("allocscope: ") and text in r.stderr
-    assert "Traceback" not in r.output
-
-
 def test_cli_missing_trace(paths, tmp_path):
     r = CliRunner().invoke(diff, [paths[0], str(tmp_path / "nope")])
-    one_line_error(r, 5, f"no such trace: {tmp_path / 'nope'}")
+    one_line_error(r, f"no such trace: {tmp_path / 'nope'}", code=5)
 
 
 def test_cli_corrupt_trace(paths, tmp_path):
@@ -305,17 +300,17 @@ def test_cli_corrupt_trace(paths, tmp_path):
     os.mkdir(bad)
     (bad / "meta.json").write_text("{not json")
     r = CliRunner().invoke(diff, [str(bad), paths[1]])
-    one_line_error(r, 5, "meta.json is corrupt")
+    one_line_error(r, "meta.json is corrupt", code=5)
 
 
 def test_cli_bad_per(paths):
     r = CliRunner().invoke(diff, [*paths, "--per", "cores"])
-    one_line_error(r, 2, "has no label cores")
+    one_line_error(r, "has no label cores", code=2)
 
 
 def test_cli_unwritable_output(paths, tmp_path):
     r = CliRunner().invoke(diff, [*paths, "-o", str(tmp_path / "no" / "such" / "dir.json")])
-    one_line_error(r, 1, "cannot write")
+    one_line_error(r, "cannot write", code=1)
 
 
 def test_cli_sorts_match_library():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from bpfmaps import map_counts, prog_exists, rss_bytes, tracer_objects
-from conftest import CFLAGS_FP, IN_CI, ROOT, TARGETS_SRC, Proc, attached, cli, cli_bg, wait_for
+from support import CFLAGS_FP, IN_CI, ROOT, TARGETS_SRC, Proc, attached, build, cli, cli_bg, functions, wait_for
 
 pytestmark = pytest.mark.bpf
 
@@ -35,12 +35,12 @@ def bins(tmp_path_factory) -> dict[str, Path]:
     src = str(TARGETS_SRC / "faults.c")
     b = {"faults": out / "faults", "static": out / "faults-static", "stripped": out / "faults-stripped",
          "static-stripped": out / "faults-static-stripped", "busy": out / "busy"}
-    cc = ["gcc", *CFLAGS_FP, "-Wall"]
-    subprocess.run([*cc, "-o", str(b["faults"]), src], check=True)
-    subprocess.run([*cc, "-static", "-o", str(b["static"]), src], check=True)
-    subprocess.run([*cc, "-s", "-o", str(b["stripped"]), src], check=True)
-    subprocess.run([*cc, "-static", "-s", "-o", str(b["static-stripped"]), src], check=True)
-    subprocess.run([*cc, "-o", str(b["busy"]), str(TARGETS_SRC / "busy.c")], check=True)
+    cflags = [*CFLAGS_FP, "-Wall"]
+    build(b["faults"], src, flags=cflags)
+    build(b["static"], src, flags=[*cflags, "-static"])
+    build(b["stripped"], src, flags=[*cflags, "-s"])
+    build(b["static-stripped"], src, flags=[*cflags, "-static", "-s"])
+    build(b["busy"], TARGETS_SRC / "busy.c", flags=cflags)
     return b
 
 
@@ -207,7 +207,7 @@ def test_target_exec_ends_recording(bins, tmp_path, start, tracers):
     assert live_of(rep, "pre_exec_alloc") == (9 * 2345, 9, 9)
     site = sites_of(rep, "pre_exec_alloc")[0]
     assert site["frames"][0]["module"] == str(bins["faults"])
-    assert [f["function"] for f in site["frames"][:2]] == ["pre_exec_alloc", "main"]
+    assert functions(site["frames"])[:2] == ["pre_exec_alloc", "main"]
     assert [t["name"] for t in site["threads"]] == ["faults"]  # not the name exec gave it
 
 
@@ -297,7 +297,7 @@ def test_tracer_sigkilled_at_random_moments(bins, tmp_path, start, tracers):
         if phase == "starting":
             time.sleep(rng.uniform(0.3, 3.5))
         else:
-            wait_for(lambda: attached(out), what="attach")
+            wait_for(lambda out=out: attached(out), what="attach")
             if phase == "recording":
                 time.sleep(rng.uniform(0.0, 1.5))
             else:
@@ -382,10 +382,11 @@ def test_output_directory_read_only(tmp_path):
 
 def _record_api(pid: int, out: Path, **opts) -> subprocess.Popen:
     """The tracer through its Python API (RecordOptions knobs the CLI does not expose)."""
-    code = ("import sys; sys.path.insert(0, %r)\n"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
             "from tracer.record import RecordOptions, record, target_from_pid\n"
-            "s = record(target_from_pid(%d), RecordOptions(output=%r, interval=0.5, quiet=True, **%r))\n"
-            "print('ended', s.end_reason, s.lost)\n") % (str(ROOT), pid, str(out), opts)
+            f"s = record(target_from_pid({pid:d}), RecordOptions(output={str(out)!r}, interval=0.5, quiet=True, "
+            f"**{opts!r}))\n"
+            "print('ended', s.end_reason, s.lost)\n")
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=str(ROOT))
 
@@ -627,7 +628,8 @@ def test_forked_children_are_not_followed(everyday):
 
 def test_thousands_of_short_lived_threads(everyday):
     """3000 threads come and go: every allocating thread keeps its name, the per-thread entry
-    map (sysargs) holds only live threads; `inflight` and the stack cache are task storage, which the kernel frees with each thread, nothing is lost."""
+    map (sysargs) holds only live threads; `inflight` and the stack cache are task storage, which
+    the kernel frees with each thread, nothing is lost."""
     from reports.trace import load_trace
 
     n = 3000

@@ -7,17 +7,15 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
+from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli
+from support import ROOT, cli, one_line_error
 from synth import SynthTrace
-from test_cli_errors import one_line_error
 
+from common.errors import TargetError
 from tracer import procfs
-from tracer.errors import TargetError
-
 
 # --- pid reuse and our own pid ------------------------------------------------------------------
 
@@ -113,7 +111,7 @@ def test_diff_of_two_programs_is_allowed_but_said(tmp_path):
 def test_diff_future_version(tmp_path):
     a = _trace(tmp_path / "a.allocscope")
     b = _trace(tmp_path / "b.allocscope")
-    meta = json.loads(open(os.path.join(b, "meta.json")).read())
+    meta = json.loads(Path(b, "meta.json").read_text())
     meta["version"] = 99
     with open(os.path.join(b, "meta.json"), "w") as f:
         json.dump(meta, f)
@@ -125,13 +123,14 @@ def test_diff_corrupt_part_is_skipped_with_warning(tmp_path):
     a = _trace(tmp_path / "a.allocscope")
     b = _trace(tmp_path / "b.allocscope")
     part = os.path.join(b, "parts", "sites-000002.parquet")
-    data = open(part, "rb").read()
+    data = Path(part).read_bytes()
     with open(part, "wb") as f:
         f.write(data[: len(data) // 3])
     p = cli("diff", a, b, "--format", "json")
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    assert any(w.startswith("B: unreadable part sites-000002.parquet skipped") for w in doc["warnings"]), doc["warnings"]
+    warnings = doc["warnings"]
+    assert any(w.startswith("B: unreadable part sites-000002.parquet skipped") for w in warnings), warnings
 
 
 def test_diff_corrupt_meta(tmp_path):
@@ -156,7 +155,7 @@ def test_no_network_code_anywhere():
         for dirpath, _, files in os.walk(ROOT / pkg):
             for f in files:
                 if f.endswith((".py", ".c", ".h")):
-                    text = open(os.path.join(dirpath, f), encoding="utf-8", errors="replace").read()
+                    text = Path(dirpath, f).read_text(encoding="utf-8", errors="replace")
                     hits += [f"{pkg}/{f}: {m.group(0).strip()}" for m in NET.finditer(text)]
     assert not hits, hits
 

@@ -19,20 +19,20 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CFLAGS_FP, ROOT, TARGETS_SRC, attached, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import ROOT, TARGETS_SRC, attached, build, wait_for
 from synth import SynthTrace
 
+from common.errors import TraceFileError
 from reports.analysis import build_report, symbolize_stacks
 from reports.diff import diff_traces
 from reports.render import diff_to_text, to_text
 from reports.trace import load_trace
-from tracer.errors import TraceFileError
 
 EXTRA = int(os.environ.get("ALLOCSCOPE_FUZZ_EXAMPLES", "0"))
-SETTINGS = dict(deadline=None, derandomize=not EXTRA, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = {"deadline": None, "derandomize": not EXTRA, "database": None,
+            "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]}
 
 
 def _synth(path: Path) -> str:
@@ -65,7 +65,7 @@ def recorded_trace(tmp_path_factory) -> Path:
     """A real recording: heap blocks, mmaps, threads, a fork, flows, the final live table."""
     d = tmp_path_factory.mktemp("fuzz-real")
     exe = d / "faults"
-    subprocess.run(["gcc", *CFLAGS_FP, "-o", str(exe), str(TARGETS_SRC / "faults.c")], check=True)
+    build(exe, TARGETS_SRC / "faults.c")
     tgt = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     out = d / "real.allocscope"
     tr = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "--pid", str(tgt.pid), "-o", str(out),

@@ -7,10 +7,9 @@ branch behind them. Every call must still be counted exactly once.
 from __future__ import annotations
 
 import glob
-import subprocess
 
 import pytest
-from conftest import ROOT, record_run, report_json
+from support import ROOT, build, functions, record_run, report_json
 
 pytestmark = pytest.mark.bpf
 
@@ -23,9 +22,8 @@ def jem(tmp_path_factory):
     if not JEMALLOC:
         pytest.fail("libjemalloc.so.2 missing: `make setup` installs redis-server, which brings it")
     exe = tmp_path_factory.mktemp("jem") / "jem"
-    subprocess.run(["gcc", "-O1", "-g", "-fno-omit-frame-pointer", "-o", str(exe),
-                    str(ROOT / "tests/targets/jemalloc/jem.c"), JEMALLOC[0]], check=True)
-    return exe
+    return build(exe, ROOT / "tests/targets/jemalloc/jem.c", JEMALLOC[0],
+                 flags=["-O1", "-g", "-fno-omit-frame-pointer"])
 
 
 def test_jemalloc_calls_counted_once_with_moved_probes(jem, tmp_path, procs, tracers):
@@ -43,7 +41,7 @@ def test_jemalloc_calls_counted_once_with_moved_probes(jem, tmp_path, procs, tra
     assert rep["totals"]["lost_events"] == 0, rep["totals"]
     got: dict[str, list[int]] = {}
     for s in rep["sites"]:
-        fns = [f["function"] for f in s["frames"]]
+        fns = functions(s["frames"])
         fn = next((f for f in fns if f.startswith("jem_")), None)
         if fn:
             g = got.setdefault(fn, [0, 0, 0])

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from support import build
 
 from tracer import layout as L
 
@@ -35,7 +36,7 @@ def test_event_layout_matches_c_compiler(tmp_path):
     lines.append("return 0;}")
     src.write_text("\n".join(lines))
     exe = tmp_path / "sz"
-    subprocess.run(["gcc", f"-I{L.PROBES_DIR}", "-o", str(exe), str(src)], check=True)
+    build(exe, src, flags=[f"-I{L.PROBES_DIR}"])
     got = dict(line.split() for line in subprocess.run([str(exe)], capture_output=True, text=True,
                                                         check=True).stdout.splitlines())
     for cname, cls in structs.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from conftest import cli, report_json
+from support import cli, report_json
 
 pytestmark = pytest.mark.bpf
 PAGE = 4096

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from support import need_tool, unavailable
 from synth import SynthTrace
 
 from reports.analysis import build_report, symbolize_stacks
@@ -33,7 +32,6 @@ from reports.html import flame_tree, site_chart_data, timeline_data, to_html
 from reports.pprof import DEFAULT_SAMPLE_TYPE, parse_pprof, to_pprof
 from reports.trace import Trace, load_trace
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 SRC = "/src/synthd/"
 LIVE_BYTES, LIVE_COUNT, ALLOC_BYTES, ALLOC_COUNT = 10560, 30, 1062436, 46
 
@@ -126,7 +124,8 @@ def test_pprof_samples_stacks_and_labels(trace):
         frames = _frames_of(prof, s)
         got[(lab["tid"], frames[0][0])] = (lab["thread"], [f[0] for f in frames], list(s.value))
     assert got == {
-        (101, "make_partition"): ("synthd", ["make_partition", "load_partition", "serve", "main"], [30, 3000, 20, 2000]),
+        (101, "make_partition"): ("synthd", ["make_partition", "load_partition", "serve", "main"],
+                                  [30, 3000, 20, 2000]),
         (101, "Cache::insert"): ("synthd", ["Cache::insert", "serve", "main"], [2, 512, 2, 512]),
         (102, "make_partition"): ("pworker-1", ["make_partition", "load_partition", "worker", "start_thread"],
                                   [8, 8000, 6, 6000]),
@@ -137,7 +136,8 @@ def test_pprof_samples_stacks_and_labels(trace):
     }
     # File and line of the frames that have them.
     a = next(s for s in prof.sample if _labels(prof, s)["tid"] == 101 and len(s.location_id) == 4)
-    assert _frames_of(prof, a) == [("make_partition", SRC + "partition.c", 42), ("load_partition", SRC + "partition.c", 88),
+    assert _frames_of(prof, a) == [("make_partition", SRC + "partition.c", 42),
+                                   ("load_partition", SRC + "partition.c", 88),
                                    ("serve", SRC + "server.c", 120), ("main", SRC + "main.c", 15)]
 
 
@@ -297,15 +297,6 @@ def test_html_tables(page, trace, report):
     assert 'id="diff"' not in to_html(trace, report)
 
 
-def _need(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        if IN_CI:
-            pytest.fail(f"CI=true but {tool} is not installed (scripts/setup-host.sh installs it)", pytrace=False)
-        pytest.skip(f"{tool} not installed")
-    return path
-
-
 def _chromium(exe: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -315,7 +306,7 @@ def _chromium(exe: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_html_renders_in_chromium(page, tmp_path):
-    exe = _need("chromium")
+    exe = need_tool("chromium")
     html_path = tmp_path / "report.html"
     html_path.write_text(page, encoding="utf-8")
     url = html_path.as_uri()
@@ -323,7 +314,8 @@ def test_html_renders_in_chromium(page, tmp_path):
     dom = _chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", url).stdout
     assert 'data-rendered="1"' in dom, "the page script did not finish"
     for chart in ("chart-timeline", "chart-sites"):
-        m = re.search(rf'id="{chart}"[^>]*data-ink="(\d+)"', dom) or re.search(rf'data-ink="(\d+)"[^>]*id="{chart}"', dom)
+        m = re.search(rf'id="{chart}"[^>]*data-ink="(\d+)"', dom) or \
+            re.search(rf'data-ink="(\d+)"[^>]*id="{chart}"', dom)
         assert m, f"{chart} was not drawn"
         assert int(m.group(1)) > 5000, f"{chart}: only {m.group(1)} pixels painted"
         assert re.search(rf'id="{chart}".*?<canvas', dom, re.DOTALL)
@@ -336,9 +328,7 @@ def test_html_renders_in_chromium(page, tmp_path):
     try:
         from PIL import Image, ImageStat
     except ImportError:
-        if IN_CI:
-            raise
-        pytest.skip("Pillow not installed")
+        unavailable("Pillow is not installed (a test extra: pip install -e '.[test]')")
     with Image.open(png) as im:
         assert im.size == (1400, 2000)
         rgb = im.convert("RGB")

@@ -1,9 +1,8 @@
 """Entry-probe placement: behind a NULL check only when provably equivalent."""
 from __future__ import annotations
 
-import subprocess
-
 import pytest
+from support import build, need
 
 from tracer.elfinfo import symbol_offsets
 from tracer.placement import ENTRY_READS, place_entry, place_probe
@@ -114,7 +113,7 @@ def lib(tmp_path_factory):
     d = tmp_path_factory.mktemp("placement")
     (d / "f.s").write_text(ASM)
     so = d / "libf.so"
-    subprocess.run(["gcc", "-shared", "-o", str(so), str(d / "f.s")], check=True)
+    build(so, d / "f.s", flags=["-shared"])
     names = ["f_null_check", "f_loop_back", "f_other_reg", "f_push", "f_mov", "f_prefix",
              "f_prefix_writes_arg", "f_prefix_moves_sp", "f_prefix_stores", "f_prefix_reentered"]
     s = symbol_offsets(str(so), names)
@@ -185,11 +184,8 @@ def test_prefix_checks_every_register_the_probe_reads(lib):
 
 
 def test_jemalloc_malloc_and_free_move():
-    import glob
-    libs = glob.glob("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
-    if not libs:
-        pytest.skip("libjemalloc.so.2 not installed (make setup installs it with redis-server)")
-    s = symbol_offsets(libs[0], ["malloc", "free"])
+    lib = need(["/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"], "libjemalloc.so.2 (libjemalloc2)")
+    s = symbol_offsets(lib, ["malloc", "free"])
     for fn in ("malloc", "free"):
-        p = place_probe(libs[0], s.offsets[fn], s.sizes[fn], ENTRY_READS[fn])
+        p = place_probe(lib, s.offsets[fn], s.sizes[fn], ENTRY_READS[fn])
         assert p.moved and "emulated" in p.reason, (fn, p)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from conftest import record_run, report_json
+from support import record_run, report_json
 
 from reports.trace import load_trace
 

@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from conftest import attached, cli, report_json, wait_for
+from support import attached, cli, report_json, wait_for
 
 pytestmark = pytest.mark.bpf
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pyarrow as pa
 from synth import SynthTrace
 
+from common.tracefile import format as F
 from reports.analysis import arena_table, build_report, rss_decomposition
 from reports.render import to_text
 from reports.trace import load_trace
-from tracer import traceformat as F
 
 MiB = 1 << 20
 

@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 from synth import MONO0, SynthTrace
 
+from common.errors import OutputError
+from common.tracefile import format as F
+from common.tracefile.writer import TraceWriter
 from reports import analysis as A
 from reports.trace import load_trace
-from tracer import traceformat as F
-from tracer.errors import OutputError
-from tracer.writer import TraceWriter
 
 N = 1_000_000
 MAIN = (0x555500000000, 0x555500000000 + (4 << 30))      # brk heap, 4 GiB
@@ -146,7 +146,7 @@ def test_streamed_part_whose_source_fails_leaves_nothing(tmp_path):
     assert os.listdir(tmp_path / "f.allocscope" / "parts") == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs")
+@pytest.mark.root  # mounts a small tmpfs
 def test_streamed_part_disk_full(tmp_path):
     d = tmp_path / "small"
     d.mkdir()

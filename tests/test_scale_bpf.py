@@ -8,7 +8,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import CFLAGS_FP, TARGETS_SRC, Proc, attached, wait_for
+from support import CFLAGS_FP, TARGETS_SRC, Proc, attached, build, wait_for
 
 pytestmark = pytest.mark.bpf
 
@@ -20,7 +20,7 @@ def test_streamed_live_table_holds_every_block_once(tmp_path, tracers):
     from reports.trace import load_trace
 
     exe = tmp_path / "faults"
-    subprocess.run(["gcc", *CFLAGS_FP, "-Wall", "-o", str(exe), str(TARGETS_SRC / "faults.c")], check=True)
+    build(exe, TARGETS_SRC / "faults.c", flags=[*CFLAGS_FP, "-Wall"])
     tgt = Proc([str(exe)], stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         tgt.expect("ready", timeout=60)
@@ -40,14 +40,18 @@ def test_streamed_live_table_holds_every_block_once(tmp_path, tracers):
         assert t.complete and not t.warnings
         parts = list((out / "parts").glob("live-*.parquet"))
         import pyarrow.parquet as pq
-        assert pq.ParquetFile(parts[0]).metadata.num_row_groups >= 9  # streamed in chunks
 
         heap = t.live[t.live["source"] == "heap"]
+        # streamed in chunks of at most 64 Ki blocks: one row group each (>= 9 for HELD)
+        assert pq.ParquetFile(parts[0]).metadata.num_row_groups >= max(9, -(-len(heap) // 65536))
         small = heap[heap["size"] == 24]
         assert len(small) == HELD
         assert len(np.unique(heap["addr"].to_numpy())) == len(heap)  # never a block twice
         assert int((heap["size"] == 1048576).sum()) == 2
-        assert t.meta["final_snapshot_s"] > 0
+        # the final snapshot streamed the HELD blocks: README measures 1 M in 0.6-0.8 s on this
+        # machine kind; 50 k blocks/s (20-30x slower, room for a busy shared box) is 12 s here
+        assert 0 < t.meta["final_snapshot_s"] < HELD / 50_000, t.meta["final_snapshot_s"]
+        assert t.meta["final_snapshot_s"] < t.meta["duration_s"]
         # glibc's mmapped chunks (outside its heaps) were kept through the stream and measured
         mm = t.heaps[t.heaps["kind"] == "mmap"]
         assert len(mm) >= 1 and int(mm["resident_bytes"].sum()) > 0

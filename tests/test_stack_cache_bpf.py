@@ -5,7 +5,7 @@ the same both ways; only the callers' return addresses differ."""
 from __future__ import annotations
 
 import pytest
-from conftest import record_run, report_json
+from support import functions, record_run, report_json
 
 pytestmark = pytest.mark.bpf
 
@@ -20,7 +20,7 @@ def test_cache_tells_callers_apart_at_the_same_sp(targets, tmp_path, procs, trac
     assert rep["totals"]["lost_events"] == 0, rep["totals"]
     by_caller: dict[str, list[int]] = {}
     for s in rep["sites"]:
-        fns = [f["function"] for f in s["frames"]]
+        fns = functions(s["frames"])
         if "leaf" not in fns:
             continue
         caller = fns[fns.index("leaf") + 1]

@@ -17,13 +17,18 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
+from support import build, need_tool
 
 from reports.symbolize import Frame, Symbolizer, demangle
 
-TOOLS = ("gcc", "g++", "nm", "objdump", "objcopy", "strip")
-pytestmark = pytest.mark.skipif(
-    any(shutil.which(t) is None for t in TOOLS), reason="needs gcc, g++ and binutils"
-)
+TOOLS = ("gcc", "g++", "nm", "objdump", "objcopy", "strip", "readelf")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tools() -> None:
+    """Every test here builds or reads binaries with these (skipped without them; CI fails)."""
+    for tool in TOOLS:
+        need_tool(tool)
 
 C_SOURCE = r"""
 __attribute__((noinline, noipa)) int sink(int x) {
@@ -174,7 +179,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def compile_c(work: Path, out: str, *flags: str) -> Path:
     target = work / out
     if not target.exists():
-        run("gcc", "-O2", *flags, "prog.c", "-o", out, cwd=work)
+        build(target, "prog.c", flags=["-O2", *flags], cwd=work)
     return target
 
 
@@ -186,7 +191,7 @@ def pie(work: Path) -> Path:
 @pytest.fixture(scope="module")
 def cxx(work: Path) -> Path:
     target = work / "prog_cxx"
-    run("g++", "-O2", "-g", "prog.cpp", "-o", "prog_cxx", cwd=work)
+    build(target, "prog.cpp", flags=["-O2", "-g"], cc="g++", cwd=work)
     return target
 
 
@@ -469,13 +474,13 @@ def test_corrupt_debug_sections_never_raise(pie: Path, tmp_path: Path) -> None:
         assert all(frames[o] and frames[o][-1].offset == o for o in frames)
 
 
-@pytest.mark.skipif(shutil.which("dwz") is None, reason="needs dwz")
 def test_dwz_supplementary_file(work: Path) -> None:
     """Names moved by `dwz -m` into a shared file (DW_FORM_GNU_strp_alt/ref_alt) resolve."""
+    need_tool("dwz")
     (work / "dwz").mkdir(exist_ok=True)
     first, second = work / "dwz" / "one", work / "dwz" / "two"
-    run("gcc", "-O2", "-g", "prog.c", "-o", first, cwd=work)
-    run("gcc", "-O2", "-g", "-DVARIANT", "prog.c", "-o", second, cwd=work)
+    build(first, "prog.c", flags=["-O2", "-g"], cwd=work)
+    build(second, "prog.c", flags=["-O2", "-g", "-DVARIANT"], cwd=work)
     run("dwz", "-m", "common.debug", "-M", "common.debug", first.name, second.name, cwd=first.parent)
     with open(first, "rb") as stream:
         assert ELFFile(stream).get_section_by_name(".gnu_debugaltlink") is not None

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import support
 from elftools.elf.elffile import ELFFile
 
+from common.elf import segments, vaddr_to_offset
 from tracer import unwind as U
 from tracer.elfinfo import symbol_offsets
 
@@ -25,9 +27,7 @@ int main(void) { return mid(10) == 0; }
 def build(tmp: Path, name: str, *flags: str) -> Path:
     src = tmp / "u.c"
     src.write_text(SRC)
-    exe = tmp / name
-    subprocess.run(["gcc", *flags, "-o", str(exe), str(src)], check=True)
-    return exe
+    return support.build(tmp / name, src, flags=flags)
 
 
 def table(path: Path | str) -> U.TableInfo:
@@ -74,14 +74,15 @@ def test_gaps_between_functions_fall_back(tmp_path):
     exe = build(tmp_path, "gaps", "-O2", "-fomit-frame-pointer")
     with open(exe, "rb") as f:
         elf = ELFFile(f)
-        di, _ = U._frame_dwarfinfo(elf)
-        segs = U._segments(elf)
+        di, _ = U.frame_dwarfinfo(elf)
+        segs = segments(elf)
         fdes = [e for e in di.EH_CFI_entries() if isinstance(e, U.FDE)]
-        starts = {U._to_offset(segs, e.header["initial_location"]) for e in fdes}
+        starts = {vaddr_to_offset(segs, e.header["initial_location"], whole=True) for e in fdes}
         rows = U.build_table(elf).rows
     pcs = dict(zip(rows["pc"].tolist(), rows["cfa_type"].tolist()))
     for e in fdes:
-        end = U._to_offset(segs, e.header["initial_location"] + e.header["address_range"], end=True)
+        end = vaddr_to_offset(segs, e.header["initial_location"] + e.header["address_range"],
+                              whole=True, end=True)
         if end not in starts:
             assert pcs.get(end) == U.CFA_NONE, hex(end)
 
@@ -99,7 +100,7 @@ def test_system_libraries():
     if cxx:
         with open(cxx[0], "rb") as f:
             elf = ELFFile(f)
-            di, _ = U._frame_dwarfinfo(elf)
+            di, _ = U.frame_dwarfinfo(elf)
             n = sum(isinstance(e, U.FDE) for e in di.EH_CFI_entries())
             assert U.build_table(elf).fdes == n
 
@@ -150,11 +151,11 @@ def test_row_layout_matches_header(tmp_path):
              'printf("%zu %zu\\n", sizeof(struct as_umap), offsetof(struct as_umap, count));', "return 0;}"]
     src = tmp_path / "sz.c"
     src.write_text("\n".join(lines))
-    subprocess.run(["gcc", f"-I{L.PROBES_DIR}", "-o", str(tmp_path / "sz"), str(src)], check=True)
+    support.build(tmp_path / "sz", src, flags=[f"-I{L.PROBES_DIR}"])
     out = subprocess.run([str(tmp_path / "sz")], capture_output=True, text=True, check=True).stdout.split()
     assert [int(x) for x in out] == [U.ROW.itemsize, U.ROW.fields["cfa_off"][1], U.ROW.fields["cfa_type"][1],
-                                     U.ROW.fields["rbp_off"][1], ct.sizeof(U._UmapKey), ct.sizeof(U._Umap),
-                                     U._Umap.count.offset]
+                                     U.ROW.fields["rbp_off"][1], ct.sizeof(U.UmapKey), ct.sizeof(U.Umap),
+                                     U.Umap.count.offset]
 
 
 def test_pprof_keeps_addresses_of_inlined_frames():
@@ -164,13 +165,13 @@ def test_pprof_keeps_addresses_of_inlined_frames():
     import pandas as pd
 
     from reports.analysis import FrameInfo
-    from reports.pprof import _captured_frames
+    from reports.pprof import captured_frames
 
     st = pd.DataFrame({"stack_id": [7, 7], "idx": [0, 1], "ip": [0x1010, 0x2020], "offset": [0x10, 0x20],
                        "build_id": ["ab", "ab"]})
     frames = (FrameInfo("Vec::with_capacity", "/m", "a.rs", 3, inlined=True), FrameInfo("inner", "/m", "a.rs", 9),
               FrameInfo("outer", "/m", "a.rs", 20))
-    got = _captured_frames(types.SimpleNamespace(stacks=st), {7: frames})[7]
+    got = captured_frames(types.SimpleNamespace(stacks=st), {7: frames})[7]
     assert [(f.info.function, f.ip) for f in got] == [("Vec::with_capacity", 0x1010), ("inner", 0x1010),
                                                       ("outer", 0x2020)]
     assert FrameInfo("inner", "/m", "a.rs", 9, inlined=True) == frames[1]  # not part of equality

@@ -15,19 +15,22 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TARGETS_SRC, attached, cli, report_json, wait_for
+from support import (
+    RUSTC_ELSEWHERE,
+    TARGETS_SRC,
+    attached,
+    build,
+    cli,
+    find_tool,
+    functions,
+    report_json,
+    unavailable,
+    wait_for,
+)
 
 pytestmark = pytest.mark.bpf
 
 NOFP_CFLAGS = ["-O2", "-g", "-fomit-frame-pointer", "-pthread", "-Wall"]
-
-
-def find_rustc() -> str | None:
-    for cand in (shutil.which("rustc"), os.path.expanduser("~/.cargo/bin/rustc"), "/usr/local/cargo/bin/rustc",
-                 "/root/.cargo/bin/rustc"):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return None
 
 
 @pytest.fixture(scope="session")
@@ -37,33 +40,23 @@ def release_targets(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("release-targets")
     built: dict[str, Path] = {}
     for src in sorted((TARGETS_SRC / "nofp").glob("*.c")):
-        exe = out / src.stem
-        subprocess.run(["gcc", *NOFP_CFLAGS, "-o", str(exe), str(src), "-ldl"], check=True)
-        built[src.stem] = exe
+        built[src.stem] = build(out / src.stem, src, "-ldl", flags=NOFP_CFLAGS)
     for src in sorted((TARGETS_SRC / "nofp" / "lib").glob("*.c")):
-        lib = out / f"lib{src.stem}.so"
-        subprocess.run(["gcc", *NOFP_CFLAGS, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-        built[f"lib{src.stem}"] = lib
+        built[f"lib{src.stem}"] = build(out / f"lib{src.stem}.so", src, flags=[*NOFP_CFLAGS, "-shared", "-fPIC"])
     deep = TARGETS_SRC / "nofp" / "deep.c"
     # CFI only in .debug_frame (no .eh_frame for the program's own code)
-    built["deep_debugframe"] = out / "deep_debugframe"
-    subprocess.run(["gcc", *NOFP_CFLAGS, "-fno-asynchronous-unwind-tables", "-o", str(built["deep_debugframe"]),
-                    str(deep)], check=True)
+    built["deep_debugframe"] = build(out / "deep_debugframe", deep,
+                                     flags=[*NOFP_CFLAGS, "-fno-asynchronous-unwind-tables"])
     # no CFI at all for the program's code, frame pointers instead
-    built["deep_nocfi"] = out / "deep_nocfi"
-    subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-fno-asynchronous-unwind-tables", "-pthread",
-                    "-o", str(built["deep_nocfi"]), str(deep)], check=True)
+    built["deep_nocfi"] = build(out / "deep_nocfi", deep, flags=["-O1", "-fno-omit-frame-pointer",
+                                                                 "-fno-asynchronous-unwind-tables", "-pthread"])
     for src in sorted((TARGETS_SRC / "cxx").glob("*.cpp")):
-        exe = out / src.stem
-        subprocess.run(["g++", "-O2", "-g", "-pthread", "-Wall", "-o", str(exe), str(src)], check=True)
-        built[src.stem] = exe
-    rustc = find_rustc()
+        built[src.stem] = build(out / src.stem, src, flags=["-O2", "-g", "-pthread", "-Wall"], cc="g++")
+    rustc = find_tool("rustc", *RUSTC_ELSEWHERE)
     if rustc:
         for src in sorted((TARGETS_SRC / "rust").glob("*.rs")):
-            exe = out / src.stem
-            subprocess.run([rustc, "-C", "opt-level=2", "-g", "--edition", "2021", "-o", str(exe), str(src)],
-                           check=True, cwd=str(out))
-            built[src.stem] = exe
+            built[src.stem] = build(out / src.stem, src, flags=["-C", "opt-level=2", "-g", "--edition", "2021"],
+                                    cc=rustc, cwd=out)
     return built
 
 
@@ -137,19 +130,15 @@ def run_target(tmp_path, tracers):
         t.kill()
 
 
-def names(frames: list[dict]) -> list[str]:
-    return [f["function"] for f in frames]
-
-
 def site_with(rep: dict, function: str) -> dict:
     found = [s for s in rep["sites"] if s["frames"] and s["frames"][0]["function"] == function]
-    assert found, f"no site starting at {function}; sites: {[names(s['frames'])[:3] for s in rep['sites']]}"
+    assert found, f"no site starting at {function}; sites: {[functions(s['frames'])[:3] for s in rep['sites']]}"
     return found[0]
 
 
 def assert_thread_bottom(frames: list[dict]) -> None:
     """The stack reaches the start of its thread."""
-    assert names(frames)[-2:] == ["start_thread", "clone3"], names(frames)
+    assert functions(frames)[-2:] == ["start_thread", "clone3"], functions(frames)
 
 
 def test_c_nofp_ten_frames(release_targets, run_target):
@@ -164,7 +153,7 @@ def test_c_nofp_ten_frames(release_targets, run_target):
     # 10 noinline calls deep, in order, each with its call line
     s = site_with(rep, "level10")
     fr = s["frames"]
-    assert names(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"], names(fr)
+    assert functions(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"], functions(fr)
     for i, f in zip(range(10, 0, -1), fr):
         assert f["file"].endswith("deep.c") and f["line"] == mark[f"L{i}"], (i, f)
     assert fr[10]["line"] == mark["T0"]
@@ -174,18 +163,18 @@ def test_c_nofp_ten_frames(release_targets, run_target):
 
     # syscall path: frame 0 is inside libc's mmap wrapper, unwound by its own row
     m = site_with(rep, "map_level3")
-    assert names(m["frames"])[:4] == ["map_level3", "map_level2", "map_level1", "deep_main"]
+    assert functions(m["frames"])[:4] == ["map_level3", "map_level2", "map_level1", "deep_main"]
     assert [f["line"] for f in m["frames"][:4]] == [mark["M3"], mark["M2"], mark["M1"], mark["T1"]]
     assert "mmap" in m["full_frames"][0]["function"] and m["live_bytes"] == 7 * 4096
     assert_thread_bottom(m["frames"])
 
     c = site_with(rep, "calloc_level2")
-    assert names(c["frames"])[:3] == ["calloc_level2", "calloc_level1", "deep_main"]
+    assert functions(c["frames"])[:3] == ["calloc_level2", "calloc_level1", "deep_main"]
     assert c["live_bytes"] == 1001 * 3
 
     # a signal frame on the stack: through __restore_rt back into the interrupted code
     h = site_with(rep, "on_usr2")
-    hn = names(h["frames"])
+    hn = functions(h["frames"])
     assert hn[0] == "on_usr2" and h["frames"][0]["line"] == mark["S0"]
     i = hn.index("signal_level2")
     assert "raise" in hn[1:i], hn
@@ -195,8 +184,8 @@ def test_c_nofp_ten_frames(release_targets, run_target):
     # the same stacks once the target has exited
     tgt.exit()
     again = report_json(out)
-    assert [(names(x["frames"]), x["live_bytes"]) for x in again["sites"]] == \
-        [(names(x["frames"]), x["live_bytes"]) for x in rep["sites"]]
+    assert [(functions(x["frames"]), x["live_bytes"]) for x in again["sites"]] == \
+        [(functions(x["frames"]), x["live_bytes"]) for x in rep["sites"]]
 
 
 def test_c_nofp_frame_pointer_mode_is_short(release_targets, run_target):
@@ -206,7 +195,7 @@ def test_c_nofp_frame_pointer_mode_is_short(release_targets, run_target):
     assert meta["unwind"]["mode"] == "fp"
     rep = report_json(out)
     s = site_with(rep, "level10")
-    assert "level1" not in names(s["full_frames"]), names(s["full_frames"])
+    assert "level1" not in functions(s["full_frames"]), functions(s["full_frames"])
 
 
 def test_c_nofp_stacks_after_target_exit(release_targets, run_target):
@@ -216,25 +205,26 @@ def test_c_nofp_stacks_after_target_exit(release_targets, run_target):
     rep = report_json(out)
     assert rep["recording"]["end_reason"] == "target exited"
     fr = site_with(rep, "level10")["frames"]
-    assert names(fr)[:10] == [f"level{i}" for i in range(10, 0, -1)]
+    assert functions(fr)[:10] == [f"level{i}" for i in range(10, 0, -1)]
     assert_thread_bottom(fr)
 
 
 def test_rust_release_chain(release_targets, run_target):
     if "vecchain" not in release_targets:
-        pytest.skip("rustc not found (looked in PATH, ~/.cargo/bin, /usr/local/cargo/bin): Rust target not built")
+        unavailable("rustc is not installed (looked in PATH, ~/.cargo/bin, /usr/local/cargo/bin): "
+                    "Rust target not built")
     mark = marker_lines(TARGETS_SRC / "rust" / "vecchain.rs")
     out, _ = run_target(release_targets["vecchain"], "rust")
     rep = report_json(out)
     assert rep["totals"]["lost_events"] == 0, rep["totals"]
     s = site_with(rep, "vecchain::rust_inner")
     fr = s["frames"]
-    assert names(fr)[:4] == ["vecchain::rust_inner", "vecchain::rust_middle", "vecchain::rust_outer",
-                             "vecchain::main::{{closure}}"], names(fr)
+    assert functions(fr)[:4] == ["vecchain::rust_inner", "vecchain::rust_middle", "vecchain::rust_outer",
+                             "vecchain::main::{{closure}}"], functions(fr)
     assert [f["line"] for f in fr[:4]] == [mark["R3"], mark["R2"], mark["R1"], mark["R0"]]
     assert all(f["file"].endswith("vecchain.rs") for f in fr[:4])
     assert_thread_bottom(fr)
-    full = names(s["full_frames"])
+    full = functions(s["full_frames"])
     inner = full.index("vecchain::rust_inner")
     shims = full[:inner]
     assert shims and any(n.startswith("alloc::raw_vec::") for n in shims), full
@@ -251,21 +241,21 @@ def test_cxx_release_chain(release_targets, run_target):
     rep = report_json(out)
     assert rep["totals"]["lost_events"] == 0, rep["totals"]
     chain = ["shop::cxx_inner(int)", "shop::Maker::middle(int)", "cxx_outer(int)", "worker(void*)"]
-    sites = [s for s in rep["sites"] if names(s["frames"])[:4] == chain]
+    sites = [s for s in rep["sites"] if functions(s["frames"])[:4] == chain]
     by_line = {s["frames"][0]["line"]: s for s in sites}
     # new std::vector<int>(n, 7): its buffer and the vector object, each from cxx_inner line X3
     v = by_line[mark["X3"]]
     assert v["live_bytes"] == 4 * 24 + (300 + 301 + 302 + 303) * 4, v["live_bytes"]
-    full = names(v["full_frames"])
+    full = functions(v["full_frames"])
     assert full[0] == "operator new(unsigned long)", full
     assert any(n.startswith("std::") for n in full[:full.index(chain[0])]), full
     # push_back growth: the surviving buffer
     g = by_line[mark["X4"]]
-    assert g["live_count"] == 1 and any("push_back" in n for n in names(g["full_frames"]))
+    assert g["live_count"] == 1 and any("push_back" in n for n in functions(g["full_frames"]))
     for s in (v, g):
         assert [f["line"] for f in s["frames"][1:4]] == [mark["X2"], mark["X1"], mark["X0"]]
         assert_thread_bottom(s["frames"])
-    w = [s for s in rep["sites"] if names(s["frames"])[:3] == chain[1:] and s["frames"][0]["line"] == mark["X5"]]
+    w = [s for s in rep["sites"] if functions(s["frames"])[:3] == chain[1:] and s["frames"][0]["line"] == mark["X5"]]
     assert w and w[0]["live_bytes"] == 4 * 37 * 8 and w[0]["threads"][0]["name"] == "cxx-worker"
 
 
@@ -296,11 +286,11 @@ def test_launch_mode_holds_the_loader(release_targets, tmp_path):
     rep = report_json(out)
     assert rep["totals"]["lost_events"] == 0, rep["totals"]
     fr = site_with(rep, "level10")["frames"]
-    assert names(fr)[:10] == [f"level{i}" for i in range(10, 0, -1)]
+    assert functions(fr)[:10] == [f"level{i}" for i in range(10, 0, -1)]
     assert_thread_bottom(fr)
-    main_sites = [s for s in rep["sites"] if "main" in names(s["frames"])]
-    assert main_sites and all(names(s["frames"])[-1] == "_start" for s in main_sites), \
-        [names(s["frames"]) for s in main_sites]
+    main_sites = [s for s in rep["sites"] if "main" in functions(s["frames"])]
+    assert main_sites and all(functions(s["frames"])[-1] == "_start" for s in main_sites), \
+        [functions(s["frames"]) for s in main_sites]
 
 
 def test_embedded_symbols_when_binary_is_gone(release_targets, run_target, tmp_path):
@@ -313,7 +303,7 @@ def test_embedded_symbols_when_binary_is_gone(release_targets, run_target, tmp_p
     exe.unlink()
     rep = report_json(out)
     fr = site_with(rep, "level10")["frames"]
-    assert names(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"]
+    assert functions(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"]
     assert fr[0]["line"] is None  # names only: lines need the file (or its debug file)
     assert_thread_bottom(fr)
 
@@ -337,7 +327,7 @@ def test_debug_frame_only(release_targets, run_target):
     out, _ = run_target(release_targets["deep_debugframe"], "debugframe")
     rep = report_json(out)
     fr = site_with(rep, "level10")["frames"]
-    assert names(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"], names(fr)
+    assert functions(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"], functions(fr)
     assert_thread_bottom(fr)
     assert rep["totals"]["lost_events"] == 0, rep["totals"]
 
@@ -350,7 +340,7 @@ def test_no_cfi_falls_back_to_frame_pointers_and_marks_frames(release_targets, r
     out, _ = run_target(release_targets["deep_nocfi"], "nocfi")
     rep = report_json(out)
     fr = site_with(rep, "level10")["frames"]
-    assert names(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"], names(fr)
+    assert functions(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"], functions(fr)
     assert_thread_bottom(fr)
     st = pd.concat(pd.read_parquet(p) for p in (out / "parts").glob("stacks-*.parquet"))
     sid = [s for s, g in st.groupby("stack_id") if len(g) == len(fr)]
@@ -379,8 +369,8 @@ def test_dlopen_in_pid_mode(release_targets, run_target):
                         target_args=("--settle", "300", str(release_targets["libdlchain"])))
     rep = report_json(out)
     fr = site_with(rep, "dl_level4")["frames"]
-    assert names(fr)[:7] == DL_CHAIN, names(fr)
-    assert names(fr)[-1] == "_start"
+    assert functions(fr)[:7] == DL_CHAIN, functions(fr)
+    assert functions(fr)[-1] == "_start"
     meta = json.loads((out / "meta.json").read_text())
     assert meta["unwind"]["modules"] >= 4 and not meta["unwind"]["failed"], meta["unwind"]
 
@@ -393,5 +383,5 @@ def test_dlopen_in_launch_mode_without_delay(release_targets, tmp_path):
         str(release_targets["libdlchain"]), check=True, timeout=180)
     rep = report_json(out)
     fr = site_with(rep, "dl_level4")["frames"]
-    assert names(fr)[:7] == DL_CHAIN, names(fr)
-    assert names(fr)[-1] == "_start"
+    assert functions(fr)[:7] == DL_CHAIN, functions(fr)
+    assert functions(fr)[-1] == "_start"

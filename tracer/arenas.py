@@ -98,7 +98,7 @@ class Pagemap:
     def close(self) -> None:
         os.close(self.fd)
 
-    def __enter__(self) -> "Pagemap":
+    def __enter__(self) -> Pagemap:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .procfs import Mapping
-
 # x86-64 argument registers, as tracer/placement.py numbers them (capstone's X86_REG_*).
 from .placement import REG_CX, REG_DI, REG_SI
+from .procfs import Mapping
 
 # symbol -> (BPF entry program, argument registers it reads). One return program, cu_return.
 CUDA_FUNCS: dict[str, tuple[str, tuple[int, ...]]] = {
@@ -51,6 +50,7 @@ class CudaReport:
 def find_driver(maps: list[Mapping]) -> str | None:
     """The driver library the target maps (libcuda.so.1 or a versioned libcuda.so.N.M), if any."""
     for m in maps:
-        if m.is_file and "x" in m.perms and os.path.basename(m.path.removesuffix(" (deleted)")).startswith("libcuda.so"):
-            return m.path.removesuffix(" (deleted)")
+        path = m.path.removesuffix(" (deleted)")
+        if m.is_file and "x" in m.perms and os.path.basename(path).startswith("libcuda.so"):
+            return path
     return None

@@ -50,7 +50,7 @@ def check_bpf_syscall() -> Check:
 
 def check_bcc() -> Check:
     try:
-        import bcc  # noqa: F401, PLC0415
+        import bcc  # noqa: PLC0415
     except ImportError as e:
         return Check("BCC python", False, f"cannot import bcc ({e})",
                      "apt-get install python3-bpfcc (Debian's package; the PyPI 'bcc' is unrelated), "

@@ -1,14 +1,11 @@
-"""What the tracer needs from ELF files: build IDs, symbol file offsets, which object provides
-malloc. Symbolization proper is offline, in reports.symbolize."""
+"""Which object provides malloc to a process, and at what file offsets its allocator functions
+are (the ELF reading itself is common.elf)."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import NoteSection, SymbolTableSection
+from common.elf import defined_functions, is_static, open_elf
 
 from .procfs import Mapping
 
@@ -20,34 +17,6 @@ REQUIRED_FUNCS = {"malloc", "free"}
 
 KNOWN_ALLOCATORS = [("libjemalloc", "jemalloc"), ("libtcmalloc", "tcmalloc"),
                     ("libmimalloc", "mimalloc"), ("libc.so", "glibc"), ("libc-", "glibc")]
-
-
-@lru_cache(maxsize=512)
-def build_id(path: str) -> str:
-    """Hex GNU build ID of an ELF file, '' when it has none or is not readable."""
-    try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            for sec in elf.iter_sections():
-                if isinstance(sec, NoteSection):
-                    for note in sec.iter_notes():
-                        if note["n_type"] == "NT_GNU_BUILD_ID":
-                            return str(note["n_desc"])
-            for seg in elf.iter_segments():
-                if seg["p_type"] == "PT_NOTE":
-                    for note in seg.iter_notes():
-                        if note["n_type"] == "NT_GNU_BUILD_ID":
-                            return str(note["n_desc"])
-    except (OSError, ELFError, ValueError):
-        pass
-    return ""
-
-
-def _vaddr_to_offset(elf: ELFFile, vaddr: int) -> int | None:
-    for seg in elf.iter_segments():
-        if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_filesz"]:
-            return vaddr - seg["p_vaddr"] + seg["p_offset"]
-    return None
 
 
 @dataclass
@@ -62,28 +31,17 @@ def symbol_offsets(path: str, names: list[str]) -> SymbolOffsets:
     """File offsets of the defined functions `names` in ELF `path` (.dynsym first, then
     .symtab). A name the file does not define is absent from the result."""
     res = SymbolOffsets(path)
-    try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            res.static = not any(s["p_type"] == "PT_INTERP" for s in elf.iter_segments()) and \
-                elf.get_section_by_name(".dynsym") is None
-            wanted = set(names)
-            for secname in (".dynsym", ".symtab"):
-                sec = elf.get_section_by_name(secname)
-                if not isinstance(sec, SymbolTableSection):
-                    continue
-                for sym in sec.iter_symbols():
-                    name = sym.name.split("@")[0]
-                    if name not in wanted or name in res.offsets:
-                        continue
-                    if sym["st_shndx"] == "SHN_UNDEF" or sym["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC"):
-                        continue
-                    off = _vaddr_to_offset(elf, sym["st_value"])
-                    if off is not None:
-                        res.offsets[name] = off
-                        res.sizes[name] = int(sym["st_size"])
-    except (OSError, ELFError, ValueError):
-        pass
+    opened = open_elf(path)
+    if opened is None:
+        return res
+    with opened:
+        try:
+            res.static = is_static(opened.elf)
+            found = defined_functions(opened.elf, names)
+        except Exception:  # noqa: BLE001 - a malformed file defines nothing
+            return res
+    res.offsets = {name: off for name, (off, _size) in found.items()}
+    res.sizes = {name: size for name, (_off, size) in found.items()}
     return res
 
 

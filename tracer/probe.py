@@ -8,14 +8,17 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
+import queue
 import re
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from common.errors import AllocscopeError, PermissionProblem
+
 from . import layout as L
 from .elfinfo import ALLOC_FUNCS, REQUIRED_FUNCS, Allocator, symbol_offsets
-from .errors import AllocscopeError, PermissionProblem
 from .kernel import char_major, file_offsets, rss_offsets
 from .unwind import UNWIND_STEPS
 
@@ -152,7 +155,7 @@ class Probes:
         try:
             self.bpf = bcc.BPF(text=bpf_text(), cflags=cflags)
             self._load_allocator_programs()
-        except Exception as e:  # BCC raises bare Exception for compile/load failures
+        except Exception as e:  # noqa: BLE001 (BCC raises bare Exception for compile/load failures)
             if self.options.unwind != "dwarf":
                 raise PermissionProblem(f"cannot load the BPF program: {e}; run 'allocscope doctor'") from None
             # The DWARF unwinder is the largest part for the verifier: keep tracing without it.
@@ -212,7 +215,7 @@ class Probes:
         rep = self.report
         rep.allocator, rep.allocator_kind = alloc.path, alloc.kind
         if self.options.mode == "residency":
-            rep.skipped = {sym: "residency mode: no allocator probes" for sym in ALLOC_FUNCS}
+            rep.skipped = dict.fromkeys(ALLOC_FUNCS, "residency mode: no allocator probes")
             self.attach_faults()
             rep.tracepoints.append(f"perf:page-faults (software event, every {self.options.fault_sample}th, "
                                    "per thread, inherited)")
@@ -242,10 +245,10 @@ class Probes:
             where[sym] = pl.offset
             if pl.moved:
                 rep.placement[sym] = pl.reason
-        for sym, off in plan:
+        for sym, _off in plan:
             if sym != "free":  # the same address as the entry probe: one trap for both
                 self._attach("alloc_return", alloc.path, where[sym], BPF_PROBE_RETURN)
-        for sym, off in plan:
+        for sym, _off in plan:
             self._attach(f"{sym}_enter", alloc.path, where[sym], BPF_PROBE_ENTRY)
             rep.attached.append(sym)
         return rep
@@ -259,7 +262,7 @@ class Probes:
 
         rep = CudaReport(module=path, attached=[], skipped={}, placement={})
         if self.options.mode == "residency":
-            rep.skipped = {sym: "residency mode: no API probes" for sym in CUDA_FUNCS}
+            rep.skipped = dict.fromkeys(CUDA_FUNCS, "residency mode: no API probes")
             self.report.cuda = rep.as_dict()
             return self.report.cuda
         so = symbol_offsets(path, list(CUDA_FUNCS))
@@ -443,9 +446,6 @@ class Probes:
             for (k, v), n in chunks(lambda: pair):
                 yield k[:n], v[:n]
             return
-
-        import queue
-        import threading
 
         free: queue.Queue = queue.Queue()
         for _ in range(3):

@@ -5,7 +5,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .errors import TargetError, UsageError
+from common.errors import TargetError, UsageError
 
 PF_KTHREAD = 0x00200000
 

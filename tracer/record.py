@@ -19,16 +19,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from common.elf import build_id
+from common.errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
+from common.tracefile import format as F
+from common.tracefile.writer import TraceWriter, prepare_output
+
 from . import layout as L
 from . import procfs
-from . import traceformat as F
 from .arenas import Pagemap, chunk_ranges, find_heaps, outside_heaps
-from .elfinfo import build_id, find_allocator
-from .errors import AllocscopeError, OutputError, PermissionProblem, TargetError, UsageError
 from .cuda import find_driver
+from .elfinfo import find_allocator
+from .embed import SymbolEmbedder
 from .regions import RegionTracker, SlowPath
 from .unwind import STACK_DWARF, held_by_probe, start_unwinder, unwind_meta
-from .writer import TraceWriter, prepare_output
 
 API = L.API_NAMES
 EVT = L.EVENT_NAMES
@@ -45,7 +48,7 @@ class Target:
     start: int                      # /proc start time: guards against pid reuse
     exe: str
     comm: str
-    child: "Child | None" = None
+    child: Child | None = None
     release_fd: int = -1            # launch mode: write a byte to let the child exec
     argv: list[str] = field(default_factory=list)
 
@@ -201,7 +204,7 @@ def target_from_command(argv: list[str]) -> Target:
                 os.close(r)
                 _ptrace(PTRACE_TRACEME, 0)
                 os.execv(exe, argv)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 (the forked child must end in _exit, whatever happened)
             pass
         os._exit(127)
     os.close(r)
@@ -245,7 +248,7 @@ class MapIndex:
         self.maps = sorted(maps, key=lambda m: m.start)
         self.starts = [m.start for m in self.maps]
 
-    def updated(self, maps: list[procfs.Mapping]) -> "MapIndex":
+    def updated(self, maps: list[procfs.Mapping]) -> MapIndex:
         """A new index where `maps` win and older mappings they do not overlap are kept, so
         addresses in code that was unmapped since (dlclose, exit) still resolve."""
         new = sorted(maps, key=lambda m: m.start)
@@ -293,7 +296,7 @@ class RecordOptions:
     sample_bytes: int = 0       # >0: byte-weighted sampling (mean one sample per N bytes)
     fault_sample: int = 16      # residency mode: one page fault in N recorded
     unwind: str = "dwarf"         # dwarf: CFI tables unwound in BPF (tracer/unwind.py); fp: frame pointers
-    embed_symbols: bool = False   # store the symbol tables of the modules seen (reports/embedded.py)
+    embed_symbols: bool = False   # store the symbol tables of the modules seen (tracer/embed.py)
     residency_budget_pages: int = 1 << 18  # pagemap pages read per interval (1 GiB of heap)
     probe_floor: bool = False     # bench: every probe attached, every program returning at once
     rss_tracepoint: bool = False  # bench: RSS kept by kmem:rss_stat instead of read when needed
@@ -337,6 +340,7 @@ class Recorder:
         self._pending_maps: list[procfs.Mapping] | None = None
         self.attach_window_returns = 0
         self.live_blocks: tuple[np.ndarray, np.ndarray] | None = None  # (addresses, sizes)
+        self.symbol_embedder = SymbolEmbedder() if opts.embed_symbols else None
 
     # --- events (called from the ring buffer poll) --------------------------------------------
 
@@ -500,9 +504,8 @@ class Recorder:
                 self._refresh_maps()
             cols = self._stack_rows(new_ids)
             w.write_part("stacks", seq, pa.table(cols, schema=F.SCHEMAS["stacks"]))
-            if self.o.embed_symbols:  # symbol tables of the modules on these stacks, in the trace
-                from reports.embedded import embed_new_modules  # noqa: PLC0415
-                embed_new_modules(self, seq, cols)
+            if self.symbol_embedder is not None:  # symbol tables of the modules on these stacks
+                w.write_part(F.SYMBOLS, seq, self.symbol_embedder.part(seq, cols))
 
         # Threads: names of allocating threads not seen yet.
         tids = {k[1] for k in current} | {e[3] for e in self.events}
@@ -699,7 +702,8 @@ class Recorder:
             "target": {"pid": t.pid, "comm": t.comm, "exe": t.exe, "exe_build_id": build_id(t.exe),
                        "launched": t.child is not None,
                        **({"argv": t.argv or procfs.cmdline(t.pid)} if self.o.keep_cmdline else {})},
-            "host": {"kernel": platform.release(), "hostname": platform.node(), "page_size": os.sysconf("SC_PAGE_SIZE")},
+            "host": {"kernel": platform.release(), "hostname": platform.node(),
+                     "page_size": os.sysconf("SC_PAGE_SIZE")},
             "probes": {"allocator": self.rep.allocator, "allocator_kind": self.rep.allocator_kind,
                        "attached": self.rep.attached, "aliases": self.rep.aliases,
                        "skipped": self.rep.skipped, "tracepoints": self.rep.tracepoints,
@@ -728,10 +732,11 @@ class Recorder:
             print("allocscope: finalizing the trace, please wait", file=sys.stderr)
 
     def run(self) -> Summary:
-        from .probe import ProbeOptions, Probes  # noqa: PLC0415 (imports bcc)
         # pyarrow imports pandas when it builds its first table (~0.6 s of CPU): import it now,
         # before the probes attach, not inside the first interval of the recording.
         import pandas  # noqa: F401, PLC0415
+
+        from .probe import ProbeOptions, Probes  # noqa: PLC0415 (imports bcc)
 
         t = self.t
         self.t0 = time.monotonic_ns()

@@ -23,6 +23,7 @@ Nothing here needs BCC: `Unwinder` gets the BCC table objects from tracer.probe.
 """
 from __future__ import annotations
 
+import bisect
 import ctypes as ct
 import hashlib
 import os
@@ -36,6 +37,8 @@ from elftools.common.exceptions import DWARFError, ELFError
 from elftools.dwarf.callframe import CIE, FDE, RegisterRule
 from elftools.dwarf.dwarfinfo import DebugSectionDescriptor, DwarfConfig, DWARFInfo
 from elftools.elf.elffile import ELFFile
+
+from common.elf import OpenedElf, elf_build_id, segments, vaddr_to_offset
 
 from . import layout as L
 from .procfs import Mapping
@@ -74,19 +77,6 @@ class TableInfo:
     fdes: int = 0
     kinds: dict[str, int] = field(default_factory=dict)  # cfa type name -> rows
     sources: list[str] = field(default_factory=list)     # sections used
-
-
-def _segments(elf: ELFFile) -> list[tuple[int, int, int]]:
-    """(p_vaddr, p_memsz, p_offset) of the PT_LOAD segments."""
-    return [(s["p_vaddr"], s["p_memsz"], s["p_offset"]) for s in elf.iter_segments()
-            if s["p_type"] == "PT_LOAD"]
-
-
-def _to_offset(segs: list[tuple[int, int, int]], vaddr: int, end: bool = False) -> int | None:
-    for va, sz, off in segs:
-        if va <= vaddr < va + sz or (end and vaddr == va + sz):
-            return vaddr - va + off
-    return None
 
 
 def _encode(row: dict, ra_reg: int) -> tuple[int, int, int]:
@@ -133,7 +123,7 @@ def _strip_args_size(entry) -> None:
             e.instructions = [i for i in e.instructions if i.opcode != DW_CFA_GNU_args_size]
 
 
-def _frame_dwarfinfo(elf: ELFFile) -> tuple[DWARFInfo | None, list[str]]:
+def frame_dwarfinfo(elf: ELFFile) -> tuple[DWARFInfo | None, list[str]]:
     """A DWARFInfo with only the call-frame sections read (not .debug_info & co)."""
     secs: dict[str, DebugSectionDescriptor | None] = {}
     used = []
@@ -161,11 +151,11 @@ def build_table(elf: ELFFile) -> TableInfo:
     """Unwind rows of one ELF file, sorted by file offset, consecutive duplicates merged."""
     if elf.get_machine_arch() != "x64":
         return TableInfo(np.empty(0, ROW))
-    di, used = _frame_dwarfinfo(elf)
+    di, used = frame_dwarfinfo(elf)
     info = TableInfo(np.empty(0, ROW), sources=used)
     if di is None:
         return info
-    segs = _segments(elf)
+    segs = segments(elf)
     # pc -> (priority, encoding): FDE-end sentinels 0, .debug_frame 1, .eh_frame 2
     best: dict[int, tuple[int, tuple[int, int, int]]] = {}
     covered: list[tuple[int, int]] = []
@@ -189,7 +179,7 @@ def build_table(elf: ELFFile) -> TableInfo:
             end = start + fde.header["address_range"]
             if prio == 1 and _overlaps(eh_ranges, start, end):
                 continue  # .eh_frame has it
-            lo, hi = _to_offset(segs, start), _to_offset(segs, end, end=True)
+            lo, hi = vaddr_to_offset(segs, start, whole=True), vaddr_to_offset(segs, end, whole=True, end=True)
             if lo is None or hi is None or hi > 0xFFFFFFFF:
                 continue
             try:
@@ -223,22 +213,8 @@ def build_table(elf: ELFFile) -> TableInfo:
 
 
 def _overlaps(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
-    import bisect
-
     i = bisect.bisect_right(ranges, (start, float("inf"))) - 1
-    for j in (i, i + 1):
-        if 0 <= j < len(ranges) and ranges[j][0] < end and start < ranges[j][1]:
-            return True
-    return False
-
-
-def _build_id(elf: ELFFile) -> str:
-    for sec in elf.iter_sections():
-        if sec["sh_type"] == "SHT_NOTE":
-            for note in sec.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
-                    return str(note["n_desc"])
-    return ""
+    return any(0 <= j < len(ranges) and ranges[j][0] < end and start < ranges[j][1] for j in (i, i + 1))
 
 
 # --------------------------------------------------------------------------- cache
@@ -251,20 +227,19 @@ def cache_dir() -> Path:
     return Path(base) / "allocscope" / "unwind"
 
 
-def file_key(f, elf: ELFFile) -> str:
+def file_key(opened: OpenedElf) -> str:
     """Build ID, or a digest of the file's identity when it has none."""
-    bid = _build_id(elf)
+    bid = elf_build_id(opened.elf)
     if bid:
         return bid
-    st = os.fstat(f.fileno())
+    st = os.fstat(opened.stream.fileno())
     return "noid-" + hashlib.sha1(f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
 
 
 def load_rows(path: str, use_cache: bool = True) -> tuple[str, np.ndarray, bool]:
     """(key, rows, from_cache) for the ELF file at `path` (raises OSError / ELFError)."""
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
-        key = file_key(f, elf)
+    with OpenedElf.open(path) as opened:
+        key = file_key(opened)
         cpath = cache_dir() / f"v{CACHE_VERSION}-{key}.npy"
         if use_cache:
             try:
@@ -273,7 +248,7 @@ def load_rows(path: str, use_cache: bool = True) -> tuple[str, np.ndarray, bool]
                     return key, rows, True
             except (OSError, ValueError):
                 pass
-        rows = build_table(elf).rows
+        rows = build_table(opened.elf).rows
     if use_cache:
         _save(cpath, rows)
     return key, rows, False
@@ -315,19 +290,19 @@ class Module:
     seconds: float
 
 
-class _UmapKey(ct.Structure):
+class UmapKey(ct.Structure):
     _fields_ = [("prefixlen", ct.c_uint32), ("addr", ct.c_uint8 * 8)]
 
 
-class _Umap(ct.Structure):
+class Umap(ct.Structure):
     _fields_ = [("bias", ct.c_uint64), ("begin", ct.c_uint32), ("count", ct.c_uint32)]
 
 
-class _Urow(ct.Structure):
+class Urow(ct.Structure):
     _fields_ = [("pc", ct.c_uint32), ("cfa_off", ct.c_int16), ("cfa_type", ct.c_uint8), ("rbp_off", ct.c_uint8)]
 
 
-MAP_LAYOUTS = {"urows": (ct.c_uint32, _Urow), "umaps": (_UmapKey, _Umap)}
+MAP_LAYOUTS = {"urows": (ct.c_uint32, Urow), "umaps": (UmapKey, Umap)}
 
 
 def slices_of(n: int, rows: np.ndarray, begin: int) -> list[tuple[int, int, int, int]]:

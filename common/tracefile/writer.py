@@ -16,8 +16,9 @@ import stat
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import traceformat as F
-from .errors import OutputError
+from common.errors import OutputError
+
+from . import format as F
 
 
 def is_trace_dir(path: str) -> bool:
@@ -42,10 +43,9 @@ def prepare_output(path: str, force: bool = False) -> None:
         return
     if stat.S_ISLNK(st.st_mode):
         raise OutputError(f"refusing to write through the symlink {path}; give the real path")
-    if not stat.S_ISDIR(st.st_mode) or not is_trace_dir(path):
-        if not force:
-            raise OutputError(f"{path} exists and is not an allocscope trace; "
-                              "choose another -o or pass --force to replace it")
+    if (not stat.S_ISDIR(st.st_mode) or not is_trace_dir(path)) and not force:
+        raise OutputError(f"{path} exists and is not an allocscope trace; "
+                          "choose another -o or pass --force to replace it")
     old = path.rstrip("/") + ".old"
     if os.path.lexists(old):
         if os.path.isdir(old) and not os.path.islink(old) and (is_trace_dir(old) or force):

@@ -33,6 +33,9 @@ Tables (columns; `seq` is the interval number, 1-based):
              arena address for thread heaps, 'mmap' for the allocator's mmapped chunks),
              resident_bytes (pagemap), estimated (1 when sampled) — written at the end
   live       seq, addr, size, stack_id, tid, ts_ns, api, source (the final live table)
+  symbols    seq, build_id, module, start (file offset), size, name (mangled) — only with
+             --embed-symbols: the function symbols of each module first seen on a stack in
+             that interval (tracer/embed.py writes them, reports/embedded.py reads them)
 
 A reader takes, for every table, the parts whose seq is <= the last seq that has an
 `intervals` part: every finished interval is readable after a SIGKILL of tracer or target.
@@ -73,6 +76,10 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 # `intervals` columns vary with the counters the probe has; its schema is inferred.
 TABLES = ["intervals", *SCHEMAS]
+# Optional, read apart from the tables above (load_trace leaves it to reports/embedded.py).
+SYMBOLS = "symbols"
+SYMBOLS_SCHEMA = pa.schema([("seq", I32), ("build_id", STR), ("module", STR), ("start", U64), ("size", U64),
+                            ("name", STR)])
 
 # Parquet encodings per table (readers see the same columns and types whatever these are): the
 # live table's addresses and times are nearly all distinct, so dictionary pages are tried and

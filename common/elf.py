@@ -1,0 +1,440 @@
+"""The one ELF reader: what unwinding, allocator detection (whose function offsets and sizes probe
+placement works from), symbol embedding and symbolizing need from an ELF file. pyelftools reads
+the container (headers, sections, notes, compressed sections); this module adds the policy on top:
+
+* `open_elf` opens a file as ELF or gives None (missing, unreadable, truncated, not ELF);
+  `OpenedElf.open` raises instead, for callers that report why.
+* `segments` / `offset_to_vaddr` / `vaddr_to_offset`: file offsets <-> virtual addresses through
+  the PT_LOAD program headers (PIE, shared libraries and fixed-address executables alike).
+* `elf_build_id` / `build_id`: the GNU build ID from the notes.
+* `debuglink`, `find_debug_file`, `find_alt_file`: separate debug files, where gdb looks for
+  them (`<debug dir>/.build-id/xx/yyyy.debug`, `.gnu_debuglink` beside the file, in `.debug/`
+  and under the debug dir), and dwz's supplementary file (`.gnu_debugaltlink`).
+* `read_symbols` / `SymbolTable` / `module_symbols`: the function symbols of `.symtab` and
+  `.dynsym`, one name chosen per address.
+* `section_bytes`, `has_section`, `exec_ranges`: section contents (decompressed) and the
+  address ranges of code.
+
+Nothing here raises for a bad file except `OpenedElf.open`; nothing keeps a file open after its
+`OpenedElf` is closed.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator
+from functools import lru_cache
+from typing import Any, BinaryIO, NamedTuple
+
+from elftools.elf.elffile import ELFFile
+
+Progress = Callable[[str], None]
+DEBUG_DIRS = ("/usr/lib/debug",)
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+# --------------------------------------------------------------------------- opening
+
+
+class OpenedElf:
+    """An open ELF file: its path, the stream pyelftools reads and the ELFFile. Close it (or use
+    it as a context manager) once what is needed was read."""
+
+    def __init__(self, path: str, stream: BinaryIO, elf: ELFFile) -> None:
+        self.path = path
+        self.stream = stream
+        self.elf = elf
+
+    @classmethod
+    def open(cls, path: str) -> OpenedElf:
+        """Open `path` as ELF; raises OSError or ELFError (and struct errors on a truncated file)."""
+        stream = open(path, "rb")  # noqa: SIM115 - the OpenedElf owns it until close()
+        try:
+            return cls(path, stream, ELFFile(stream))
+        except BaseException:
+            stream.close()
+            raise
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def __enter__(self) -> OpenedElf:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def open_elf(path: str) -> OpenedElf | None:
+    """Open `path` as ELF, or return None (missing, unreadable, not ELF)."""
+    try:
+        return OpenedElf.open(path)
+    except Exception:  # noqa: BLE001 - OSError, ELFError, struct errors on truncated files, ...
+        return None
+
+
+# --------------------------------------------------------------------------- segments
+
+
+class Segment(NamedTuple):
+    """A PT_LOAD segment: where its bytes are in the file and where it is mapped."""
+
+    offset: int
+    filesz: int
+    vaddr: int
+    memsz: int
+
+
+def segments(elf: ELFFile, debug_only: bool = False) -> list[Segment]:
+    """The PT_LOAD segments.
+
+    A separate debug file has PT_LOAD headers whose offsets and file sizes no longer describe
+    the original file; with `debug_only` the original layout is assumed to be the usual one
+    (file offset = vaddr - vaddr of the first segment, the whole memory size in the file).
+    """
+    loads = [s.header for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+    if not debug_only:
+        return [Segment(h["p_offset"], h["p_filesz"], h["p_vaddr"], h["p_memsz"]) for h in loads]
+    if not loads:
+        return []
+    base = min(h["p_vaddr"] for h in loads) & ~0xFFF
+    return [Segment(h["p_vaddr"] - base, h["p_memsz"], h["p_vaddr"], h["p_memsz"]) for h in loads]
+
+
+def offset_to_vaddr(segs: list[Segment], offset: int) -> int | None:
+    """Virtual address of a file offset, None outside every segment's file bytes."""
+    for seg in segs:
+        if seg.offset <= offset < seg.offset + seg.filesz:
+            return offset - seg.offset + seg.vaddr
+    return None
+
+
+def vaddr_to_offset(segs: list[Segment], vaddr: int, whole: bool = False, end: bool = False) -> int | None:
+    """File offset of a virtual address: inside a segment's file bytes (p_filesz), or with
+    `whole` anywhere in its memory image (p_memsz, as unwinding counts code ranges); `end` also
+    takes the first address past a segment (the end of a range). None outside them."""
+    for seg in segs:
+        size = seg.memsz if whole else seg.filesz
+        if seg.vaddr <= vaddr < seg.vaddr + size or (end and vaddr == seg.vaddr + size):
+            return vaddr - seg.vaddr + seg.offset
+    return None
+
+
+# --------------------------------------------------------------------------- build IDs
+
+
+def elf_build_id(elf: ELFFile) -> str | None:
+    """Hex GNU build ID from the notes (SHT_NOTE sections first, PT_NOTE segments when the
+    file has no note section), None when there is none or the notes are malformed."""
+    try:
+        containers: Iterable[Any] = [s for s in elf.iter_sections() if s["sh_type"] == "SHT_NOTE"]
+        if not containers:
+            containers = [s for s in elf.iter_segments() if s["p_type"] == "PT_NOTE"]
+        for container in containers:
+            for note in container.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID":
+                    return str(note["n_desc"]).lower()
+    except Exception:  # noqa: BLE001 - malformed notes: no build ID
+        return None
+    return None
+
+
+@lru_cache(maxsize=512)
+def build_id(path: str) -> str:
+    """Hex GNU build ID of the ELF file at `path`, '' when it has none or is not readable."""
+    opened = open_elf(path)
+    if opened is None:
+        return ""
+    with opened:
+        return elf_build_id(opened.elf) or ""
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def section_bytes(elf: ELFFile, name: str) -> bytes | None:
+    """Contents of a section, decompressed (SHF_COMPRESSED or the old `.zdebug_` style)."""
+    section = elf.get_section_by_name(name)
+    if section is not None:
+        return None if section["sh_type"] == "SHT_NOBITS" else section.data()
+    if name.startswith(".debug_"):
+        section = elf.get_section_by_name(".z" + name[1:])
+        if section is not None:
+            data = section.data()
+            return zlib.decompress(data[12:]) if data[:4] == b"ZLIB" else data
+    return None
+
+
+def has_section(elf: ELFFile, name: str) -> bool:
+    """The section (or its `.zdebug_` form) exists and has contents in the file."""
+    section = elf.get_section_by_name(name)
+    if section is None and name.startswith(".debug_"):
+        section = elf.get_section_by_name(".z" + name[1:])
+    return section is not None and section["sh_type"] != "SHT_NOBITS"
+
+
+SHF_EXECINSTR = 0x4
+
+
+def exec_ranges(elf: ELFFile) -> list[tuple[int, int]]:
+    """Sorted address ranges of executable sections (SHF_EXECINSTR)."""
+    return sorted((s["sh_addr"], s["sh_addr"] + s["sh_size"]) for s in elf.iter_sections()
+                  if s["sh_flags"] & SHF_EXECINSTR and s["sh_size"])
+
+
+def is_static(elf: ELFFile) -> bool:
+    """Statically linked: no PT_INTERP and no .dynsym."""
+    return not any(s["p_type"] == "PT_INTERP" for s in elf.iter_segments()) and \
+        elf.get_section_by_name(".dynsym") is None
+
+
+# --------------------------------------------------------------------------- debug files
+
+
+def debuglink(elf: ELFFile) -> str | None:
+    """File name stored in `.gnu_debuglink` (the CRC that follows is not checked)."""
+    section = elf.get_section_by_name(".gnu_debuglink")
+    if section is None or section["sh_type"] == "SHT_NOBITS":
+        return None
+    name = section.data().split(b"\0", 1)[0]
+    return os.fsdecode(name) or None
+
+
+def build_id_path(debug_dir: str, bid: str) -> str:
+    """`<debug_dir>/.build-id/xx/yyyy.debug` for build ID xxyyyy."""
+    return os.path.join(debug_dir, ".build-id", bid[:2], bid[2:] + ".debug")
+
+
+def debug_file_candidates(module_path: str, bid: str | None, link: str | None,
+                          debug_dirs: Iterable[str]) -> Iterator[str]:
+    """Where gdb would look for separate debug info, in gdb's order."""
+    dirs = list(debug_dirs)
+    if bid and len(bid) > 2:
+        for d in dirs:
+            yield build_id_path(d, bid)
+    if link:
+        here = os.path.dirname(os.path.abspath(module_path))
+        yield os.path.join(here, link)
+        yield os.path.join(here, ".debug", link)
+        for d in dirs:
+            yield os.path.join(d, here.lstrip("/"), link)
+
+
+def find_debug_file(path: str, bid: str | None, link: str | None,
+                    debug_dirs: Iterable[str] = DEBUG_DIRS, progress: Progress = _quiet) -> OpenedElf | None:
+    """First separate debug file of the module at `path` that exists, is ELF and (when both
+    IDs are known) has build ID `bid`."""
+    own = os.path.realpath(path)
+    for candidate in debug_file_candidates(path, bid, link, debug_dirs):
+        if not os.path.isfile(candidate) or os.path.realpath(candidate) == own:
+            continue
+        found = open_elf(candidate)
+        if found is None:
+            continue
+        candidate_id = elf_build_id(found.elf)
+        if bid and candidate_id and candidate_id != bid:
+            found.close()
+            continue
+        progress(f"{path}: debug info from {candidate}")
+        return found
+    return None
+
+
+def find_alt_file(dwarf_file: OpenedElf, debug_dirs: Iterable[str] = DEBUG_DIRS,
+                  progress: Progress = _quiet) -> OpenedElf | None:
+    """The dwz supplementary file named by `.gnu_debugaltlink` (its path, then its build ID)."""
+    section = dwarf_file.elf.get_section_by_name(".gnu_debugaltlink")
+    if section is None or section["sh_type"] == "SHT_NOBITS":
+        return None
+    raw_name, _, raw_id = section.data().partition(b"\0")
+    name, alt_id = os.fsdecode(raw_name), raw_id.hex() or None
+    candidates = [os.path.join(os.path.dirname(dwarf_file.path), name)]
+    if alt_id:
+        candidates += [build_id_path(d, alt_id) for d in debug_dirs]
+    for candidate in candidates:
+        found = open_elf(candidate) if os.path.isfile(candidate) else None
+        if found is None:
+            continue
+        if alt_id and elf_build_id(found.elf) not in (None, alt_id):
+            found.close()
+            continue
+        progress(f"{dwarf_file.path}: supplementary DWARF from {candidate}")
+        return found
+    progress(f"{dwarf_file.path}: supplementary DWARF {name} not found")
+    return None
+
+
+# --------------------------------------------------------------------------- symbols
+
+STT_NOTYPE, STT_FUNC, STT_GNU_IFUNC = 0, 2, 10
+_BIND_RANK = {1: 0, 10: 0, 2: 0, 0: 1}  # GLOBAL, GNU_UNIQUE and WEAK alike, then LOCAL
+_SHN_LORESERVE = 0xFF00
+
+
+class RawSymbol(NamedTuple):
+    """One function-like entry of a symbol table."""
+
+    addr: int
+    size: int
+    name: str
+    rank: tuple[int, int, int, int, str]  # smaller is the better name for an address
+    section_end: int
+    kind: int  # STT_FUNC, STT_GNU_IFUNC or STT_NOTYPE
+
+
+def read_symbols(elf: ELFFile, section_name: str) -> list[RawSymbol]:
+    """Function-like symbols (FUNC, GNU_IFUNC, NOTYPE in code) of one symbol table, with
+    versions stripped from their names (memcpy@@GLIBC_2.14 -> memcpy). Unpacked straight from
+    the section's bytes: pyelftools' object per symbol costs seconds on a debug file's .symtab."""
+    section = elf.get_section_by_name(section_name)
+    if section is None or section["sh_type"] == "SHT_NOBITS":
+        return []
+    strtab = elf.get_section(section["sh_link"]).data()
+    headers = [(s["sh_flags"], s["sh_addr"], s["sh_size"]) for s in elf.iter_sections()]
+    is64 = elf.elfclass == 64
+    fmt = ("<" if elf.little_endian else ">") + ("IBBHQQ" if is64 else "IIIBBH")
+    entsize = struct.calcsize(fmt)
+    data = section.data()
+    data = data[: len(data) - len(data) % entsize]
+    thumb = elf["e_machine"] == "EM_ARM"
+    out: list[RawSymbol] = []
+    for entry in struct.iter_unpack(fmt, data):
+        if is64:
+            name_off, info, _other, shndx, value, size = entry
+        else:
+            name_off, value, size, info, _other, shndx = entry
+        kind = info & 0xF
+        if kind not in (STT_FUNC, STT_GNU_IFUNC, STT_NOTYPE):
+            continue
+        if shndx == 0 or shndx >= _SHN_LORESERVE or shndx >= len(headers) or not name_off:
+            continue
+        flags, sec_addr, sec_size = headers[shndx]
+        if not flags & SHF_EXECINSTR and (kind == STT_NOTYPE or not size):
+            continue
+        name = strtab[name_off: strtab.find(b"\0", name_off)].decode("utf-8", "replace")
+        if not name or name.startswith(("$", ".L")):  # ARM/AArch64 mapping symbols, local labels
+            continue
+        if "@" in name[1:]:  # versioned names in .symtab: memcpy@@GLIBC_2.14
+            name = name[: name.index("@", 1)]
+        if thumb:
+            value &= ~1
+        rank = (_BIND_RANK.get(info >> 4, 3), 0 if size else 1,
+                len(name) - len(name.lstrip("_")), len(name), name)
+        out.append(RawSymbol(value, size, name, rank, sec_addr + sec_size, kind))
+    return out
+
+
+class SymbolTable:
+    """Sorted, non-overlapping-ish function intervals with one chosen name each."""
+
+    def __init__(self, starts: list[int], ends: list[int], names: list[str]) -> None:
+        self.starts = starts
+        self.ends = ends
+        self.names = names
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __iter__(self) -> Iterator[tuple[int, int, str]]:
+        """(start, end, raw name) by address."""
+        return zip(self.starts, self.ends, self.names)
+
+    @classmethod
+    def build(cls, symbols: Iterable[RawSymbol]) -> SymbolTable:
+        """One name per start address (global over weak over local, sized over unsized,
+        fewer leading underscores, shorter); zero-size symbols extend to the next symbol
+        or the end of their section, unless they sit inside a sized function."""
+        by_addr: dict[int, list[Any]] = {}
+        for sym in symbols:
+            cur = by_addr.get(sym.addr)
+            if cur is None:
+                by_addr[sym.addr] = [sym.rank, sym.name, sym.size, sym.section_end]
+                continue
+            if sym.rank < cur[0]:
+                cur[0], cur[1] = sym.rank, sym.name
+            cur[2] = max(cur[2], sym.size)
+            cur[3] = max(cur[3], sym.section_end)
+        addrs = sorted(by_addr)
+        starts: list[int] = []
+        ends: list[int] = []
+        names: list[str] = []
+        covered_until = -1
+        for i, addr in enumerate(addrs):
+            _rank, name, size, section_end = by_addr[addr]
+            if size:
+                end = addr + size
+                covered_until = max(covered_until, end)
+            else:
+                if addr < covered_until:
+                    continue  # a label inside a sized function: the function wins
+                following = addrs[i + 1] if i + 1 < len(addrs) else section_end
+                end = min(following, section_end) if section_end > addr else following
+                if end <= addr:
+                    continue
+            starts.append(addr)
+            ends.append(end)
+            names.append(name)
+        return cls(starts, ends, names)
+
+    def lookup(self, addr: int) -> str | None:
+        """Raw (mangled) name of the symbol covering `addr`, or None."""
+        i = bisect_right(self.starts, addr) - 1
+        for j in range(i, max(i - 8, -1), -1):  # a few steps back for nested symbols
+            if addr < self.ends[j]:
+                return self.names[j]
+        return None
+
+
+def defined_functions(elf: ELFFile, names: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """name -> (file offset, size) of the functions (FUNC, GNU_IFUNC) `names` that the file
+    defines, .dynsym before .symtab; a name it does not define is absent."""
+    wanted = set(names)
+    segs = segments(elf)
+    out: dict[str, tuple[int, int]] = {}
+    for section in (".dynsym", ".symtab"):
+        for sym in read_symbols(elf, section):
+            if sym.name not in wanted or sym.name in out or sym.kind == STT_NOTYPE:
+                continue
+            off = vaddr_to_offset(segs, sym.addr)
+            if off is not None:
+                out[sym.name] = (off, sym.size)
+    return out
+
+
+def module_symbols(path: str, bid: str | None = None,
+                   debug_dirs: Iterable[str] = DEBUG_DIRS) -> list[tuple[int, int, str]]:
+    """(file offset, size, raw name) of the functions of the module at `path` as a symbolizer
+    names them (.symtab, .dynsym and the separate debug file's .symtab), sorted; [] when the
+    file is unreadable or is another build than `bid`."""
+    main = open_elf(path)
+    if main is None:
+        return []
+    debug = None
+    try:
+        file_id = elf_build_id(main.elf)
+        if bid and file_id and file_id != bid.lower():
+            return []  # another build than the one traced
+        segs = segments(main.elf)
+        raw = read_symbols(main.elf, ".symtab") + read_symbols(main.elf, ".dynsym")
+        debug = find_debug_file(path, bid or file_id, debuglink(main.elf), debug_dirs)
+        if debug is not None:
+            raw += read_symbols(debug.elf, ".symtab")
+        table = SymbolTable.build(raw)
+    except Exception:  # noqa: BLE001 - a corrupt file gives nothing
+        return []
+    finally:
+        main.close()
+        if debug is not None:
+            debug.close()
+    out = []
+    for start, end, name in table:
+        off = vaddr_to_offset(segs, start)
+        if off is not None:
+            out.append((off, end - start, name))
+    return out
+

@@ -1,0 +1,205 @@
+"""What the tests share (fixtures are in conftest.py, the bpf(2) layer in bpfmaps.py):
+
+* paths and flags: ROOT, TARGETS_SRC, CFLAGS_FP, IN_CI (CI=true: what would be skipped fails);
+* `build`: compile a C/C++/Rust target; `need_tool` / `need`: a tool or file a test needs, a skip
+  here and a failure under CI=true (scripts/setup-host.sh installs every one of them);
+* the CLI: `cli` (run and capture), `cli_bg` (started), `report_json`, `one_line_error`;
+* processes: `Proc` (a target whose stdout lines are awaited through a reader thread),
+  `wait_for`, `attached`, `record_run`;
+* frames of a JSON report: `functions`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS_SRC = ROOT / "tests" / "targets"
+CFLAGS_FP = ["-O1", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-pthread"]
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+# --------------------------------------------------------------------------- what a test needs
+
+def unavailable(what: str) -> NoReturn:
+    """Skip the test for want of `what` (a tool, a file, a capability); under CI=true fail it:
+    CI's set-up installs everything, so a skip there would hide a test that never ran."""
+    if IN_CI:
+        pytest.fail(f"CI=true but {what} (scripts/setup-host.sh provides it)", pytrace=False)
+    pytest.skip(what)
+
+
+def find_tool(name: str, *elsewhere: str) -> str | None:
+    """Path of the program `name`: on PATH, else the first of `elsewhere` that is executable."""
+    for cand in (shutil.which(name), *(os.path.expanduser(p) for p in elsewhere)):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def need_tool(name: str, *elsewhere: str) -> str:
+    """find_tool, or the test is `unavailable`."""
+    path = find_tool(name, *elsewhere)
+    if path is None:
+        unavailable(f"{name} is not installed")
+    return path
+
+
+def need(paths: Sequence[str], what: str) -> str:
+    """The first of `paths` that exists."""
+    for p in paths:
+        if os.path.exists(p):
+            return p
+    unavailable(f"{what} is not installed")
+
+
+RUSTC_ELSEWHERE = ("~/.cargo/bin/rustc", "/usr/local/cargo/bin/rustc", "/root/.cargo/bin/rustc")
+
+
+def build(exe: Path | str, *inputs: Path | str, flags: Sequence[str] = CFLAGS_FP, cc: str = "gcc",
+          cwd: Path | str | None = None) -> Path:
+    """Compile `inputs` (sources, then libraries and linker flags) into `exe`: `cc FLAGS -o EXE
+    INPUTS`. Frame pointers and -g by default; raises when the compiler fails."""
+    subprocess.run([cc, *flags, "-o", str(exe), *map(str, inputs)], check=True, cwd=cwd)
+    return Path(exe)
+
+
+def bpf_problem() -> str | None:
+    """Why BPF tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "not root"
+    try:
+        import bcc  # noqa: F401
+    except ImportError as e:
+        return f"BCC not importable: {e}"
+    if not os.path.exists("/sys/kernel/tracing/uprobe_events") and \
+            not os.path.exists("/sys/kernel/debug/tracing/uprobe_events"):
+        return "tracefs not mounted"
+    return None
+
+
+# --------------------------------------------------------------------------- the CLI
+
+def cli(*args: str, timeout: float = 120, check: bool = False, **kw) -> subprocess.CompletedProcess:
+    """Run `python -m allocscope ARGS` and capture text output."""
+    p = subprocess.run([sys.executable, "-m", "allocscope", *args], capture_output=True, text=True,
+                       timeout=timeout, cwd=str(ROOT), **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"allocscope {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def cli_bg(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "allocscope", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
+
+
+def report_json(trace: Path | str) -> dict:
+    p = cli("report", str(trace), "--format", "json", check=True)
+    return json.loads(p.stdout)
+
+
+def one_line_error(result, *needles: str, code: int | None = None) -> str:
+    """The CLI failed the way every user error should: non-zero exit (`code` if given), one line
+    `allocscope: ...` on stderr holding every needle, no traceback. `result`
+    is a CompletedProcess or a click test runner Result. Returns the line."""
+    rc = result.returncode if hasattr(result, "returncode") else result.exit_code
+    out = result.stdout or ""
+    assert rc != 0, (out, result.stderr)
+    if code is not None:
+        assert rc == code, (rc, result.stderr)
+    assert "Traceback" not in result.stderr and "Traceback" not in out, result.stderr
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("allocscope: "), err
+    for n in needles:
+        assert n in err, (n, err)
+    return err
+
+
+def functions(frames: list[dict]) -> list[str]:
+    """Function names of a report's frames, innermost first."""
+    return [f["function"] for f in frames]
+
+
+# --------------------------------------------------------------------------- processes
+
+def wait_for(pred, timeout: float = 30, what: str = "condition", step: float = 0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def attached(trace: Path | str) -> bool:
+    """meta.json exists once the probes are attached."""
+    return (Path(trace) / "meta.json").exists()
+
+
+class Proc:
+    """A target process whose stdout lines can be awaited (a reader thread queues them: select()
+    on a buffered pipe would miss lines already read ahead)."""
+
+    def __init__(self, argv: list, **popen_kw) -> None:
+        popen_kw.setdefault("stderr", subprocess.PIPE)
+        self.p = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, text=True, **popen_kw)
+        self.pid = self.p.pid
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.p.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # EOF
+
+    def expect(self, prefix: str, timeout: float = 60) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                line = self.lines.get(timeout=max(0.01, end - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            if line.startswith(prefix):
+                return line
+        raise AssertionError(f"target did not print {prefix!r} (rc={self.p.poll()})")
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait(10)
+
+
+def record_run(procs, tracers, out, argv: list, done: str = "done", interval: str = "0.5",
+               record_args: tuple = ()) -> None:
+    """Start the target `argv` (it prints "ready" and waits for SIGUSR1), record it with --pid
+    into `out` (and `record_args`), release it, wait for its `done` line, stop the tracer with
+    SIGINT (exit 0)."""
+    tgt = procs(*argv)
+    tgt.expect("ready")
+    tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", interval, *record_args)
+    wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
+    assert tr.poll() is None, tr.stderr.read()
+    tgt.signal(signal.SIGUSR1)
+    tgt.expect(done)
+    time.sleep(float(interval) + 0.1)
+    tr.send_signal(signal.SIGINT)
+    assert tr.wait(60) == 0, tr.stderr.read()

@@ -1,0 +1,179 @@
+"""The dependency rule, read from the source: every import of every module (function-level ones
+included) of allocscope/, reports/, tracer/ and common/ points down the layers
+
+    allocscope (CLI)  ->  reports  ->  common  <-  tracer
+
+so the tracer never imports reports, reports never import the tracer or bcc, common imports
+none of them, only the tracer touches bcc, and no shipped module imports bench/ or tests/.
+And nowhere (tests and bench included) does a module import another module's private
+(`_name`) names, by `from m import _x` or as `m._x`. Parsed with `ast`; nothing is imported."""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ("allocscope", "reports", "tracer", "common")
+# layer -> the first-party layers it may import (itself included)
+ALLOWED = {
+    "allocscope": {"allocscope", "reports", "tracer", "common", "probes"},
+    "reports": {"reports", "common"},
+    "tracer": {"tracer", "common", "probes"},
+    "common": {"common"},
+}
+ONLY_TRACER = {"bcc"}  # third-party packages no other layer may import
+
+
+@dataclass(frozen=True)
+class Import:
+    line: int
+    module: str                               # absolute dotted name of `import m` / `from m import`
+    names: tuple[tuple[str, str | None], ...]  # (name, as) of `from m import name as x`; () for `import m`
+    asname: str | None = None                 # `import m as x`
+
+
+class Tree:
+    """The source files of a checkout, by the dotted names they are imported as."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.local = {folder: {p.stem for p in (root / folder).glob("*.py")} for folder in ("tests", "bench")}
+        self.modules = {self.name(p) for p in self.files(*SHIPPED, "probes", "tests", "bench")}
+
+    def files(self, *folders: str) -> list[Path]:
+        """The .py files of shipped packages (recursively) and of tests/, bench/ (flat)."""
+        out = []
+        for d in folders:
+            out += sorted((self.root / d).glob("*.py") if d in ("tests", "bench") else (self.root / d).rglob("*.py"))
+        return out
+
+    def name(self, path: Path) -> str:
+        """allocscope/cli.py -> allocscope.cli; tests/synth.py -> synth (tests/ and bench/ put
+        their own folder on sys.path)."""
+        parts = list(path.relative_to(self.root).with_suffix("").parts)
+        if parts[0] in ("tests", "bench"):
+            parts = parts[1:]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        return ".".join(parts)
+
+    def imports(self, path: Path) -> list[Import]:
+        """Every import statement of a file, anywhere in it, relative ones made absolute."""
+        here = self.name(path)
+        package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+        out = []
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                out += [Import(node.lineno, a.name, (), a.asname) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - (node.level - 1)] if package else []
+                    base = ".".join(p for p in [*parts, base] if p)
+                out.append(Import(node.lineno, base, tuple((a.name, a.asname) for a in node.names)))
+        return out
+
+    def layer(self, module: str) -> str | None:
+        """The layer of an imported module; None for the standard library and third parties
+        other than those in ONLY_TRACER."""
+        top = module.split(".")[0]
+        if top in (*SHIPPED, "probes", "tests", "bench", *ONLY_TRACER):
+            return top
+        return next((folder for folder, names in self.local.items() if top in names), None)
+
+    def layer_violations(self) -> list[str]:
+        bad = []
+        for path in self.files(*SHIPPED):
+            src = path.relative_to(self.root).parts[0]
+            for imp in self.imports(path):
+                # `from pkg import mod` imports pkg.mod: the first first-party name decides
+                targets = [imp.module, *(f"{imp.module}.{n}" for n, _ in imp.names if n != "*")]
+                dst = next((layer for layer in map(self.layer, targets) if layer), None)
+                if dst is None:
+                    continue
+                ok = src == "tracer" if dst in ONLY_TRACER else dst in ALLOWED[src]
+                if not ok:
+                    bad.append(f"{path.relative_to(self.root)}:{imp.line}: {src} imports {imp.module} ({dst})")
+        return bad
+
+    def private_violations(self) -> list[str]:
+        """`from m import _x` from a first-party m, and `m._x` where m is bound to a first-party
+        module by an import."""
+        tops = {m.split(".")[0] for m in self.modules}
+        bad = []
+        for path in self.files(*SHIPPED, "probes", "tests", "bench"):
+            where = path.relative_to(self.root)
+            bound: dict[str, str] = {}  # local name -> the module it is
+            for imp in self.imports(path):
+                if imp.module.split(".")[0] not in tops:
+                    continue
+                if not imp.names:  # `import a.b` binds a; `import a.b as x` binds x to a.b
+                    top = imp.module.split(".")[0]
+                    bound[imp.asname or top] = imp.module if imp.asname else top
+                for n, asname in imp.names:
+                    if private(n):
+                        bad.append(f"{where}:{imp.line}: imports {n} from {imp.module}")
+                    elif f"{imp.module}.{n}" in self.modules:
+                        bound[asname or n] = f"{imp.module}.{n}"
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not (isinstance(node, ast.Attribute) and private(node.attr)):
+                    continue
+                chain = dotted(node.value)
+                head, _, rest = (chain or "").partition(".")
+                if head in bound and (target := ".".join(p for p in (bound[head], rest) if p)) in self.modules:
+                    bad.append(f"{where}:{node.lineno}: uses {target}.{node.attr}")
+        return bad
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def dotted(node: ast.AST) -> str | None:
+    """`a.b.c` of a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def test_imports_follow_the_layers():
+    tree = Tree(ROOT)
+    assert len(tree.files(*SHIPPED)) > 40  # the walk found the code
+    assert tree.layer_violations() == []
+
+
+def test_no_module_imports_private_names():
+    assert Tree(ROOT).private_violations() == []
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path):
+    """Bad imports planted in a copy of the layout are found, so the empty lists above mean
+    something: tracer -> reports at function level, reports -> tracer and bcc, common -> tracer
+    through a relative import, tests/ and bench/ from shipped code; private names by `from`
+    and by attribute of an imported module."""
+    for d in (*SHIPPED, "tests", "bench", "probes"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "__init__.py").write_text("")
+    planted = {
+        "tracer/record.py": "def f():\n    from reports.embedded import load\n",
+        "tracer/unwind.py": "import bcc\nfrom common.elf import build_id\nfrom . import record\n",
+        "reports/analysis.py": "from tracer import procfs\nimport bcc\n",
+        "reports/pprof.py": "from common.tracefile.reader import Trace\nfrom .analysis import x\n",
+        "common/elf.py": "from ..tracer import unwind\n",
+        "common/ok.py": "from .elf import build_id\nimport numpy\n",
+        "allocscope/cli.py": "import synth\nfrom bench import soak\nfrom tracer import record\n",
+        "tests/synth.py": "",
+        "bench/soak.py": "from reports.pprof import _hidden\nfrom tracer import unwind as U\nU._rows\n"
+                         "import common.elf\ncommon.elf._quiet\nU.__name__\n",
+    }
+    for rel, text in planted.items():
+        (tmp_path / rel).write_text(text)
+    tree = Tree(tmp_path)
+    assert sorted(v.split(": ", 1)[0] for v in tree.layer_violations()) == [
+        "allocscope/cli.py:1", "allocscope/cli.py:2", "common/elf.py:1", "reports/analysis.py:1",
+        "reports/analysis.py:2", "tracer/record.py:2"], tree.layer_violations()
+    assert sorted(v.split(": ", 1)[1] for v in tree.private_violations()) == [
+        "imports _hidden from reports.pprof", "uses common.elf._quiet", "uses tracer.unwind._rows"]
