@@ -167,6 +167,8 @@ def report(trace, fmt, output, top, sort, metric):
 
     The JSON form (schema allocscope.report/1) is a contract other tools read: sites sorted by
     --sort (default: live bytes), each with frames innermost first, and threads, arenas, trims.
+    When most of the peak was freed by the end (live at the end <= 25% of the peak), the text
+    and HTML forms show the sites that held the peak first.
     """
     from reports import render  # noqa: PLC0415
     from reports.analysis import build_report, symbolize_stacks  # noqa: PLC0415

@@ -28,7 +28,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -176,13 +176,18 @@ def fold_frames(frames: tuple[FrameInfo, ...]) -> tuple[FrameInfo, ...]:
     return frames[cut:]
 
 
-def site_table(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]] | None = None, progress=None) -> pd.DataFrame:
-    """One row per (site, thread, source) at the end of the recording, with `site` (folded
-    frames tuple) and `full_frames`. Columns: site, full_frames, stack_id, tid, source,
-    alloc_bytes, alloc_count, free_bytes, free_count, live_bytes, live_count, peak_live_bytes."""
+def site_table(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]] | None = None, progress=None,
+               at_seq: int | None = None) -> pd.DataFrame:
+    """One row per (site, thread, source) at the end of the recording (with `at_seq`: at the
+    end of that interval), with `site` (frames folded by `fold_frames`) and `full_frames`.
+    Columns: site, full_frames, stack_id, tid, source, alloc_bytes, alloc_count, free_bytes,
+    free_count, live_bytes, live_count, peak_live_bytes."""
     if stacks is None:
         stacks = symbolize_stacks(trace, progress)
-    df = trace.final_sites()
+    if at_seq is None:
+        df = trace.final_sites()
+    else:  # the cumulative counters as they stood then: the rows up to that interval
+        df = replace(trace, sites=trace.sites[trace.sites["seq"] <= at_seq], live=None).final_sites()
     full = [stacks.get(int(s), UNKNOWN_STACK) for s in df["stack_id"]]
     df["full_frames"] = full
     df["site"] = [fold_frames(f) for f in full]
@@ -198,6 +203,7 @@ MIN_FIT_POINTS = 4           # ...but over at least this many intervals; fewer: 
 GROWTH_MIN_R2 = 0.8          # a line must explain >= 80% of the variance to call it growth
 GROWTH_MIN_RISE = 0.10       # and the rise over the fit window must be >= 10% of the live bytes
 TRANSIENT_MAX_FRACTION = 0.25  # live at the end <= 25% of the peak: the peak was mostly freed
+PEAK_FIRST_MAX_FRACTION = 0.25  # the same for the whole process: reports lead with the peak (peak_first)
 TIMELINE_POINTS = 50         # at most this many points of each site's timeline in the JSON
 
 
@@ -346,7 +352,29 @@ def oldest_ages(trace: Trace, stacks: dict[int, SiteKey]) -> dict[SiteKey, float
 
 RANK_COLUMNS = ["rank", "site", "full_frames", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes",
                 "alloc_count", "free_bytes", "free_count", "sources", "threads", "growth_bytes_per_s",
-                "growth_r2", "oldest_age_s", "verdict", "timeline"]
+                "growth_r2", "oldest_age_s", "verdict", "timeline", "at_peak_bytes"]
+
+
+def peak_seq(trace: Trace) -> int | None:
+    """The interval (seq) at whose end the process's live total (`intervals.live_bytes`) was
+    highest — the first of equal ones; None when nothing was ever live."""
+    iv = trace.intervals
+    if iv.empty or "live_bytes" not in iv:
+        return None
+    iv = iv.sort_values("seq")
+    lb = iv["live_bytes"].to_numpy()
+    i = int(np.argmax(lb))
+    return int(iv["seq"].iloc[i]) if lb[i] > 0 else None
+
+
+def peak_first(tot: dict) -> bool:
+    """Whether people-facing reports (text, HTML) lead with the sites that held the peak: most
+    of the peak was freed by the end, i.e. live at the end <= PEAK_FIRST_MAX_FRACTION (25%) of
+    the peak live bytes (`totals`) — a daemon that shut down cleanly, a burst that is over.
+    The target's exit alone is no reason: a program that exits holding leaks has them live at
+    the end, and they are what its report is for."""
+    peak = int(tot.get("peak_live_bytes") or 0)
+    return peak > 0 and int(tot.get("live_bytes") or 0) <= PEAK_FIRST_MAX_FRACTION * peak
 
 
 def _sort_sites(df: pd.DataFrame, sort: str) -> pd.DataFrame:
@@ -357,7 +385,7 @@ def _sort_sites(df: pd.DataFrame, sort: str) -> pd.DataFrame:
                    _age=df["oldest_age_s"].astype(float).fillna(-1.0),
                    _name=[frame_key_text(s) for s in df["site"]])
     first = {"live": [], "peak": ["peak_live_bytes"], "growth": ["_growing", "growth_bytes_per_s"],
-             "age": ["_age"]}[sort]
+             "age": ["_age"], "at_peak": ["at_peak_bytes", "peak_live_bytes"]}[sort]
     cols = first + [c for c in tie if c not in first]
     df = df.sort_values(cols + ["_name"], ascending=[False] * len(cols) + [True], kind="mergesort")
     return df.drop(columns=["_growing", "_age", "_name"])
@@ -378,7 +406,8 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live") -> 
     live desc), growth_bytes_per_s, growth_r2 (least-squares slope of live bytes over the last
     half of the recording and its R², NaN when too short), oldest_age_s (age at the end of its
     oldest outstanding allocation, NaN when unknown), verdict (see `verdict`), timeline (list
-    of live bytes at the end of every interval).
+    of live bytes at the end of every interval), at_peak_bytes (its live bytes at the end of
+    the interval where the process's live total was highest, `peak_seq`; 0 when none).
 
     sort: ``live`` (live bytes at the end), ``peak`` (peak live bytes), ``growth`` (growing
     sites first, then by slope), ``age`` (oldest outstanding allocation first); ties by live,
@@ -395,6 +424,7 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live") -> 
     series = {site: tl.iloc[:, i].to_numpy() for i, site in enumerate(tl.columns)}
     growth = growth_table(tl, elapsed_s(trace)).to_dict("index")
     ages = oldest_ages(trace, stacks)
+    at = peak_seq(trace)
     rows = []
     for site, g in st.groupby("site", sort=False):
         by_tid = g.groupby("tid")["live_bytes"].sum().sort_values(ascending=False)
@@ -416,6 +446,7 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live") -> 
             "oldest_age_s": ages.get(site, math.nan),
             "verdict": verdict(live, peak, slope, r2, float(gr["window_s"]), int(gr["window_points"])),
             "timeline": [int(v) for v in line],
+            "at_peak_bytes": int(line[at - 1]) if at is not None and len(line) >= at else 0,
         })
     df = _sort_sites(pd.DataFrame(rows), sort)
     df.insert(0, "rank", range(1, len(df) + 1))
@@ -771,7 +802,22 @@ def site_dict(r, names: dict[int, str], points: list[int]) -> dict:
         "frames": [f.as_dict() for f in r.site],
         "full_frames": [f.as_dict() for f in r.full_frames],
         "threads": [{"tid": t, "name": names.get(t, "?"), "live_bytes": b} for t, b in r.threads],
+        "at_peak_bytes": int(r.at_peak_bytes),
     }
+
+
+def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[int, int]]:
+    """The report's `at_peak` block — seq and elapsed_s of `peak_seq` (None when nothing was
+    live), live_bytes (the process's live total then), peak_first (see `peak_first`),
+    max_fraction (its threshold) — and rank -> at_peak_rank: the rank_sites rows ordered by
+    their bytes at that moment, then by their own peak (ties as rank_sites breaks them)."""
+    seq = peak_seq(trace)
+    live = trace.intervals.set_index("seq")["live_bytes"]
+    block = {"seq": seq, "elapsed_s": None if seq is None else _num(float(elapsed_s(trace)[seq]), 3),
+             "live_bytes": 0 if seq is None else int(live[seq]), "peak_first": peak_first(tot),
+             "max_fraction": PEAK_FIRST_MAX_FRACTION}
+    order = _sort_sites(sites, "at_peak")["rank"].tolist() if len(sites) else []
+    return block, {int(r): i for i, r in enumerate(order, 1)}
 
 
 def sampling_error(live_bytes: int, sample_bytes: int) -> int:
@@ -800,15 +846,17 @@ def mode_notes(trace: Trace) -> list[str]:
 
 def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None) -> dict:
     """The allocscope.report/1 document: what `report --format json` prints. Sites are ordered
-    (and `rank`ed) by `sort` (see rank_sites); each site's `timeline` holds its live bytes at the
-    intervals listed once in `timeline_seq`. `stacks` (from symbolize_stacks) saves symbolizing
-    again when the caller has them."""
+    (and `rank`ed) by `sort` (see rank_sites) whatever `at_peak.peak_first` says (that is for
+    the text and HTML renderers, which lead with `at_peak_rank` then); each site's `timeline`
+    holds its live bytes at the intervals listed once in `timeline_seq`. `stacks` (from
+    symbolize_stacks) saves symbolizing again when the caller has them."""
     if stacks is None:
         stacks = symbolize_stacks(trace, progress)
     sites = rank_sites(trace, stacks, sort=sort)
     threads = thread_table(trace)
     names = trace.thread_names()
     tot = totals(trace)
+    peak, peak_rank = at_peak(trace, tot, sites)
     sample_bytes = int((trace.meta.get("sampling") or {}).get("sample_bytes", 0) or 0)
     arenas = arena_table(trace)
     dec = rss_decomposition(trace, arenas)
@@ -827,7 +875,8 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None) -
         "advice": mode_notes(trace) + advice(trace, tot) + residency_advice(arenas, dec),
         "sort": sort,
         "timeline_seq": [i + 1 for i in points],
-        "sites": [dict(site_dict(r, names, points),
+        "at_peak": peak,
+        "sites": [dict(site_dict(r, names, points), at_peak_rank=peak_rank[int(r.rank)],
                        **({"live_bytes_error": sampling_error(int(r.live_bytes), sample_bytes)} if sample_bytes else {}))
                   for r in sites.itertuples()],
         "threads": [{"tid": int(r.tid), "name": r.name, "live_bytes": int(r.live_bytes),

@@ -24,13 +24,15 @@ def frame_label(function: str) -> str:
 
 
 def folded_stacks(trace: Trace, metric: str = "live_bytes", thread_root: bool = False,
-                  stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None) -> dict[tuple[str, ...], int]:
-    """Sum of `metric` per stack of frame labels, outermost first. With `thread_root`, the
-    allocating thread's name is prepended as the root frame (threads of one name share it).
-    Zero-value stacks are dropped."""
+                  stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None,
+                  at_seq: int | None = None) -> dict[tuple[str, ...], int]:
+    """Sum of `metric` per stack of frame labels, outermost first, at the end of the recording
+    (with `at_seq`: at the end of that interval; the counters are cumulative). With
+    `thread_root`, the allocating thread's name is prepended as the root frame (threads of one
+    name share it). Zero-value stacks are dropped."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; one of {', '.join(METRICS)}")
-    st = site_table(trace, dict(stacks) if stacks is not None else None)
+    st = site_table(trace, dict(stacks) if stacks is not None else None, at_seq=at_seq)
     names = trace.thread_names() if thread_root else {}
     out: dict[tuple[str, ...], int] = {}
     for site, tid, value in zip(st["site"], st["tid"], st[metric]):
