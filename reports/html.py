@@ -30,9 +30,9 @@ from typing import Any
 
 import pandas as pd
 
-from .analysis import FrameInfo, peak_seq, site_timeline, symbolize_stacks
+from .analysis import FrameInfo, Folding, peak_seq, site_timeline, symbolize_stacks
 from .folded import folded_stacks
-from .render import SORT_TITLES, frame_text, human_bytes, peak_when
+from .render import SORT_TITLES, folded_text, frame_text, human_bytes, peak_when
 from .trace import Trace
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -119,11 +119,11 @@ def ordered_sites(report_doc: dict) -> list[tuple[int, dict]]:
 
 
 def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[FrameInfo, ...]],
-                    top: int = TOP_SITES_CHART) -> dict:
+                    top: int = TOP_SITES_CHART, fold: Folding | None = None) -> dict:
     """Live bytes over time of the page's top `top` sites (`ordered_sites`: by rank, or by
     bytes at the peak when the report leads with it) plus 'other'; series in stacking order,
     bottom (#1) first."""
-    tl = site_timeline(trace, dict(stacks))
+    tl = site_timeline(trace, dict(stacks), fold)
     elapsed = dict(zip(trace.intervals["seq"].astype(int), trace.intervals["elapsed_s"].astype(float)))
     if tl.empty:
         return {"t": [], "series": []}
@@ -147,13 +147,14 @@ def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[F
 
 
 def flame_tree(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]],
-               min_fraction: float = FLAME_MIN_FRACTION, at_seq: int | None = None) -> dict:
+               min_fraction: float = FLAME_MIN_FRACTION, fold: Folding | None = None,
+               at_seq: int | None = None) -> dict:
     """The live-bytes folded stacks (at the end; with `at_seq`, at the end of that interval)
     as a tree {n: name, v: value, c: [children]} rooted at 'all', children largest first;
     nodes under `min_fraction` of the total are dropped (their bytes still count in their
     parents)."""
     root: dict = {"n": "all", "v": 0, "c": {}}
-    for path, value in folded_stacks(trace, "live_bytes", stacks=stacks, at_seq=at_seq).items():
+    for path, value in folded_stacks(trace, "live_bytes", stacks=stacks, fold=fold, at_seq=at_seq).items():
         if value <= 0:
             continue
         node = root
@@ -174,13 +175,14 @@ def flame_tree(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]],
     return finish(root)
 
 
-def flame_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[FrameInfo, ...]]) -> dict:
+def flame_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[FrameInfo, ...]],
+               fold: Folding | None = None) -> dict:
     """The flame graph's views: {"views": {"peak": tree at `peak_seq` (None when nothing was
     live), "end": tree at the end}, "default": "peak" when the report leads with the peak,
     else "end"}."""
     seq = peak_seq(trace)
-    views = {"peak": flame_tree(trace, stacks, at_seq=seq) if seq is not None else None,
-             "end": flame_tree(trace, stacks)}
+    views = {"peak": flame_tree(trace, stacks, fold=fold, at_seq=seq) if seq is not None else None,
+             "end": flame_tree(trace, stacks, fold=fold)}
     lead = bool((report_doc.get("at_peak") or {}).get("peak_first")) and views["peak"] is not None
     return {"views": views, "default": "peak" if lead else "end"}
 
@@ -292,13 +294,14 @@ def diff_table(diff_doc: dict) -> str:
 
 # --------------------------------------------------------------------------------------------- page
 def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
-            stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None, title: str | None = None) -> str:
-    """The whole page. `report_doc` is build_report(trace); `stacks` is
+            stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None, title: str | None = None,
+            fold: Folding | None = None) -> str:
+    """The whole page. `report_doc` is build_report(trace, fold=fold); `stacks` is
     symbolize_stacks(trace) when the caller already has it; `diff_doc` adds the diff section."""
     if stacks is None:
         stacks = symbolize_stacks(trace)
-    flame = flame_data(trace, report_doc, stacks)
-    data = {"timeline": timeline_data(trace), "sites": site_chart_data(trace, report_doc, stacks),
+    flame = flame_data(trace, report_doc, stacks, fold)
+    data = {"timeline": timeline_data(trace), "sites": site_chart_data(trace, report_doc, stacks, fold=fold),
             "flame": flame}
     tgt = report_doc.get("target") or {}
     tot = report_doc.get("totals") or {}
@@ -314,6 +317,8 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
     cards_html = "".join(f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
                          f'<div class="s">{_e(s)}</div></div>' for k, v, s in cards)
     notes = [("warn", w) for w in rec.get("warnings") or []] + [("warn", a) for a in report_doc.get("advice") or []]
+    if report_doc.get("folded"):
+        notes.append(("note", "folded out of sites: " + folded_text(report_doc["folded"])))
     notes_html = "".join(f'<p class="{c}">{_e(t)}</p>' for c, t in notes)
     sections = [
         ("timeline", "Memory over time", '<div class="chart" id="chart-timeline"></div>'),

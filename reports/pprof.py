@@ -29,7 +29,7 @@ import pandas as pd
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
-from .analysis import FrameInfo, site_table, symbolize_stacks
+from .analysis import FrameInfo, Folding, site_table, symbolize_stacks
 from .trace import Trace
 
 # (name, unit) in Go's heap-profile order; the report columns they come from.
@@ -162,12 +162,14 @@ def _captured_frames(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]]) 
     return out
 
 
-def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None) -> bytes:
+def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None,
+             fold: Folding | None = None) -> bytes:
     """The trace's final state as a gzipped pprof heap profile (see the module docstring).
-    `stacks` is symbolize_stacks(trace) when the caller already has it."""
+    `stacks` is symbolize_stacks(trace) when the caller already has it; `fold` adds wrappers
+    to fold out of the stacks (analysis.parse_fold)."""
     if stacks is None:
         stacks = symbolize_stacks(trace)
-    sites = site_table(trace, dict(stacks))
+    sites = site_table(trace, dict(stacks), fold=fold)
     captured = _captured_frames(trace, stacks)
     names = trace.thread_names()
     s = _Strings()

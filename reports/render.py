@@ -131,6 +131,8 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     if probes.get("skipped"):
         out.append(s.dim("not probed: " + ", ".join(f"{k} ({v})" for k, v in probes["skipped"].items())))
     out.append(f"{tot['intervals']} intervals, {tot['duration_s']:.1f}s; ended: {rec.get('end_reason') or 'interrupted'}")
+    if doc.get("folded"):
+        out.append(s.dim("folded out of sites: " + folded_text(doc["folded"])))
     for w in rec.get("warnings") or []:
         out.append(s.yellow(f"warning: {w}"))
     out.append("")
@@ -269,6 +271,16 @@ def _at_peak_text(doc: dict, s: _Style, top: int, frames_per_site: int) -> list[
     return out
 
 
+def folded_text(folded: list[dict]) -> str:
+    """The report's `folded` list as one line: what each wrapper pattern folded."""
+    parts = []
+    for f in folded:
+        names = ", ".join(f["functions"]) or "no frame matched"
+        src = f"--fold {f['pattern']}" if f["from"] == "--fold" else f"{f['from']} {f['pattern']}"
+        parts.append(f"{names} [{src}]")
+    return "; ".join(parts)
+
+
 DIFF_SORT_TITLES = {"delta": "|peak delta|", "live": "|live-at-end delta|", "alloc": "|allocated delta|",
                     "ratio": "B/A ratio", "excess": "|excess over linear scaling|"}
 
@@ -303,6 +315,8 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
     out = [s.bold(f"allocscope diff — {_side_text('A', a)}  vs  {_side_text('B', b)}"),
            f"  A {a['path']}", f"  B {b['path']}"]
     out += [s.yellow(f"warning: {w}") for w in doc.get("warnings") or []]
+    if doc.get("folded"):
+        out.append(s.dim("folded out of sites: " + folded_text(doc["folded"])))
     if per:
         out.append(f"normalized per {per['label']}: a site scaling linearly has B/A = {per['b']:g}/{per['a']:g}"
                    f" = {per['expected_ratio']:.2f}; ! = grew more than {per['flag_scaling']:g}x that, by at least"
