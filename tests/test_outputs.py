@@ -344,6 +344,16 @@ def test_html_renders_in_chromium(page, tmp_path):
     assert re.search(r'<div id="flame-graph"[^>]*data-view="peak"', dom)
     assert re.search(r'<button type="button" data-view="peak" aria-pressed="true">', dom)
 
+    # The other view, as a click on its button draws it: the 10 frames live at the end.
+    clicked = tmp_path / "clicked.html"
+    clicked.write_text(page.replace("</body>", "<script>document.querySelector('button[data-view=end]').click()"
+                                              "</script></body>"), encoding="utf-8")
+    dom = _chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", clicked.as_uri()).stdout
+    flame = re.search(r'<div id="flame-graph"[^>]*data-nodes="(\d+)"[^>]*>(.*?)</div>', dom, re.DOTALL)
+    assert flame and flame.group(1) == "10" and flame.group(2).count("<rect") == 10
+    assert re.search(r'<div id="flame-graph"[^>]*data-view="end"', dom) and "map_arena" not in flame.group(2)
+    assert re.search(r'<button type="button" data-view="end" aria-pressed="true">', dom)
+
     png = tmp_path / "shot.png"
     _chromium(exe, tmp_path, f"--screenshot={png}", url)
     try:
