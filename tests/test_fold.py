@@ -19,7 +19,7 @@ from reports.folded import to_folded
 from reports.trace import load_trace
 from tracer.errors import UsageError
 
-EXE, LIBC, PY = "/usr/bin/redis-server", "/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/python3.11"
+EXE, LIBC = "/usr/bin/redis-server", "/lib/x86_64-linux-gnu/libc.so.6"
 
 
 def frames(*names: str, module: str = EXE) -> tuple[A.FrameInfo, ...]:
