@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from allocscope.options import fold_option
 from allocscope.output import emit, progress
 from common.errors import AllocscopeError, UsageError
 
@@ -161,7 +162,8 @@ def record(pid, pattern, output, duration, interval, labels, max_live, force, ke
                    "then bytes/s), or age of the oldest outstanding allocation.")
 @click.option("--metric", type=click.Choice(["live_bytes", "alloc_bytes", "live_count", "alloc_count"]),
               default="live_bytes", show_default=True, help="Value of each stack in --format folded.")
-def report(trace, fmt, output, top, sort, metric):
+@fold_option
+def report(trace, fmt, output, top, sort, metric, fold):
     """Outstanding bytes by call site and by thread, totals and losses, from TRACE.
 
     \b
@@ -173,25 +175,28 @@ def report(trace, fmt, output, top, sort, metric):
 
     The JSON form (schema allocscope.report/1) is a contract other tools read: sites sorted by
     --sort (default: live bytes), each with frames innermost first, and threads, arenas, trims.
+    When most of the peak was freed by the end (live at the end <= 25% of the peak), the text
+    and HTML forms show the sites that held the peak first.
     """
     from reports import render  # noqa: PLC0415
-    from reports.analysis import build_report, symbolize_stacks  # noqa: PLC0415
+    from reports.analysis import build_report, parse_fold, symbolize_stacks  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
 
+    folding = parse_fold(fold)
     say = progress if sys.stderr.isatty() else None
     t = load_trace(trace, progress=say)
     if fmt == "pprof":
         from reports.pprof import to_pprof  # noqa: PLC0415
         if output is None and sys.stdout.isatty():
             raise UsageError("--format pprof is binary: give -o FILE (e.g. -o heap.pb.gz)")
-        emit(to_pprof(t), output)
+        emit(to_pprof(t, fold=folding), output)
         return
     if fmt == "folded":
         from reports.folded import to_folded  # noqa: PLC0415
-        emit(to_folded(t, metric=metric), output)
+        emit(to_folded(t, metric=metric, fold=folding), output)
         return
     stacks = symbolize_stacks(t, say)
-    rep = build_report(t, sort=sort, stacks=stacks)
+    rep = build_report(t, sort=sort, stacks=stacks, fold=folding)
     if fmt == "json":
         text = render.to_json(rep)
     elif fmt == "csv":
@@ -199,7 +204,7 @@ def report(trace, fmt, output, top, sort, metric):
         text = to_csv(rep)
     elif fmt == "html":
         from reports.html import to_html  # noqa: PLC0415
-        text = to_html(t, rep, stacks=stacks)
+        text = to_html(t, rep, stacks=stacks, fold=folding)
     else:
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
         text = render.to_text(rep, top=top, color=color)

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from allocscope.options import fold_option
 from allocscope.output import emit, progress
 from common.errors import AllocscopeError
 
@@ -39,11 +40,13 @@ class OneLineErrors(click.Command):
 @click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
               help="Sites and thread groups to show (text).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
-def diff(trace_a, trace_b, fmt, sort, per, top, output):
+@fold_option
+def diff(trace_a, trace_b, fmt, sort, per, top, output, fold):
     """Compare two traces: which call sites and thread pools hold more memory in B than in A.
 
     Sites are matched by symbolized frames (function, module, file, line), never by address, so
-    runs with different PIDs and address layouts compare. With --per LABEL, a site whose B/A
+    runs with different PIDs and address layouts compare; wrappers (built-in and --fold) are
+    folded out of both traces' sites first. With --per LABEL, a site whose B/A
     peak ratio is more than 1.5 x LABEL_B/LABEL_A (and whose growth is >= 1% of the total
     change) is flagged with ! and listed first: it grew out of proportion to LABEL.
 
@@ -56,13 +59,15 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output):
     b_peak_live_bytes, delta_bytes, ...), totals, thread_groups.
     """
     from reports import render  # noqa: PLC0415
+    from reports.analysis import parse_fold  # noqa: PLC0415
     from reports.diff import diff_traces  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
 
+    folding = parse_fold(fold)
     say = progress if sys.stderr.isatty() else None
     a = load_trace(trace_a, progress=say)
     b = load_trace(trace_b, progress=say)
-    doc = diff_traces(a, b, per=per, sort=sort, progress=say)
+    doc = diff_traces(a, b, per=per, sort=sort, progress=say, fold=folding)
     if fmt == "json":
         text = render.to_json(doc)
     else:

@@ -1,8 +1,10 @@
 """`allocscope demo`: the proving-daemon incident, found in about two minutes.
 
 Builds demo/provingd, records it three times — the buggy daemon at two pw settings and the
-fixed one at the larger — then prints the leak report and the diff that points at the pile-up,
-and writes an HTML report. Every file goes to one directory, named at the end.
+fixed one at the larger — then prints the report of the buggy run at the larger setting (the
+daemon exits and frees its partitions, so the report leads with the sites that held the peak:
+synthesize_partition first) and the diff that points at the pile-up, and writes an HTML report.
+Every file goes to one directory, named at the end.
 """
 from __future__ import annotations
 
@@ -80,7 +82,8 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     ta, tb, tf = (load_trace(str(p)) for p in (bug_a, bug_b, fixed_b))
     rep_b = build_report(tb)
     diff = diff_traces(ta, tb, per="pw")
-    click.echo(render.to_text(rep_b, top=6))
+    report_text = render.to_text(rep_b, top=6)
+    click.echo(report_text)
     click.echo(diff_to_text(diff, top=6))
     html_path = out / f"bug-pw{pw_b}.html"
     html_path.write_text(to_html(tb, rep_b, diff))
@@ -92,7 +95,8 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
                f"fixed pw={pw_b}: {peaks['fixed_b'] / mib:.0f} (fixed bound pw+2 = {pw_b + 2})")
     click.echo(f"demo: files in {out}: {bug_a.name}, {bug_b.name}, {fixed_b.name}, {html_path.name}")
     click.echo(f"demo: try  allocscope diff {bug_a} {bug_b} --per pw")
-    return {"traces": [bug_a, bug_b, fixed_b], "html": html_path, "diff": diff, "peaks": peaks}
+    return {"traces": [bug_a, bug_b, fixed_b], "html": html_path, "diff": diff, "peaks": peaks,
+            "report": rep_b, "report_text": report_text}
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

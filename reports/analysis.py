@@ -24,11 +24,12 @@ Verdicts (see `verdict` for the exact rules): each site is *freed*, *transient*,
 """
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
 import re
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -58,6 +59,96 @@ WRAPPER_PATTERNS = [
      r"make_shared|allocate_shared|unique_ptr|make_unique|__allocated_ptr)\b"),
 ]
 _WRAPPER_RX = re.compile("|".join(WRAPPER_PATTERNS))
+
+# Application wrappers around malloc, folded out of sites like the language wrappers above: the
+# code that asked for memory is the frame right outside them. (library, glob patterns matched
+# against the whole function name, case-sensitive); listed in the report when they fold a frame.
+APP_WRAPPERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("redis", ("zmalloc*", "ztrymalloc*", "zcalloc*", "ztrycalloc*", "zrealloc*", "ztryrealloc*", "zstrdup")),
+    ("cpython", ("PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc", "_PyObject_Malloc", "_PyObject_Calloc",
+                 "_PyObject_Realloc", "PyMem_*", "_PyMem_*", "pymalloc_alloc", "pymalloc_realloc",
+                 "_PyObject_Arena*", "new_arena", "allocate_from_new_pool")),
+    ("glib", ("g_malloc*", "g_realloc*", "g_try_malloc*", "g_try_realloc*", "g_slice_alloc*", "g_memdup*",
+              "g_strdup*", "g_strndup")),
+    ("openssl", ("CRYPTO_malloc", "CRYPTO_zalloc", "CRYPTO_realloc", "CRYPTO_clear_realloc", "CRYPTO_memdup",
+                 "CRYPTO_strdup", "CRYPTO_strndup", "CRYPTO_secure_malloc", "CRYPTO_secure_zalloc")),
+    ("xmalloc", ("xmalloc", "xcalloc", "xzalloc", "xrealloc", "xreallocarray", "xnmalloc", "xnrealloc",
+                 "x2realloc", "x2nrealloc", "xcharalloc", "xmemdup", "xstrdup", "xstrndup")),
+)
+USER_FOLD = "--fold"  # the `from` of a pattern the user gave
+_GLOB_CHARS = frozenset("*?[")
+_OPEN, _CLOSE = "<([", ">)]"
+
+
+def _split_fold(value: str) -> list[str]:
+    """'a,b' -> ['a', 'b']; a comma inside <...>, (...) or [...] belongs to the name
+    (`std::map<int, int>::insert`, `f(int, long)`)."""
+    out, cur, depth = [], [], 0
+    for ch in value:
+        if ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+            continue
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE and depth:
+            depth -= 1
+        cur.append(ch)
+    out.append("".join(cur))
+    return [p.strip() for p in out]
+
+
+def parse_fold(values: str | list[str] | tuple[str, ...] | None) -> Folding:
+    """The one normalizer of `--fold FUNC[,FUNC]` (repeatable) for every command: FUNC is an
+    exact function name, or a glob (fnmatch `*`, `?`, `[...]`, case-sensitive) when it holds one
+    of those; either way it is matched against the whole symbolized name (C++ names include
+    their parameters: `Pool::get*`). Duplicates are dropped, order kept. UsageError for an empty
+    name or a pattern without a literal character (it would fold every frame)."""
+    if isinstance(values, str):
+        values = [values]
+    patterns: list[str] = []
+    for value in values or ():
+        for p in _split_fold(value):
+            if not p:
+                raise UsageError(f"--fold wants FUNC[,FUNC...] (e.g. --fold my_alloc,'pool_*'), not {value!r}")
+            if not set(p) - _GLOB_CHARS - set("]!"):
+                raise UsageError(f"--fold {p!r} would fold every frame: give a function name or a pattern "
+                                 "with some of its letters (e.g. 'pool_*')")
+            if p not in patterns:
+                patterns.append(p)
+    return Folding(tuple(patterns))
+
+
+class Folding:
+    """Which application wrappers are folded out of sites (allocator entry points and language
+    wrappers, WRAPPER_PATTERNS, always are): the built-in APP_WRAPPERS plus the user's `--fold`
+    patterns. Build it with `parse_fold`; `None` anywhere a `fold` is taken means the built-ins
+    only."""
+
+    def __init__(self, user: tuple[str, ...] = ()) -> None:
+        self.user = tuple(user)
+        self.patterns: list[tuple[str, str]] = [(lib, p) for lib, pats in APP_WRAPPERS for p in pats] + \
+            [(USER_FOLD, p) for p in self.user]
+        self._rx = [(src, p, re.compile(fnmatch.translate(p) if _GLOB_CHARS & set(p) else re.escape(p) + r"\Z"))
+                    for src, p in self.patterns]
+        self._any = re.compile("|".join(f"(?:{rx.pattern})" for _, _, rx in self._rx))
+        self._cache: dict[str, tuple[str, str] | None] = {}
+
+    def match(self, function: str) -> tuple[str, str] | None:
+        """(library or '--fold', pattern) of the first pattern matching the whole name, or None."""
+        hit = self._cache.get(function, False)
+        if hit is False:
+            hit = None
+            if self._any.match(function):
+                hit = next((src, p) for src, p, rx in self._rx if rx.match(function))
+            self._cache[function] = hit
+        return hit
+
+    def __repr__(self) -> str:
+        return f"Folding(user={self.user!r})"
+
+
+DEFAULT_FOLDING = Folding()
 
 LOSS_ADVICE = {
     "lost_live_full": "the live-allocation map was full: raise --max-live",
@@ -157,34 +248,63 @@ def is_allocator_entry(function: str) -> bool:
     return bool(_ENTRY_RX.match(_PREFIX_RX.sub("", function)))
 
 
-def fold_frames(frames: tuple[FrameInfo, ...]) -> tuple[FrameInfo, ...]:
+def fold_frames(frames: tuple[FrameInfo, ...], fold: Folding | None = None) -> tuple[FrameInfo, ...]:
     """Drop the innermost frames that belong to the allocator: its internals (sysmalloc,
     _int_malloc... — frames of the same module inside an allocator entry point), the entry
-    point itself (malloc, libc's mmap wrapper...), and the language wrappers right around it
-    (operator new, __rust_alloc, alloc::raw_vec::*, std::vector internals...). Only an exact
-    entry-point name swallows the frames inside it, so a wrapper-looking frame far up a
-    statically linked program (one module) never folds the program away. At least the
+    point itself (malloc, libc's mmap wrapper...), and the wrappers right around it: language
+    ones (operator new, __rust_alloc, alloc::raw_vec::*, std::vector internals...) and the
+    application wrappers of `fold` (built-in: zmalloc, PyObject_Malloc, g_malloc...; plus the
+    user's --fold). Only an exact entry-point name swallows the frames inside it, and wrappers
+    fold only as an unbroken run from the allocator's side, so a wrapper-looking frame far up
+    a statically linked program (one module) never folds the program away. At least the
     outermost frame is kept."""
+    fold = fold or DEFAULT_FOLDING
     cut = 0
     for j, f in enumerate(frames[:-1]):
         if is_allocator_entry(f.function) and \
                 all(g.module == f.module or is_wrapper(g.function) for g in frames[:j]):
             cut = j + 1
-    while cut < len(frames) - 1 and is_wrapper(frames[cut].function):
+    while cut < len(frames) - 1 and (is_wrapper(frames[cut].function) or fold.match(frames[cut].function)):
         cut += 1
     return frames[cut:]
 
 
-def site_table(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]] | None = None, progress=None) -> pd.DataFrame:
-    """One row per (site, thread, source) at the end of the recording, with `site` (folded
-    frames tuple) and `full_frames`. Columns: site, full_frames, stack_id, tid, source,
-    alloc_bytes, alloc_count, free_bytes, free_count, live_bytes, live_count, peak_live_bytes."""
+def folded_wrappers(stacks: Iterable[tuple[FrameInfo, ...]], fold: Folding | None = None) -> list[dict]:
+    """What the application-wrapper patterns folded out of these stacks (full frames, e.g.
+    `symbolize_stacks(...).values()`), for the report's
+    `folded`: one entry per pattern that folded a frame, and per user pattern even when it
+    folded none — {"pattern", "from" (library of a built-in, or '--fold'), "functions" (the
+    names it folded, sorted)}, built-ins in APP_WRAPPERS order, then the user's."""
+    fold = fold or DEFAULT_FOLDING
+    hits: dict[tuple[str, str], set[str]] = {(USER_FOLD, p): set() for p in fold.user}
+    seen: set[tuple[FrameInfo, ...]] = set()
+    for frames in stacks:
+        if frames in seen:
+            continue
+        seen.add(frames)
+        for f in frames[:len(frames) - len(fold_frames(frames, fold))]:
+            m = None if is_wrapper(f.function) else fold.match(f.function)
+            if m is not None:
+                hits.setdefault(m, set()).add(f.function)
+    return [{"pattern": p, "from": src, "functions": sorted(hits[(src, p)])}
+            for src, p in fold.patterns if (src, p) in hits]
+
+
+def site_table(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]] | None = None, progress=None,
+               fold: Folding | None = None, at_seq: int | None = None) -> pd.DataFrame:
+    """One row per (site, thread, source) at the end of the recording (with `at_seq`: at the
+    end of that interval), with `site` (frames folded by `fold_frames`) and `full_frames`.
+    Columns: site, full_frames, stack_id, tid, source, alloc_bytes, alloc_count, free_bytes,
+    free_count, live_bytes, live_count, peak_live_bytes."""
     if stacks is None:
         stacks = symbolize_stacks(trace, progress)
-    df = trace.final_sites()
+    if at_seq is None:
+        df = trace.final_sites()
+    else:  # the cumulative counters as they stood then: the rows up to that interval
+        df = replace(trace, sites=trace.sites[trace.sites["seq"] <= at_seq], live=None).final_sites()
     full = [stacks.get(int(s), UNKNOWN_STACK) for s in df["stack_id"]]
     df["full_frames"] = full
-    df["site"] = [fold_frames(f) for f in full]
+    df["site"] = [fold_frames(f, fold) for f in full]
     return df
 
 
@@ -197,6 +317,7 @@ MIN_FIT_POINTS = 4           # ...but over at least this many intervals; fewer: 
 GROWTH_MIN_R2 = 0.8          # a line must explain >= 80% of the variance to call it growth
 GROWTH_MIN_RISE = 0.10       # and the rise over the fit window must be >= 10% of the live bytes
 TRANSIENT_MAX_FRACTION = 0.25  # live at the end <= 25% of the peak: the peak was mostly freed
+PEAK_FIRST_MAX_FRACTION = 0.25  # the same for the whole process: reports lead with the peak (peak_first)
 TIMELINE_POINTS = 50         # at most this many points of each site's timeline in the JSON
 
 
@@ -227,10 +348,10 @@ def _timeline(trace: Trace, keycol_fn: Callable[[tuple], Hashable]) -> pd.DataFr
     return summed
 
 
-def site_timeline(trace: Trace, stacks=None) -> pd.DataFrame:
+def site_timeline(trace: Trace, stacks=None, fold: Folding | None = None) -> pd.DataFrame:
     """Live bytes per site over time: index = interval seq (1..n), one column per site
     (folded frames tuple), values = live bytes at the end of that interval."""
-    return _timeline(trace, _site_lookup(site_table(trace, stacks)))
+    return _timeline(trace, _site_lookup(site_table(trace, stacks, fold=fold)))
 
 
 def elapsed_s(trace: Trace) -> pd.Series:
@@ -322,7 +443,7 @@ def growth_table(timeline: pd.DataFrame, elapsed: pd.Series) -> pd.DataFrame:
                          "window_s": float(x[-1] - x[0]), "window_points": w}, index=timeline.columns)
 
 
-def oldest_ages(trace: Trace, stacks: dict[int, SiteKey]) -> dict[SiteKey, float]:
+def oldest_ages(trace: Trace, stacks: dict[int, SiteKey], fold: Folding | None = None) -> dict[SiteKey, float]:
     """site -> age in seconds of its oldest allocation still outstanding at the end (from the
     final `live` table; a trace cut short has none, and its sites get no age)."""
     if not trace.live_rows:
@@ -338,7 +459,7 @@ def oldest_ages(trace: Trace, stacks: dict[int, SiteKey]) -> dict[SiteKey, float
             first[sid] = min(ts, first.get(sid, ts))
     out: dict[SiteKey, float] = {}
     for sid, ts in first.items():
-        site = fold_frames(stacks.get(int(sid), UNKNOWN_STACK))
+        site = fold_frames(stacks.get(int(sid), UNKNOWN_STACK), fold)
         age = max(0.0, (end - int(ts)) / 1e9)
         out[site] = max(out.get(site, 0.0), age)
     return out
@@ -346,7 +467,29 @@ def oldest_ages(trace: Trace, stacks: dict[int, SiteKey]) -> dict[SiteKey, float
 
 RANK_COLUMNS = ["rank", "site", "full_frames", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes",
                 "alloc_count", "free_bytes", "free_count", "sources", "threads", "growth_bytes_per_s",
-                "growth_r2", "oldest_age_s", "verdict", "timeline"]
+                "growth_r2", "oldest_age_s", "verdict", "timeline", "at_peak_bytes"]
+
+
+def peak_seq(trace: Trace) -> int | None:
+    """The interval (seq) at whose end the process's live total (`intervals.live_bytes`) was
+    highest — the first of equal ones; None when nothing was ever live."""
+    iv = trace.intervals
+    if iv.empty or "live_bytes" not in iv:
+        return None
+    iv = iv.sort_values("seq")
+    lb = iv["live_bytes"].to_numpy()
+    i = int(np.argmax(lb))
+    return int(iv["seq"].iloc[i]) if lb[i] > 0 else None
+
+
+def peak_first(tot: dict) -> bool:
+    """Whether people-facing reports (text, HTML) lead with the sites that held the peak: most
+    of the peak was freed by the end, i.e. live at the end <= PEAK_FIRST_MAX_FRACTION (25%) of
+    the peak live bytes (`totals`) — a daemon that shut down cleanly, a burst that is over.
+    The target's exit alone is no reason: a program that exits holding leaks has them live at
+    the end, and they are what its report is for."""
+    peak = int(tot.get("peak_live_bytes") or 0)
+    return peak > 0 and int(tot.get("live_bytes") or 0) <= PEAK_FIRST_MAX_FRACTION * peak
 
 
 def _sort_sites(df: pd.DataFrame, sort: str) -> pd.DataFrame:
@@ -357,7 +500,7 @@ def _sort_sites(df: pd.DataFrame, sort: str) -> pd.DataFrame:
                    _age=df["oldest_age_s"].astype(float).fillna(-1.0),
                    _name=[frame_key_text(s) for s in df["site"]])
     first = {"live": [], "peak": ["peak_live_bytes"], "growth": ["_growing", "growth_bytes_per_s"],
-             "age": ["_age"]}[sort]
+             "age": ["_age"], "at_peak": ["at_peak_bytes", "peak_live_bytes"]}[sort]
     cols = first + [c for c in tie if c not in first]
     df = df.sort_values(cols + ["_name"], ascending=[False] * len(cols) + [True], kind="mergesort")
     return df.drop(columns=["_growing", "_age", "_name"])
@@ -368,7 +511,8 @@ def frame_key_text(site: SiteKey) -> str:
     return " < ".join(f"{f.function}@{os.path.basename(f.file or '')}:{f.line or ''}" for f in site)
 
 
-def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live") -> pd.DataFrame:
+def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
+               fold: Folding | None = None) -> pd.DataFrame:
     """Sites ranked by `sort`. One row per site; columns:
 
     rank (1-based), site (folded frames tuple, innermost first), full_frames (one unfolded
@@ -378,15 +522,16 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live") -> 
     live desc), growth_bytes_per_s, growth_r2 (least-squares slope of live bytes over the last
     half of the recording and its R², NaN when too short), oldest_age_s (age at the end of its
     oldest outstanding allocation, NaN when unknown), verdict (see `verdict`), timeline (list
-    of live bytes at the end of every interval).
+    of live bytes at the end of every interval), at_peak_bytes (its live bytes at the end of
+    the interval where the process's live total was highest, `peak_seq`; 0 when none).
 
     sort: ``live`` (live bytes at the end), ``peak`` (peak live bytes), ``growth`` (growing
     sites first, then by slope), ``age`` (oldest outstanding allocation first); ties by live,
-    peak and allocated bytes, all descending.
+    peak and allocated bytes, all descending. `fold`: see fold_frames (None: built-ins only).
     """
     if sort not in SORT_KEYS:
         raise UsageError(f"unknown sort {sort!r}; choose one of {', '.join(SORT_KEYS)}")
-    st = site_table(trace, stacks, progress)
+    st = site_table(trace, stacks, progress, fold=fold)
     if st.empty:
         return pd.DataFrame(columns=RANK_COLUMNS)
     if stacks is None:
@@ -394,7 +539,8 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live") -> 
     tl = _timeline(trace, _site_lookup(st))
     series = {site: tl.iloc[:, i].to_numpy() for i, site in enumerate(tl.columns)}
     growth = growth_table(tl, elapsed_s(trace)).to_dict("index")
-    ages = oldest_ages(trace, stacks)
+    ages = oldest_ages(trace, stacks, fold)
+    at = peak_seq(trace)
     rows = []
     for site, g in st.groupby("site", sort=False):
         by_tid = g.groupby("tid")["live_bytes"].sum().sort_values(ascending=False)
@@ -416,6 +562,7 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live") -> 
             "oldest_age_s": ages.get(site, math.nan),
             "verdict": verdict(live, peak, slope, r2, float(gr["window_s"]), int(gr["window_points"])),
             "timeline": [int(v) for v in line],
+            "at_peak_bytes": int(line[at - 1]) if at is not None and len(line) >= at else 0,
         })
     df = _sort_sites(pd.DataFrame(rows), sort)
     df.insert(0, "rank", range(1, len(df) + 1))
@@ -785,7 +932,22 @@ def site_dict(r, names: dict[int, str], points: list[int]) -> dict:
         "frames": [f.as_dict() for f in r.site],
         "full_frames": [f.as_dict() for f in r.full_frames],
         "threads": [{"tid": t, "name": names.get(t, "?"), "live_bytes": b} for t, b in r.threads],
+        "at_peak_bytes": int(r.at_peak_bytes),
     }
+
+
+def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[int, int]]:
+    """The report's `at_peak` block — seq and elapsed_s of `peak_seq` (None when nothing was
+    live), live_bytes (the process's live total then), peak_first (see `peak_first`),
+    max_fraction (its threshold) — and rank -> at_peak_rank: the rank_sites rows ordered by
+    their bytes at that moment, then by their own peak (ties as rank_sites breaks them)."""
+    seq = peak_seq(trace)
+    live = trace.intervals.set_index("seq")["live_bytes"]
+    block = {"seq": seq, "elapsed_s": None if seq is None else _num(float(elapsed_s(trace)[seq]), 3),
+             "live_bytes": 0 if seq is None else int(live[seq]), "peak_first": peak_first(tot),
+             "max_fraction": PEAK_FIRST_MAX_FRACTION}
+    order = _sort_sites(sites, "at_peak")["rank"].tolist() if len(sites) else []
+    return block, {int(r): i for i, r in enumerate(order, 1)}
 
 
 def sampling_error(live_bytes: int, sample_bytes: int) -> int:
@@ -812,17 +974,20 @@ def mode_notes(trace: Trace) -> list[str]:
     return out
 
 
-def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None) -> dict:
+def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, fold: Folding | None = None) -> dict:
     """The allocscope.report/1 document: what `report --format json` prints. Sites are ordered
-    (and `rank`ed) by `sort` (see rank_sites); each site's `timeline` holds its live bytes at the
-    intervals listed once in `timeline_seq`. `stacks` (from symbolize_stacks) saves symbolizing
-    again when the caller has them."""
+    (and `rank`ed) by `sort` (see rank_sites) whatever `at_peak.peak_first` says (that is for
+    the text and HTML renderers, which lead with `at_peak_rank` then); each site's `timeline`
+    holds its live bytes at the intervals listed once in `timeline_seq`. `stacks` (from
+    symbolize_stacks) saves symbolizing again when the caller has them; `fold` (parse_fold)
+    adds wrappers to fold, listed in `folded`."""
     if stacks is None:
         stacks = symbolize_stacks(trace, progress)
-    sites = rank_sites(trace, stacks, sort=sort)
+    sites = rank_sites(trace, stacks, sort=sort, fold=fold)
     threads = thread_table(trace)
     names = trace.thread_names()
     tot = totals(trace)
+    peak, peak_rank = at_peak(trace, tot, sites)
     sample_bytes = int((trace.meta.get("sampling") or {}).get("sample_bytes", 0) or 0)
     arenas = arena_table(trace)
     dec = rss_decomposition(trace, arenas)
@@ -841,7 +1006,9 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None) -
         "advice": mode_notes(trace) + advice(trace, tot) + residency_advice(arenas, dec),
         "sort": sort,
         "timeline_seq": [i + 1 for i in points],
-        "sites": [dict(site_dict(r, names, points),
+        "at_peak": peak,
+        "folded": folded_wrappers(stacks.values(), fold),
+        "sites": [dict(site_dict(r, names, points), at_peak_rank=peak_rank[int(r.rank)],
                        **({"live_bytes_error": sampling_error(int(r.live_bytes), sample_bytes)}
                           if sample_bytes else {}))
                   for r in sites.itertuples()],

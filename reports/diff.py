@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -31,9 +31,11 @@ from common.errors import UsageError
 from common.tracefile.reader import Trace
 
 from .analysis import (
+    Folding,
     FrameInfo,
     SiteKey,
     advice,
+    folded_wrappers,
     frame_key_text,
     rank_sites,
     symbolize_stacks,
@@ -73,19 +75,22 @@ def normalize_stacks(stacks: dict[int, SiteKey]) -> dict[int, SiteKey]:
 
 @dataclass
 class Side:
-    """One trace, summarized for a diff: its sites (rank_sites over matched frames), thread
-    groups (thread_group_table) and totals (analysis.totals)."""
+    """One trace, summarized for a diff: its sites (rank_sites over matched frames, wrappers
+    folded by `fold`), thread groups (thread_group_table), totals (analysis.totals) and its
+    stacks (matched frames, unfolded)."""
 
     trace: Trace
     sites: pd.DataFrame
     groups: pd.DataFrame
     totals: dict
+    stacks: dict[int, SiteKey] = field(default_factory=dict)
 
 
-def summarize(trace: Trace, progress=None) -> Side:
-    """Everything a diff needs from one trace."""
+def summarize(trace: Trace, progress=None, fold: Folding | None = None) -> Side:
+    """Everything a diff needs from one trace; `fold` (analysis.parse_fold): the wrappers to
+    fold besides the built-in ones, the same for both sides so that their sites match."""
     stacks = normalize_stacks(symbolize_stacks(trace, progress))
-    return Side(trace, rank_sites(trace, stacks), thread_group_table(trace), totals(trace))
+    return Side(trace, rank_sites(trace, stacks, fold=fold), thread_group_table(trace), totals(trace), stacks)
 
 
 def label_value(trace: Trace, label: str, which: str) -> float:
@@ -265,17 +270,18 @@ def normalization(trace_a: Trace, trace_b: Trace, per: str) -> dict:
 
 
 def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: str = "delta",
-                progress=None) -> dict:
+                progress=None, fold: Folding | None = None) -> dict:
     """The allocscope.diff/1 document: `allocscope diff A B --format json`.
 
     Keys: schema; a, b (the labels of each trace); traces (a, b: path, labels, pid, comm, exe,
     complete, warnings); per (label, a, b, expected_ratio, flag thresholds; null without
-    `per`); sort; warnings (e.g. different programs); totals (a,
+    `per`); sort; folded (what wrapper patterns folded out of either trace's sites, as the
+    report's `folded`; `fold` adds the user's); warnings (e.g. different programs); totals (a,
     b, delta: live/peak/RSS/losses; expected_b_peak_live_bytes with `per`); sites (see
     diff_sites; `frames` instead of `site`, NaN/inf ratios as null), ordered by `sort`;
     thread_groups (see diff_thread_groups).
     """
-    a, b = summarize(trace_a, progress), summarize(trace_b, progress)
+    a, b = summarize(trace_a, progress, fold), summarize(trace_b, progress, fold)
     sites = diff_sites(a, b, per, sort)
     norm = normalization(trace_a, trace_b, per) if per else None
     return {
@@ -285,6 +291,7 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
         "traces": {"a": _header(a), "b": _header(b)},
         "per": norm,
         "sort": sort,
+        "folded": folded_wrappers([*a.stacks.values(), *b.stacks.values()], fold),
         "warnings": _warnings(a, b),
         "totals": _totals_json(a, b, norm["expected_ratio"] if norm else None),
         "sites": [_site_json(r) for r in sites.to_dict("records")],

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from common.tracefile.reader import Trace
-
-from .analysis import FrameInfo, site_table
+from .analysis import Folding, FrameInfo, site_table
+from .trace import Trace
 
 METRICS = ("live_bytes", "alloc_bytes", "live_count", "alloc_count")
 
@@ -25,13 +24,16 @@ def frame_label(function: str) -> str:
 
 
 def folded_stacks(trace: Trace, metric: str = "live_bytes", thread_root: bool = False,
-                  stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None) -> dict[tuple[str, ...], int]:
-    """Sum of `metric` per stack of frame labels, outermost first. With `thread_root`, the
-    allocating thread's name is prepended as the root frame (threads of one name share it).
-    Zero-value stacks are dropped."""
+                  stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None, fold: Folding | None = None,
+                  at_seq: int | None = None) -> dict[tuple[str, ...], int]:
+    """Sum of `metric` per stack of frame labels, outermost first, at the end of the recording
+    (with `at_seq`: at the end of that interval; the counters are cumulative). With
+    `thread_root`, the allocating thread's name is prepended as the root frame (threads of one
+    name share it). `fold`: wrappers folded out of sites (see analysis.fold_frames). Zero-value
+    stacks are dropped."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; one of {', '.join(METRICS)}")
-    st = site_table(trace, dict(stacks) if stacks is not None else None)
+    st = site_table(trace, dict(stacks) if stacks is not None else None, fold=fold, at_seq=at_seq)
     names = trace.thread_names() if thread_root else {}
     out: dict[tuple[str, ...], int] = {}
     for site, tid, value in zip(st["site"], st["tid"], st[metric]):
@@ -43,8 +45,8 @@ def folded_stacks(trace: Trace, metric: str = "live_bytes", thread_root: bool = 
 
 
 def to_folded(trace: Trace, metric: str = "live_bytes", thread_root: bool = False,
-              stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None) -> str:
+              stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None, fold: Folding | None = None) -> str:
     """The folded-stacks text (see the module docstring); '' when every stack is zero."""
     lines = [f"{';'.join(path)} {value}"
-             for path, value in sorted(folded_stacks(trace, metric, thread_root, stacks).items())]
+             for path, value in sorted(folded_stacks(trace, metric, thread_root, stacks, fold).items())]
     return "".join(line + "\n" for line in lines)

@@ -2,17 +2,22 @@
 datum inline).
 
 Contents: totals; RSS vs live bytes over time; the top sites' live bytes over time, stacked;
-an icicle flame graph of live bytes (click a frame to zoom, the top bar to zoom out); the site,
-thread and cross-thread flow tables; malloc_trim calls; and, given a diff document, the diff
-table.
+an icicle flame graph of live bytes with two views, "at the peak" (the stacks live at the end
+of the interval where the live total was highest) and "at the end" (click a frame to zoom, the
+top bar to zoom out); the site, thread and cross-thread flow tables; malloc_trim calls; and,
+given a diff document, the diff table. When most of the peak was freed by the end
+(report["at_peak"]["peak_first"], see reports.analysis.peak_first), the page leads with the
+peak: the site table, the stacked chart's legend and the flame graph's default view are by
+bytes held at the peak; otherwise by the report's rank and at the end.
 
-Charts are drawn by uPlot 1.6.32 (npm `uplot`, MIT; dist/uPlot.iife.min.js, 51 KB, and
-uPlot.min.css, vendored in reports/assets/ with its licence)
-from a JSON blob in the page; the flame graph is a small inline SVG renderer of the data
+The page is reports/assets/report.html (a string.Template), report.css and report.js, filled
+in and inlined here. Charts are drawn by uPlot 1.6.32 (npm `uplot`, MIT;
+dist/uPlot.iife.min.js, 51 KB, and uPlot.min.css, vendored in reports/assets/ with its licence)
+from a JSON blob in the page; the flame graph is a small SVG renderer (report.js) of the data
 reports.folded computes. Tables are rendered here, so they read without JavaScript.
 
 For tests and sanity, every drawn chart gets `data-ink` (painted canvas pixels) and the flame
-graph `data-nodes` (frames drawn), once its script has run.
+graph `data-nodes` (frames drawn) and `data-view` (peak|end), once its script has run.
 """
 from __future__ import annotations
 
@@ -20,19 +25,22 @@ import html
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from string import Template
 from typing import Any
 
 import pandas as pd
 
-from common.tracefile.reader import Trace
-
-from .analysis import FrameInfo, site_timeline, symbolize_stacks
+from .analysis import Folding, FrameInfo, peak_seq, site_timeline, symbolize_stacks
 from .folded import folded_stacks
-from .render import frame_text, human_bytes
+from .render import SORT_TITLES, folded_text, frame_text, human_bytes, peak_when
+from .trace import Trace
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 UPLOT_JS = "uPlot.iife.min.js"
 UPLOT_CSS = "uPlot.min.css"
+PAGE = "report.html"     # string.Template: $title, $sections, $data... (see to_html)
+PAGE_CSS = "report.css"
+PAGE_JS = "report.js"
 TOP_SITES_CHART = 8      # sites drawn in the stacked chart; the rest are summed as "other"
 TOP_SITES_TABLE = 200    # rows of the site table
 FLAME_MIN_FRACTION = 1e-4  # flame-graph nodes smaller than this share of the total are left out
@@ -41,9 +49,11 @@ TIMELINE_SERIES = [("rss_bytes", "RSS", False), ("heap_live_bytes", "live, heap 
                    ("mmap_live_bytes", "live, mmap/brk", False), ("live_bytes", "live, total", True)]
 
 
-def _asset(name: str) -> str:
+def _asset(name: str, inline: bool = True) -> str:
+    """The text of reports/assets/NAME; one to be `inline`d in a <script> or <style> must not
+    close it."""
     text = (ASSETS / name).read_text(encoding="utf-8")
-    if "</script" in text.lower() or "</style" in text.lower():
+    if inline and ("</script" in text.lower() or "</style" in text.lower()):
         raise ValueError(f"asset {name} cannot be inlined (contains a closing tag)")
     return text
 
@@ -99,11 +109,21 @@ def timeline_data(trace: Trace) -> dict:
     return {"t": [float(x) for x in iv["elapsed_s"]], "series": series}
 
 
+def ordered_sites(report_doc: dict) -> list[tuple[int, dict]]:
+    """(number shown, site) in the page's order: by bytes held at the peak (`at_peak_rank`,
+    every site) when the report leads with the peak, else by `rank`."""
+    sites = report_doc.get("sites") or []
+    if (report_doc.get("at_peak") or {}).get("peak_first"):
+        return [(s["at_peak_rank"], s) for s in sorted(sites, key=lambda s: s["at_peak_rank"])]
+    return [(s["rank"], s) for s in sites]
+
+
 def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[FrameInfo, ...]],
-                    top: int = TOP_SITES_CHART) -> dict:
-    """Live bytes over time of the report's top `top` sites (by rank) plus 'other'; series in
-    stacking order, bottom (rank 1) first."""
-    tl = site_timeline(trace, dict(stacks))
+                    top: int = TOP_SITES_CHART, fold: Folding | None = None) -> dict:
+    """Live bytes over time of the page's top `top` sites (`ordered_sites`: by rank, or by
+    bytes at the peak when the report leads with it) plus 'other'; series in stacking order,
+    bottom (#1) first."""
+    tl = site_timeline(trace, dict(stacks), fold)
     elapsed = dict(zip(trace.intervals["seq"].astype(int), trace.intervals["elapsed_s"].astype(float)))
     if tl.empty:
         return {"t": [], "series": []}
@@ -111,13 +131,13 @@ def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[F
     t = [elapsed[int(s)] for s in tl.index]
     by_key = {tuple(_frame_key(f) for f in site): site for site in tl.columns}
     chosen: list[tuple[str, tuple]] = []
-    for site in report_doc.get("sites") or []:
+    for shown, site in ordered_sites(report_doc):
         if len(chosen) >= top:
             break
         col = by_key.get(tuple(_frame_key(f) for f in site.get("frames") or []))
         if col is not None and tl[col].max() > 0:
             fn = site["frames"][0]["function"] if site.get("frames") else "?"
-            chosen.append((f"#{site['rank']} {fn}", col))
+            chosen.append((f"#{shown} {fn}", col))
     series = [{"label": label, "values": [int(v) for v in tl[col]]} for label, col in chosen]
     rest = tl.drop(columns=[col for _, col in chosen])
     n_rest = int((rest.to_numpy() != 0).any(axis=0).sum()) if not rest.empty else 0
@@ -127,12 +147,14 @@ def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[F
 
 
 def flame_tree(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]],
-               min_fraction: float = FLAME_MIN_FRACTION) -> dict:
-    """The live-bytes folded stacks as a tree {n: name, v: value, c: [children]} rooted at
-    'all', children largest first; nodes under `min_fraction` of the total are dropped (their
-    bytes still count in their parents)."""
+               min_fraction: float = FLAME_MIN_FRACTION, fold: Folding | None = None,
+               at_seq: int | None = None) -> dict:
+    """The live-bytes folded stacks (at the end; with `at_seq`, at the end of that interval)
+    as a tree {n: name, v: value, c: [children]} rooted at 'all', children largest first;
+    nodes under `min_fraction` of the total are dropped (their bytes still count in their
+    parents)."""
     root: dict = {"n": "all", "v": 0, "c": {}}
-    for path, value in folded_stacks(trace, "live_bytes", stacks=stacks).items():
+    for path, value in folded_stacks(trace, "live_bytes", stacks=stacks, fold=fold, at_seq=at_seq).items():
         if value <= 0:
             continue
         node = root
@@ -151,6 +173,18 @@ def flame_tree(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]],
         return out
 
     return finish(root)
+
+
+def flame_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[FrameInfo, ...]],
+               fold: Folding | None = None) -> dict:
+    """The flame graph's views: {"views": {"peak": tree at `peak_seq` (None when nothing was
+    live), "end": tree at the end}, "default": "peak" when the report leads with the peak,
+    else "end"}."""
+    seq = peak_seq(trace)
+    views = {"peak": flame_tree(trace, stacks, fold=fold, at_seq=seq) if seq is not None else None,
+             "end": flame_tree(trace, stacks, fold=fold)}
+    lead = bool((report_doc.get("at_peak") or {}).get("peak_first")) and views["peak"] is not None
+    return {"views": views, "default": "peak" if lead else "end"}
 
 
 # --------------------------------------------------------------------------------------------- tables
@@ -177,15 +211,37 @@ def _frames_cell(frames: list[dict]) -> str:
 
 
 def sites_table(doc: dict, limit: int = TOP_SITES_TABLE) -> str:
-    sites = (doc.get("sites") or [])[:limit]
-    rows = [[_e(s["rank"]), _bytes(s["live_bytes"]), _e(s["live_count"]), _bytes(s["peak_live_bytes"]),
-             _bytes(s["alloc_bytes"]), _e(s["alloc_count"]), _e(",".join(s.get("sources") or [])),
+    """The site table in the page's order (`ordered_sites`), with each site's bytes at the
+    peak beside its live bytes at the end."""
+    sites = ordered_sites(doc)[:limit]
+    rows = [[_e(n), _bytes(s.get("at_peak_bytes")), _bytes(s["live_bytes"]), _e(s["live_count"]),
+             _bytes(s["peak_live_bytes"]), _bytes(s["alloc_bytes"]), _e(s["alloc_count"]),
+             _e(",".join(s.get("sources") or [])),
              _e(", ".join(f"{t['name']}({t['tid']})" for t in (s.get("threads") or [])[:3])),
-             _frames_cell(s.get("frames") or [])] for s in sites]
+             _frames_cell(s.get("frames") or [])] for n, s in sites]
     note = "" if len(sites) == len(doc.get("sites") or []) else \
         f'<p class="note">showing {len(sites)} of {len(doc["sites"])} sites</p>'
-    return _table(["#", "live", "blocks", "peak", "allocated", "allocs", "source", "threads",
-                   "site (innermost frame first)"], rows, {0, 1, 2, 3, 4, 5}, "sites") + note
+    return _table(["#", "at peak", "live", "blocks", "peak", "allocated", "allocs", "source", "threads",
+                   "site (innermost frame first)"], rows, {0, 1, 2, 3, 4, 5, 6}, "sites") + note
+
+
+def sites_heading(doc: dict) -> str:
+    if (doc.get("at_peak") or {}).get("peak_first"):
+        tot = doc.get("totals") or {}
+        return (f"Sites by bytes held at the peak ({peak_when(doc)}; live at the end "
+                f"{human_bytes(tot.get('live_bytes'))}: most of the peak was freed)")
+    return f"Sites by {SORT_TITLES.get(doc.get('sort') or 'live', 'live bytes')}"
+
+
+def flame_section(doc: dict, flame: dict) -> str:
+    """The view buttons (only with a peak to show) and the graph's element."""
+    tot = doc.get("totals") or {}
+    buttons = ""
+    if flame["views"]["peak"] is not None:
+        buttons = (f'<button type="button" data-view="peak">at the peak ({_e(peak_when(doc))})</button>'
+                   f'<button type="button" data-view="end">at the end (live {_e(human_bytes(tot.get("live_bytes")))})'
+                   "</button>")
+    return f'<div class="views" id="flame-views">{buttons}</div><div id="flame-graph"></div>'
 
 
 def threads_table(doc: dict) -> str:
@@ -238,13 +294,15 @@ def diff_table(diff_doc: dict) -> str:
 
 # --------------------------------------------------------------------------------------------- page
 def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
-            stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None, title: str | None = None) -> str:
-    """The whole page. `report_doc` is build_report(trace); `stacks` is symbolize_stacks(trace)
-    when the caller already has it; `diff_doc` adds the diff section."""
+            stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None, title: str | None = None,
+            fold: Folding | None = None) -> str:
+    """The whole page. `report_doc` is build_report(trace, fold=fold); `stacks` is
+    symbolize_stacks(trace) when the caller already has it; `diff_doc` adds the diff section."""
     if stacks is None:
         stacks = symbolize_stacks(trace)
-    data = {"timeline": timeline_data(trace), "sites": site_chart_data(trace, report_doc, stacks),
-            "flame": flame_tree(trace, stacks)}
+    flame = flame_data(trace, report_doc, stacks, fold)
+    data = {"timeline": timeline_data(trace), "sites": site_chart_data(trace, report_doc, stacks, fold=fold),
+            "flame": flame}
     tgt = report_doc.get("target") or {}
     tot = report_doc.get("totals") or {}
     rec = report_doc.get("recording") or {}
@@ -259,14 +317,16 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
     cards_html = "".join(f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
                          f'<div class="s">{_e(s)}</div></div>' for k, v, s in cards)
     notes = [("warn", w) for w in rec.get("warnings") or []] + [("warn", a) for a in report_doc.get("advice") or []]
+    if report_doc.get("folded"):
+        notes.append(("note", "folded out of sites: " + folded_text(report_doc["folded"])))
     notes_html = "".join(f'<p class="{c}">{_e(t)}</p>' for c, t in notes)
     sections = [
         ("timeline", "Memory over time", '<div class="chart" id="chart-timeline"></div>'),
         ("site-timeline", f"Top sites over time (live bytes, stacked; top {TOP_SITES_CHART})",
          '<div class="chart" id="chart-sites"></div>'),
         ("flame", "Live bytes by stack (click a frame to zoom, the top bar to zoom out)",
-         '<div id="flame-graph"></div>'),
-        ("sites", "Sites by live bytes", sites_table(report_doc)),
+         flame_section(report_doc, flame)),
+        ("sites", sites_heading(report_doc), sites_table(report_doc)),
         ("threads", "Threads by live bytes", threads_table(report_doc)),
         ("flows", "Frees by allocating → freeing thread", flows_table(report_doc)),
     ]
@@ -277,161 +337,10 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
     if diff_doc is not None:
         sections.append(("diff", "Diff: peak live bytes per site", diff_table(diff_doc)))
     body = "".join(f'<section id="{sid}"><h2>{_e(h)}</h2>{content}</section>' for sid, h, content in sections)
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="allocscope">
-<title>{_e(title)}</title>
-<style>{_asset(UPLOT_CSS)}</style>
-<style>{_CSS}</style>
-</head><body>
-<header><h1>{_e(title)}</h1>
-<p class="sub">exe <code>{_e(tgt.get('exe'))}</code>{(' &nbsp; ' + _e(labels)) if labels else ''} &nbsp;
-allocator {_e(rec.get('allocator_kind'))} <code>{_e(rec.get('allocator'))}</code> &nbsp;
-ended: {_e(rec.get('end_reason') or 'interrupted')}</p>
-<div class="cards">{cards_html}</div>{decomposition_html(report_doc)}{notes_html}</header>
-<main>{body}</main>
-<script type="application/json" id="allocscope-data">{_json_for_script(data)}</script>
-<script>{_asset(UPLOT_JS)}</script>
-<script>{_JS}</script>
-</body></html>
-"""
-
-
-_CSS = """
-:root { --fg:#1d2433; --dim:#5b6475; --line:#d8dde6; --bg:#fff; --alt:#f6f8fb; --accent:#2b6cb0; }
-* { box-sizing: border-box; }
-body { margin:0; font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif; color:var(--fg);
-       background:var(--bg); }
-header, main { max-width:1360px; margin:0 auto; padding:0 20px; }
-h1 { font-size:22px; margin:18px 0 4px; }
-h2 { font-size:17px; margin:28px 0 10px; padding-bottom:4px; border-bottom:1px solid var(--line); }
-.sub { color:var(--dim); margin:0 0 12px; }
-code { font:12.5px/1.4 ui-monospace,"DejaVu Sans Mono",Menlo,Consolas,monospace; }
-.cards { display:flex; flex-wrap:wrap; gap:10px; }
-.card { border:1px solid var(--line); border-radius:6px; padding:8px 14px; min-width:150px; background:var(--alt); }
-.card .k { color:var(--dim); font-size:12px; text-transform:uppercase; letter-spacing:.04em; }
-.card .v { font-size:20px; font-weight:600; }
-.card .s { color:var(--dim); font-size:12px; min-height:1em; }
-.warn { color:#8a5a00; background:#fff7e0; border-left:3px solid #e0a100; padding:4px 10px; margin:8px 0; }
-.note { color:var(--dim); }
-.chart { width:100%; min-height:60px; }
-table { border-collapse:collapse; width:100%; }
-th, td { text-align:left; padding:4px 8px; border-bottom:1px solid var(--line); vertical-align:top; }
-th { background:var(--alt); font-weight:600; white-space:nowrap; }
-td.num, th.num { text-align:right; white-space:nowrap; font-variant-numeric:tabular-nums; }
-tbody tr:hover { background:#eef4ff; }
-details summary { cursor:pointer; }
-ol.frames { margin:4px 0 2px; padding-left:22px; color:var(--dim); }
-.up { color:#b42318; } .down { color:#067647; }
-#flame-graph svg { display:block; width:100%; font:11.5px ui-monospace,"DejaVu Sans Mono",Menlo,monospace; }
-#flame-graph rect { stroke:#fff; stroke-width:.5; cursor:pointer; }
-#flame-graph text { pointer-events:none; fill:#222; }
-.empty { color:var(--dim); font-style:italic; }
-"""
-
-_JS = r"""
-(function () {
-  "use strict";
-  const D = JSON.parse(document.getElementById("allocscope-data").textContent);
-  const UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-  function hb(n) {            // human bytes, as reports.render.human_bytes
-    if (n == null) return "-";
-    let s = n < 0 ? "-" : "", v = Math.abs(n), i = 0;
-    while (v >= 1024 && i < UNITS.length - 1) { v /= 1024; i++; }
-    return s + (i === 0 ? v.toFixed(0) : v.toFixed(1)) + " " + UNITS[i];
-  }
-  const COLORS = ["#2b6cb0", "#dd6b20", "#38a169", "#d53f8c", "#805ad5", "#d69e2e", "#319795", "#e53e3e",
-                  "#718096", "#975a16"];
-  const BYTE_INCRS = [];     // y ticks at 1, 2, 4... 512 of B, KiB, MiB...
-  for (let k = 0; k < 6; k++) for (let m = 1; m < 1024; m *= 2) BYTE_INCRS.push(m * Math.pow(1024, k));
-  function alpha(hex, a) {
-    const n = parseInt(hex.slice(1), 16);
-    return "rgba(" + (n >> 16) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + a + ")";
-  }
-  function markInk(u) {       // painted pixels of the plot canvas: data-ink on the chart element
-    const c = u.ctx.canvas, px = u.ctx.getImageData(0, 0, c.width, c.height).data;
-    let n = 0;
-    for (let i = 3; i < px.length; i += 4) if (px[i] !== 0) n++;
-    u.root.parentNode.dataset.ink = String(n);
-  }
-  function empty(el, msg) { el.innerHTML = '<p class="empty">' + msg + "</p>"; el.dataset.ink = "0"; }
-
-  function chart(el, spec, stacked) {
-    if (!spec.t.length || !spec.series.length) return empty(el, "no data");
-    const raw = [spec.t].concat(spec.series.map(s => s.values));
-    let data = raw, bands = [];
-    if (stacked) {            // cumulative sums, rank 1 at the bottom; bands fill between neighbours
-      const acc = spec.t.map(() => 0);
-      data = [spec.t].concat(spec.series.map(s => s.values.map((v, i) => (acc[i] += v || 0))));
-      for (let i = 2; i < data.length; i++) bands.push({series: [i, i - 1]});
-    }
-    const series = [{label: "elapsed", value: (u, v) => v == null ? "-" : v.toFixed(2) + " s"}].concat(
-      spec.series.map((s, k) => ({
-        label: s.label, stroke: COLORS[k % COLORS.length], width: stacked ? 1 : 2,
-        fill: stacked ? alpha(COLORS[k % COLORS.length], 0.55) : undefined,
-        value: (u, v, si, i) => i == null ? "-" : hb(raw[si][i]),
-        dash: s.dash ? [7, 4] : undefined, points: {show: false}, spanGaps: false,
-      })));
-    const opts = {
-      width: Math.max(320, el.clientWidth), height: 320, series: series, bands: bands,
-      scales: {x: {time: false}, y: {range: (u, lo, hi) => [0, hi > 0 ? hi * 1.05 : 1]}},
-      axes: [{label: "elapsed (s)"},
-             {size: 80, incrs: BYTE_INCRS, values: (u, ticks) => ticks.map(v => hb(v).replace(".0 ", " "))}],
-      legend: {live: true}, cursor: {drag: {x: true, y: false}},
-      hooks: {draw: [markInk], ready: [u => u.setLegend({idx: spec.t.length - 1})]},
-    };
-    const u = new uPlot(opts, data, el);
-    window.addEventListener("resize", () => u.setSize({width: Math.max(320, el.clientWidth), height: 320}));
-  }
-
-  function flame(el, root) {
-    if (!root || !root.v) return empty(el, "no live bytes at the end of the recording");
-    (function link(n, p) { n.p = p; (n.c || []).forEach(c => link(c, n)); })(root, null);
-    const NS = "http://www.w3.org/2000/svg", H = 18, total = root.v;
-    function depth(n) { return 1 + Math.max(0, ...(n.c || []).map(depth)); }
-    function color(name) {
-      let h = 0;
-      for (let i = 0; i < name.length; i++) h = (h * 31 + name.charCodeAt(i)) >>> 0;
-      return "hsl(" + (10 + h % 45) + "," + (65 + h % 20) + "%," + (58 + (h >> 8) % 14) + "%)";
-    }
-    function draw(focus) {
-      const W = Math.max(320, el.clientWidth), svg = document.createElementNS(NS, "svg");
-      const rows = depth(focus);
-      svg.setAttribute("viewBox", "0 0 " + W + " " + rows * H);
-      svg.setAttribute("height", String(rows * H));
-      let nodes = 0;
-      function add(n, x, w, d) {
-        if (w < 0.5) return;
-        const g = document.createElementNS(NS, "g"), r = document.createElementNS(NS, "rect");
-        r.setAttribute("x", x); r.setAttribute("y", d * H); r.setAttribute("width", w); r.setAttribute("height", H - 1);
-        r.setAttribute("fill", n === root ? "#c9d3e3" : color(n.n));
-        const t = document.createElementNS(NS, "title");
-        t.textContent = n.n + " — " + hb(n.v) + " (" + (100 * n.v / total).toFixed(2) + "%)";
-        g.appendChild(t); g.appendChild(r);
-        const chars = Math.floor((w - 6) / 7);
-        if (chars >= 3) {
-          const tx = document.createElementNS(NS, "text");
-          tx.setAttribute("x", x + 3); tx.setAttribute("y", d * H + 13);
-          const label = n.n + " " + hb(n.v);
-          tx.textContent = label.length > chars ? label.slice(0, chars - 1) + "…" : label;
-          g.appendChild(tx);
-        }
-        g.addEventListener("click", () => draw(n === focus && n.p ? n.p : n));
-        svg.appendChild(g); nodes++;
-        let cx = x;
-        (n.c || []).forEach(c => { const cw = w * c.v / n.v; add(c, cx, cw, d + 1); cx += cw; });
-      }
-      add(focus, 0, W, 0);
-      el.replaceChildren(svg);
-      el.dataset.nodes = String(nodes);
-    }
-    draw(root);
-  }
-
-  chart(document.getElementById("chart-timeline"), D.timeline, false);
-  chart(document.getElementById("chart-sites"), D.sites, true);
-  flame(document.getElementById("flame-graph"), D.flame);
-  document.body.dataset.rendered = "1";
-})();
-"""
+    return Template(_asset(PAGE, inline=False)).substitute(
+        title=_e(title), uplot_css=_asset(UPLOT_CSS), report_css=_asset(PAGE_CSS),
+        exe=_e(tgt.get("exe")), labels=(" &nbsp; " + _e(labels)) if labels else "",
+        allocator_kind=_e(rec.get("allocator_kind")), allocator=_e(rec.get("allocator")),
+        end_reason=_e(rec.get("end_reason") or "interrupted"), cards=cards_html,
+        decomposition=decomposition_html(report_doc), notes=notes_html, sections=body,
+        data=_json_for_script(data), uplot_js=_asset(UPLOT_JS), report_js=_asset(PAGE_JS))

@@ -29,9 +29,8 @@ import pandas as pd
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
-from common.tracefile.reader import Trace
-
-from .analysis import FrameInfo, site_table, symbolize_stacks
+from .analysis import Folding, FrameInfo, site_table, symbolize_stacks
+from .trace import Trace
 
 # (name, unit) in Go's heap-profile order; the report columns they come from.
 SAMPLE_TYPES: list[tuple[str, str, str]] = [
@@ -115,7 +114,7 @@ def parse_pprof(data: bytes) -> Message:
 
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class CapturedFrame:
+class _Frame:
     """A symbolized frame with where it was captured: what a pprof Location needs."""
     info: FrameInfo
     ip: int
@@ -139,12 +138,12 @@ class _Strings:
         return i
 
 
-def captured_frames(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]]) -> dict[int, tuple[CapturedFrame, ...]]:
+def captured_frames(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]]) -> dict[int, tuple[_Frame, ...]]:
     """stack_id -> frames (innermost first) joined with their ip, offset and build id. Rows are
     ordered as symbolize_stacks orders them (one per (stack_id, idx), by idx); inlined frames
     share the row (address) of the frame they were inlined into."""
     st = trace.stacks.drop_duplicates(["stack_id", "idx"]).sort_values(["stack_id", "idx"])
-    out: dict[int, tuple[CapturedFrame, ...]] = {}
+    out: dict[int, tuple[_Frame, ...]] = {}
     for sid, g in st.groupby("stack_id", sort=False):
         infos = stacks.get(int(sid))
         if infos is None:
@@ -158,17 +157,19 @@ def captured_frames(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]]) -
         if len(groups) != len(g):
             continue
         out[int(sid)] = tuple(
-            CapturedFrame(fi, int(ip), int(off), bid if isinstance(bid, str) else "")
+            _Frame(fi, int(ip), int(off), bid if isinstance(bid, str) else "")
             for grp, ip, off, bid in zip(groups, g["ip"], g["offset"], g["build_id"]) for fi in grp)
     return out
 
 
-def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None) -> bytes:
+def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None,
+             fold: Folding | None = None) -> bytes:
     """The trace's final state as a gzipped pprof heap profile (see the module docstring).
-    `stacks` is symbolize_stacks(trace) when the caller already has it."""
+    `stacks` is symbolize_stacks(trace) when the caller already has it; `fold` adds wrappers
+    to fold out of the stacks (analysis.parse_fold)."""
     if stacks is None:
         stacks = symbolize_stacks(trace)
-    sites = site_table(trace, dict(stacks))
+    sites = site_table(trace, dict(stacks), fold=fold)
     captured = captured_frames(trace, stacks)
     names = trace.thread_names()
     s = _Strings()
@@ -180,7 +181,7 @@ def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = 
     prof.period = 1  # every allocation is counted: nothing is sampled
 
     # Mappings: one per (module, build id); address range from the frames seen in it.
-    frames_by_key: dict[tuple, list[CapturedFrame]] = {}
+    frames_by_key: dict[tuple, list[_Frame]] = {}
     for frames in captured.values():
         for fr in frames:
             if fr.info.module and fr.offset >= 0:
@@ -196,7 +197,7 @@ def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = 
     function_ids: dict[tuple, int] = {}
     location_ids: dict[tuple, int] = {}
 
-    def location(fi: FrameInfo, fr: CapturedFrame | None) -> int:
+    def location(fi: FrameInfo, fr: _Frame | None) -> int:
         key = (fi, fr.ip if fr else 0, fr.build_id if fr else "")
         lid = location_ids.get(key)
         if lid is not None:

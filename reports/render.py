@@ -133,6 +133,8 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
         out.append(s.dim("not probed: " + ", ".join(f"{k} ({v})" for k, v in probes["skipped"].items())))
     out.append(f"{tot['intervals']} intervals, {tot['duration_s']:.1f}s; "
                f"ended: {rec.get('end_reason') or 'interrupted'}")
+    if doc.get("folded"):
+        out.append(s.dim("folded out of sites: " + folded_text(doc["folded"])))
     for w in rec.get("warnings") or []:
         out.append(s.yellow(f"warning: {w}"))
     out.append("")
@@ -154,8 +156,13 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     for a in doc.get("advice") or []:
         out.append(s.yellow(f"    ! {a}"))
     out.append("")
+    peak = doc.get("at_peak") or {}
+    if peak.get("peak_first"):
+        out += _at_peak_text(doc, s, top, frames_per_site)
     sites = doc["sites"][:top]
-    out.append(s.bold(f"Top {len(sites)} of {len(doc['sites'])} sites by {SORT_TITLES.get(doc.get('sort', 'live'))}"))
+    at_end = " at the end" if peak.get("peak_first") and doc.get("sort", "live") == "live" else ""
+    out.append(s.bold(f"Top {len(sites)} of {len(doc['sites'])} sites by "
+                      f"{SORT_TITLES.get(doc.get('sort', 'live'))}{at_end}"))
     rows = []
     for site in sites:
         fr = site["frames"]
@@ -170,21 +177,14 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     out.append(s.dim("  growing = steady rise over the last half (R² >= 0.8, by >= 10% of its live bytes);"
                      " plateaued = held, not rising"))
     out.append("")
-    for site in sites[: min(top, 10)]:
-        if not site["live_bytes"] and not site["peak_live_bytes"]:
-            continue
-        thr = ", ".join(f"{x['name']}({x['tid']}) {human_bytes(x['live_bytes'])}" for x in site["threads"][:4])
-        out.append(s.bold(f"#{site['rank']} {human_bytes(site['live_bytes'])} live") + f"  threads: {thr}")
-        if site.get("timeline"):
-            r2 = site.get("growth_r2")
-            out.append(s.dim(f"    {site.get('verdict')}: {sparkline(site['timeline'])}  "
-                             f"{human_rate(site.get('growth_bytes_per_s'))}"
-                             + (f" (R² {r2:.2f})" if r2 is not None else "")))
-        for f in site["frames"][:frames_per_site]:
-            out.append(f"    {frame_text(f)}")
-        if len(site["frames"]) > frames_per_site:
-            out.append(s.dim(f"    ... {len(site['frames']) - frames_per_site} more frames"))
-    out.append("")
+    if not peak.get("peak_first"):  # else the sites that held the peak got these details above
+        for site in sites[: min(top, 10)]:
+            if not site["live_bytes"] and not site["peak_live_bytes"]:
+                continue
+            thr = ", ".join(f"{x['name']}({x['tid']}) {human_bytes(x['live_bytes'])}" for x in site["threads"][:4])
+            out.append(s.bold(f"#{site['rank']} {human_bytes(site['live_bytes'])} live") + f"  threads: {thr}")
+            out += _site_details(site, s, frames_per_site)
+        out.append("")
     thr = doc["threads"][:top]
     out.append(s.bold("Threads by live bytes"))
     out += ["  " + line for line in table(
@@ -215,8 +215,73 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
         out += ["  " + line for line in table(
             ["time", "thread", "duration", "returned", "released"],
             [[f"{x['time']:.3f}s", f"{x['thread']}({x['tid']})", f"{x['duration_s'] * 1e3:.2f}ms",
-              str(x.get("returned")), human_bytes(x["released_bytes"])] for x in doc["trims"]], "rlrrr")]
+              str(x.get("returned")),
+              human_bytes(x["released_bytes"])] for x in doc["trims"]], "rlrrr")]
     return "\n".join(out) + "\n"
+
+
+def _site_details(site: dict, s: _Style, frames_per_site: int) -> list[str]:
+    """The timeline sketch and innermost frames of one report site, indented."""
+    out = []
+    if site.get("timeline"):
+        r2 = site.get("growth_r2")
+        out.append(s.dim(f"    {site.get('verdict')}: {sparkline(site['timeline'])}  "
+                         f"{human_rate(site.get('growth_bytes_per_s'))}"
+                         + (f" (R² {r2:.2f})" if r2 is not None else "")))
+    out += [f"    {frame_text(f)}" for f in site["frames"][:frames_per_site]]
+    if len(site["frames"]) > frames_per_site:
+        out.append(s.dim(f"    ... {len(site['frames']) - frames_per_site} more frames"))
+    return out
+
+
+def peak_sites(doc: dict) -> list[dict]:
+    """The report's sites that held bytes at the moment of the peak, in `at_peak_rank` order."""
+    return sorted((x for x in doc.get("sites") or [] if x.get("at_peak_bytes")), key=lambda x: x["at_peak_rank"])
+
+
+def peak_when(doc: dict) -> str:
+    """'4.0s, live 98.1 MiB': when the peak interval ended and the live total then."""
+    p = doc.get("at_peak") or {}
+    when = f"{p['elapsed_s']:.1f}s" if p.get("elapsed_s") is not None else f"interval {p.get('seq')}"
+    return f"{when}, live {human_bytes(p.get('live_bytes'))}"
+
+
+def _at_peak_text(doc: dict, s: _Style, top: int, frames_per_site: int) -> list[str]:
+    """The "held at the peak" table and its sites' details, shown first when most of the peak
+    was freed by the end (doc["at_peak"]["peak_first"])."""
+    tot, peak = doc["totals"], doc["at_peak"]
+    share = f"{100 * tot['live_bytes'] / tot['peak_live_bytes']:.1f}%" if tot["peak_live_bytes"] else "-"
+    out = [s.yellow(f"Most of the peak was freed by the end: live {human_bytes(tot['live_bytes'])} is {share} of the "
+                    f"{human_bytes(tot['peak_live_bytes'])} peak (<= {peak['max_fraction']:.0%}), so the sites that "
+                    "held the peak come first."), ""]
+    held = peak_sites(doc)
+    sites = held[:top]
+    out.append(s.bold(f"Held at the peak ({peak_when(doc)}): top {len(sites)} of {len(held)} sites by bytes live "
+                      "at that moment"))
+    rows = [[str(x["at_peak_rank"]), human_bytes(x["at_peak_bytes"]),
+             f"{100 * x['at_peak_bytes'] / peak['live_bytes']:.1f}%" if peak["live_bytes"] else "-",
+             human_bytes(x["peak_live_bytes"]), human_bytes(x["live_bytes"]), x.get("verdict") or "-",
+             frame_text(x["frames"][0]) if x["frames"] else "?"] for x in sites]
+    out += ["  " + line for line in table(["#", "at peak", "share", "site peak", "live at end", "verdict",
+                                           "site (innermost)"], rows, "rrrrrll")]
+    out.append("")
+    for x in sites[: min(top, 10)]:
+        out.append(s.bold(f"#{x['at_peak_rank']} {human_bytes(x['at_peak_bytes'])} at the peak")
+                   + f"  (its own peak {human_bytes(x['peak_live_bytes'])}, "
+                     f"live at the end {human_bytes(x['live_bytes'])})")
+        out += _site_details(x, s, frames_per_site)
+    out.append("")
+    return out
+
+
+def folded_text(folded: list[dict]) -> str:
+    """The report's `folded` list as one line: what each wrapper pattern folded."""
+    parts = []
+    for f in folded:
+        names = ", ".join(f["functions"]) or "no frame matched"
+        src = f"--fold {f['pattern']}" if f["from"] == "--fold" else f"{f['from']} {f['pattern']}"
+        parts.append(f"{names} [{src}]")
+    return "; ".join(parts)
 
 
 DIFF_SORT_TITLES = {"delta": "|peak delta|", "live": "|live-at-end delta|", "alloc": "|allocated delta|",
@@ -254,6 +319,8 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
     out = [s.bold(f"allocscope diff — {_side_text('A', a)}  vs  {_side_text('B', b)}"),
            f"  A {a['path']}", f"  B {b['path']}"]
     out += [s.yellow(f"warning: {w}") for w in doc.get("warnings") or []]
+    if doc.get("folded"):
+        out.append(s.dim("folded out of sites: " + folded_text(doc["folded"])))
     if per:
         out.append(f"normalized per {per['label']}: a site scaling linearly has B/A = {per['b']:g}/{per['a']:g}"
                    f" = {per['expected_ratio']:.2f}; ! = grew more than {per['flag_scaling']:g}x that, by at least"

@@ -1,9 +1,13 @@
 """The demo daemon recorded for real: the diff between two pw settings of the buggy daemon puts
 the partition-synthesis site first with a peak that grows with pw; the fixed daemon stays
-bounded by pw+2 partitions."""
+bounded by pw+2 partitions; the single-trace report of the bug run (the daemon exited and freed
+its partitions) leads with the sites that held the peak, synthesize_partition first."""
 from __future__ import annotations
 
+import re
+
 import pytest
+from conftest import cli
 
 from allocscope.demo import run_demo
 
@@ -26,3 +30,14 @@ def test_demo_finds_the_pile_up(tmp_path):
     assert peaks["fixed_b"] >= MIB8
     html = res["html"].read_text()
     assert "synthesize_partition" in html and "<script" in html
+    # The report of the bug run, as the demo prints it and as `allocscope report` prints it.
+    rep = res["report"]
+    assert rep["at_peak"]["peak_first"]
+    held = sorted(rep["sites"], key=lambda s: s["at_peak_rank"])[0]
+    assert held["frames"][0]["function"] == "synthesize_partition"
+    assert held["at_peak_bytes"] > rep["at_peak"]["live_bytes"] // 2   # most of what was live then
+    bug_b = res["traces"][1]
+    for text in (res["report_text"], cli("report", str(bug_b), check=True).stdout):
+        first_row = next(ln for ln in text.splitlines() if re.match(r"^\s+1\s", ln))
+        assert "synthesize_partition" in first_row, text
+        assert text.index("Held at the peak") < text.index("sites by live bytes at the end")

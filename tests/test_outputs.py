@@ -244,12 +244,20 @@ def test_html_chart_data(trace, report):
     assert {s["label"]: s["values"] for s in tl["series"]} == {
         "RSS": [10 << 20, 12 << 20, 11 << 20], "live, heap API": [4000, 7560, 10560],
         "live, mmap/brk": [0, 1 << 20, 0], "live, total": [4000, 7560 + (1 << 20), 10560]}
+    # Live at the end (10560) is 1% of the peak (interval 2, 1 MiB of map_arena): the chart
+    # leads with the sites that held the peak, numbered by their bytes then.
+    assert report["at_peak"]["peak_first"] and report["at_peak"]["seq"] == 2
     sc = site_chart_data(trace, report, stacks)
     assert sc["t"] == [1.0, 2.0, 3.0]
     assert [(s["label"], s["values"]) for s in sc["series"]] == [
+        ("#1 map_arena", [0, 1 << 20, 0]), ("#2 make_partition", [3000, 5048, 8048]),
+        ("#3 make_partition", [1000, 2000, 2000]), ("#4 Cache::insert", [0, 512, 512])]
+    # Without the peak to lead with, by rank.
+    by_rank = dict(report, at_peak={**report["at_peak"], "peak_first": False})
+    assert [(s["label"], s["values"]) for s in site_chart_data(trace, by_rank, stacks)["series"]] == [
         ("#1 make_partition", [3000, 5048, 8048]), ("#2 make_partition", [1000, 2000, 2000]),
         ("#3 Cache::insert", [0, 512, 512]), ("#4 map_arena", [0, 1 << 20, 0])]
-    assert [(s["label"], s["values"]) for s in site_chart_data(trace, report, stacks, top=1)["series"]] == [
+    assert [(s["label"], s["values"]) for s in site_chart_data(trace, by_rank, stacks, top=1)["series"]] == [
         ("#1 make_partition", [3000, 5048, 8048]), ("other (3 sites)", [1000, 2512 + (1 << 20), 2512])]
 
 
@@ -290,7 +298,8 @@ def test_html_is_self_contained(page, trace, report):
 
 def test_html_tables(page, trace, report):
     for text in ("make_partition partition.c:42  [synthd]", "Cache::insert  [synthd]", "pworker-1", "pworker-2",
-                 "synthd(101)", "7.9 KiB", "Sites by live bytes", "Threads by live bytes", "Frees by allocating"):
+                 "synthd(101)", "7.9 KiB", "Sites by bytes held at the peak (2.0s, live 1.0 MiB;",
+                 "Threads by live bytes", "Frees by allocating"):
         assert text in page, text
     assert page.count("<tr><td") == 5 + 3 + 1 + 1  # sites, threads, flows, diff rows
     assert 'id="diff"' in page and "<b>pw=10</b>" in page and "+" in page
@@ -319,9 +328,23 @@ def test_html_renders_in_chromium(page, tmp_path):
         assert m, f"{chart} was not drawn"
         assert int(m.group(1)) > 5000, f"{chart}: only {m.group(1)} pixels painted"
         assert re.search(rf'id="{chart}".*?<canvas', dom, re.DOTALL)
+    # The flame graph opens at the peak (interval 2): all; start_thread, worker, load_partition,
+    # make_partition, map_arena; main, serve, load_partition, make_partition, Cache::insert.
     flame = re.search(r'<div id="flame-graph"[^>]*data-nodes="(\d+)"[^>]*>(.*?)</div>', dom, re.DOTALL)
-    assert flame and flame.group(1) == "10"
-    assert flame.group(2).count("<rect") == 10 and "make_partition" in flame.group(2)
+    assert flame and flame.group(1) == "11"
+    assert flame.group(2).count("<rect") == 11 and "map_arena" in flame.group(2)
+    assert re.search(r'<div id="flame-graph"[^>]*data-view="peak"', dom)
+    assert re.search(r'<button type="button" data-view="peak" aria-pressed="true">', dom)
+
+    # The other view, as a click on its button draws it: the 10 frames live at the end.
+    clicked = tmp_path / "clicked.html"
+    clicked.write_text(page.replace("</body>", "<script>document.querySelector('button[data-view=end]').click()"
+                                              "</script></body>"), encoding="utf-8")
+    dom = _chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", clicked.as_uri()).stdout
+    flame = re.search(r'<div id="flame-graph"[^>]*data-nodes="(\d+)"[^>]*>(.*?)</div>', dom, re.DOTALL)
+    assert flame and flame.group(1) == "10" and flame.group(2).count("<rect") == 10
+    assert re.search(r'<div id="flame-graph"[^>]*data-view="end"', dom) and "map_arena" not in flame.group(2)
+    assert re.search(r'<button type="button" data-view="end" aria-pressed="true">', dom)
 
     png = tmp_path / "shot.png"
     _chromium(exe, tmp_path, f"--screenshot={png}", url)
