@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import cli
+from support import cli
 
 from allocscope.demo import run_demo
 

@@ -12,12 +12,12 @@ from synth import SynthTrace
 
 from allocscope.cli import main
 from allocscope.cmd_diff import diff
+from common.errors import UsageError
 from reports import analysis as A
 from reports import render
 from reports.diff import diff_traces
 from reports.folded import to_folded
 from reports.trace import load_trace
-from tracer.errors import UsageError
 
 EXE, LIBC = "/usr/bin/redis-server", "/lib/x86_64-linux-gnu/libc.so.6"
 
