@@ -1,2 +1,2 @@
-"""allocscope: an eBPF allocation tracer for large native daemons (CLI package)."""
-__version__ = "0.1.0"
+"""allocscope: an eBPF allocation tracer for large native daemons (CLI package). Its version is
+the installed package's (pyproject.toml): common.version.tool_version()."""

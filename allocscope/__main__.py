@@ -1,3 +1,3 @@
-from allocscope.cli import main
+from allocscope.entry import main
 
 main()

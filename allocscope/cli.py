@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from allocscope.options import fold_option
+from allocscope.options import fold_option, probe_options, target_options
 from allocscope.output import emit, progress
-from common.errors import AllocscopeError, UsageError
+from common.errors import AllocscopeError, Interrupted, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -19,8 +19,27 @@ def _fail(err: AllocscopeError) -> None:
     sys.exit(err.exit_code)
 
 
+RECORDING_COMMANDS = ("record", "top")  # they handle SIGINT/SIGTERM/SIGHUP themselves
+
+
+def early_stop():
+    """The StopRequest the `allocscope` command installed at its first line (allocscope/entry.py),
+    None when the CLI runs inside another program (tests)."""
+    entry = sys.modules.get("allocscope.entry")
+    return getattr(entry, "STOP", None)
+
+
 class Group(click.Group):
     """Turns AllocscopeError into one line on stderr and its exit code."""
+
+    def resolve_command(self, ctx, args):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        stop = early_stop()
+        if stop is not None and name not in RECORDING_COMMANDS:
+            stop.restore()  # reports and the rest: Ctrl-C interrupts them as usual
+            if stop.reason is not None:
+                _fail(Interrupted(f"interrupted ({stop.reason})"))
+        return name, cmd, rest
 
     def invoke(self, ctx):
         try:
@@ -44,7 +63,7 @@ def parse_labels(values: tuple[str, ...]) -> dict[str, str]:
 
 
 @click.group(cls=Group, context_settings=CONTEXT)
-@click.version_option("0.1.0", prog_name="allocscope")
+@click.version_option(package_name="allocscope", prog_name="allocscope")
 def main() -> None:
     """Find what keeps memory in a running native daemon.
 
@@ -57,53 +76,53 @@ def main() -> None:
     """
 
 
+def resolve_target(pid: int | None, pattern: str | None, command: tuple[str, ...]):
+    """The one process given by --pid, --pgrep or -- CMD (launched blocked before exec)."""
+    from tracer import target as tg  # noqa: PLC0415
+
+    given = sum(x is not None and x != () for x in (pid, pattern, command or None))
+    if given == 0:
+        raise UsageError("no target: give --pid PID, --pgrep PATTERN, or -- CMD [ARGS...]")
+    if given > 1:
+        raise UsageError("give only one of --pid, --pgrep, -- CMD")
+    if pid is not None:
+        return tg.target_from_pid(pid)
+    if pattern is not None:
+        return tg.target_from_pgrep(pattern)
+    return tg.target_from_command(list(command))
+
+
+def record_options(output: str | None, labels, **kw):
+    """RecordOptions from the command's options (defaults: tracer.options.DEFAULTS)."""
+    from tracer.options import RecordOptions  # noqa: PLC0415
+
+    return RecordOptions(output=output or "", labels=parse_labels(labels), **kw)
+
+
 @main.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
-@click.option("--pid", "-p", type=int, help="Attach to this running process.")
-@click.option("--pgrep", "pattern", metavar="PATTERN",
-              help="Attach to the one process whose full command line matches PATTERN (regex, like pgrep -f).")
+@target_options
 @click.option("-o", "--output", "output", required=False, metavar="TRACE",
               help="Trace directory to write (an existing trace there is kept as TRACE.old).")
 @click.option("--duration", type=float, metavar="SECONDS",
               help="Stop after this long (default: until Ctrl-C or the target exits).")
-@click.option("--interval", type=float, default=1.0, show_default=True, metavar="SECONDS",
-              help="Snapshot period: RSS, live bytes, per-site and per-thread counters.")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
               help="Tag the trace (e.g. --label pw=12); shown in reports, used by diff. Repeatable.")
-@click.option("--max-live", type=int, default=1 << 20, show_default=True,
-              help="Outstanding allocations tracked in the kernel; beyond it allocations are counted as lost.")
 @click.option("--force", is_flag=True, help="Replace TRACE even when it is not an allocscope trace.")
 @click.option("--keep-cmdline", is_flag=True, help="Store the target's command line (off: it may hold secrets).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages; the summary line only.")
-@click.option("--unwind", type=click.Choice(["dwarf", "fp"]), default="dwarf", show_default=True,
-              help="How stacks are walked: dwarf unwinds with the modules' .eh_frame/.debug_frame in the "
-                   "kernel (complete stacks without frame pointers; tables cached per build ID); fp "
-                   "follows frame pointers only (cheaper, short stacks on release builds).")
 @click.option("--embed-symbols", is_flag=True,
               help="Store the symbol tables of the modules on the stacks in the trace, so it can be "
                    "symbolized on a machine without these binaries.")
-@click.option("--mode", type=click.Choice(["full", "residency"]), default="full", show_default=True,
-              help="full: every allocator call (exact bytes per site and thread). residency: no "
-                   "allocator probes at all — the mmap family plus sampled first-touch page faults, "
-                   "for daemons whose memory is huge buffers; near-zero cost, but no frees of heap "
-                   "blocks, no per-block sizes.")
-@click.option("--sample-bytes", type=click.IntRange(min=0), default=0, metavar="N",
-              help="Sample allocations in proportion to size, one per N bytes on average (like "
-                   "jemalloc/tcmalloc heap profiles); reports show estimates with error bars. 0: off.")
-@click.option("--fault-sample", type=click.IntRange(min=1), default=16, show_default=True, metavar="N",
-              help="Residency mode: record one user page fault in N.")
-@click.option("--probe-floor", is_flag=True, hidden=True,
-              help="Benchmarks: attach every probe, but every program returns at once (the trap floor).")
-@click.option("--rss-tracepoint", is_flag=True, hidden=True,
-              help="Benchmarks: keep the RSS counter with the kmem:rss_stat tracepoint instead of reading it.")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD [ARGS...]]")
-def record(pid, pattern, output, duration, interval, labels, max_live, force, keep_cmdline, quiet, unwind,
-           embed_symbols, mode, sample_bytes, fault_sample, probe_floor, rss_tracepoint, command):
+@probe_options
+def record(pid, pattern, command, output, duration, labels, force, keep_cmdline, quiet, embed_symbols, **probe):
     """Record allocations of a running process (--pid/--pgrep) or of a command it starts (-- CMD).
 
     Probes malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign,
     valloc, pvalloc and malloc_trim in the allocator the process really uses, and mmap, munmap,
     mremap, brk and madvise through syscall tracepoints. Stops at --duration, Ctrl-C/SIGTERM, or
-    when the target exits; the trace is readable even if allocscope is killed.
+    when the target exits; the trace is readable even if allocscope is killed. A Ctrl-C while the
+    probes are still being set up stops there: nothing is recorded (exit 130) and a trace already
+    at TRACE stays where it is.
 
     \b
     Examples:
@@ -112,35 +131,19 @@ def record(pid, pattern, output, duration, interval, labels, max_live, force, ke
       allocscope record -o demo.allocscope -- ./provingd --pw 4
     """
     from tracer import record as rec  # noqa: PLC0415
+    from tracer.doctor import require_root  # noqa: PLC0415
 
-    given = sum(x is not None and x != () for x in (pid, pattern, command or None))
-    if given == 0:
-        raise UsageError("no target: give --pid PID, --pgrep PATTERN, or -- CMD [ARGS...]")
-    if given > 1:
-        raise UsageError("give only one of --pid, --pgrep, -- CMD")
+    stop = early_stop() or rec.StopRequest().install()  # a signal is honoured, never a traceback
+    stop.quiet = quiet
     if not output:
         raise UsageError("missing -o TRACE (where to write the trace)")
-    lab = parse_labels(labels)
-    if interval <= 0:
-        raise UsageError("--interval must be > 0 seconds")
-    if duration is not None and duration <= 0:
-        raise UsageError("--duration must be > 0 seconds")
-    if max_live < 1024:
-        raise UsageError("--max-live must be at least 1024")
-    rec.require_root()
-    from common.tracefile.writer import prepare_output  # noqa: PLC0415
-    prepare_output(output, force)
-    if pid is not None:
-        target = rec.target_from_pid(pid)
-    elif pattern is not None:
-        target = rec.target_from_pgrep(pattern)
-    else:
-        target = rec.target_from_command(list(command))
-    opts = rec.RecordOptions(output=output, duration=duration, interval=interval, labels=lab, force=force,
-                             keep_cmdline=keep_cmdline, max_live=max_live, quiet=quiet, unwind=unwind,
-                             embed_symbols=embed_symbols, mode=mode, sample_bytes=sample_bytes,
-                             fault_sample=fault_sample, probe_floor=probe_floor, rss_tracepoint=rss_tracepoint)
-    s = rec.record(target, opts, None if quiet else progress)
+    opts = record_options(output, labels, duration=duration, force=force, keep_cmdline=keep_cmdline, quiet=quiet,
+                          embed_symbols=embed_symbols, **probe)
+    rec.validate(opts, output=False)
+    require_root()
+    rec.validate(opts)
+    target = resolve_target(pid, pattern, command)
+    s = rec.record(target, opts, None if quiet else progress, stop=stop)
     from reports.render import human_bytes  # noqa: PLC0415
     click.echo(f"allocscope: wrote {s.path}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "
                f"live {human_bytes(s.live_bytes)} in {s.live_count} blocks at {s.sites} sites; "

@@ -34,17 +34,17 @@ def build_daemon(out: Path) -> Path:
 
 def record_run(exe: Path, out: Path, pw: int, bug: bool, partitions: int, say) -> Path:
     from tracer import record as rec  # noqa: PLC0415
+    from tracer.options import RecordOptions  # noqa: PLC0415
+    from tracer.target import target_from_command  # noqa: PLC0415
 
     name = f"{'bug' if bug else 'fixed'}-pw{pw}.allocscope"
     trace = out / name
     argv = [str(exe), "--pw", str(pw), "--partitions", str(partitions)] + (["--bug"] if bug else [])
     say(f"recording {' '.join(argv[1:])} -> {trace}")
-    from common.tracefile.writer import prepare_output  # noqa: PLC0415
-
-    prepare_output(str(trace), force=False)
-    target = rec.target_from_command(argv)
-    opts = rec.RecordOptions(output=str(trace), interval=0.5,
-                             labels={"pw": str(pw), "variant": "bug" if bug else "fixed"}, quiet=True)
+    opts = RecordOptions(output=str(trace), interval=0.5, labels={"pw": str(pw), "variant": "bug" if bug else "fixed"},
+                         quiet=True)
+    rec.validate(opts)
+    target = target_from_command(argv)
     t0 = time.monotonic()
     s = rec.record(target, opts)
     say(f"  {s.intervals} intervals in {time.monotonic() - t0:.0f}s, lost {s.lost}")
@@ -66,7 +66,7 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     from reports.html import to_html  # noqa: PLC0415
     from reports.render import diff_to_text  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
-    from tracer.record import require_root  # noqa: PLC0415
+    from tracer.doctor import require_root  # noqa: PLC0415
 
     def say(msg: str) -> None:
         click.echo(f"demo: {msg}", err=True)

@@ -1,8 +1,11 @@
-"""Options shared by several commands (report, diff, and a later `top`): declared once here,
-parsed by one library function. No heavy imports: `--help` stays instant."""
+"""Options shared by several commands (record and top; report, diff and top): declared once
+here. Defaults come from tracer.options.DEFAULTS, the one place they are written. No heavy
+imports: `--help` stays instant."""
 from __future__ import annotations
 
 import click
+
+from tracer.options import DEFAULTS
 
 FOLD_HELP = ("Also fold these functions out of sites, like the built-in wrappers (zmalloc*, "
              "PyObject_Malloc, g_malloc*, CRYPTO_malloc, xmalloc...): the site starts at the frame "
@@ -14,3 +17,48 @@ FOLD_HELP = ("Also fold these functions out of sites, like the built-in wrappers
 def fold_option(f):
     """--fold FUNC[,FUNC] (repeatable): the raw values, for reports.analysis.parse_fold."""
     return click.option("--fold", "fold", multiple=True, metavar="FUNC[,FUNC]", help=FOLD_HELP)(f)
+
+
+def target_options(f):
+    """--pid / --pgrep / -- CMD: which process (resolved by tracer.target)."""
+    for opt in reversed([
+        click.option("--pid", "-p", type=int, help="Attach to this running process."),
+        click.option("--pgrep", "pattern", metavar="PATTERN",
+                     help="Attach to the one process whose full command line matches PATTERN (regex, like "
+                          "pgrep -f)."),
+        click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD [ARGS...]]"),
+    ]):
+        f = opt(f)
+    return f
+
+
+def probe_options(f):
+    """How to probe: the options of a recording the probes are built from (RecordOptions)."""
+    for opt in reversed([
+        click.option("--interval", type=float, default=DEFAULTS.interval, show_default=True, metavar="SECONDS",
+                     help="Snapshot period: RSS, live bytes, per-site and per-thread counters."),
+        click.option("--max-live", type=int, default=DEFAULTS.max_live, show_default=True,
+                     help="Outstanding allocations tracked in the kernel; beyond it allocations are counted "
+                          "as lost."),
+        click.option("--unwind", type=click.Choice(["dwarf", "fp"]), default=DEFAULTS.unwind, show_default=True,
+                     help="How stacks are walked: dwarf unwinds with the modules' .eh_frame/.debug_frame in "
+                          "the kernel (complete stacks without frame pointers; tables cached per build ID); fp "
+                          "follows frame pointers only (cheaper, short stacks on release builds)."),
+        click.option("--mode", type=click.Choice(["full", "residency"]), default=DEFAULTS.mode, show_default=True,
+                     help="full: every allocator call (exact bytes per site and thread). residency: no "
+                          "allocator probes at all — the mmap family plus sampled first-touch page faults, "
+                          "for daemons whose memory is huge buffers; near-zero cost, but no frees of heap "
+                          "blocks, no per-block sizes."),
+        click.option("--sample-bytes", type=click.IntRange(min=0), default=DEFAULTS.sample_bytes, metavar="N",
+                     help="Sample allocations in proportion to size, one per N bytes on average (like "
+                          "jemalloc/tcmalloc heap profiles); reports show estimates with error bars. 0: off."),
+        click.option("--fault-sample", type=click.IntRange(min=1), default=DEFAULTS.fault_sample,
+                     show_default=True, metavar="N", help="Residency mode: sample one user page fault in N."),
+        click.option("--probe-floor", is_flag=True, hidden=True,
+                     help="Benchmarks: attach every probe, but every program returns at once (the trap floor)."),
+        click.option("--rss-tracepoint", is_flag=True, hidden=True,
+                     help="Benchmarks: keep the RSS counter with the kmem:rss_stat tracepoint instead of "
+                          "reading it."),
+    ]):
+        f = opt(f)
+    return f

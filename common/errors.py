@@ -37,3 +37,10 @@ class OutputError(AllocscopeError):
     """Cannot write the output (exists and is not a trace, symlink, read-only, disk full)."""
 
     exit_code = 6
+
+
+class Interrupted(AllocscopeError):
+    """A signal (Ctrl-C, SIGTERM, SIGHUP) arrived while the probes were being set up: they were
+    detached and nothing was recorded; an earlier trace at the output path was left as it was."""
+
+    exit_code = 130

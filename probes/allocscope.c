@@ -7,13 +7,18 @@
  * per malloc leaves the kernel. Rare events (mmap family, brk, madvise,
  * malloc_trim, thread names, exit, exec) go through the `events` ring buffer.
  *
- * Compile-time parameters (cflags -D...):
- *   AS_TGID         process to trace (required)
- *   AS_MAX_LIVE     outstanding allocations tracked      (default 1048576)
- *   AS_MAX_STACKS   distinct stacks                      (default 65536)
- *   AS_MAX_SITES    distinct (stack, thread) pairs       (default 262144)
- *   AS_RING_PAGES   ring buffer size in pages            (default 1024)
+ * Compile-time parameters (cflags -D..., all set by tracer/probe.py probe_cflags from the
+ * recording's options, tracer/options.py, where their defaults live):
+ *   AS_TGID         process to trace
+ *   AS_MAX_LIVE     outstanding allocations tracked
+ *   AS_MAX_STACKS   distinct stacks
+ *   AS_MAX_SITES    distinct (stack, thread, source)
+ *   AS_MAX_REGIONS  mmap-family allocations accounted here
+ *   AS_RING_PAGES   ring buffer size in pages
+ *   AS_PAGE_SIZE    the target's page size
  *   AS_WAIT_EXEC    launch mode: ignore everything until the target's exec
+ *   AS_OFF_*        kernel struct offsets from the running kernel's BTF (tracer/kernel.py)
+ *   AS_SAMPLE_BYTES, AS_FAULTS + AS_FAULT_SAMPLE, AS_UNWIND_DWARF, AS_FLOOR: modes
  *
  * Stacks: user stacks are captured in return probes, where the first frame
  * is the return address into the caller, so the immediate caller is never
@@ -34,19 +39,19 @@
 #error "AS_TGID must be defined"
 #endif
 #ifndef AS_MAX_LIVE
-#define AS_MAX_LIVE 1048576
+#error "AS_MAX_LIVE: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
 #ifndef AS_MAX_STACKS
-#define AS_MAX_STACKS 65536
+#error "AS_MAX_STACKS: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
 #ifndef AS_MAX_SITES
-#define AS_MAX_SITES 262144
+#error "AS_MAX_SITES: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
 #ifndef AS_RING_PAGES
-#define AS_RING_PAGES 1024
+#error "AS_RING_PAGES: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
 #ifndef AS_PAGE_SIZE
-#define AS_PAGE_SIZE 4096
+#error "AS_PAGE_SIZE: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
 #define AS_MAX_THREADS 32768
 
@@ -885,7 +890,7 @@ int cu_unregister_enter(struct pt_regs *ctx) /* (void *p) */
  * Every release (munmap, madvise, brk down) is measured by the anonymous RSS it gave back and
  * summed per (thread, kind, allocator call) in `releases`. */
 #ifndef AS_MAX_REGIONS
-#define AS_MAX_REGIONS 65536
+#error "AS_MAX_REGIONS: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
 #define AS_UNMAP_STEPS 8   /* regions one munmap may free here, back to back */
 #define AS_MAP_FIXED 0x10
@@ -1488,7 +1493,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
 #ifdef AS_FAULTS
 #include <uapi/linux/bpf_perf_event.h>
 #ifndef AS_FAULT_SAMPLE
-#define AS_FAULT_SAMPLE 16
+#error "AS_FAULT_SAMPLE: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
 BPF_F_TABLE("hash", struct as_site_key, struct as_site, fault_sites, AS_MAX_SITES, BPF_F_NO_PREALLOC);
 

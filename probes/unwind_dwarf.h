@@ -14,9 +14,9 @@
  * AS_STACK_TRUNCATED and counts AS_LOST_STACK_TRUNCATED.
  *
  * Compile-time parameters:
- *   AS_UNWIND_ROWS   rows in `urows`                  (default 2097152, 16 MiB)
+ *   AS_UNWIND_ROWS   rows in `urows` (set by the tracer: RecordOptions.unwind_rows)
  *   AS_UNWIND_MAPS   prefixes in `umaps`              (default 65536)
- *   AS_UNWIND_STEPS  binary search steps: a slice has at most 2^steps rows (default 20)
+ *   AS_UNWIND_STEPS  binary search steps: a slice has at most 2^steps rows (tracer/unwind.py)
  *   AS_SCACHE_WAYS   cached stacks per thread, a power of 2 (default 32, ~20 KiB a thread; 0: none)
  *
  * Stack cache (return probes). Unwinding is a pure function of its inputs: the registers (ip,
@@ -31,13 +31,13 @@
  * (ip, sp) can only be confused by a 64-bit hash collision.
  */
 #ifndef AS_UNWIND_ROWS
-#define AS_UNWIND_ROWS 2097152
+#error "AS_UNWIND_ROWS: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
 #ifndef AS_UNWIND_MAPS
 #define AS_UNWIND_MAPS 65536
 #endif
 #ifndef AS_UNWIND_STEPS
-#define AS_UNWIND_STEPS 20
+#error "AS_UNWIND_STEPS: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
 
 #ifndef AS_SCACHE_WAYS

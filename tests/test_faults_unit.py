@@ -45,7 +45,7 @@ def test_is_alive_false_for_a_zombie():
 
 
 def test_target_alive_uses_the_guard():
-    from tracer.record import Target
+    from tracer.target import Target
 
     p = subprocess.Popen(["sleep", "30"])
     try:
@@ -72,17 +72,17 @@ def test_record_refuses_its_own_pid_via_pgrep_ancestors():
 # --- the signal handler ---------------------------------------------------------------------------
 
 def test_signal_handler_never_raises_and_keeps_the_first_reason(capsys):
-    from tracer.record import Recorder, RecordOptions, Target
+    from tracer.record import StopRequest
 
-    r = Recorder(Target(1, 0, "/x", "x"), RecordOptions(output="/nonexistent"))
-    r._on_signal(signal.SIGINT, None)
-    assert r.stop_reason == "SIGINT"
-    r._on_signal(signal.SIGTERM, None)  # a second signal while stopping: same reason, no exception
-    assert r.stop_reason == "SIGINT"
+    r = StopRequest()
+    r.handle(signal.SIGINT, None)
+    assert r.reason == "SIGINT"
+    r.handle(signal.SIGTERM, None)  # a second signal while stopping: same reason, no exception
+    assert r.reason == "SIGINT"
     r.finalizing = True
-    r._on_signal(signal.SIGINT, None)
-    r._on_signal(signal.SIGINT, None)
-    assert r.stop_reason == "SIGINT"
+    r.handle(signal.SIGINT, None)
+    r.handle(signal.SIGINT, None)
+    assert r.reason == "SIGINT"
     err = capsys.readouterr().err
     assert "finalizing the trace, please wait" in err
 

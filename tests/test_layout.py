@@ -47,9 +47,10 @@ def test_event_layout_matches_c_compiler(tmp_path):
 
 @pytest.mark.bpf
 def test_layout_matches_bcc_maps():
-    from tracer.probe import ProbeOptions, Probes
+    from tracer.options import RecordOptions
+    from tracer.probe import Probes
 
-    p = Probes(os.getpid(), ProbeOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16))
+    p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16))
     try:
         for name, (key, val) in L.MAP_LAYOUTS.items():
             t = p.bpf[name.encode()]

@@ -264,12 +264,13 @@ def test_unwind_maps_match_bcc():
     import ctypes as ct
 
     from tracer import unwind as U
-    from tracer.probe import ProbeOptions, Probes
+    from tracer.options import RecordOptions
+    from tracer.probe import Probes
 
-    p = Probes(os.getpid(), ProbeOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
+    p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
                                          unwind_rows=4096))
     try:
-        assert p.options.unwind == "dwarf", p.unwind_error
+        assert p.unwind == "dwarf", p.unwind_error
         for name, (key, val) in U.MAP_LAYOUTS.items():
             t = p.bpf[name.encode()]
             assert ct.sizeof(t.Key) == ct.sizeof(key) and ct.sizeof(t.Leaf) == ct.sizeof(val), name
@@ -311,12 +312,13 @@ def test_embedded_symbols_when_binary_is_gone(release_targets, run_target, tmp_p
 def test_falls_back_to_frame_pointers_when_the_unwinder_cannot_load():
     """A DWARF program the kernel refuses (here: a row array too big to allocate) still traces,
     with frame pointers, and says why."""
-    from tracer.probe import ProbeOptions, Probes
+    from tracer.options import RecordOptions
+    from tracer.probe import Probes
 
-    p = Probes(os.getpid(), ProbeOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
+    p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
                                          unwind_rows=(1 << 32) - 1))
     try:
-        assert p.options.unwind == "fp" and p.unwind_error
+        assert p.unwind == "fp" and p.unwind_error
         assert p.unwinder() is None
     finally:
         p.close()

@@ -6,6 +6,8 @@ import os
 import platform
 from dataclasses import dataclass
 
+from common.errors import PermissionProblem
+
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 
 
@@ -116,14 +118,25 @@ def run_checks() -> list[Check]:
 def check_compile() -> Check:
     """Compile and load the real probe program against our own pid (no attach)."""
     try:
-        from .probe import ProbeOptions, Probes  # noqa: PLC0415
+        from .options import RecordOptions  # noqa: PLC0415
+        from .probe import Probes  # noqa: PLC0415
 
-        p = Probes(os.getpid(), ProbeOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
-                                             unwind_rows=4096))
-        unwind = "with the DWARF unwinder" if p.options.unwind == "dwarf" else \
+        p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
+                                              unwind_rows=4096))
+        unwind = "with the DWARF unwinder" if p.unwind == "dwarf" else \
             f"without the DWARF unwinder ({p.unwind_error[:120]}): stacks will use frame pointers"
         p.close()
     except Exception as e:  # noqa: BLE001 - report whatever BCC says
         return Check("probe program", False, f"does not load: {str(e).splitlines()[0][:200]}",
                      "run scripts/setup-host.sh; see the checks above")
     return Check("probe program", True, f"probes/allocscope.c compiles and passes the verifier, {unwind}")
+
+
+def require_root() -> None:
+    """Root, a working bpf() syscall and tracefs: checked before anything is compiled or written,
+    so a box that cannot trace gets one line, not a compiler's error dump."""
+    if os.geteuid() != 0:
+        raise PermissionProblem("allocscope record needs root (BPF and uprobes); run it with sudo")
+    for check in (check_bpf_syscall(), check_tracefs()):
+        if not check.ok:
+            raise PermissionProblem(f"{check.name}: {check.detail}; fix: {check.fix}")

@@ -20,53 +20,37 @@ from common.errors import AllocscopeError, PermissionProblem
 from . import layout as L
 from .elfinfo import ALLOC_FUNCS, REQUIRED_FUNCS, Allocator, symbol_offsets
 from .kernel import char_major, file_offsets, rss_offsets
+from .options import RecordOptions
 from .unwind import UNWIND_STEPS
 
 BPF_PROBE_ENTRY = 0
 BPF_PROBE_RETURN = 1
 
 
-@dataclass
-class ProbeOptions:
-    max_live: int = 1 << 20       # outstanding allocations tracked
-    max_stacks: int = 1 << 16     # distinct stacks
-    max_sites: int = 1 << 18      # distinct (stack, thread)
-    ring_pages: int = 1024        # 4 MiB ring for syscall/thread events
-    wait_exec: bool = False       # launch mode: trace from the target's exec on
-    mode: str = "full"            # full: allocator probes; residency: mmap family + sampled page faults
-    sample_bytes: int = 0         # >0: byte-weighted sampling of allocations, one per N bytes on average
-    fault_sample: int = 16        # residency mode: one user page fault in N is recorded (weight N pages)
-    unwind: str = "dwarf"         # dwarf: CFI rows in BPF maps (tracer/unwind.py); fp: frame pointers
-    unwind_rows: int = 1 << 21    # capacity of the CFI row array (8 bytes a row)
-    max_regions: int = 1 << 16    # mmap-family allocations accounted in the kernel
-    rss_tracepoint: bool = False  # keep RSS current with kmem:rss_stat instead of reading it (bench)
-    floor: bool = False           # every program returns at once: the trap floor (bench)
-
-    def cflags(self) -> list[str]:
-        extra = ["-DAS_WAIT_EXEC=1"] if self.wait_exec else []
-        extra += [f"-DAS_PAGE_SIZE={os.sysconf('SC_PAGE_SIZE')}", f"-DAS_MAX_REGIONS={self.max_regions}"]
-        if self.floor:
-            extra.append("-DAS_FLOOR=1")
-        if not self.rss_tracepoint:
-            try:
-                extra += rss_offsets().cflags()
-            except (OSError, LookupError):
-                self.rss_tracepoint = True  # this kernel's BTF does not say where the counter is
-        if self.rss_tracepoint:
-            extra.append("-DAS_RSS_TRACEPOINT=1")
-        try:
-            extra += file_offsets().cflags()
-        except (OSError, LookupError):
-            pass  # mappings of shared memory and device files stay untracked
-        extra.append(f"-DAS_UVM_MAJOR={char_major('nvidia-uvm')}")
-        if self.sample_bytes > 0:
-            extra.append(f"-DAS_SAMPLE_BYTES={self.sample_bytes}ULL")
-        if self.mode == "residency":
-            extra += ["-DAS_FAULTS=1", f"-DAS_FAULT_SAMPLE={self.fault_sample}"]
-        return extra + [f"-DAS_MAX_LIVE={self.max_live}", f"-DAS_MAX_STACKS={self.max_stacks}",
-                f"-DAS_MAX_SITES={self.max_sites}", f"-DAS_RING_PAGES={self.ring_pages}"] + \
-            (["-DAS_UNWIND_DWARF=1", f"-DAS_UNWIND_ROWS={self.unwind_rows}",
-              f"-DAS_UNWIND_STEPS={UNWIND_STEPS}"] if self.unwind == "dwarf" else [])
+def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoint: bool) -> list[str]:
+    """The compile-time parameters of probes/allocscope.c for a recording: every bound and mode
+    comes from `opts` (tracer/options.py, the one place defaults live), the kernel-struct
+    offsets from the running kernel's BTF (tracer/kernel.py)."""
+    flags = [f"-DAS_MAX_LIVE={opts.max_live}", f"-DAS_MAX_STACKS={opts.max_stacks}",
+             f"-DAS_MAX_SITES={opts.max_sites}", f"-DAS_MAX_REGIONS={opts.max_regions}",
+             f"-DAS_RING_PAGES={opts.ring_pages}", f"-DAS_PAGE_SIZE={os.sysconf('SC_PAGE_SIZE')}",
+             f"-DAS_UVM_MAJOR={char_major('nvidia-uvm')}"]
+    if launched:
+        flags.append("-DAS_WAIT_EXEC=1")
+    if opts.probe_floor:
+        flags.append("-DAS_FLOOR=1")
+    flags += ["-DAS_RSS_TRACEPOINT=1"] if rss_tracepoint else rss_offsets().cflags()
+    try:
+        flags += file_offsets().cflags()
+    except (OSError, LookupError):
+        pass  # mappings of shared memory and device files stay untracked
+    if opts.sample_bytes > 0:
+        flags.append(f"-DAS_SAMPLE_BYTES={opts.sample_bytes}ULL")
+    if opts.mode == "residency":
+        flags += ["-DAS_FAULTS=1", f"-DAS_FAULT_SAMPLE={opts.fault_sample}"]
+    if unwind == "dwarf":
+        flags += ["-DAS_UNWIND_DWARF=1", f"-DAS_UNWIND_ROWS={opts.unwind_rows}", f"-DAS_UNWIND_STEPS={UNWIND_STEPS}"]
+    return flags
 
 
 def bpf_text() -> bytes:
@@ -143,27 +127,35 @@ def _prog_info(fd: int) -> tuple[int, int] | None:
 class Probes:
     """The BPF program for one target process."""
 
-    def __init__(self, pid: int, options: ProbeOptions | None = None) -> None:
+    def __init__(self, pid: int, options: RecordOptions | None = None, launched: bool = False) -> None:
         self.pid = pid
-        self.options = options or ProbeOptions()
+        self.options = options or RecordOptions()
+        self.mode = self.options.mode
+        self.unwind = self.options.unwind  # "fp" when the verifier refused the DWARF unwinder
         self.unwind_error = ""  # why DWARF unwinding fell back to frame pointers, if it did
+        self.rss_tracepoint = self.options.rss_tracepoint
+        if not self.rss_tracepoint:
+            try:
+                rss_offsets()
+            except (OSError, LookupError):
+                self.rss_tracepoint = True  # this kernel's BTF does not say where the counter is
         bcc = _import_bcc()
         self._bcc = bcc
         self._lib = _Libbcc()
-        cflags = [f"-I{L.PROBES_DIR}", f"-DAS_TGID={pid}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}",
-                  "-Wno-macro-redefined"] + self.options.cflags()
+        base = [f"-I{L.PROBES_DIR}", f"-DAS_TGID={pid}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}", "-Wno-macro-redefined"]
         try:
-            self.bpf = bcc.BPF(text=bpf_text(), cflags=cflags)
+            self.bpf = bcc.BPF(text=bpf_text(), cflags=base + probe_cflags(self.options, launched, self.unwind,
+                                                                            self.rss_tracepoint))
             self._load_allocator_programs()
         except Exception as e:  # noqa: BLE001 (BCC raises bare Exception for compile/load failures)
-            if self.options.unwind != "dwarf":
+            if self.unwind != "dwarf":
                 raise PermissionProblem(f"cannot load the BPF program: {e}; run 'allocscope doctor'") from None
             # The DWARF unwinder is the largest part for the verifier: keep tracing without it.
             self.unwind_error = str(e).splitlines()[0] if str(e) else "BPF load failed"
-            self.options.unwind = "fp"
-            cflags = [c for c in cflags if not c.startswith("-DAS_UNWIND_")]
+            self.unwind = "fp"
             try:
-                self.bpf = bcc.BPF(text=bpf_text(), cflags=cflags)
+                self.bpf = bcc.BPF(text=bpf_text(), cflags=base + probe_cflags(self.options, launched, "fp",
+                                                                                self.rss_tracepoint))
                 self._load_allocator_programs()
             except Exception as e2:  # noqa: BLE001
                 raise PermissionProblem(f"cannot load the BPF program: {e2}; run 'allocscope doctor'") from None
@@ -171,7 +163,7 @@ class Probes:
             f"{c}:{n}" for c, n in [("syscalls", f"sys_{d}_{s}") for s in
                                     ("mmap", "munmap", "mremap", "brk", "madvise") for d in ("enter", "exit")]
             + [("task", "task_rename"), ("sched", "sched_process_exit"), ("sched", "sched_process_exec")]
-            + ([("kmem", "rss_stat")] if self.options.rss_tracepoint else [])])
+            + ([("kmem", "rss_stat")] if self.rss_tracepoint else [])])
         self._events_cb = None
         self._fault_fds: dict[int, int] = {}  # tid -> perf event fd (residency mode)
 
@@ -183,14 +175,14 @@ class Probes:
         if self.options.mode == "residency":
             pe = self._bcc.BPF.PERF_EVENT
             self._fault_prog = self.bpf.load_func(b"fault_sample", pe)
-            if self.options.unwind == "dwarf":
+            if self.unwind == "dwarf":
                 tails = self.bpf[b"ftails"]
                 for i, name in enumerate((b"fault_unwind", b"fault_keep")):
                     tails[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, pe).fd)
             return
         kprobe = self._bcc.BPF.KPROBE
         self.bpf.load_func(b"alloc_return", kprobe)
-        if self.options.unwind == "dwarf":
+        if self.unwind == "dwarf":
             tails = self.bpf[b"tails"]
             for i, name in enumerate((b"alloc_unwind", b"alloc_keep")):
                 tails[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, kprobe).fd)
@@ -299,7 +291,7 @@ class Probes:
 
     def unwinder(self, progress=None):
         """The manager of the DWARF unwind maps (tracer.unwind.Unwinder); None with frame pointers."""
-        if self.options.unwind != "dwarf":
+        if self.unwind != "dwarf":
             return None
         from .unwind import Unwinder  # noqa: PLC0415
         return Unwinder(self.bpf, self.pid, self.options.unwind_rows, progress,
@@ -551,7 +543,7 @@ class Probes:
         if brk:
             t = self.bpf[b"brk_state"]
             t[t.Key(0)] = t.Leaf(brk)
-        if self.options.rss_tracepoint:
+        if self.rss_tracepoint:
             t = self.bpf[b"rss"]
             for idx, key in ((0, "rss_file_bytes"), (1, "rss_anon_bytes"), (3, "rss_shmem_bytes")):
                 if key in mem:

@@ -469,32 +469,3 @@ def start_unwinder(probes, maps: list[Mapping], launched: bool, progress=None) -
     return unw
 
 
-def unwind_meta(recorder) -> dict:
-    """meta.json `unwind`: how stacks were walked, and what the DWARF tables covered."""
-    probes = getattr(recorder, "probes", None)
-    mode = probes.options.unwind if probes is not None else getattr(recorder.o, "unwind", "fp")
-    out: dict = {"mode": mode, "requested": getattr(recorder.o, "unwind", "fp")}
-    if probes is not None and probes.unwind_error:
-        out["fallback_reason"] = probes.unwind_error
-    unw = getattr(recorder, "unwinder", None)
-    if unw is not None:
-        out.update(unw.meta())
-    return out
-
-
-PTRACE_GETSIGINFO, SI_KERNEL = 0x4202, 0x80
-_libc = None
-
-
-def held_by_probe(pid: int) -> bool:
-    """The ptrace-stopped `pid` stopped for a SIGSTOP sent by BPF (bpf_send_signal_thread: si_code
-    SI_KERNEL), not by a user's kill (SI_USER)."""
-    global _libc
-    if _libc is None:
-        _libc = ct.CDLL(None, use_errno=True)
-        _libc.ptrace.argtypes = [ct.c_long, ct.c_long, ct.c_void_p, ct.c_void_p]
-        _libc.ptrace.restype = ct.c_long
-    info = (ct.c_int32 * 32)()  # siginfo_t: 128 bytes; si_signo, si_errno, si_code
-    if _libc.ptrace(PTRACE_GETSIGINFO, pid, None, ct.addressof(info)) != 0:
-        return False
-    return info[2] == SI_KERNEL

@@ -29,31 +29,44 @@ def is_trace_dir(path: str) -> bool:
         return False
 
 
-def prepare_output(path: str, force: bool = False) -> None:
-    """Check that `path` may be written; an existing trace there is moved to PATH.old (like
-    perf.data.old). Raises OutputError otherwise."""
+def check_output(path: str, force: bool = False) -> bool:
+    """Raise OutputError unless `path` may be written; True when something is there already
+    (an old trace, or with `force` anything) that prepare_output will move aside. Changes
+    nothing: called before the probes attach, so an interrupted start leaves the path as it was."""
     try:
         st = os.lstat(path)
+    except PermissionError:
+        raise OutputError(f"cannot write {path}: permission denied") from None
     except FileNotFoundError:
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise OutputError(f"cannot write {path}: directory {parent} does not exist") from None
         if not os.access(parent, os.W_OK):
             raise OutputError(f"cannot write {path}: directory {parent} is not writable") from None
-        return
+        return False
     if stat.S_ISLNK(st.st_mode):
         raise OutputError(f"refusing to write through the symlink {path}; give the real path")
     if (not stat.S_ISDIR(st.st_mode) or not is_trace_dir(path)) and not force:
         raise OutputError(f"{path} exists and is not an allocscope trace; "
                           "choose another -o or pass --force to replace it")
     old = path.rstrip("/") + ".old"
+    if os.path.lexists(old) and not force and not (os.path.isdir(old) and not os.path.islink(old)
+                                                   and is_trace_dir(old)):
+        raise OutputError(f"{old} exists and is not an allocscope trace; remove it first")
+    return True
+
+
+def prepare_output(path: str, force: bool = False) -> None:
+    """Check that `path` may be written (check_output); an existing trace there is moved to
+    PATH.old (like perf.data.old)."""
+    if not check_output(path, force):
+        return
+    old = path.rstrip("/") + ".old"
     if os.path.lexists(old):
-        if os.path.isdir(old) and not os.path.islink(old) and (is_trace_dir(old) or force):
+        if os.path.isdir(old) and not os.path.islink(old):
             shutil.rmtree(old)
-        elif force:
-            os.unlink(old)
         else:
-            raise OutputError(f"{old} exists and is not an allocscope trace; remove it first")
+            os.unlink(old)
     os.rename(path, old)
 
 
@@ -156,3 +169,23 @@ class TraceWriter:
             if fd >= 0:
                 os.close(fd)
         self._partsfd = self._dirfd = -1
+
+
+class NullWriter:
+    """A TraceWriter that keeps nothing: `allocscope top` without -o writes nothing to disk."""
+
+    path = ""
+    bytes_written = 0
+
+    def write_meta(self, meta: dict) -> None:
+        pass
+
+    def write_part(self, table: str, seq: int, tab) -> None:
+        pass
+
+    def write_part_batches(self, table: str, seq: int, schema, batches) -> None:
+        for _ in batches:  # still consumed: the batches read the kernel's maps
+            pass
+
+    def close(self) -> None:
+        pass

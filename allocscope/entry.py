@@ -1,0 +1,15 @@
+"""The `allocscope` command's first lines: the signal handling of a recording is installed before
+anything heavy is imported, so a Ctrl-C at any moment of start-up is a clean stop (one line,
+exit 130) and never Python's KeyboardInterrupt. Commands that do not record put the default
+handlers back (allocscope/cli.py)."""
+from __future__ import annotations
+
+from tracer.stop import StopRequest
+
+STOP = StopRequest().install()
+
+
+def main() -> None:
+    from allocscope.cli import main as cli_main  # noqa: PLC0415 (after the handlers)
+
+    cli_main()

@@ -1,0 +1,110 @@
+"""The target's memory map while recording: what is mapped where, for resolving stack addresses
+to (module, build ID, file offset), and the `maps` table of the trace whenever it changes."""
+from __future__ import annotations
+
+import bisect
+
+import pyarrow as pa
+
+from common.elf import build_id
+from common.tracefile import format as F
+
+from . import procfs
+
+
+class MapIndex:
+    """Resolve absolute addresses to (module, build id, file offset) with one maps snapshot."""
+
+    def __init__(self, maps: list[procfs.Mapping]) -> None:
+        self.maps = sorted(maps, key=lambda m: m.start)
+        self.starts = [m.start for m in self.maps]
+
+    def updated(self, maps: list[procfs.Mapping]) -> MapIndex:
+        """A new index where `maps` win and older mappings they do not overlap are kept, so
+        addresses in code that was unmapped since (dlclose, exit) still resolve."""
+        new = sorted(maps, key=lambda m: m.start)
+        starts = [m.start for m in new]
+        keep = []
+        for m in self.maps:
+            i = bisect.bisect_left(starts, m.end)
+            if i == 0 or new[i - 1].end <= m.start:
+                keep.append(m)
+        return MapIndex(new + keep)
+
+    def find(self, ip: int) -> procfs.Mapping | None:
+        i = bisect.bisect_right(self.starts, ip) - 1
+        if i >= 0 and self.maps[i].start <= ip < self.maps[i].end:
+            return self.maps[i]
+        return None
+
+    def resolve(self, ip: int) -> tuple[str, str, int]:
+        m = self.find(ip)
+        if m is None:
+            return "", "", -1
+        if not m.is_file:
+            return m.path, "", -1
+        path = m.path[:-len(" (deleted)")] if m.path.endswith(" (deleted)") else m.path
+        return path, build_id(path), ip - m.start + m.offset
+
+    def is_code(self, ip: int) -> bool:
+        m = self.find(ip)
+        return m is not None and "x" in m.perms
+
+
+class MapsWatcher:
+    """The target's maps as last read, the index built from every version seen, and the
+    versions not yet written to the trace. `on_change(maps)` is told of each new version (the
+    DWARF unwinder loads the rows of new code; the CUDA probes attach to a new driver)."""
+
+    def __init__(self, pid: int, on_change=None, still_ours=None) -> None:
+        self.pid = pid
+        self.still_ours = still_ours or (lambda: True)  # False once the pid is another program
+        self.current: list[procfs.Mapping] = []
+        self.index = MapIndex([])
+        self.dirty = True                              # read again at the next snapshot
+        self.unwritten: list[procfs.Mapping] | None = None
+        self.on_change = on_change or (lambda maps: None)
+
+    def seed(self, maps: list[procfs.Mapping]) -> None:
+        """The maps read before the attach (pid mode): the first `maps` part."""
+        self.current = maps
+        self.index = MapIndex(maps)
+        self.unwritten = maps
+
+    def refresh(self) -> list[procfs.Mapping] | None:
+        """Read /proc/PID/maps; the new version when it changed, None otherwise or when it
+        cannot be read."""
+        try:
+            maps = procfs.read_maps(self.pid)
+        except OSError:
+            return None
+        if not self.still_ours() or maps == self.current:
+            return None
+        self.current = maps
+        self.index = self.index.updated(maps)
+        self.on_change(maps)
+        return maps
+
+    def now(self) -> None:
+        """Read them at once (code was mapped), to be written at the next snapshot."""
+        changed = self.refresh()
+        if changed is not None:
+            self.unwritten = changed
+
+    def part(self, seq: int, readable: bool) -> pa.Table | None:
+        """The `maps` part of this snapshot: the latest version, if any is unwritten."""
+        changed = None
+        if self.dirty or seq == 1:
+            changed = self.refresh() if readable else None
+            self.dirty = False
+        changed = self.unwritten or changed
+        self.unwritten = None
+        if changed is None:
+            return None
+        return pa.table({
+            "seq": [seq] * len(changed), "start": [m.start for m in changed],
+            "end": [m.end for m in changed], "perms": [m.perms for m in changed],
+            "offset": [m.offset for m in changed], "inode": [m.inode for m in changed],
+            "path": [m.path for m in changed],
+            "build_id": [build_id(m.path) if m.is_file and "x" in m.perms else "" for m in changed],
+        }, schema=F.SCHEMAS["maps"])

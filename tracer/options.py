@@ -1,0 +1,39 @@
+"""The options of a recording: one dataclass, the one place their defaults are written.
+
+The CLI's `record` and `top` options take their defaults from `DEFAULTS`, and the probes'
+compile-time parameters (-DAS_MAX_LIVE=... for probes/allocscope.c, which has no defaults of its
+own for them) are derived from it in tracer/probe.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RecordOptions:
+    output: str = ""              # trace directory; '' writes nothing (`allocscope top` without -o)
+    duration: float | None = None  # seconds; None: until a signal or the target's exit
+    interval: float = 1.0         # seconds between snapshots
+    labels: dict[str, str] = field(default_factory=dict)
+    force: bool = False           # replace an output path that is not an allocscope trace
+    keep_cmdline: bool = False    # store the target's command line (it may hold secrets)
+    quiet: bool = False
+    mode: str = "full"            # full: allocator probes; residency: mmap family + sampled faults
+    sample_bytes: int = 0         # >0: byte-weighted sampling of allocations, one per N bytes
+    fault_sample: int = 16        # residency mode: one user page fault in N is sampled
+    unwind: str = "dwarf"         # dwarf: CFI rows unwound in BPF (tracer/unwind.py); fp: frame pointers
+    embed_symbols: bool = False   # store the symbol tables of the modules on the stacks (tracer/embed.py)
+    # kernel map bounds (what the probes can hold; beyond them losses are counted)
+    max_live: int = 1 << 20       # outstanding allocations
+    max_stacks: int = 1 << 16     # distinct stacks
+    max_sites: int = 1 << 18      # distinct (stack, thread, source)
+    max_regions: int = 1 << 16    # mmap-family allocations accounted in the kernel
+    ring_pages: int = 1024        # ring buffer for the events that reach the tracer (4 MiB)
+    unwind_rows: int = 1 << 21    # capacity of the CFI row array (8 bytes a row)
+    residency_budget_pages: int = 1 << 18  # pagemap pages read per interval (1 GiB of heap)
+    # benchmarks only (hidden flags)
+    probe_floor: bool = False     # every probe attached, every program returning at once
+    rss_tracepoint: bool = False  # RSS kept by a kmem:rss_stat program instead of read when needed
+
+
+DEFAULTS = RecordOptions()

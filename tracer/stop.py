@@ -1,0 +1,40 @@
+"""SIGINT, SIGTERM and SIGHUP while recording: kept as a reason to stop, never a traceback.
+
+Light on purpose (no third-party import): the `allocscope` command installs one at its very
+first line (allocscope/entry.py), so a Ctrl-C that comes while Python is still importing or BCC
+still compiling is honoured like any other.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+
+
+class StopRequest:
+    """SIGINT, SIGTERM and SIGHUP: the first one is kept as the reason to stop; one that arrives
+    while the trace is being finished only gets a word. The CLI installs it before anything
+    else and keeps it for the life of the process, so no moment of start-up or shutdown falls
+    back to Python's KeyboardInterrupt; record() installs one itself when given none."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.reason: str | None = None
+        self.finalizing = False
+        self.quiet = quiet
+        self._previous: dict = {}
+
+    def install(self) -> StopRequest:
+        self._previous = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
+        return self
+
+    def restore(self) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+        self._previous = {}
+
+    def handle(self, signum, _frame) -> None:
+        if self.reason is None:
+            self.reason = signal.Signals(signum).name
+        elif self.finalizing and not self.quiet:
+            print("allocscope: finalizing the trace, please wait", file=sys.stderr)
