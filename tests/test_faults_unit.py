@@ -159,3 +159,16 @@ def test_no_network_code_anywhere():
                     hits += [f"{pkg}/{f}: {m.group(0).strip()}" for m in NET.finditer(text)]
     assert not hits, hits
 
+
+
+def test_part_of_another_table_under_a_live_name_is_skipped(tmp_path):
+    """The live table is read with its strings as dictionaries: a part of another table renamed
+    to a live part (no `api` column) is skipped with a warning, not a crash (found by the fuzzer)."""
+    from reports.trace import load_trace
+
+    path = _trace(tmp_path / "a.allocscope")
+    parts = Path(path, "parts")
+    (parts / "live-000002.parquet").write_bytes((parts / "sites-000002.parquet").read_bytes())
+    t = load_trace(path)
+    assert any("live-000002.parquet" in w for w in t.warnings), t.warnings
+    assert t.live_rows == 0
