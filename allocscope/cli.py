@@ -76,8 +76,9 @@ def main() -> None:
     """
 
 
-def resolve_target(pid: int | None, pattern: str | None, command: tuple[str, ...]):
-    """The one process given by --pid, --pgrep or -- CMD (launched blocked before exec)."""
+def resolve_target(pid: int | None, pattern: str | None, command: tuple[str, ...], launch: bool = True):
+    """The one process given by --pid, --pgrep or -- CMD (launched blocked before exec; with
+    `launch` False a command is only looked up: the dry run starts nothing)."""
     from tracer import target as tg  # noqa: PLC0415
 
     given = sum(x is not None and x != () for x in (pid, pattern, command or None))
@@ -89,7 +90,7 @@ def resolve_target(pid: int | None, pattern: str | None, command: tuple[str, ...
         return tg.target_from_pid(pid)
     if pattern is not None:
         return tg.target_from_pgrep(pattern)
-    return tg.target_from_command(list(command))
+    return tg.target_from_command(list(command)) if launch else tg.command_target(list(command))
 
 
 def record_options(output: str | None, labels, **kw):
@@ -113,8 +114,12 @@ def record_options(output: str | None, labels, **kw):
 @click.option("--embed-symbols", is_flag=True,
               help="Store the symbol tables of the modules on the stacks in the trace, so it can be "
                    "symbolized on a machine without these binaries.")
+@click.option("--dry-run", is_flag=True,
+              help="Resolve the target and print every allocator found and each probe it would get "
+                   "(where, and why there); attach nothing, write nothing.")
 @probe_options
-def record(pid, pattern, command, output, duration, labels, force, keep_cmdline, quiet, embed_symbols, **probe):
+def record(pid, pattern, command, output, duration, labels, force, keep_cmdline, quiet, embed_symbols, dry_run,
+           **probe):
     """Record allocations of a running process (--pid/--pgrep) or of a command it starts (-- CMD).
 
     Probes malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign,
@@ -135,11 +140,17 @@ def record(pid, pattern, command, output, duration, labels, force, keep_cmdline,
 
     stop = early_stop() or rec.StopRequest().install()  # a signal is honoured, never a traceback
     stop.quiet = quiet
-    if not output:
+    if not output and not dry_run:
         raise UsageError("missing -o TRACE (where to write the trace)")
     opts = record_options(output, labels, duration=duration, force=force, keep_cmdline=keep_cmdline, quiet=quiet,
-                          embed_symbols=embed_symbols, **probe)
+                          embed_symbols=embed_symbols, alloc_fns=list(probe.pop("alloc_fns")),
+                          free_fns=list(probe.pop("free_fns")), **probe)
     rec.validate(opts, output=False)
+    if dry_run:
+        from tracer.dryrun import describe  # noqa: PLC0415
+
+        click.echo(describe(resolve_target(pid, pattern, command, launch=False), opts))
+        return
     require_root()
     rec.validate(opts)
     target = resolve_target(pid, pattern, command)

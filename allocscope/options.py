@@ -54,6 +54,15 @@ def probe_options(f):
                           "jemalloc/tcmalloc heap profiles); reports show estimates with error bars. 0: off."),
         click.option("--fault-sample", type=click.IntRange(min=1), default=DEFAULTS.fault_sample,
                      show_default=True, metavar="N", help="Residency mode: sample one user page fault in N."),
+        click.option("--alloc-fn", "alloc_fns", multiple=True, metavar="SPEC",
+                     help="Also probe your own allocation function (a pool, a slab cache). SPEC is "
+                          "SYMBOL[@MODULE]:size=argN (returns the pointer, like malloc), "
+                          "SYMBOL[@MODULE]:size=argN,out=argM (stores it at *argM, returns 0 on success, "
+                          "like posix_memalign) or SYMBOL[@MODULE]:count=argN,size=argM (calloc-like); arg0 "
+                          "is the first argument. Its sites' source is custom:SYMBOL, kept out of the "
+                          "heap/mmap totals. Repeatable."),
+        click.option("--free-fn", "free_fns", multiple=True, metavar="SPEC",
+                     help="Your own free function: SYMBOL[@MODULE]:ptr=argN. Repeatable."),
         click.option("--probe-floor", is_flag=True, hidden=True,
                      help="Benchmarks: attach every probe, but every program returns at once (the trap floor)."),
         click.option("--rss-tracepoint", is_flag=True, hidden=True,

@@ -308,10 +308,14 @@ static __always_inline void totals_add(s64 delta)
 }
 
 
-/* Live-bytes totals of what an allocation is: heap (malloc family), CUDA host memory, GPU. */
-static __always_inline void source_totals(u32 src, s64 delta)
+/* Live-bytes totals of what an allocation is: heap (the malloc family of every allocator),
+ * CUDA host memory, GPU. A user's allocation function is a layer above them (its pool's slabs
+ * are counted where they were allocated): no total. */
+static __always_inline void source_totals(u32 api, u32 src, s64 delta)
 {
-    if (src == AS_SRC_HEAP) {
+    if (api == AS_API_CUSTOM)
+        return;
+    if (src != AS_SRC_CUDA_DEVICE && src != AS_SRC_CUDA_PINNED && src != AS_SRC_CUDA_MANAGED) {
         totals_add(delta);
         return;
     }
@@ -370,9 +374,9 @@ static __always_inline struct as_site *site_of(u64 sid, u32 tid, u32 source)
 /* A tracked allocation `c` freed by thread `tid`: its site, its total, its flow. */
 static __always_inline void charge_free(struct as_live *c, u32 tid, u64 now)
 {
-    u32 src = api_source(c->api);
+    u32 src = c->source;
     count(AS_CNT_FREES, 1);
-    source_totals(src, -(s64)c->size);
+    source_totals(c->api, src, -(s64)c->size);
     struct as_site_key sk = {.stack_id = c->stack_id, .tid = c->tid, .source = src};
     struct as_site *s = sites.lookup(&sk);
     if (s) {
@@ -412,10 +416,11 @@ static __always_inline int dev_free(u32 tid, u64 value, u32 kind, u64 now)
 
 /* Keep one allocation made at stack `sid`: a host block in `live`, or GPU memory / a pinned
  * registration in `dev_live`. */
-static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u64 ts, u64 sid)
+static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u64 ts, u64 sid, u32 src)
 {
-    struct as_live l = {.size = size, .stack_id = sid, .ts_ns = ts, .tid = tid, .api = api};
-    u32 kind = dev_kind(api), src = api_source(api);
+    struct as_live l = {.size = size, .stack_id = sid, .ts_ns = ts, .tid = tid, .api = (u16)api,
+                        .source = (u16)src};
+    u32 kind = api == AS_API_CUSTOM ? AS_CUSTOM_KIND : dev_kind(api);
     int err;
     if (kind) {
         struct as_dev_key k = {.value = addr, .kind = kind};
@@ -438,7 +443,7 @@ static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u
         return;
     }
     count(AS_CNT_ALLOCS, 1);
-    source_totals(src, (s64)size);
+    source_totals(api, src, (s64)size);
 
     struct as_site *s = site_of(sid, tid, src);
     if (!s)
@@ -457,8 +462,24 @@ static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u
  * counted once, by the outermost call. A return must come back at entry
  * sp + 8; anything else is reported as unmatched, never guessed. */
 
+#ifdef AS_MULTI_SOURCE
+/* The probed address of an entry probe -> the source of the allocator it belongs to (the heap of
+ * a further allocator, heap:KIND[:PREFIX]); filled by the tracer as modules are mapped. An entry
+ * it does not know (yet) is the main heap's. */
+BPF_HASH(probe_src, u64, u32, 4096);
+
+static __always_inline u32 entry_source(struct pt_regs *ctx)
+{
+    u64 ip = PT_REGS_IP(ctx); /* the probed instruction, set back by the kernel for handlers */
+    u32 *s = probe_src.lookup(&ip);
+    return s ? *s : AS_SRC_HEAP;
+}
+#else
+#define entry_source(ctx) AS_SRC_HEAP
+#endif
+
 static __always_inline int enter_state(struct pt_regs *ctx, struct as_inflight *cur, u32 api, u64 size,
-                                       u64 arg, u64 arg2)
+                                       u64 arg, u64 arg2, u32 src)
 {
     u64 sp = PT_REGS_SP(ctx);
     if (!cur) {
@@ -486,6 +507,7 @@ static __always_inline int enter_state(struct pt_regs *ctx, struct as_inflight *
     cur->api = api;
     cur->nest = 0;
     cur->tail = 0;
+    cur->source = src;
     return 0;
 }
 
@@ -493,14 +515,14 @@ static __always_inline int enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg
 {
     if (!is_target())
         return 0;
-    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, 0);
+    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, 0, entry_source(ctx));
 }
 
 static __always_inline int cu_enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg, u64 arg2)
 {
     if (!is_target())
         return 0;
-    return enter_state(ctx, cu_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, arg2);
+    return enter_state(ctx, cu_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, arg2, api_source(api));
 }
 
 /* The return matching the outermost open call of `cur`: 1 when this is it (the call state is
@@ -559,7 +581,7 @@ static __always_inline void emit_trim(u32 tid, struct as_inflight *in, s64 ret, 
  * cache check, the unwinder and the accounting as three programs, not their product. */
 struct as_pending {
     u64 addr, size, ts, sid;
-    u32 tid, api;
+    u32 tid, api, src, pad;
 };
 BPF_PERCPU_ARRAY(pending, struct as_pending, 1);
 BPF_PROG_ARRAY(tails, 2); /* 0: alloc_unwind, 1: alloc_keep (set by the tracer before attaching) */
@@ -590,14 +612,14 @@ int alloc_keep(struct pt_regs *ctx)
     if (!p)
         return 0;
     scache_fill(PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx), p->sid);
-    record_alloc(p->tid, p->addr, p->size, p->api, p->ts, p->sid);
+    record_alloc(p->tid, p->addr, p->size, p->api, p->ts, p->sid, p->src);
     return 0;
 }
 #endif
 
 /* The stack of an allocation seen in alloc_return, then keep it. */
 static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
-                                       u64 ts)
+                                       u64 ts, u32 src)
 {
 #if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
     u64 sid = scache_lookup(PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx));
@@ -610,14 +632,15 @@ static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u
             p->ts = ts;
             p->tid = tid;
             p->api = api;
+            p->src = src;
             tails.call(ctx, 0);
             tail_failed(p);
         }
         return;
     }
-    record_alloc(tid, addr, size, api, ts, sid);
+    record_alloc(tid, addr, size, api, ts, sid, src);
 #else
-    record_alloc(tid, addr, size, api, ts, capture_stack(ctx, 0, 0));
+    record_alloc(tid, addr, size, api, ts, capture_stack(ctx, 0, 0), src);
 #endif
 }
 
@@ -679,9 +702,9 @@ int alloc_return(struct pt_regs *ctx)
         }
         weight = AS_SAMPLE_BYTES;
     }
-    alloc_done(ctx, tid, addr, weight, in.api, now);
+    alloc_done(ctx, tid, addr, weight, in.api, now, in.source);
 #else
-    alloc_done(ctx, tid, addr, in.size, in.api, now);
+    alloc_done(ctx, tid, addr, in.size, in.api, now, in.source);
 #endif
     return 0;
 }
@@ -823,7 +846,7 @@ int cu_return(struct pt_regs *ctx)
         count(AS_CNT_FAILED, 1);
         return 0;
     }
-    alloc_done(ctx, tid, addr, size, in.api, now);
+    alloc_done(ctx, tid, addr, size, in.api, now, in.source);
     return 0;
 }
 
@@ -875,6 +898,89 @@ int cu_free_host_enter(struct pt_regs *ctx) /* (void *p) */
 int cu_unregister_enter(struct pt_regs *ctx) /* (void *p) */
 {
     return cu_enter(ctx, AS_API_CU_UNREGISTER, 0, PT_REGS_PARM1(ctx), 0);
+}
+
+/* --- the users' own allocation functions (--alloc-fn, --free-fn) -----------------------------
+ * For pools and slab caches the tool cannot know. Each probed function's spec (which argument is
+ * the size, the count, the out pointer, the freed pointer) is in `custom_fns`, keyed by the
+ * probed address. Their blocks live in dev_live under one key kind (AS_CUSTOM_KIND): a pool's
+ * first object can sit at the very address of the slab malloc gave it. They have their own call
+ * state, so the mallocs a pool makes inside its calls (its slabs) still count, as heap. */
+BPF_HASH(custom_fns, u64, struct as_custom, 256);
+BPF_TASK_STORAGE(custom_inflight, struct as_inflight);
+
+/* Argument n (0-based) of the probed call. Every register is read straight from the context
+ * first: the verifier refuses a context pointer the compiler has offset by n. */
+static __always_inline u64 arg_n(struct pt_regs *ctx, u32 n)
+{
+    u64 a[8] = {PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx),
+                PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx), 0, 0};
+    return a[n & 7];
+}
+
+static __always_inline struct as_inflight *custom_state(u64 flags)
+{
+    return custom_inflight.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0, flags);
+}
+
+int custom_enter(struct pt_regs *ctx)
+{
+    if (!is_target())
+        return 0;
+    u64 ip = PT_REGS_IP(ctx);
+    struct as_custom *c = custom_fns.lookup(&ip);
+    if (!c)
+        return 0;
+    u64 size = c->size_arg != AS_ARG_NONE ? arg_n(ctx, c->size_arg) : 0;
+    if (c->count_arg != AS_ARG_NONE)
+        size = mul_size(arg_n(ctx, c->count_arg), size);
+    u64 out = c->out_arg != AS_ARG_NONE ? arg_n(ctx, c->out_arg) : 0;
+    /* arg: the out pointer; arg2: 1 when the function returns a status and stores the pointer */
+    return enter_state(ctx, custom_state(BPF_LOCAL_STORAGE_GET_F_CREATE), AS_API_CUSTOM, size, out,
+                       c->out_arg != AS_ARG_NONE, c->source);
+}
+
+int custom_return(struct pt_regs *ctx)
+{
+    if (!is_target())
+        return 0;
+    u32 tid = current_tid();
+    struct as_inflight in = {};
+    if (!leave_state(ctx, custom_state(0), &in))
+        return 0;
+    u64 ret = PT_REGS_RC(ctx), addr = ret;
+    if (in.arg2) { /* a status: 0 is success, then the pointer is at *out */
+        if ((int)ret != 0) {
+            count(AS_CNT_FAILED, 1);
+            return 0;
+        }
+        addr = 0;
+        bpf_probe_read_user(&addr, sizeof(addr), (void *)in.arg);
+    }
+    if (addr == 0) {
+        count(AS_CNT_FAILED, 1);
+        return 0;
+    }
+    alloc_done(ctx, tid, addr, in.size, AS_API_CUSTOM, bpf_ktime_get_ns(), in.source);
+    return 0;
+}
+
+int custom_free_enter(struct pt_regs *ctx)
+{
+    if (!is_target())
+        return 0;
+    u64 ip = PT_REGS_IP(ctx);
+    struct as_custom *c = custom_fns.lookup(&ip);
+    if (!c)
+        return 0;
+    u64 p = arg_n(ctx, c->ptr_arg);
+    if (p == 0) {
+        count(AS_CNT_FREE_NULL, 1);
+        return 0;
+    }
+    if (!dev_free(current_tid(), p, AS_CUSTOM_KIND, bpf_ktime_get_ns()))
+        count(AS_CNT_FREE_UNKNOWN, 1);
+    return 0;
 }
 
 /* --- memory from the kernel: syscall tracepoints ------------------------ */
@@ -952,7 +1058,8 @@ static __always_inline u32 current_api(void)
     if (in && in->sp)
         return in->api;
     struct as_inflight *cu = cu_state(0);
-    return cu && cu->sp ? cu->api : AS_API_NONE;
+    return cu && cu->sp ? cu->api : AS_API_NONE; /* a user's pool function is a layer above: its
+                                                    own mmaps stay the kernel layer's */
 }
 
 /* Pops the saved syscall arguments; 0 when the entry was not seen. */

@@ -43,7 +43,9 @@ enum as_api {
     AS_API_CU_RELEASE = 27,       /* cuMemRelease: handle */
     AS_API_CU_FREE_HOST = 28,     /* cuMemFreeHost: p */
     AS_API_CU_UNREGISTER = 29,    /* cuMemHostUnregister: p */
-    AS_API_MAX = 30,
+    AS_API_CUSTOM = 30,           /* a user's allocation function (--alloc-fn) */
+    AS_API_CUSTOM_FREE = 31,      /* a user's free function (--free-fn) */
+    AS_API_MAX = 32,
 };
 
 /* Counters (index into the per-CPU `counters` array). Losses first. */
@@ -88,7 +90,13 @@ enum as_source {
     AS_SRC_DEVICE = 7,       /* a map of another device file (/dev/dri, /dev/kfd, ...) */
     AS_SRC_CUDA_DEVICE = 8,  /* GPU memory (cuMemAlloc..., cuMemCreate): never host memory */
     AS_SRC_MAX = 16,
+    /* From here on, ids the tracer gives out per recording (meta.json `sources`): the heap of
+     * each further allocator (heap:jemalloc:_rjem_ ...) and each --alloc-fn (custom:SYMBOL). */
+    AS_SRC_DYNAMIC = 16,
 };
+
+/* dev_live key kind of the blocks of the users' allocation functions (one key space for all). */
+#define AS_CUSTOM_KIND 0x10000u
 
 /* Ring event types. */
 enum as_event_type {
@@ -125,7 +133,8 @@ struct as_live {
     __u64 stack_id; /* key into `stacks` (0: stack lost) */
     __u64 ts_ns;    /* CLOCK_MONOTONIC of the allocation */
     __u32 tid;      /* allocating thread */
-    __u32 api;      /* enum as_api */
+    __u16 api;      /* enum as_api */
+    __u16 source;   /* enum as_source or a dynamic id: the site it is charged to */
 };
 
 /* Key/value of `sites`: cumulative counters per (stack, allocating thread, source). */
@@ -174,6 +183,19 @@ struct as_inflight {
     __u32 api;   /* enum as_api */
     __u16 nest;  /* allocator calls made deeper on the stack inside this one */
     __u16 tail;  /* allocator functions tail-jumped to from this one (same sp) */
+    __u32 source; /* the allocator (or --alloc-fn) the outermost call belongs to */
+    __u32 pad;
+};
+
+/* Value of `custom_fns` (key: the probed address): a user's allocation or free function
+ * (--alloc-fn / --free-fn). Argument numbers are 0-based; AS_ARG_NONE: not given. */
+#define AS_ARG_NONE 0xff
+struct as_custom {
+    __u32 source;   /* its dynamic source id (custom:SYMBOL) */
+    __u8 size_arg;  /* the size, or with count_arg the element size */
+    __u8 count_arg; /* calloc-like: count */
+    __u8 out_arg;   /* the pointer is stored at *argM and the return value is a status (0: ok) */
+    __u8 ptr_arg;   /* a free function: the pointer */
 };
 
 /* Value of `sysargs`: a thread between a syscall's entry and exit. */

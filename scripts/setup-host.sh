@@ -15,9 +15,11 @@ fi
 # redis-server + redis-tools: the soak (bench/soak.py, tests/test_soak_bpf.py). What tests need
 # and would otherwise skip (a failure under CI=true, tests/support.py): binutils (nm, objdump,
 # objcopy, strip, readelf) and dwz for tests/test_symbolize.py, libjemalloc2 for the jemalloc
-# tests, rustc for the Rust target of tests/test_unwind_bpf.py (Debian's, unless one is there).
+# tests, tcmalloc (minimal and full) and mimalloc for tests/test_allocators_bpf.py, rustc for the
+# Rust target of tests/test_unwind_bpf.py (Debian's, unless one is there).
 pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev binutils dwz
-      chromium fonts-dejavu-core bpfcc-tools redis-server redis-tools libjemalloc2)
+      chromium fonts-dejavu-core bpfcc-tools redis-server redis-tools libjemalloc2
+      libtcmalloc-minimal4 libgoogle-perftools4 libmimalloc2.0)
 if ! command -v rustc >/dev/null && [ ! -x "$HOME/.cargo/bin/rustc" ] && [ ! -x /usr/local/cargo/bin/rustc ]; then
   pkgs+=(rustc)
 fi

@@ -26,7 +26,7 @@ def test_event_layout_matches_c_compiler(tmp_path):
     structs = {"as_stack": L.Stack, "as_live": L.Live, "as_site_key": L.SiteKey, "as_site": L.Site,
                "as_flow_key": L.FlowKey, "as_flow": L.Flow, "as_inflight": L.Inflight, "as_event": L.Event,
                "as_sysargs": L.Sysargs, "as_region": L.Region, "as_release_key": L.ReleaseKey,
-               "as_release": L.Release, "as_dev_key": L.DevKey}
+               "as_release": L.Release, "as_dev_key": L.DevKey, "as_custom": L.Custom}
     lines = ['#include <stdio.h>', '#include <stddef.h>', '#include <linux/types.h>', '#include "allocscope.h"',
              "int main(void){"]
     for cname, cls in structs.items():

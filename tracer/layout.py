@@ -56,18 +56,6 @@ EVENT_NAMES: dict[int, str] = _names("AS_EV_")
 SOURCE_NAMES: dict[int, str] = {k: v.replace("_", "-") for k, v in _names("AS_SRC_").items()}
 
 
-def api_source(api: int) -> int:
-    """enum as_source of a block made by `api` (api_source() in probes/allocscope.c)."""
-    name = API_NAMES.get(api, "")
-    if name in ("cu_alloc", "cu_alloc_pitch", "cu_create"):
-        return enum("AS_SRC_CUDA_DEVICE")
-    if name in ("cu_host_alloc", "cu_host_register"):
-        return enum("AS_SRC_CUDA_PINNED")
-    if name == "cu_managed":
-        return enum("AS_SRC_CUDA_MANAGED")
-    return enum("AS_SRC_HEAP")
-
-
 def counter_names() -> dict[int, str]:
     """Index -> column name: losses are `lost_*`, the others `n_*`."""
     out = {}
@@ -89,7 +77,7 @@ class Stack(ct.Structure):
 
 class Live(ct.Structure):
     _fields_ = [("size", ct.c_uint64), ("stack_id", ct.c_uint64), ("ts_ns", ct.c_uint64),
-                ("tid", ct.c_uint32), ("api", ct.c_uint32)]
+                ("tid", ct.c_uint32), ("api", ct.c_uint16), ("source", ct.c_uint16)]
 
 
 class SiteKey(ct.Structure):
@@ -118,7 +106,12 @@ class Flow(ct.Structure):
 class Inflight(ct.Structure):
     _fields_ = [("sp", ct.c_uint64), ("size", ct.c_uint64), ("arg", ct.c_uint64), ("arg2", ct.c_uint64),
                 ("ts_ns", ct.c_uint64), ("api", ct.c_uint32), ("nest", ct.c_uint16),
-                ("tail", ct.c_uint16)]
+                ("tail", ct.c_uint16), ("source", ct.c_uint32), ("pad", ct.c_uint32)]
+
+
+class Custom(ct.Structure):
+    _fields_ = [("source", ct.c_uint32), ("size_arg", ct.c_uint8), ("count_arg", ct.c_uint8),
+                ("out_arg", ct.c_uint8), ("ptr_arg", ct.c_uint8)]
 
 
 class Event(ct.Structure):
@@ -160,5 +153,7 @@ MAP_LAYOUTS = {
     "site_ext": (SiteKey, ct.c_uint64),
     "releases": (ReleaseKey, Release),
     "dev_live": (DevKey, Live),
+    "custom_fns": (ct.c_uint64, Custom),
+    "probe_src": (ct.c_uint64, ct.c_uint32),
 }  # (Inflight is the value of task storage `inflight`, which BCC's Python cannot open; its
    # layout is checked against gcc in tests/test_layout.py)

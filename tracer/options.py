@@ -23,6 +23,8 @@ class RecordOptions:
     fault_sample: int = 16        # residency mode: one user page fault in N is sampled
     unwind: str = "dwarf"         # dwarf: CFI rows unwound in BPF (tracer/unwind.py); fp: frame pointers
     embed_symbols: bool = False   # store the symbol tables of the modules on the stacks (tracer/embed.py)
+    alloc_fns: list[str] = field(default_factory=list)  # --alloc-fn specs (tracer/customfns.py)
+    free_fns: list[str] = field(default_factory=list)   # --free-fn specs
     # kernel map bounds (what the probes can hold; beyond them losses are counted)
     max_live: int = 1 << 20       # outstanding allocations
     max_stacks: int = 1 << 16     # distinct stacks

@@ -59,11 +59,14 @@ _PARTS = {
     X.X86_REG_RDX: (X.X86_REG_RDX, X.X86_REG_EDX, X.X86_REG_DX, X.X86_REG_DL, X.X86_REG_DH),
     X.X86_REG_RCX: (X.X86_REG_RCX, X.X86_REG_ECX, X.X86_REG_CX, X.X86_REG_CL, X.X86_REG_CH),
     X.X86_REG_RSP: (X.X86_REG_RSP, X.X86_REG_ESP, X.X86_REG_SP, X.X86_REG_SPL),
+    X.X86_REG_R8: (X.X86_REG_R8, X.X86_REG_R8D, X.X86_REG_R8W, X.X86_REG_R8B),
+    X.X86_REG_R9: (X.X86_REG_R9, X.X86_REG_R9D, X.X86_REG_R9W, X.X86_REG_R9B),
 }
 _MAX_PREFIX = 16
 
 # Argument registers each entry probe of probes/allocscope.c reads (besides %rsp).
 REG_DI, REG_SI, REG_DX, REG_CX = X.X86_REG_RDI, X.X86_REG_RSI, X.X86_REG_RDX, X.X86_REG_RCX
+ARG_REGS = (REG_DI, REG_SI, REG_DX, REG_CX, X.X86_REG_R8, X.X86_REG_R9)  # arg0..arg5, System V
 _DI, _SI, _DX = REG_DI, REG_SI, REG_DX
 ENTRY_READS: dict[str, tuple[int, ...]] = {
     "malloc": (_DI,), "calloc": (_DI, _SI), "realloc": (_DI, _SI), "reallocarray": (_DI, _SI, _DX),

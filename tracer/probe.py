@@ -18,7 +18,8 @@ import numpy as np
 from common.errors import AllocscopeError, PermissionProblem
 
 from . import layout as L
-from .elfinfo import ALLOC_FUNCS, REQUIRED_FUNCS, Allocator, symbol_offsets
+from .allocators import STANDARD
+from .elfinfo import symbol_offsets
 from .kernel import char_major, file_offsets, rss_offsets
 from .options import RecordOptions
 from .unwind import UNWIND_STEPS
@@ -27,7 +28,12 @@ BPF_PROBE_ENTRY = 0
 BPF_PROBE_RETURN = 1
 
 
-def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoint: bool) -> list[str]:
+def _arg(n: int | None) -> int:
+    return 0xFF if n is None else n  # AS_ARG_NONE
+
+
+def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoint: bool,
+                 multi_source: bool = False) -> list[str]:
     """The compile-time parameters of probes/allocscope.c for a recording: every bound and mode
     comes from `opts` (tracer/options.py, the one place defaults live), the kernel-struct
     offsets from the running kernel's BTF (tracer/kernel.py)."""
@@ -39,6 +45,8 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
         flags.append("-DAS_WAIT_EXEC=1")
     if opts.probe_floor:
         flags.append("-DAS_FLOOR=1")
+    if multi_source:  # several allocators, or the user's functions: the entry's address says which
+        flags.append("-DAS_MULTI_SOURCE=1")
     flags += ["-DAS_RSS_TRACEPOINT=1"] if rss_tracepoint else rss_offsets().cflags()
     try:
         flags += file_offsets().cflags()
@@ -74,6 +82,8 @@ class AttachReport:
     tracepoints: list[str] = field(default_factory=list)
     placement: dict[str, str] = field(default_factory=dict)       # symbol -> where its entry probe sits
     cuda: dict = field(default_factory=dict)                       # the CUDA driver's probes (tracer.cuda)
+    allocators: list = field(default_factory=list)                 # every allocator: tracer.allocators.Plan.as_dict
+    custom: list = field(default_factory=list)                     # --alloc-fn / --free-fn
 
 
 def _import_bcc():
@@ -127,7 +137,8 @@ def _prog_info(fd: int) -> tuple[int, int] | None:
 class Probes:
     """The BPF program for one target process."""
 
-    def __init__(self, pid: int, options: RecordOptions | None = None, launched: bool = False) -> None:
+    def __init__(self, pid: int, options: RecordOptions | None = None, launched: bool = False,
+                 multi_source: bool = False) -> None:
         self.pid = pid
         self.options = options or RecordOptions()
         self.mode = self.options.mode
@@ -145,7 +156,7 @@ class Probes:
         base = [f"-I{L.PROBES_DIR}", f"-DAS_TGID={pid}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}", "-Wno-macro-redefined"]
         try:
             self.bpf = bcc.BPF(text=bpf_text(), cflags=base + probe_cflags(self.options, launched, self.unwind,
-                                                                            self.rss_tracepoint))
+                                                                            self.rss_tracepoint, multi_source))
             self._load_allocator_programs()
         except Exception as e:  # noqa: BLE001 (BCC raises bare Exception for compile/load failures)
             if self.unwind != "dwarf":
@@ -155,7 +166,7 @@ class Probes:
             self.unwind = "fp"
             try:
                 self.bpf = bcc.BPF(text=bpf_text(), cflags=base + probe_cflags(self.options, launched, "fp",
-                                                                                self.rss_tracepoint))
+                                                                                self.rss_tracepoint, multi_source))
                 self._load_allocator_programs()
             except Exception as e2:  # noqa: BLE001
                 raise PermissionProblem(f"cannot load the BPF program: {e2}; run 'allocscope doctor'") from None
@@ -166,6 +177,7 @@ class Probes:
             + ([("kmem", "rss_stat")] if self.rss_tracepoint else [])])
         self._events_cb = None
         self._fault_fds: dict[int, int] = {}  # tid -> perf event fd (residency mode)
+        self._addressed: list[tuple] = []  # (path, file offset, map, value): written once mapped
 
     def _load_allocator_programs(self) -> None:
         """Verify the allocator programs now (the verifier is what may refuse the DWARF unwinder)
@@ -201,49 +213,80 @@ class Probes:
                 f"{os.strerror(err) if err else 'unknown error'}")
         self.bpf._add_uprobe_fd(ev, fd)
 
-    def attach(self, alloc: Allocator) -> AttachReport:
-        """Return probes first, entries second: a call that enters between the two gets no
-        entry state, rather than an entry state whose return is never seen."""
+    def attach(self, plans: list, custom: list | None = None, sources: dict[str, int] | None = None,
+               maps: list | None = None) -> AttachReport:
+        """Probes on every allocator planned (tracer.allocators.plan_allocator; the one serving
+        malloc first) and on the user's functions (tracer.customfns.Located). Return probes
+        first, entries second: a call that enters between the two gets no entry state, rather
+        than an entry state whose return is never seen. `sources`: source name -> id for the
+        allocators other than the main heap and the user's functions."""
         rep = self.report
-        rep.allocator, rep.allocator_kind = alloc.path, alloc.kind
+        primary = plans[0].allocator if plans else None
+        if primary is not None:
+            rep.allocator, rep.allocator_kind = primary.path, primary.kind
         if self.options.mode == "residency":
-            rep.skipped = dict.fromkeys(ALLOC_FUNCS, "residency mode: no allocator probes")
+            rep.skipped = dict.fromkeys(STANDARD, "residency mode: no allocator probes")
+            rep.allocators = [dict(pl.as_dict([]), skipped={"*": "residency mode: no allocator probes"})
+                              for pl in plans]
             self.attach_faults()
             rep.tracepoints.append(f"perf:page-faults (software event, every {self.options.fault_sample}th, "
                                    "per thread, inherited)")
             return rep
-        by_offset: dict[int, str] = {}
-        plan = []
-        for sym in ALLOC_FUNCS:
-            off = alloc.offsets.get(sym)
-            if off is None:
-                if sym in REQUIRED_FUNCS:
-                    raise AllocscopeError(f"{alloc.path} does not define {sym}; cannot trace it")
-                rep.skipped[sym] = f"not defined by {os.path.basename(alloc.path)}"
-                continue
-            if off in by_offset:
-                rep.aliases[sym] = by_offset[off]  # one address, one probe: never counted twice
-                continue
-            by_offset[off] = sym
-            plan.append((sym, off))
-        from .placement import ENTRY_READS, place_entry, place_probe  # noqa: PLC0415
-        where: dict[str, int] = {}
-        for sym, off in plan:
-            size = alloc.sizes.get(sym, 0)
-            # free is entry-only: behind its NULL check it skips free(NULL) calls too
-            pl = place_entry(alloc.path, off, size) if sym == "free" else None
-            if pl is None or not pl.moved:
-                pl = place_probe(alloc.path, off, size, ENTRY_READS[sym])
-            where[sym] = pl.offset
-            if pl.moved:
-                rep.placement[sym] = pl.reason
-        for sym, _off in plan:
-            if sym != "free":  # the same address as the entry probe: one trap for both
-                self._attach("alloc_return", alloc.path, where[sym], BPF_PROBE_RETURN)
-        for sym, _off in plan:
-            self._attach(f"{sym}_enter", alloc.path, where[sym], BPF_PROBE_ENTRY)
-            rep.attached.append(sym)
+        if primary is not None:
+            for sym in ("malloc", "free"):
+                if sym not in primary.entries:
+                    raise AllocscopeError(f"{primary.path} does not define {sym}; cannot trace it")
+        self._attach_plans(plans, custom or [], sources or {}, maps or [])
+        if plans:
+            first = plans[0]
+            rep.attached = [pr.symbol for pr in first.probes]
+            rep.aliases, rep.skipped = dict(first.aliases), dict(first.skipped)
+            rep.placement = {pr.symbol: pr.reason for pr in first.probes if pr.moved}
+        rep.allocators = [pl.as_dict() for pl in plans]
+        rep.custom = [{"spec": loc.fn.spec, "module": loc.path, "source": loc.fn.source}
+                      for loc, _src, _off in custom or []]
         return rep
+
+    def attach_more(self, plans: list, sources: dict[str, int], maps: list) -> None:
+        """Allocators found after the attach (a library dlopen'd since)."""
+        self._attach_plans(plans, [], sources, maps)
+        self.report.allocators += [pl.as_dict() for pl in plans]
+
+    def _attach_plans(self, plans: list, custom: list, sources: dict[str, int], maps: list) -> None:
+        todo: list[tuple] = []  # (path, offset, entry program, returns)
+        for pl in plans:
+            src = sources.get(pl.allocator.source)
+            for pr in pl.probes:
+                todo.append((pr.path, pr.offset, pr.program, pr.returns))
+                if src is not None:
+                    self._addressed.append((pr.path, pr.offset, "probe_src", ct.c_uint32(src)))
+        for loc, src, offset in custom:
+            fn = loc.fn
+            spec = L.Custom(source=src, size_arg=_arg(fn.size_arg), count_arg=_arg(fn.count_arg),
+                            out_arg=_arg(fn.out_arg), ptr_arg=_arg(fn.ptr_arg))
+            todo.append((loc.path, offset, "custom_free_enter" if fn.free else "custom_enter", not fn.free))
+            self._addressed.append((loc.path, offset, "custom_fns", spec))
+        self.update_addresses(maps)
+        for path, off, prog, returns in todo:
+            if returns:  # the same address as the entry probe: one trap for both
+                self._attach("custom_return" if prog == "custom_enter" else "alloc_return", path, off,
+                             BPF_PROBE_RETURN)
+        for path, off, prog, _returns in todo:
+            self._attach(prog, path, off, BPF_PROBE_ENTRY)
+
+    def update_addresses(self, maps: list) -> None:
+        """Write the entries keyed by probed address (probe_src, custom_fns) whose module is
+        mapped now: address = mapping start + file offset - mapping offset. Called at the attach
+        and whenever the maps change (launch mode: the libraries are mapped later)."""
+        for i, (path, off, table, value) in enumerate(self._addressed):
+            if value is None:
+                continue
+            for m in maps:
+                if m.path == path and "x" in m.perms and m.offset <= off < m.offset + (m.end - m.start):
+                    t = self.bpf[table.encode()]
+                    t[t.Key(m.start + off - m.offset)] = value
+                    self._addressed[i] = (path, off, table, None)  # done
+                    break
 
     def attach_cuda(self, path: str) -> dict:
         """Entry and return probes on the CUDA driver's allocation calls in `path`

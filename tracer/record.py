@@ -29,8 +29,9 @@ from common.version import tool_version
 
 from . import layout as L
 from . import procfs
+from .allocators import Plan, allocators_in, find_allocators, plan_allocator
 from .cuda import find_driver
-from .elfinfo import find_allocator
+from .customfns import CustomFn, Located, locate, parse_all
 from .embed import SymbolEmbedder
 from .maps import MapsWatcher
 from .options import DEFAULTS, RecordOptions
@@ -109,6 +110,10 @@ class Recorder:
         self.heaps = HeapMeter(target.pid, opts.residency_budget_pages, glibc=False)
         self.embedder = SymbolEmbedder() if opts.embed_symbols else None
         self.cuda_module: str | None = None       # the libcuda.so.1 probed, once the target maps it
+        self.source_names: dict[int, str] = dict(SRC)  # + the ids given out below (meta.json `sources`)
+        self.plans: list[Plan] = []               # the allocators probed (the one serving malloc first)
+        self.multi_source = False                 # probes built to tell allocators apart by entry address
+        self.custom_fns: list[CustomFn] = parse_all(opts.alloc_fns, opts.free_fns)
         self.exec_seen = False
         self.attach_window_returns = 0
         self.last_row: dict = {}
@@ -165,7 +170,38 @@ class Recorder:
     def _maps_changed(self, maps: list[procfs.Mapping]) -> None:
         if self.unwinder is not None:
             self.unwinder.update(maps)  # dlopen'd code gets its unwind tables
+        if self.attach_report is not None:
+            self.probes.update_addresses(maps)  # modules mapped since: their entries' addresses
+            self._attach_new_allocators(maps)
         self._attach_cuda(maps)  # the CUDA driver dlopen'd since
+
+    def _source_id(self, name: str) -> int:
+        for sid, n in self.source_names.items():
+            if n == name:
+                return sid
+        sid = max(L.enum("AS_SRC_DYNAMIC") - 1, *self.source_names) + 1
+        self.source_names[sid] = name
+        return sid
+
+    def _attach_new_allocators(self, maps: list[procfs.Mapping]) -> None:
+        """Allocators in modules mapped since the attach (dlopen): probed too. With one
+        allocator at the attach the probes were built without per-entry sources: their blocks
+        then count as the main heap's."""
+        probed = {(pl.allocator.path, pl.allocator.prefix) for pl in self.plans}
+        new = [a for path in {m.path for m in maps if m.is_file and "x" in m.perms}
+               for a in allocators_in(path, False) if (a.path, a.prefix) not in probed]
+        if not new or self.opts.mode == "residency":
+            return
+        plans = []
+        for a in new:
+            a.source = f"heap:{a.label}"
+            plans.append(plan_allocator(a))
+        sources = {pl.allocator.source: self._source_id(pl.allocator.source) for pl in plans} \
+            if self.multi_source else {}
+        self.probes.attach_more(plans, sources, maps)
+        self.plans += plans
+        self.progress("allocators loaded since: " + ", ".join(f"{pl.allocator.label} in {pl.allocator.path}"
+                                                            for pl in plans))
 
     def _attach_cuda(self, maps: list[procfs.Mapping]) -> None:
         """Probe the CUDA driver's allocation calls once the target maps libcuda.so.1."""
@@ -192,7 +228,8 @@ class Recorder:
             w.write_part("maps", seq, part)
         # sites: the kernel side plus what the rare-shape tracker allocated and freed
         self.replay_slow()
-        changed = self.sites.update([self.probes.read_sites(), self.probes.read_fault_sites()], self.tracker)
+        changed = self.sites.update([self.probes.read_sites(), self.probes.read_fault_sites()], self.tracker,
+                                    self.source_names)
         part = self.sites.part(seq, changed)
         if part is not None:
             w.write_part("sites", seq, part)
@@ -214,7 +251,7 @@ class Recorder:
                 w.write_part(name, seq, part)
         if final:
             live_pid = self.target.pid if readable and self.heaps.glibc else None
-            self.heaps.live_blocks = LiveTable(self.probes, self.tracker).write(w, seq, live_pid)
+            self.heaps.live_blocks = LiveTable(self.probes, self.tracker, self.source_names).write(w, seq, live_pid)
         part = self.releases.part(seq, self.probes.read_releases())
         if part is not None:
             w.write_part("releases", seq, part)
@@ -279,7 +316,9 @@ class Recorder:
                      "page_size": os.sysconf("SC_PAGE_SIZE")},
             "probes": {"allocator": rep.allocator, "allocator_kind": rep.allocator_kind,
                        "attached": rep.attached, "aliases": rep.aliases, "skipped": rep.skipped,
-                       "tracepoints": rep.tracepoints, "placement": rep.placement, "cuda": rep.cuda},
+                       "tracepoints": rep.tracepoints, "placement": rep.placement, "cuda": rep.cuda,
+                       "allocators": rep.allocators, "custom": rep.custom},
+            "sources": {str(k): v for k, v in self.source_names.items() if k >= L.enum("AS_SRC_DYNAMIC")},
             "limits": {"max_live": o.max_live, "max_stacks": o.max_stacks, "max_sites": o.max_sites,
                        "max_regions": o.max_regions},
             "mode": o.mode,
@@ -321,18 +360,24 @@ class Recorder:
         t = self.target
         launched = t.child is not None
         maps = launch_maps(t) if launched else procfs.read_maps(t.pid)
-        alloc = find_allocator(t.exe, maps)
-        if alloc is None:
+        allocators = find_allocators(t.exe, maps)
+        if not allocators or not allocators[0].serves_malloc:
             raise TargetError(f"no malloc/free found in {t.exe} or its libraries "
                               "(statically linked and stripped?); nothing to probe")
+        alloc = allocators[0]
         self.heaps.glibc = alloc.kind == "glibc"
+        located = [locate(fn, t.exe, maps) for fn in self.custom_fns]
+        self.plans = [plan_allocator(a) for a in allocators]
+        self.multi_source = len(allocators) > 1 or bool(located)
+        sources = {a.source: self._source_id(a.source) for a in allocators[1:]}
+        custom = [(loc, self._source_id(loc.fn.source), _place_custom(loc)) for loc in located]
         brk = None
         if not launched:
             self.maps.seed(maps)
             heap = next((m for m in maps if m.path == "[heap]"), None)
             brk = heap.end if heap else None
         self._check_stop("starting")
-        self.probes = Probes(t.pid, self.opts, launched=launched)  # BCC compiles: seconds
+        self.probes = Probes(t.pid, self.opts, launched=launched, multi_source=self.multi_source)  # compiles
         try:
             self._check_stop("compiling the probes")
             self.probes.open_events(self.on_event)
@@ -343,7 +388,7 @@ class Recorder:
             self.slow = SlowPath(self.probes, self.tracker, SRC)
             self.probes.seed(procfs.rss(t.pid) if not launched else {}, brk)
             self._check_stop("loading the unwind tables")
-            self.attach_report = self.probes.attach(alloc)
+            self.attach_report = self.probes.attach(self.plans, custom, sources, maps)
             self._attach_cuda(maps)
             self._check_stop("attaching the probes")
             # Returns seen while probes were being attached belong to calls that began before
@@ -408,6 +453,7 @@ def validate(opts: RecordOptions, output: bool = True) -> None:
         raise UsageError("--duration must be > 0 seconds")
     if opts.max_live < 1024:
         raise UsageError("--max-live must be at least 1024")
+    parse_all(opts.alloc_fns, opts.free_fns)
     if output and opts.output:
         check_output(opts.output, opts.force)
 
@@ -437,3 +483,10 @@ def record(target: Target, opts: RecordOptions, progress=None, stop: StopRequest
 
 __all__ = ["DEFAULTS", "AllocscopeError", "RecordOptions", "Recorder", "Snapshot", "StopRequest", "Summary",
            "record", "validate"]
+
+
+def _place_custom(loc: Located) -> int:
+    """The probe offset of a user's function (placed like the allocator's)."""
+    from .placement import ARG_REGS, place_probe  # noqa: PLC0415 (capstone)
+
+    return place_probe(loc.path, loc.offset, loc.size, tuple(ARG_REGS[a] for a in loc.fn.reads())).offset

@@ -43,12 +43,14 @@ class SiteTable:
     def __init__(self) -> None:
         self.current: dict[SiteKey, tuple] = {}
 
-    def update(self, kernel_sites: list[tuple[np.ndarray, np.ndarray]], tracker: RegionTracker) -> list[SiteKey]:
-        """Merge this snapshot's counters; the keys that changed since the last one."""
+    def update(self, kernel_sites: list[tuple[np.ndarray, np.ndarray]], tracker: RegionTracker,
+               names: dict[int, str]) -> list[SiteKey]:
+        """Merge this snapshot's counters (source ids named by `names`); the keys that changed
+        since the last one."""
         now: dict[SiteKey, tuple] = {}
         for keys, vals in kernel_sites:
             for k, v in zip(keys.tolist(), vals.tolist()):
-                now[(k[0], k[1], SRC.get(k[2], str(k[2])))] = tuple(v)
+                now[(k[0], k[1], names.get(k[2], str(k[2])))] = tuple(v)
         for key, st in tracker.sites.items():
             mine = st.as_tuple()
             k = now.get(key)
@@ -232,20 +234,22 @@ class LiveTable:
     Kept for the `heaps` table: the blocks outside glibc's heaps (its mmapped chunks; each a
     mapping, so few)."""
 
-    def __init__(self, probes, tracker: RegionTracker) -> None:
+    def __init__(self, probes, tracker: RegionTracker, source_names: dict[int, str]) -> None:
         self.probes, self.tracker = probes, tracker
         self.names = pa.array([API.get(i, str(i)) for i in range(max(API) + 1)])
-        # what each API's blocks are: heap for the malloc family, cuda-* for the driver's
-        self.sources = pa.array([SRC.get(L.api_source(i), "heap") for i in range(max(API) + 1)])
+        top = max(source_names) + 1
+        self.sources = pa.array([source_names.get(i, str(i)) for i in range(top)])
 
     def _batch(self, seq: int, addr: np.ndarray, vals: np.ndarray) -> pa.RecordBatch:
         api = vals["api"].astype(np.int32)
         api[(api < 0) | (api >= len(self.names))] = 0
+        src = vals["source"].astype(np.int32)
+        src[(src < 0) | (src >= len(self.sources))] = 0
         return pa.record_batch([
             pa.array(np.full(len(addr), seq, dtype=np.int32)), pa.array(addr.astype(np.uint64)),
             pa.array(vals["size"].astype(np.int64)), pa.array(vals["stack_id"].astype(np.uint64)),
             pa.array(vals["tid"].astype(np.uint32)), pa.array(vals["ts_ns"].astype(np.int64)),
-            self.names.take(pa.array(api)), self.sources.take(pa.array(api))], schema=F.SCHEMAS["live"])
+            self.names.take(pa.array(api)), self.sources.take(pa.array(src))], schema=F.SCHEMAS["live"])
 
     def batches(self, seq: int, heaps, kept: list[tuple[np.ndarray, np.ndarray]]):
         for keys, vals in self.probes.iter_live():

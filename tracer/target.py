@@ -162,14 +162,25 @@ class Child:
             self.wait(5)
 
 
-def target_from_command(argv: list[str]) -> Target:
-    """Fork argv stopped before exec; the probes attach to its pid, then release() lets it
-    exec, so it is traced from its first allocation."""
+def _command_exe(argv: list[str]) -> str:
     if not argv:
         raise UsageError("no command given after --")
     exe = shutil.which(argv[0])
     if exe is None:
         raise TargetError(f"command not found or not executable: {argv[0]}")
+    return exe
+
+
+def command_target(argv: list[str]) -> Target:
+    """A command looked up but not started (record --dry-run): pid 0."""
+    exe = _command_exe(argv)
+    return Target(0, 0, os.path.realpath(exe), os.path.basename(argv[0])[:15], argv=list(argv))
+
+
+def target_from_command(argv: list[str]) -> Target:
+    """Fork argv stopped before exec; the probes attach to its pid, then release() lets it
+    exec, so it is traced from its first allocation."""
+    exe = _command_exe(argv)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: wait for the go byte, then exec; never returns into Python
