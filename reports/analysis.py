@@ -807,35 +807,50 @@ def arena_table(trace: Trace) -> pd.DataFrame:
     resident_bytes (pagemap at the end; None when unknown), retained_bytes (resident − live,
     at least 0: memory the allocator keeps that the program does not hold), threads (tids that
     allocated the live blocks), heaps (glibc heaps in the arena), size_bytes (mapped read-write),
-    estimated (residency sampled, not read page by page)."""
+    estimated (residency sampled, not read page by page, or a chunk range shared with CUDA host
+    memory whose pages were taken off). The tracer measures every live block outside glibc's
+    heaps as an allocator chunk, the pinned and managed memory the CUDA driver maps too: a range
+    of such memory alone is left out, so RSS decomposition never calls it retained."""
     h = trace.heaps
     if h is None or h.empty:
         return pd.DataFrame(columns=ARENA_COLUMNS)
     h = h.sort_values("start").reset_index(drop=True)
     starts = h["start"].to_numpy(dtype=np.uint64)
     ends = h["reserved_end"].to_numpy(dtype=np.uint64)
-    ids = np.where(h["kind"] == "main", "main", np.where(h["kind"] == "mmap", "mmap", h["arena"]))
-    arena_ids = list(dict.fromkeys(ids))
-    code_of = {aid: c for c, aid in enumerate(arena_ids)}
-    other = len(arena_ids)  # heap-API blocks in no known range
+    is_mmap = (h["kind"] == "mmap").to_numpy()
+    n = len(h)
+    other = n  # heap-API blocks in no known range
     live_sum: dict[int, int] = {}
     tids: dict[int, set[int]] = {}
-    heap_code = np.array([code_of[a] for a in ids], dtype=np.int32)
-    # One pass over the live blocks, batch by batch, no per-row Python: the group of each block
-    # (its arena, or `other`), then exact hash aggregates per group.
+    # Bytes of other blocks (CUDA host memory the driver mapped: the tracer measures every live
+    # block outside glibc's heaps as an allocator chunk) in `mmap` ranges, page-rounded, and
+    # whether a range holds any heap-API block at all.
+    foreign = np.zeros(n, dtype=np.int64)
+    has_heap = np.zeros(n, dtype=bool)
+    page_mask = np.uint64(~(4096 - 1) & 0xFFFFFFFFFFFFFFFF)
+    # One pass over the live blocks, batch by batch, no per-row Python: the range of each block
+    # (or none), then exact hash aggregates per range.
     for b in trace.live_batches(["source", "addr", "size", "tid"]):
         addr, size, tid = b["addr"].astype(np.uint64, copy=False), b["size"], b["tid"]
-        if not b["heap"].all():
-            addr, size, tid = addr[b["heap"]], size[b["heap"]], tid[b["heap"]]
-        grp = np.full(len(addr), other, dtype=np.int32)
-        if len(starts) <= 16:  # a few ranges (they never overlap): two compares a range
-            for j in range(len(starts)):
-                grp[(addr >= starts[j]) & (addr < ends[j])] = heap_code[j]
+        row = np.full(len(addr), -1, dtype=np.int32)
+        if n <= 16:  # a few ranges (they never overlap): two compares a range
+            for j in range(n):
+                row[(addr >= starts[j]) & (addr < ends[j])] = j
         else:
             i = np.searchsorted(starts, addr, side="right") - 1
             ic = np.maximum(i, 0)
             ok = (i >= 0) & (addr < ends[ic])
-            grp[ok] = heap_code[ic[ok]]
+            row[ok] = ic[ok]
+        heap = b["heap"]
+        if not heap.all():
+            f = ~heap & (row >= 0)
+            f[f] = is_mmap[row[f]]
+            if f.any():
+                lo, hi = addr[f] & page_mask, (addr[f] + size[f].astype(np.uint64) + np.uint64(4095)) & page_mask
+                np.add.at(foreign, row[f], np.minimum(hi, ends[row[f]]).astype(np.int64) - lo.astype(np.int64))
+            addr, size, tid, row = addr[heap], size[heap], tid[heap], row[heap]
+        has_heap[row[row >= 0]] = True
+        grp = np.where(row >= 0, row, other).astype(np.int32)
         tab = pa.table({"g": grp, "size": size.astype(np.int64, copy=False), "tid": tid})
         sums = tab.group_by("g").aggregate([("size", "sum")])
         for g, v in zip(sums["g"].to_pylist(), sums["size_sum"].to_pylist()):
@@ -843,17 +858,24 @@ def arena_table(trace: Trace) -> pd.DataFrame:
         pairs = tab.group_by(["g", "tid"]).aggregate([])
         for g, t in zip(pairs["g"].to_pylist(), pairs["tid"].to_pylist()):
             tids.setdefault(g, set()).add(t)
+    # an `mmap` range of CUDA host memory alone is no allocator chunk; one shared with chunks
+    # (neighbouring mappings merged) loses those pages' bytes, an estimate from then on
+    keep = ~(is_mmap & (foreign > 0) & ~has_heap)
+    resident = h["resident_bytes"].to_numpy(dtype=np.int64) - foreign
+    estimated = h["estimated"].to_numpy().astype(bool) | (foreign > 0)
+    ids = np.where(h["kind"] == "main", "main", np.where(is_mmap, "mmap", h["arena"]))
     rows = []
-    for c, aid in enumerate(arena_ids):
-        idx = np.flatnonzero(ids == aid)
-        lb = int(live_sum.get(c, 0))
-        res = int(h["resident_bytes"].to_numpy()[idx].sum())
+    for aid in dict.fromkeys(ids[keep]):
+        idx = np.flatnonzero((ids == aid) & keep)
+        lb = int(sum(live_sum.get(int(j), 0) for j in idx))
+        res = int(np.maximum(resident[idx], 0).sum())
         kind = str(h["kind"].iloc[idx[0]])
         rows.append({"id": str(aid), "kind": kind, "live_bytes": lb, "resident_bytes": res,
-                     "retained_bytes": max(0, res - lb), "threads": sorted(tids.get(c, [])),
+                     "retained_bytes": max(0, res - lb), "threads": sorted(set().union(*(tids.get(int(j), set())
+                                                                                          for j in idx))),
                      "heaps": int(len(idx)) if kind != "mmap" else 0,
                      "size_bytes": int((h["end"].to_numpy()[idx] - h["start"].to_numpy()[idx]).sum()),
-                     "estimated": bool(h["estimated"].to_numpy()[idx].any())})
+                     "estimated": bool(estimated[idx].any())})
     if other in live_sum:
         rows.append({"id": "other", "kind": "other", "live_bytes": int(live_sum[other]),
                      "resident_bytes": None, "retained_bytes": 0, "threads": sorted(tids.get(other, [])),
@@ -869,10 +891,16 @@ def live_bytes_by_api(trace: Trace) -> dict[str, int]:
     if tab is None:
         df = trace.live
         return {str(k): int(v) for k, v in df.groupby("api", observed=True)["size"].sum().items()} if len(df) else {}
-    if not tab.num_rows:
-        return {}
-    agg = tab.select(["api", "size"]).group_by("api").aggregate([("size", "sum")])
-    return {str(a): int(v) for a, v in zip(agg["api"].to_pylist(), agg["size_sum"].to_pylist())}
+    out: dict[str, int] = {}
+    # batch by batch: each row group of a part has its own dictionary of api names
+    for b in tab.select(["api", "size"]).to_batches():
+        api = b.column(0)
+        key, names = (api.indices, api.dictionary.to_pylist()) if pa.types.is_dictionary(api.type) else (api, None)
+        agg = pa.table({"k": key, "s": b.column(1)}).group_by("k").aggregate([("s", "sum")])
+        for k, v in zip(agg["k"].to_pylist(), agg["s_sum"].to_pylist()):
+            name = str(names[k] if names is not None else k)
+            out[name] = out.get(name, 0) + int(v)
+    return out
 
 
 def shared_split(trace: Trace, shmem_bytes: int, file_bytes: int) -> dict:

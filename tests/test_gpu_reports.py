@@ -89,6 +89,8 @@ def build(path, made: int = 5, kept: int = 3, driver: bool = True) -> str:
     t.live_block(st["alloc_buffer"], 203, MIB, at_s=0.4)
     for _ in range(2):
         t.live_block(st["pin_buffers"], 203, 8 * MIB, at_s=0.3, source="cuda-pinned", api="cu_host_alloc")
+    # another row group, with its own dictionary of api names (as the tracer's streamed chunks)
+    t.live_blocks(st["load_batch"], 201, [1000] * 6, at_s=0.2)
     return t.close()
 
 
@@ -340,3 +342,32 @@ def test_folded_pprof_csv_keep_gpu_memory_apart(trace, report):
     rows = {r.split(",")[6]: r.split(",") for r in to_csv(report).splitlines()[1:]}
     assert rows["upload_weights  [synthd]"][-2:] == [str(192 * MIB), str(320 * MIB)]
     assert rows["stage  [synthd]"][1] == "4096"
+
+
+def test_cuda_host_memory_is_no_allocator_chunk(tmp_path):
+    """The tracer measures every live block outside glibc's heaps as an allocator chunk (`mmap`
+    ranges of the heaps table), pinned memory the driver mapped too: a range of it alone is left
+    out, one merged with a chunk's loses its pages, so none of it is called retained."""
+    t = SynthTrace(tmp_path / "r.allocscope")
+    s_heap, s_pin = t.stack(["malloc", "load", "main"]), t.stack(["pin", "main"])
+    main, chunk, pin, merged = 0x10000000, 0x7f0000000000, 0x7f1000000000, 0x7f2000000000
+    t.interval({(s_heap, 1): (100000 + 3 * MIB, 3, 0, 0), (s_pin, 1, "cuda-pinned"): (12 * MIB, 2, 0, 0)},
+               rss=64 * MIB, shmem=12 * MIB)
+    t.live_block(s_heap, 1, 100000, at_s=0.1, addr=main + 16)
+    t.live_block(s_heap, 1, 2 * MIB, at_s=0.1, addr=chunk + 16)
+    t.live_block(s_heap, 1, MIB, at_s=0.1, addr=merged + 16)
+    t.live_block(s_pin, 1, 8 * MIB, at_s=0.1, source="cuda-pinned", api="cu_host_alloc", addr=pin)
+    t.live_block(s_pin, 1, 4 * MIB, at_s=0.1, source="cuda-pinned", api="cu_host_alloc", addr=merged + MIB + 4096)
+    t.heaps([(main, main + MIB, main + MIB, "main", "main", 512 * KIB, 0),
+             (chunk, chunk + 2 * MIB + 4096, chunk + 2 * MIB + 4096, "mmap", "mmap", 2 * MIB + 4096, 0),
+             (pin - 4096, pin + 8 * MIB, pin + 8 * MIB, "mmap", "mmap", 8 * MIB + 4096, 0),
+             (merged, merged + 5 * MIB + 4096, merged + 5 * MIB + 4096, "mmap", "mmap", 5 * MIB + 4096, 0)])
+    tr = load_trace(t.close())
+    ar = {a["id"]: a for a in A.arena_table(tr).to_dict("records")}
+    assert (ar["mmap"]["live_bytes"], ar["mmap"]["resident_bytes"], ar["mmap"]["retained_bytes"],
+            ar["mmap"]["estimated"]) == (3 * MIB, 3 * MIB + 2 * 4096, 2 * 4096, True)
+    assert (ar["main"]["live_bytes"], ar["main"]["retained_bytes"], ar["main"]["estimated"]) == \
+        (100000, 512 * KIB - 100000, False)
+    d = A.rss_decomposition(tr)
+    assert (d["retained_bytes"], d["live_heap_bytes"]) == (512 * KIB - 100000 + 2 * 4096, 100000 + 3 * MIB)
+    assert d["other_anon_bytes"] == 52 * MIB - (512 * KIB + 3 * MIB + 2 * 4096)
