@@ -28,8 +28,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from click.testing import CliRunner
 from synth import SynthTrace
 
+from allocscope.cli import main
+from allocscope.cmd_diff import diff
 from reports import analysis as A
 from reports import render
 from reports.csvout import to_csv
@@ -371,3 +374,13 @@ def test_cuda_host_memory_is_no_allocator_chunk(tmp_path):
     d = A.rss_decomposition(tr)
     assert (d["retained_bytes"], d["live_heap_bytes"]) == (512 * KIB - 100000 + 2 * 4096, 100000 + 3 * MIB)
     assert d["other_anon_bytes"] == 52 * MIB - (512 * KIB + 3 * MIB + 2 * 4096)
+
+
+def test_cli_folded_device_metric_and_diff_sort(trace, tmp_path):
+    r = CliRunner().invoke(main, ["report", trace.path, "--format", "folded", "--metric", "device_live_bytes"])
+    assert r.exit_code == 0, r.output
+    assert r.output == f"start_thread;gpu_main;stage {MIB}\nstart_thread;gpu_main;upload_weights {192 * MIB}\n"
+    b = build(tmp_path / "b.allocscope", made=6, kept=4)
+    r = CliRunner().invoke(diff, [trace.path, b, "--sort", "device", "--top", "1"])
+    assert r.exit_code == 0, r.output
+    assert "Top 1 of 10 sites, by |GPU memory peak delta|" in r.output
