@@ -584,38 +584,56 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
     at = peak_seq(trace)
     no_growth = {"growth_bytes_per_s": 0.0, "growth_r2": math.nan, "window_s": 0.0, "window_points": 0}
     empty = np.zeros(0, dtype="int64")
+    # Every per-site figure in a few vectorized group-bys (sites number in the thousands): the
+    # counters split into host and GPU columns, keyed by the site's code.
+    codes, uniques = pd.factorize(pd.Series(st["site"].tolist(), dtype=object))
+    sites = uniques.tolist()
+    sums = ["live_bytes", "live_count", "alloc_bytes", "alloc_count", "free_bytes", "free_count"]
+    dev = st["device"].to_numpy(dtype=bool)
+    x = st.assign(code=codes, **{f"device_{c}": np.where(dev, st[c], 0) for c in sums},
+                  **{c: np.where(dev, 0, st[c]) for c in sums},
+                  host_peak=np.where(dev, 0, st["peak_live_bytes"]), dev_peak=np.where(dev, st["peak_live_bytes"], 0))
+    by = x.groupby("code", sort=False)
+    agg = by[sums + [f"device_{c}" for c in sums] + ["host_peak", "dev_peak"]] \
+        .agg({**dict.fromkeys(sums + [f"device_{c}" for c in sums], "sum"), "host_peak": "max", "dev_peak": "max"})
+    # one unfolded stack of the site: the row that allocated most (host and GPU bytes alike)
+    first_max = st["alloc_bytes"].groupby(codes, sort=False).idxmax()
+    full = dict(zip(first_max.index, st["full_frames"].to_numpy()[first_max.to_numpy()]))
+    threads: dict[int, list] = {}
+    per_tid = x.groupby(["code", "tid"], sort=False)[["live_bytes", "device_live_bytes"]].sum().reset_index() \
+        .sort_values(["code", "live_bytes", "device_live_bytes", "tid"], ascending=[True, False, False, True],
+                     kind="mergesort")
+    for c, t, a, b in zip(per_tid["code"], per_tid["tid"], per_tid["live_bytes"], per_tid["device_live_bytes"]):
+        threads.setdefault(int(c), []).append((int(t), int(a), int(b)))
+    by_source: dict[int, dict[str, int]] = {}
+    per_src = st.assign(code=codes).groupby(["code", "source"], sort=True)["live_bytes"].sum()
+    for (c, src), v in per_src.items():
+        by_source.setdefault(int(c), {})[str(src)] = int(v)
     rows = []
-    for site, g in st.groupby("site", sort=False):
-        dev = g["device"].to_numpy(dtype=bool)
-        h, d = g[~dev], g[dev]
+    for c, a in zip(agg.index, agg.itertuples(index=False)):
+        site = sites[c]
         line, dline = series.get((site, False), empty), series.get((site, True), empty)
-        live, dlive = int(h["live_bytes"].sum()), int(d["live_bytes"].sum())
-        peak = int(max(line.max(initial=0), h["peak_live_bytes"].max() if len(h) else 0, live))
-        dpeak = int(max(dline.max(initial=0), d["peak_live_bytes"].max() if len(d) else 0, dlive))
+        live, dlive = int(a.live_bytes), int(a.device_live_bytes)
+        peak = int(max(line.max(initial=0), a.host_peak, live))
+        dpeak = int(max(dline.max(initial=0), a.dev_peak, dlive))
         # judged on its host memory, or on its GPU memory when it has no host allocations
-        judged = (site, not int(h["alloc_count"].sum()) and len(d) > 0)
+        judged = (site, not a.alloc_count and bool(a.device_alloc_count))
         gr = growth.get(judged, no_growth)
         slope, r2 = float(gr["growth_bytes_per_s"]), float(gr["growth_r2"])
         jl, jp = (dlive, dpeak) if judged[1] else (live, peak)
-        by_tid = g.assign(_h=np.where(dev, 0, g["live_bytes"]), _d=np.where(dev, g["live_bytes"], 0)) \
-            .groupby("tid")[["_h", "_d"]].sum().reset_index() \
-            .sort_values(["_h", "_d", "tid"], ascending=[False, False, True], kind="mergesort")
-        sums = {k: int(d[k].sum()) for k in DEVICE_SUMS}
         rows.append({
-            "site": site,
-            "full_frames": g["full_frames"].iloc[int(np.argmax(g["alloc_bytes"].to_numpy()))],
-            "live_bytes": live, "live_count": int(h["live_count"].sum()), "peak_live_bytes": peak,
-            "alloc_bytes": int(h["alloc_bytes"].sum()), "alloc_count": int(h["alloc_count"].sum()),
-            "free_bytes": int(h["free_bytes"].sum()), "free_count": int(h["free_count"].sum()),
-            "sources": sorted(set(g["source"])),
-            "threads": [(int(t), int(a), int(b)) for t, a, b in zip(by_tid["tid"], by_tid["_h"], by_tid["_d"])],
+            "site": site, "full_frames": full[c],
+            "live_bytes": live, "live_count": int(a.live_count), "peak_live_bytes": peak,
+            "alloc_bytes": int(a.alloc_bytes), "alloc_count": int(a.alloc_count),
+            "free_bytes": int(a.free_bytes), "free_count": int(a.free_count),
+            "sources": sorted(by_source[int(c)]), "threads": threads[int(c)],
             "growth_bytes_per_s": slope, "growth_r2": r2,
             "oldest_age_s": ages.get(site, math.nan),
             "verdict": verdict(jl, jp, slope, r2, float(gr["window_s"]), int(gr["window_points"])),
             "timeline": [int(v) for v in line] if len(line) else [0] * len(tl),
             "at_peak_bytes": int(line[at - 1]) if at is not None and len(line) >= at else 0,
-            "device_peak_bytes": dpeak, **{f"device_{k}": v for k, v in sums.items()},
-            "live_by_source": {str(src): int(v) for src, v in g.groupby("source")["live_bytes"].sum().items()},
+            "device_peak_bytes": dpeak, **{f"device_{k}": int(getattr(a, f"device_{k}")) for k in DEVICE_SUMS},
+            "live_by_source": by_source[int(c)],
         })
     df = _sort_sites(pd.DataFrame(rows), sort)
     df.insert(0, "rank", range(1, len(df) + 1))
