@@ -764,10 +764,10 @@ def _last(row: pd.Series, col: str) -> int:
     return 0 if v is None or pd.isna(v) else int(v)
 
 
-def live_by_source(trace: Trace) -> dict[str, int]:
+def live_by_source(trace: Trace, st: pd.DataFrame | None = None) -> dict[str, int]:
     """{source: live bytes at the end} summed over every site (GPU memory included), sources in
-    name order, those that allocated anything only."""
-    st = trace.final_sites()
+    name order, those that allocated anything only. `st`: trace.final_sites(), when at hand."""
+    st = trace.final_sites() if st is None else st
     if st.empty:
         return {}
     return {str(k): int(v) for k, v in st.groupby("source")["live_bytes"].sum().sort_index().items()}
@@ -809,7 +809,7 @@ def totals(trace: Trace) -> dict:
         "device_peak_bytes": max(_col_max(iv, "device_peak_bytes"), _col_max(iv, "device_live_bytes")),
         "device_count": device_count,
         "cuda_host_bytes": _last(last, "cuda_host_live_bytes"),
-        "live_by_source": live_by_source(trace),
+        "live_by_source": live_by_source(trace, st),
     }
 
 
@@ -921,7 +921,7 @@ def live_bytes_by_api(trace: Trace) -> dict[str, int]:
     return out
 
 
-def shared_split(trace: Trace, shmem_bytes: int, file_bytes: int) -> dict:
+def shared_split(trace: Trace, shmem_bytes: int, file_bytes: int, by_source: dict[str, int] | None = None) -> dict:
     """Who holds RssShmem and the device share of RssFile at the end, host memory only:
     shmem_attributed_bytes (live bytes of shmem and cuda-pinned sites — shared anonymous, memfd
     and tmpfs mappings, pinned host memory — less the ranges cuMemHostRegister_v2 pinned in
@@ -932,8 +932,9 @@ def shared_split(trace: Trace, shmem_bytes: int, file_bytes: int) -> dict:
     managed memory is /dev/nvidia-uvm — at most RssFile), file_regular_bytes (the rest of
     RssFile: executables, libraries, data files), file_device_sources. Live bytes are mapped
     sizes: pinned memory is resident at once, but a shared mapping never touched is not, so
-    the attributed share is an upper bound where such mappings are sparse."""
-    by_src = live_by_source(trace)
+    the attributed share is an upper bound where such mappings are sparse. `by_source`:
+    live_by_source(trace), when at hand."""
+    by_src = live_by_source(trace) if by_source is None else by_source
     shm = {k: by_src[k] for k in SHMEM_SOURCES if by_src.get(k)}
     registered = live_bytes_by_api(trace).get(REGISTER_API, 0) if shm.get("cuda-pinned") else 0
     if registered:
@@ -946,14 +947,16 @@ def shared_split(trace: Trace, shmem_bytes: int, file_bytes: int) -> dict:
             "file_regular_bytes": max(0, file_bytes - file_dev), "file_device_sources": dev}
 
 
-def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None) -> dict | None:
+def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
+                      by_source: dict[str, int] | None = None) -> dict | None:
     """RSS at the end split as: live heap (held by the program, resident) + retained by the
     allocator (resident, not held) + other anonymous (stacks, the program's own mmaps, memory of
     allocators we cannot see into) + file-backed + shared memory. The first two are measured
     (pagemap of the allocator's ranges); other anonymous is RssAnon minus the allocator's
     resident bytes. Shared memory and file are split further by `shared_split` (the shmem and
     pinned sites' share of RssShmem, the device-file share of RssFile). GPU memory is never in
-    RSS and never here. None when the trace has no end-of-run residency."""
+    RSS and never here. None when the trace has no end-of-run residency. `by_source`:
+    live_by_source(trace), when at hand."""
     arenas = arena_table(trace) if arenas is None else arenas
     iv = trace.intervals
     if "rss_anon_bytes" not in iv:
@@ -962,7 +965,7 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None) -> dict 
     if alive.empty:
         return None
     last = alive.iloc[-1]
-    split = shared_split(trace, int(last["rss_shmem_bytes"]), int(last["rss_file_bytes"]))
+    split = shared_split(trace, int(last["rss_shmem_bytes"]), int(last["rss_file_bytes"]), by_source)
     if arenas.empty or arenas["resident_bytes"].isna().all():
         # Not glibc (jemalloc, tcmalloc...): its retention cannot be told apart from other
         # anonymous memory; the live heap is what the program holds.
@@ -1213,7 +1216,7 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
     peak, peak_rank = at_peak(trace, tot, sites)
     sample_bytes = int((trace.meta.get("sampling") or {}).get("sample_bytes", 0) or 0)
     arenas = arena_table(trace)
-    dec = rss_decomposition(trace, arenas)
+    dec = rss_decomposition(trace, arenas, tot["live_by_source"])
     meta = trace.meta
     tgt = meta.get("target") or {}
     points = timeline_points(trace.last_seq)
