@@ -25,10 +25,12 @@ RssFile 10 MiB.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
+from support import chromium, need_tool
 from synth import SynthTrace
 
 from allocscope.cli import main
@@ -323,6 +325,22 @@ def test_html_gpu_series_and_columns(trace, report):
     assert "<th class=\"num\">device</th><th class=\"num\">device peak</th>" in page
     assert '<div class="k">GPU now</div><div class="v">193.0 MiB</div>' in page
     assert f'title="{16 * MIB + 56 * KIB} bytes"' in page  # the shmem share of the RSS split
+
+
+def test_html_gpu_page_draws_in_chromium(trace, report, tmp_path):
+    """The page with its GPU series, cards and section draws: the timeline's legend lists GPU
+    memory and the host series, the GPU tables are there."""
+    exe = need_tool("chromium")
+    page = tmp_path / "gpu.html"
+    page.write_text(to_html(trace, report), encoding="utf-8")
+    dom = chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", page.as_uri()).stdout
+    assert 'data-rendered="1"' in dom, "the page script did not finish"
+    ink = re.search(r'id="chart-timeline"[^>]*data-ink="(\d+)"', dom) or \
+        re.search(r'data-ink="(\d+)"[^>]*id="chart-timeline"', dom)
+    assert ink and int(ink.group(1)) > 5000
+    legend = re.findall(r'class="u-label">([^<]*)<', dom)
+    assert {"GPU memory (device)", "live, CUDA host", "live, total", "RSS"} <= set(legend), legend
+    assert dom.count('<table class="gpu-sites">') == 1 and dom.count('<table class="gpu-host">') == 1
 
 
 def test_html_without_gpu_memory_has_no_gpu_parts(tmp_path):

@@ -18,11 +18,10 @@ from __future__ import annotations
 import csv
 import io
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-from support import need_tool, unavailable
+from support import chromium, need_tool, unavailable
 from synth import SynthTrace
 
 from reports.analysis import build_report, symbolize_stacks
@@ -307,21 +306,13 @@ def test_html_tables(page, trace, report):
     assert 'id="diff"' not in to_html(trace, report)
 
 
-def _chromium(exe: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-         f"--user-data-dir={tmp / 'profile'}", "--window-size=1400,2000", *args],
-        capture_output=True, text=True, timeout=120, check=True)
-
-
-def test_html_renders_in_chromium(page, tmp_path):
+def test_html_renders_inchromium(page, tmp_path):
     exe = need_tool("chromium")
     html_path = tmp_path / "report.html"
     html_path.write_text(page, encoding="utf-8")
     url = html_path.as_uri()
 
-    dom = _chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", url).stdout
+    dom = chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", url).stdout
     assert 'data-rendered="1"' in dom, "the page script did not finish"
     for chart in ("chart-timeline", "chart-sites"):
         m = re.search(rf'id="{chart}"[^>]*data-ink="(\d+)"', dom) or \
@@ -341,14 +332,14 @@ def test_html_renders_in_chromium(page, tmp_path):
     clicked = tmp_path / "clicked.html"
     clicked.write_text(page.replace("</body>", "<script>document.querySelector('button[data-view=end]').click()"
                                               "</script></body>"), encoding="utf-8")
-    dom = _chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", clicked.as_uri()).stdout
+    dom = chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", clicked.as_uri()).stdout
     flame = re.search(r'<div id="flame-graph"[^>]*data-nodes="(\d+)"[^>]*>(.*?)</div>', dom, re.DOTALL)
     assert flame and flame.group(1) == "10" and flame.group(2).count("<rect") == 10
     assert re.search(r'<div id="flame-graph"[^>]*data-view="end"', dom) and "map_arena" not in flame.group(2)
     assert re.search(r'<button type="button" data-view="end" aria-pressed="true">', dom)
 
     png = tmp_path / "shot.png"
-    _chromium(exe, tmp_path, f"--screenshot={png}", url)
+    chromium(exe, tmp_path, f"--screenshot={png}", url)
     try:
         from PIL import Image, ImageStat
     except ImportError:
