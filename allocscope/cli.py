@@ -174,8 +174,10 @@ def record(pid, pattern, command, output, duration, labels, force, keep_cmdline,
 @click.option("--sort", type=click.Choice(["live", "peak", "growth", "age"]), default="live", show_default=True,
               help="Rank sites by live bytes at the end, peak live bytes, growth (growing sites first, "
                    "then bytes/s), or age of the oldest outstanding allocation.")
-@click.option("--metric", type=click.Choice(["live_bytes", "alloc_bytes", "live_count", "alloc_count"]),
-              default="live_bytes", show_default=True, help="Value of each stack in --format folded.")
+@click.option("--metric", type=click.Choice(["live_bytes", "alloc_bytes", "live_count", "alloc_count",
+                                             "device_live_bytes"]),
+              default="live_bytes", show_default=True,
+              help="Value of each stack in --format folded (host memory; device_live_bytes: GPU memory).")
 @fold_option
 def report(trace, fmt, output, top, sort, metric, fold):
     """Outstanding bytes by call site and by thread, totals and losses, from TRACE.

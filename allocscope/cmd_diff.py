@@ -12,7 +12,7 @@ from allocscope.output import emit, progress
 from common.errors import AllocscopeError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-SORTS = ("delta", "live", "alloc", "ratio", "excess")  # reports.diff.DIFF_SORTS, without importing pandas
+SORTS = ("delta", "live", "alloc", "ratio", "excess", "device")  # reports.diff.DIFF_SORTS, without pandas
 
 
 class OneLineErrors(click.Command):
@@ -32,8 +32,8 @@ class OneLineErrors(click.Command):
 @click.argument("trace_b", type=click.Path(dir_okay=True, file_okay=True))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--sort", type=click.Choice(SORTS), default="delta", show_default=True,
-              help="Order sites by |peak delta|, |live-at-end delta|, |allocated delta|, B/A ratio, or "
-                   "|excess over linear scaling| (needs --per).")
+              help="Order sites by |peak delta|, |live-at-end delta|, |allocated delta|, B/A ratio, "
+                   "|excess over linear scaling| (needs --per), or |GPU memory peak delta|.")
 @click.option("--per", metavar="LABEL",
               help="Normalize by a numeric label both traces carry (e.g. --per pw): flag sites that grew "
                    "out of proportion to LABEL_B/LABEL_A.")
@@ -54,6 +54,9 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, fold):
     Examples:
       allocscope diff pw10.allocscope pw12.allocscope --per pw
       allocscope diff before.allocscope after.allocscope --format json -o diff.json
+
+    GPU memory (CUDA device memory) is compared in columns of its own (a GPU section in text;
+    a_/b_device_peak_bytes, device_peak_delta_bytes... in JSON), never in the host figures.
 
     The JSON form (schema allocscope.diff/1): a, b (labels...), sites (frames, a_peak_live_bytes,
     b_peak_live_bytes, delta_bytes, ...), totals, thread_groups.

@@ -150,6 +150,26 @@ class Folding:
 
 DEFAULT_FOLDING = Folding()
 
+# What the trace's `source` names (tracer/layout.py SOURCE_NAMES; tests/test_layout.py checks these
+# against it) are, as far as the figures go. GPU memory is never host memory: it is kept out of
+# every host figure (live, peak, threads, RSS) and reported in device_* figures of its own.
+DEVICE_SOURCES = frozenset({"cuda-device"})
+CUDA_HOST_SOURCES = ("cuda-pinned", "cuda-managed")  # host memory made by the CUDA driver
+CUDA_SOURCES = frozenset({"cuda-device", *CUDA_HOST_SOURCES})
+# Host memory the kernel counts in RssShmem (shared anonymous, memfd, tmpfs; pinned host memory
+# is a shared mapping the driver makes) and in RssFile through a device file (managed memory is
+# a mapping of /dev/nvidia-uvm; other character devices).
+SHMEM_SOURCES = ("shmem", "cuda-pinned")
+DEVICE_FILE_SOURCES = ("cuda-managed", "device")
+# The live table's api of a cuMemHostRegister_v2: it pins memory the program already has (a
+# malloc'd block, counted at its own site), so it adds nothing to RssShmem.
+REGISTER_API = "cu_host_register"
+
+
+def is_device(sources) -> np.ndarray:
+    """Per source name: True for GPU memory (DEVICE_SOURCES)."""
+    return np.isin(np.asarray(sources, dtype=object), list(DEVICE_SOURCES))
+
 LOSS_ADVICE = {
     "lost_live_full": "the live-allocation map was full: raise --max-live",
     "lost_live_full_bytes": None,
@@ -295,7 +315,8 @@ def site_table(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]] | None = N
     """One row per (site, thread, source) at the end of the recording (with `at_seq`: at the
     end of that interval), with `site` (frames folded by `fold_frames`) and `full_frames`.
     Columns: site, full_frames, stack_id, tid, source, alloc_bytes, alloc_count, free_bytes,
-    free_count, live_bytes, live_count, peak_live_bytes."""
+    free_count, live_bytes, live_count, peak_live_bytes, device (True for GPU memory,
+    DEVICE_SOURCES: bytes that are not host memory)."""
     if stacks is None:
         stacks = symbolize_stacks(trace, progress)
     if at_seq is None:
@@ -305,6 +326,7 @@ def site_table(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]] | None = N
     full = [stacks.get(int(s), UNKNOWN_STACK) for s in df["stack_id"]]
     df["full_frames"] = full
     df["site"] = [fold_frames(f, fold) for f in full]
+    df["device"] = is_device(df["source"])
     return df
 
 
@@ -327,10 +349,13 @@ def _site_lookup(st: pd.DataFrame) -> Callable[[tuple], SiteKey]:
     return lambda k: m.get((int(k[0]), int(k[1]), k[2]), UNKNOWN_STACK)
 
 
-def _timeline(trace: Trace, keycol_fn: Callable[[tuple], Hashable]) -> pd.DataFrame:
+def _timeline(trace: Trace, keycol_fn: Callable[[tuple], Hashable], device: bool | None = None) -> pd.DataFrame:
     """live bytes per interval (rows: seq 1..n) per group (columns), forward-filled cumulative.
-    `keycol_fn` maps a (stack_id, tid, source) key to its group."""
+    `keycol_fn` maps a (stack_id, tid, source) key to its group. `device`: only GPU memory
+    (True), only host memory (False), both (None)."""
     s = trace.sites
+    if device is not None and not s.empty:
+        s = s[is_device(s["source"]) == device]
     if s.empty:
         return pd.DataFrame(index=pd.RangeIndex(1, trace.last_seq + 1, name="seq"))
     s = s.assign(live=s["alloc_bytes"] - s["free_bytes"])
@@ -348,10 +373,11 @@ def _timeline(trace: Trace, keycol_fn: Callable[[tuple], Hashable]) -> pd.DataFr
     return summed
 
 
-def site_timeline(trace: Trace, stacks=None, fold: Folding | None = None) -> pd.DataFrame:
+def site_timeline(trace: Trace, stacks=None, fold: Folding | None = None, device: bool = False) -> pd.DataFrame:
     """Live bytes per site over time: index = interval seq (1..n), one column per site
-    (folded frames tuple), values = live bytes at the end of that interval."""
-    return _timeline(trace, _site_lookup(site_table(trace, stacks, fold=fold)))
+    (folded frames tuple), values = live host bytes at the end of that interval (with
+    `device`: GPU memory instead)."""
+    return _timeline(trace, _site_lookup(site_table(trace, stacks, fold=fold)), device=device)
 
 
 def elapsed_s(trace: Trace) -> pd.Series:
@@ -467,7 +493,10 @@ def oldest_ages(trace: Trace, stacks: dict[int, SiteKey], fold: Folding | None =
 
 RANK_COLUMNS = ["rank", "site", "full_frames", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes",
                 "alloc_count", "free_bytes", "free_count", "sources", "threads", "growth_bytes_per_s",
-                "growth_r2", "oldest_age_s", "verdict", "timeline", "at_peak_bytes"]
+                "growth_r2", "oldest_age_s", "verdict", "timeline", "at_peak_bytes",
+                "device_live_bytes", "device_live_count", "device_peak_bytes", "device_alloc_bytes",
+                "device_alloc_count", "device_free_bytes", "device_free_count", "live_by_source"]
+DEVICE_SUMS = ("live_bytes", "live_count", "alloc_bytes", "alloc_count", "free_bytes", "free_count")
 
 
 def peak_seq(trace: Trace) -> int | None:
@@ -495,7 +524,7 @@ def peak_first(tot: dict) -> bool:
 def _sort_sites(df: pd.DataFrame, sort: str) -> pd.DataFrame:
     """Order rows of rank_sites by `sort` (see rank_sites); ties by live, peak, allocated bytes,
     then by the innermost frame so the order is deterministic."""
-    tie = ["live_bytes", "peak_live_bytes", "alloc_bytes"]
+    tie = ["live_bytes", "peak_live_bytes", "alloc_bytes", "device_live_bytes", "device_peak_bytes"]
     df = df.assign(_growing=df["verdict"] == "growing",
                    _age=df["oldest_age_s"].astype(float).fillna(-1.0),
                    _name=[frame_key_text(s) for s in df["site"]])
@@ -518,16 +547,27 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
     rank (1-based), site (folded frames tuple, innermost first), full_frames (one unfolded
     stack of the site), live_bytes, live_count (outstanding at the end), peak_live_bytes
     (highest live bytes seen), alloc_bytes, alloc_count, free_bytes, free_count (totals over
-    the recording), sources (list of 'heap'/'mmap'/'brk'), threads (list of (tid, live_bytes),
-    live desc), growth_bytes_per_s, growth_r2 (least-squares slope of live bytes over the last
-    half of the recording and its R², NaN when too short), oldest_age_s (age at the end of its
-    oldest outstanding allocation, NaN when unknown), verdict (see `verdict`), timeline (list
-    of live bytes at the end of every interval), at_peak_bytes (its live bytes at the end of
-    the interval where the process's live total was highest, `peak_seq`; 0 when none).
+    the recording), sources (sorted list of the trace's source names: 'heap', 'mmap', 'brk',
+    'fault', 'shmem', 'cuda-pinned', 'cuda-managed', 'device', 'cuda-device'), threads (list of
+    (tid, live_bytes, device_live_bytes), live desc), growth_bytes_per_s, growth_r2
+    (least-squares slope of live bytes over the last half of the recording and its R², NaN when
+    too short), oldest_age_s (age at the end of its oldest outstanding allocation, NaN when
+    unknown), verdict (see `verdict`), timeline (list of live bytes at the end of every
+    interval), at_peak_bytes (its live bytes at the end of the interval where the process's
+    live total was highest, `peak_seq`; 0 when none), device_live_bytes, device_live_count,
+    device_peak_bytes, device_alloc_bytes, device_alloc_count, device_free_bytes,
+    device_free_count (the same for its GPU memory), live_by_source ({source: live bytes at the
+    end}, GPU memory included, sources with allocations only).
+
+    Host and GPU memory never mix: every figure without `device_` counts host memory only (GPU
+    memory, DEVICE_SOURCES, is in the device_* columns), so a site of GPU memory alone has
+    live_bytes 0. Its verdict and growth are then those of its GPU memory (a site is judged on
+    the memory it has; its `timeline` stays the host series, all zero).
 
     sort: ``live`` (live bytes at the end), ``peak`` (peak live bytes), ``growth`` (growing
     sites first, then by slope), ``age`` (oldest outstanding allocation first); ties by live,
-    peak and allocated bytes, all descending. `fold`: see fold_frames (None: built-ins only).
+    peak and allocated bytes, device live and peak bytes, all descending. `fold`: see
+    fold_frames (None: built-ins only).
     """
     if sort not in SORT_KEYS:
         raise UsageError(f"unknown sort {sort!r}; choose one of {', '.join(SORT_KEYS)}")
@@ -536,66 +576,118 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
         return pd.DataFrame(columns=RANK_COLUMNS)
     if stacks is None:
         stacks = {int(s): f for s, f in zip(st["stack_id"], st["full_frames"])}
-    tl = _timeline(trace, _site_lookup(st))
-    series = {site: tl.iloc[:, i].to_numpy() for i, site in enumerate(tl.columns)}
+    lookup = _site_lookup(st)
+    tl = _timeline(trace, lambda k: (lookup(k), bool(k[2] in DEVICE_SOURCES)))
+    series = {key: tl.iloc[:, i].to_numpy() for i, key in enumerate(tl.columns)}
     growth = growth_table(tl, elapsed_s(trace)).to_dict("index")
     ages = oldest_ages(trace, stacks, fold)
     at = peak_seq(trace)
+    no_growth = {"growth_bytes_per_s": 0.0, "growth_r2": math.nan, "window_s": 0.0, "window_points": 0}
+    empty = np.zeros(0, dtype="int64")
+    # Every per-site figure in a few vectorized group-bys (sites number in the thousands): the
+    # counters split into host and GPU columns, keyed by the site's code.
+    codes, uniques = pd.factorize(pd.Series(st["site"].tolist(), dtype=object))
+    sites = uniques.tolist()
+    sums = ["live_bytes", "live_count", "alloc_bytes", "alloc_count", "free_bytes", "free_count"]
+    dev = st["device"].to_numpy(dtype=bool)
+    x = st.assign(code=codes, **{f"device_{c}": np.where(dev, st[c], 0) for c in sums},
+                  **{c: np.where(dev, 0, st[c]) for c in sums},
+                  host_peak=np.where(dev, 0, st["peak_live_bytes"]), dev_peak=np.where(dev, st["peak_live_bytes"], 0))
+    by = x.groupby("code", sort=False)
+    agg = by[sums + [f"device_{c}" for c in sums] + ["host_peak", "dev_peak"]] \
+        .agg({**dict.fromkeys(sums + [f"device_{c}" for c in sums], "sum"), "host_peak": "max", "dev_peak": "max"})
+    # one unfolded stack of the site: the row that allocated most (host and GPU bytes alike)
+    first_max = st["alloc_bytes"].groupby(codes, sort=False).idxmax()
+    full = dict(zip(first_max.index, st["full_frames"].to_numpy()[first_max.to_numpy()]))
+    threads: dict[int, list] = {}
+    per_tid = x.groupby(["code", "tid"], sort=False)[["live_bytes", "device_live_bytes"]].sum().reset_index() \
+        .sort_values(["code", "live_bytes", "device_live_bytes", "tid"], ascending=[True, False, False, True],
+                     kind="mergesort")
+    for c, t, a, b in zip(per_tid["code"], per_tid["tid"], per_tid["live_bytes"], per_tid["device_live_bytes"]):
+        threads.setdefault(int(c), []).append((int(t), int(a), int(b)))
+    by_source: dict[int, dict[str, int]] = {}
+    per_src = st.assign(code=codes).groupby(["code", "source"], sort=True)["live_bytes"].sum()
+    for (c, src), v in per_src.items():
+        by_source.setdefault(int(c), {})[str(src)] = int(v)
     rows = []
-    for site, g in st.groupby("site", sort=False):
-        by_tid = g.groupby("tid")["live_bytes"].sum().sort_values(ascending=False)
-        live = int(g["live_bytes"].sum())
-        line = series.get(site, np.zeros(0, dtype="int64"))
-        peak = int(max(line.max(initial=0), g["peak_live_bytes"].max(), live))
-        gr = growth.get(site, {"growth_bytes_per_s": 0.0, "growth_r2": math.nan, "window_s": 0.0,
-                               "window_points": 0})
+    for c, a in zip(agg.index, agg.itertuples(index=False)):
+        site = sites[c]
+        line, dline = series.get((site, False), empty), series.get((site, True), empty)
+        live, dlive = int(a.live_bytes), int(a.device_live_bytes)
+        peak = int(max(line.max(initial=0), a.host_peak, live))
+        dpeak = int(max(dline.max(initial=0), a.dev_peak, dlive))
+        # judged on its host memory, or on its GPU memory when it has no host allocations
+        judged = (site, not a.alloc_count and bool(a.device_alloc_count))
+        gr = growth.get(judged, no_growth)
         slope, r2 = float(gr["growth_bytes_per_s"]), float(gr["growth_r2"])
+        jl, jp = (dlive, dpeak) if judged[1] else (live, peak)
         rows.append({
-            "site": site,
-            "full_frames": g["full_frames"].iloc[int(np.argmax(g["alloc_bytes"].to_numpy()))],
-            "live_bytes": live, "live_count": int(g["live_count"].sum()), "peak_live_bytes": peak,
-            "alloc_bytes": int(g["alloc_bytes"].sum()), "alloc_count": int(g["alloc_count"].sum()),
-            "free_bytes": int(g["free_bytes"].sum()), "free_count": int(g["free_count"].sum()),
-            "sources": sorted(set(g["source"])),
-            "threads": [(int(t), int(b)) for t, b in by_tid.items()],
+            "site": site, "full_frames": full[c],
+            "live_bytes": live, "live_count": int(a.live_count), "peak_live_bytes": peak,
+            "alloc_bytes": int(a.alloc_bytes), "alloc_count": int(a.alloc_count),
+            "free_bytes": int(a.free_bytes), "free_count": int(a.free_count),
+            "sources": sorted(by_source[int(c)]), "threads": threads[int(c)],
             "growth_bytes_per_s": slope, "growth_r2": r2,
             "oldest_age_s": ages.get(site, math.nan),
-            "verdict": verdict(live, peak, slope, r2, float(gr["window_s"]), int(gr["window_points"])),
-            "timeline": [int(v) for v in line],
+            "verdict": verdict(jl, jp, slope, r2, float(gr["window_s"]), int(gr["window_points"])),
+            "timeline": [int(v) for v in line] if len(line) else [0] * len(tl),
             "at_peak_bytes": int(line[at - 1]) if at is not None and len(line) >= at else 0,
+            "device_peak_bytes": dpeak, **{f"device_{k}": int(getattr(a, f"device_{k}")) for k in DEVICE_SUMS},
+            "live_by_source": by_source[int(c)],
         })
     df = _sort_sites(pd.DataFrame(rows), sort)
     df.insert(0, "rank", range(1, len(df) + 1))
     return df[RANK_COLUMNS].reset_index(drop=True)
 
 
-def _thread_peaks(trace: Trace, group_of_tid: Callable[[int], Hashable], st: pd.DataFrame) -> dict:
-    """group -> peak live bytes: the highest of its summed timeline and of any one key's peak."""
-    tl = _timeline(trace, lambda k: group_of_tid(int(k[1])))
+def _thread_peaks(trace: Trace, group_of_tid: Callable[[int], Hashable], st: pd.DataFrame,
+                  device: bool = False) -> dict:
+    """group -> peak live bytes of its host memory (`device`: of its GPU memory): the highest
+    of its summed timeline and of any one key's peak."""
+    tl = _timeline(trace, lambda k: group_of_tid(int(k[1])), device=device)
     peaks = tl.max().to_dict() if tl.shape[1] else {}
+    st = st[is_device(st["source"]) == device]
     for tid, kp in st.groupby("tid")["peak_live_bytes"].max().items():
         g = group_of_tid(int(tid))
         peaks[g] = max(int(peaks.get(g, 0)), int(kp))
     return peaks
 
 
+def _split_device(st: pd.DataFrame) -> pd.DataFrame:
+    """Final site rows with their counters split by memory: host rows keep theirs in live_bytes,
+    live_count, alloc_bytes, alloc_count (0 in a GPU row), GPU rows in device_live_bytes,
+    device_live_count, device_alloc_bytes, device_alloc_count (0 in a host row)."""
+    dev = is_device(st["source"])
+    cols = ["live_bytes", "live_count", "alloc_bytes", "alloc_count"]
+    return st.assign(**{f"device_{c}": np.where(dev, st[c], 0) for c in cols},
+                     **{c: np.where(dev, 0, st[c]) for c in cols})
+
+
+THREAD_COLUMNS = ["tid", "name", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count",
+                  "device_live_bytes", "device_live_count", "device_peak_bytes", "device_alloc_bytes",
+                  "device_alloc_count"]
+
+
 def thread_table(trace: Trace) -> pd.DataFrame:
     """Per allocating thread, ranked by live bytes. Columns: tid, name (last known name, '?'
     if never seen), live_bytes, live_count (outstanding at the end, allocated by this thread),
-    peak_live_bytes, alloc_bytes, alloc_count."""
+    peak_live_bytes, alloc_bytes, alloc_count — host memory only — and device_live_bytes,
+    device_live_count, device_peak_bytes, device_alloc_bytes, device_alloc_count: the same for
+    the GPU memory (DEVICE_SOURCES) it allocated."""
     st = trace.final_sites()
     names = trace.thread_names()
     if st.empty:
-        return pd.DataFrame(columns=["tid", "name", "live_bytes", "live_count", "peak_live_bytes",
-                                     "alloc_bytes", "alloc_count"])
+        return pd.DataFrame(columns=THREAD_COLUMNS)
     peaks = _thread_peaks(trace, int, st)
-    g = st.groupby("tid").agg(live_bytes=("live_bytes", "sum"), live_count=("live_count", "sum"),
-                              alloc_bytes=("alloc_bytes", "sum"), alloc_count=("alloc_count", "sum")).reset_index()
+    dpeaks = _thread_peaks(trace, int, st, device=True)
+    sums = ["live_bytes", "live_count", "alloc_bytes", "alloc_count"]
+    g = _split_device(st).groupby("tid")[sums + [f"device_{c}" for c in sums]].sum().reset_index()
     g["peak_live_bytes"] = [int(max(peaks.get(int(t), 0), lb)) for t, lb in zip(g["tid"], g["live_bytes"])]
+    g["device_peak_bytes"] = [int(max(dpeaks.get(int(t), 0), lb)) for t, lb in zip(g["tid"], g["device_live_bytes"])]
     g["name"] = [names.get(int(t), "?") for t in g["tid"]]
-    g = g.sort_values(["live_bytes", "peak_live_bytes", "tid"], ascending=[False, False, True])
-    cols = ["tid", "name", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count"]
-    return g[cols].reset_index(drop=True)
+    g = g.sort_values(["live_bytes", "peak_live_bytes", "device_live_bytes", "tid"],
+                      ascending=[False, False, False, True])
+    return g[THREAD_COLUMNS].reset_index(drop=True)
 
 
 _DIGITS_RX = re.compile(r"\d+")
@@ -608,13 +700,14 @@ def thread_group(name: str) -> str:
 
 
 THREAD_GROUP_COLUMNS = ["group", "threads", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes",
-                        "alloc_count"]
+                        "alloc_count", "device_live_bytes", "device_peak_bytes"]
 
 
 def thread_group_table(trace: Trace) -> pd.DataFrame:
     """Threads grouped by `thread_group` of their name, ranked by live bytes. Columns: group,
     threads (number of distinct tids: every thread seen or allocating), live_bytes, live_count,
-    peak_live_bytes (peak of the group's summed live bytes), alloc_bytes, alloc_count."""
+    peak_live_bytes (peak of the group's summed live bytes), alloc_bytes, alloc_count (host
+    memory only), device_live_bytes, device_peak_bytes (its GPU memory)."""
     st = trace.final_sites()
     names = trace.thread_names()
     tids = set(names) | {int(t) for t in st["tid"]}
@@ -622,13 +715,15 @@ def thread_group_table(trace: Trace) -> pd.DataFrame:
         return pd.DataFrame(columns=THREAD_GROUP_COLUMNS)
     group_of = {t: thread_group(names.get(t, "?")) for t in tids}
     peaks = _thread_peaks(trace, lambda t: group_of.get(t, "?"), st)
-    st = st.assign(group=[group_of[int(t)] for t in st["tid"]])
+    dpeaks = _thread_peaks(trace, lambda t: group_of.get(t, "?"), st, device=True)
+    st = _split_device(st).assign(group=[group_of[int(t)] for t in st["tid"]])
     counts = pd.Series(list(group_of.values())).value_counts()
-    sums = (st.groupby("group")[["live_bytes", "live_count", "alloc_bytes", "alloc_count"]].sum()
-            .reindex(sorted(counts.index), fill_value=0))
+    sums = (st.groupby("group")[["live_bytes", "live_count", "alloc_bytes", "alloc_count", "device_live_bytes"]]
+            .sum().reindex(sorted(counts.index), fill_value=0))
     rows = [{"group": g, "threads": int(counts[g]), "live_bytes": int(s.live_bytes), "live_count": int(s.live_count),
              "peak_live_bytes": int(max(peaks.get(g, 0), s.live_bytes)), "alloc_bytes": int(s.alloc_bytes),
-             "alloc_count": int(s.alloc_count)} for g, s in sums.iterrows()]
+             "alloc_count": int(s.alloc_count), "device_live_bytes": int(s.device_live_bytes),
+             "device_peak_bytes": int(max(dpeaks.get(g, 0), s.device_live_bytes))} for g, s in sums.iterrows()]
     df = pd.DataFrame(rows, columns=THREAD_GROUP_COLUMNS)
     df = df.sort_values(["live_bytes", "peak_live_bytes", "group"], ascending=[False, False, True], kind="mergesort")
     return df.reset_index(drop=True)
@@ -663,20 +758,43 @@ def _col_max(df: pd.DataFrame, col: str) -> int:
     return int(df[col].max()) if col in df and len(df) else 0
 
 
+def _last(row: pd.Series, col: str) -> int:
+    """An integer column of an intervals row; 0 when the trace has no such column."""
+    v = row.get(col)
+    return 0 if v is None or pd.isna(v) else int(v)
+
+
+def live_by_source(trace: Trace, st: pd.DataFrame | None = None) -> dict[str, int]:
+    """{source: live bytes at the end} summed over every site (GPU memory included), sources in
+    name order, those that allocated anything only. `st`: trace.final_sites(), when at hand."""
+    st = trace.final_sites() if st is None else st
+    if st.empty:
+        return {}
+    return {str(k): int(v) for k, v in st.groupby("source")["live_bytes"].sum().sort_index().items()}
+
+
 def totals(trace: Trace) -> dict:
     """Whole-process numbers: live_bytes, live_count (tracked and outstanding at the end),
     peak_live_bytes, rss_bytes (last sample while the target was readable), peak_rss_bytes
     (highest sample), hwm_bytes (kernel VmHWM), lost_events (sum of the lost_* counters except
     byte counts), losses (the non-zero lost_* counters), heap_live_bytes, mmap_live_bytes,
-    duration_s, intervals."""
+    duration_s, intervals — host memory only — and, kept apart: device_bytes (GPU memory live
+    at the end, `intervals.device_live_bytes`), device_peak_bytes (its highest), device_count
+    (GPU allocations live at the end, from the sites), cuda_host_bytes (pinned and managed host
+    memory made through the CUDA driver API at the end, `intervals.cuda_host_live_bytes`; part of
+    live_bytes), live_by_source (`live_by_source`). 0 for a trace made before GPU memory was
+    traced."""
     iv = trace.intervals
     alive = iv[iv["rss_bytes"] >= 0] if "rss_bytes" in iv else iv.iloc[0:0]
     last = iv.iloc[-1]
     lost = losses(trace)
     peak_cols = [c for c in ("live_bytes", "heap_peak_bytes") if c in iv]
+    st = trace.final_sites()
+    device_count = int(st.loc[is_device(st["source"]), "live_count"].sum()) if len(st) else 0
     return {
         "live_bytes": int(last["live_bytes"]),
-        "live_count": int(last["live_count"]),
+        # the kernel's block count holds the driver API's GPU allocations too: not host blocks
+        "live_count": int(last["live_count"]) - device_count,
         "peak_live_bytes": max((_col_max(iv, c) for c in peak_cols), default=0),
         "rss_bytes": int(alive["rss_bytes"].iloc[-1]) if len(alive) else 0,
         "peak_rss_bytes": _col_max(alive, "rss_bytes"),
@@ -687,6 +805,11 @@ def totals(trace: Trace) -> dict:
         "mmap_live_bytes": int(last.get("mmap_live_bytes", 0)),
         "duration_s": float(last.get("elapsed_s", 0.0)),
         "intervals": int(last["seq"]),
+        "device_bytes": _last(last, "device_live_bytes"),
+        "device_peak_bytes": max(_col_max(iv, "device_peak_bytes"), _col_max(iv, "device_live_bytes")),
+        "device_count": device_count,
+        "cuda_host_bytes": _last(last, "cuda_host_live_bytes"),
+        "live_by_source": live_by_source(trace, st),
     }
 
 
@@ -702,35 +825,50 @@ def arena_table(trace: Trace) -> pd.DataFrame:
     resident_bytes (pagemap at the end; None when unknown), retained_bytes (resident − live,
     at least 0: memory the allocator keeps that the program does not hold), threads (tids that
     allocated the live blocks), heaps (glibc heaps in the arena), size_bytes (mapped read-write),
-    estimated (residency sampled, not read page by page)."""
+    estimated (residency sampled, not read page by page, or a chunk range shared with CUDA host
+    memory whose pages were taken off). The tracer measures every live block outside glibc's
+    heaps as an allocator chunk, the pinned and managed memory the CUDA driver maps too: a range
+    of such memory alone is left out, so RSS decomposition never calls it retained."""
     h = trace.heaps
     if h is None or h.empty:
         return pd.DataFrame(columns=ARENA_COLUMNS)
     h = h.sort_values("start").reset_index(drop=True)
     starts = h["start"].to_numpy(dtype=np.uint64)
     ends = h["reserved_end"].to_numpy(dtype=np.uint64)
-    ids = np.where(h["kind"] == "main", "main", np.where(h["kind"] == "mmap", "mmap", h["arena"]))
-    arena_ids = list(dict.fromkeys(ids))
-    code_of = {aid: c for c, aid in enumerate(arena_ids)}
-    other = len(arena_ids)  # heap-API blocks in no known range
+    is_mmap = (h["kind"] == "mmap").to_numpy()
+    n = len(h)
+    other = n  # heap-API blocks in no known range
     live_sum: dict[int, int] = {}
     tids: dict[int, set[int]] = {}
-    heap_code = np.array([code_of[a] for a in ids], dtype=np.int32)
-    # One pass over the live blocks, batch by batch, no per-row Python: the group of each block
-    # (its arena, or `other`), then exact hash aggregates per group.
+    # Bytes of other blocks (CUDA host memory the driver mapped: the tracer measures every live
+    # block outside glibc's heaps as an allocator chunk) in `mmap` ranges, page-rounded, and
+    # whether a range holds any heap-API block at all.
+    foreign = np.zeros(n, dtype=np.int64)
+    has_heap = np.zeros(n, dtype=bool)
+    page_mask = np.uint64(~(4096 - 1) & 0xFFFFFFFFFFFFFFFF)
+    # One pass over the live blocks, batch by batch, no per-row Python: the range of each block
+    # (or none), then exact hash aggregates per range.
     for b in trace.live_batches(["source", "addr", "size", "tid"]):
         addr, size, tid = b["addr"].astype(np.uint64, copy=False), b["size"], b["tid"]
-        if not b["heap"].all():
-            addr, size, tid = addr[b["heap"]], size[b["heap"]], tid[b["heap"]]
-        grp = np.full(len(addr), other, dtype=np.int32)
-        if len(starts) <= 16:  # a few ranges (they never overlap): two compares a range
-            for j in range(len(starts)):
-                grp[(addr >= starts[j]) & (addr < ends[j])] = heap_code[j]
+        row = np.full(len(addr), -1, dtype=np.int32)
+        if n <= 16:  # a few ranges (they never overlap): two compares a range
+            for j in range(n):
+                row[(addr >= starts[j]) & (addr < ends[j])] = j
         else:
             i = np.searchsorted(starts, addr, side="right") - 1
             ic = np.maximum(i, 0)
             ok = (i >= 0) & (addr < ends[ic])
-            grp[ok] = heap_code[ic[ok]]
+            row[ok] = ic[ok]
+        heap = b["heap"]
+        if not heap.all():
+            f = ~heap & (row >= 0)
+            f[f] = is_mmap[row[f]]
+            if f.any():
+                lo, hi = addr[f] & page_mask, (addr[f] + size[f].astype(np.uint64) + np.uint64(4095)) & page_mask
+                np.add.at(foreign, row[f], np.minimum(hi, ends[row[f]]).astype(np.int64) - lo.astype(np.int64))
+            addr, size, tid, row = addr[heap], size[heap], tid[heap], row[heap]
+        has_heap[row[row >= 0]] = True
+        grp = np.where(row >= 0, row, other).astype(np.int32)
         tab = pa.table({"g": grp, "size": size.astype(np.int64, copy=False), "tid": tid})
         sums = tab.group_by("g").aggregate([("size", "sum")])
         for g, v in zip(sums["g"].to_pylist(), sums["size_sum"].to_pylist()):
@@ -738,17 +876,24 @@ def arena_table(trace: Trace) -> pd.DataFrame:
         pairs = tab.group_by(["g", "tid"]).aggregate([])
         for g, t in zip(pairs["g"].to_pylist(), pairs["tid"].to_pylist()):
             tids.setdefault(g, set()).add(t)
+    # an `mmap` range of CUDA host memory alone is no allocator chunk; one shared with chunks
+    # (neighbouring mappings merged) loses those pages' bytes, an estimate from then on
+    keep = ~(is_mmap & (foreign > 0) & ~has_heap)
+    resident = h["resident_bytes"].to_numpy(dtype=np.int64) - foreign
+    estimated = h["estimated"].to_numpy().astype(bool) | (foreign > 0)
+    ids = np.where(h["kind"] == "main", "main", np.where(is_mmap, "mmap", h["arena"]))
     rows = []
-    for c, aid in enumerate(arena_ids):
-        idx = np.flatnonzero(ids == aid)
-        lb = int(live_sum.get(c, 0))
-        res = int(h["resident_bytes"].to_numpy()[idx].sum())
+    for aid in dict.fromkeys(ids[keep]):
+        idx = np.flatnonzero((ids == aid) & keep)
+        lb = int(sum(live_sum.get(int(j), 0) for j in idx))
+        res = int(np.maximum(resident[idx], 0).sum())
         kind = str(h["kind"].iloc[idx[0]])
         rows.append({"id": str(aid), "kind": kind, "live_bytes": lb, "resident_bytes": res,
-                     "retained_bytes": max(0, res - lb), "threads": sorted(tids.get(c, [])),
+                     "retained_bytes": max(0, res - lb), "threads": sorted(set().union(*(tids.get(int(j), set())
+                                                                                          for j in idx))),
                      "heaps": int(len(idx)) if kind != "mmap" else 0,
                      "size_bytes": int((h["end"].to_numpy()[idx] - h["start"].to_numpy()[idx]).sum()),
-                     "estimated": bool(h["estimated"].to_numpy()[idx].any())})
+                     "estimated": bool(estimated[idx].any())})
     if other in live_sum:
         rows.append({"id": "other", "kind": "other", "live_bytes": int(live_sum[other]),
                      "resident_bytes": None, "retained_bytes": 0, "threads": sorted(tids.get(other, [])),
@@ -757,12 +902,61 @@ def arena_table(trace: Trace) -> pd.DataFrame:
     return df.sort_values(["retained_bytes", "live_bytes"], ascending=False).reset_index(drop=True)
 
 
-def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None) -> dict | None:
+def live_bytes_by_api(trace: Trace) -> dict[str, int]:
+    """{api: bytes} of the final live table (the blocks outstanding at the end), summed in
+    Arrow; {} for a trace without one (cut short)."""
+    tab = trace.live_table
+    if tab is None:
+        df = trace.live
+        return {str(k): int(v) for k, v in df.groupby("api", observed=True)["size"].sum().items()} if len(df) else {}
+    out: dict[str, int] = {}
+    # batch by batch: each row group of a part has its own dictionary of api names
+    for b in tab.select(["api", "size"]).to_batches():
+        api = b.column(0)
+        key, names = (api.indices, api.dictionary.to_pylist()) if pa.types.is_dictionary(api.type) else (api, None)
+        agg = pa.table({"k": key, "s": b.column(1)}).group_by("k").aggregate([("s", "sum")])
+        for k, v in zip(agg["k"].to_pylist(), agg["s_sum"].to_pylist()):
+            name = str(names[k] if names is not None else k)
+            out[name] = out.get(name, 0) + int(v)
+    return out
+
+
+def shared_split(trace: Trace, shmem_bytes: int, file_bytes: int, by_source: dict[str, int] | None = None) -> dict:
+    """Who holds RssShmem and the device share of RssFile at the end, host memory only:
+    shmem_attributed_bytes (live bytes of shmem and cuda-pinned sites — shared anonymous, memfd
+    and tmpfs mappings, pinned host memory — less the ranges cuMemHostRegister_v2 pinned in
+    place, which are anonymous memory counted at their own site; at most RssShmem),
+    shmem_unattributed_bytes (the rest of RssShmem: shared memory mapped before the attach or by
+    means not traced, e.g. SysV shmat), shmem_sources ({source: live bytes} of those sites),
+    file_device_bytes (live bytes of cuda-managed and device sites — mappings of device files:
+    managed memory is /dev/nvidia-uvm — at most RssFile), file_regular_bytes (the rest of
+    RssFile: executables, libraries, data files), file_device_sources. Live bytes are mapped
+    sizes: pinned memory is resident at once, but a shared mapping never touched is not, so
+    the attributed share is an upper bound where such mappings are sparse. `by_source`:
+    live_by_source(trace), when at hand."""
+    by_src = live_by_source(trace) if by_source is None else by_source
+    shm = {k: by_src[k] for k in SHMEM_SOURCES if by_src.get(k)}
+    registered = live_bytes_by_api(trace).get(REGISTER_API, 0) if shm.get("cuda-pinned") else 0
+    if registered:
+        shm["cuda-pinned"] = max(0, shm["cuda-pinned"] - registered)
+    dev = {k: by_src[k] for k in DEVICE_FILE_SOURCES if by_src.get(k)}
+    shm_att = min(max(shmem_bytes, 0), sum(shm.values()))
+    file_dev = min(max(file_bytes, 0), sum(dev.values()))
+    return {"shmem_attributed_bytes": shm_att, "shmem_unattributed_bytes": max(0, shmem_bytes - shm_att),
+            "shmem_sources": shm, "file_device_bytes": file_dev,
+            "file_regular_bytes": max(0, file_bytes - file_dev), "file_device_sources": dev}
+
+
+def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
+                      by_source: dict[str, int] | None = None) -> dict | None:
     """RSS at the end split as: live heap (held by the program, resident) + retained by the
     allocator (resident, not held) + other anonymous (stacks, the program's own mmaps, memory of
     allocators we cannot see into) + file-backed + shared memory. The first two are measured
     (pagemap of the allocator's ranges); other anonymous is RssAnon minus the allocator's
-    resident bytes. None when the trace has no end-of-run residency."""
+    resident bytes. Shared memory and file are split further by `shared_split` (the shmem and
+    pinned sites' share of RssShmem, the device-file share of RssFile). GPU memory is never in
+    RSS and never here. None when the trace has no end-of-run residency. `by_source`:
+    live_by_source(trace), when at hand."""
     arenas = arena_table(trace) if arenas is None else arenas
     iv = trace.intervals
     if "rss_anon_bytes" not in iv:
@@ -771,6 +965,7 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None) -> dict 
     if alive.empty:
         return None
     last = alive.iloc[-1]
+    split = shared_split(trace, int(last["rss_shmem_bytes"]), int(last["rss_file_bytes"]), by_source)
     if arenas.empty or arenas["resident_bytes"].isna().all():
         # Not glibc (jemalloc, tcmalloc...): its retention cannot be told apart from other
         # anonymous memory; the live heap is what the program holds.
@@ -779,7 +974,7 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None) -> dict 
                  "other_anon_bytes": max(0, int(last["rss_anon_bytes"]) - held),
                  "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
         return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": sum(parts.values()),
-                "allocator_resident_bytes": None, "retained_known": False}
+                "allocator_resident_bytes": None, "retained_known": False, **split}
     known = arenas[arenas["resident_bytes"].notna()]
     resident = int(known["resident_bytes"].sum())
     held = int(np.minimum(known["live_bytes"].to_numpy(dtype=np.int64),
@@ -790,7 +985,7 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None) -> dict 
              "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
     total = sum(parts.values())
     return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": total,
-            "allocator_resident_bytes": resident, "retained_known": True}
+            "allocator_resident_bytes": resident, "retained_known": True, **split}
 
 
 def residency_advice(arenas: pd.DataFrame, dec: dict | None) -> list[str]:
@@ -816,7 +1011,10 @@ def residency_advice(arenas: pd.DataFrame, dec: dict | None) -> list[str]:
         out.append("most resident memory is anonymous memory outside the allocator's heaps "
                    "(mmap regions, thread stacks, another allocator): see the mmap sites")
     if dec["shmem_bytes"] > 0.2 * rss:
-        out.append(f"{dec['shmem_bytes'] >> 20} MiB is shared memory (e.g. pinned CUDA host memory shows as RssShmem)")
+        out.append(f"{dec['shmem_bytes'] >> 20} MiB is shared memory (e.g. pinned CUDA host memory shows as RssShmem)"
+                   + (f": {dec['shmem_attributed_bytes'] >> 20} MiB of it at the shmem and cuda-pinned sites, "
+                      f"{dec['shmem_unattributed_bytes'] >> 20} MiB mapped before the attach or not traced"
+                      if "shmem_attributed_bytes" in dec else ""))
     return out
 
 
@@ -931,9 +1129,37 @@ def site_dict(r, names: dict[int, str], points: list[int]) -> dict:
         "timeline": [r.timeline[i] for i in points if i < len(r.timeline)],
         "frames": [f.as_dict() for f in r.site],
         "full_frames": [f.as_dict() for f in r.full_frames],
-        "threads": [{"tid": t, "name": names.get(t, "?"), "live_bytes": b} for t, b in r.threads],
+        "threads": [{"tid": t, "name": names.get(t, "?"), "live_bytes": b, "device_live_bytes": d}
+                    for t, b, d in r.threads],
         "at_peak_bytes": int(r.at_peak_bytes),
+        **{c: int(getattr(r, c)) for c in DEVICE_SITE_KEYS},
+        "live_by_source": dict(r.live_by_source),
     }
+
+
+DEVICE_SITE_KEYS = ("device_live_bytes", "device_live_count", "device_peak_bytes", "device_alloc_bytes",
+                    "device_alloc_count", "device_free_bytes", "device_free_count")
+
+
+def gpu_summary(trace: Trace, tot: dict, sites: pd.DataFrame) -> dict:
+    """The report's `gpu` block: seen (any CUDA memory: a site of a cuda-* source, or GPU or
+    driver-API host memory in the totals), driver (the libcuda.so the probes were attached to,
+    meta.json probes.cuda.module; None when none was), probed (the driver calls attached),
+    skipped ({call: why}), device_ranks (ranks of the sites that allocated GPU memory, by GPU
+    bytes live at the end, then their GPU peak), host_ranks (ranks of the sites that allocated
+    cuda-pinned or cuda-managed host memory, by those bytes live at the end)."""
+    cuda = (trace.meta.get("probes") or {}).get("cuda") or {}
+    dev, host = [], []
+    for r in sites.itertuples():
+        if r.device_alloc_count:
+            dev.append((-int(r.device_live_bytes), -int(r.device_peak_bytes), int(r.rank)))
+        if any(x in CUDA_HOST_SOURCES for x in r.sources):
+            held = sum(int(r.live_by_source.get(x, 0)) for x in CUDA_HOST_SOURCES)
+            host.append((-held, int(r.rank)))
+    seen = bool(dev or host or tot.get("device_peak_bytes") or tot.get("cuda_host_bytes"))
+    return {"seen": seen, "driver": cuda.get("module") or None, "probed": list(cuda.get("attached") or []),
+            "skipped": dict(cuda.get("skipped") or {}), "device_ranks": [x[-1] for x in sorted(dev)],
+            "host_ranks": [x[-1] for x in sorted(host)]}
 
 
 def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[int, int]]:
@@ -990,7 +1216,7 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
     peak, peak_rank = at_peak(trace, tot, sites)
     sample_bytes = int((trace.meta.get("sampling") or {}).get("sample_bytes", 0) or 0)
     arenas = arena_table(trace)
-    dec = rss_decomposition(trace, arenas)
+    dec = rss_decomposition(trace, arenas, tot["live_by_source"])
     meta = trace.meta
     tgt = meta.get("target") or {}
     points = timeline_points(trace.last_seq)
@@ -1012,10 +1238,9 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
                        **({"live_bytes_error": sampling_error(int(r.live_bytes), sample_bytes)}
                           if sample_bytes else {}))
                   for r in sites.itertuples()],
-        "threads": [{"tid": int(r.tid), "name": r.name, "live_bytes": int(r.live_bytes),
-                     "live_count": int(r.live_count), "peak_live_bytes": int(r.peak_live_bytes),
-                     "alloc_bytes": int(r.alloc_bytes), "alloc_count": int(r.alloc_count)}
-                    for r in threads.itertuples()],
+        "gpu": gpu_summary(trace, tot, sites),
+        "threads": [{k: (r[k] if k == "name" else int(r[k])) for k in THREAD_COLUMNS}
+                    for r in threads.to_dict("records")],
         "thread_groups": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
                           for row in thread_group_table(trace).to_dict("records")],
         "flows": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}

@@ -3,7 +3,8 @@
 Columns: rank, live_bytes, live_count, peak_live_bytes, alloc_bytes, alloc_count, top_frame
 (the site's innermost frame), frames (the site's frames, innermost first, joined by ' <- ':
 "a <- b" reads "a, called from b"), full_frames (the same for the stack before allocator
-wrappers were folded away). Frames are written as in the text report.
+wrappers were folded away), device_live_bytes, device_peak_bytes (the site's GPU memory, apart
+from the host bytes of the other columns). Frames are written as in the text report.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import io
 from .render import frame_text
 
 COLUMNS = ["rank", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count",
-           "top_frame", "frames", "full_frames"]
+           "top_frame", "frames", "full_frames", "device_live_bytes", "device_peak_bytes"]
 FRAME_SEP = " <- "
 
 
@@ -31,5 +32,6 @@ def to_csv(report_doc: dict) -> str:
         frames = site.get("frames") or []
         w.writerow([site["rank"], site["live_bytes"], site["live_count"], site["peak_live_bytes"],
                     site["alloc_bytes"], site["alloc_count"], frame_text(frames[0]) if frames else "",
-                    join_frames(frames), join_frames(site.get("full_frames") or frames)])
+                    join_frames(frames), join_frames(site.get("full_frames") or frames),
+                    site.get("device_live_bytes", 0), site.get("device_peak_bytes", 0)])
     return buf.getvalue()

@@ -44,7 +44,7 @@ from .analysis import (
 )
 
 DIFF_SCHEMA = "allocscope.diff/1"
-DIFF_SORTS = ("delta", "live", "alloc", "ratio", "excess")
+DIFF_SORTS = ("delta", "live", "alloc", "ratio", "excess", "device")
 FLAG_SCALING = 1.5     # flagged: grew more than 1.5x what linear scaling with the label predicts
 FLAG_MATERIAL = 0.01   # ...and its delta is at least 1% of the sum of |delta| over all sites
 
@@ -53,11 +53,14 @@ SITE_DIFF_COLUMNS = [
     "a_live_bytes", "b_live_bytes", "live_delta_bytes", "a_alloc_bytes", "b_alloc_bytes", "alloc_delta_bytes",
     "a_alloc_count", "b_alloc_count", "alloc_count_delta", "a_verdict", "b_verdict",
     "a_growth_bytes_per_s", "b_growth_bytes_per_s", "expected_b_peak_live_bytes", "excess_bytes", "scaling",
-    "flagged",
+    "flagged", "a_device_peak_bytes", "b_device_peak_bytes", "device_peak_delta_bytes", "a_device_live_bytes",
+    "b_device_live_bytes", "device_live_delta_bytes",
 ]
-_SITE_VALUES = ["peak_live_bytes", "live_bytes", "alloc_bytes", "alloc_count"]
+_SITE_VALUES = ["peak_live_bytes", "live_bytes", "alloc_bytes", "alloc_count", "device_peak_bytes",
+                "device_live_bytes"]
 TOTAL_KEYS = ["live_bytes", "live_count", "peak_live_bytes", "rss_bytes", "peak_rss_bytes", "hwm_bytes",
-              "lost_events", "duration_s", "intervals"]
+              "lost_events", "duration_s", "intervals", "device_bytes", "device_peak_bytes", "device_count",
+              "cuda_host_bytes"]
 
 
 def match_frame(f: FrameInfo) -> FrameInfo:
@@ -141,6 +144,8 @@ def _add_deltas(row: dict, expected: float | None) -> None:
     row["live_delta_bytes"] = row["b_live_bytes"] - row["a_live_bytes"]
     row["alloc_delta_bytes"] = row["b_alloc_bytes"] - row["a_alloc_bytes"]
     row["alloc_count_delta"] = row["b_alloc_count"] - row["a_alloc_count"]
+    row["device_peak_delta_bytes"] = row["b_device_peak_bytes"] - row["a_device_peak_bytes"]
+    row["device_live_delta_bytes"] = row["b_device_live_bytes"] - row["a_device_live_bytes"]
     if expected is None:
         row.update(expected_b_peak_live_bytes=None, excess_bytes=None, scaling=math.nan)
         return
@@ -165,8 +170,9 @@ def _sort_key(sort: str):
         "alloc": lambda r: -abs(r["alloc_delta_bytes"]),
         "ratio": lambda r: -r["ratio"] if not math.isnan(r["ratio"]) else math.inf,
         "excess": lambda r: -abs(r["excess_bytes"] or 0),
+        "device": lambda r: -abs(r["device_peak_delta_bytes"]),
     }[sort]
-    return lambda r: (primary(r), -r["b_peak_live_bytes"], frame_key_text(r["site"]))
+    return lambda r: (primary(r), -r["b_peak_live_bytes"], -r["b_device_peak_bytes"], frame_key_text(r["site"]))
 
 
 def diff_sites(a: Side, b: Side, per: str | None = None, sort: str = "delta") -> pd.DataFrame:
@@ -177,10 +183,14 @@ def diff_sites(a: Side, b: Side, per: str | None = None, sort: str = "delta") ->
     live_delta_bytes, a_/b_alloc_bytes, alloc_delta_bytes, a_/b_alloc_count, alloc_count_delta,
     a_/b_verdict and a_/b_growth_bytes_per_s (None where absent; see analysis.verdict), and with
     `per`: expected_b_peak_live_bytes (A peak x expected ratio), excess_bytes (B peak minus that),
-    scaling (ratio / expected ratio); flagged (see the module docstring).
+    scaling (ratio / expected ratio); flagged (see the module docstring); a_/b_device_peak_bytes,
+    device_peak_delta_bytes, a_/b_device_live_bytes, device_live_delta_bytes: the site's GPU
+    memory (analysis.rank_sites' device_* columns), compared apart — every other column is host
+    memory, and flags judge host memory only.
 
     sort: delta (|delta_bytes|), live (|live_delta_bytes|), alloc (|alloc_delta_bytes|), ratio
-    (highest B/A first, new sites first), excess (|excess_bytes|, needs `per`); all descending.
+    (highest B/A first, new sites first), excess (|excess_bytes|, needs `per`), device
+    (|device_peak_delta_bytes|); all descending.
     """
     if sort not in DIFF_SORTS:
         raise UsageError(f"unknown sort {sort!r}; choose one of {', '.join(DIFF_SORTS)}")
@@ -198,17 +208,20 @@ def diff_sites(a: Side, b: Side, per: str | None = None, sort: str = "delta") ->
 def diff_thread_groups(a: Side, b: Side) -> pd.DataFrame:
     """Thread groups (analysis.thread_group) of A and B side by side, by |peak delta| desc.
     Columns: group, a_threads, b_threads, a_live_bytes, b_live_bytes, live_delta_bytes,
-    a_peak_live_bytes, b_peak_live_bytes, peak_delta_bytes."""
-    cols = ["threads", "live_bytes", "peak_live_bytes"]
+    a_peak_live_bytes, b_peak_live_bytes, peak_delta_bytes (host memory), a_device_live_bytes,
+    b_device_live_bytes, device_live_delta_bytes (GPU memory)."""
+    cols = ["threads", "live_bytes", "peak_live_bytes", "device_live_bytes"]
     ga = a.groups.set_index("group")[cols].add_prefix("a_")
     gb = b.groups.set_index("group")[cols].add_prefix("b_")
     df = ga.join(gb, how="outer").fillna(0).astype("int64").reset_index()
     df["live_delta_bytes"] = df["b_live_bytes"] - df["a_live_bytes"]
     df["peak_delta_bytes"] = df["b_peak_live_bytes"] - df["a_peak_live_bytes"]
+    df["device_live_delta_bytes"] = df["b_device_live_bytes"] - df["a_device_live_bytes"]
     df = df.assign(_abs=df["peak_delta_bytes"].abs()).sort_values(["_abs", "group"], ascending=[False, True],
                                                                  kind="mergesort")
     return df[["group", "a_threads", "b_threads", "a_live_bytes", "b_live_bytes", "live_delta_bytes",
-               "a_peak_live_bytes", "b_peak_live_bytes", "peak_delta_bytes"]].reset_index(drop=True)
+               "a_peak_live_bytes", "b_peak_live_bytes", "peak_delta_bytes", "a_device_live_bytes",
+               "b_device_live_bytes", "device_live_delta_bytes"]].reset_index(drop=True)
 
 
 def _header(side: Side) -> dict:
@@ -277,7 +290,8 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
     complete, warnings); per (label, a, b, expected_ratio, flag thresholds; null without
     `per`); sort; folded (what wrapper patterns folded out of either trace's sites, as the
     report's `folded`; `fold` adds the user's); warnings (e.g. different programs); totals (a,
-    b, delta: live/peak/RSS/losses; expected_b_peak_live_bytes with `per`); sites (see
+    b, delta: live/peak/RSS/losses, and GPU memory apart: device_bytes, device_peak_bytes,
+    device_count, cuda_host_bytes; expected_b_peak_live_bytes with `per`); sites (see
     diff_sites; `frames` instead of `site`, NaN/inf ratios as null), ordered by `sort`;
     thread_groups (see diff_thread_groups).
     """

@@ -5,7 +5,8 @@
 One line per distinct stack: frames outermost first, innermost last, joined by ';', then a
 space and the value. Stacks are the report's sites (allocator wrappers folded away), so the
 live_bytes lines add up to the report's site live bytes. Zero-value stacks are left out;
-lines are sorted by stack.
+lines are sorted by stack. The metrics count host memory; `device_live_bytes` is the live GPU
+memory (CUDA device memory) of each stack instead, never mixed with the others.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from .analysis import Folding, FrameInfo, site_table
 from .trace import Trace
 
-METRICS = ("live_bytes", "alloc_bytes", "live_count", "alloc_count")
+METRICS = ("live_bytes", "alloc_bytes", "live_count", "alloc_count", "device_live_bytes")
 
 
 def frame_label(function: str) -> str:
@@ -30,10 +31,13 @@ def folded_stacks(trace: Trace, metric: str = "live_bytes", thread_root: bool = 
     (with `at_seq`: at the end of that interval; the counters are cumulative). With
     `thread_root`, the allocating thread's name is prepended as the root frame (threads of one
     name share it). `fold`: wrappers folded out of sites (see analysis.fold_frames). Zero-value
-    stacks are dropped."""
+    stacks are dropped. Host memory only, except `device_live_bytes`: GPU memory only."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; one of {', '.join(METRICS)}")
     st = site_table(trace, dict(stacks) if stacks is not None else None, fold=fold, at_seq=at_seq)
+    device = metric.startswith("device_")
+    st = st[st["device"] == device]
+    metric = metric.removeprefix("device_")
     names = trace.thread_names() if thread_root else {}
     out: dict[tuple[str, ...], int] = {}
     for site, tid, value in zip(st["site"], st["tid"], st[metric]):

@@ -1,14 +1,17 @@
 """A self-contained HTML report: one file that opens offline (no CDN, every script, style and
 datum inline).
 
-Contents: totals; RSS vs live bytes over time; the top sites' live bytes over time, stacked;
+Contents: totals; RSS vs live bytes over time (and GPU memory, a series of its own, when the
+trace has some); the top sites' live bytes over time, stacked;
 an icicle flame graph of live bytes with two views, "at the peak" (the stacks live at the end
 of the interval where the live total was highest) and "at the end" (click a frame to zoom, the
-top bar to zoom out); the site, thread and cross-thread flow tables; malloc_trim calls; and,
-given a diff document, the diff table. When most of the peak was freed by the end
-(report["at_peak"]["peak_first"], see reports.analysis.peak_first), the page leads with the
-peak: the site table, the stacked chart's legend and the flame graph's default view are by
-bytes held at the peak; otherwise by the report's rank and at the end.
+top bar to zoom out); the site, thread and cross-thread flow tables; a GPU section when CUDA
+memory was seen; malloc_trim calls; and, given a diff document, the diff table. Live bytes,
+the stacked chart and the flame graph are host memory; GPU memory has columns of its own.
+When most of the peak was freed by the end (report["at_peak"]["peak_first"], see
+reports.analysis.peak_first), the page leads with the peak: the site table, the stacked
+chart's legend and the flame graph's default view are by bytes held at the peak; otherwise by
+the report's rank and at the end.
 
 The page is reports/assets/report.html (a string.Template), report.css and report.js, filled
 in and inlined here. Charts are drawn by uPlot 1.6.32 (npm `uplot`, MIT;
@@ -44,9 +47,12 @@ PAGE_JS = "report.js"
 TOP_SITES_CHART = 8      # sites drawn in the stacked chart; the rest are summed as "other"
 TOP_SITES_TABLE = 200    # rows of the site table
 FLAME_MIN_FRACTION = 1e-4  # flame-graph nodes smaller than this share of the total are left out
-# (column, label, dashed): the total is drawn last, dashed, over the two parts it sums.
+# (column, label, dashed): the host total is drawn dashed, over the parts it sums; GPU memory is
+# a series of its own, never part of it. Series of CUDA memory only when the trace has some.
 TIMELINE_SERIES = [("rss_bytes", "RSS", False), ("heap_live_bytes", "live, heap API", False),
-                   ("mmap_live_bytes", "live, mmap/brk", False), ("live_bytes", "live, total", True)]
+                   ("mmap_live_bytes", "live, mmap/brk", False), ("cuda_host_live_bytes", "live, CUDA host", False),
+                   ("live_bytes", "live, total", True), ("device_live_bytes", "GPU memory (device)", False)]
+WHEN_SEEN = {"cuda_host_live_bytes", "device_live_bytes"}
 
 
 def _asset(name: str, inline: bool = True) -> str:
@@ -95,12 +101,12 @@ def _num(v: Any) -> int | float | None:
 
 # --------------------------------------------------------------------------------------------- data
 def timeline_data(trace: Trace) -> dict:
-    """x = elapsed seconds; one series per TIMELINE_SERIES column present. RSS samples taken
-    after the target exited (negative) are gaps."""
+    """x = elapsed seconds; one series per TIMELINE_SERIES column present (the CUDA ones only
+    when not all zero). RSS samples taken after the target exited (negative) are gaps."""
     iv = trace.intervals
     series = []
     for col, label, dashed in TIMELINE_SERIES:
-        if col not in iv:
+        if col not in iv or (col in WHEN_SEEN and not iv[col].fillna(0).astype("int64").any()):
             continue
         vals = [_num(v) for v in iv[col]]
         if col == "rss_bytes":
@@ -120,9 +126,9 @@ def ordered_sites(report_doc: dict) -> list[tuple[int, dict]]:
 
 def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[FrameInfo, ...]],
                     top: int = TOP_SITES_CHART, fold: Folding | None = None) -> dict:
-    """Live bytes over time of the page's top `top` sites (`ordered_sites`: by rank, or by
+    """Live host bytes over time of the page's top `top` sites (`ordered_sites`: by rank, or by
     bytes at the peak when the report leads with it) plus 'other'; series in stacking order,
-    bottom (#1) first."""
+    bottom (#1) first. GPU memory is not stacked with them (it is its own timeline series)."""
     tl = site_timeline(trace, dict(stacks), fold)
     elapsed = dict(zip(trace.intervals["seq"].astype(int), trace.intervals["elapsed_s"].astype(float)))
     if tl.empty:
@@ -212,17 +218,49 @@ def _frames_cell(frames: list[dict]) -> str:
 
 def sites_table(doc: dict, limit: int = TOP_SITES_TABLE) -> str:
     """The site table in the page's order (`ordered_sites`), with each site's bytes at the
-    peak beside its live bytes at the end."""
+    peak beside its live bytes at the end; host memory, and when the report has GPU memory,
+    two columns of it apart (device: live at the end, device peak)."""
     sites = ordered_sites(doc)[:limit]
+    device = bool((doc.get("gpu") or {}).get("device_ranks"))
     rows = [[_e(n), _bytes(s.get("at_peak_bytes")), _bytes(s["live_bytes"]), _e(s["live_count"]),
-             _bytes(s["peak_live_bytes"]), _bytes(s["alloc_bytes"]), _e(s["alloc_count"]),
-             _e(",".join(s.get("sources") or [])),
-             _e(", ".join(f"{t['name']}({t['tid']})" for t in (s.get("threads") or [])[:3])),
-             _frames_cell(s.get("frames") or [])] for n, s in sites]
+             _bytes(s["peak_live_bytes"]), _bytes(s["alloc_bytes"]), _e(s["alloc_count"])]
+            + ([_bytes(s.get("device_live_bytes")), _bytes(s.get("device_peak_bytes"))] if device else [])
+            + [_e(",".join(s.get("sources") or [])),
+               _e(", ".join(f"{t['name']}({t['tid']})" for t in (s.get("threads") or [])[:3])),
+               _frames_cell(s.get("frames") or [])] for n, s in sites]
     note = "" if len(sites) == len(doc.get("sites") or []) else \
         f'<p class="note">showing {len(sites)} of {len(doc["sites"])} sites</p>'
-    return _table(["#", "at peak", "live", "blocks", "peak", "allocated", "allocs", "source", "threads",
-                   "site (innermost frame first)"], rows, {0, 1, 2, 3, 4, 5, 6}, "sites") + note
+    heads = ["#", "at peak", "live", "blocks", "peak", "allocated", "allocs"] + \
+        (["device", "device peak"] if device else []) + ["source", "threads", "site (innermost frame first)"]
+    return _table(heads, rows, set(range(9 if device else 7)), "sites") + note
+
+
+def gpu_html(doc: dict) -> str:
+    """The GPU section: GPU memory by site, pinned and managed host memory by site, threads
+    with GPU memory (the text report's GPU section)."""
+    gpu, tot = doc.get("gpu") or {}, doc.get("totals") or {}
+    by_rank = {s["rank"]: s for s in doc.get("sites") or []}
+    out = [f'<p>GPU memory <b>{_bytes(tot.get("device_bytes"))}</b> live at the end in '
+           f'{_e(tot.get("device_count"))} allocations, peak <b>{_bytes(tot.get("device_peak_bytes"))}</b>; '
+           f'pinned and managed host memory through the driver API {_bytes(tot.get("cuda_host_bytes"))}. '
+           "GPU memory is in no host figure (live, peak, RSS, threads' live bytes).</p>"]
+    dev = [by_rank[r] for r in gpu.get("device_ranks") or []]
+    if dev:
+        out.append("<h3>Device memory by site</h3>" + _table(
+            ["#", "device live", "blocks", "device peak", "allocated", "allocs", "threads", "site"],
+            [[_e(s["rank"]), _bytes(s["device_live_bytes"]), _e(s["device_live_count"]),
+              _bytes(s["device_peak_bytes"]), _bytes(s["device_alloc_bytes"]), _e(s["device_alloc_count"]),
+              _e(", ".join(f"{t['name']}({t['tid']})" for t in s["threads"] if t.get("device_live_bytes"))),
+              _frames_cell(s.get("frames") or [])] for s in dev], {0, 1, 2, 3, 4, 5}, "gpu-sites"))
+    host = [by_rank[r] for r in gpu.get("host_ranks") or []]
+    if host:
+        out.append("<h3>Pinned and managed host memory by site</h3>" + _table(
+            ["#", "pinned", "managed", "site live", "threads", "site"],
+            [[_e(s["rank"]), _bytes(s["live_by_source"].get("cuda-pinned", 0)),
+              _bytes(s["live_by_source"].get("cuda-managed", 0)), _bytes(s["live_bytes"]),
+              _e(", ".join(f"{t['name']}({t['tid']})" for t in s["threads"] if t.get("live_bytes"))),
+              _frames_cell(s.get("frames") or [])] for s in host], {0, 1, 2, 3}, "gpu-host"))
+    return "".join(out)
 
 
 def sites_heading(doc: dict) -> str:
@@ -245,9 +283,15 @@ def flame_section(doc: dict, flame: dict) -> str:
 
 
 def threads_table(doc: dict) -> str:
+    """Threads by live host bytes; with GPU memory in the report, its live and peak bytes apart."""
+    device = bool((doc.get("gpu") or {}).get("device_ranks"))
     rows = [[_e(t["tid"]), _e(t["name"]), _bytes(t["live_bytes"]), _e(t["live_count"]), _bytes(t["peak_live_bytes"]),
-             _bytes(t["alloc_bytes"]), _e(t["alloc_count"])] for t in doc.get("threads") or []]
-    return _table(["tid", "name", "live", "blocks", "peak", "allocated", "allocs"], rows, {0, 2, 3, 4, 5, 6})
+             _bytes(t["alloc_bytes"]), _e(t["alloc_count"])]
+            + ([_bytes(t.get("device_live_bytes")), _bytes(t.get("device_peak_bytes"))] if device else [])
+            for t in doc.get("threads") or []]
+    return _table(["tid", "name", "live", "blocks", "peak", "allocated", "allocs"]
+                  + (["device", "device peak"] if device else []), rows,
+                  {0, 2, 3, 4, 5, 6} | ({7, 8} if device else set()))
 
 
 def flows_table(doc: dict) -> str:
@@ -277,7 +321,15 @@ def decomposition_html(doc: dict) -> str:
     parts = [("live heap", d["live_heap_bytes"]), ("retained by allocator", d["retained_bytes"]),
              ("other anonymous", d["other_anon_bytes"]), ("file", d["file_bytes"]), ("shmem", d["shmem_bytes"])]
     cells = " + ".join(f"{_e(k)} <b>{_bytes(v)}</b>" for k, v in parts)
-    return f'<p class="decomp">RSS <b>{_bytes(d["rss_bytes"])}</b> = {cells}</p>'
+    out = f'<p class="decomp">RSS <b>{_bytes(d["rss_bytes"])}</b> = {cells}</p>'
+    if d.get("shmem_attributed_bytes") or d.get("file_device_bytes"):
+        def srcs(by: dict) -> str:
+            return _e(", ".join(f"{k} {human_bytes(v)}" for k, v in by.items()) or "none")
+        out += (f'<p class="decomp">shmem {_bytes(d["shmem_bytes"])} = <b>{_bytes(d["shmem_attributed_bytes"])}</b>'
+                f' at sites ({srcs(d["shmem_sources"])}) + {_bytes(d["shmem_unattributed_bytes"])} not traced; '
+                f'file {_bytes(d["file_bytes"])} = <b>{_bytes(d["file_device_bytes"])}</b> device-mapped '
+                f'({srcs(d["file_device_sources"])}) + {_bytes(d["file_regular_bytes"])} regular files</p>')
+    return out
 
 
 def diff_table(diff_doc: dict) -> str:
@@ -314,6 +366,11 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
              ("RSS high-water", human_bytes(tot.get("hwm_bytes")), "kernel VmHWM"),
              ("duration", f"{float(tot.get('duration_s') or 0):.1f}s", f"{tot.get('intervals', 0)} intervals"),
              ("lost events", str(tot.get("lost_events", 0)), "")]
+    gpu = report_doc.get("gpu") or {}
+    if gpu.get("seen"):
+        cards[2:2] = [("GPU now", human_bytes(tot.get("device_bytes")),
+                       f"peak {human_bytes(tot.get('device_peak_bytes'))}; not in live"),
+                      ("CUDA host", human_bytes(tot.get("cuda_host_bytes")), "pinned + managed, in live")]
     cards_html = "".join(f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
                          f'<div class="s">{_e(s)}</div></div>' for k, v, s in cards)
     notes = [("warn", w) for w in rec.get("warnings") or []] + [("warn", a) for a in report_doc.get("advice") or []]
@@ -328,6 +385,7 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
          flame_section(report_doc, flame)),
         ("sites", sites_heading(report_doc), sites_table(report_doc)),
         ("threads", "Threads by live bytes", threads_table(report_doc)),
+        *([("gpu", "GPU memory", gpu_html(report_doc))] if gpu.get("seen") else []),
         ("flows", "Frees by allocating → freeing thread", flows_table(report_doc)),
     ]
     if report_doc.get("arenas"):
@@ -341,6 +399,8 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
         title=_e(title), uplot_css=_asset(UPLOT_CSS), report_css=_asset(PAGE_CSS),
         exe=_e(tgt.get("exe")), labels=(" &nbsp; " + _e(labels)) if labels else "",
         allocator_kind=_e(rec.get("allocator_kind")), allocator=_e(rec.get("allocator")),
+        cuda=(f' &nbsp; CUDA driver <code>{_e(gpu["driver"])}</code> ({len(gpu.get("probed") or [])} calls probed)'
+              if gpu.get("driver") else ""),
         end_reason=_e(rec.get("end_reason") or "interrupted"), cards=cards_html,
         decomposition=decomposition_html(report_doc), notes=notes_html, sections=body,
         data=_json_for_script(data), uplot_js=_asset(UPLOT_JS), report_js=_asset(PAGE_JS))

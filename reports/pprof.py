@@ -9,6 +9,7 @@ alloc_space, inuse_objects, inuse_space; inuse_space is the default), one sample
 (site, allocating thread) with `thread` (name) and `tid` labels. Stacks are the report's
 sites: allocator entry points and wrappers are folded away, as in `allocscope report`, so the
 inuse_space total equals the report's site live bytes and `-top` lists the code that allocated.
+Host memory only: GPU memory (CUDA device memory) is not in the profile.
 
 Locations carry the captured instruction address and one line (function, file, line) each;
 mappings are the modules (path and GNU build id), with an address range chosen so that
@@ -170,6 +171,7 @@ def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = 
     if stacks is None:
         stacks = symbolize_stacks(trace)
     sites = site_table(trace, dict(stacks), fold=fold)
+    sites = sites[~sites["device"]]  # a heap profile of host memory: GPU memory is not in it
     captured = captured_frames(trace, stacks)
     names = trace.thread_names()
     s = _Strings()

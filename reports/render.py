@@ -131,6 +131,9 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     probes = rec.get("probes") or {}
     if probes.get("skipped"):
         out.append(s.dim("not probed: " + ", ".join(f"{k} ({v})" for k, v in probes["skipped"].items())))
+    gpu = doc.get("gpu") or {}
+    if gpu.get("driver"):
+        out.append(driver_text(gpu))
     out.append(f"{tot['intervals']} intervals, {tot['duration_s']:.1f}s; "
                f"ended: {rec.get('end_reason') or 'interrupted'}")
     if doc.get("folded"):
@@ -144,6 +147,12 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     out.append(f"  live peak  {human_bytes(tot['peak_live_bytes']):>10}")
     out.append(f"  RSS now    {human_bytes(tot['rss_bytes']):>10}   peak sampled {human_bytes(tot['peak_rss_bytes'])}"
                f", kernel high-water {human_bytes(tot['hwm_bytes'])}")
+    if gpu.get("seen"):
+        out.append(f"  GPU now    {human_bytes(tot.get('device_bytes', 0)):>10}  in {tot.get('device_count', 0)} "
+                   f"allocations, peak {human_bytes(tot.get('device_peak_bytes', 0))}"
+                   "   (device memory: in no host figure)")
+        out.append(f"  CUDA host  {human_bytes(tot.get('cuda_host_bytes', 0)):>10}"
+                   "   (pinned and managed through the driver API: part of live now)")
     lost = tot["lost_events"]
     out.append(f"  lost       {lost:>10}" if not lost else s.red(f"  lost       {lost:>10}"))
     dec = doc.get("rss_decomposition")
@@ -153,6 +162,13 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
         out.append(f"  RSS {human_bytes(dec['rss_bytes'])} = live heap {human_bytes(dec['live_heap_bytes'])}{retained}"
                    f" + other anon {human_bytes(dec['other_anon_bytes'])} + file {human_bytes(dec['file_bytes'])}"
                    f" + shmem {human_bytes(dec['shmem_bytes'])}")
+        if dec.get("shmem_attributed_bytes") or dec.get("file_device_bytes"):
+            out.append(f"    shmem {human_bytes(dec['shmem_bytes'])} = {human_bytes(dec['shmem_attributed_bytes'])}"
+                       f" at {sources_text(dec['shmem_sources'])} sites"
+                       f" + {human_bytes(dec['shmem_unattributed_bytes'])} not traced;"
+                       f" file {human_bytes(dec['file_bytes'])} = {human_bytes(dec['file_device_bytes'])} device-mapped"
+                       + (f" ({sources_text(dec['file_device_sources'])} sites)" if dec["file_device_sources"] else "")
+                       + f" + {human_bytes(dec['file_regular_bytes'])} regular files")
     for a in doc.get("advice") or []:
         out.append(s.yellow(f"    ! {a}"))
     out.append("")
@@ -164,15 +180,19 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     out.append(s.bold(f"Top {len(sites)} of {len(doc['sites'])} sites by "
                       f"{SORT_TITLES.get(doc.get('sort', 'live'))}{at_end}"))
     rows = []
+    device = bool(gpu.get("device_ranks"))  # a column of GPU bytes, apart from the host's
     for site in sites:
         fr = site["frames"]
         first = frame_text(fr[0]) if fr else "?"
         rows.append([str(site["rank"]), human_bytes(site["live_bytes"]), str(site["live_count"]),
                      human_bytes(site["peak_live_bytes"]), human_rate(site.get("growth_bytes_per_s")),
                      seconds(site.get("oldest_age_s")), site.get("verdict") or "-", human_bytes(site["alloc_bytes"]),
-                     str(site["alloc_count"]), first])
+                     str(site["alloc_count"])]
+                    + ([human_bytes(site["device_live_bytes"]) if site.get("device_alloc_count") else "-"]
+                       if device else []) + [first])
     out += ["  " + line for line in table(["#", "live", "blocks", "peak", "growth", "oldest", "verdict",
-                                           "allocated", "allocs", "site (innermost)"], rows, "rrrrrrlrrl")]
+                                           "allocated", "allocs"] + (["device"] if device else [])
+                                          + ["site (innermost)"], rows, "rrrrrrlrr" + ("r" if device else "") + "l")]
     out.append(s.dim("  verdicts: freed = nothing live at the end; transient = end <= 25% of peak;"))
     out.append(s.dim("  growing = steady rise over the last half (R² >= 0.8, by >= 10% of its live bytes);"
                      " plateaued = held, not rising"))
@@ -185,8 +205,10 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
             out.append(s.bold(f"#{site['rank']} {human_bytes(site['live_bytes'])} live") + f"  threads: {thr}")
             out += _site_details(site, s, frames_per_site)
         out.append("")
+    if gpu.get("seen"):
+        out += gpu_text(doc, s, top) + [""]
     thr = doc["threads"][:top]
-    out.append(s.bold("Threads by live bytes"))
+    out.append(s.bold("Threads by live bytes" + (" (host memory)" if gpu.get("seen") else "")))
     out += ["  " + line for line in table(
         ["tid", "name", "live", "blocks", "peak", "allocated"],
         [[str(x["tid"]), x["name"], human_bytes(x["live_bytes"]), str(x["live_count"]),
@@ -218,6 +240,65 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
               str(x.get("returned")),
               human_bytes(x["released_bytes"])] for x in doc["trims"]], "rlrrr")]
     return "\n".join(out) + "\n"
+
+
+def driver_text(gpu: dict) -> str:
+    """'CUDA driver /usr/lib/.../libcuda.so.1: 14 calls probed[; not probed: ...]'."""
+    skipped = gpu.get("skipped") or {}
+    return (f"CUDA driver {gpu['driver']}: {len(gpu.get('probed') or [])} calls probed"
+            + ("; not probed: " + ", ".join(f"{k} ({v})" for k, v in skipped.items()) if skipped else ""))
+
+
+def sources_text(by_source: dict) -> str:
+    """'shmem 56.0 KiB, cuda-pinned 20.0 MiB' ('no' when empty)."""
+    return ", ".join(f"{k} {human_bytes(v)}" for k, v in by_source.items()) or "no"
+
+
+def _threads_text(threads: list[dict], key: str, n: int = 3) -> str:
+    """The first `n` threads of a report site with a non-zero `key`: 'name(tid) bytes, ...'."""
+    held = [x for x in threads if x.get(key)]
+    text = ", ".join(f"{x['name']}({x['tid']}) {human_bytes(x[key])}" for x in held[:n])
+    return (text + (" …" if len(held) > n else "")) or "-"
+
+
+def gpu_text(doc: dict, s: _Style, top: int) -> list[str]:
+    """The GPU section: GPU memory by site, CUDA host memory (pinned, managed) by site, and the
+    threads that allocated GPU memory; shown when the report's `gpu.seen`."""
+    gpu, tot = doc["gpu"], doc["totals"]
+    by_rank = {x["rank"]: x for x in doc["sites"]}
+    out = [s.bold("GPU memory") + f"  device {human_bytes(tot.get('device_bytes', 0))} live at the end, peak "
+           f"{human_bytes(tot.get('device_peak_bytes', 0))}; CUDA host {human_bytes(tot.get('cuda_host_bytes', 0))}"
+           + (f"  [{gpu['driver']}]" if gpu.get("driver") else "  [no CUDA driver probed: mappings only]")]
+    dev = [by_rank[r] for r in gpu.get("device_ranks") or []][:top]
+    if dev:
+        out.append(f"  Device (GPU) memory by site: {len(dev)} of {len(gpu['device_ranks'])}")
+        out += ["  " + line for line in table(
+            ["#", "device live", "blocks", "device peak", "allocated", "allocs", "threads", "site (innermost)"],
+            [[str(x["rank"]), human_bytes(x["device_live_bytes"]), str(x["device_live_count"]),
+              human_bytes(x["device_peak_bytes"]), human_bytes(x["device_alloc_bytes"]), str(x["device_alloc_count"]),
+              _threads_text(x["threads"], "device_live_bytes"), frame_text(x["frames"][0]) if x["frames"] else "?"]
+             for x in dev], "rrrrrrll")]
+    host = [by_rank[r] for r in gpu.get("host_ranks") or []][:top]
+    if host:
+        out.append(f"  Pinned and managed host memory by site: {len(host)} of {len(gpu['host_ranks'])}")
+        out += ["  " + line for line in table(
+            ["#", "pinned", "managed", "site live", "threads", "site (innermost)"],
+            [[str(x["rank"]), human_bytes(x["live_by_source"].get("cuda-pinned", 0)),
+              human_bytes(x["live_by_source"].get("cuda-managed", 0)), human_bytes(x["live_bytes"]),
+              _threads_text(x["threads"], "live_bytes"), frame_text(x["frames"][0]) if x["frames"] else "?"]
+             for x in host], "rrrrll")]
+    thr = [x for x in doc["threads"] if x.get("device_alloc_count")][:top]
+    if thr:
+        out.append("  Threads by device memory")
+        out += ["  " + line for line in table(
+            ["tid", "name", "device live", "blocks", "device peak", "allocated"],
+            [[str(x["tid"]), x["name"], human_bytes(x["device_live_bytes"]), str(x["device_live_count"]),
+              human_bytes(x["device_peak_bytes"]), human_bytes(x["device_alloc_bytes"])]
+             for x in sorted(thr, key=lambda x: (-x["device_live_bytes"], -x["device_peak_bytes"], x["tid"]))],
+            "rlrrrr")]
+    out.append(s.dim("  device memory is the GPU's own: in no live, peak, RSS or thread figure of the host;"
+                     " pinned and managed memory are host memory, counted there too"))
+    return out
 
 
 def _site_details(site: dict, s: _Style, frames_per_site: int) -> list[str]:
@@ -285,7 +366,8 @@ def folded_text(folded: list[dict]) -> str:
 
 
 DIFF_SORT_TITLES = {"delta": "|peak delta|", "live": "|live-at-end delta|", "alloc": "|allocated delta|",
-                    "ratio": "B/A ratio", "excess": "|excess over linear scaling|"}
+                    "ratio": "B/A ratio", "excess": "|excess over linear scaling|",
+                    "device": "|GPU memory peak delta|"}
 
 
 def ratio_text(r: float | None, present_in: str) -> str:
@@ -306,9 +388,29 @@ def _diff_totals(tot: dict) -> list[str]:
     for key, title in (("live_bytes", "live now"), ("peak_live_bytes", "live peak"), ("rss_bytes", "RSS now"),
                        ("peak_rss_bytes", "RSS peak")):
         rows.append([title, human_bytes(tot["a"][key]), human_bytes(tot["b"][key]), human_delta(tot["delta"][key])])
+    if any(tot[x].get(k) for x in ("a", "b") for k in ("device_peak_bytes", "cuda_host_bytes")):
+        for key, title in (("device_bytes", "GPU now"), ("device_peak_bytes", "GPU peak"),
+                           ("cuda_host_bytes", "CUDA host")):
+            rows.append([title, human_bytes(tot["a"].get(key, 0)), human_bytes(tot["b"].get(key, 0)),
+                         human_delta(tot["delta"].get(key, 0))])
     rows.append(["lost", str(tot["a"]["lost_events"]), str(tot["b"]["lost_events"]),
                  f"{tot['delta']['lost_events']:+d}"])
     return ["  " + line for line in table(["", "A", "B", "delta"], rows, "lrrr")]
+
+
+def _diff_gpu(doc: dict, top: int) -> list[str]:
+    """The diff's GPU sites (GPU memory in A or B), by |GPU peak delta|; [] when none."""
+    sites = [x for x in doc["sites"] if x.get("a_device_peak_bytes") or x.get("b_device_peak_bytes")]
+    sites.sort(key=lambda x: (-abs(x["device_peak_delta_bytes"]), -x["b_device_peak_bytes"]))
+    if not sites:
+        return []
+    rows = [[human_bytes(x["a_device_peak_bytes"]), human_bytes(x["b_device_peak_bytes"]),
+             human_delta(x["device_peak_delta_bytes"]), human_bytes(x["a_device_live_bytes"]),
+             human_bytes(x["b_device_live_bytes"]), human_delta(x["device_live_delta_bytes"]),
+             frame_text(x["frames"][0]) if x["frames"] else "?"] for x in sites[:top]]
+    return ["", f"GPU memory by site ({min(top, len(sites))} of {len(sites)}, by |GPU peak delta|; "
+            "not in the host figures above)"] + ["  " + line for line in table(
+                ["A peak", "B peak", "delta", "A live", "B live", "live delta", "site (innermost)"], rows, "rrrrrrl")]
 
 
 def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int = 6) -> str:
@@ -354,6 +456,9 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
             out.append(f"    {frame_text(f)}")
         if len(x["frames"]) > frames_per_site:
             out.append(s.dim(f"    ... {len(x['frames']) - frames_per_site} more frames"))
+    gpu = _diff_gpu(doc, top)
+    if gpu:
+        out += ([] if out[-1] == "" else [""]) + [s.bold(gpu[1]), *gpu[2:]]
     groups = doc.get("thread_groups") or []
     if groups:
         out += ["", s.bold("Thread groups (digits in names replaced by N)")]

@@ -76,6 +76,16 @@ def build(exe: Path | str, *inputs: Path | str, flags: Sequence[str] = CFLAGS_FP
     return Path(exe)
 
 
+def chromium(exe: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless chromium `exe` (need_tool("chromium")) with a private profile under `tmp`, a
+    1400x2000 window and `args` (--dump-dom URL, --screenshot=PNG URL...)."""
+    return subprocess.run(
+        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+         f"--user-data-dir={tmp / 'profile'}", "--window-size=1400,2000", *args],
+        capture_output=True, text=True, timeout=120, check=True)
+
+
 def bpf_problem() -> str | None:
     """Why BPF tests cannot run here, or None."""
     if os.geteuid() != 0:

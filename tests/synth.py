@@ -12,6 +12,14 @@ Site counters are cumulative, as the tracer writes them; `interval` writes only 
 changed, like the tracer. Interval `seq` ends at MONO0 + seq * interval_s (CLOCK_MONOTONIC ns),
 so a live block allocated at `at_s` is `n * interval_s - at_s` seconds old at the end.
 `id_base`/`ip_base` give the same code different stack ids and addresses, as another run has.
+
+GPU memory, as the tracer writes it: a site key's source may be any of the trace's names
+('cuda-device', 'cuda-pinned', 'cuda-managed', 'shmem', 'device'...). Each interval row gets the
+tracer's totals from the sites: `live_bytes` = host memory only (heap + mmap family + CUDA host),
+`cuda_host_live_bytes` (cuda-pinned and cuda-managed sites: made through the driver API),
+`device_live_bytes` and `device_peak_bytes` (cuda-device sites), and `live_count` counts every
+block, GPU allocations included, as the kernel's counter does. `t.cuda_driver(...)` records
+meta.json `probes.cuda`.
 """
 from __future__ import annotations
 
@@ -22,6 +30,8 @@ from common.tracefile import format as F
 from common.tracefile.writer import TraceWriter
 
 MONO0 = 1_000_000_000_000
+DEVICE = ("cuda-device",)
+CUDA_HOST = ("cuda-pinned", "cuda-managed")
 
 
 class SynthTrace:
@@ -54,6 +64,7 @@ class SynthTrace:
         self._live_batches: list[pa.Table] = []
         self._heaps: list[tuple] = []
         self.peak_live = 0
+        self.device_peak = 0
 
     def stack(self, functions: list[str], files: list[str] | None = None, lines: list[int] | None = None,
               module: str | None = None) -> int:
@@ -70,6 +81,14 @@ class SynthTrace:
                 "build_id": "", "offset": 0x1000 + 16 * len(self._stack_rows), "syscall": 0, "function": fn,
                 "file": files[i] if files else None, "line": lines[i] if lines else None})
         return sid
+
+    def cuda_driver(self, module: str = "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                    attached: tuple[str, ...] = ("cuMemAlloc_v2", "cuMemFree_v2", "cuMemHostAlloc"),
+                    skipped: dict | None = None) -> None:
+        """meta.json `probes.cuda`, as the tracer writes it when it probed a driver."""
+        self.meta["probes"]["cuda"] = {"module": module, "attached": list(attached), "skipped": dict(skipped or {}),
+                                       "placement": {}}
+        self.w.write_meta(self.meta)
 
     def thread(self, tid: int, name: str, event: str = "seen") -> None:
         self._threads.append((tid, name, event))
@@ -110,10 +129,12 @@ class SynthTrace:
         resident_bytes, estimated) per glibc heap or mmapped chunk range."""
         self._heaps = list(rows)
 
-    def interval(self, sites: dict, rss: int = 0, flows: dict | None = None, lost: dict | None = None) -> None:
+    def interval(self, sites: dict, rss: int = 0, flows: dict | None = None, lost: dict | None = None,
+                 shmem: int = 0, file: int = 0) -> None:
         """sites: {(stack_id, tid) or (stack_id, tid, source): (alloc_bytes, alloc_count,
         free_bytes, free_count)} cumulative; keys not given keep their previous values.
-        lost: cumulative lost_* counters to set in this interval's row."""
+        lost: cumulative lost_* counters to set in this interval's row. rss: RSS in all, of
+        which `shmem` is RssShmem, `file` RssFile and the rest RssAnon."""
         self.seq += 1
         seq = self.seq
         for k, v in sites.items():
@@ -152,13 +173,21 @@ class SynthTrace:
                 "bytes": [v[0] for _, v in items], "count": [v[1] for _, v in items],
                 "wait_ns_sum": [v[2] for _, v in items], "wait_ns_max": [v[3] for _, v in items]},
                 schema=F.SCHEMAS["flows"]))
-        live = sum(v[0] - v[2] for v in self._state.values())
+        def live_of(sources=None, but=()):
+            return sum(v[0] - v[2] for k, v in self._state.items()
+                       if (sources is None or k[2] in sources) and k[2] not in but)
+        live = live_of(but=DEVICE)
         count = sum(v[1] - v[3] for v in self._state.values())
-        heap = sum(v[0] - v[2] for k, v in self._state.items() if k[2] == "heap")
+        heap = live_of(("heap",))
+        cuda_host = live_of(CUDA_HOST)
+        device = live_of(DEVICE)
         self.peak_live = max(self.peak_live, live)
+        self.device_peak = max(self.device_peak, device)
         row = {"seq": seq, "ts_ns": MONO0 + int(seq * self.interval_s * 1e9), "elapsed_s": seq * self.interval_s,
-               "rss_bytes": rss, "rss_anon_bytes": rss, "rss_file_bytes": 0, "rss_shmem_bytes": 0, "hwm_bytes": rss,
-               "heap_live_bytes": heap, "heap_peak_bytes": self.peak_live, "mmap_live_bytes": live - heap,
+               "rss_bytes": rss, "rss_anon_bytes": rss - shmem - file, "rss_file_bytes": file,
+               "rss_shmem_bytes": shmem, "hwm_bytes": rss,
+               "heap_live_bytes": heap, "heap_peak_bytes": self.peak_live, "mmap_live_bytes": live - heap - cuda_host,
+               "cuda_host_live_bytes": cuda_host, "device_live_bytes": device, "device_peak_bytes": self.device_peak,
                "live_bytes": live, "live_count": count, "target_alive": 1,
                "lost_live_full": 0, "lost_stack_full": 0, "n_allocs": 0, "n_frees": 0}
         row.update(lost or {})

@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from support import CFLAGS_FP, attached, build, report_json, wait_for
+from support import CFLAGS_FP, attached, build, cli, report_json, wait_for
 
 from reports.trace import load_trace
 
@@ -56,11 +56,14 @@ def cuda_bins(tmp_path_factory) -> dict[str, Path]:
 
 
 def by_function(rep: dict) -> dict[str, dict]:
-    agg: dict[str, dict] = defaultdict(lambda: {"live_bytes": 0, "live_count": 0, "alloc_count": 0,
-                                                "sources": set(), "threads": set()})
+    """Report sites summed by innermost function; GPU memory (the device_* keys) apart from host
+    memory (live_bytes, live_count, alloc_count)."""
+    keys = ("live_bytes", "live_count", "alloc_count", "device_live_bytes", "device_live_count",
+            "device_alloc_count")
+    agg: dict[str, dict] = defaultdict(lambda: {**dict.fromkeys(keys, 0), "sources": set(), "threads": set()})
     for s in rep["sites"]:
         a = agg[s["frames"][0]["function"]]
-        for k in ("live_bytes", "live_count", "alloc_count"):
+        for k in keys:
             a[k] += s[k]
         a["sources"] |= set(s["sources"])
         a["threads"] |= {t["name"] for t in s["threads"]}
@@ -113,7 +116,12 @@ def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers):
     agg = by_function(rep)
     for fn, (source, live, count, allocs, thread) in EXPECTED.items():
         a = agg[fn]
-        assert (a["live_bytes"], a["live_count"], a["alloc_count"]) == (live, count, allocs), (fn, a)
+        host = (a["live_bytes"], a["live_count"], a["alloc_count"])
+        device = (a["device_live_bytes"], a["device_live_count"], a["device_alloc_count"])
+        if source == "cuda-device":  # GPU memory: in the device_* keys, none of it in the host ones
+            assert (device, host) == ((live, count, allocs), (0, 0, 0)), (fn, a)
+        else:
+            assert (host, device) == ((live, count, allocs), (0, 0, 0)), (fn, a)
         assert a["sources"] == {source}, (fn, a["sources"])
         assert a["threads"] == {thread}, (fn, a["threads"])
     # nothing counted twice: the stand-in's own memfd mappings inside the calls are not sites,
@@ -136,3 +144,46 @@ def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers):
     host_cuda = 2 * (7 * MIB + 4099) + 2 * 3 * MIB + MIB + 2 * (2 * MIB + 1)
     assert int(last["cuda_host_live_bytes"]) == host_cuda
     assert int(last["live_bytes"]) < device  # the 194 MiB of device memory are not in it
+    # ... and the report says the same: GPU memory in totals of its own, never in the host ones
+    tot = rep["totals"]
+    assert (tot["device_bytes"], tot["device_peak_bytes"], tot["device_count"], tot["cuda_host_bytes"]) == \
+        (device, 5 * 64 * MIB, 3 + 1 + 1, host_cuda)
+    assert tot["live_bytes"] == int(last["live_bytes"]) and tot["peak_live_bytes"] < device
+    assert tot["live_by_source"]["cuda-device"] == device
+    assert sum(x["device_live_bytes"] for x in rep["sites"]) == device
+    threads = {x["name"]: x for x in rep["threads"]}
+    assert (threads["gpu-0"]["device_live_bytes"], threads["gpu-0"]["device_live_count"],
+            threads["gpu-0"]["device_peak_bytes"]) == (device, 5, 5 * 64 * MIB)
+    assert threads["pinner"]["device_live_bytes"] == threads["managed"]["device_live_bytes"] == 0
+    assert threads["gpu-0"]["live_bytes"] == 0  # the stand-in's bookkeeping mallocs are all freed
+    # the RSS split: the program's shared anonymous and memfd mappings and the pinned memory are
+    # RssShmem's owners (the registration pins a malloc'd block: anonymous, not shmem)
+    dec = rep["rss_decomposition"]
+    pinned = 2 * (7 * MIB + 4099) + 2 * 3 * MIB
+    assert dec["shmem_sources"] == {"shmem": (9 + 5) * PAGE, "cuda-pinned": pinned}
+    assert dec["shmem_attributed_bytes"] == (9 + 5) * PAGE + pinned
+    assert dec["shmem_unattributed_bytes"] == dec["shmem_bytes"] - dec["shmem_attributed_bytes"]
+    # the stand-in maps managed memory as memfd (RssShmem, not RssFile as /dev/nvidia-uvm is):
+    # what RssShmem holds beyond the sites is the page rounding and the managed memory
+    rounding = 2 * (2 * PAGE - 4099)
+    assert abs(dec["shmem_unattributed_bytes"] - rounding - 2 * (2 * MIB + PAGE)) <= 64 * PAGE  # kernel counter lag
+    # pinned memory is no allocator chunk: pin_buffer's two untouched 1 MiB chunks are glibc's
+    # mmapped chunks (a header page each at most resident), the 20 MiB pinned beside them are not
+    chunks = next(a for a in rep["arenas"] if a["id"] == "mmap")
+    assert (chunks["live_bytes"], chunks["resident_bytes"] <= 2 * PAGE) == (2 * MIB, True), chunks
+    assert dec["retained_bytes"] < MIB and dec["sum_bytes"] == dec["rss_bytes"], dec
+    assert dec["file_device_sources"] == {"cuda-managed": 2 * (2 * MIB + 1)}
+    assert dec["file_device_bytes"] == min(dec["file_bytes"], 2 * (2 * MIB + 1))
+    # the text report: the driver probed, device memory apart, the GPU section
+    text = cli("report", str(out), check=True).stdout
+    assert f"CUDA driver {probes['module']}: 14 calls probed" in text
+    assert "  GPU now     194.1 MiB  in 5 allocations, peak 320.0 MiB" in text
+    gpu = text[text.index("\nGPU memory  device 194.1 MiB live at the end, peak 320.0 MiB"):]
+    gpu = gpu[:gpu.index("\n\n")]
+
+    def sites_in(thread: str) -> list[str]:  # the section's sites with bytes of that thread, in order
+        return [next(fn for fn in EXPECTED if f" {fn} " in line) for line in gpu.splitlines() if f"{thread}(" in line]
+
+    assert sites_in("gpu-0") == ["dev_alloc", "dev_create", "dev_pitch"]  # dev_async: nothing live
+    assert sites_in("pinner") == ["pin_host_alloc", "pin_alloc_host", "pin_register"]
+    assert sites_in("managed") == ["managed_alloc"]

@@ -69,3 +69,17 @@ def test_reports_never_import_bcc():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.dirname(__file__)))
     assert p.stdout.strip() == "ok", p.stderr
+
+
+def test_reports_know_the_tracers_source_names():
+    """reports.analysis sorts sources by what memory they are without importing the tracer: its
+    names must be the header's (as_source), and every CUDA or shared source must be in one class."""
+    from reports import analysis as A
+
+    names = set(L.SOURCE_NAMES.values())
+    classes = [A.DEVICE_SOURCES, set(A.CUDA_HOST_SOURCES), set(A.SHMEM_SOURCES), set(A.DEVICE_FILE_SOURCES)]
+    assert set().union(*classes) <= names
+    assert {n for n in names if n.startswith("cuda-")} == A.CUDA_SOURCES
+    assert {"shmem", "device", *A.CUDA_SOURCES} == set().union(*classes)
+    assert {L.SOURCE_NAMES[L.enum("AS_SRC_CUDA_DEVICE")]} == A.DEVICE_SOURCES
+    assert L.API_NAMES[L.enum("AS_API_CU_HOST_REGISTER")] == A.REGISTER_API

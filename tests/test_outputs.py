@@ -18,11 +18,10 @@ from __future__ import annotations
 import csv
 import io
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-from support import need_tool, unavailable
+from support import chromium, need_tool, unavailable
 from synth import SynthTrace
 
 from reports.analysis import build_report, symbolize_stacks
@@ -209,21 +208,22 @@ def test_csv_rows_exact(report):
     w = "  [synthd]"
     assert rows == [
         ["rank", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count", "top_frame", "frames",
-         "full_frames"],
+         "full_frames", "device_live_bytes", "device_peak_bytes"],
         ["1", "8048", "8", "8048", "10048", "10", "make_partition" + w,
          f"make_partition{w} <- load_partition{w} <- worker{w} <- start_thread{w}",
-         f"malloc{w} <- make_partition{w} <- load_partition{w} <- worker{w} <- start_thread{w}"],
+         f"malloc{w} <- make_partition{w} <- load_partition{w} <- worker{w} <- start_thread{w}", "0", "0"],
         ["2", "2000", "20", "2000", "3000", "30", f"make_partition partition.c:42{w}",
          (f"make_partition partition.c:42{w} <- load_partition partition.c:88{w} <- serve server.c:120{w}"
           f" <- main main.c:15{w}"),
          (f"malloc{w} <- make_partition partition.c:42{w} <- load_partition partition.c:88{w}"
-          f" <- serve server.c:120{w} <- main main.c:15{w}")],
+          f" <- serve server.c:120{w} <- main main.c:15{w}"), "0", "0"],
         ["3", "512", "2", "512", "512", "2", "Cache::insert" + w, f"Cache::insert{w} <- serve{w} <- main{w}",
-         f"operator new(unsigned long){w} <- Cache::insert{w} <- serve{w} <- main{w}"],
+         f"operator new(unsigned long){w} <- Cache::insert{w} <- serve{w} <- main{w}", "0", "0"],
         ["4", "0", "0", "1048576", "1048576", "1", "map_arena" + w,
-         f"map_arena{w} <- worker{w} <- start_thread{w}", f"mmap{w} <- map_arena{w} <- worker{w} <- start_thread{w}"],
+         f"map_arena{w} <- worker{w} <- start_thread{w}", f"mmap{w} <- map_arena{w} <- worker{w} <- start_thread{w}",
+         "0", "0"],
         ["5", "0", "0", "0", "300", "3", "scratch" + w, f"scratch{w} <- worker{w} <- start_thread{w}",
-         f"calloc{w} <- scratch{w} <- worker{w} <- start_thread{w}"],
+         f"calloc{w} <- scratch{w} <- worker{w} <- start_thread{w}", "0", "0"],
     ]
 
 
@@ -231,9 +231,9 @@ def test_csv_quotes_commas_and_handles_no_sites():
     doc = {"sites": [{"rank": 1, "live_bytes": 1, "live_count": 1, "peak_live_bytes": 1, "alloc_bytes": 1,
                       "alloc_count": 1, "frames": [{"function": "f<int, long>", "module": "", "file": None,
                                                     "line": None}]}]}
-    assert to_csv(doc).splitlines()[1] == '1,1,1,1,1,1,"f<int, long>","f<int, long>","f<int, long>"'
-    assert to_csv({"sites": []}) == \
-        "rank,live_bytes,live_count,peak_live_bytes,alloc_bytes,alloc_count,top_frame,frames,full_frames\n"
+    assert to_csv(doc).splitlines()[1] == '1,1,1,1,1,1,"f<int, long>","f<int, long>","f<int, long>",0,0'
+    assert to_csv({"sites": []}) == ("rank,live_bytes,live_count,peak_live_bytes,alloc_bytes,alloc_count,top_frame,"
+                                     "frames,full_frames,device_live_bytes,device_peak_bytes\n")
 
 
 # --------------------------------------------------------------------------------------------- html data
@@ -306,21 +306,13 @@ def test_html_tables(page, trace, report):
     assert 'id="diff"' not in to_html(trace, report)
 
 
-def _chromium(exe: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-         f"--user-data-dir={tmp / 'profile'}", "--window-size=1400,2000", *args],
-        capture_output=True, text=True, timeout=120, check=True)
-
-
-def test_html_renders_in_chromium(page, tmp_path):
+def test_html_renders_inchromium(page, tmp_path):
     exe = need_tool("chromium")
     html_path = tmp_path / "report.html"
     html_path.write_text(page, encoding="utf-8")
     url = html_path.as_uri()
 
-    dom = _chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", url).stdout
+    dom = chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", url).stdout
     assert 'data-rendered="1"' in dom, "the page script did not finish"
     for chart in ("chart-timeline", "chart-sites"):
         m = re.search(rf'id="{chart}"[^>]*data-ink="(\d+)"', dom) or \
@@ -340,14 +332,14 @@ def test_html_renders_in_chromium(page, tmp_path):
     clicked = tmp_path / "clicked.html"
     clicked.write_text(page.replace("</body>", "<script>document.querySelector('button[data-view=end]').click()"
                                               "</script></body>"), encoding="utf-8")
-    dom = _chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", clicked.as_uri()).stdout
+    dom = chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", clicked.as_uri()).stdout
     flame = re.search(r'<div id="flame-graph"[^>]*data-nodes="(\d+)"[^>]*>(.*?)</div>', dom, re.DOTALL)
     assert flame and flame.group(1) == "10" and flame.group(2).count("<rect") == 10
     assert re.search(r'<div id="flame-graph"[^>]*data-view="end"', dom) and "map_arena" not in flame.group(2)
     assert re.search(r'<button type="button" data-view="end" aria-pressed="true">', dom)
 
     png = tmp_path / "shot.png"
-    _chromium(exe, tmp_path, f"--screenshot={png}", url)
+    chromium(exe, tmp_path, f"--screenshot={png}", url)
     try:
         from PIL import Image, ImageStat
     except ImportError:
