@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from allocscope.options import fold_option, probe_options, target_options
+from allocscope.options import fold_option, probe_options, source_option, target_options
 from allocscope.output import emit, progress
 from common.errors import AllocscopeError, Interrupted, UsageError
 
@@ -179,7 +179,8 @@ def record(pid, pattern, command, output, duration, labels, force, keep_cmdline,
               default="live_bytes", show_default=True,
               help="Value of each stack in --format folded (host memory; device_live_bytes: GPU memory).")
 @fold_option
-def report(trace, fmt, output, top, sort, metric, fold):
+@source_option
+def report(trace, fmt, output, top, sort, metric, fold, sources):
     """Outstanding bytes by call site and by thread, totals and losses, from TRACE.
 
     \b
@@ -195,12 +196,13 @@ def report(trace, fmt, output, top, sort, metric, fold):
     and HTML forms show the sites that held the peak first.
     """
     from reports import render  # noqa: PLC0415
-    from reports.analysis import build_report, parse_fold, symbolize_stacks  # noqa: PLC0415
+    from reports.analysis import build_report, only_sources, parse_fold, parse_sources, symbolize_stacks  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
 
     folding = parse_fold(fold)
+    wanted = parse_sources(sources)
     say = progress if sys.stderr.isatty() else None
-    t = load_trace(trace, progress=say)
+    t = only_sources(load_trace(trace, progress=say), wanted)
     if fmt == "pprof":
         from reports.pprof import to_pprof  # noqa: PLC0415
         if output is None and sys.stdout.isatty():
@@ -213,6 +215,8 @@ def report(trace, fmt, output, top, sort, metric, fold):
         return
     stacks = symbolize_stacks(t, say)
     rep = build_report(t, sort=sort, stacks=stacks, fold=folding)
+    if wanted:
+        rep["source_filter"] = wanted
     if fmt == "json":
         text = render.to_json(rep)
     elif fmt == "csv":
@@ -228,13 +232,23 @@ def report(trace, fmt, output, top, sort, metric, fold):
 
 
 @main.command(context_settings=CONTEXT)
-def doctor():
+@click.option("--pid", "-p", type=int, help="Also say what would be probed in this process.")
+@click.option("--pgrep", "pattern", metavar="PATTERN", help="Likewise, the one process matching PATTERN.")
+def doctor(pid, pattern):
     """Check that this machine can trace: root, BPF, BCC, kernel headers, tracefs, uprobes.
 
-    Says exactly what is missing and how to fix it; exits 0 when tracing can work.
+    Says exactly what is missing and how to fix it; exits 0 when tracing can work. With --pid or
+    --pgrep it also lists the process's allocators, each probe and its place, and whether the
+    CUDA driver (libcuda.so.1) is mapped: what `record --dry-run` prints.
     """
     from tracer.doctor import run_checks  # noqa: PLC0415
 
+    if pid is not None or pattern is not None:
+        from tracer.dryrun import describe  # noqa: PLC0415
+        from tracer.options import RecordOptions  # noqa: PLC0415
+
+        click.echo(describe(resolve_target(pid, pattern, ()), RecordOptions()))
+        click.echo("")
     ok = True
     for check in run_checks():
         mark = "ok  " if check.ok else "FAIL"

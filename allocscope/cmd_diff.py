@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from allocscope.options import fold_option
+from allocscope.options import fold_option, source_option
 from allocscope.output import emit, progress
 from common.errors import AllocscopeError
 
@@ -41,7 +41,8 @@ class OneLineErrors(click.Command):
               help="Sites and thread groups to show (text).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
 @fold_option
-def diff(trace_a, trace_b, fmt, sort, per, top, output, fold):
+@source_option
+def diff(trace_a, trace_b, fmt, sort, per, top, output, fold, sources):
     """Compare two traces: which call sites and thread pools hold more memory in B than in A.
 
     Sites are matched by symbolized frames (function, module, file, line), never by address, so
@@ -62,15 +63,18 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, fold):
     b_peak_live_bytes, delta_bytes, ...), totals, thread_groups.
     """
     from reports import render  # noqa: PLC0415
-    from reports.analysis import parse_fold  # noqa: PLC0415
+    from reports.analysis import only_sources, parse_fold, parse_sources  # noqa: PLC0415
     from reports.diff import diff_traces  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
 
     folding = parse_fold(fold)
+    wanted = parse_sources(sources)
     say = progress if sys.stderr.isatty() else None
-    a = load_trace(trace_a, progress=say)
-    b = load_trace(trace_b, progress=say)
+    a = only_sources(load_trace(trace_a, progress=say), wanted)
+    b = only_sources(load_trace(trace_b, progress=say), wanted)
     doc = diff_traces(a, b, per=per, sort=sort, progress=say, fold=folding)
+    if wanted:
+        doc["source_filter"] = wanted
     if fmt == "json":
         text = render.to_json(doc)
     else:

@@ -71,3 +71,13 @@ def probe_options(f):
     ]):
         f = opt(f)
     return f
+
+
+def source_option(f):
+    """--source SRC[,SRC] (repeatable): the raw values, for reports.analysis.parse_sources."""
+    return click.option("--source", "sources", multiple=True, metavar="SRC[,SRC]",
+                        help="Only the sites of these sources: heap (the allocator serving malloc), "
+                             "heap:KIND[:PREFIX] (another allocator, e.g. heap:jemalloc:_rjem_), mmap, brk, "
+                             "shmem, cuda-pinned, cuda-managed, cuda-device, device, custom:SYMBOL (--alloc-fn); "
+                             "globs allowed ('heap*', 'custom:*'). Totals stay the whole process's. "
+                             "Repeatable.")(f)

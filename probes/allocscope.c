@@ -313,8 +313,8 @@ static __always_inline void totals_add(s64 delta)
  * are counted where they were allocated): no total. */
 static __always_inline void source_totals(u32 api, u32 src, s64 delta)
 {
-    if (api == AS_API_CUSTOM)
-        return;
+    if (api == AS_API_CUSTOM || api == AS_API_CU_HOST_REGISTER)
+        return; /* a layer above: a pool's slab, a registered buffer, are counted where allocated */
     if (src != AS_SRC_CUDA_DEVICE && src != AS_SRC_CUDA_PINNED && src != AS_SRC_CUDA_MANAGED) {
         totals_add(delta);
         return;

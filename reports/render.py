@@ -138,6 +138,9 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
                f"ended: {rec.get('end_reason') or 'interrupted'}")
     if doc.get("folded"):
         out.append(s.dim("folded out of sites: " + folded_text(doc["folded"])))
+    if doc.get("source_filter"):
+        out.append(s.yellow("sites of sources " + ", ".join(doc["source_filter"])
+                            + " only (totals: the whole process)"))
     for w in rec.get("warnings") or []:
         out.append(s.yellow(f"warning: {w}"))
     out.append("")
@@ -423,6 +426,8 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
     out += [s.yellow(f"warning: {w}") for w in doc.get("warnings") or []]
     if doc.get("folded"):
         out.append(s.dim("folded out of sites: " + folded_text(doc["folded"])))
+    if doc.get("source_filter"):
+        out.append(s.yellow("sites of sources " + ", ".join(doc["source_filter"]) + " only"))
     if per:
         out.append(f"normalized per {per['label']}: a site scaling linearly has B/A = {per['b']:g}/{per['a']:g}"
                    f" = {per['expected_ratio']:.2f}; ! = grew more than {per['flag_scaling']:g}x that, by at least"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from common.errors import TargetError
+
 from . import procfs
 from .allocators import find_allocators, plan_allocator
 from .cuda import CUDA_FUNCS, find_driver
@@ -15,7 +17,10 @@ from .target import Target, launch_maps
 
 def describe(target: Target, opts: RecordOptions) -> str:
     """The plan as text, one allocator a paragraph."""
-    maps = launch_maps(target) if target.pid == 0 else procfs.read_maps(target.pid)
+    try:
+        maps = launch_maps(target) if target.pid == 0 else procfs.read_maps(target.pid)
+    except OSError as e:
+        raise TargetError(f"cannot read the memory map of {target.pid}: {e.strerror}") from None
     who = f"command {target.exe}" if target.pid == 0 else f"pid {target.pid} ({target.comm}) {target.exe}"
     out = [f"allocscope record --dry-run: {who}; mode {opts.mode}; nothing attached"]
     allocators = find_allocators(target.exe, maps)

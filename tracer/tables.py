@@ -252,9 +252,11 @@ class LiveTable:
             self.names.take(pa.array(api)), self.sources.take(pa.array(src))], schema=F.SCHEMAS["live"])
 
     def batches(self, seq: int, heaps, kept: list[tuple[np.ndarray, np.ndarray]]):
+        heap_api = L.enum("AS_API_MMAP")  # the malloc family's apis are below it
         for keys, vals in self.probes.iter_live():
-            if heaps is not None:
-                out = outside_heaps(keys, heaps)
+            if heaps is not None:  # glibc's own blocks outside its heaps: its mmapped chunks
+                out = outside_heaps(keys, heaps) & (vals["source"] == L.enum("AS_SRC_HEAP")) & \
+                    (vals["api"] < heap_api)
                 kept.append((keys[out].astype(np.uint64), vals["size"][out].astype(np.int64)))
             yield self._batch(seq, keys, vals)  # keys is a view of the read buffer: written now
         dk, dv = self.probes.read_dev_live()  # GPU memory and pinned registrations
