@@ -45,9 +45,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchlib import TracerMonitor, TrialError, exported, kill_pid, proc_cpu, read_line, settle, stop_process
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # allocscope configurations: name -> extra `record` arguments
 ALLOCSCOPE_CONFIGS = {
@@ -70,162 +71,6 @@ FLOOR_OF = {"allocscope": "floor", "allocscope-fp": "floor", "allocscope-sampled
 MEMLEAK_CONFIGS = {"memleak": [], "memleak-combined": ["--combined-only"], "memleak-s10": ["-s", "10"]}
 MEMLEAK_INTERVAL = "5"  # memleak-bpfcc's own default report interval
 MEMLEAK_NO_ATTACH = "see its output (bench/memleak_fixed.py runs it with ref_ctr_offset 0)"
-
-
-class TrialError(RuntimeError):
-    """A configuration could not run this trial; the message goes into the table."""
-
-
-# ---------------------------------------------------------------------------------------------
-# process helpers
-
-
-def read_line(p: subprocess.Popen, prefix: str, timeout: float = 60, keep: list | None = None) -> str:
-    """The first line of p's stdout starting with prefix; other lines go to keep."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        r, _, _ = select.select([p.stdout], [], [], 0.2)
-        if r:
-            line = p.stdout.readline()
-            if line.startswith(prefix):
-                return line.strip()
-            if line and keep is not None:
-                keep.append(line.rstrip())
-            if not line and p.poll() is not None:
-                break
-        elif p.poll() is not None:
-            break
-    raise TrialError(f"no {prefix!r} from {Path(str(p.args[0])).name}")
-
-
-def proc_cpu(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds of one process (NaN once it is gone); used by bench/unwind_cost.py."""
-    c = proc_cpu(pid)
-    return float("nan") if c is None else c
-
-
-def proc_hwm_kib(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return 0  # a kernel thread or a zombie
-
-
-def children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        kids.setdefault(ppid, []).append(int(d))
-    return kids
-
-
-class TracerMonitor:
-    """Samples the CPU time and VmHWM of a tracer's process tree (minus the target) until it
-    exits: the last values read before each process went away are its totals."""
-
-    def __init__(self, root: int, exclude: set[int] | None = None, period: float = 0.05) -> None:
-        self.root, self.exclude, self.period = root, set(exclude or ()), period
-        self.cpu: dict[int, float] = {}
-        self.hwm: dict[int, int] = {}
-        self.lock = threading.Lock()
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def exclude_pid(self, pid: int) -> None:
-        with self.lock:
-            self.exclude.add(pid)
-            self.cpu.pop(pid, None)
-            self.hwm.pop(pid, None)
-
-    def sample(self) -> None:
-        kids = children_map()
-        todo, tree = [self.root], []
-        while todo:
-            p = todo.pop()
-            tree.append(p)
-            todo.extend(kids.get(p, []))
-        with self.lock:
-            for p in tree:
-                if p in self.exclude:
-                    continue
-                c, h = proc_cpu(p), proc_hwm_kib(p)
-                if c is not None:
-                    self.cpu[p] = max(c, self.cpu.get(p, 0.0))
-                if h:
-                    self.hwm[p] = max(h, self.hwm.get(p, 0))
-
-    def _run(self) -> None:
-        while not self.done.is_set():
-            self.sample()
-            self.done.wait(self.period)
-
-    def cpu_total(self) -> float:
-        self.sample()
-        with self.lock:
-            return sum(self.cpu.values())
-
-    def stop(self) -> tuple[float, float]:
-        """(CPU seconds, peak RSS MiB) of the whole tree over its life."""
-        self.done.set()
-        self.thread.join()
-        with self.lock:
-            return sum(self.cpu.values()), sum(self.hwm.values()) / 1024
-
-
-def settle(mon: TracerMonitor, quiet: float = 0.05, window: float = 0.5, limit: float = 15) -> None:
-    """Wait until the freshly attached tracer is idle (under `quiet` of a CPU over `window` s,
-    at most `limit` s), so its start-up work does not leak into the measured window."""
-    end = time.monotonic() + limit
-    last = mon.cpu_total()
-    while time.monotonic() < end:
-        time.sleep(window)
-        now = mon.cpu_total()
-        if now - last < quiet * window:
-            return
-        last = now
-
-
-def exported(obj: str, sym: str) -> bool:
-    p = subprocess.run(["nm", "-D", "--defined-only", obj], capture_output=True, text=True, check=False)
-    return any(line.split()[-1:] == [sym] for line in p.stdout.splitlines())
-
-
-def stop_process(p: subprocess.Popen | None, sig: int = signal.SIGINT, timeout: float = 120) -> None:
-    if p is None or p.poll() is not None:
-        return
-    try:
-        p.send_signal(sig)
-        p.wait(timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-
-
-def kill_pid(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 # ---------------------------------------------------------------------------------------------

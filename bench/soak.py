@@ -8,7 +8,7 @@ only (no TCP port at all); redis-benchmark runs in a loop with bounded request c
 bounded key space (-r), so redis' own live set stops growing after warm-up. Every --sample
 seconds the script records, from outside the tracer: its RSS and CPU time, the entry counts of
 its BPF maps (live, stacks, sites, flows, sysargs; read by map id through
-/proc/PID/fdinfo, see tests/bpfmaps.py) and the size of the trace so far. At the end it prints
+/proc/PID/fdinfo, see tracer/bpfobjects.py) and the size of the trace so far. At the end it prints
 the samples, a summary (RSS after warm-up: first/last/max and slope; largest map counts; trace
 MB per hour) and writes it as JSON with --json. Exit status 0 when the tracer ran and finished
 the trace, 1 otherwise; bounds are asserted by tests/test_soak_bpf.py, not here.
@@ -27,9 +27,11 @@ import threading
 import time
 from pathlib import Path
 
+from benchlib import cpu_seconds, dir_bytes, slope_per_hour
+
+from tracer.bpfobjects import map_counts, rss_bytes
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from bpfmaps import map_counts, rss_bytes  # noqa: E402
 
 MAPS = ("live", "stacks", "sites", "flows", "sysargs")
 BENCH_TESTS = "set,get,incr,lpush,lpop,sadd,spop,hset,mset"
@@ -46,34 +48,13 @@ def ensure_redis() -> None:
         raise RuntimeError("redis-server/redis-benchmark still missing after apt-get install")
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def dir_bytes(path: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def slope_per_hour(points: list[tuple[float, float]]) -> float:
-    """Least-squares slope of (seconds, value), per hour."""
-    n = len(points)
-    if n < 2:
-        return 0.0
-    mx = sum(p[0] for p in points) / n
-    my = sum(p[1] for p in points) / n
-    sxx = sum((p[0] - mx) ** 2 for p in points)
-    if sxx == 0:
-        return 0.0
-    return sum((p[0] - mx) * (p[1] - my) for p in points) / sxx * 3600
+def redis_keys(sock: str) -> int:
+    """DBSIZE of the server at `sock`, -1 when it does not answer."""
+    p = subprocess.run(["redis-cli", "-s", sock, "DBSIZE"], capture_output=True, text=True, timeout=60, check=False)
+    try:
+        return int(p.stdout.strip())
+    except ValueError:
+        return -1
 
 
 class Load(threading.Thread):
@@ -146,6 +127,13 @@ def soak(duration: float, sample: float, warmup: float, requests: int, keyspace:
             time.sleep(min(sample, max(0.0, duration - now)))
         load.finish()
         elapsed = time.monotonic() - t0
+        # Every key freed: what the tracer still holds in its live map must drop to redis' own
+        # structures (a tracer that missed frees would keep the key space's blocks)
+        keys = redis_keys(sock)
+        live_before = map_counts(tracer.pid, ("live",)).get("live", -1)
+        subprocess.run(["redis-cli", "-s", sock, "FLUSHALL"], capture_output=True, timeout=60, check=False)
+        time.sleep(2.5)  # two snapshots
+        live_after = map_counts(tracer.pid, ("live",)).get("live", -1)
         tracer.send_signal(signal.SIGINT)
         out, err = tracer.communicate(timeout=600)
         rc = tracer.returncode
@@ -178,6 +166,7 @@ def soak(duration: float, sample: float, warmup: float, requests: int, keyspace:
         "maps_max": {m: max(s["maps"].get(m, 0) for s in samples) for m in MAPS},
         "maps_max_after_warmup": {m: max(s["maps"].get(m, 0) for s in after) for m in MAPS},
         "maps_last": samples[-1]["maps"],
+        "redis_keys_before_flush": keys, "live_before_flush": live_before, "live_after_flush": live_after,
         "trace_mib": round(size / 2**20, 2),
         "trace_mib_per_hour": round(size / 2**20 / max(elapsed, 1) * 3600, 1),
         "trace_path": str(trace),

@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from overhead import cpu_seconds, read_line  # noqa: E402 (bench/ on the path first)
+from benchlib import cpu_seconds, read_line  # noqa: E402 (bench/ on the path first)
 
 CONFIGS = {  # name -> (build, record arguments or None for untraced)
     "untraced": ("nofp", None),

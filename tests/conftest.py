@@ -5,7 +5,7 @@
   skip — except when CI=true, where a missing BPF capability fails the run. `root` tests (no
   BPF, but root) likewise.
 
-Helpers live in support.py; the bpf(2) layer in bpfmaps.py.
+Helpers live in support.py; the bpf(2) layer in tracer/bpfobjects.py.
 """
 from __future__ import annotations
 
@@ -20,9 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import CFLAGS_FP, IN_CI, ROOT, TARGETS_SRC, Proc, bpf_problem, build, cli_bg, unavailable
-
-__all__ = ["IN_CI", "ROOT"]  # tests/test_soak_bpf.py still imports these from here
+from support import CFLAGS_FP, IN_CI, TARGETS_SRC, Proc, bpf_problem, build, cli_bg, unavailable
 
 
 def pytest_runtest_setup(item):

@@ -1,4 +1,4 @@
-"""What the tests share (fixtures are in conftest.py, the bpf(2) layer in bpfmaps.py):
+"""What the tests share (fixtures are in conftest.py, the bpf(2) layer in tracer/bpfobjects.py):
 
 * paths and flags: ROOT, TARGETS_SRC, CFLAGS_FP, IN_CI (CI=true: what would be skipped fails);
 * `build`: compile a C/C++/Rust target; `need_tool` / `need`: a tool or file a test needs, a skip

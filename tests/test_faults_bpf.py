@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-from bpfmaps import map_counts, prog_exists, rss_bytes, tracer_objects
 from support import CFLAGS_FP, IN_CI, ROOT, TARGETS_SRC, Proc, attached, build, cli, cli_bg, functions, wait_for
+
+from tracer.bpfobjects import map_counts, prog_exists, rss_bytes, tracer_objects
 
 pytestmark = pytest.mark.bpf
 

@@ -11,8 +11,9 @@ import time
 from collections import defaultdict
 
 import pytest
-from bpfmaps import prog_exists, prog_names, tracer_objects
 from support import attached, cli, functions, report_json, wait_for
+
+from tracer.bpfobjects import prog_exists, prog_names, tracer_objects
 
 pytestmark = pytest.mark.bpf
 

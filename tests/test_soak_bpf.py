@@ -1,36 +1,32 @@
-"""The CI form of bench/soak.py: ~45 s of redis-benchmark against a recorded redis-server.
-The tracer's RSS stays flat after warm-up and its BPF maps hold no more than the live set;
-the full 30-minute soak and its figures are in README ("Limits and guarantees")."""
+"""The CI form of bench/soak.py: ~45 s of redis-benchmark against a recorded redis-server, run
+as the script is run (a subprocess, its JSON summary read back). The tracer's RSS stays flat after
+warm-up, its BPF maps follow redis' own live set, and when every key is flushed its live map
+empties again; the full 30-minute soak and its figures are in README ("Limits and guarantees")."""
 from __future__ import annotations
 
-import importlib.util
 import json
+import subprocess
+import sys
 
 import pytest
-from conftest import IN_CI, ROOT
+from support import ROOT, need_tool
 
 pytestmark = pytest.mark.bpf
 
 DURATION, SAMPLE, WARMUP, KEYSPACE, REQUESTS = 45, 2, 15, 2000, 2000
 
 
-def _soak_module():
-    spec = importlib.util.spec_from_file_location("allocscope_soak", ROOT / "bench" / "soak.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def soak(tmp_path_factory) -> dict:
-    mod = _soak_module()
-    try:
-        mod.ensure_redis()
-    except Exception as e:  # noqa: BLE001
-        if IN_CI:
-            pytest.fail(f"CI=true but redis-server cannot be installed: {e}")
-        pytest.skip(f"no redis-server: {e}")
-    s = mod.soak(DURATION, SAMPLE, WARMUP, REQUESTS, KEYSPACE, tmp_path_factory.mktemp("soak"), progress=print)
+    need_tool("redis-server")
+    need_tool("redis-benchmark")
+    out = tmp_path_factory.mktemp("soak") / "soak.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "soak.py"), "--duration", str(DURATION), "--sample",
+                        str(SAMPLE), "--warmup", str(WARMUP), "--requests", str(REQUESTS), "--keyspace",
+                        str(KEYSPACE), "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=str(ROOT))
+    if p.returncode != 0 and not out.exists():
+        pytest.fail(f"bench/soak.py failed ({p.returncode}): {p.stderr[-2000:]}")
+    s = json.loads(out.read_text())
     print(json.dumps({k: v for k, v in s.items() if k != "samples"}, indent=1))
     return s
 
@@ -43,15 +39,19 @@ def test_soak_recording_finishes(soak):
 
 
 def test_soak_tracer_rss_flat_after_warmup(soak):
-    assert soak["tracer_rss_growth_after_warmup_mib"] < 16, [round(s["tracer_rss"] / 2**20, 1) for s in soak["samples"]]
-    assert soak["tracer_rss_last_mib"] < 512
+    # flat: within 8 MiB (a few pages of Python's arenas) after warm-up, whatever the length of the run
+    assert soak["tracer_rss_growth_after_warmup_mib"] < 8, [round(s["tracer_rss"] / 2**20, 1) for s in soak["samples"]]
 
 
-def test_soak_maps_bounded_by_the_live_set(soak):
-    last = soak["maps_last"]
+def test_soak_maps_follow_the_live_set(soak):
     mx = soak["maps_max"]
-    assert mx["sysargs"] <= 8, mx  # redis has a handful of threads
+    assert mx["sysargs"] <= 8, mx  # one entry per thread inside a traced syscall: redis has a handful
+    # redis-benchmark's 9 commands reach ~10 distinct allocation sites each, from one thread
     assert mx["stacks"] <= 2000 and mx["sites"] <= 4000 and mx["flows"] <= 64, mx
-    after = [s["maps"]["live"] for s in soak["samples"] if s["t_s"] >= WARMUP]
-    assert after and last["live"] <= 2 * after[0] + 20000, after  # follows redis' bounded key space
-    assert mx["live"] <= 200 * KEYSPACE, mx
+    keys = soak["redis_keys_before_flush"]
+    assert KEYSPACE // 2 <= keys <= 4 * KEYSPACE + 16, keys  # rand keys of -r KEYSPACE, plus a few fixed ones
+    # every key holds at least one block allocated after the attach, and a key and its value a few
+    before = soak["live_before_flush"]
+    assert keys <= before <= 8 * keys + 2000, (keys, before)
+    # FLUSHALL frees them: what stays is redis' own structures, never the key space
+    assert soak["live_after_flush"] <= min(500, before // 10), (before, soak["live_after_flush"])

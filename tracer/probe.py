@@ -19,6 +19,7 @@ from common.errors import AllocscopeError, PermissionProblem
 
 from . import layout as L
 from .allocators import STANDARD
+from .bpfobjects import prog_stats
 from .elfinfo import symbol_offsets
 from .kernel import char_major, file_offsets, rss_offsets
 from .options import RecordOptions
@@ -114,24 +115,6 @@ class _Libbcc:
         self.lookup_batch.restype = ct.c_int
         self.lookup_batch.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_void_p,
                                       ct.c_void_p, ct.POINTER(ct.c_uint32)]
-
-
-_PROG_INFO_SIZE, _RUN_TIME_OFF, _RUN_CNT_OFF = 232, 192, 200  # struct bpf_prog_info (uapi, append-only)
-
-
-def _prog_info(fd: int) -> tuple[int, int] | None:
-    """(run_time_ns, run_cnt) of a BPF program fd."""
-    class Attr(ct.Structure):
-        _fields_ = [("bpf_fd", ct.c_uint32), ("info_len", ct.c_uint32), ("info", ct.c_uint64),
-                    ("pad", ct.c_uint8 * 112)]
-    buf = (ct.c_uint8 * _PROG_INFO_SIZE)()
-    attr = Attr(bpf_fd=fd, info_len=_PROG_INFO_SIZE, info=ct.addressof(buf))
-    libc = ct.CDLL(None, use_errno=True)
-    if libc.syscall(321, 15, ct.byref(attr), ct.sizeof(attr)) != 0:  # bpf(BPF_OBJ_GET_INFO_BY_FD)
-        return None
-    raw = bytes(buf)
-    return (int.from_bytes(raw[_RUN_TIME_OFF:_RUN_TIME_OFF + 8], "little"),
-            int.from_bytes(raw[_RUN_CNT_OFF:_RUN_CNT_OFF + 8], "little"))
 
 
 class Probes:
@@ -397,7 +380,7 @@ class Probes:
             return {}
         out = {}
         for name, fn in getattr(self.bpf, "funcs", {}).items():
-            info = _prog_info(fn.fd)
+            info = prog_stats(fn.fd)
             if info and info[1]:
                 out[name.decode() if isinstance(name, bytes) else str(name)] = {
                     "run_time_ns": info[0], "run_cnt": info[1]}

@@ -78,6 +78,19 @@ def _info(fd: int) -> bytes | None:
     return bytes(buf) if _bpf(OBJ_GET_INFO_BY_FD, ia) == 0 else None
 
 
+# struct bpf_prog_info (uapi, append-only): run_time_ns and run_cnt (kernel.bpf_stats_enabled=1)
+_RUN_TIME_OFF, _RUN_CNT_OFF = 192, 200
+
+
+def prog_stats(fd: int) -> tuple[int, int] | None:
+    """(run_time_ns, run_cnt) of a BPF program fd: 0 unless the kernel keeps them."""
+    raw = _info(fd)
+    if raw is None:
+        return None
+    return (int.from_bytes(raw[_RUN_TIME_OFF:_RUN_TIME_OFF + 8], "little"),
+            int.from_bytes(raw[_RUN_CNT_OFF:_RUN_CNT_OFF + 8], "little"))
+
+
 def _map_info(fd: int) -> tuple[str, int, int]:
     """(name, key_size, max_entries)"""
     raw = _info(fd)
