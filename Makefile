@@ -32,8 +32,9 @@ test: setup lint ## ruff, then every test (what would skip fails instead when CI
 test-unit: venv lint ## ruff, then the tests that need no BPF
 	@$(PY) -m pytest -q -m 'not bpf' $(PYTEST_ARGS)
 
-bench: setup ## overhead benchmark: loop, redis, demo (installs heaptrack + gdb; BENCH_ARGS=...)
+bench: setup ## overhead benchmark: loop, redis, demo, demo-large (installs heaptrack, gdb, py-spy; BENCH_ARGS=...)
 	@bash scripts/setup-bench.sh
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 	@$(PY) bench/overhead.py $(BENCH_ARGS)
 
 clean: ## remove build products (keeps .venv)

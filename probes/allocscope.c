@@ -1009,6 +1009,12 @@ int custom_free_enter(struct pt_regs *ctx)
 #define AS_MREMAP_DONTUNMAP 4
 
 BPF_F_TABLE("hash", u64, struct as_region, regions, AS_MAX_REGIONS, BPF_F_NO_PREALLOC);
+/* Mappings seen made and not tracked (file mappings, PROT_NONE reservations, an allocator's own
+ * chunks): start -> end. A munmap from the start of one is known to touch no tracked page and
+ * needs no event (glibc's free() unmapping a chunk its malloc mapped: free has no call state).
+ * Least recently used ones are dropped: their munmap then goes to the tracer, which finds
+ * nothing tracked — slower, never wrong. The tracer deletes those a rare shape touches. */
+BPF_TABLE("lru_hash", u64, u64, untracked, 4096);
 /* Per region site: bytes the tracer freed in regions it took over (written by the tracer only),
  * so that a site's peak here is alloc - free - these. */
 BPF_F_TABLE("hash", struct as_site_key, u64, site_ext, AS_MAX_REGIONS, BPF_F_NO_PREALLOC);
@@ -1144,8 +1150,22 @@ static __always_inline u64 unmap_regions(u64 lo, u64 hi, u32 tid, u64 now)
         if (cur >= hi)
             break;
         struct as_region *r = regions.lookup(&cur);
-        if (!r)
-            break;
+        if (!r) {
+            u64 *u = untracked.lookup(&cur);
+            if (!u)
+                break;
+            u64 end = *u;
+            if (end > hi) { /* its head: the rest stays untracked */
+                u64 key = hi;
+                untracked.update(&key, &end);
+                untracked.delete(&cur);
+                cur = hi;
+                break;
+            }
+            untracked.delete(&cur);
+            cur = end > cur ? end : hi;
+            continue;
+        }
         struct as_region c = *r;
         if (c.end > hi) { /* its head: the rest stays, keyed by its new start */
             u64 key = hi;
@@ -1314,10 +1334,13 @@ static __always_inline void mmap_exit(void *ctx, struct as_sysargs *a, u64 lo, u
     if (src) {
         sid = capture_syscall_stack(ctx);
         if (!slow && region_new(lo, hi, sid, tid, now, src) == 0) {
+            untracked.delete(&lo);
             count(AS_CNT_REGION_OPS, 1);
             return;
         }
         slow = 1; /* MAP_FIXED, or its start is still a region: the tracer replays it */
+    } else if (!(flags & AS_MAP_FIXED)) {
+        untracked.update(&lo, &hi);
     }
     if (!slow && !code)
         return;
@@ -1347,8 +1370,10 @@ static __always_inline void munmap_exit(struct as_sysargs *a, u32 tid, u32 api, 
 {
     u64 lo = a->a0 & ~(u64)(AS_PAGE_SIZE - 1), hi = page_up(a->a0 + a->a1);
     count_release(tid, AS_EV_MUNMAP, api, a->a1, a->rss);
-    if (api != AS_API_NONE || hi <= lo)
+    if (api != AS_API_NONE || hi <= lo) {
+        untracked.delete(&lo);
         return; /* an allocator unmapping its own memory */
+    }
     u64 cur = unmap_regions(lo, hi, tid, now);
     if (cur >= hi) {
         count(AS_CNT_REGION_OPS, 1);

@@ -157,3 +157,25 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def program_stats_of(pid: int) -> dict[str, tuple[int, int]]:
+    """The BPF programs process `pid` holds: kernel name (15 characters) -> (run_time_ns,
+    run_cnt), summed over the programs of that name (0 unless kernel.bpf_stats_enabled)."""
+    out: dict[str, list[int]] = {}
+    for prog_id in sorted(tracer_objects(pid)["progs"]):
+        fd = _bpf(PROG_GET_FD_BY_ID, _IdAttr(id=prog_id))
+        if fd < 0:
+            continue
+        try:
+            raw = _info(fd)
+            st = prog_stats(fd)
+        finally:
+            os.close(fd)
+        if raw is None or st is None:
+            continue
+        name = raw[64:80].split(b"\0")[0].decode() or f"id{prog_id}"
+        acc = out.setdefault(name, [0, 0])
+        acc[0] += st[0]
+        acc[1] += st[1]
+    return {k: (v[0], v[1]) for k, v in out.items()}

@@ -586,6 +586,18 @@ class Probes:
         """Every region the kernel side holds: (starts, Region values)."""
         return self._read_batch("regions", ct.c_uint64, L.Region)
 
+    def read_untracked(self) -> dict[int, int]:
+        """The mappings the kernel side knows to be untracked: start -> end."""
+        keys, vals = self._read_batch("untracked", ct.c_uint64, ct.c_uint64)
+        return dict(zip(keys.tolist(), vals.tolist()))
+
+    def forget_untracked(self, start: int) -> None:
+        t = self.bpf[b"untracked"]
+        try:
+            del t[t.Key(start)]
+        except KeyError:
+            pass
+
     def take_region(self, start: int) -> bool:
         """Delete the region at `start` from the kernel side (the tracer takes it over); False
         when it is no longer there (the probes freed or moved it meanwhile)."""

@@ -254,6 +254,7 @@ class SlowPath:
         self._starts = np.empty(0, np.uint64)
         self._vals = None
         self._gone: set[int] = set()
+        self._untracked: dict[int, int] = {}
 
     def _read(self) -> None:
         self._snap_ns = time.monotonic_ns()
@@ -261,6 +262,15 @@ class SlowPath:
         order = np.argsort(keys)
         self._starts, self._vals = keys[order], vals[order]
         self._gone = set()
+        self._untracked = self.probes.read_untracked()
+
+    def _forget_untracked(self, lo: int, hi: int) -> None:
+        """Drop the kernel side's untracked entries a rare shape touches: one left behind could
+        hide a tracked page the shape put there from a later munmap."""
+        for start, end in list(self._untracked.items()):
+            if start < hi and end > lo:
+                self.probes.forget_untracked(start)
+                del self._untracked[start]
 
     def take(self, lo: int, hi: int, before_ns: int) -> None:
         """Move the kernel side's regions overlapping [lo, hi) that were mapped before
@@ -268,6 +278,7 @@ class SlowPath:
         for _attempt in range(8):
             if before_ns >= self._snap_ns:
                 self._read()  # regions mapped since the last read may matter
+            self._forget_untracked(lo, hi)
             i = max(int(np.searchsorted(self._starts, lo, side="right")) - 1, 0)
             j = int(np.searchsorted(self._starts, hi, side="left"))
             moved = False
