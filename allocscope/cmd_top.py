@@ -72,22 +72,17 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
     rec.validate(opts)
     target = resolve_target(pid, pattern, command)
     if batch:
-        s = _batch(rec, target, opts, stop, folding, sort, top_n, iterations)
+        s = _batch(target, opts, stop, folding, sort, top_n, iterations)
     else:
         s = _screen(rec, target, opts, stop, folding, sort, threads_view)
     if s is not None:
         click.echo(summary_text(s), err=batch)
 
 
-def _batch(rec, target, opts, stop, folding, sort, top_n, iterations):
-    from allocscope.watch import BatchPrinter  # noqa: PLC0415
+def _batch(target, opts, stop, folding, sort, top_n, iterations):
+    from allocscope.watch import record_batch  # noqa: PLC0415
 
-    printer = BatchPrinter(sys.stdout, stop, folding, sort, top_n, iterations)
-    try:
-        s = rec.record(target, opts, progress, stop=stop, observer=printer.observe)
-    finally:
-        printer.pump.close()
-    printer.write(f"-- ended: {s.end_reason}\n")
+    s, printer = record_batch(target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress)
     return None if printer.closed else s
 
 

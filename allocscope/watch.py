@@ -41,10 +41,11 @@ class Pump:
                 except Exception as e:  # noqa: BLE001 - raised again by close(), in the caller's thread
                     self.error = e
 
-    def close(self) -> None:
+    def close(self, check: bool = True) -> None:
+        """Wait until every queued snapshot is handled; `check`: raise what handling raised."""
         self.queue.put(None)
         self.thread.join()
-        if self.error is not None:
+        if check and self.error is not None:
             raise self.error
 
 
@@ -126,6 +127,23 @@ class BatchPrinter:
             self.closed = True
             self.stop.request("stdout closed")
             silence(self.out)
+
+
+def record_batch(target, opts, stop, out, fold: Folding | None, sort: str, top: int, iterations: int | None,
+                 progress=None):
+    """`top --batch`: record `target` (tracer.record) with a BatchPrinter on `out` watching,
+    then the closing line. Returns (Summary, the printer)."""
+    from tracer import record as rec  # noqa: PLC0415
+
+    printer = BatchPrinter(out, stop, fold, sort, top, iterations)
+    try:
+        s = rec.record(target, opts, progress, stop=stop, observer=printer.observe)
+    except BaseException:
+        printer.pump.close(check=False)
+        raise
+    printer.pump.close()
+    printer.write(f"-- ended: {s.end_reason}\n")
+    return s, printer
 
 
 def terminal_width(stream, default: int = 100) -> int:

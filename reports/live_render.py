@@ -148,15 +148,15 @@ def _columns(threads: bool, unicode: bool) -> list[tuple[str, int, str, object]]
             ("TOP SITE", 0, "l", lambda t: (site_text(t["top_site"]), "")),
         ]
     return [
-        ("#", 4, "r", lambda s: (str(s["rank"]), "")),
+        ("#", 3, "r", lambda s: (str(s["rank"]), "")),
         ("LIVE", 10, "r", lambda s: (human_bytes(s["live_bytes"]), "bold")),
         ("CHANGE", 10, "r", lambda s: (human_delta(s["delta_bytes"]), _delta_style(s["delta_bytes"]))),
         ("PEAK", 10, "r", lambda s: (human_bytes(s["peak_live_bytes"]), "")),
-        ("GROWTH/s", 12, "r", lambda s: (human_rate(s["growth_bytes_per_s"]), "")),
+        ("GROWTH/s", 11, "r", lambda s: (human_rate(s["growth_bytes_per_s"]), "")),
         ("VERDICT", 9, "l", lambda s: (s["verdict"], VERDICT_STYLES.get(s["verdict"], ""))),
-        ("AGE", 8, "r", lambda s: (age_text(s["oldest_age_s"], unicode), "")),
+        ("AGE", 7, "r", lambda s: (age_text(s["oldest_age_s"], unicode), "")),
         ("ALLOC/s", 8, "r", lambda s: (rate(s["allocs_per_s"]), "")),
-        ("THREAD", 14, "l", lambda s: (s["top_thread"], "")),
+        ("THREAD", 12, "l", lambda s: (s["top_thread"], "")),
         ("SITE (innermost first)", 0, "l", lambda s: (site_text(s["site"]), "")),
     ]
 
@@ -164,7 +164,7 @@ def _columns(threads: bool, unicode: bool) -> list[tuple[str, int, str, object]]
 # narrow terminals drop these columns first, in this order
 DROP_ORDER = ("PEAK", "GROWTH/s", "AGE", "ALLOC/s", "THREAD", "SITES", "CHANGE")
 VERDICT_STYLES = {"growing": "red", "plateaued": "yellow", "transient": "dim", "freed": "dim"}
-SITE_MIN = 24  # characters the last column keeps before others are dropped
+SITE_MIN = 36  # characters the last column keeps before others are dropped (a function and its file:line)
 
 
 def _delta_style(n: int) -> str:
@@ -229,10 +229,10 @@ def _stack(view: LiveView, site: dict, state: ScreenState, height: int) -> list[
     """The selected site's full stack, folded frames dim, and the threads holding it."""
     full, folded = site["full_frames"], len(site["full_frames"]) - len(site["site"])
     out: list[Line] = [
-        [(f"site #{site['rank']} by {SORT_TITLES[state.sort]}: ", "bold"), (site_text(site["site"], 1), "bold"),
-         (f"  live {human_bytes(site['live_bytes'])}  peak {human_bytes(site['peak_live_bytes'])}  "
+        [(f"site #{site['rank']} by {SORT_TITLES[state.sort]}: ", "bold"), (site_text(site["site"], 1), "bold")],
+        [(f"live {human_bytes(site['live_bytes'])}  peak {human_bytes(site['peak_live_bytes'])}  "
           f"{site['live_count']} blocks  {site['verdict']} {human_rate(site['growth_bytes_per_s'])}  "
-          f"age {age_text(site['oldest_age_s'], state.unicode)}", "")],
+          f"age {age_text(site['oldest_age_s'], state.unicode)}  {rate(site['allocs_per_s'])} allocs/s", "")],
         [("full stack, innermost first (dim: folded out of the site)  enter: back", "dim")]]
     holders = ", ".join(f"{view.names.get(t, '?')} ({t}) {human_bytes(b)}" for t, b in site["threads"][:6])
     room = max(1, height - len(out) - 1)

@@ -15,9 +15,10 @@ fi
 # redis-server + redis-tools: the soak (bench/soak.py, tests/test_soak_bpf.py). What tests need
 # and would otherwise skip (a failure under CI=true, tests/support.py): binutils (nm, objdump,
 # objcopy, strip, readelf) and dwz for tests/test_symbolize.py, libjemalloc2 for the jemalloc
-# tests, rustc for the Rust target of tests/test_unwind_bpf.py (Debian's, unless one is there).
+# tests, rustc for the Rust target of tests/test_unwind_bpf.py (Debian's, unless one is there),
+# tmux for the full-screen `allocscope top` test (tests/test_top_bpf.py drives it in a real terminal).
 pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev binutils dwz
-      chromium fonts-dejavu-core bpfcc-tools redis-server redis-tools libjemalloc2)
+      chromium fonts-dejavu-core bpfcc-tools redis-server redis-tools libjemalloc2 tmux)
 if ! command -v rustc >/dev/null && [ ! -x "$HOME/.cargo/bin/rustc" ] && [ ! -x /usr/local/cargo/bin/rustc ]; then
   pkgs+=(rustc)
 fi

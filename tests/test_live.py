@@ -322,8 +322,9 @@ def test_screen_narrow_small_frozen_expanded_threads():
     assert "FROZEN" in screen(ScreenState(frozen=True))[0]
     stack = screen(ScreenState(expanded=True, selected=0, sort="live"))
     assert stack[5].startswith("site #1 by live bytes: grow_tick grower.c:30")
-    assert [ln.split()[1] for ln in stack[7:10]] == ["grow_tick", "grower_main", "main"]
-    assert stack[10] == "threads holding it: grower (11) 19.5 KiB"
+    assert stack[6] == "live 19.5 KiB  peak 19.5 KiB  6 blocks  growing +4.2 KiB/s  age ≥4s  1.0 allocs/s"
+    assert [ln.split()[1] for ln in stack[8:11]] == ["grow_tick", "grower_main", "main"]
+    assert stack[11] == "threads holding it: grower (11) 19.5 KiB"
     threads = screen(ScreenState(threads=True))
     assert threads[5].startswith("threads by live bytes (2)")
     assert threads[7].split()[:4] == ["11", "grower", "19.5", "KiB"]
