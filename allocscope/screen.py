@@ -185,6 +185,8 @@ class Screen:
                 what = what or "redraw"
             else:
                 self.model.update(item)
+                if self.model.seq == 1:
+                    self.state.message = ""  # the set-up's last word ("recording pid ...") is in the header now
                 if what != "end":
                     what = "data"
 

@@ -229,6 +229,17 @@ def test_batch_block():
     assert len(lines) == 5  # --top 2
 
 
+class Collect:
+    """A stream that keeps what is written to it."""
+    text = ""
+
+    def write(self, t):
+        self.text += t
+
+    def flush(self):
+        pass
+
+
 def test_batch_printer_stops_after_iterations_and_on_a_closed_pipe():
     class Closed:
         def write(self, _text):
@@ -247,16 +258,7 @@ def test_batch_printer_stops_after_iterations_and_on_a_closed_pipe():
     printer.pump.close()
     assert printer.closed and stop.reason == "stdout closed"
 
-    class Out:
-        text = ""
-
-        def write(self, t):
-            self.text += t
-
-        def flush(self):
-            pass
-
-    out, stop = Out(), StopRequest()
+    out, stop = Collect(), StopRequest()
     printer = BatchPrinter(out, stop, None, "live", 5, 2)
     printer.model = LiveModel(symbolizer=FakeSymbolizer())
     feed = Feed()
@@ -269,16 +271,7 @@ def test_batch_printer_stops_after_iterations_and_on_a_closed_pipe():
 
 
 def test_status_line_in_place():
-    class Err:
-        text = ""
-
-        def write(self, t):
-            self.text += t
-
-        def flush(self):
-            pass
-
-    err = Err()
+    err = Collect()
     status = StatusLine(err)
     status.model = StatusModel(symbolizer=FakeSymbolizer())
     feed = Feed()

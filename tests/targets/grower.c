@@ -43,16 +43,20 @@ static void nap(long ms)
     nanosleep(&ts, NULL);
 }
 
+static sigset_t usr1; /* blocked in every thread: the grower takes it with sigwait */
+
+static void wait_usr1(void)
+{
+    int sig;
+    sigwait(&usr1, &sig);
+}
+
 static void *grower_main(void *arg)
 {
     (void)arg;
     pthread_setname_np(pthread_self(), "grower");
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    int sig;
     if (auto_ticks) {
-        sigwait(&set, &sig);
+        wait_usr1();
         keep_config();
         nap(1200);
         for (long i = 0; i < auto_ticks; i++) {
@@ -65,7 +69,7 @@ static void *grower_main(void *arg)
         return NULL;
     }
     for (int n = 1;; n++) {
-        sigwait(&set, &sig);
+        wait_usr1();
         grow_tick();
         printf("tick %d\n", n);
         fflush(stdout);
@@ -76,10 +80,9 @@ int main(int argc, char **argv)
 {
     if (argc > 2 && !strcmp(argv[1], "--auto"))
         auto_ticks = atol(argv[2]);
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    pthread_sigmask(SIG_BLOCK, &set, NULL); /* only the grower takes SIGUSR1, via sigwait */
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &usr1, NULL); /* inherited by the grower thread */
     pthread_t t;
     pthread_create(&t, NULL, grower_main, NULL);
     printf("ready %d\n", (int)getpid());
