@@ -73,10 +73,22 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
     target = resolve_target(pid, pattern, command)
     if batch:
         s = _batch(target, opts, stop, folding, sort, top_n, iterations)
+        if s is not None:
+            click.echo(summary_text(s), err=True)
     else:
-        s = _screen(rec, target, opts, stop, folding, sort, threads_view)
-    if s is not None:
-        click.echo(summary_text(s), err=batch)
+        _screen(rec, target, opts, stop, folding, sort, threads_view)
+
+
+def _last_words(text: str) -> None:
+    """Print what the closed view leaves on the terminal; when that fails (the terminal is
+    gone), stdout is silenced: the trace is finalized all the same."""
+    from allocscope.watch import silence  # noqa: PLC0415
+
+    try:
+        click.echo(text, nl=False)
+        sys.stdout.flush()
+    except OSError:
+        silence(sys.stdout)
 
 
 def _batch(target, opts, stop, folding, sort, top_n, iterations):
@@ -87,6 +99,7 @@ def _batch(target, opts, stop, folding, sort, top_n, iterations):
 
 
 def _screen(rec, target, opts, stop, folding, sort, threads_view):
+    from allocscope.cli import summary_text  # noqa: PLC0415
     from allocscope.screen import Screen  # noqa: PLC0415
     from reports.live import LiveModel  # noqa: PLC0415
     from reports.live_render import ScreenState, mode_text, screen_text  # noqa: PLC0415
@@ -104,5 +117,5 @@ def _screen(rec, target, opts, stop, folding, sort, threads_view):
     wait = reason not in ("quit", "display error", *SIGNALS)
     written = f"trace written to {opts.output}" if opts.output else "nothing written (no -o)"
     screen.finish(f"ended: {reason}; {written}", wait)
-    click.echo(screen_text(screen.last_frame), nl=False)
-    return s
+    if reason != "SIGHUP":  # after a hang-up the terminal is gone: the trace is finalized, nothing to say
+        _last_words(screen_text(screen.last_frame) + summary_text(s) + "\n")

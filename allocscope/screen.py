@@ -163,6 +163,9 @@ class Screen:
                 dirty = False
             if self.ending and (not self.wait or self.quit or self.stop.reason is not None):
                 return
+            if self.stop.reason is not None and not self.ending and not self.state.message.startswith("stopping"):
+                self.state.message = f"stopping ({self.stop.reason}): finalizing..."
+                dirty = True
             key = scr.getch()
             if key != -1:
                 dirty = self._key(key) or dirty
@@ -209,7 +212,6 @@ class Screen:
         if key in (ord("q"), ord("Q")):
             self.quit = True
             self.stop.request("quit")
-            st.message = "quitting: finalizing the trace..." if not self.ending else st.message
         elif key == curses.KEY_RESIZE:
             pass  # curses has taken the new size: draw again
         elif key == ord("s"):
