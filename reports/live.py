@@ -265,6 +265,8 @@ class LiveModel:
         rss = int(row.get("rss_bytes", -1))
         if rss >= 0:
             self.rss_peak = max(self.rss_peak, rss)
+        elif self.timeline:  # the target is gone: its last RSS stays on the timeline
+            rss = self.timeline[-1][0]
         self.timeline.append((rss, int(row.get("live_bytes", 0))))
         self.row = row
         self.seq = snap.seq

@@ -99,7 +99,8 @@ def batch_block(view: LiveView, sort: str, top: int, clock: str) -> str:
     (lower bound), allocations/s, the thread holding most, the innermost frames."""
     r = view.row
     live_delta = (view.timeline_live[-1] - view.timeline_live[-2]) if len(view.timeline_live) > 1 else None
-    head = (f"== {clock} +{view.elapsed_s:.1f}s  RSS {human_bytes(max(0, r.get('rss_bytes', 0)))} "
+    rss = r.get("rss_bytes", -1)
+    head = (f"== {clock} +{view.elapsed_s:.1f}s  RSS {human_bytes(rss) if rss >= 0 else '-'} "
             f"(peak {human_bytes(view.rss_peak_bytes)})  live {human_bytes(r.get('live_bytes', 0))}"
             + (f" ({human_delta(live_delta)})" if live_delta is not None else "")
             + f"  heap {human_bytes(r.get('heap_live_bytes', 0))}  mmap {human_bytes(r.get('mmap_live_bytes', 0))}"
@@ -269,6 +270,7 @@ def screen_lines(view: LiveView | None, state: ScreenState, width: int, height: 
     room = height - len(lines) - len(footer) - 1
     if view is not None:
         if state.threads:
+            state.selected = max(0, min(state.selected, len(view.threads) - 1))
             lines.append([(f"threads by live bytes ({len(view.threads)})", "bold"),
                           ("   t: sites", "dim")])
             lines += _table(view.threads, True, state, width, room)

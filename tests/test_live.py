@@ -350,3 +350,15 @@ def test_top_help_lists_the_probe_options():
                 "--iterations", "-o, --output", "--fold"):
         assert opt in p.stdout, opt
     assert "[default: 2.0]" in p.stdout
+
+
+def test_target_gone_rss_unknown():
+    model = LiveModel(symbolizer=FakeSymbolizer())
+    feed = grower_run(model, 2)
+    model.update(feed.step(2.5, {}, rss=-1, final=True))
+    view = model.view()
+    assert view.final and view.timeline_rss == [4 << 20] * 3  # the last RSS read stays on the timeline
+    text = screen_text(screen_lines(view, ScreenState(), 140, 30)).splitlines()
+    assert text[1].startswith("RSS -  peak 4.0 MiB")
+    head = batch_block(view, "live", 1, "12:00:03").splitlines()[0]
+    assert head.startswith("== 12:00:03 +2.5s  RSS - (peak 4.0 MiB)") and head.endswith("lost 0  [final]")
