@@ -93,9 +93,11 @@ def resolve_target(pid: int | None, pattern: str | None, command: tuple[str, ...
 
 
 def record_options(output: str | None, labels, **kw):
-    """RecordOptions from the command's options (defaults: tracer.options.DEFAULTS)."""
+    """RecordOptions from the command's options (defaults: tracer.options.DEFAULTS); a
+    repeatable option's values (a tuple from click) become the list RecordOptions keeps."""
     from tracer.options import RecordOptions  # noqa: PLC0415
 
+    kw = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()}
     return RecordOptions(output=output or "", labels=parse_labels(labels), **kw)
 
 
