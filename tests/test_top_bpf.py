@@ -38,15 +38,16 @@ def by_function(rep: dict) -> dict[str, dict]:
 # --- the full screen, in tmux ---------------------------------------------------------------------
 
 class Tmux:
-    """One tmux server of our own (its own socket) with one window of a fixed size."""
+    """One tmux server of our own (its socket in the test's directory) with one window of a
+    fixed size."""
 
     def __init__(self, tmp: Path) -> None:
         self.tool = need_tool("tmux")
-        self.socket = f"allocscope-test-{os.getpid()}-{tmp.name}"
+        self.socket = str(tmp / "tmux.sock")
         self.rc = tmp / "rc"
 
     def run(self, *args: str) -> str:
-        return subprocess.run([self.tool, "-L", self.socket, *args], check=True, capture_output=True,
+        return subprocess.run([self.tool, "-S", self.socket, *args], check=True, capture_output=True,
                               text=True).stdout
 
     def start(self, argv: list[str], width: int = 160, height: int = 40) -> None:
@@ -78,7 +79,7 @@ class Tmux:
         return int(self.rc.read_text())
 
     def close(self) -> None:
-        subprocess.run([self.tool, "-L", self.socket, "kill-server"], capture_output=True)
+        subprocess.run([self.tool, "-S", self.socket, "kill-server"], capture_output=True)
 
 
 @pytest.fixture
