@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from allocscope.options import fold_option, probe_options, source_option, target_options
+from allocscope.options import fold_option, probe_options, source_option, target_options, trace_options
 from allocscope.output import emit, progress
 from common.errors import AllocscopeError, Interrupted, UsageError
 
@@ -94,31 +94,25 @@ def resolve_target(pid: int | None, pattern: str | None, command: tuple[str, ...
 
 
 def record_options(output: str | None, labels, **kw):
-    """RecordOptions from the command's options (defaults: tracer.options.DEFAULTS)."""
+    """RecordOptions from the command's options (defaults: tracer.options.DEFAULTS); a
+    repeatable option's values (a tuple from click) become the list RecordOptions keeps."""
     from tracer.options import RecordOptions  # noqa: PLC0415
 
+    kw = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()}
     return RecordOptions(output=output or "", labels=parse_labels(labels), **kw)
 
 
 @main.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
 @target_options
-@click.option("-o", "--output", "output", required=False, metavar="TRACE",
-              help="Trace directory to write (an existing trace there is kept as TRACE.old).")
+@trace_options
 @click.option("--duration", type=float, metavar="SECONDS",
               help="Stop after this long (default: until Ctrl-C or the target exits).")
-@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
-              help="Tag the trace (e.g. --label pw=12); shown in reports, used by diff. Repeatable.")
-@click.option("--force", is_flag=True, help="Replace TRACE even when it is not an allocscope trace.")
-@click.option("--keep-cmdline", is_flag=True, help="Store the target's command line (off: it may hold secrets).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages; the summary line only.")
-@click.option("--embed-symbols", is_flag=True,
-              help="Store the symbol tables of the modules on the stacks in the trace, so it can be "
-                   "symbolized on a machine without these binaries.")
 @click.option("--dry-run", is_flag=True,
               help="Resolve the target and print every allocator found and each probe it would get "
                    "(where, and why there); attach nothing, write nothing.")
 @probe_options
-def record(pid, pattern, command, output, duration, labels, force, keep_cmdline, quiet, embed_symbols, dry_run,
+def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_symbols, duration, quiet, dry_run,
            **probe):
     """Record allocations of a running process (--pid/--pgrep) or of a command it starts (-- CMD).
 
@@ -127,7 +121,8 @@ def record(pid, pattern, command, output, duration, labels, force, keep_cmdline,
     mremap, brk and madvise through syscall tracepoints. Stops at --duration, Ctrl-C/SIGTERM, or
     when the target exits; the trace is readable even if allocscope is killed. A Ctrl-C while the
     probes are still being set up stops there: nothing is recorded (exit 130) and a trace already
-    at TRACE stays where it is.
+    at TRACE stays where it is. On a terminal, a status line on stderr shows the elapsed time,
+    RSS, live bytes, losses and the stack holding most (not on a pipe, not with --quiet).
 
     \b
     Examples:
@@ -143,8 +138,7 @@ def record(pid, pattern, command, output, duration, labels, force, keep_cmdline,
     if not output and not dry_run:
         raise UsageError("missing -o TRACE (where to write the trace)")
     opts = record_options(output, labels, duration=duration, force=force, keep_cmdline=keep_cmdline, quiet=quiet,
-                          embed_symbols=embed_symbols, alloc_fns=list(probe.pop("alloc_fns")),
-                          free_fns=list(probe.pop("free_fns")), **probe)
+                          embed_symbols=embed_symbols, **probe)
     rec.validate(opts, output=False)
     if dry_run:
         from tracer.dryrun import describe  # noqa: PLC0415
@@ -154,11 +148,27 @@ def record(pid, pattern, command, output, duration, labels, force, keep_cmdline,
     require_root()
     rec.validate(opts)
     target = resolve_target(pid, pattern, command)
-    s = rec.record(target, opts, None if quiet else progress, stop=stop)
+    status = None
+    if not quiet and sys.stderr.isatty():
+        from allocscope.watch import StatusLine  # noqa: PLC0415
+        status = StatusLine(sys.stderr)
+    try:
+        s = rec.record(target, opts, None if quiet else status.progress if status else progress, stop=stop,
+                       observer=status.observe if status else None)
+    finally:
+        if status is not None:
+            status.close()
+    click.echo(summary_text(s))
+
+
+def summary_text(s) -> str:
+    """The one line a recording ends with (tracer.record.Summary)."""
     from reports.render import human_bytes  # noqa: PLC0415
-    click.echo(f"allocscope: wrote {s.path}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "
-               f"live {human_bytes(s.live_bytes)} in {s.live_count} blocks at {s.sites} sites; "
-               f"lost {s.lost}; {human_bytes(s.bytes_written)} on disk")
+
+    where = f"wrote {s.path}" if s.path else "wrote nothing (no -o)"
+    return (f"allocscope: {where}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "
+            f"live {human_bytes(s.live_bytes)} in {s.live_count} blocks at {s.sites} sites; "
+            f"lost {s.lost}; {human_bytes(s.bytes_written)} on disk")
 
 
 @main.command(context_settings=CONTEXT)
@@ -262,9 +272,11 @@ def doctor(pid, pattern):
 
 
 from allocscope.cmd_diff import diff  # noqa: E402
+from allocscope.cmd_top import top  # noqa: E402
 from allocscope.demo import demo  # noqa: E402
 
 main.add_command(diff)
+main.add_command(top)
 main.add_command(demo)
 
 if __name__ == "__main__":

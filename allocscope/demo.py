@@ -1,6 +1,7 @@
 """`allocscope demo`: the proving-daemon incident, found in about two minutes.
 
-Builds demo/provingd, records it three times — the buggy daemon at two pw settings and the
+Builds demo/provingd, shows a few seconds of `allocscope top --batch` on the buggy daemon,
+records it three times — the buggy daemon at two pw settings and the
 fixed one at the larger — then prints the report of the buggy run at the larger setting (the
 daemon exits and frees its partitions, so the report leads with the sites that held the peak:
 synthesize_partition first) and the diff that points at the pile-up, and writes an HTML report.
@@ -9,6 +10,7 @@ Every file goes to one directory, named at the end.
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from common.errors import AllocscopeError
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_SRC = ROOT / "demo" / "provingd.c"
 SYNTH_SITE = "synthesize_partition"
+PREVIEW_PARTITIONS = 25  # the `top --batch` preview: about 5 s of the buggy daemon...
+PREVIEW_INTERVAL = 1.0   # ...a block a second
 
 
 def build_daemon(out: Path) -> Path:
@@ -51,6 +55,40 @@ def record_run(exe: Path, out: Path, pw: int, bug: bool, partitions: int, say) -
     return trace
 
 
+class Tee:
+    """Writes to stdout and keeps what it wrote."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> None:
+        self.text += text
+        sys.stdout.write(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
+def top_preview(exe: Path, pw: int, partitions: int, say) -> str:
+    """A few seconds of `allocscope top --batch` on the buggy daemon, launched, proving
+    `partitions` partitions and exiting: what a person watching it live sees. Returns the text."""
+    from allocscope.watch import record_batch  # noqa: PLC0415
+    from tracer.options import RecordOptions  # noqa: PLC0415
+    from tracer.stop import StopRequest  # noqa: PLC0415
+    from tracer.target import target_from_command  # noqa: PLC0415
+
+    argv = [str(exe), "--pw", str(pw), "--partitions", str(partitions), "--bug"]
+    say(f"watching it live first: allocscope top --batch --interval {PREVIEW_INTERVAL:g} --top 4 -- provingd "
+        f"{' '.join(argv[1:])}")
+    out, stop = Tee(), StopRequest(quiet=True).install()
+    try:
+        record_batch(target_from_command(argv), RecordOptions(interval=PREVIEW_INTERVAL, quiet=True), stop, out,
+                     None, "live", 4, None)
+    finally:
+        stop.restore()
+    return out.text
+
+
 def site_peak(trace_path: Path, function: str) -> int:
     from reports.analysis import rank_sites  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
@@ -75,6 +113,7 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     out.mkdir(parents=True, exist_ok=True)
     exe = build_daemon(out)
     say(f"built {exe}")
+    top_text = top_preview(exe, pw_b, PREVIEW_PARTITIONS, say)
     bug_a = record_run(exe, out, pw_a, True, partitions, say)
     bug_b = record_run(exe, out, pw_b, True, partitions, say)
     fixed_b = record_run(exe, out, pw_b, False, partitions, say)
@@ -96,7 +135,7 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     click.echo(f"demo: files in {out}: {bug_a.name}, {bug_b.name}, {fixed_b.name}, {html_path.name}")
     click.echo(f"demo: try  allocscope diff {bug_a} {bug_b} --per pw")
     return {"traces": [bug_a, bug_b, fixed_b], "html": html_path, "diff": diff, "peaks": peaks,
-            "report": rep_b, "report_text": report_text}
+            "report": rep_b, "report_text": report_text, "top_text": top_text}
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

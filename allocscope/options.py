@@ -32,10 +32,33 @@ def target_options(f):
     return f
 
 
-def probe_options(f):
-    """How to probe: the options of a recording the probes are built from (RecordOptions)."""
+def trace_options(f):
+    """Where and how a recording writes its trace: -o (optional here; `record` requires it),
+    --label, --force, --keep-cmdline, --embed-symbols."""
     for opt in reversed([
-        click.option("--interval", type=float, default=DEFAULTS.interval, show_default=True, metavar="SECONDS",
+        click.option("-o", "--output", "output", required=False, metavar="TRACE",
+                     help="Trace directory to write (an existing trace there is kept as TRACE.old)."),
+        click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
+                     help="Tag the trace (e.g. --label pw=12); shown in reports, used by diff. Repeatable."),
+        click.option("--force", is_flag=True, help="Replace TRACE even when it is not an allocscope trace."),
+        click.option("--keep-cmdline", is_flag=True,
+                     help="Store the target's command line (off: it may hold secrets)."),
+        click.option("--embed-symbols", is_flag=True,
+                     help="Store the symbol tables of the modules on the stacks in the trace, so it can be "
+                          "symbolized on a machine without these binaries."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def probe_options(f=None, *, interval: float = DEFAULTS.interval):
+    """How to probe: the options of a recording the probes are built from (RecordOptions).
+    `@probe_options`, or `@probe_options(interval=...)` for a command whose snapshot period
+    defaults to something else (`top`)."""
+    if f is None:
+        return lambda g: probe_options(g, interval=interval)
+    for opt in reversed([
+        click.option("--interval", type=float, default=interval, show_default=True, metavar="SECONDS",
                      help="Snapshot period: RSS, live bytes, per-site and per-thread counters."),
         click.option("--max-live", type=int, default=DEFAULTS.max_live, show_default=True,
                      help="Outstanding allocations tracked in the kernel; beyond it allocations are counted "

@@ -207,18 +207,35 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
     whose address lies in inlined code expands to the inlined functions (`inlined=True`, innermost
     first) followed by the function they were inlined into."""
     from .embedded import load as embedded_symbols  # noqa: PLC0415
-    from .symbolize import Frame, Symbolizer, unknown_name  # noqa: PLC0415
+    from .symbolize import Symbolizer  # noqa: PLC0415
 
-    st = trace.stacks
+    if trace.stacks.empty:
+        return {0: UNKNOWN_STACK}
+    return symbolize_stack_rows(trace.stacks, Symbolizer(progress=progress), lambda: embedded_symbols(trace))
+
+
+def symbolize_stack_rows(st: pd.DataFrame, sym, embedded: Callable | None = None,
+                         resolved: dict[tuple[str, int], tuple[FrameInfo, ...]] | None = None
+                         ) -> dict[int, tuple[FrameInfo, ...]]:
+    """symbolize_stacks for rows of the `stacks` table (`st`), with the caller's `sym` (a
+    reports.symbolize.Symbolizer: it keeps every module it parsed, so a caller that symbolizes
+    stacks as they come — `allocscope top` — parses each ELF file once). `embedded`: returns the
+    trace's embedded symbols (reports.embedded), called only when a module file is missing.
+    `resolved`: (module, offset) -> frames already looked up, kept by such a caller between
+    calls (and filled here), so an address shared by many stacks is looked up once."""
+    from .symbolize import Frame, unknown_name  # noqa: PLC0415
+
     if st.empty:
         return {0: UNKNOWN_STACK}
     st = st.drop_duplicates(["stack_id", "idx"]).sort_values(["stack_id", "idx"])
-    sym = Symbolizer(progress=progress)
-    resolved: dict[tuple[str, int], tuple[FrameInfo, ...]] = {}
-    embedded = None  # symbols stored in the trace (record --embed-symbols), read when needed
+    resolved = {} if resolved is None else resolved
+    table = None  # the embedded symbols, read when needed
     todo = st[(st["offset"] >= 0) & st["function"].isna()]
-    for (module, build_id), grp in todo.groupby(["module", "build_id"], sort=False):
-        offsets = sorted({int(o) for o in grp["offset"]})
+    for (module, build_id), grp in todo.groupby(["module", "build_id"], sort=False, dropna=False):
+        build_id = build_id if isinstance(build_id, str) else None
+        offsets = sorted(o for o in {int(o) for o in grp["offset"]} if (module, o) not in resolved)
+        if not offsets:
+            continue
         res = sym.symbolize(module, offsets, build_id=build_id or None, return_addresses=True)
         for off in offsets:
             found = res.get(off) or []
@@ -227,9 +244,9 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
                 # the trampoline (__restore_rt), whose ip - 1 is outside any function
                 exact = sym.symbolize(module, [off], build_id=build_id or None, return_addresses=False)
                 found = exact.get(off) or found
-            if not found or found[-1].function == unknown_name(module, off):  # module file missing
-                embedded = embedded if embedded is not None else embedded_symbols(trace)
-                name = embedded.lookup(build_id, module, off)
+            if (not found or found[-1].function == unknown_name(module, off)) and embedded is not None:
+                table = table if table is not None else embedded()  # module file missing
+                name = table.lookup(build_id, module, off)
                 found = [Frame(name, module, None, None, off)] if name else found
             resolved[(module, off)] = tuple(
                 FrameInfo(f.function, module, f.file, f.line, inlined=f.inlined) for f in found) or (
@@ -521,7 +538,7 @@ def peak_first(tot: dict) -> bool:
     return peak > 0 and int(tot.get("live_bytes") or 0) <= PEAK_FIRST_MAX_FRACTION * peak
 
 
-def _sort_sites(df: pd.DataFrame, sort: str) -> pd.DataFrame:
+def sort_sites(df: pd.DataFrame, sort: str) -> pd.DataFrame:
     """Order rows of rank_sites by `sort` (see rank_sites); ties by live, peak, allocated bytes,
     then by the innermost frame so the order is deterministic."""
     tie = ["live_bytes", "peak_live_bytes", "alloc_bytes", "device_live_bytes", "device_peak_bytes"]
@@ -530,7 +547,7 @@ def _sort_sites(df: pd.DataFrame, sort: str) -> pd.DataFrame:
                    _name=[frame_key_text(s) for s in df["site"]])
     first = {"live": [], "peak": ["peak_live_bytes"], "growth": ["_growing", "growth_bytes_per_s"],
              "age": ["_age"], "at_peak": ["at_peak_bytes", "peak_live_bytes"]}[sort]
-    cols = first + [c for c in tie if c not in first]
+    cols = first + [c for c in tie if c not in first and c in df.columns]  # the live view has no device_*
     df = df.sort_values(cols + ["_name"], ascending=[False] * len(cols) + [True], kind="mergesort")
     return df.drop(columns=["_growing", "_age", "_name"])
 
@@ -635,7 +652,7 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
             "device_peak_bytes": dpeak, **{f"device_{k}": int(getattr(a, f"device_{k}")) for k in DEVICE_SUMS},
             "live_by_source": by_source[int(c)],
         })
-    df = _sort_sites(pd.DataFrame(rows), sort)
+    df = sort_sites(pd.DataFrame(rows), sort)
     df.insert(0, "rank", range(1, len(df) + 1))
     return df[RANK_COLUMNS].reset_index(drop=True)
 
@@ -1228,7 +1245,7 @@ def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[in
     block = {"seq": seq, "elapsed_s": None if seq is None else _num(float(elapsed_s(trace)[seq]), 3),
              "live_bytes": 0 if seq is None else int(live[seq]), "peak_first": peak_first(tot),
              "max_fraction": PEAK_FIRST_MAX_FRACTION}
-    order = _sort_sites(sites, "at_peak")["rank"].tolist() if len(sites) else []
+    order = sort_sites(sites, "at_peak")["rank"].tolist() if len(sites) else []
     return block, {int(r): i for i, r in enumerate(order, 1)}
 
 

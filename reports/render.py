@@ -99,15 +99,19 @@ def seconds(n: float | None) -> str:
 
 
 _SPARKS = "▁▂▃▄▅▆▇█"
+ASCII_SPARKS = "_.-=+*#@"
 
 
-def sparkline(values: list[int]) -> str:
-    """A one-line sketch of a series, lowest value ▁, highest █."""
+def sparkline(values: list[int], lo: float | None = None, hi: float | None = None, chars: str = _SPARKS) -> str:
+    """A one-line sketch of a series, lowest value ▁, highest █ — or on the scale lo..hi when
+    given (two series drawn on one scale compare); `chars`: the ramp, lowest first."""
     if not values:
         return ""
-    lo, hi = min(values), max(values)
+    lo = min(values) if lo is None else lo
+    hi = max(values) if hi is None else hi
     span = (hi - lo) or 1
-    return "".join(_SPARKS[min(len(_SPARKS) - 1, int((v - lo) / span * (len(_SPARKS) - 1) + 0.5))] for v in values)
+    top = len(chars) - 1
+    return "".join(chars[max(0, min(top, int((v - lo) / span * top + 0.5)))] for v in values)
 
 
 def frame_text(f: dict) -> str:

@@ -16,10 +16,11 @@ fi
 # and would otherwise skip (a failure under CI=true, tests/support.py): binutils (nm, objdump,
 # objcopy, strip, readelf) and dwz for tests/test_symbolize.py, libjemalloc2 for the jemalloc
 # tests, tcmalloc (minimal and full) and mimalloc for tests/test_allocators_bpf.py, rustc for the
-# Rust target of tests/test_unwind_bpf.py (Debian's, unless one is there).
+# Rust target of tests/test_unwind_bpf.py (Debian's, unless one is there), tmux for the
+# full-screen `allocscope top` test (tests/test_top_bpf.py drives it in a real terminal).
 pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev binutils dwz
       chromium fonts-dejavu-core bpfcc-tools redis-server redis-tools libjemalloc2
-      libtcmalloc-minimal4 libgoogle-perftools4 libmimalloc2.0)
+      libtcmalloc-minimal4 libgoogle-perftools4 libmimalloc2.0 tmux)
 if ! command -v rustc >/dev/null && [ ! -x "$HOME/.cargo/bin/rustc" ] && [ ! -x /usr/local/cargo/bin/rustc ]; then
   pkgs+=(rustc)
 fi

@@ -36,6 +36,14 @@ def test_demo_finds_the_pile_up(tmp_path):
     held = sorted(rep["sites"], key=lambda s: s["at_peak_rank"])[0]
     assert held["frames"][0]["function"] == "synthesize_partition"
     assert held["at_peak_bytes"] > rep["at_peak"]["live_bytes"] // 2   # most of what was live then
+    # the few seconds of `top --batch` shown first: the partitions pile up live
+    top = res["top_text"]
+    blocks = [b.splitlines() for b in top.split("== ")[1:]]
+    assert len(blocks) >= 3 and top.splitlines()[-1] == "-- ended: target exited", top
+    firsts = [b[3] for b in blocks if len(b) > 3 and not b[0].endswith("[final]")]
+    assert "synthesize_partition provingd.c:" in firsts[0], top
+    shown = [float(r.split()[0]) * (1 << 20) for r in firsts if "synthesize_partition" in r and r.split()[1] == "MiB"]
+    assert max(shown) > (3 + 2) * MIB8, top  # beyond what the permits should allow, seen live
     bug_b = res["traces"][1]
     for text in (res["report_text"], cli("report", str(bug_b), check=True).stdout):
         first_row = next(ln for ln in text.splitlines() if re.match(r"^\s+1\s", ln))

@@ -39,3 +39,4 @@ class RecordOptions:
 
 
 DEFAULTS = RecordOptions()
+TOP_INTERVAL = 2.0  # `allocscope top` refreshes every 2 s unless --interval says otherwise

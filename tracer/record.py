@@ -62,6 +62,7 @@ class Snapshot:
     changed: list[SiteKey]                   # the sites that changed in this interval
     stack_columns: dict[str, list] | None    # the `stacks` columns of stacks first seen now
     names: dict[int, str]                    # thread names
+    allocator: str = ""                      # what is probed: "glibc /lib/.../libc.so.6", "+ CUDA driver"
 
 
 @dataclass
@@ -259,7 +260,12 @@ class Recorder:
         w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
         if self.observer is not None:
             self.observer(Snapshot(seq, final, row, self.sites.current, changed, stack_columns,
-                                   dict(self.threads.names)))
+                                   dict(self.threads.names), self._allocator_text()))
+
+    def _allocator_text(self) -> str:
+        rep = self.attach_report
+        text = f"{rep.allocator_kind} {rep.allocator}" if rep is not None else ""
+        return text + (" + CUDA driver" if self.cuda_module else "")
 
     def _interval_row(self, seq: int, now: int, alive: bool, readable: bool, final: bool) -> dict:
         counters = self.probes.read_counters()

@@ -33,6 +33,12 @@ class StopRequest:
             signal.signal(s, h)
         self._previous = {}
 
+    def request(self, reason: str) -> None:
+        """A stop asked for by the program itself (`top`: the q key, --iterations, a closed
+        stdout); the first reason, signal or not, is the one kept."""
+        if self.reason is None:
+            self.reason = reason
+
     def handle(self, signum, _frame) -> None:
         if self.reason is None:
             self.reason = signal.Signals(signum).name

@@ -1,0 +1,364 @@
+"""The live view of `allocscope top` and `record`'s status line, fed synthetic snapshots the way
+the recorder's observer is (reports/live.py, reports/live_render.py, allocscope/watch.py): exact
+per-site and per-thread figures, the age bound, folding, sorting, symbolization once per stack,
+and the screens and blocks they render. No BPF: the real thing is tests/test_top_bpf.py."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+from support import ROOT, cli, one_line_error, wait_for
+
+from allocscope.watch import BatchPrinter, StatusLine
+from reports.live import AGE_POINTS, LiveModel, StatusModel, oldest_age_bound
+from reports.live_render import ScreenState, batch_block, screen_lines, screen_text, status_text
+from reports.symbolize import Frame
+from tracer.stop import StopRequest
+
+APP = "/opt/app/bin/grower"
+# file offset -> (function, file, line): what the fake symbolizer answers
+FUNCS = {0x10: ("grow_tick", "grower.c", 30), 0x20: ("grower_main", "grower.c", 59),
+         0x30: ("keep_config", "grower.c", 31), 0x40: ("burst", "grower.c", 35), 0x50: ("xmalloc", "xm.c", 7),
+         0x60: ("main", "grower.c", 90)}
+GROW, CONFIG, BURST, GROW_VIA_XMALLOC = 1, 2, 3, 4
+STACKS = {GROW: [0x10, 0x20, 0x60], CONFIG: [0x30, 0x20, 0x60], BURST: [0x40, 0x20, 0x60],
+          GROW_VIA_XMALLOC: [0x50, 0x10, 0x20, 0x60]}
+T_GROW, T_MAIN = 11, 10
+
+
+class FakeSymbolizer:
+    """Answers from FUNCS and counts what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def symbolize(self, module, offsets, build_id=None, return_addresses=True):
+        offsets = list(offsets)
+        self.asked += offsets
+        return {o: [Frame(FUNCS[o][0], module, FUNCS[o][1], FUNCS[o][2], o)] for o in offsets}
+
+
+def stack_columns(sids) -> dict[str, list]:
+    cols: dict[str, list] = {k: [] for k in ("stack_id", "idx", "ip", "module", "build_id", "offset", "syscall",
+                                             "function", "file", "line")}
+    for sid in sids:
+        for i, off in enumerate(STACKS[sid]):
+            for k, v in (("stack_id", sid), ("idx", i), ("ip", 0x400000 + off), ("module", APP), ("build_id", "ab12"),
+                         ("offset", off), ("syscall", 0), ("function", None), ("file", None), ("line", None)):
+                cols[k].append(v)
+    return cols
+
+
+@dataclass
+class Snap:
+    seq: int
+    final: bool
+    row: dict
+    sites: dict
+    changed: list
+    stack_columns: dict | None
+    names: dict
+    allocator: str = "glibc /usr/lib/x86_64-linux-gnu/libc.so.6"
+
+
+@dataclass
+class Feed:
+    """Cumulative counters, as the recorder keeps them, turned into snapshots."""
+    sites: dict = field(default_factory=dict)
+    known: set = field(default_factory=set)
+    seq: int = 0
+
+    def step(self, t: float, updates: dict, rss: int = 4 << 20, final: bool = False, **row) -> Snap:
+        self.seq += 1
+        sites = dict(self.sites)
+        sites.update(updates)
+        self.sites = sites
+        new = sorted({k[0] for k in updates} - self.known)
+        self.known |= set(new)
+        live = sum(v[0] - v[2] for v in sites.values())
+        r = {"seq": self.seq, "ts_ns": int(t * 1e9), "elapsed_s": t, "rss_bytes": rss, "rss_anon_bytes": rss // 2,
+             "rss_file_bytes": rss // 2, "rss_shmem_bytes": 0, "live_bytes": live, "heap_live_bytes": live,
+             "mmap_live_bytes": 0, "device_live_bytes": 0, "lost_live_full": 0, "lost_live_full_bytes": 0, **row}
+        return Snap(self.seq, final, r, sites, list(updates), stack_columns(new) if new else None,
+                    {T_GROW: "grower", T_MAIN: "grower-main"})
+
+
+def grower_run(model: LiveModel, ticks: int = 5) -> Feed:
+    """keep_config 2000 B at t=1; grow_tick 3333 B a second from t=1 (one of them through
+    xmalloc, folded into the same site); burst 1 MiB allocated and freed every second."""
+    feed = Feed()
+    for k in range(1, ticks + 1):
+        upd = {(GROW, T_GROW, "heap"): (3333 * k, k, 0, 0, 3333 * k),
+               (BURST, T_GROW, "heap"): (k << 20, k, k << 20, k, 1 << 20)}
+        if k == 1:
+            upd[(CONFIG, T_MAIN, "heap")] = (2000, 1, 0, 0, 2000)
+        if k == 3:
+            upd[(GROW_VIA_XMALLOC, T_GROW, "heap")] = (3333, 1, 0, 0, 3333)
+        model.update(feed.step(float(k), upd))
+    return feed
+
+
+def fn(site) -> str:
+    return site[0].function
+
+
+# --- the model ------------------------------------------------------------------------------
+
+def test_site_figures_exact():
+    model = LiveModel(symbolizer=FakeSymbolizer())
+    grower_run(model)
+    view = model.view()
+    ranked = view.ranked("live")
+    assert [fn(s["site"]) for s in ranked] == ["grow_tick", "keep_config", "burst"]
+    g = ranked[0]
+    assert g["rank"] == 1
+    assert g["live_bytes"] == 6 * 3333 and g["live_count"] == 6   # xmalloc folded: one site, two stacks
+    assert g["delta_bytes"] == 3333 and g["allocs_per_s"] == 1.0
+    assert g["verdict"] == "growing" and g["growth_bytes_per_s"] == pytest.approx(3333 * 5 / 4, rel=0.25)
+    assert g["oldest_age_s"] == 4.0                     # first block in the interval ending at t=1
+    assert g["top_thread"] == "grower" and g["top_tid"] == T_GROW
+    assert [f.function for f in g["site"]] == ["grow_tick", "grower_main", "main"]
+    c = ranked[1]
+    assert (c["live_bytes"], c["delta_bytes"], c["verdict"], c["oldest_age_s"]) == (2000, 0, "plateaued", 4.0)
+    assert c["top_thread"] == "grower-main"
+    b = ranked[2]
+    assert (b["live_bytes"], b["peak_live_bytes"], b["verdict"], b["allocs_per_s"]) == (0, 1 << 20, "freed", 1.0)
+    assert math.isnan(b["oldest_age_s"])
+    assert view.row["live_bytes"] == 6 * 3333 + 2000 and view.rss_peak_bytes == 4 << 20
+    assert view.timeline_live == [3333 + 2000, 2 * 3333 + 2000, 4 * 3333 + 2000, 5 * 3333 + 2000, 6 * 3333 + 2000]
+
+
+def test_sorts_rank_as_reports_do():
+    model = LiveModel(symbolizer=FakeSymbolizer())
+    grower_run(model)
+    view = model.view()
+    assert [fn(s["site"]) for s in view.ranked("peak")] == ["burst", "grow_tick", "keep_config"]
+    assert fn(view.ranked("growth")[0]["site"]) == "grow_tick"
+    # equal age bounds: ties by live bytes
+    assert [fn(s["site"]) for s in view.ranked("age")] == ["grow_tick", "keep_config", "burst"]
+
+
+def test_threads_view():
+    model = LiveModel(symbolizer=FakeSymbolizer())
+    grower_run(model)
+    threads = model.view().threads
+    assert [(t["tid"], t["name"], t["live_bytes"], t["delta_bytes"], t["sites"]) for t in threads] == [
+        (T_GROW, "grower", 6 * 3333, 3333, 2), (T_MAIN, "grower-main", 2000, 0, 1)]
+    assert fn(threads[0]["top_site"]) == "grow_tick" and threads[0]["allocs_per_s"] == 2.0
+
+
+def test_each_stack_symbolized_once():
+    sym = FakeSymbolizer()
+    model = LiveModel(symbolizer=sym)
+    feed = grower_run(model)
+    assert sorted(sym.asked) == sorted(FUNCS)  # every offset once, though stacks share frames
+    n = len(sym.asked)
+    model.update(feed.step(6.0, {(GROW, T_GROW, "heap"): (3333 * 6, 6, 0, 0, 3333 * 6)}))
+    model.view()
+    assert len(sym.asked) == n  # a refresh with no new stack asks nothing
+
+
+def test_fold_option_folds_live_sites():
+    from reports.analysis import parse_fold
+    model = LiveModel(fold=parse_fold("grow_tick"), symbolizer=FakeSymbolizer())
+    grower_run(model)
+    assert fn(model.view().ranked("live")[0]["site"]) == "grower_main"
+
+
+def test_age_bound_fifo_exact_and_thinned_still_a_bound():
+    # one block a second, freed in allocation order two seconds later: the oldest live one
+    # is always the one allocated in the interval before last
+    model = LiveModel(symbolizer=FakeSymbolizer())
+    feed = Feed()
+    for k in range(1, 301):
+        freed = max(0, k - 2)
+        model.update(feed.step(float(k), {(GROW, T_GROW, "heap"): (100 * k, k, 100 * freed, freed, 200)}))
+        if k in (3, 10, 300):
+            s = model.view().ranked("live")[0]
+            assert s["live_count"] == 2 and s["oldest_age_s"] == 1.0, (k, s["oldest_age_s"])
+    assert len(model.sites[0].counts) <= AGE_POINTS
+    # a leak: nothing freed, the first block is the oldest however many change points are kept
+    model = LiveModel(symbolizer=FakeSymbolizer())
+    feed = Feed()
+    for k in range(1, 301):
+        model.update(feed.step(float(k), {(GROW, T_GROW, "heap"): (100 * k, k, 0, 0, 100 * k)}))
+    assert len(model.sites[0].counts) <= AGE_POINTS
+    assert model.view().ranked("live")[0]["oldest_age_s"] == 299.0
+
+
+def test_age_bound_never_above_the_truth():
+    # LIFO: blocks 1..5 allocated at t=1..5, the last 3 freed at t=6: blocks 1 and 2 live,
+    # the oldest 5 s old; the counters can only prove 1 + 1 = 2 frees... so the bound is <= 5
+    counts = [(1.0, 1), (2.0, 2), (3.0, 3), (4.0, 4), (5.0, 5)]
+    assert oldest_age_bound(counts, 3, 6.0) == 2.0
+    assert oldest_age_bound(counts, 0, 6.0) == 5.0    # nothing freed: exact
+    assert oldest_age_bound(counts, 5, 6.0) is None   # nothing outstanding
+
+
+def test_status_model_symbolizes_only_the_top_stack():
+    sym = FakeSymbolizer()
+    model = StatusModel(symbolizer=sym)
+    feed = Feed()
+    model.update(feed.step(1.0, {(GROW, T_GROW, "heap"): (3333, 1, 0, 0, 3333),
+                                 (CONFIG, T_MAIN, "heap"): (2000, 1, 0, 0, 2000)}))
+    frames, live = model.top()
+    assert (frames[0].function, live) == ("grow_tick", 3333)
+    assert sorted(sym.asked) == [0x10, 0x20, 0x60]  # keep_config's stack was never symbolized
+    assert status_text(1.0, feed.step(1.0, {}).row, model.lost, model.top(), 200) == (
+        "allocscope: 1s  RSS 4.0 MiB  live 5.2 KiB  lost 0  top: grow_tick grower.c:30 3.3 KiB")
+
+
+# --- what is rendered -----------------------------------------------------------------------------
+
+def test_batch_block():
+    model = LiveModel(symbolizer=FakeSymbolizer())
+    grower_run(model)
+    lines = batch_block(model.view(), "live", 2, "12:00:05").splitlines()
+    assert lines[0] == ("== 12:00:05 +5.0s  RSS 4.0 MiB (peak 4.0 MiB)  live 21.5 KiB (+3.3 KiB)  heap 21.5 KiB  "
+                        "mmap 0 B  lost 0")
+    assert lines[1] == "   3 sites by live bytes"
+    assert lines[2].split() == ["LIVE", "CHANGE", "PEAK", "GROWTH/s", "VERDICT", "AGE", "ALLOC/s", "THREAD", "SITE"]
+    assert lines[3].split()[:4] == ["19.5", "KiB", "+3.3", "KiB"]
+    assert "growing" in lines[3] and ">=4s" in lines[3] and " 1.0 " in lines[3]
+    assert lines[3].split()[-9:] == ["grower", "grow_tick", "grower.c:30", "<", "grower_main", "grower.c:59", "<",
+                                     "main", "grower.c:90"]
+    assert lines[4].split()[:5] == ["2.0", "KiB", "0", "B", "2.0"] and "keep_config" in lines[4]
+    assert len(lines) == 5  # --top 2
+
+
+class Collect:
+    """A stream that keeps what is written to it."""
+    text = ""
+
+    def write(self, t):
+        self.text += t
+
+    def flush(self):
+        pass
+
+
+def test_batch_printer_stops_after_iterations_and_on_a_closed_pipe():
+    class Closed:
+        def write(self, _text):
+            raise BrokenPipeError
+
+        def flush(self):
+            pass
+
+        def fileno(self):
+            raise ValueError("no descriptor")
+
+    stop = StopRequest()
+    printer = BatchPrinter(Closed(), stop, None, "live", 5, None)
+    printer.model = LiveModel(symbolizer=FakeSymbolizer())
+    printer.observe(Feed().step(1.0, {(GROW, T_GROW, "heap"): (3333, 1, 0, 0, 3333)}))
+    printer.pump.close()
+    assert printer.closed and stop.reason == "stdout closed"
+
+    out, stop = Collect(), StopRequest()
+    printer = BatchPrinter(out, stop, None, "live", 5, 2)
+    printer.model = LiveModel(symbolizer=FakeSymbolizer())
+    feed = Feed()
+    for k in (1, 2):
+        printer.observe(feed.step(float(k), {(GROW, T_GROW, "heap"): (3333 * k, k, 0, 0, 3333 * k)}))
+    assert stop.reason == "2 iterations"
+    printer.observe(feed.step(2.1, {}, final=True))  # the final snapshot after the 2nd: not printed
+    printer.pump.close()
+    assert out.text.count("== ") == 2 and "[final]" not in out.text
+
+
+def test_status_line_in_place():
+    err = Collect()
+    status = StatusLine(err)
+    status.model = StatusModel(symbolizer=FakeSymbolizer())
+    feed = Feed()
+    status.observe(feed.step(1.0, {(GROW, T_GROW, "heap"): (3333, 1, 0, 0, 3333)}))
+    wait_for(lambda: status.shown, what="the status line")
+    status.progress("a message")
+    status.close()
+    assert err.text.startswith("\r\x1b[Kallocscope: 1s  RSS 4.0 MiB  live 3.3 KiB  lost 0  top: grow_tick")
+    assert "\r\x1b[Kallocscope: a message\n" in err.text
+
+
+def screen(state: ScreenState, width: int = 140, height: int = 30, ticks: int = 5) -> list[str]:
+    model = LiveModel(symbolizer=FakeSymbolizer())
+    grower_run(model, ticks)
+    lines = screen_lines(model.view(), state, width, height)
+    assert len(lines) <= height
+    assert all(sum(len(t) for t, _ in line) <= width for line in lines)
+    return screen_text(lines).splitlines()
+
+
+def test_screen_sites_and_sort_label():
+    text = screen(ScreenState(target="pid 42 (grower)"))
+    assert text[0].startswith("allocscope top  pid 42 (grower)  glibc /usr/lib/x86_64-linux-gnu/libc.so.6  mode full")
+    assert text[1].startswith("RSS 4.0 MiB  peak 4.0 MiB  anon 2.0 MiB  file 2.0 MiB  shmem 0 B")
+    assert text[2] == "live 21.5 KiB  heap 21.5 KiB  mmap 0 B  lost 0"
+    assert text[3].startswith("RSS  ") and text[4].startswith("live ")
+    assert text[5].startswith("sites by live bytes (3)   sort: live")
+    assert text[6].split()[:3] == ["#", "LIVE", "CHANGE"]
+    first = text[7].split()
+    assert first[:5] == ["1", "19.5", "KiB", "+3.3", "KiB"] and "grow_tick" in text[7] and "≥4s" in text[7]
+    assert text[-1].startswith("s sort  t threads")
+    peak = screen(ScreenState(sort="peak"))
+    assert peak[5].startswith("sites by peak live bytes (3)   sort: peak") and "burst" in peak[7]
+
+
+def test_screen_narrow_small_frozen_expanded_threads():
+    narrow = screen(ScreenState(), width=70)
+    assert "PEAK" not in narrow[6] and "grow_tick" in narrow[7]
+    small = screen(ScreenState(ended="ended: target exited"), width=50, height=10)
+    assert small == ["terminal too small: 50x10", "allocscope top needs 60x12", "ended: target exited"]
+    assert "FROZEN" in screen(ScreenState(frozen=True))[0]
+    stack = screen(ScreenState(expanded=True, selected=0, sort="live"))
+    assert stack[5].startswith("site #1 by live bytes: grow_tick grower.c:30")
+    assert stack[6] == "live 19.5 KiB  peak 19.5 KiB  6 blocks  growing +4.2 KiB/s  age ≥4s  1.0 allocs/s"
+    assert [ln.split()[1] for ln in stack[8:11]] == ["grow_tick", "grower_main", "main"]
+    assert stack[11] == "threads holding it: grower (11) 19.5 KiB"
+    threads = screen(ScreenState(threads=True))
+    assert threads[5].startswith("threads by live bytes (2)")
+    assert threads[7].split()[:4] == ["11", "grower", "19.5", "KiB"]
+    ascii_ = screen(ScreenState(unicode=False))
+    assert ">=4s" in ascii_[7] and all(ch.isascii() for ch in "".join(ascii_))
+
+
+def test_screen_ended_line():
+    text = screen(ScreenState(ended="ended: target exited; nothing written (no -o)  (q: quit)"))
+    assert text[-2] == "ended: target exited; nothing written (no -o)  (q: quit)"
+
+
+# --- the command's bad input ------------------------------------------------------------------------
+
+def test_top_usage_errors():
+    one_line_error(cli("top", "--pid", "1", "--iterations", "3"), "--iterations needs --batch", code=2)
+    # stdin and stdout are pipes here: the full screen cannot be drawn
+    one_line_error(cli("top", "--pid", "1"), "needs a terminal", "--batch", code=2)
+    one_line_error(cli("top", "--pid", "1", "--batch", "--interval", "0"), "--interval must be > 0", code=2)
+    one_line_error(cli("top", "--batch"), "no target", code=2)
+    one_line_error(cli("top", "--pid", "1", "--batch", "--fold", ""), "--fold", code=2)
+    p = cli("top", "--batch", "--iterations", "0", "--pid", "1")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+def test_top_help_lists_the_probe_options():
+    p = subprocess.run([sys.executable, "-m", "allocscope", "top", "--help"], capture_output=True, text=True,
+                       cwd=str(ROOT), check=True)
+    for opt in ("--interval", "--max-live", "--unwind", "--mode", "--sample-bytes", "--sort", "--threads", "--batch",
+                "--iterations", "-o, --output", "--fold"):
+        assert opt in p.stdout, opt
+    assert "[default: 2.0]" in p.stdout
+
+
+def test_target_gone_rss_unknown():
+    model = LiveModel(symbolizer=FakeSymbolizer())
+    feed = grower_run(model, 2)
+    model.update(feed.step(2.5, {}, rss=-1, final=True))
+    view = model.view()
+    assert view.final and view.timeline_rss == [4 << 20] * 3  # the last RSS read stays on the timeline
+    text = screen_text(screen_lines(view, ScreenState(), 140, 30)).splitlines()
+    assert text[1].startswith("RSS -  peak 4.0 MiB")
+    head = batch_block(view, "live", 1, "12:00:03").splitlines()[0]
+    assert head.startswith("== 12:00:03 +2.5s  RSS - (peak 4.0 MiB)") and head.endswith("lost 0  [final]")
