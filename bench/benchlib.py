@@ -147,6 +147,26 @@ def settle(mon: TracerMonitor, quiet: float = 0.05, window: float = 0.5, limit: 
         last = now
 
 
+def attach_allocscope(pid: int, out: Path, args: list[str], python: str | Path, cwd: str | Path,
+                      timeout: float = 300) -> tuple[subprocess.Popen, TracerMonitor]:
+    """`allocscope record -q --pid PID -o OUT ARGS` run by `python` in checkout `cwd`; returns once
+    it has attached, written its first snapshot (maps, build IDs: start-up work too) and gone
+    idle. Raises TrialError with its last line of stderr when it fails or does not attach."""
+    proc = subprocess.Popen([str(python), "-m", "allocscope", "record", "-q", "--pid", str(pid), "-o", str(out),
+                             *args], cwd=str(cwd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    mon = TracerMonitor(proc.pid, {pid})
+    end = time.monotonic() + timeout
+    while not (out / "parts" / "intervals-000001.parquet").exists():
+        if proc.poll() is not None or time.monotonic() > end:
+            stop_process(proc)
+            mon.stop()
+            err = proc.stderr.read().strip().splitlines()
+            raise TrialError(f"allocscope did not attach: {err[-1] if err else f'exit {proc.returncode}'}")
+        time.sleep(0.05)
+    settle(mon)
+    return proc, mon
+
+
 def exported(obj: str, sym: str) -> bool:
     p = subprocess.run(["nm", "-D", "--defined-only", obj], capture_output=True, text=True, check=False)
     return any(line.split()[-1:] == [sym] for line in p.stdout.splitlines())

@@ -45,7 +45,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchlib import TracerMonitor, TrialError, exported, kill_pid, proc_cpu, read_line, settle, stop_process
+from benchlib import (
+    TracerMonitor,
+    TrialError,
+    attach_allocscope,
+    exported,
+    kill_pid,
+    proc_cpu,
+    read_line,
+    settle,
+    stop_process,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -90,24 +100,8 @@ def start_attach_tracer(cfg: str, pid: int, tmp: Path, alloc_obj: str | None = N
     if cfg.startswith("allocscope") or cfg.startswith("floor"):
         out = tmp / f"bench-{time.monotonic_ns()}.allocscope"
         extra = ALLOCSCOPE_CONFIGS.get(cfg, EXTRA_CONFIGS.get(cfg))
-        proc = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "-q", "--pid", str(pid),
-                                 "-o", str(out), *extra], cwd=str(ROOT),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        t = Tracer(proc, TracerMonitor(proc.pid, {pid}), trace=out)
-        end = time.monotonic() + 300
-        # attached once meta.json exists; the first snapshot (maps, build IDs) is start-up too
-        while not (out / "parts" / "intervals-000001.parquet").exists():
-            if proc.poll() is not None:
-                t.monitor.stop()
-                err = proc.stderr.read().strip().splitlines()
-                raise TrialError(f"allocscope failed: {err[-1] if err else proc.returncode}")
-            if time.monotonic() > end:
-                stop_process(proc)
-                t.monitor.stop()
-                raise TrialError("allocscope did not attach in 300 s")
-            time.sleep(0.05)
-        settle(t.monitor)
-        return t
+        proc, mon = attach_allocscope(pid, out, extra, sys.executable, ROOT)
+        return Tracer(proc, mon, trace=out)
     if cfg.startswith("memleak"):
         if alloc_obj and not (exported(alloc_obj, "mmap") and exported(alloc_obj, "munmap")):
             # memleak -O OBJ probes malloc..free *and* mmap/munmap in OBJ, none of them optional;

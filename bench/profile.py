@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import TracerMonitor, kill_pid, proc_cpu, read_line, settle, stop_process
+from benchlib import TrialError, attach_allocscope, kill_pid, proc_cpu, read_line, stop_process
 
 from tracer.bpfobjects import program_stats_of
 
@@ -91,17 +91,12 @@ def main() -> None:
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
             pid = int(read_line(prog, "ready", timeout=60).split()[1])
             out = tmp / "p.allocscope"
-            tracer = subprocess.Popen([str(py), "-m", "allocscope", "record", "-q", "--pid", str(pid), "-o", str(out),
-                                       "--mode", args.mode], cwd=str(root), stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True)
-            mon = TracerMonitor(tracer.pid, {pid})
             try:
-                end = time.monotonic() + 300
-                while not (out / "parts" / "intervals-000001.parquet").exists():
-                    if tracer.poll() is not None or time.monotonic() > end:
-                        sys.exit(f"the tracer did not start: {tracer.stderr.read()[-500:]}")
-                    time.sleep(0.05)
-                settle(mon)
+                tracer, mon = attach_allocscope(pid, out, ["--mode", args.mode], py, root)
+            except TrialError as e:
+                kill_pid(pid)
+                sys.exit(str(e))
+            try:
                 before = program_stats_of(tracer.pid)
                 cpu0, tcpu0 = mon.cpu_total(), proc_cpu(pid) or 0.0
                 raw = tmp / "pyspy.txt"
@@ -132,7 +127,8 @@ def main() -> None:
                   f"({cpu / max(tcpu - tcpu0, 1e-9) * 100:.1f} % of the daemon's)")
             if raw.exists():
                 total, own, cum = pyspy_summary(raw, args.top)
-                print(f"\ntracer (py-spy, {args.rate}/s, {total} samples during the work, idle waits included):")
+                print(f"\ntracer (py-spy, {args.rate}/s, {total} samples during the work; by py-spy's default a "
+                      "thread it sees waiting is not sampled):")
                 print("  own samples  function")
                 for f, c in own:
                     print(f"  {c:>11}  {f}")
