@@ -12,9 +12,13 @@ from support import attached, cli, report_json, wait_for
 pytestmark = pytest.mark.bpf
 
 
-def test_malloc_trim_release_measured(targets, tmp_path):
+@pytest.mark.parametrize("how", [[], ["--rss-tracepoint"]], ids=["btf-read", "rss-stat-program"])
+def test_malloc_trim_release_measured(targets, tmp_path, how):
+    """Both ways of measuring a release: the mm's anonymous-RSS counter read through BTF at the
+    call's entry and return (default), and the old kmem:rss_stat program keeping a copy (the
+    fallback when the BTF lacks the layout, --rss-tracepoint) give the bytes the target saw."""
     out = tmp_path / "trim.allocscope"
-    p = cli("record", "-q", "-o", str(out), "--", str(targets["trim"]), check=True)
+    p = cli("record", "-q", "-o", str(out), *how, "--", str(targets["trim"]), check=True)
     own = {int(m[0]): (int(m[1]), int(m[2]), int(m[3]))
            for m in re.findall(r"trim(\d) ret=(-?\d+) released=(-?\d+) dur_ns=(\d+)", p.stdout)}
     assert set(own) == {1, 2}, p.stdout
