@@ -33,6 +33,7 @@ import io
 import json
 import os
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -580,6 +581,11 @@ def main() -> None:
     ap.add_argument("--large-partitions", type=int, default=24, help="demo-large: partitions to prove")
     ap.add_argument("--bpf-stats", action="store_true",
                     help="turn on kernel.bpf_stats_enabled for the run and print BPF run time per program")
+    ap.add_argument("--define", action="append", default=[], metavar="NAME=ARGS",
+                    help="an ad-hoc allocscope configuration: NAME (allocscope-... or floor-...) recording with "
+                         "the `record` arguments ARGS, e.g. allocscope-res-i10='--mode residency --interval 10'; "
+                         "repeatable; run when named in --configs (or always without --configs); priced against "
+                         "floor-residency when ARGS has --mode residency, else floor")
     ap.add_argument("--no-memleak", action="store_true")
     ap.add_argument("--no-heaptrack", action="store_true")
     ap.add_argument("--unwind", action="store_true",
@@ -597,6 +603,17 @@ def main() -> None:
 
     configs = ["untraced", *ALLOCSCOPE_CONFIGS]
     optional = dict(EXTRA_CONFIGS)
+    for d in args.define:
+        name, sep, extra = d.partition("=")
+        name = name.strip()
+        if not sep or not name.startswith(("allocscope-", "floor-")) or name in ALLOCSCOPE_CONFIGS:
+            sys.exit(f"--define {d!r}: expected NAME=ARGS with a new NAME starting allocscope- or floor-")
+        EXTRA_CONFIGS[name] = shlex.split(extra)
+        optional[name] = EXTRA_CONFIGS[name]
+        if name.startswith("allocscope-"):
+            FLOOR_OF[name] = "floor-residency" if "residency" in EXTRA_CONFIGS[name] else "floor"
+        if not args.configs:
+            configs.append(name)
     skipped: dict[str, str] = {}
     if not args.no_memleak:
         if shutil.which("memleak-bpfcc"):

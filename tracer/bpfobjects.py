@@ -8,9 +8,11 @@ running `allocscope record` without touching it:
     prog_names()                       # names of every loaded program (a killed tracer left none)
 
 Objects are found through /proc/PID/fdinfo (map_id:/prog_id: lines), so other tracers running
-on the same machine at the same time are never mistaken for ours. Entry counts walk the map
-with BPF_MAP_GET_NEXT_KEY (what `bpftool map dump` does); a map that changes during the walk
-gives an approximate count, good enough for bounds.
+on the same machine at the same time are never mistaken for ours. Entry counts of hash maps
+read them bucket by bucket with BPF_MAP_LOOKUP_BATCH, which a map changing under the walk does not
+restart (entries added or deleted meanwhile may or may not be counted: a count within the map's
+churn of one walk). Other maps are walked with BPF_MAP_GET_NEXT_KEY, which restarts from the first
+key when the current one is deleted (on a busy hash map that counted up to twice its entries).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import os
 _libc = ct.CDLL(None, use_errno=True)
 NR_BPF = 321
 MAP_GET_NEXT_KEY, PROG_GET_NEXT_ID, PROG_GET_FD_BY_ID, MAP_GET_FD_BY_ID, OBJ_GET_INFO_BY_FD = 4, 11, 13, 14, 15
+MAP_LOOKUP_BATCH = 24
+_HASH_TYPES = (1, 9)  # BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH (not the per-CPU ones)
 
 
 class _IdAttr(ct.Structure):  # start_id (GET_NEXT_ID) and prog_id/map_id (GET_FD_BY_ID) share `id`
@@ -36,6 +40,12 @@ class _InfoAttr(ct.Structure):
 class _KeyAttr(ct.Structure):
     _fields_ = [("map_fd", ct.c_uint32), ("pad0", ct.c_uint32), ("key", ct.c_uint64),
                 ("next_key", ct.c_uint64), ("flags", ct.c_uint64), ("pad", ct.c_uint8 * 96)]
+
+
+class _BatchAttr(ct.Structure):
+    _fields_ = [("in_batch", ct.c_uint64), ("out_batch", ct.c_uint64), ("keys", ct.c_uint64),
+                ("values", ct.c_uint64), ("count", ct.c_uint32), ("map_fd", ct.c_uint32),
+                ("elem_flags", ct.c_uint64), ("flags", ct.c_uint64), ("pad", ct.c_uint8 * 72)]
 
 
 def _bpf(cmd: int, attr) -> int:
@@ -91,14 +101,13 @@ def prog_stats(fd: int) -> tuple[int, int] | None:
             int.from_bytes(raw[_RUN_CNT_OFF:_RUN_CNT_OFF + 8], "little"))
 
 
-def _map_info(fd: int) -> tuple[str, int, int]:
-    """(name, key_size, max_entries)"""
+def _map_info(fd: int) -> tuple[str, int, int, int, int]:
+    """(name, type, key_size, value_size, max_entries) from struct bpf_map_info"""
     raw = _info(fd)
     if raw is None:
-        return "", 0, 0
-    key_size = int.from_bytes(raw[8:12], "little")
-    max_entries = int.from_bytes(raw[16:20], "little")
-    return raw[24:40].split(b"\0")[0].decode(), key_size, max_entries
+        return "", 0, 0, 0, 0
+    field = [int.from_bytes(raw[i:i + 4], "little") for i in range(0, 20, 4)]  # type id key value max
+    return raw[24:40].split(b"\0")[0].decode(), field[0], field[2], field[3], field[4]
 
 
 def prog_names() -> list[str]:
@@ -120,7 +129,7 @@ def prog_names() -> list[str]:
     return names
 
 
-def _count(fd: int, key_size: int, max_entries: int) -> int:
+def _walk_count(fd: int, key_size: int, max_entries: int) -> int:
     key = (ct.c_uint8 * max(key_size, 1))()
     nxt = (ct.c_uint8 * max(key_size, 1))()
     attr = _KeyAttr(map_fd=fd, key=0, next_key=ct.addressof(nxt))
@@ -134,6 +143,38 @@ def _count(fd: int, key_size: int, max_entries: int) -> int:
     return n
 
 
+def _batch_count(fd: int, key_size: int, value_size: int) -> int | None:
+    """Entries of a hash map by BPF_MAP_LOOKUP_BATCH; None when the kernel refuses it."""
+    chunk = 4096
+    token_in, token_out = (ct.c_uint8 * 8)(), (ct.c_uint8 * 8)()
+    first, n = True, 0
+    while True:
+        keys = (ct.c_uint8 * (max(key_size, 1) * chunk))()
+        values = (ct.c_uint8 * (max(value_size, 1) * chunk))()
+        attr = _BatchAttr(in_batch=0 if first else ct.addressof(token_in), out_batch=ct.addressof(token_out),
+                          keys=ct.addressof(keys), values=ct.addressof(values), count=chunk, map_fd=fd)
+        rc = _bpf(MAP_LOOKUP_BATCH, attr)
+        err = ct.get_errno() if rc != 0 else 0
+        if rc != 0 and err == errno.ENOSPC and chunk < 1 << 20:
+            chunk *= 4             # one bucket holds more entries than a chunk: nothing was read
+            continue
+        if rc != 0 and err != errno.ENOENT:
+            return None
+        n += attr.count
+        if rc != 0:                # ENOENT: the last buckets were read
+            return n
+        ct.memmove(token_in, token_out, 8)
+        first = False
+
+
+def _count(fd: int, map_type: int, key_size: int, value_size: int, max_entries: int) -> int:
+    if map_type in _HASH_TYPES:
+        n = _batch_count(fd, key_size, value_size)
+        if n is not None:
+            return n
+    return _walk_count(fd, key_size, max_entries)
+
+
 def map_counts(pid: int, names: tuple[str, ...] = ("live", "stacks", "sites", "flows",
                                                    "sysargs")) -> dict[str, int]:
     """Entries in the named hash maps of the tracer `pid` (names as in probes/allocscope.c)."""
@@ -143,9 +184,9 @@ def map_counts(pid: int, names: tuple[str, ...] = ("live", "stacks", "sites", "f
         if fd < 0:
             continue
         try:
-            name, key_size, max_entries = _map_info(fd)
+            name, map_type, key_size, value_size, max_entries = _map_info(fd)
             if name in names:
-                out[name] = _count(fd, key_size, max_entries)
+                out[name] = _count(fd, map_type, key_size, value_size, max_entries)
         finally:
             os.close(fd)
     return out
