@@ -9,8 +9,8 @@ alone: enabling any of them routes every system call of every task through the t
 where a per-call check finds the call not traced. This script measures that tax: a loop of
 getppid() calls (bench/syscalls.c) timed untraced and while allocscope records a *different*
 process (a sleeper), in its trap-floor and real configurations, interleaved per round. The
-ns per call added is what a daemon pays per system call while it is being traced (redis: ~3 a
-request, on the server and on the benchmark client alike).
+ns per call added is what every process on the machine, the traced daemon and its clients
+included, pays per system call while a recording runs.
 """
 from __future__ import annotations
 

@@ -148,15 +148,18 @@ def _batch_count(fd: int, key_size: int, value_size: int) -> int | None:
     chunk = 4096
     token_in, token_out = (ct.c_uint8 * 8)(), (ct.c_uint8 * 8)()
     first, n = True, 0
+    keys = values = None
     while True:
-        keys = (ct.c_uint8 * (max(key_size, 1) * chunk))()
-        values = (ct.c_uint8 * (max(value_size, 1) * chunk))()
+        if keys is None:  # buffers made once per chunk size, reused batch after batch
+            keys = (ct.c_uint8 * (max(key_size, 1) * chunk))()
+            values = (ct.c_uint8 * (max(value_size, 1) * chunk))()
         attr = _BatchAttr(in_batch=0 if first else ct.addressof(token_in), out_batch=ct.addressof(token_out),
                           keys=ct.addressof(keys), values=ct.addressof(values), count=chunk, map_fd=fd)
         rc = _bpf(MAP_LOOKUP_BATCH, attr)
         err = ct.get_errno() if rc != 0 else 0
         if rc != 0 and err == errno.ENOSPC and chunk < 1 << 20:
             chunk *= 4             # one bucket holds more entries than a chunk: nothing was read
+            keys = values = None
             continue
         if rc != 0 and err != errno.ENOENT:
             return None
