@@ -9,6 +9,7 @@ import click
 
 from allocscope.options import fold_option, probe_options, source_option, target_options, trace_options
 from allocscope.output import emit, progress
+from allocscope.recording import early_stop, record_options, resolve_target, summary_text
 from common.errors import AllocscopeError, Interrupted, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -22,11 +23,6 @@ def _fail(err: AllocscopeError) -> None:
 RECORDING_COMMANDS = ("record", "top")  # they handle SIGINT/SIGTERM/SIGHUP themselves
 
 
-def early_stop():
-    """The StopRequest the `allocscope` command installed at its first line (allocscope/entry.py),
-    None when the CLI runs inside another program (tests)."""
-    entry = sys.modules.get("allocscope.entry")
-    return getattr(entry, "STOP", None)
 
 
 class Group(click.Group):
@@ -51,15 +47,6 @@ class Group(click.Group):
             sys.exit(1)
 
 
-def parse_labels(values: tuple[str, ...]) -> dict[str, str]:
-    labels = {}
-    for v in values:
-        key, sep, val = v.partition("=")
-        key = key.strip()
-        if not sep or not key or any(c.isspace() for c in key):
-            raise UsageError(f"--label wants KEY=VALUE (e.g. --label pw=12), not {v!r}")
-        labels[key] = val
-    return labels
 
 
 @click.group(cls=Group, context_settings=CONTEXT)
@@ -76,30 +63,8 @@ def main() -> None:
     """
 
 
-def resolve_target(pid: int | None, pattern: str | None, command: tuple[str, ...], launch: bool = True):
-    """The one process given by --pid, --pgrep or -- CMD (launched blocked before exec; with
-    `launch` False a command is only looked up: the dry run starts nothing)."""
-    from tracer import target as tg  # noqa: PLC0415
-
-    given = sum(x is not None and x != () for x in (pid, pattern, command or None))
-    if given == 0:
-        raise UsageError("no target: give --pid PID, --pgrep PATTERN, or -- CMD [ARGS...]")
-    if given > 1:
-        raise UsageError("give only one of --pid, --pgrep, -- CMD")
-    if pid is not None:
-        return tg.target_from_pid(pid)
-    if pattern is not None:
-        return tg.target_from_pgrep(pattern)
-    return tg.target_from_command(list(command)) if launch else tg.command_target(list(command))
 
 
-def record_options(output: str | None, labels, **kw):
-    """RecordOptions from the command's options (defaults: tracer.options.DEFAULTS); a
-    repeatable option's values (a tuple from click) become the list RecordOptions keeps."""
-    from tracer.options import RecordOptions  # noqa: PLC0415
-
-    kw = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()}
-    return RecordOptions(output=output or "", labels=parse_labels(labels), **kw)
 
 
 @main.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
@@ -161,14 +126,6 @@ def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_sym
     click.echo(summary_text(s))
 
 
-def summary_text(s) -> str:
-    """The one line a recording ends with (tracer.record.Summary)."""
-    from reports.render import human_bytes  # noqa: PLC0415
-
-    where = f"wrote {s.path}" if s.path else "wrote nothing (no -o)"
-    return (f"allocscope: {where}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "
-            f"live {human_bytes(s.live_bytes)} in {s.live_count} blocks at {s.sites} sites; "
-            f"lost {s.lost}; {human_bytes(s.bytes_written)} on disk")
 
 
 @main.command(context_settings=CONTEXT)

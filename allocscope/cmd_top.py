@@ -9,6 +9,7 @@ import click
 
 from allocscope.options import fold_option, probe_options, target_options, trace_options
 from allocscope.output import progress
+from allocscope.recording import early_stop, record_options, resolve_target, summary_text
 from common.errors import UsageError
 from tracer.options import TOP_INTERVAL
 
@@ -53,7 +54,6 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
       allocscope top --pid 4242 --sort growth -o run.allocscope
       allocscope top --pid 4242 --batch --interval 5 | tee memory.log
     """
-    from allocscope.cli import early_stop, record_options, resolve_target, summary_text  # noqa: PLC0415
     from reports.analysis import parse_fold  # noqa: PLC0415
     from tracer import record as rec  # noqa: PLC0415
     from tracer.doctor import require_root  # noqa: PLC0415
@@ -99,7 +99,6 @@ def _batch(target, opts, stop, folding, sort, top_n, iterations):
 
 
 def _screen(rec, target, opts, stop, folding, sort, threads_view):
-    from allocscope.cli import summary_text  # noqa: PLC0415
     from allocscope.screen import Screen  # noqa: PLC0415
     from reports.live import LiveModel  # noqa: PLC0415
     from reports.live_render import ScreenState, mode_text, screen_text  # noqa: PLC0415

@@ -1,0 +1,267 @@
+"""Frames and sites: symbolized stacks, the allocator and wrapper frames folded out of them,
+and the location a folded stack belongs to.
+
+A *site* is a symbolized call stack with allocator and allocator-wrapper frames folded away
+(innermost first); the same code gives the same site in every run, whatever the addresses. A
+*location* is the innermost frame of a site: the place in the code that asked for memory (see
+`location_of`); the stacks that reach it are kept under it.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from common.errors import UsageError
+from common.tracefile.reader import Trace
+
+# Frames folded out of a site (they stay in `full_frames`): allocator entry points and the
+# wrappers languages put around them.
+WRAPPER_PATTERNS = [
+    r"^operator new", r"^operator delete", r"^__rust_alloc", r"^__rust_realloc", r"^__rust_alloc_zeroed",
+    r"^__rdl_alloc", r"^__rdl_realloc", r"^__rg_alloc", r"^alloc::alloc::", r"^alloc::raw_vec::",
+    r"^<alloc::alloc::Global as core::alloc::Allocator>", r"^std::allocator", r"^__gnu_cxx::new_allocator",
+    r"^std::__new_allocator", r"^std::_Vector_base<.*>::_M_allocate", r"^std::allocator_traits",
+    r"^(__libc_)?(malloc|calloc|realloc|reallocarray|free|posix_memalign|aligned_alloc|memalign|valloc|pvalloc)$",
+    r"^(__)?(mmap|mmap64|munmap|mremap|brk|sbrk|__brk|__sbrk|madvise|syscall)$",
+    r"^(strdup|strndup|__strdup|__strndup)$",
+    # Rust's alloc crate (Vec, RawVec, Box, String, their trait impls) and C++ standard containers:
+    # with DWARF unwinding and inlines their internals are on the stack; the caller is the site.
+    r"^alloc::", r"^<alloc::(vec|raw_vec|string|alloc|collections)::",
+    (r"^(void |\S+ )?std::(vector|_Vector_base|__cxx11::basic_string|basic_string|deque|_Deque_base|"
+     r"__cxx11::list|list|_List_base|_Rb_tree|map|multimap|set|multiset|unordered_map|unordered_set|"
+     r"_Hashtable|__detail::_Hashtable_alloc|__detail::_Map_base|__shared_count|__shared_ptr|shared_ptr|"
+     r"make_shared|allocate_shared|unique_ptr|make_unique|__allocated_ptr)\b"),
+]
+
+_WRAPPER_RX = re.compile("|".join(WRAPPER_PATTERNS))
+
+# Application wrappers around malloc, folded out of sites like the language wrappers above: the
+# code that asked for memory is the frame right outside them. (library, glob patterns matched
+# against the whole function name, case-sensitive); listed in the report when they fold a frame.
+APP_WRAPPERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("redis", ("zmalloc*", "ztrymalloc*", "zcalloc*", "ztrycalloc*", "zrealloc*", "ztryrealloc*", "zstrdup")),
+    ("cpython", ("PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc", "_PyObject_Malloc", "_PyObject_Calloc",
+                 "_PyObject_Realloc", "PyMem_*", "_PyMem_*", "pymalloc_alloc", "pymalloc_realloc",
+                 "_PyObject_Arena*", "new_arena", "allocate_from_new_pool")),
+    ("glib", ("g_malloc*", "g_realloc*", "g_try_malloc*", "g_try_realloc*", "g_slice_alloc*", "g_memdup*",
+              "g_strdup*", "g_strndup")),
+    ("openssl", ("CRYPTO_malloc", "CRYPTO_zalloc", "CRYPTO_realloc", "CRYPTO_clear_realloc", "CRYPTO_memdup",
+                 "CRYPTO_strdup", "CRYPTO_strndup", "CRYPTO_secure_malloc", "CRYPTO_secure_zalloc")),
+    ("xmalloc", ("xmalloc", "xcalloc", "xzalloc", "xrealloc", "xreallocarray", "xnmalloc", "xnrealloc",
+                 "x2realloc", "x2nrealloc", "xcharalloc", "xmemdup", "xstrdup", "xstrndup")),
+)
+
+USER_FOLD = "--fold"  # the `from` of a pattern the user gave
+
+_GLOB_CHARS = frozenset("*?[")
+
+_OPEN, _CLOSE = "<([", ">)]"
+
+def _split_fold(value: str) -> list[str]:
+    """'a,b' -> ['a', 'b']; a comma inside <...>, (...) or [...] belongs to the name
+    (`std::map<int, int>::insert`, `f(int, long)`)."""
+    out, cur, depth = [], [], 0
+    for ch in value:
+        if ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+            continue
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE and depth:
+            depth -= 1
+        cur.append(ch)
+    out.append("".join(cur))
+    return [p.strip() for p in out]
+
+def parse_fold(values: str | list[str] | tuple[str, ...] | None) -> Folding:
+    """The one normalizer of `--fold FUNC[,FUNC]` (repeatable) for every command: FUNC is an
+    exact function name, or a glob (fnmatch `*`, `?`, `[...]`, case-sensitive) when it holds one
+    of those; either way it is matched against the whole symbolized name (C++ names include
+    their parameters: `Pool::get*`). Duplicates are dropped, order kept. UsageError for an empty
+    name or a pattern without a literal character (it would fold every frame)."""
+    if isinstance(values, str):
+        values = [values]
+    patterns: list[str] = []
+    for value in values or ():
+        for p in _split_fold(value):
+            if not p:
+                raise UsageError(f"--fold wants FUNC[,FUNC...] (e.g. --fold my_alloc,'pool_*'), not {value!r}")
+            if not set(p) - _GLOB_CHARS - set("]!"):
+                raise UsageError(f"--fold {p!r} would fold every frame: give a function name or a pattern "
+                                 "with some of its letters (e.g. 'pool_*')")
+            if p not in patterns:
+                patterns.append(p)
+    return Folding(tuple(patterns))
+
+class Folding:
+    """Which application wrappers are folded out of sites (allocator entry points and language
+    wrappers, WRAPPER_PATTERNS, always are): the built-in APP_WRAPPERS plus the user's `--fold`
+    patterns. Build it with `parse_fold`; `None` anywhere a `fold` is taken means the built-ins
+    only."""
+
+    def __init__(self, user: tuple[str, ...] = ()) -> None:
+        self.user = tuple(user)
+        self.patterns: list[tuple[str, str]] = [(lib, p) for lib, pats in APP_WRAPPERS for p in pats] + \
+            [(USER_FOLD, p) for p in self.user]
+        self._rx = [(src, p, re.compile(fnmatch.translate(p) if _GLOB_CHARS & set(p) else re.escape(p) + r"\Z"))
+                    for src, p in self.patterns]
+        self._any = re.compile("|".join(f"(?:{rx.pattern})" for _, _, rx in self._rx))
+        self._cache: dict[str, tuple[str, str] | None] = {}
+
+    def match(self, function: str) -> tuple[str, str] | None:
+        """(library or '--fold', pattern) of the first pattern matching the whole name, or None."""
+        hit = self._cache.get(function, False)
+        if hit is False:
+            hit = None
+            if self._any.match(function):
+                hit = next((src, p) for src, p, rx in self._rx if rx.match(function))
+            self._cache[function] = hit
+        return hit
+
+    def __repr__(self) -> str:
+        return f"Folding(user={self.user!r})"
+
+DEFAULT_FOLDING = Folding()
+
+@dataclass(frozen=True)
+class FrameInfo:
+    function: str
+    module: str
+    file: str | None
+    line: int | None
+    # Inlined into the next (outer) frame, at the same address; not part of equality.
+    inlined: bool = field(default=False, compare=False)
+
+    def as_dict(self) -> dict:
+        return {"function": self.function, "module": self.module, "file": self.file, "line": self.line}
+
+UNKNOWN_STACK = (FrameInfo("[stack lost]", "", None, None),)
+
+def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, ...]]:
+    """stack_id -> frames innermost first, every frame symbolized (offline, pyelftools). A frame
+    whose address lies in inlined code expands to the inlined functions (`inlined=True`, innermost
+    first) followed by the function they were inlined into."""
+    from .embedded import load as embedded_symbols  # noqa: PLC0415
+    from .symbolize import Symbolizer  # noqa: PLC0415
+
+    if trace.stacks.empty:
+        return {0: UNKNOWN_STACK}
+    return symbolize_stack_rows(trace.stacks, Symbolizer(progress=progress), lambda: embedded_symbols(trace))
+
+def symbolize_stack_rows(st: pd.DataFrame, sym, embedded: Callable | None = None,
+                         resolved: dict[tuple[str, int], tuple[FrameInfo, ...]] | None = None
+                         ) -> dict[int, tuple[FrameInfo, ...]]:
+    """symbolize_stacks for rows of the `stacks` table (`st`), with the caller's `sym` (a
+    reports.symbolize.Symbolizer: it keeps every module it parsed, so a caller that symbolizes
+    stacks as they come — `allocscope top` — parses each ELF file once). `embedded`: returns the
+    trace's embedded symbols (reports.embedded), called only when a module file is missing.
+    `resolved`: (module, offset) -> frames already looked up, kept by such a caller between
+    calls (and filled here), so an address shared by many stacks is looked up once."""
+    from .symbolize import Frame, unknown_name  # noqa: PLC0415
+
+    if st.empty:
+        return {0: UNKNOWN_STACK}
+    st = st.drop_duplicates(["stack_id", "idx"]).sort_values(["stack_id", "idx"])
+    resolved = {} if resolved is None else resolved
+    table = None  # the embedded symbols, read when needed
+    todo = st[(st["offset"] >= 0) & st["function"].isna()]
+    for (module, build_id), grp in todo.groupby(["module", "build_id"], sort=False, dropna=False):
+        build_id = build_id if isinstance(build_id, str) else None
+        offsets = sorted(o for o in {int(o) for o in grp["offset"]} if (module, o) not in resolved)
+        if not offsets:
+            continue
+        res = sym.symbolize(module, offsets, build_id=build_id or None, return_addresses=True)
+        for off in offsets:
+            found = res.get(off) or []
+            if found and found[-1].function == unknown_name(module, off):
+                # not a call's return address: a signal handler returns to the first byte of
+                # the trampoline (__restore_rt), whose ip - 1 is outside any function
+                exact = sym.symbolize(module, [off], build_id=build_id or None, return_addresses=False)
+                found = exact.get(off) or found
+            if (not found or found[-1].function == unknown_name(module, off)) and embedded is not None:
+                table = table if table is not None else embedded()  # module file missing
+                name = table.lookup(build_id, module, off)
+                found = [Frame(name, module, None, None, off)] if name else found
+            resolved[(module, off)] = tuple(
+                FrameInfo(f.function, module, f.file, f.line, inlined=f.inlined) for f in found) or (
+                FrameInfo(f"{os.path.basename(module)}+{off:#x}", module, None, None),)
+    out: dict[int, tuple[FrameInfo, ...]] = {0: UNKNOWN_STACK}
+    for sid, grp in st.groupby("stack_id", sort=False):
+        frames = []
+        for module, off, ip, fn, file, line in zip(grp["module"], grp["offset"], grp["ip"], grp["function"],
+                                                   grp["file"], grp["line"]):
+            if isinstance(fn, str):
+                frames.append(FrameInfo(fn, module, file if isinstance(file, str) else None,
+                                        None if pd.isna(line) else int(line)))
+            elif off >= 0:
+                frames.extend(resolved[(module, int(off))])
+            else:
+                frames.append(FrameInfo(f"{module or '[anon]'}@{int(ip):#x}", module, None, None))
+        out[int(sid)] = tuple(frames)
+    return out
+
+_PREFIX_RX = re.compile(r"^(__GI_|__libc_|__)+")
+
+def is_wrapper(function: str) -> bool:
+    """An allocator entry point, syscall wrapper or language allocation shim."""
+    return bool(_WRAPPER_RX.search(function) or _WRAPPER_RX.search(_PREFIX_RX.sub("", function)))
+
+_ENTRY_RX = re.compile(r"^(malloc|calloc|realloc|reallocarray|free|posix_memalign|aligned_alloc|memalign|"
+                       r"valloc|pvalloc|malloc_trim|mmap|mmap64|munmap|mremap|brk|sbrk|madvise)$")
+
+def is_allocator_entry(function: str) -> bool:
+    """An allocator's public entry point or a libc memory syscall wrapper (after glibc's
+    __GI_/__libc_ prefixes): the frames inside one of these are the allocator's internals."""
+    return bool(_ENTRY_RX.match(_PREFIX_RX.sub("", function)))
+
+def fold_frames(frames: tuple[FrameInfo, ...], fold: Folding | None = None) -> tuple[FrameInfo, ...]:
+    """Drop the innermost frames that belong to the allocator: its internals (sysmalloc,
+    _int_malloc... — frames of the same module inside an allocator entry point), the entry
+    point itself (malloc, libc's mmap wrapper...), and the wrappers right around it: language
+    ones (operator new, __rust_alloc, alloc::raw_vec::*, std::vector internals...) and the
+    application wrappers of `fold` (built-in: zmalloc, PyObject_Malloc, g_malloc...; plus the
+    user's --fold). Only an exact entry-point name swallows the frames inside it, and wrappers
+    fold only as an unbroken run from the allocator's side, so a wrapper-looking frame far up
+    a statically linked program (one module) never folds the program away. At least the
+    outermost frame is kept."""
+    fold = fold or DEFAULT_FOLDING
+    cut = 0
+    for j, f in enumerate(frames[:-1]):
+        if is_allocator_entry(f.function) and \
+                all(g.module == f.module or is_wrapper(g.function) for g in frames[:j]):
+            cut = j + 1
+    while cut < len(frames) - 1 and (is_wrapper(frames[cut].function) or fold.match(frames[cut].function)):
+        cut += 1
+    return frames[cut:]
+
+def folded_wrappers(stacks: Iterable[tuple[FrameInfo, ...]], fold: Folding | None = None) -> list[dict]:
+    """What the application-wrapper patterns folded out of these stacks (full frames, e.g.
+    `symbolize_stacks(...).values()`), for the report's
+    `folded`: one entry per pattern that folded a frame, and per user pattern even when it
+    folded none — {"pattern", "from" (library of a built-in, or '--fold'), "functions" (the
+    names it folded, sorted)}, built-ins in APP_WRAPPERS order, then the user's."""
+    fold = fold or DEFAULT_FOLDING
+    hits: dict[tuple[str, str], set[str]] = {(USER_FOLD, p): set() for p in fold.user}
+    seen: set[tuple[FrameInfo, ...]] = set()
+    for frames in stacks:
+        if frames in seen:
+            continue
+        seen.add(frames)
+        for f in frames[:len(frames) - len(fold_frames(frames, fold))]:
+            m = None if is_wrapper(f.function) else fold.match(f.function)
+            if m is not None:
+                hits.setdefault(m, set()).add(f.function)
+    return [{"pattern": p, "from": src, "functions": sorted(hits[(src, p)])}
+            for src, p in fold.patterns if (src, p) in hits]
+
+SiteKey = tuple[FrameInfo, ...]
+
+def frame_key_text(site: SiteKey) -> str:
+    """A stable one-line text of a site, for deterministic tie-breaking and messages."""
+    return " < ".join(f"{f.function}@{os.path.basename(f.file or '')}:{f.line or ''}" for f in site)

@@ -1,0 +1,278 @@
+"""What is resident and why: allocator arenas, the RSS split, malloc_trim calls and the
+memory releases by thread."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from common.tracefile.reader import Trace
+
+from .sources import DEVICE_FILE_SOURCES, REGISTER_API, SHMEM_SOURCES, live_by_source
+
+ARENA_COLUMNS = ["id", "kind", "live_bytes", "resident_bytes", "retained_bytes", "threads", "heaps",
+                 "size_bytes", "estimated"]
+
+def arena_table(trace: Trace) -> pd.DataFrame:
+    """Allocator arenas at the end of the recording, ranked by retained bytes. Columns: id
+    ('main', the arena address of a glibc thread arena, 'mmap' for the allocator's own mmapped
+    chunks, 'other' for heap-API blocks outside those, e.g. jemalloc extents), kind
+    (main|thread|mmap|other), live_bytes (blocks allocated after attach and still live),
+    resident_bytes (pagemap at the end; None when unknown), retained_bytes (resident − live,
+    at least 0: memory the allocator keeps that the program does not hold), threads (tids that
+    allocated the live blocks), heaps (glibc heaps in the arena), size_bytes (mapped read-write),
+    estimated (residency sampled, not read page by page, or a chunk range shared with CUDA host
+    memory whose pages were taken off). The tracer measures every live block outside glibc's
+    heaps as an allocator chunk, the pinned and managed memory the CUDA driver maps too: a range
+    of such memory alone is left out, so RSS decomposition never calls it retained."""
+    h = trace.heaps
+    if h is None or h.empty:
+        return pd.DataFrame(columns=ARENA_COLUMNS)
+    h = h.sort_values("start").reset_index(drop=True)
+    starts = h["start"].to_numpy(dtype=np.uint64)
+    ends = h["reserved_end"].to_numpy(dtype=np.uint64)
+    is_mmap = (h["kind"] == "mmap").to_numpy()
+    n = len(h)
+    other = n  # heap-API blocks in no known range
+    live_sum: dict[int, int] = {}
+    tids: dict[int, set[int]] = {}
+    # Bytes of other blocks (CUDA host memory the driver mapped: the tracer measures every live
+    # block outside glibc's heaps as an allocator chunk) in `mmap` ranges, page-rounded, and
+    # whether a range holds any heap-API block at all.
+    foreign = np.zeros(n, dtype=np.int64)
+    has_heap = np.zeros(n, dtype=bool)
+    page_mask = np.uint64(~(4096 - 1) & 0xFFFFFFFFFFFFFFFF)
+    # One pass over the live blocks, batch by batch, no per-row Python: the range of each block
+    # (or none), then exact hash aggregates per range.
+    for b in trace.live_batches(["source", "addr", "size", "tid"]):
+        addr, size, tid = b["addr"].astype(np.uint64, copy=False), b["size"], b["tid"]
+        row = np.full(len(addr), -1, dtype=np.int32)
+        if n <= 16:  # a few ranges (they never overlap): two compares a range
+            for j in range(n):
+                row[(addr >= starts[j]) & (addr < ends[j])] = j
+        else:
+            i = np.searchsorted(starts, addr, side="right") - 1
+            ic = np.maximum(i, 0)
+            ok = (i >= 0) & (addr < ends[ic])
+            row[ok] = ic[ok]
+        heap = b["heap"]
+        if not heap.all():
+            f = ~heap & (row >= 0)
+            f[f] = is_mmap[row[f]]
+            if f.any():
+                lo, hi = addr[f] & page_mask, (addr[f] + size[f].astype(np.uint64) + np.uint64(4095)) & page_mask
+                np.add.at(foreign, row[f], np.minimum(hi, ends[row[f]]).astype(np.int64) - lo.astype(np.int64))
+            addr, size, tid, row = addr[heap], size[heap], tid[heap], row[heap]
+        has_heap[row[row >= 0]] = True
+        grp = np.where(row >= 0, row, other).astype(np.int32)
+        tab = pa.table({"g": grp, "size": size.astype(np.int64, copy=False), "tid": tid})
+        sums = tab.group_by("g").aggregate([("size", "sum")])
+        for g, v in zip(sums["g"].to_pylist(), sums["size_sum"].to_pylist()):
+            live_sum[g] = live_sum.get(g, 0) + v
+        pairs = tab.group_by(["g", "tid"]).aggregate([])
+        for g, t in zip(pairs["g"].to_pylist(), pairs["tid"].to_pylist()):
+            tids.setdefault(g, set()).add(t)
+    # an `mmap` range of CUDA host memory alone is no allocator chunk; one shared with chunks
+    # (neighbouring mappings merged) loses those pages' bytes, an estimate from then on
+    keep = ~(is_mmap & (foreign > 0) & ~has_heap)
+    resident = h["resident_bytes"].to_numpy(dtype=np.int64) - foreign
+    estimated = h["estimated"].to_numpy().astype(bool) | (foreign > 0)
+    ids = np.where(h["kind"] == "main", "main", np.where(is_mmap, "mmap", h["arena"]))
+    rows = []
+    for aid in dict.fromkeys(ids[keep]):
+        idx = np.flatnonzero((ids == aid) & keep)
+        lb = int(sum(live_sum.get(int(j), 0) for j in idx))
+        res = int(np.maximum(resident[idx], 0).sum())
+        kind = str(h["kind"].iloc[idx[0]])
+        rows.append({"id": str(aid), "kind": kind, "live_bytes": lb, "resident_bytes": res,
+                     "retained_bytes": max(0, res - lb), "threads": sorted(set().union(*(tids.get(int(j), set())
+                                                                                          for j in idx))),
+                     "heaps": int(len(idx)) if kind != "mmap" else 0,
+                     "size_bytes": int((h["end"].to_numpy()[idx] - h["start"].to_numpy()[idx]).sum()),
+                     "estimated": bool(estimated[idx].any())})
+    if other in live_sum:
+        rows.append({"id": "other", "kind": "other", "live_bytes": int(live_sum[other]),
+                     "resident_bytes": None, "retained_bytes": 0, "threads": sorted(tids.get(other, [])),
+                     "heaps": 0, "size_bytes": 0, "estimated": False})
+    df = pd.DataFrame(rows, columns=ARENA_COLUMNS)
+    return df.sort_values(["retained_bytes", "live_bytes"], ascending=False).reset_index(drop=True)
+
+def live_bytes_by_api(trace: Trace) -> dict[str, int]:
+    """{api: bytes} of the final live table (the blocks outstanding at the end), summed in
+    Arrow; {} for a trace without one (cut short)."""
+    tab = trace.live_table
+    if tab is None:
+        df = trace.live
+        return {str(k): int(v) for k, v in df.groupby("api", observed=True)["size"].sum().items()} if len(df) else {}
+    out: dict[str, int] = {}
+    # batch by batch: each row group of a part has its own dictionary of api names
+    for b in tab.select(["api", "size"]).to_batches():
+        api = b.column(0)
+        key, names = (api.indices, api.dictionary.to_pylist()) if pa.types.is_dictionary(api.type) else (api, None)
+        agg = pa.table({"k": key, "s": b.column(1)}).group_by("k").aggregate([("s", "sum")])
+        for k, v in zip(agg["k"].to_pylist(), agg["s_sum"].to_pylist()):
+            name = str(names[k] if names is not None else k)
+            out[name] = out.get(name, 0) + int(v)
+    return out
+
+def shared_split(trace: Trace, shmem_bytes: int, file_bytes: int, by_source: dict[str, int] | None = None) -> dict:
+    """Who holds RssShmem and the device share of RssFile at the end, host memory only:
+    shmem_attributed_bytes (live bytes of shmem and cuda-pinned sites — shared anonymous, memfd
+    and tmpfs mappings, pinned host memory — less the ranges cuMemHostRegister_v2 pinned in
+    place, which are anonymous memory counted at their own site; at most RssShmem),
+    shmem_unattributed_bytes (the rest of RssShmem: shared memory mapped before the attach or by
+    means not traced, e.g. SysV shmat), shmem_sources ({source: live bytes} of those sites),
+    file_device_bytes (live bytes of cuda-managed and device sites — mappings of device files:
+    managed memory is /dev/nvidia-uvm — at most RssFile), file_regular_bytes (the rest of
+    RssFile: executables, libraries, data files), file_device_sources. Live bytes are mapped
+    sizes: pinned memory is resident at once, but a shared mapping never touched is not, so
+    the attributed share is an upper bound where such mappings are sparse. `by_source`:
+    live_by_source(trace), when at hand."""
+    by_src = live_by_source(trace) if by_source is None else by_source
+    shm = {k: by_src[k] for k in SHMEM_SOURCES if by_src.get(k)}
+    registered = live_bytes_by_api(trace).get(REGISTER_API, 0) if shm.get("cuda-pinned") else 0
+    if registered:
+        shm["cuda-pinned"] = max(0, shm["cuda-pinned"] - registered)
+    dev = {k: by_src[k] for k in DEVICE_FILE_SOURCES if by_src.get(k)}
+    shm_att = min(max(shmem_bytes, 0), sum(shm.values()))
+    file_dev = min(max(file_bytes, 0), sum(dev.values()))
+    return {"shmem_attributed_bytes": shm_att, "shmem_unattributed_bytes": max(0, shmem_bytes - shm_att),
+            "shmem_sources": shm, "file_device_bytes": file_dev,
+            "file_regular_bytes": max(0, file_bytes - file_dev), "file_device_sources": dev}
+
+def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
+                      by_source: dict[str, int] | None = None) -> dict | None:
+    """RSS at the end split as: live heap (held by the program, resident) + retained by the
+    allocator (resident, not held) + other anonymous (stacks, the program's own mmaps, memory of
+    allocators we cannot see into) + file-backed + shared memory. The first two are measured
+    (pagemap of the allocator's ranges); other anonymous is RssAnon minus the allocator's
+    resident bytes. Shared memory and file are split further by `shared_split` (the shmem and
+    pinned sites' share of RssShmem, the device-file share of RssFile). GPU memory is never in
+    RSS and never here. None when the trace has no end-of-run residency. `by_source`:
+    live_by_source(trace), when at hand."""
+    arenas = arena_table(trace) if arenas is None else arenas
+    iv = trace.intervals
+    if "rss_anon_bytes" not in iv:
+        return None
+    alive = iv[iv["rss_bytes"] >= 0]
+    if alive.empty:
+        return None
+    last = alive.iloc[-1]
+    split = shared_split(trace, int(last["rss_shmem_bytes"]), int(last["rss_file_bytes"]), by_source)
+    if arenas.empty or arenas["resident_bytes"].isna().all():
+        # Not glibc (jemalloc, tcmalloc...): its retention cannot be told apart from other
+        # anonymous memory; the live heap is what the program holds.
+        held = min(int(last["heap_live_bytes"]), int(last["rss_anon_bytes"]))
+        parts = {"live_heap_bytes": held, "retained_bytes": 0,
+                 "other_anon_bytes": max(0, int(last["rss_anon_bytes"]) - held),
+                 "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
+        return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": sum(parts.values()),
+                "allocator_resident_bytes": None, "retained_known": False, **split}
+    known = arenas[arenas["resident_bytes"].notna()]
+    resident = int(known["resident_bytes"].sum())
+    held = int(np.minimum(known["live_bytes"].to_numpy(dtype=np.int64),
+                          known["resident_bytes"].to_numpy(dtype=np.int64)).sum())
+    retained = int(known["retained_bytes"].sum())
+    other_anon = max(0, int(last["rss_anon_bytes"]) - resident)
+    parts = {"live_heap_bytes": held, "retained_bytes": retained, "other_anon_bytes": other_anon,
+             "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
+    total = sum(parts.values())
+    return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": total,
+            "allocator_resident_bytes": resident, "retained_known": True, **split}
+
+def residency_advice(arenas: pd.DataFrame, dec: dict | None) -> list[str]:
+    """Plain advice from the arena table and the RSS decomposition."""
+    if dec is None or not dec["rss_bytes"]:
+        return []
+    rss = dec["rss_bytes"]
+    out = []
+    thread = arenas[arenas["kind"] == "thread"]
+    t_ret = int(thread["retained_bytes"].sum())
+    m_ret = int(arenas.loc[arenas["kind"] == "main", "retained_bytes"].sum())
+    if t_ret > 0.2 * rss and thread["id"].nunique() > 1:
+        out.append(f"{thread['id'].nunique()} glibc thread arenas retain {t_ret >> 20} MiB "
+                   f"({100 * t_ret // rss}% of RSS) that the program freed: cap them with MALLOC_ARENA_MAX=2..4, "
+                   "or call malloc_trim(0) after bursts")
+    if m_ret > 0.2 * rss:
+        out.append(f"the main heap retains {m_ret >> 20} MiB ({100 * m_ret // rss}% of RSS) of freed memory: "
+                   "malloc_trim(0) returns whole free pages; if it sits at the top of the heap, lower "
+                   "M_TRIM_THRESHOLD (GLIBC_TUNABLES=glibc.malloc.trim_threshold=...)")
+    if dec["live_heap_bytes"] > 0.5 * rss:
+        out.append("most resident memory is live data the program holds: see the top sites")
+    if dec["other_anon_bytes"] > 0.5 * rss:
+        out.append("most resident memory is anonymous memory outside the allocator's heaps "
+                   "(mmap regions, thread stacks, another allocator): see the mmap sites")
+    if dec["shmem_bytes"] > 0.2 * rss:
+        out.append(f"{dec['shmem_bytes'] >> 20} MiB is shared memory (e.g. pinned CUDA host memory shows as RssShmem)"
+                   + (f": {dec['shmem_attributed_bytes'] >> 20} MiB of it at the shmem and cuda-pinned sites, "
+                      f"{dec['shmem_unattributed_bytes'] >> 20} MiB mapped before the attach or not traced"
+                      if "shmem_attributed_bytes" in dec else ""))
+    return out
+
+def _trace_t0(trace: Trace) -> int:
+    return int((trace.meta.get("clock") or {}).get("monotonic_ns", 0))
+
+def trims(trace: Trace) -> list[dict]:
+    """malloc_trim calls in time order: time (s from start), tid, thread, duration_s, returned
+    (glibc's return value), released_bytes — the drop of the target's anonymous RSS between the
+    call's entry and return, measured from the kernel's RSS counters (kmem:rss_stat), not the
+    sum of the ranges glibc madvised (it madvises released ranges again and still returns 1) —
+    and rss_before_bytes / rss_after_bytes."""
+    ev = trace.events
+    if ev.empty:
+        return []
+    names = trace.thread_names()
+    t0 = _trace_t0(trace)
+    out = []
+    for r in ev[ev["type"] == "trim"].sort_values("ts_ns").itertuples():
+        out.append({"time": (int(r.ts_ns) - t0) / 1e9, "tid": int(r.tid), "thread": names.get(int(r.tid), "?"),
+                    "duration_s": int(r.len2) / 1e9, "returned": int(r.ret),
+                    "released_bytes": int(r.released_bytes),
+                    "rss_before_bytes": int(r.len), "rss_after_bytes": int(r.addr2)})
+    return out
+
+RELEASE_KINDS = ("madvise", "munmap", "brk")
+
+def release_table(trace: Trace) -> pd.DataFrame:
+    """Memory handed back to the kernel outside malloc_trim, one row per syscall: time_s, tid,
+    thread, kind (madvise|munmap|brk), in_api (allocator call it ran inside, '' if none),
+    requested_bytes (length asked for), released_bytes (measured drop of anonymous RSS)."""
+    ev = trace.events
+    cols = ["time_s", "tid", "thread", "kind", "in_api", "requested_bytes", "released_bytes"]
+    if ev.empty:
+        return pd.DataFrame(columns=cols)
+    ev = ev[ev["type"].isin(RELEASE_KINDS) & (ev["in_api"] != "malloc_trim")]
+    names = trace.thread_names()
+    t0 = _trace_t0(trace)
+    df = pd.DataFrame({
+        "time_s": (ev["ts_ns"].astype("int64") - t0) / 1e9, "tid": ev["tid"].astype(int),
+        "thread": [names.get(int(t), "?") for t in ev["tid"]], "kind": ev["type"], "in_api": ev["in_api"],
+        "requested_bytes": ev["len"].astype("int64").where(ev["type"] != "brk", 0),
+        "released_bytes": ev["released_bytes"].astype("int64")})
+    return df.sort_values("time_s").reset_index(drop=True)[cols]
+
+def releases_by_thread(trace: Trace) -> list[dict]:
+    """Per (thread, kind): calls and measured bytes released, largest first. Version 2 traces
+    have them summed in the kernel (`releases`); version 1 traces, one event per syscall."""
+    rel = trace.releases
+    if not rel.empty:
+        last = rel.sort_values("seq").drop_duplicates(["tid", "kind", "in_api"], keep="last")
+        last = last[last["in_api"] != "malloc_trim"]
+        names = trace.thread_names()
+        df = pd.DataFrame({"tid": last["tid"].astype(int), "thread": [names.get(int(t), "?") for t in last["tid"]],
+                           "kind": last["kind"], "calls": last["calls"].astype("int64"),
+                           "released_bytes": last["released_bytes"].astype("int64"),
+                           "requested_bytes": last["requested_bytes"].astype("int64")})
+        g = df.groupby(["tid", "thread", "kind"]).agg(calls=("calls", "sum"), released_bytes=("released_bytes", "sum"),
+                                                      requested_bytes=("requested_bytes", "sum")).reset_index()
+    else:
+        df = release_table(trace)
+        if df.empty:
+            return []
+        g = df.groupby(["tid", "thread", "kind"]).agg(calls=("released_bytes", "size"),
+                                                      released_bytes=("released_bytes", "sum"),
+                                                      requested_bytes=("requested_bytes", "sum")).reset_index()
+    g = g.sort_values("released_bytes", ascending=False)
+    return [{"tid": int(r.tid), "thread": r.thread, "kind": r.kind, "calls": int(r.calls),
+             "released_bytes": int(r.released_bytes), "requested_bytes": int(r.requested_bytes)}
+            for r in g.itertuples()]

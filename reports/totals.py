@@ -1,0 +1,105 @@
+"""Whole-process totals, losses and what to do about them, and the notes a sampled or
+residency-mode trace carries."""
+from __future__ import annotations
+
+import pandas as pd
+
+from common.tracefile.reader import Trace
+
+from .sources import by_source, is_device, live_by_source
+
+LOSS_ADVICE = {
+    "lost_live_full": "the live-allocation map was full: raise --max-live",
+    "lost_live_full_bytes": None,
+    "lost_stack_full": "the stack map was full: some bytes are shown under '[stack lost]'",
+    "lost_stack_err": "some stacks could not be read: those bytes are under '[stack lost]'",
+    "lost_site_full": "the site map was full: bytes counted in totals but not per site",
+    "lost_inflight_full": "no kernel memory for a thread's entry state: some calls were not seen",
+    "lost_unmatched_ret": "returns without their entry (normal right after attach; large values mean missed calls)",
+    "lost_stale_entry": "entries whose return was never seen (a thread left malloc abnormally)",
+    "lost_ring_full": "the event ring overflowed: some mmap/munmap/thread events are missing",
+    "lost_flow_full": "the thread-flow map was full: some cross-thread frees are not in the flow table",
+    "lost_stack_truncated": "some stacks were cut short (deeper than 64 frames, or code the DWARF unwinder "
+                            "cannot follow): their sites show the innermost frames only",
+}
+
+def losses(trace: Trace) -> dict[str, int]:
+    """Every lost_* counter at the end of the recording (cumulative)."""
+    last = trace.intervals.iloc[-1]
+    return {c: int(last[c]) for c in trace.intervals.columns if c.startswith("lost_") and not pd.isna(last[c])}
+
+def _col_max(df: pd.DataFrame, col: str) -> int:
+    return int(df[col].max()) if col in df and len(df) else 0
+
+def _last(row: pd.Series, col: str) -> int:
+    """An integer column of an intervals row; 0 when the trace has no such column."""
+    v = row.get(col)
+    return 0 if v is None or pd.isna(v) else int(v)
+
+def totals(trace: Trace) -> dict:
+    """Whole-process numbers: live_bytes, live_count (tracked and outstanding at the end),
+    peak_live_bytes, rss_bytes (last sample while the target was readable), peak_rss_bytes
+    (highest sample), hwm_bytes (kernel VmHWM), lost_events (sum of the lost_* counters except
+    byte counts), losses (the non-zero lost_* counters), heap_live_bytes, mmap_live_bytes,
+    duration_s, intervals — host memory only — and, kept apart: device_bytes (GPU memory live
+    at the end, `intervals.device_live_bytes`), device_peak_bytes (its highest), device_count
+    (GPU allocations live at the end, from the sites), cuda_host_bytes (pinned and managed host
+    memory made through the CUDA driver API at the end, `intervals.cuda_host_live_bytes`; part of
+    live_bytes), live_by_source (`live_by_source`). 0 for a trace made before GPU memory was
+    traced."""
+    iv = trace.intervals
+    alive = iv[iv["rss_bytes"] >= 0] if "rss_bytes" in iv else iv.iloc[0:0]
+    last = iv.iloc[-1]
+    lost = losses(trace)
+    peak_cols = [c for c in ("live_bytes", "heap_peak_bytes") if c in iv]
+    st = trace.final_sites()
+    device_count = int(st.loc[is_device(st["source"]), "live_count"].sum()) if len(st) else 0
+    return {
+        "live_bytes": int(last["live_bytes"]),
+        # the kernel's block count holds the driver API's GPU allocations too: not host blocks
+        "live_count": int(last["live_count"]) - device_count,
+        "peak_live_bytes": max((_col_max(iv, c) for c in peak_cols), default=0),
+        "rss_bytes": int(alive["rss_bytes"].iloc[-1]) if len(alive) else 0,
+        "peak_rss_bytes": _col_max(alive, "rss_bytes"),
+        "hwm_bytes": _col_max(alive, "hwm_bytes"),
+        "lost_events": int(sum(v for k, v in lost.items() if not k.endswith("_bytes"))),
+        "losses": {k: v for k, v in lost.items() if v},
+        "heap_live_bytes": int(last.get("heap_live_bytes", 0)),
+        "mmap_live_bytes": int(last.get("mmap_live_bytes", 0)),
+        "duration_s": float(last.get("elapsed_s", 0.0)),
+        "intervals": int(last["seq"]),
+        "device_bytes": _last(last, "device_live_bytes"),
+        "device_peak_bytes": max(_col_max(iv, "device_peak_bytes"), _col_max(iv, "device_live_bytes")),
+        "device_count": device_count,
+        "cuda_host_bytes": _last(last, "cuda_host_live_bytes"),
+        "live_by_source": live_by_source(trace, st),
+        "by_source": by_source(st),
+    }
+
+def advice(trace: Trace, tot: dict) -> list[str]:
+    """One line per non-zero loss counter: what was lost and what to do about it."""
+    out = []
+    for k, v in tot["losses"].items():
+        if k == "lost_live_full_bytes":
+            continue
+        msg = LOSS_ADVICE.get(k) or "some events were not recorded; the numbers are lower bounds"
+        out.append(f"{k}={v}: {msg}")
+    if tot["losses"].get("lost_live_full_bytes"):
+        out.append(f"{tot['losses']['lost_live_full_bytes']} bytes were allocated but not tracked (live map full)")
+    return out
+
+def mode_notes(trace: Trace) -> list[str]:
+    """What a sampled or residency-mode trace can and cannot answer (shown on top of reports)."""
+    meta = trace.meta
+    out = []
+    if meta.get("mode") == "residency":
+        n = (meta.get("sampling") or {}).get("fault_sample", 0)
+        out.append(f"residency mode: no allocator probes. Sites of source 'fault' count first touches of pages "
+                   f"(sampled 1 in {n}, each standing for {n} pages; cumulative — pages given back are not "
+                   "subtracted); sites of source 'mmap'/'brk' are exact and live. Frees of heap blocks, "
+                   "per-block sizes and thread flows are not seen.")
+    sb = (meta.get("sampling") or {}).get("sample_bytes", 0)
+    if sb:
+        out.append(f"sampled trace: one sample per {sb} bytes on average; heap bytes are unbiased estimates "
+                   "(see live_bytes_error, a 95% bound) and block counts are sample counts")
+    return out
