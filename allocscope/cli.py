@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from allocscope.options import fold_option, probe_options, source_option, target_options, trace_options
+from allocscope.options import by_option, fold_option, probe_options, source_option, target_options, trace_options
 from allocscope.output import emit, progress
 from allocscope.recording import early_stop, record_options, resolve_target, summary_text
 from common.errors import AllocscopeError, Interrupted, UsageError
@@ -145,10 +145,12 @@ def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_sym
                                              "device_live_bytes"]),
               default="live_bytes", show_default=True,
               help="Value of each stack in --format folded (host memory; device_live_bytes: GPU memory).")
+@by_option
 @fold_option
 @source_option
-def report(trace, fmt, output, top, sort, metric, fold, sources):
-    """Outstanding bytes by call site and by thread, totals and losses, from TRACE.
+def report(trace, fmt, output, top, sort, metric, by, fold, sources):
+    """Outstanding bytes by location (the place in the code that asked for memory) and by
+    thread, totals and losses, from TRACE.
 
     \b
     Examples:
@@ -157,8 +159,14 @@ def report(trace, fmt, output, top, sort, metric, fold, sources):
       allocscope report run.allocscope --format pprof -o heap.pb.gz && go tool pprof -top heap.pb.gz
       allocscope report run.allocscope --format folded | flamegraph.pl > live.svg
 
-    The JSON form (schema allocscope.report/1) is a contract other tools read: sites sorted by
-    --sort (default: live bytes), each with frames innermost first, and threads, arenas, trims.
+    A location is the innermost frame left after folding allocator wrappers: one line of code.
+    Every stack that reaches it (a work-stealing pool reaches one call through many) is summed
+    under it, and its largest stacks are shown below it; --by stack lists each stack instead.
+
+    The JSON form (schema allocscope.report/1) is a contract other tools read: sites (one per
+    folded stack) sorted by --sort (default: live bytes), each with frames innermost first and
+    its `location`; locations (one per place, with `stacks`: the ranks of its sites); threads,
+    arenas, trims.
     When most of the peak was freed by the end (live at the end <= 25% of the peak), the text
     and HTML forms show the sites that held the peak first.
     """
@@ -181,7 +189,7 @@ def report(trace, fmt, output, top, sort, metric, fold, sources):
         emit(to_folded(t, metric=metric, fold=folding), output)
         return
     stacks = symbolize_stacks(t, say)
-    rep = build_report(t, sort=sort, stacks=stacks, fold=folding)
+    rep = build_report(t, sort=sort, stacks=stacks, fold=folding, by=by)
     if wanted:
         rep["source_filter"] = wanted
     if fmt == "json":

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from allocscope.options import fold_option, source_option
+from allocscope.options import by_option, fold_option, source_option
 from allocscope.output import emit, progress
 from common.errors import AllocscopeError
 
@@ -40,14 +40,17 @@ class OneLineErrors(click.Command):
 @click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
               help="Sites and thread groups to show (text).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
+@by_option
 @fold_option
 @source_option
-def diff(trace_a, trace_b, fmt, sort, per, top, output, fold, sources):
-    """Compare two traces: which call sites and thread pools hold more memory in B than in A.
+def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources):
+    """Compare two traces: which places in the code and thread pools hold more memory in B than in A.
 
-    Sites are matched by symbolized frames (function, module, file, line), never by address, so
-    runs with different PIDs and address layouts compare; wrappers (built-in and --fold) are
-    folded out of both traces' sites first. With --per LABEL, a site whose B/A
+    Locations (the innermost frame after folding wrappers: function, file:line) are matched by
+    symbolized frame (function, module, file, line), never by address or stack, so runs with
+    different PIDs, address layouts and work-stealing paths compare; wrappers (built-in and
+    --fold) are folded out of both traces first. --by stack matches whole stacks instead. With
+    --per LABEL, a location whose B/A
     peak ratio is more than 1.5 x LABEL_B/LABEL_A (and whose growth is >= 1% of the total
     change) is flagged with ! and listed first: it grew out of proportion to LABEL.
 
@@ -59,8 +62,9 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, fold, sources):
     GPU memory (CUDA device memory) is compared in columns of its own (a GPU section in text;
     a_/b_device_peak_bytes, device_peak_delta_bytes... in JSON), never in the host figures.
 
-    The JSON form (schema allocscope.diff/1): a, b (labels...), sites (frames, a_peak_live_bytes,
-    b_peak_live_bytes, delta_bytes, ...), totals, thread_groups.
+    The JSON form (schema allocscope.diff/1): a, b (labels...), sites (per stack: frames,
+    a_peak_live_bytes, b_peak_live_bytes, delta_bytes, ...), locations (the same per location,
+    with its `location` key), totals, thread_groups.
     """
     from reports import render  # noqa: PLC0415
     from reports.analysis import only_sources, parse_fold, parse_sources  # noqa: PLC0415
@@ -72,7 +76,7 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, fold, sources):
     say = progress if sys.stderr.isatty() else None
     a = only_sources(load_trace(trace_a, progress=say), wanted)
     b = only_sources(load_trace(trace_b, progress=say), wanted)
-    doc = diff_traces(a, b, per=per, sort=sort, progress=say, fold=folding)
+    doc = diff_traces(a, b, per=per, sort=sort, progress=say, fold=folding, by=by)
     if wanted:
         doc["source_filter"] = wanted
     if fmt == "json":

@@ -14,6 +14,18 @@ FOLD_HELP = ("Also fold these functions out of sites, like the built-in wrappers
              "inside <> () [] belong to the name.")
 
 
+BY_HELP = ("What a row is: location = the place in the code that asked for memory (the innermost frame "
+           "after folding wrappers: function, file:line), every stack that reaches it summed under it; "
+           "function = the lines of one function merged; stack = one row per distinct call stack (the "
+           "per-stack view: how the place was reached).")
+
+
+def by_option(f):
+    """--by location|function|stack: what a row of a people-facing table is."""
+    return click.option("--by", "by", type=click.Choice(["location", "function", "stack"]), default="location",
+                        show_default=True, help=BY_HELP)(f)
+
+
 def fold_option(f):
     """--fold FUNC[,FUNC] (repeatable): the raw values, for reports.analysis.parse_fold."""
     return click.option("--fold", "fold", multiple=True, metavar="FUNC[,FUNC]", help=FOLD_HELP)(f)

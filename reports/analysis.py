@@ -31,22 +31,28 @@ Verdicts (see `verdict` for the exact rules): each site is *freed*, *transient*,
 """
 from __future__ import annotations
 
+from common.errors import UsageError
 from common.tracefile.reader import Trace
 
 from .frames import (  # noqa: F401
     APP_WRAPPERS,
     DEFAULT_FOLDING,
+    GROUPINGS,
     UNKNOWN_STACK,
     USER_FOLD,
     WRAPPER_PATTERNS,
     Folding,
     FrameInfo,
     SiteKey,
+    collapse_recursion,
     fold_frames,
     folded_wrappers,
     frame_key_text,
+    group_of,
     is_allocator_entry,
     is_wrapper,
+    key_quality,
+    location_key,
     parse_fold,
     symbolize_stack_rows,
     symbolize_stacks,
@@ -131,20 +137,43 @@ from .totals import (  # noqa: F401
 
 REPORT_SCHEMA = "allocscope.report/1"
 
-def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, fold: Folding | None = None) -> dict:
-    """The allocscope.report/1 document: what `report --format json` prints. Sites are ordered
-    (and `rank`ed) by `sort` (see rank_sites) whatever `at_peak.peak_first` says (that is for
-    the text and HTML renderers, which lead with `at_peak_rank` then); each site's `timeline`
-    holds its live bytes at the intervals listed once in `timeline_seq`. `stacks` (from
-    symbolize_stacks) saves symbolizing again when the caller has them; `fold` (parse_fold)
-    adds wrappers to fold, listed in `folded`."""
+def location_dict(r, names: dict[int, str], points: list[int], site_rank: dict[SiteKey, int]) -> dict:
+    """One row of rank_sites(by=location or function) as an allocscope.report/1 location: the
+    keys of a site (`frames`: its largest stack, folded) and location (the stable key,
+    frames.location_key), function, module, file, line (of the location's frame), key_quality
+    (frames.key_quality: line, function or address), n_stacks and stacks (the ranks in
+    `sites` of its stacks, holding most first)."""
+    f = r.site[0]
+    return {**site_dict(r, names, points), "location": location_key(r.site), "function": f.function,
+            "module": f.module, "file": f.file, "line": f.line, "key_quality": key_quality(f),
+            "n_stacks": int(r.n_stacks), "stacks": [site_rank[x] for x in r.stacks if x in site_rank]}
+
+
+def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, fold: Folding | None = None,
+                 by: str = "location") -> dict:
+    """The allocscope.report/1 document: what `report --format json` prints. Sites (one per
+    folded stack) and locations (one per place in the code, frames.group_of; `by` function:
+    one per function) are ordered (and `rank`ed) by `sort` (see rank_sites) whatever
+    `at_peak.peak_first` says (that is for the text and HTML renderers, which lead with
+    `at_peak_rank` then); each site's and location's `timeline` holds its live bytes at the
+    intervals listed once in `timeline_seq`; every site names its `location`. `by` (location,
+    function, stack) is what people-facing renderers list; the document has both lists
+    whatever it is (`by` stack: locations by location). `stacks` (from symbolize_stacks) saves
+    symbolizing again when the caller has them; `fold` (parse_fold) adds wrappers to fold,
+    listed in `folded`."""
+    if by not in GROUPINGS:
+        raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")
     if stacks is None:
         stacks = symbolize_stacks(trace, progress)
     sites = rank_sites(trace, stacks, sort=sort, fold=fold)
+    loc_by = "location" if by == "stack" else by
+    locs = rank_sites(trace, stacks, sort=sort, fold=fold, by=loc_by)
+    site_rank = {s: int(r) for s, r in zip(sites["site"], sites["rank"])}
     threads = thread_table(trace)
     names = trace.thread_names()
     tot = totals(trace)
     peak, peak_rank = at_peak(trace, tot, sites)
+    _, loc_peak_rank = at_peak(trace, tot, locs)
     sample_bytes = int((trace.meta.get("sampling") or {}).get("sample_bytes", 0) or 0)
     arenas = arena_table(trace)
     dec = rss_decomposition(trace, arenas, tot["live_by_source"])
@@ -158,6 +187,7 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
         "recording": {"complete": trace.complete, "end_reason": meta.get("end_reason"),
                       "interval_s": meta.get("interval_s"), "allocator": (meta.get("probes") or {}).get("allocator"),
                       "allocator_kind": (meta.get("probes") or {}).get("allocator_kind"),
+                      "allocators": list((meta.get("probes") or {}).get("allocators") or []),
                       "probes": meta.get("probes"), "warnings": trace.warnings},
         "totals": tot,
         "advice": mode_notes(trace) + advice(trace, tot) + residency_advice(arenas, dec),
@@ -165,11 +195,17 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
         "timeline_seq": [i + 1 for i in points],
         "at_peak": peak,
         "folded": folded_wrappers(stacks.values(), fold),
+        "by": by,
         "sites": [dict(site_dict(r, names, points), at_peak_rank=peak_rank[int(r.rank)],
+                       location=location_key(group_of(r.site, loc_by)),
                        **({"live_bytes_error": sampling_error(int(r.live_bytes), sample_bytes)}
                           if sample_bytes else {}))
                   for r in sites.itertuples()],
-        "gpu": gpu_summary(trace, tot, sites),
+        "locations": [dict(location_dict(r, names, points, site_rank), at_peak_rank=loc_peak_rank[int(r.rank)],
+                           **({"live_bytes_error": sampling_error(int(r.live_bytes), sample_bytes)}
+                              if sample_bytes else {}))
+                      for r in locs.itertuples()],
+        "gpu": gpu_summary(trace, tot, sites, locs),
         "threads": [{k: (r[k] if k == "name" else int(r[k])) for k in THREAD_COLUMNS}
                     for r in threads.to_dict("records")],
         "thread_groups": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}

@@ -9,8 +9,12 @@ more memory in run B than in run A, and which grew out of proportion to a scalin
 
 Sites are matched by their symbolized, folded frames, each reduced to (function, module
 basename, file basename, line): never by address or stack id, which ASLR, other builds paths
-and other PIDs change. Everything per trace comes from reports.analysis (rank_sites,
-thread_group_table, totals), so a diff shows the same numbers as the two reports.
+and other PIDs change. Locations (reports.frames.group_of: the innermost frame of a site) are
+matched the same way, so a place reached through other stacks in B than in A — a work-stealing
+pool's — is one row with its whole B/A: what the text shows by default (`by`).
+
+Everything per trace comes from reports.analysis (rank_sites, thread_group_table, totals), so a
+diff shows the same numbers as the two reports.
 
 Normalization (``per=LABEL``): both traces carry a numeric label (``--label pw=10``), and a
 site whose memory scales linearly with it has B/A ~= label_b / label_a (the *expected ratio*).
@@ -31,12 +35,15 @@ from common.errors import UsageError
 from common.tracefile.reader import Trace
 
 from .analysis import (
+    GROUPINGS,
     Folding,
     FrameInfo,
     SiteKey,
     advice,
     folded_wrappers,
     frame_key_text,
+    key_quality,
+    location_key,
     rank_sites,
     symbolize_stacks,
     thread_group_table,
@@ -87,13 +94,17 @@ class Side:
     groups: pd.DataFrame
     totals: dict
     stacks: dict[int, SiteKey] = field(default_factory=dict)
+    locations: pd.DataFrame | None = None  # rank_sites by location (or function)
 
 
-def summarize(trace: Trace, progress=None, fold: Folding | None = None) -> Side:
+def summarize(trace: Trace, progress=None, fold: Folding | None = None, by: str = "location") -> Side:
     """Everything a diff needs from one trace; `fold` (analysis.parse_fold): the wrappers to
-    fold besides the built-in ones, the same for both sides so that their sites match."""
+    fold besides the built-in ones, the same for both sides so that their sites match; `by`:
+    how `locations` are grouped (location or function; stack: by location)."""
     stacks = normalize_stacks(symbolize_stacks(trace, progress))
-    return Side(trace, rank_sites(trace, stacks, fold=fold), thread_group_table(trace), totals(trace), stacks)
+    loc_by = "location" if by == "stack" else by
+    return Side(trace, rank_sites(trace, stacks, fold=fold), thread_group_table(trace), totals(trace), stacks,
+                rank_sites(trace, stacks, fold=fold, by=loc_by))
 
 
 def label_value(trace: Trace, label: str, which: str) -> float:
@@ -175,8 +186,10 @@ def _sort_key(sort: str):
     return lambda r: (primary(r), -r["b_peak_live_bytes"], -r["b_device_peak_bytes"], frame_key_text(r["site"]))
 
 
-def diff_sites(a: Side, b: Side, per: str | None = None, sort: str = "delta") -> pd.DataFrame:
-    """Sites of A and B matched by frames. One row per site; columns:
+def diff_sites(a: Side, b: Side, per: str | None = None, sort: str = "delta", locations: bool = False
+               ) -> pd.DataFrame:
+    """Sites of A and B matched by frames (with `locations`: their locations, Side.locations,
+    matched by the location's frame). One row per site; columns:
 
     site (matched frames tuple), in ('both'|'a'|'b'), a_/b_peak_live_bytes, delta_bytes (b - a
     peak), ratio (b/a peak; inf: new in B; NaN: 0 in both), a_/b_live_bytes (at the end),
@@ -197,7 +210,7 @@ def diff_sites(a: Side, b: Side, per: str | None = None, sort: str = "delta") ->
     if sort == "excess" and per is None:
         raise UsageError("--sort excess needs --per LABEL (the excess is over linear scaling with LABEL)")
     expected = normalization(a.trace, b.trace, per)["expected_ratio"] if per else None
-    rows = _site_rows(a.sites, b.sites)
+    rows = _site_rows(a.locations, b.locations) if locations else _site_rows(a.sites, b.sites)
     for r in rows:
         _add_deltas(r, expected)
     _flag(rows, expected)
@@ -256,8 +269,12 @@ def _jnum(v):
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def _site_json(row: dict) -> dict:
+def _site_json(row: dict, location: bool = False) -> dict:
     out: dict[str, Any] = {"frames": [f.as_dict() for f in row["site"]]}
+    if location:
+        f = row["site"][0]
+        out.update(location=location_key(row["site"]), function=f.function, module=f.module, file=f.file,
+                   line=f.line, key_quality=key_quality(f))
     out.update({k: _jnum(row[k]) for k in SITE_DIFF_COLUMNS if k != "site"})
     for k in ("ratio", "scaling"):
         if out[k] is not None:
@@ -283,7 +300,7 @@ def normalization(trace_a: Trace, trace_b: Trace, per: str) -> dict:
 
 
 def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: str = "delta",
-                progress=None, fold: Folding | None = None) -> dict:
+                progress=None, fold: Folding | None = None, by: str = "location") -> dict:
     """The allocscope.diff/1 document: `allocscope diff A B --format json`.
 
     Keys: schema; a, b (the labels of each trace); traces (a, b: path, labels, pid, comm, exe,
@@ -293,10 +310,16 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
     b, delta: live/peak/RSS/losses, and GPU memory apart: device_bytes, device_peak_bytes,
     device_count, cuda_host_bytes; expected_b_peak_live_bytes with `per`); sites (see
     diff_sites; `frames` instead of `site`, NaN/inf ratios as null), ordered by `sort`;
+    by (what the text lists: location, function or stack); locations (the same figures and
+    flag per location — per function with `by` function —, with its `location` key, function,
+    module, file, line and key_quality; flags judged among locations), ordered by `sort`;
     thread_groups (see diff_thread_groups).
     """
-    a, b = summarize(trace_a, progress, fold), summarize(trace_b, progress, fold)
+    if by not in GROUPINGS:
+        raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")
+    a, b = summarize(trace_a, progress, fold, by), summarize(trace_b, progress, fold, by)
     sites = diff_sites(a, b, per, sort)
+    locs = diff_sites(a, b, per, sort, locations=True)
     norm = normalization(trace_a, trace_b, per) if per else None
     return {
         "schema": DIFF_SCHEMA,
@@ -308,7 +331,9 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
         "folded": folded_wrappers([*a.stacks.values(), *b.stacks.values()], fold),
         "warnings": _warnings(a, b),
         "totals": _totals_json(a, b, norm["expected_ratio"] if norm else None),
+        "by": by,
         "sites": [_site_json(r) for r in sites.to_dict("records")],
+        "locations": [_site_json(r, location=True) for r in locs.to_dict("records")],
         "thread_groups": [{k: _jnum(v) for k, v in r.items()}
                           for r in diff_thread_groups(a, b).to_dict("records")],
     }

@@ -265,3 +265,71 @@ SiteKey = tuple[FrameInfo, ...]
 def frame_key_text(site: SiteKey) -> str:
     """A stable one-line text of a site, for deterministic tie-breaking and messages."""
     return " < ".join(f"{f.function}@{os.path.basename(f.file or '')}:{f.line or ''}" for f in site)
+
+
+# --- locations -------------------------------------------------------------------------------
+
+GROUPINGS = ("location", "function", "stack")  # what a people-facing table's rows are (--by)
+_UNKNOWN_RX = re.compile(r"(\+0x[0-9a-f]+|@0x[0-9a-f]+)$")
+
+
+def key_quality(frame: FrameInfo) -> str:
+    """How precise a location key built on `frame` is: ``line`` (function and file:line),
+    ``function`` (a symbol without line information: every call site in that function is one
+    location), ``address`` (no symbol: `module+0xOFFSET`, one location per return address, so
+    unrelated code is never merged — but a function reached at two addresses is two
+    locations)."""
+    if frame.function.startswith("[") or _UNKNOWN_RX.search(frame.function):
+        return "address"
+    return "line" if frame.file and frame.line else "function"
+
+
+def group_of(site: SiteKey, by: str = "location") -> SiteKey:
+    """The row a folded stack (`site`) belongs to in a table grouped `by`:
+
+    - ``stack``: the folded stack itself (every distinct stack is a row);
+    - ``location``: its innermost frame — function, module, file and line (inlined frames
+      resolved: an inlined callee's own line when the allocation is inside inlined code) —
+      the place in the code that asked for memory, whatever the path that reached it;
+    - ``function``: that frame's function and module (the lines of one function merged).
+
+    Returned as a frames tuple (one frame for location and function), so every table and
+    renderer takes sites and locations alike."""
+    if by == "stack":
+        return site
+    f = site[0] if site else UNKNOWN_STACK[0]
+    if by == "location":
+        return (FrameInfo(f.function, f.module, f.file, f.line, inlined=f.inlined),)
+    if by == "function":
+        return (FrameInfo(f.function, f.module, None, None),)
+    raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")
+
+
+def location_key(group: SiteKey) -> str:
+    """A stable one-line key of a location or function row (`group_of`): the same code gives
+    the same key in every run and build directory — `function|module basename|file
+    basename:line`."""
+    f = group[0] if group else UNKNOWN_STACK[0]
+    where = f"{os.path.basename(f.file)}:{f.line or ''}" if f.file else ""
+    return f"{f.function}|{os.path.basename(f.module or '')}|{where}"
+
+
+def collapse_recursion(frames: tuple[FrameInfo, ...] | list, max_run: int = 8) -> list[tuple[list, int]]:
+    """Frames with recursion collapsed, for showing a stack: a run of frames repeated back to
+    back (f < g < f < g < ...) becomes one entry ([f, g], N). Greedy from the innermost frame,
+    at each point the run (of at most `max_run` frames) covering most frames wins; frames not
+    in a repeat come as ([frame], 1)."""
+    frames = list(frames)
+    out: list[tuple[list, int]] = []
+    i, n = 0, len(frames)
+    while i < n:
+        best_len, best_reps = 1, 1
+        for size in range(1, min(max_run, (n - i) // 2) + 1):
+            reps = 1
+            while frames[i + reps * size:i + (reps + 1) * size] == frames[i:i + size]:
+                reps += 1
+            if reps > 1 and size * reps > best_len * best_reps:
+                best_len, best_reps = size, reps
+        out.append((frames[i:i + best_len], best_reps))
+        i += best_len * best_reps
+    return out

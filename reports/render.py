@@ -122,6 +122,39 @@ def frame_text(f: dict) -> str:
     return f"{f['function']}{loc}" + (f"  [{mod}]" if mod else "")
 
 
+NOUNS = {"location": "locations", "function": "functions", "stack": "sites"}
+COLUMN_TITLES = {"location": "location", "function": "function", "stack": "site (innermost)"}
+
+
+def listed(doc: dict) -> tuple[list[dict], str]:
+    """The rows a people-facing view of a report lists and their grouping: `locations` (by
+    location or function) unless the document is `by` stack (or predates locations)."""
+    by = doc.get("by") or "stack"
+    if by == "stack" or "locations" not in doc:
+        return doc["sites"], "stack"
+    return doc["locations"], by
+
+
+def collapsed_frames(frames: list[dict], limit: int) -> list[str]:
+    """Frame lines of a stack with recursion collapsed (a repeated run printed once with ×N),
+    at most `limit` entries, then a line saying how many frames are left."""
+    from .frames import collapse_recursion  # noqa: PLC0415
+
+    runs = collapse_recursion(frames)
+    out, shown = [], 0
+    for run, reps in runs[:limit]:
+        shown += len(run) * reps
+        if reps == 1:
+            out.append(frame_text(run[0]))
+        else:
+            out += [f"┌ {frame_text(run[0])}" if len(run) > 1 else f"{frame_text(run[0])}  ×{reps}"]
+            if len(run) > 1:
+                out += [f"│ {frame_text(f)}" for f in run[1:-1]] + [f"└ {frame_text(run[-1])}  ×{reps} (recursion)"]
+    if len(frames) > shown:
+        out.append(f"... {len(frames) - shown} more frames")
+    return out
+
+
 def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int = 6) -> str:
     s = _Style(color)
     t = doc["target"]
@@ -182,10 +215,13 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     peak = doc.get("at_peak") or {}
     if peak.get("peak_first"):
         out += _at_peak_text(doc, s, top, frames_per_site)
-    sites = doc["sites"][:top]
+    every, by = listed(doc)
+    sites = every[:top]
     at_end = " at the end" if peak.get("peak_first") and doc.get("sort", "live") == "live" else ""
-    out.append(s.bold(f"Top {len(sites)} of {len(doc['sites'])} sites by "
-                      f"{SORT_TITLES.get(doc.get('sort', 'live'))}{at_end}"))
+    out.append(s.bold(f"Top {len(sites)} of {len(every)} {NOUNS[by]} by "
+                      f"{SORT_TITLES.get(doc.get('sort', 'live'))}{at_end}")
+               + (s.dim(f"  ({len(doc['sites'])} distinct stacks; --by stack lists them)")
+                  if by != "stack" and len(doc["sites"]) != len(every) else ""))
     rows = []
     device = bool(gpu.get("device_ranks"))  # a column of GPU bytes, apart from the host's
     for site in sites:
@@ -196,13 +232,16 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
                      seconds(site.get("oldest_age_s")), site.get("verdict") or "-", human_bytes(site["alloc_bytes"]),
                      str(site["alloc_count"])]
                     + ([human_bytes(site["device_live_bytes"]) if site.get("device_alloc_count") else "-"]
-                       if device else []) + [first])
+                       if device else []) + ([str(site.get("n_stacks", 1))] if by != "stack" else [])
+                    + [location_text(site) if by != "stack" else first])
     out += ["  " + line for line in table(["#", "live", "blocks", "peak", "growth", "oldest", "verdict",
                                            "allocated", "allocs"] + (["device"] if device else [])
-                                          + ["site (innermost)"], rows, "rrrrrrlrr" + ("r" if device else "") + "l")]
+                                          + (["stacks"] if by != "stack" else []) + [COLUMN_TITLES[by]], rows,
+                                          "rrrrrrlrr" + ("r" if device else "") + ("r" if by != "stack" else "")
+                                          + "l")]
     out.append(s.dim("  verdicts: freed = nothing live at the end; transient = end <= 25% of peak;"))
     out.append(s.dim("  growing = steady rise over the last half (R² >= 0.8, by >= 10% of its live bytes);"
-                     " plateaued = held, not rising"))
+                     " plateaued = held, not rising; new = under 4 intervals, too early to tell"))
     out.append("")
     if not peak.get("peak_first"):  # else the sites that held the peak got these details above
         for site in sites[: min(top, 10)]:
@@ -210,7 +249,7 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
                 continue
             thr = ", ".join(f"{x['name']}({x['tid']}) {human_bytes(x['live_bytes'])}" for x in site["threads"][:4])
             out.append(s.bold(f"#{site['rank']} {human_bytes(site['live_bytes'])} live") + f"  threads: {thr}")
-            out += _site_details(site, s, frames_per_site)
+            out += _site_details(site, s, frames_per_site, doc)
         out.append("")
     if gpu.get("seen"):
         out += gpu_text(doc, s, top) + [""]
@@ -272,27 +311,33 @@ def gpu_text(doc: dict, s: _Style, top: int) -> list[str]:
     """The GPU section: GPU memory by site, CUDA host memory (pinned, managed) by site, and the
     threads that allocated GPU memory; shown when the report's `gpu.seen`."""
     gpu, tot = doc["gpu"], doc["totals"]
-    by_rank = {x["rank"]: x for x in doc["sites"]}
+    every, by = listed(doc)
+    by_rank = {x["rank"]: x for x in every}
+    loc = by != "stack" and "device_location_ranks" in gpu
+    dev_ranks = gpu.get("device_location_ranks" if loc else "device_ranks") or []
+    host_ranks = gpu.get("host_location_ranks" if loc else "host_ranks") or []
+    noun, title = (NOUNS[by][:-1], COLUMN_TITLES[by]) if loc else ("site", "site (innermost)")
+    name = (lambda x: location_text(x)) if loc else (lambda x: frame_text(x["frames"][0]) if x["frames"] else "?")
     out = [s.bold("GPU memory") + f"  device {human_bytes(tot.get('device_bytes', 0))} live at the end, peak "
            f"{human_bytes(tot.get('device_peak_bytes', 0))}; CUDA host {human_bytes(tot.get('cuda_host_bytes', 0))}"
            + (f"  [{gpu['driver']}]" if gpu.get("driver") else "  [no CUDA driver probed: mappings only]")]
-    dev = [by_rank[r] for r in gpu.get("device_ranks") or []][:top]
+    dev = [by_rank[r] for r in dev_ranks][:top]
     if dev:
-        out.append(f"  Device (GPU) memory by site: {len(dev)} of {len(gpu['device_ranks'])}")
+        out.append(f"  Device (GPU) memory by {noun}: {len(dev)} of {len(dev_ranks)}")
         out += ["  " + line for line in table(
-            ["#", "device live", "blocks", "device peak", "allocated", "allocs", "threads", "site (innermost)"],
+            ["#", "device live", "blocks", "device peak", "allocated", "allocs", "threads", title],
             [[str(x["rank"]), human_bytes(x["device_live_bytes"]), str(x["device_live_count"]),
               human_bytes(x["device_peak_bytes"]), human_bytes(x["device_alloc_bytes"]), str(x["device_alloc_count"]),
-              _threads_text(x["threads"], "device_live_bytes"), frame_text(x["frames"][0]) if x["frames"] else "?"]
+              _threads_text(x["threads"], "device_live_bytes"), name(x)]
              for x in dev], "rrrrrrll")]
-    host = [by_rank[r] for r in gpu.get("host_ranks") or []][:top]
+    host = [by_rank[r] for r in host_ranks][:top]
     if host:
-        out.append(f"  Pinned and managed host memory by site: {len(host)} of {len(gpu['host_ranks'])}")
+        out.append(f"  Pinned and managed host memory by {noun}: {len(host)} of {len(host_ranks)}")
         out += ["  " + line for line in table(
-            ["#", "pinned", "managed", "site live", "threads", "site (innermost)"],
+            ["#", "pinned", "managed", f"{noun} live", "threads", title],
             [[str(x["rank"]), human_bytes(x["live_by_source"].get("cuda-pinned", 0)),
               human_bytes(x["live_by_source"].get("cuda-managed", 0)), human_bytes(x["live_bytes"]),
-              _threads_text(x["threads"], "live_bytes"), frame_text(x["frames"][0]) if x["frames"] else "?"]
+              _threads_text(x["threads"], "live_bytes"), name(x)]
              for x in host], "rrrrll")]
     thr = [x for x in doc["threads"] if x.get("device_alloc_count")][:top]
     if thr:
@@ -308,23 +353,52 @@ def gpu_text(doc: dict, s: _Style, top: int) -> list[str]:
     return out
 
 
-def _site_details(site: dict, s: _Style, frames_per_site: int) -> list[str]:
-    """The timeline sketch and innermost frames of one report site, indented."""
+def location_text(loc: dict) -> str:
+    """A location's one-line name: its frame, and '(no symbol...)' when its key is an address
+    (frames.key_quality; a location without line information is its whole function, which
+    the missing file:line shows)."""
+    f = {k: loc.get(k) for k in ("function", "module", "file", "line")} if "function" in loc else loc["frames"][0]
+    quality = loc.get("key_quality", "line")
+    note = "  (no symbol: one location per address)" if quality == "address" else ""
+    return frame_text(f) + note
+
+
+STACKS_SHOWN = 3  # a location's largest stacks shown under it in the text report
+
+
+def _site_details(site: dict, s: _Style, frames_per_site: int, doc: dict | None = None) -> list[str]:
+    """The timeline sketch and innermost frames of one report site, indented; for a location,
+    its largest stacks (at most STACKS_SHOWN, each with its bytes, blocks and threads, its
+    frames from the location outward with recursion collapsed) and how many it has."""
     out = []
     if site.get("timeline"):
         r2 = site.get("growth_r2")
         out.append(s.dim(f"    {site.get('verdict')}: {sparkline(site['timeline'])}  "
                          f"{human_rate(site.get('growth_bytes_per_s'))}"
                          + (f" (R² {r2:.2f})" if r2 is not None else "")))
-    out += [f"    {frame_text(f)}" for f in site["frames"][:frames_per_site]]
-    if len(site["frames"]) > frames_per_site:
-        out.append(s.dim(f"    ... {len(site['frames']) - frames_per_site} more frames"))
+    if "location" not in site or doc is None:
+        out += [f"    {line}" for line in collapsed_frames(site["frames"], frames_per_site)]
+        return out
+    out.append(f"    {location_text(site)}")
+    by_rank = {x["rank"]: x for x in doc.get("sites") or []}
+    stacks = [by_rank[r] for r in site.get("stacks") or [] if r in by_rank]
+    n = site.get("n_stacks", len(stacks))
+    if n > 1:
+        out.append(s.dim(f"    reached by {n} stacks" + (f"; the {min(n, STACKS_SHOWN)} holding most:"
+                                                          if n > STACKS_SHOWN else ":")))
+    for x in stacks[:STACKS_SHOWN]:
+        thr = _threads_text(x["threads"], "live_bytes", 2)
+        out.append(f"      stack #{x['rank']}: {human_bytes(x['live_bytes'])} live in {x['live_count']} blocks, "
+                   f"{human_bytes(x['alloc_bytes'])} allocated" + (f"; {thr}" if thr != "-" else ""))
+        out += [f"        {line}" for line in collapsed_frames(x["frames"][1:], frames_per_site)]
     return out
 
 
-def peak_sites(doc: dict) -> list[dict]:
-    """The report's sites that held bytes at the moment of the peak, in `at_peak_rank` order."""
-    return sorted((x for x in doc.get("sites") or [] if x.get("at_peak_bytes")), key=lambda x: x["at_peak_rank"])
+def peak_sites(doc: dict, rows: list[dict] | None = None) -> list[dict]:
+    """The report's sites (or the given `rows`: its locations) that held bytes at the moment of
+    the peak, in `at_peak_rank` order."""
+    rows = doc.get("sites") or [] if rows is None else rows
+    return sorted((x for x in rows if x.get("at_peak_bytes")), key=lambda x: x["at_peak_rank"])
 
 
 def peak_when(doc: dict) -> str:
@@ -342,22 +416,24 @@ def _at_peak_text(doc: dict, s: _Style, top: int, frames_per_site: int) -> list[
     out = [s.yellow(f"Most of the peak was freed by the end: live {human_bytes(tot['live_bytes'])} is {share} of the "
                     f"{human_bytes(tot['peak_live_bytes'])} peak (<= {peak['max_fraction']:.0%}), so the sites that "
                     "held the peak come first."), ""]
-    held = peak_sites(doc)
+    every, by = listed(doc)
+    held = peak_sites(doc, every)
     sites = held[:top]
-    out.append(s.bold(f"Held at the peak ({peak_when(doc)}): top {len(sites)} of {len(held)} sites by bytes live "
-                      "at that moment"))
+    out.append(s.bold(f"Held at the peak ({peak_when(doc)}): top {len(sites)} of {len(held)} {NOUNS[by]} by bytes "
+                      "live at that moment"))
     rows = [[str(x["at_peak_rank"]), human_bytes(x["at_peak_bytes"]),
              f"{100 * x['at_peak_bytes'] / peak['live_bytes']:.1f}%" if peak["live_bytes"] else "-",
              human_bytes(x["peak_live_bytes"]), human_bytes(x["live_bytes"]), x.get("verdict") or "-",
-             frame_text(x["frames"][0]) if x["frames"] else "?"] for x in sites]
-    out += ["  " + line for line in table(["#", "at peak", "share", "site peak", "live at end", "verdict",
-                                           "site (innermost)"], rows, "rrrrrll")]
+             location_text(x) if by != "stack" else frame_text(x["frames"][0]) if x["frames"] else "?"]
+            for x in sites]
+    out += ["  " + line for line in table(["#", "at peak", "share", "own peak", "live at end", "verdict",
+                                           COLUMN_TITLES[by]], rows, "rrrrrll")]
     out.append("")
     for x in sites[: min(top, 10)]:
         out.append(s.bold(f"#{x['at_peak_rank']} {human_bytes(x['at_peak_bytes'])} at the peak")
                    + f"  (its own peak {human_bytes(x['peak_live_bytes'])}, "
                      f"live at the end {human_bytes(x['live_bytes'])})")
-        out += _site_details(x, s, frames_per_site)
+        out += _site_details(x, s, frames_per_site, doc)
     out.append("")
     return out
 
@@ -406,18 +482,20 @@ def _diff_totals(tot: dict) -> list[str]:
 
 
 def _diff_gpu(doc: dict, top: int) -> list[str]:
-    """The diff's GPU sites (GPU memory in A or B), by |GPU peak delta|; [] when none."""
-    sites = [x for x in doc["sites"] if x.get("a_device_peak_bytes") or x.get("b_device_peak_bytes")]
+    """The diff's GPU sites or locations (GPU memory in A or B), by |GPU peak delta|; [] when none."""
+    every, by = listed(doc)
+    sites = [x for x in every if x.get("a_device_peak_bytes") or x.get("b_device_peak_bytes")]
     sites.sort(key=lambda x: (-abs(x["device_peak_delta_bytes"]), -x["b_device_peak_bytes"]))
     if not sites:
         return []
     rows = [[human_bytes(x["a_device_peak_bytes"]), human_bytes(x["b_device_peak_bytes"]),
              human_delta(x["device_peak_delta_bytes"]), human_bytes(x["a_device_live_bytes"]),
              human_bytes(x["b_device_live_bytes"]), human_delta(x["device_live_delta_bytes"]),
-             frame_text(x["frames"][0]) if x["frames"] else "?"] for x in sites[:top]]
-    return ["", f"GPU memory by site ({min(top, len(sites))} of {len(sites)}, by |GPU peak delta|; "
+             location_text(x) if by != "stack" else frame_text(x["frames"][0]) if x["frames"] else "?"]
+            for x in sites[:top]]
+    return ["", f"GPU memory by {NOUNS[by][:-1]} ({min(top, len(sites))} of {len(sites)}, by |GPU peak delta|; "
             "not in the host figures above)"] + ["  " + line for line in table(
-                ["A peak", "B peak", "delta", "A live", "B live", "live delta", "site (innermost)"], rows, "rrrrrrl")]
+                ["A peak", "B peak", "delta", "A live", "B live", "live delta", COLUMN_TITLES[by]], rows, "rrrrrrl")]
 
 
 def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int = 6) -> str:
@@ -437,12 +515,15 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
                    f" = {per['expected_ratio']:.2f}; ! = grew more than {per['flag_scaling']:g}x that, by at least"
                    f" {per['flag_material']:.0%} of the total change")
     out += ["", s.bold("Totals")] + _diff_totals(doc["totals"]) + [""]
-    sites = sorted(doc["sites"], key=lambda x: not x.get("flagged"))[:top]
-    flagged = sum(1 for x in doc["sites"] if x.get("flagged"))
+    every, by = listed(doc)
+    sites = sorted(every, key=lambda x: not x.get("flagged"))[:top]
+    flagged = sum(1 for x in every if x.get("flagged"))
     order = f"{flagged} flagged first, then by " if per else "by "
-    out.append(s.bold(f"Top {len(sites)} of {len(doc['sites'])} sites, {order}{DIFF_SORT_TITLES[doc['sort']]}"))
+    out.append(s.bold(f"Top {len(sites)} of {len(every)} {NOUNS[by]}, {order}{DIFF_SORT_TITLES[doc['sort']]}")
+               + (s.dim(f"  ({len(doc['sites'])} distinct stacks; --by stack matches those)")
+                  if by != "stack" and len(doc["sites"]) != len(every) else ""))
     heads = ["", "#", "A peak", "B peak", "delta", "B/A"] + (["vs linear"] if per else []) + \
-        ["A live", "B live", "verdict A→B", "site (innermost)"]
+        ["A live", "B live", "verdict A→B", COLUMN_TITLES[by]]
     rows = []
     for i, x in enumerate(sites, 1):
         row = ["!" if x.get("flagged") else "", str(i), human_bytes(x["a_peak_live_bytes"]),
@@ -451,7 +532,7 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
             row.append("-" if x.get("scaling") is None else f"{x['scaling']:.2f}x")
         row += [human_bytes(x["a_live_bytes"]), human_bytes(x["b_live_bytes"]),
                 f"{x.get('a_verdict') or '-'}→{x.get('b_verdict') or '-'}",
-                frame_text(x["frames"][0]) if x["frames"] else "?"]
+                location_text(x) if by != "stack" else frame_text(x["frames"][0]) if x["frames"] else "?"]
         rows.append(row)
     out += ["  " + line for line in table(heads, rows, "lrrrrr" + ("r" if per else "") + "rrll")]
     out.append("")
@@ -461,10 +542,10 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
         mark = s.red("! ") if x.get("flagged") else ""
         out.append(mark + s.bold(f"#{i} {human_delta(x['delta_bytes'])} peak") +
                    f"  ({human_bytes(x['a_peak_live_bytes'])} → {human_bytes(x['b_peak_live_bytes'])})")
-        for f in x["frames"][:frames_per_site]:
-            out.append(f"    {frame_text(f)}")
-        if len(x["frames"]) > frames_per_site:
-            out.append(s.dim(f"    ... {len(x['frames']) - frames_per_site} more frames"))
+        if by != "stack":
+            out.append(f"    {location_text(x)}")
+            continue
+        out += [f"    {line}" for line in collapsed_frames(x["frames"], frames_per_site)]
     gpu = _diff_gpu(doc, top)
     if gpu:
         out += ([] if out[-1] == "" else [""]) + [s.bold(gpu[1]), *gpu[2:]]

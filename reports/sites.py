@@ -14,7 +14,7 @@ import pyarrow as pa
 from common.errors import UsageError
 from common.tracefile.reader import Trace
 
-from .frames import UNKNOWN_STACK, Folding, FrameInfo, SiteKey, fold_frames, frame_key_text, symbolize_stacks
+from .frames import UNKNOWN_STACK, Folding, FrameInfo, SiteKey, fold_frames, frame_key_text, group_of, symbolize_stacks
 from .sources import CUDA_HOST_SOURCES, DEVICE_SOURCES, is_device
 from .timeline import (
     PEAK_FIRST_MAX_FRACTION,
@@ -50,9 +50,10 @@ def site_table(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]] | None = N
 
 SORT_KEYS = ("live", "peak", "growth", "age")
 
-def _site_lookup(st: pd.DataFrame) -> Callable[[tuple], SiteKey]:
-    """(stack_id, tid, source) -> site, for `key_timeline`, from a `site_table` frame."""
-    m = {(int(a), int(b), c): site for a, b, c, site in zip(st["stack_id"], st["tid"], st["source"], st["site"])}
+def _site_lookup(st: pd.DataFrame, column: str = "site") -> Callable[[tuple], SiteKey]:
+    """(stack_id, tid, source) -> site (or another `column`: the `group` rank_sites adds), for
+    `key_timeline`, from a `site_table` frame."""
+    m = {(int(a), int(b), c): site for a, b, c, site in zip(st["stack_id"], st["tid"], st["source"], st[column])}
     return lambda k: m.get((int(k[0]), int(k[1]), k[2]), UNKNOWN_STACK)
 
 def site_timeline(trace: Trace, stacks=None, fold: Folding | None = None, device: bool = False) -> pd.DataFrame:
@@ -61,9 +62,11 @@ def site_timeline(trace: Trace, stacks=None, fold: Folding | None = None, device
     `device`: GPU memory instead)."""
     return key_timeline(trace, _site_lookup(site_table(trace, stacks, fold=fold)), device=device)
 
-def oldest_ages(trace: Trace, stacks: dict[int, SiteKey], fold: Folding | None = None) -> dict[SiteKey, float]:
-    """site -> age in seconds of its oldest allocation still outstanding at the end (from the
-    final `live` table; a trace cut short has none, and its sites get no age)."""
+def oldest_ages(trace: Trace, stacks: dict[int, SiteKey], fold: Folding | None = None,
+                by: str = "stack") -> dict[SiteKey, float]:
+    """site (or location, function: `by`, see frames.group_of) -> age in seconds of its oldest
+    allocation still outstanding at the end (from the final `live` table; a trace cut short
+    has none, and its sites get no age)."""
     if not trace.live_rows:
         return {}
     end = end_time_ns(trace)
@@ -77,7 +80,7 @@ def oldest_ages(trace: Trace, stacks: dict[int, SiteKey], fold: Folding | None =
             first[sid] = min(ts, first.get(sid, ts))
     out: dict[SiteKey, float] = {}
     for sid, ts in first.items():
-        site = fold_frames(stacks.get(int(sid), UNKNOWN_STACK), fold)
+        site = group_of(fold_frames(stacks.get(int(sid), UNKNOWN_STACK), fold), by)
         age = max(0.0, (end - int(ts)) / 1e9)
         out[site] = max(out.get(site, 0.0), age)
     return out
@@ -86,7 +89,8 @@ RANK_COLUMNS = ["rank", "site", "full_frames", "live_bytes", "live_count", "peak
                 "alloc_count", "free_bytes", "free_count", "sources", "threads", "growth_bytes_per_s",
                 "growth_r2", "oldest_age_s", "verdict", "timeline", "at_peak_bytes",
                 "device_live_bytes", "device_live_count", "device_peak_bytes", "device_alloc_bytes",
-                "device_alloc_count", "device_free_bytes", "device_free_count", "live_by_source"]
+                "device_alloc_count", "device_free_bytes", "device_free_count", "live_by_source",
+                "stack", "stacks", "n_stacks"]
 
 DEVICE_SUMS = ("live_bytes", "live_count", "alloc_bytes", "alloc_count", "free_bytes", "free_count")
 
@@ -104,10 +108,15 @@ def sort_sites(df: pd.DataFrame, sort: str) -> pd.DataFrame:
     return df.drop(columns=["_growing", "_age", "_name"])
 
 def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
-               fold: Folding | None = None) -> pd.DataFrame:
-    """Sites ranked by `sort`. One row per site; columns:
+               fold: Folding | None = None, by: str = "stack") -> pd.DataFrame:
+    """Sites ranked by `sort`. One row per site — with `by` ``location`` or ``function``, one
+    row per location or function (frames.group_of): every figure of a row is computed from the
+    summed counters of its stacks, per interval, so its peak is the peak of the sum (or of one
+    stack's own peak inside an interval, when higher), never a sum of peaks, and its growth and
+    verdict are those of the summed series. Columns:
 
-    rank (1-based), site (folded frames tuple, innermost first), full_frames (one unfolded
+    rank (1-based), site (folded frames tuple, innermost first; for a location or function the
+    one frame of `group_of`), full_frames (one unfolded
     stack of the site), live_bytes, live_count (outstanding at the end), peak_live_bytes
     (highest live bytes seen), alloc_bytes, alloc_count, free_bytes, free_count (totals over
     the recording), sources (sorted list of the trace's source names: 'heap', 'mmap', 'brk',
@@ -120,7 +129,9 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
     live total was highest, `peak_seq`; 0 when none), device_live_bytes, device_live_count,
     device_peak_bytes, device_alloc_bytes, device_alloc_count, device_free_bytes,
     device_free_count (the same for its GPU memory), live_by_source ({source: live bytes at the
-    end}, GPU memory included, sources with allocations only).
+    end}, GPU memory included, sources with allocations only), stack (the folded stack of the
+    row holding most: live bytes, then allocated bytes; the site itself when `by` is stack),
+    stacks (the distinct folded stacks of the row in that order), n_stacks (their number).
 
     Host and GPU memory never mix: every figure without `device_` counts host memory only (GPU
     memory, DEVICE_SOURCES, is in the device_* columns), so a site of GPU memory alone has
@@ -139,25 +150,26 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
         return pd.DataFrame(columns=RANK_COLUMNS)
     if stacks is None:
         stacks = {int(s): f for s, f in zip(st["stack_id"], st["full_frames"])}
-    lookup = _site_lookup(st)
+    group = {s: group_of(s, by) for s in set(st["site"])}
+    st["group"] = [group[s] for s in st["site"]]
+    lookup = _site_lookup(st, "group")
     tl = key_timeline(trace, lambda k: (lookup(k), bool(k[2] in DEVICE_SOURCES)))
     series = {key: tl.iloc[:, i].to_numpy() for i, key in enumerate(tl.columns)}
     growth = growth_table(tl, elapsed_s(trace)).to_dict("index")
-    ages = oldest_ages(trace, stacks, fold)
+    ages = oldest_ages(trace, stacks, fold, by)
     at = peak_seq(trace)
     no_growth = {"growth_bytes_per_s": 0.0, "growth_r2": math.nan, "window_s": 0.0, "window_points": 0}
     empty = np.zeros(0, dtype="int64")
     # Every per-site figure in a few vectorized group-bys (sites number in the thousands): the
     # counters split into host and GPU columns, keyed by the site's code.
-    codes, uniques = pd.factorize(pd.Series(st["site"].tolist(), dtype=object))
+    codes, uniques = pd.factorize(pd.Series(st["group"].tolist(), dtype=object))
     sites = uniques.tolist()
     sums = ["live_bytes", "live_count", "alloc_bytes", "alloc_count", "free_bytes", "free_count"]
     dev = st["device"].to_numpy(dtype=bool)
     x = st.assign(code=codes, **{f"device_{c}": np.where(dev, st[c], 0) for c in sums},
                   **{c: np.where(dev, 0, st[c]) for c in sums},
                   host_peak=np.where(dev, 0, st["peak_live_bytes"]), dev_peak=np.where(dev, st["peak_live_bytes"], 0))
-    by = x.groupby("code", sort=False)
-    agg = by[sums + [f"device_{c}" for c in sums] + ["host_peak", "dev_peak"]] \
+    agg = x.groupby("code", sort=False)[sums + [f"device_{c}" for c in sums] + ["host_peak", "dev_peak"]] \
         .agg({**dict.fromkeys(sums + [f"device_{c}" for c in sums], "sum"), "host_peak": "max", "dev_peak": "max"})
     # one unfolded stack of the site: the row that allocated most (host and GPU bytes alike)
     first_max = st["alloc_bytes"].groupby(codes, sort=False).idxmax()
@@ -172,6 +184,7 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
     per_src = st.assign(code=codes).groupby(["code", "source"], sort=True)["live_bytes"].sum()
     for (c, src), v in per_src.items():
         by_source.setdefault(int(c), {})[str(src)] = int(v)
+    members = _member_stacks(x, by)
     rows = []
     for c, a in zip(agg.index, agg.itertuples(index=False)):
         site = sites[c]
@@ -197,10 +210,30 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
             "at_peak_bytes": int(line[at - 1]) if at is not None and len(line) >= at else 0,
             "device_peak_bytes": dpeak, **{f"device_{k}": int(getattr(a, f"device_{k}")) for k in DEVICE_SUMS},
             "live_by_source": by_source[int(c)],
+            "stack": members[int(c)][0], "stacks": members[int(c)], "n_stacks": len(members[int(c)]),
         })
     df = sort_sites(pd.DataFrame(rows), sort)
     df.insert(0, "rank", range(1, len(df) + 1))
     return df[RANK_COLUMNS].reset_index(drop=True)
+
+def _member_stacks(x: pd.DataFrame, by: str) -> dict[int, list[SiteKey]]:
+    """code -> the distinct folded stacks (`site`) of that row of rank_sites, holding most
+    first: host live bytes, allocated bytes, GPU live bytes, then their text. `x`: the site
+    table with the row's `code` and the host/GPU split columns."""
+    if by == "stack":
+        return {int(c): [s] for c, s in zip(x["code"], x["site"])}
+    scode, stacks = pd.factorize(pd.Series(x["site"].tolist(), dtype=object))
+    g = x.assign(scode=scode).groupby(["code", "scode"], sort=False)[
+        ["live_bytes", "alloc_bytes", "device_live_bytes"]].sum().reset_index()
+    stacks = stacks.tolist()
+    g["_name"] = [frame_key_text(stacks[i]) for i in g["scode"]]
+    g = g.sort_values(["code", "live_bytes", "alloc_bytes", "device_live_bytes", "_name"],
+                      ascending=[True, False, False, False, True], kind="mergesort")
+    out: dict[int, list[SiteKey]] = {}
+    for c, i in zip(g["code"], g["scode"]):
+        out.setdefault(int(c), []).append(stacks[i])
+    return out
+
 
 def site_dict(r, names: dict[int, str], points: list[int]) -> dict:
     """One row of rank_sites as an allocscope.report/1 site."""
@@ -212,7 +245,7 @@ def site_dict(r, names: dict[int, str], points: list[int]) -> dict:
         "growth_bytes_per_s": json_num(r.growth_bytes_per_s, 3), "growth_r2": json_num(r.growth_r2, 4),
         "oldest_age_s": json_num(r.oldest_age_s, 3), "verdict": r.verdict,
         "timeline": [r.timeline[i] for i in points if i < len(r.timeline)],
-        "frames": [f.as_dict() for f in r.site],
+        "frames": [f.as_dict() for f in r.stack],
         "full_frames": [f.as_dict() for f in r.full_frames],
         "threads": [{"tid": t, "name": names.get(t, "?"), "live_bytes": b, "device_live_bytes": d}
                     for t, b, d in r.threads],
@@ -224,14 +257,10 @@ def site_dict(r, names: dict[int, str], points: list[int]) -> dict:
 DEVICE_SITE_KEYS = ("device_live_bytes", "device_live_count", "device_peak_bytes", "device_alloc_bytes",
                     "device_alloc_count", "device_free_bytes", "device_free_count")
 
-def gpu_summary(trace: Trace, tot: dict, sites: pd.DataFrame) -> dict:
-    """The report's `gpu` block: seen (any CUDA memory: a site of a cuda-* source, or GPU or
-    driver-API host memory in the totals), driver (the libcuda.so the probes were attached to,
-    meta.json probes.cuda.module; None when none was), probed (the driver calls attached),
-    skipped ({call: why}), device_ranks (ranks of the sites that allocated GPU memory, by GPU
-    bytes live at the end, then their GPU peak), host_ranks (ranks of the sites that allocated
-    cuda-pinned or cuda-managed host memory, by those bytes live at the end)."""
-    cuda = (trace.meta.get("probes") or {}).get("cuda") or {}
+def _gpu_ranks(sites: pd.DataFrame) -> tuple[list[int], list[int]]:
+    """(ranks of the rows that allocated GPU memory, by GPU bytes live at the end, then their
+    GPU peak; ranks of the rows that hold cuda-pinned or cuda-managed host memory, by those
+    bytes live at the end)."""
     dev, host = [], []
     for r in sites.itertuples():
         if r.device_alloc_count:
@@ -239,10 +268,26 @@ def gpu_summary(trace: Trace, tot: dict, sites: pd.DataFrame) -> dict:
         if any(x in CUDA_HOST_SOURCES for x in r.sources):
             held = sum(int(r.live_by_source.get(x, 0)) for x in CUDA_HOST_SOURCES)
             host.append((-held, int(r.rank)))
+    return [x[-1] for x in sorted(dev)], [x[-1] for x in sorted(host)]
+
+
+def gpu_summary(trace: Trace, tot: dict, sites: pd.DataFrame, locations: pd.DataFrame | None = None) -> dict:
+    """The report's `gpu` block: seen (any CUDA memory: a site of a cuda-* source, or GPU or
+    driver-API host memory in the totals), driver (the libcuda.so the probes were attached to,
+    meta.json probes.cuda.module; None when none was), probed (the driver calls attached),
+    skipped ({call: why}), device_ranks (ranks of the sites that allocated GPU memory, by GPU
+    bytes live at the end, then their GPU peak), host_ranks (ranks of the sites that allocated
+    cuda-pinned or cuda-managed host memory, by those bytes live at the end); with
+    `locations` (rank_sites by location), device_location_ranks and host_location_ranks: the
+    same for them."""
+    cuda = (trace.meta.get("probes") or {}).get("cuda") or {}
+    dev, host = _gpu_ranks(sites)
     seen = bool(dev or host or tot.get("device_peak_bytes") or tot.get("cuda_host_bytes"))
-    return {"seen": seen, "driver": cuda.get("module") or None, "probed": list(cuda.get("attached") or []),
-            "skipped": dict(cuda.get("skipped") or {}), "device_ranks": [x[-1] for x in sorted(dev)],
-            "host_ranks": [x[-1] for x in sorted(host)]}
+    out = {"seen": seen, "driver": cuda.get("module") or None, "probed": list(cuda.get("attached") or []),
+           "skipped": dict(cuda.get("skipped") or {}), "device_ranks": dev, "host_ranks": host}
+    if locations is not None:
+        out["device_location_ranks"], out["host_location_ranks"] = _gpu_ranks(locations)
+    return out
 
 def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[int, int]]:
     """The report's `at_peak` block — seq and elapsed_s of `peak_seq` (None when nothing was

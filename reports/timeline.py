@@ -106,7 +106,9 @@ def verdict(live_bytes: int, peak_live_bytes: int, growth_bytes_per_s: float, gr
        never with fewer intervals) the least-squares slope of its live bytes is > 0, the fit
        is good (R² >= 0.8, so noise is not called growth) and the rise the line predicts over
        the window (slope x window seconds) is >= 10% of its live bytes at the end.
-    4. ``plateaued``: anything else: memory is held, not released, not clearly rising.
+    4. ``new``: fewer than 4 intervals of history (a recording or a live view just begun):
+       too early to tell a rise from a plateau — the growth figure is the rise so far.
+    5. ``plateaued``: anything else: memory is held, not released, not clearly rising.
     """
     if live_bytes <= 0:
         return "freed"
@@ -116,6 +118,8 @@ def verdict(live_bytes: int, peak_live_bytes: int, growth_bytes_per_s: float, gr
             and not math.isnan(growth_r2) and growth_r2 >= GROWTH_MIN_R2
             and growth_bytes_per_s * window_s >= GROWTH_MIN_RISE * live_bytes):
         return "growing"
+    if window_points < MIN_FIT_POINTS:
+        return "new"
     return "plateaued"
 
 def growth_table(timeline: pd.DataFrame, elapsed: pd.Series) -> pd.DataFrame:

@@ -153,7 +153,8 @@ def test_verdict_rules_at_their_boundaries():
     assert A.verdict(1000, 1000, 25.0, 0.8, 4.0, 5) == "growing"        # rise 100 = 10%
     assert A.verdict(1000, 1000, 24.0, 0.8, 4.0, 5) == "plateaued"      # rise 96 < 10%
     assert A.verdict(1000, 1000, 25.0, 0.79, 4.0, 5) == "plateaued"     # poor fit
-    assert A.verdict(1000, 1000, 500.0, 1.0, 2.0, 3) == "plateaued"     # too few intervals
+    assert A.verdict(1000, 1000, 500.0, 1.0, 2.0, 3) == "new"           # too few intervals to judge
+    assert A.verdict(1000, 1000, 0.0, 1.0, 0.0, 1) == "new"
     assert A.verdict(1000, 1000, 500.0, math.nan, 2.0, 4) == "plateaued"
 
 
@@ -242,7 +243,7 @@ def test_report_json_contract(trace):
 
 def test_report_text(trace):
     text = render.to_text(A.build_report(trace, sort="age"))
-    assert "sites by oldest allocation" in text
+    assert "locations by oldest allocation" in text
     assert "growing" in text and "transient" in text
     assert "lost_ring_full=2" in text
 
@@ -266,5 +267,5 @@ def test_short_trace_is_never_growing(tmp_path):
     for i in range(1, 4):
         t.interval({(s, 1): (1000 * i, i, 0, 0)})
     df = A.rank_sites(load_trace(t.close()))
-    assert df["verdict"].tolist() == ["plateaued"]
+    assert df["verdict"].tolist() == ["new"]  # 3 intervals: too few to judge
     assert df["growth_bytes_per_s"].iloc[0] == pytest.approx(1000.0)

@@ -124,7 +124,7 @@ def test_site_values(doc):
         (5000, 10000, 30000, 20000)
     assert (sup["a_alloc_count"], sup["b_alloc_count"], sup["alloc_count_delta"]) == (20, 24, 4)
     assert sup["ratio"] == 3.0
-    assert (sup["a_verdict"], sup["b_verdict"]) == ("plateaued", "plateaued")
+    assert (sup["a_verdict"], sup["b_verdict"]) == ("new", "new")  # 3 intervals: too few to judge
     assert (s["only_b"]["in"], s["only_b"]["ratio"], s["only_b"]["a_verdict"]) == ("b", None, None)
     assert (s["only_a"]["in"], s["only_a"]["ratio"], s["only_a"]["b_peak_live_bytes"]) == ("a", 0.0, 0)
     assert s["tiny"]["ratio"] == 10.0
@@ -266,7 +266,7 @@ def test_text(doc):
                        "[host=lab1 pw=12]"
     assert "a site scaling linearly has B/A = 12/10 = 1.20" in text
     head = lines.index(next(ln for ln in lines if ln.startswith("Top ")))
-    assert lines[head] == "Top 3 of 5 sites, 2 flagged first, then by |peak delta|"
+    assert lines[head] == "Top 3 of 5 locations, 2 flagged first, then by |peak delta|"
     rows = lines[head + 3: head + 6]
     # Flagged first (superlinear, only_b), then by |delta| (linear).
     assert [r.split()[-2] for r in rows] == ["superlinear.c:20", "only_b.c:40", "linear.c:10"]
@@ -281,7 +281,7 @@ def test_cli_text_and_json(paths, tmp_path):
     r = CliRunner().invoke(diff, [*paths, "--per", "pw", "--top", "2"])
     assert r.exit_code == 0, r.output
     assert "[host=lab1 pw=10]" in r.stdout and "[host=lab1 pw=12]" in r.stdout
-    assert "Top 2 of 5 sites, 2 flagged first" in r.stdout
+    assert "Top 2 of 5 locations, 2 flagged first" in r.stdout
     out = tmp_path / "d.json"
     r = CliRunner().invoke(diff, [*paths, "--format", "json", "--sort", "ratio", "-o", str(out)])
     assert r.exit_code == 0 and r.stdout == ""

@@ -156,7 +156,7 @@ def test_sites_carry_gpu_memory_in_their_own_keys(report):
         "device_free_count": 2}
     assert (w["sources"], w["live_by_source"], w["timeline"]) == (["cuda-device"], {"cuda-device": 192 * MIB},
                                                                   [0, 0, 0])
-    assert w["verdict"] == "plateaued"  # judged on its GPU memory: 192 of a 320 MiB peak held
+    assert w["verdict"] == "new"  # judged on its GPU memory (not freed: 192 of a 320 MiB peak held), 3 intervals
     assert w["threads"] == [{"tid": 202, "name": "gpu-0", "live_bytes": 0, "device_live_bytes": 192 * MIB}]
     scratch = s["scratch_buffers"]
     assert (scratch["device_live_bytes"], scratch["device_peak_bytes"], scratch["verdict"]) == (0, 8 * MIB, "freed")
@@ -200,7 +200,7 @@ def test_gpu_block_without_a_driver(tmp_path):
     t2.interval({(t2.stack(["mmap", "shm_ring", "main"]), 1, "shmem"): (MIB, 1, 0, 0)})
     plain = A.build_report(load_trace(t2.close()))
     assert plain["gpu"] == {"seen": False, "driver": None, "probed": [], "skipped": {}, "device_ranks": [],
-                            "host_ranks": []}
+                            "host_ranks": [], "device_location_ranks": [], "host_location_ranks": []}
     assert "GPU" not in render.to_text(plain)
 
 
@@ -268,7 +268,7 @@ def test_text_report_has_a_gpu_section(report):
     assert any(x.split()[:6] == ["202", "gpu-0", "193.0", "MiB", "4", "329.0"] for x in section)
     # the main site table shows GPU bytes in a column of their own
     head = next(x for x in lines if x.lstrip().startswith("#      live"))
-    assert head.split()[-3:] == ["device", "site", "(innermost)"]
+    assert head.split()[-3:] == ["device", "stacks", "location"]
 
 
 # --------------------------------------------------------------------------------------------- diff
@@ -305,7 +305,7 @@ def test_diff_sorts_by_gpu_memory_and_shows_it(trace, diff_doc, tmp_path):
     lines = render.diff_to_text(diff_doc).splitlines()
     assert [x.split()[:5] for x in lines if x.lstrip().startswith(("GPU now", "GPU peak"))] == [
         ["GPU", "now", "193.0", "MiB", "257.0"], ["GPU", "peak", "329.0", "MiB", "393.0"]]
-    i = lines.index("GPU memory by site (3 of 3, by |GPU peak delta|; not in the host figures above)")
+    i = lines.index("GPU memory by location (3 of 3, by |GPU peak delta|; not in the host figures above)")
     assert lines[i + 3].split() == ["320.0", "MiB", "384.0", "MiB", "+64.0", "MiB", "192.0", "MiB", "256.0", "MiB",
                                     "+64.0", "MiB", "upload_weights", "[synthd]"]
 
@@ -401,4 +401,4 @@ def test_cli_folded_device_metric_and_diff_sort(trace, tmp_path):
     b = build(tmp_path / "b.allocscope", made=6, kept=4)
     r = CliRunner().invoke(diff, [trace.path, b, "--sort", "device", "--top", "1"])
     assert r.exit_code == 0, r.output
-    assert "Top 1 of 10 sites, by |GPU memory peak delta|" in r.output
+    assert "Top 1 of 10 locations, by |GPU memory peak delta|" in r.output

@@ -108,7 +108,7 @@ def test_text_leads_with_the_peak(doc):
     text = render.to_text(doc, top=3)
     lines = text.splitlines()
     assert "live 64.0 KiB is 0.3% of the 24.1 MiB peak (<= 25%)" in text
-    head = lines.index("Held at the peak (3.0s, live 24.1 MiB): top 3 of 4 sites by bytes live at that moment")
+    head = lines.index("Held at the peak (3.0s, live 24.1 MiB): top 3 of 4 locations by bytes live at that moment")
     rows = [ln.split() for ln in lines[head + 3: head + 6]]
     assert [(r[0], r[1] + " " + r[2], r[3], r[-2]) for r in rows] == [
         ("1", "24.0 MiB", "99.5%", "synthesize_partition"), ("2", "70.3 KiB", "0.3%", "append_log_record"),
@@ -116,7 +116,7 @@ def test_text_leads_with_the_peak(doc):
     assert lines[head + 6] == ""
     # The details follow the same order; the live-at-the-end table comes after, in its own order.
     assert lines[head + 7] == "#1 24.0 MiB at the peak  (its own peak 24.0 MiB, live at the end 0 B)"
-    end = lines.index("Top 3 of 5 sites by live bytes at the end")
+    end = lines.index("Top 3 of 5 locations by live bytes at the end")
     assert end > head + 7
     assert [ln.split()[-2] for ln in lines[end + 3: end + 6]] == \
         ["_dl_map_segments", "_dl_allocate_tls_storage", "synthesize_partition"]
@@ -134,7 +134,7 @@ def test_text_without_a_freed_peak_is_unchanged(tmp_path):
     doc = A.build_report(tr)
     assert doc["at_peak"]["peak_first"] is False and doc["at_peak"]["seq"] == 1
     text = render.to_text(doc)
-    assert "Held at the peak" not in text and "Top 2 of 2 sites by live bytes\n" in text
+    assert "Held at the peak" not in text and "Top 2 of 2 locations by live bytes\n" in text
     assert flame_data(tr, doc, A.symbolize_stacks(tr))["default"] == "end"
 
 

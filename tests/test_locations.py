@@ -1,0 +1,197 @@
+"""Locations: one row per place in the code, whatever the stacks that reach it (synthetic traces
+with known counters; no BPF). A work-stealing pool reaches one allocation through many stacks: the
+report, the diff and the text must show it as one location with the stacks' summed figures."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reports import analysis as A
+from reports import render
+from reports.diff import diff_traces
+from reports.frames import FrameInfo, collapse_recursion, group_of, key_quality, location_key
+from reports.trace import load_trace
+from tests.synth import SynthTrace
+
+MIB = 1 << 20
+SYN = "synthesize_partition"
+# Three ways a rayon-like pool reaches synthesize_partition (innermost first), all from the same
+# line; the recursion differs from steal to steal.
+PATHS = [
+    ["__rust_alloc", SYN, "helper", "helper", "in_worker", "main_loop"],
+    ["__rust_alloc", SYN, "helper", "join_context", "helper", "join_context", "helper", "in_worker", "main_loop"],
+    ["__rust_alloc", SYN, "run_inline", "helper", "in_worker", "main_loop"],
+]
+
+
+def _stack(t: SynthTrace, fns: list[str], line: int = 42) -> int:
+    files = ["alloc.rs"] + ["main.rs"] * (len(fns) - 1)
+    lines = [10, line] + [100 + len(f) for f in fns[2:]]  # a function calls its callee from one line
+    return t.stack(fns, files, lines)
+
+
+def _pool_trace(path, n_live: int, pw: int, id_base: int = 0x1000, ip_base: int = 0x400000) -> str:
+    """Each path holds a known number of 16 MiB partitions over 6 intervals (one grows by one per
+    interval on the first path); another site (a request record at another line) holds 2000 x 1000
+    B. Interval counters are cumulative."""
+    t = SynthTrace(path, labels={"pw": str(pw)}, id_base=id_base, ip_base=ip_base)
+    t.thread(11, "synth-0")
+    t.thread(12, "synth-1")
+    ids = [_stack(t, p) for p in PATHS]
+    rec = t.stack(["malloc", "make_request_record", "serve"], ["m.c", "main.rs", "main.rs"], [1, 77, 80])
+    held = [n_live - 2, 1, 1]
+    for i in range(1, 7):
+        sites = {}
+        for k, sid in enumerate(ids):
+            live = held[k] if k else max(1, held[0] - 6 + i)
+            allocs = live + 2 * k + i  # some freed: allocs - live partitions freed
+            sites[(sid, 11 + k % 2)] = (allocs * 16 * MIB, allocs, (allocs - live) * 16 * MIB, allocs - live)
+        sites[(rec, 11)] = (2000 * 1000, 2000, 0, 0)
+        t.interval(sites, rss=1 << 30)
+    return t.close()
+
+
+def test_group_of_and_keys():
+    f = FrameInfo(SYN, "/opt/rustd/target/release/rustd", "/src/rustd/src/main.rs", 42)
+    site = (f, FrameInfo("helper", f.module, "/r/rayon.rs", 9))
+    assert group_of(site, "stack") == site
+    assert group_of(site, "location") == (f,)
+    assert group_of(site, "function") == (FrameInfo(SYN, f.module, None, None),)
+    assert location_key(group_of(site, "location")) == f"{SYN}|rustd|main.rs:42"
+    assert key_quality(f) == "line"
+    assert key_quality(FrameInfo(SYN, "m", None, None)) == "function"
+    assert key_quality(FrameInfo("rustd+0x1f2e", "m", None, None)) == "address"
+    assert key_quality(FrameInfo("[stack lost]", "", None, None)) == "address"
+
+
+def test_collapse_recursion():
+    a, b, c, d = "a", "b", "c", "d"
+    assert collapse_recursion([a, b, c, b, c, b, c, d]) == [([a], 1), ([b, c], 3), ([d], 1)]
+    assert collapse_recursion([a, a, a, a]) == [([a], 4)]
+    assert collapse_recursion([a, b, c]) == [([a], 1), ([b], 1), ([c], 1)]
+    assert collapse_recursion([]) == []
+
+
+def test_location_is_one_row_with_the_stacks_summed(tmp_path):
+    t = load_trace(_pool_trace(tmp_path / "a.allocscope", n_live=5, pw=2))
+    doc = A.build_report(t)
+    assert doc["by"] == "location"
+    syn_sites = [s for s in doc["sites"] if s["frames"][0]["function"] == SYN]
+    assert len(syn_sites) == 3  # three stacks...
+    locs = [x for x in doc["locations"] if x["function"] == SYN]
+    assert len(locs) == 1  # ...one location
+    loc = locs[0]
+    assert doc["locations"][0] is loc  # the most live, first
+    assert (loc["live_bytes"], loc["live_count"]) == (5 * 16 * MIB, 5)
+    assert loc["live_bytes"] == sum(s["live_bytes"] for s in syn_sites)
+    assert loc["alloc_count"] == sum(s["alloc_count"] for s in syn_sites)
+    assert loc["location"] == f"{SYN}|synthd|main.rs:42" and loc["key_quality"] == "line"
+    assert (loc["file"], loc["line"]) == ("main.rs", 42)
+    assert loc["n_stacks"] == 3
+    assert sorted(loc["stacks"]) == sorted(s["rank"] for s in syn_sites)
+    # its stacks holding most first: the first path holds 3 partitions
+    first = next(s for s in doc["sites"] if s["rank"] == loc["stacks"][0])
+    assert first["live_bytes"] == 3 * 16 * MIB
+    assert loc["frames"] == first["frames"]  # frames: the largest stack's
+    assert all(s["location"] == loc["location"] for s in syn_sites)
+    # the peak of the sum: the first path rose 1 partition per interval to 3, the others held 1
+    assert loc["peak_live_bytes"] == 5 * 16 * MIB
+    assert loc["timeline"] == [16 * MIB * (2 + min(3, max(1, 3 - 6 + i))) for i in range(1, 7)]
+    assert {x["tid"] for x in loc["threads"]} == {11, 12}
+    rec = next(x for x in doc["locations"] if x["function"] == "make_request_record")
+    assert (rec["live_bytes"], rec["live_count"], rec["n_stacks"]) == (2000 * 1000, 2000, 1)
+    assert doc["locations"][1] is rec
+    json.loads(render.to_json(doc))  # strict JSON
+
+
+def test_text_report_lists_locations_and_their_largest_stacks(tmp_path):
+    doc = A.build_report(load_trace(_pool_trace(tmp_path / "a.allocscope", n_live=5, pw=2)))
+    text = render.to_text(doc)
+    assert "Top 2 of 2 locations by live bytes" in text
+    assert "(4 distinct stacks; --by stack lists them)" in text
+    rows = [ln for ln in text.splitlines() if SYN in ln and "80.0 MiB" in ln]
+    assert len(rows) == 1 and rows[0].split()[1:3] == ["80.0", "MiB"]
+    assert "reached by 3 stacks:" in text
+    assert "stack #1: 48.0 MiB live in 3 blocks" in text
+    # recursion collapsed: helper < join_context twice shown once with x2
+    assert "×2 (recursion)" in text
+    by_stack = render.to_text(A.build_report(load_trace(tmp_path / "a.allocscope"), by="stack"))
+    assert "Top 4 of 4 sites by live bytes" in by_stack
+    assert sum(1 for ln in by_stack.splitlines() if ln.strip().startswith(tuple("1234")) and SYN in ln) == 3
+
+
+def test_by_function_merges_lines(tmp_path):
+    t = SynthTrace(tmp_path / "f.allocscope")
+    a = t.stack(["malloc", "fill", "main"], ["m.c", "f.c", "f.c"], [1, 10, 50])
+    b = t.stack(["malloc", "fill", "main"], ["m.c", "f.c", "f.c"], [1, 12, 51])
+    t.interval({(a, 1): (300, 3, 0, 0), (b, 1): (7000, 7, 0, 0)})
+    tr = load_trace(t.close())
+    assert [x["live_bytes"] for x in A.build_report(tr)["locations"]] == [7000, 300]
+    doc = A.build_report(tr, by="function")
+    assert [(x["function"], x["live_bytes"], x["live_count"], x["n_stacks"]) for x in doc["locations"]] == [
+        ("fill", 7300, 10, 2)]
+    assert doc["locations"][0]["key_quality"] == "function"
+    assert "Top 1 of 1 functions" in render.to_text(doc)
+
+
+def test_weak_keys_are_said_and_never_merge_addresses(tmp_path):
+    t = SynthTrace(tmp_path / "w.allocscope")
+    a = t.stack(["malloc", "libx.so+0x1200", "main"])
+    b = t.stack(["malloc", "libx.so+0x1300", "main"])
+    t.interval({(a, 1): (100, 1, 0, 0), (b, 1): (200, 2, 0, 0)})
+    doc = A.build_report(load_trace(t.close()))
+    assert [(x["function"], x["key_quality"]) for x in doc["locations"]] == [
+        ("libx.so+0x1300", "address"), ("libx.so+0x1200", "address")]
+    assert "(no symbol: one location per address)" in render.to_text(doc)
+
+
+def test_diff_matches_locations_across_runs(tmp_path):
+    # the same program, another run: other stack ids and addresses, and other stacks (B has a
+    # fourth path A never took) — the location matches, its ratio is over the whole place
+    a = load_trace(_pool_trace(tmp_path / "a.allocscope", n_live=5, pw=2))
+    tb = SynthTrace(tmp_path / "b.allocscope", labels={"pw": "4"}, id_base=0x9000, ip_base=0x7f0000)
+    tb.thread(21, "synth-0")
+    paths = PATHS[1:] + [["__rust_alloc", SYN, "helper", "helper", "helper", "in_worker", "main_loop"]]
+    ids = [_stack(tb, p) for p in paths]
+    rec = tb.stack(["malloc", "make_request_record", "serve"], ["m.c", "main.rs", "main.rs"], [1, 77, 80])
+    for _ in range(6):
+        tb.interval({(ids[0], 21): (4 * 16 * MIB, 4, 0, 0), (ids[1], 21): (3 * 16 * MIB, 3, 0, 0),
+                     (ids[2], 21): (3 * 16 * MIB, 3, 0, 0), (rec, 21): (2000 * 1000, 2000, 0, 0)})
+    b = load_trace(tb.close())
+    doc = diff_traces(a, b, per="pw")
+    locs = doc["locations"]
+    syn = [x for x in locs if x["function"] == SYN]
+    assert len(syn) == 1 and syn[0]["in"] == "both"
+    x = syn[0]
+    assert (x["a_peak_live_bytes"], x["b_peak_live_bytes"]) == (5 * 16 * MIB, 10 * 16 * MIB)
+    assert x["ratio"] == pytest.approx(2.0) and x["scaling"] == pytest.approx(1.0)
+    assert x["location"] == f"{SYN}|synthd|main.rs:42"
+    assert not x["flagged"]
+    assert not [y for y in locs if y["in"] != "both"]  # nothing new, nothing gone
+    assert any(y["in"] != "both" for y in doc["sites"])  # while the stacks do not all match
+    text = render.diff_to_text(doc)
+    assert "of 2 locations" in text and " new " not in text
+    assert sum(1 for ln in text.splitlines() if SYN in ln and "2.00x" in ln) == 1
+
+
+def test_verdict_new_until_the_fit_has_its_points(tmp_path):
+    t = SynthTrace(tmp_path / "n.allocscope")
+    s = t.stack(["malloc", "grow", "main"])
+    for i in range(1, 4):
+        t.interval({(s, 1): (i * MIB, i, 0, 0)})
+    doc = A.build_report(load_trace(t.close()))
+    assert doc["locations"][0]["verdict"] == "new"
+    assert doc["locations"][0]["growth_bytes_per_s"] == pytest.approx(MIB)
+
+
+def test_recording_allocators_contract(tmp_path):
+    t = SynthTrace(tmp_path / "r.allocscope")
+    allocs = [{"kind": "jemalloc", "module": "/usr/bin/rustd", "attached": ["malloc"], "skipped": {},
+               "placement": {"malloc": "entry"}}]
+    t.meta["probes"]["allocators"] = allocs
+    t.w.write_meta(t.meta)
+    s = t.stack(["malloc", "f", "main"])
+    t.interval({(s, 1): (10, 1, 0, 0)})
+    doc = A.build_report(load_trace(t.close()))
+    assert doc["recording"]["allocators"] == allocs
