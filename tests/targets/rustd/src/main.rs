@@ -1,0 +1,258 @@
+//! rustd: the shape of a Rust GPU proving daemon (issue 19), with known allocations.
+//!
+//!   rustd --partitions N --hold H [--mb MB] [--records R]
+//!
+//! * a rayon pool of 4 threads named `synth-0`..`synth-3` builds N partitions in an
+//!   `into_par_iter().map(..)`: work stealing puts `synthesize_partition` under many different
+//!   stacks (rayon's join/bridge recursion to varying depths). Each partition is a `Vec<u64>`
+//!   grown by `push` until it holds MB MiB: its allocation is reallocated up to exactly
+//!   MB * 2^20 bytes (a power of two when MB is one: Vec doubles from 4 elements);
+//! * the partitions go through `sync_channel(1)` to the thread `gpu`, which keeps the last H
+//!   alive (a VecDeque) and drops the older ones; it also allocates one staging buffer of
+//!   STAGING_BYTES in `gpu_staging_buffer`, kept;
+//! * meanwhile a tokio runtime (2 workers named `tokio-rt`) runs a task that allocates R request
+//!   records of RECORD_BYTES each in `make_request_record`, all kept (main holds them).
+//! * `#[global_allocator]` is `Jem`, over the `_rjem_*` jemalloc that jemalloc-sys builds and
+//!   links statically (mallocx / rallocx / sdallocx, like tikv-jemallocator).
+//!
+//! The protocol of tests/support.py's record_run: the threads are started, then the program
+//! prints `ready <pid>` and waits for SIGUSR1 (the tracer attaches meanwhile); it does the work,
+//! prints `done {json}` (the ground truth: partition_bytes, partitions, partitions_live, ...)
+//! and holds everything until SIGUSR1, SIGTERM or SIGINT, when it exits 0.
+use std::alloc::{GlobalAlloc, Layout};
+use std::collections::VecDeque;
+use std::io::Write;
+use std::os::raw::{c_int, c_void};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use rayon::prelude::*;
+
+const RECORD_BYTES: usize = 1000;
+const STAGING_BYTES: usize = (2 << 20) + 8192;
+
+// --------------------------------------------------------------------------- the allocator
+
+/// jemalloc's own alignment guarantee for small sizes on x86_64 (tikv-jemallocator's MIN_ALIGN).
+const MIN_ALIGN: usize = 16;
+
+struct Jem;
+
+fn flags(layout: &Layout) -> c_int {
+    if layout.align() <= MIN_ALIGN && layout.align() <= layout.size() {
+        0
+    } else {
+        jemalloc_sys::MALLOCX_ALIGN(layout.align())
+    }
+}
+
+unsafe impl GlobalAlloc for Jem {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        jemalloc_sys::mallocx(layout.size(), flags(&layout)) as *mut u8
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        jemalloc_sys::mallocx(layout.size(), flags(&layout) | jemalloc_sys::MALLOCX_ZERO) as *mut u8
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        jemalloc_sys::sdallocx(ptr as *mut c_void, layout.size(), flags(&layout))
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let new = Layout::from_size_align_unchecked(new_size, layout.align());
+        jemalloc_sys::rallocx(ptr as *mut c_void, new_size, flags(&new)) as *mut u8
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Jem = Jem;
+
+// --------------------------------------------------------------------------- the allocation sites
+
+/// One partition: `mb` MiB of u64 grown by push (RawVec's doubling: the last step reallocates to
+/// exactly mb MiB when mb is a power of two).
+#[inline(never)]
+fn synthesize_partition(i: usize, mb: usize) -> Vec<u64> {
+    let n = (mb << 20) / 8;
+    let mut v = Vec::new();
+    let mut x = i as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.push(x);
+    }
+    v
+}
+
+/// The gpu thread's pinned staging buffer: STAGING_BYTES, kept.
+#[inline(never)]
+fn gpu_staging_buffer() -> Vec<u8> {
+    vec![0x5a; STAGING_BYTES]
+}
+
+/// One request record: RECORD_BYTES, kept.
+#[inline(never)]
+fn make_request_record(i: usize) -> Box<[u8; RECORD_BYTES]> {
+    let mut r = Box::new([0xa5u8; RECORD_BYTES]);
+    r[0] = i as u8;
+    r
+}
+
+// --------------------------------------------------------------------------- the daemon
+
+struct Args {
+    partitions: usize,
+    hold: usize,
+    mb: usize,
+    records: usize,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args { partitions: 16, hold: 3, mb: 16, records: 2000 };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = argv.iter();
+    while let Some(flag) = it.next() {
+        let val = it.next().and_then(|v| v.parse::<usize>().ok());
+        let slot = match flag.as_str() {
+            "--partitions" => &mut a.partitions,
+            "--hold" => &mut a.hold,
+            "--mb" => &mut a.mb,
+            "--records" => &mut a.records,
+            _ => usage(flag),
+        };
+        *slot = val.unwrap_or_else(|| usage(flag));
+    }
+    if a.hold == 0 || a.hold > a.partitions || a.mb == 0 {
+        usage("--hold must be 1..=partitions, --mb at least 1");
+    }
+    a
+}
+
+fn usage(what: &str) -> ! {
+    eprintln!("rustd: bad argument {what}\nusage: rustd --partitions N --hold H [--mb 16] [--records 2000]");
+    std::process::exit(2)
+}
+
+/// Block SIGUSR1/SIGTERM/SIGINT in this thread (and so in every thread started after it): the
+/// main thread takes them with sigwait.
+fn block_signals() -> libc::sigset_t {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGUSR1, libc::SIGTERM, libc::SIGINT] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_signal(set: &libc::sigset_t) -> c_int {
+    let mut sig: c_int = 0;
+    unsafe { libc::sigwait(set, &mut sig) };
+    sig
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").unwrap();
+    out.flush().unwrap();
+}
+
+struct GpuDone {
+    received: usize,
+    dropped: usize,
+}
+
+fn main() {
+    let args = parse_args();
+    let sigs = block_signals();
+    let (mb, hold, records) = (args.mb, args.hold, args.records);
+
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .thread_name(|i| format!("synth-{i}"))
+        .build()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("tokio-rt")
+        .enable_time()
+        .build()
+        .unwrap();
+
+    // the gpu thread: keeps the last `hold` partitions; reports when the channel closes, then
+    // holds them (and its staging buffer) until the process exits.
+    let (tx, rx) = mpsc::sync_channel::<Vec<u64>>(1);
+    let (done_tx, done_rx) = mpsc::channel::<GpuDone>();
+    thread::Builder::new()
+        .name("gpu".into())
+        .spawn(move || {
+            let mut live: VecDeque<Vec<u64>> = VecDeque::new();
+            let mut staging: Option<Vec<u8>> = None;
+            let (mut received, mut dropped) = (0, 0);
+            while let Ok(p) = rx.recv() {
+                if staging.is_none() {
+                    staging = Some(gpu_staging_buffer());
+                }
+                received += 1;
+                live.push_back(p);
+                if live.len() > hold {
+                    drop(live.pop_front());
+                    dropped += 1;
+                }
+            }
+            done_tx.send(GpuDone { received, dropped }).unwrap();
+            loop {
+                thread::park();
+                let _ = (&live, &staging);
+            }
+        })
+        .unwrap();
+
+    say(&format!("ready {}", std::process::id()));
+    wait_signal(&sigs);
+
+    // the request path, concurrently with the partitions
+    let requests = rt.spawn(async move {
+        let mut kept = Vec::with_capacity(records);
+        for i in 0..records {
+            kept.push(make_request_record(i));
+            if i % 500 == 499 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        kept
+    });
+
+    let n = args.partitions;
+    pool.install(|| {
+        (0..n)
+            .into_par_iter()
+            .map(|i| synthesize_partition(i, mb))
+            .for_each_with(tx, |tx, p| tx.send(p).unwrap());
+    });
+    let gpu = done_rx.recv().unwrap();
+    let kept = rt.block_on(requests).unwrap();
+    assert_eq!((gpu.received, gpu.dropped), (n, n - hold));
+
+    say(&format!(
+        concat!(
+            "done {{\"partition_bytes\":{},\"partitions\":{},\"partitions_live\":{},",
+            "\"partitions_dropped\":{},\"records\":{},\"record_bytes\":{},\"staging_bytes\":{}}}"
+        ),
+        mb << 20,
+        n,
+        hold,
+        gpu.dropped,
+        kept.len(),
+        RECORD_BYTES,
+        STAGING_BYTES
+    ));
+    wait_signal(&sigs);
+    drop(kept);
+    std::process::exit(0);
+}
