@@ -35,7 +35,17 @@ import pandas as pd
 
 from .analysis import Folding, FrameInfo, peak_seq, site_timeline, symbolize_stacks
 from .folded import folded_stacks
-from .render import SORT_TITLES, folded_text, frame_text, human_bytes, peak_when
+from .render import (
+    COLUMN_TITLES,
+    NOUNS,
+    SORT_TITLES,
+    folded_text,
+    frame_text,
+    human_bytes,
+    listed,
+    location_text,
+    peak_when,
+)
 from .trace import Trace
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -116,9 +126,10 @@ def timeline_data(trace: Trace) -> dict:
 
 
 def ordered_sites(report_doc: dict) -> list[tuple[int, dict]]:
-    """(number shown, site) in the page's order: by bytes held at the peak (`at_peak_rank`,
-    every site) when the report leads with the peak, else by `rank`."""
-    sites = report_doc.get("sites") or []
+    """(number shown, row) in the page's order — rows are the report's locations (its sites
+    when it is `by` stack, render.listed) —: by bytes held at the peak (`at_peak_rank`, every
+    row) when the report leads with the peak, else by `rank`."""
+    sites = listed(report_doc)[0]
     if (report_doc.get("at_peak") or {}).get("peak_first"):
         return [(s["at_peak_rank"], s) for s in sorted(sites, key=lambda s: s["at_peak_rank"])]
     return [(s["rank"], s) for s in sites]
@@ -126,10 +137,12 @@ def ordered_sites(report_doc: dict) -> list[tuple[int, dict]]:
 
 def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[FrameInfo, ...]],
                     top: int = TOP_SITES_CHART, fold: Folding | None = None) -> dict:
-    """Live host bytes over time of the page's top `top` sites (`ordered_sites`: by rank, or by
-    bytes at the peak when the report leads with it) plus 'other'; series in stacking order,
-    bottom (#1) first. GPU memory is not stacked with them (it is its own timeline series)."""
-    tl = site_timeline(trace, dict(stacks), fold)
+    """Live host bytes over time of the page's top `top` rows (`ordered_sites`: locations or
+    sites, by rank, or by bytes at the peak when the report leads with it) plus 'other'; series
+    in stacking order, bottom (#1) first. GPU memory is not stacked with them (it is its own
+    timeline series)."""
+    by = listed(report_doc)[1]
+    tl = site_timeline(trace, dict(stacks), fold, by=by)
     elapsed = dict(zip(trace.intervals["seq"].astype(int), trace.intervals["elapsed_s"].astype(float)))
     if tl.empty:
         return {"t": [], "series": []}
@@ -140,7 +153,9 @@ def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[F
     for shown, site in ordered_sites(report_doc):
         if len(chosen) >= top:
             break
-        col = by_key.get(tuple(_frame_key(f) for f in site.get("frames") or []))
+        key = site.get("frames") or [] if by == "stack" else [
+            {k: site.get(k) for k in ("function", "module", "file", "line")}]
+        col = by_key.get(tuple(_frame_key(f) for f in key))
         if col is not None and tl[col].max() > 0:
             fn = site["frames"][0]["function"] if site.get("frames") else "?"
             chosen.append((f"#{shown} {fn}", col))
@@ -148,7 +163,7 @@ def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[F
     rest = tl.drop(columns=[col for _, col in chosen])
     n_rest = int((rest.to_numpy() != 0).any(axis=0).sum()) if not rest.empty else 0
     if n_rest:
-        series.append({"label": f"other ({n_rest} sites)", "values": [int(v) for v in rest.sum(axis=1)]})
+        series.append({"label": f"other ({n_rest} {NOUNS[by]})", "values": [int(v) for v in rest.sum(axis=1)]})
     return {"t": t, "series": series}
 
 
@@ -216,10 +231,31 @@ def _frames_cell(frames: list[dict]) -> str:
     return f'<details><summary>{first}</summary><ol class="frames">{rest}</ol></details>'
 
 
+def _location_cell(loc: dict, doc: dict) -> str:
+    """A location: its frame, and (unfolded) the stacks that reach it, holding most first, each
+    with its live bytes and its frames."""
+    head = f"<code>{_e(location_text(loc))}</code>"
+    by_rank = {x["rank"]: x for x in doc.get("sites") or []}
+    stacks = [by_rank[r] for r in loc.get("stacks") or [] if r in by_rank][:STACKS_LISTED]
+    n = loc.get("n_stacks", len(stacks))
+    items = "".join(
+        f'<li>{_bytes(x["live_bytes"])} live, {_e(x["live_count"])} blocks'
+        f'<ol class="frames">{"".join(f"<li><code>{_e(frame_text(f))}</code></li>" for f in x["frames"][1:])}</ol></li>'
+        for x in stacks)
+    more = f" ({len(stacks)} shown)" if n > len(stacks) else ""
+    return (f'<details><summary>{head} <span class="note">{n} stack{"s" if n != 1 else ""}{more}</span></summary>'
+            f'<ol class="stacks">{items}</ol></details>')
+
+
+STACKS_LISTED = 10  # stacks listed under a location in the page's table
+
+
 def sites_table(doc: dict, limit: int = TOP_SITES_TABLE) -> str:
-    """The site table in the page's order (`ordered_sites`), with each site's bytes at the
-    peak beside its live bytes at the end; host memory, and when the report has GPU memory,
-    two columns of it apart (device: live at the end, device peak)."""
+    """The location table (the site table with `by` stack) in the page's order
+    (`ordered_sites`), with each row's bytes at the peak beside its live bytes at the end;
+    host memory, and when the report has GPU memory, two columns of it apart (device: live at
+    the end, device peak)."""
+    every, by = listed(doc)
     sites = ordered_sites(doc)[:limit]
     device = bool((doc.get("gpu") or {}).get("device_ranks"))
     rows = [[_e(n), _bytes(s.get("at_peak_bytes")), _bytes(s["live_bytes"]), _e(s["live_count"]),
@@ -227,11 +263,13 @@ def sites_table(doc: dict, limit: int = TOP_SITES_TABLE) -> str:
             + ([_bytes(s.get("device_live_bytes")), _bytes(s.get("device_peak_bytes"))] if device else [])
             + [_e(",".join(s.get("sources") or [])),
                _e(", ".join(f"{t['name']}({t['tid']})" for t in (s.get("threads") or [])[:3])),
-               _frames_cell(s.get("frames") or [])] for n, s in sites]
-    note = "" if len(sites) == len(doc.get("sites") or []) else \
-        f'<p class="note">showing {len(sites)} of {len(doc["sites"])} sites</p>'
+               _frames_cell(s.get("frames") or []) if by == "stack" else _location_cell(s, doc)] for n, s in sites]
+    note = "" if len(sites) == len(every) else \
+        f'<p class="note">showing {len(sites)} of {len(every)} {NOUNS[by]}</p>'
     heads = ["#", "at peak", "live", "blocks", "peak", "allocated", "allocs"] + \
-        (["device", "device peak"] if device else []) + ["source", "threads", "site (innermost frame first)"]
+        (["device", "device peak"] if device else []) + ["source", "threads",
+                                                          "site (innermost frame first)" if by == "stack"
+                                                          else f"{COLUMN_TITLES[by]} (and the stacks reaching it)"]
     return _table(heads, rows, set(range(9 if device else 7)), "sites") + note
 
 
@@ -239,36 +277,42 @@ def gpu_html(doc: dict) -> str:
     """The GPU section: GPU memory by site, pinned and managed host memory by site, threads
     with GPU memory (the text report's GPU section)."""
     gpu, tot = doc.get("gpu") or {}, doc.get("totals") or {}
-    by_rank = {s["rank"]: s for s in doc.get("sites") or []}
+    every, by = listed(doc)
+    by_rank = {s["rank"]: s for s in every}
+    loc = by != "stack" and "device_location_ranks" in gpu
+    noun = NOUNS[by][:-1] if loc else "site"
+    def cell(s: dict) -> str:
+        return f"<code>{_e(location_text(s))}</code>" if loc else _frames_cell(s.get("frames") or [])
     out = [f'<p>GPU memory <b>{_bytes(tot.get("device_bytes"))}</b> live at the end in '
            f'{_e(tot.get("device_count"))} allocations, peak <b>{_bytes(tot.get("device_peak_bytes"))}</b>; '
            f'pinned and managed host memory through the driver API {_bytes(tot.get("cuda_host_bytes"))}. '
            "GPU memory is in no host figure (live, peak, RSS, threads' live bytes).</p>"]
-    dev = [by_rank[r] for r in gpu.get("device_ranks") or []]
+    dev = [by_rank[r] for r in gpu.get("device_location_ranks" if loc else "device_ranks") or []]
     if dev:
-        out.append("<h3>Device memory by site</h3>" + _table(
-            ["#", "device live", "blocks", "device peak", "allocated", "allocs", "threads", "site"],
+        out.append(f"<h3>Device memory by {noun}</h3>" + _table(
+            ["#", "device live", "blocks", "device peak", "allocated", "allocs", "threads", noun],
             [[_e(s["rank"]), _bytes(s["device_live_bytes"]), _e(s["device_live_count"]),
               _bytes(s["device_peak_bytes"]), _bytes(s["device_alloc_bytes"]), _e(s["device_alloc_count"]),
               _e(", ".join(f"{t['name']}({t['tid']})" for t in s["threads"] if t.get("device_live_bytes"))),
-              _frames_cell(s.get("frames") or [])] for s in dev], {0, 1, 2, 3, 4, 5}, "gpu-sites"))
-    host = [by_rank[r] for r in gpu.get("host_ranks") or []]
+              cell(s)] for s in dev], {0, 1, 2, 3, 4, 5}, "gpu-sites"))
+    host = [by_rank[r] for r in gpu.get("host_location_ranks" if loc else "host_ranks") or []]
     if host:
-        out.append("<h3>Pinned and managed host memory by site</h3>" + _table(
-            ["#", "pinned", "managed", "site live", "threads", "site"],
+        out.append(f"<h3>Pinned and managed host memory by {noun}</h3>" + _table(
+            ["#", "pinned", "managed", f"{noun} live", "threads", noun],
             [[_e(s["rank"]), _bytes(s["live_by_source"].get("cuda-pinned", 0)),
               _bytes(s["live_by_source"].get("cuda-managed", 0)), _bytes(s["live_bytes"]),
               _e(", ".join(f"{t['name']}({t['tid']})" for t in s["threads"] if t.get("live_bytes"))),
-              _frames_cell(s.get("frames") or [])] for s in host], {0, 1, 2, 3}, "gpu-host"))
+              cell(s)] for s in host], {0, 1, 2, 3}, "gpu-host"))
     return "".join(out)
 
 
 def sites_heading(doc: dict) -> str:
+    noun = NOUNS[listed(doc)[1]].capitalize()
     if (doc.get("at_peak") or {}).get("peak_first"):
         tot = doc.get("totals") or {}
-        return (f"Sites by bytes held at the peak ({peak_when(doc)}; live at the end "
+        return (f"{noun} by bytes held at the peak ({peak_when(doc)}; live at the end "
                 f"{human_bytes(tot.get('live_bytes'))}: most of the peak was freed)")
-    return f"Sites by {SORT_TITLES.get(doc.get('sort') or 'live', 'live bytes')}"
+    return f"{noun} by {SORT_TITLES.get(doc.get('sort') or 'live', 'live bytes')}"
 
 
 def flame_section(doc: dict, flame: dict) -> str:
@@ -334,14 +378,15 @@ def decomposition_html(doc: dict) -> str:
 
 def diff_table(diff_doc: dict) -> str:
     a, b = _label_text(diff_doc.get("a")) or "A", _label_text(diff_doc.get("b")) or "B"
+    every, by = listed(diff_doc)
     rows = []
-    for s in diff_doc.get("sites") or []:
+    for s in every:
         delta = s.get("delta_bytes") or 0
         delta_cell = f'<span class="{"up" if delta > 0 else "down"}">{"+" if delta > 0 else ""}{_bytes(delta)}</span>'
         rows.append([_bytes(s.get("a_peak_live_bytes")), _bytes(s.get("b_peak_live_bytes")), delta_cell,
-                     _frames_cell(s.get("frames") or [])])
+                     _frames_cell(s.get("frames") or []) if by == "stack" else f"<code>{_e(location_text(s))}</code>"])
     return (f'<p>A: <b>{_e(a)}</b> &nbsp; B: <b>{_e(b)}</b></p>' +
-            _table(["peak A", "peak B", "delta", "site"], rows, {0, 1, 2}, "diff"))
+            _table(["peak A", "peak B", "delta", COLUMN_TITLES[by]], rows, {0, 1, 2}, "diff"))
 
 
 # --------------------------------------------------------------------------------------------- page
@@ -379,7 +424,7 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
     notes_html = "".join(f'<p class="{c}">{_e(t)}</p>' for c, t in notes)
     sections = [
         ("timeline", "Memory over time", '<div class="chart" id="chart-timeline"></div>'),
-        ("site-timeline", f"Top sites over time (live bytes, stacked; top {TOP_SITES_CHART})",
+        ("site-timeline", f"Top {NOUNS[listed(report_doc)[1]]} over time (live bytes, stacked; top {TOP_SITES_CHART})",
          '<div class="chart" id="chart-sites"></div>'),
         ("flame", "Live bytes by stack (click a frame to zoom, the top bar to zoom out)",
          flame_section(report_doc, flame)),
@@ -393,7 +438,7 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
     if report_doc.get("trims"):
         sections.append(("trims", "malloc_trim calls", trims_table(report_doc)))
     if diff_doc is not None:
-        sections.append(("diff", "Diff: peak live bytes per site", diff_table(diff_doc)))
+        sections.append(("diff", f"Diff: peak live bytes per {NOUNS[listed(diff_doc)[1]][:-1]}", diff_table(diff_doc)))
     body = "".join(f'<section id="{sid}"><h2>{_e(h)}</h2>{content}</section>' for sid, h, content in sections)
     return Template(_asset(PAGE, inline=False)).substitute(
         title=_e(title), uplot_css=_asset(UPLOT_CSS), report_css=_asset(PAGE_CSS),

@@ -56,11 +56,15 @@ def _site_lookup(st: pd.DataFrame, column: str = "site") -> Callable[[tuple], Si
     m = {(int(a), int(b), c): site for a, b, c, site in zip(st["stack_id"], st["tid"], st["source"], st[column])}
     return lambda k: m.get((int(k[0]), int(k[1]), k[2]), UNKNOWN_STACK)
 
-def site_timeline(trace: Trace, stacks=None, fold: Folding | None = None, device: bool = False) -> pd.DataFrame:
+def site_timeline(trace: Trace, stacks=None, fold: Folding | None = None, device: bool = False,
+                  by: str = "stack") -> pd.DataFrame:
     """Live bytes per site over time: index = interval seq (1..n), one column per site
-    (folded frames tuple), values = live host bytes at the end of that interval (with
-    `device`: GPU memory instead)."""
-    return key_timeline(trace, _site_lookup(site_table(trace, stacks, fold=fold)), device=device)
+    (folded frames tuple; with `by` location or function, per frames.group_of row), values =
+    live host bytes at the end of that interval (with `device`: GPU memory instead)."""
+    st = site_table(trace, stacks, fold=fold)
+    group = {s: group_of(s, by) for s in set(st["site"])}
+    st["group"] = [group[s] for s in st["site"]]
+    return key_timeline(trace, _site_lookup(st, "group"), device=device)
 
 def oldest_ages(trace: Trace, stacks: dict[int, SiteKey], fold: Folding | None = None,
                 by: str = "stack") -> dict[SiteKey, float]:

@@ -258,7 +258,7 @@ def test_html_chart_data(trace, report):
         ("#1 make_partition", [3000, 5048, 8048]), ("#2 make_partition", [1000, 2000, 2000]),
         ("#3 Cache::insert", [0, 512, 512]), ("#4 map_arena", [0, 1 << 20, 0])]
     assert [(s["label"], s["values"]) for s in site_chart_data(trace, by_rank, stacks, top=1)["series"]] == [
-        ("#1 make_partition", [3000, 5048, 8048]), ("other (3 sites)", [1000, 2512 + (1 << 20), 2512])]
+        ("#1 make_partition", [3000, 5048, 8048]), ("other (3 locations)", [1000, 2512 + (1 << 20), 2512])]
 
 
 def test_flame_tree(trace):
@@ -298,7 +298,7 @@ def test_html_is_self_contained(page, trace, report):
 
 def test_html_tables(page, trace, report):
     for text in ("make_partition partition.c:42  [synthd]", "Cache::insert  [synthd]", "pworker-1", "pworker-2",
-                 "synthd(101)", "7.9 KiB", "Sites by bytes held at the peak (2.0s, live 1.0 MiB;",
+                 "synthd(101)", "7.9 KiB", "Locations by bytes held at the peak (2.0s, live 1.0 MiB;",
                  "Threads by live bytes", "Frees by allocating"):
         assert text in page, text
     assert page.count("<tr><td") == 5 + 3 + 1 + 1  # sites, threads, flows, diff rows

@@ -187,7 +187,7 @@ def test_html_leads_with_the_peak(trace, stacks, doc):
         "#1 synthesize_partition", "#2 append_log_record", "#3 _dl_map_segments", "#4 _dl_allocate_tls_storage",
         "#5 scratch"]
     assert data["sites"]["series"][0]["values"] == [P, 2 * P, 3 * P, P, 0, 0]
-    assert "<h2>Sites by bytes held at the peak (3.0s, live 24.1 MiB; live at the end 64.0 KiB: most of the peak " \
+    assert "<h2>Locations by bytes held at the peak (3.0s, live 24.1 MiB; live at the end 64.0 KiB: most of the peak " \
            "was freed)</h2>" in page
     table = page[page.index('<table class="sites">'):]
     rows = re.findall(r"<tr><td.*?</tr>", table[:table.index("</table>")])
@@ -205,4 +205,4 @@ def test_html_order_without_a_freed_peak(trace, stacks, doc):
     assert labels == ["#1 _dl_map_segments", "#2 _dl_allocate_tls_storage", "#3 synthesize_partition",
                       "#4 scratch", "#5 append_log_record"]
     assert flame_data(trace, held, stacks)["default"] == "end"
-    assert "<h2>Sites by live bytes</h2>" in to_html(trace, held, stacks=stacks)
+    assert "<h2>Locations by live bytes</h2>" in to_html(trace, held, stacks=stacks)
