@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from allocscope.options import fold_option, probe_options, target_options, trace_options
+from allocscope.options import by_option, fold_option, probe_options, target_options, trace_options
 from allocscope.output import progress
 from allocscope.recording import early_stop, record_options, resolve_target, summary_text
 from common.errors import UsageError
@@ -31,11 +31,12 @@ SORT_CHOICES = ("live", "growth", "peak", "age")
 @click.option("--top", "top_n", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
               help="Sites in each --batch block.")
 @trace_options
+@by_option
 @fold_option
 @probe_options(interval=TOP_INTERVAL)
 def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, output, labels, force, keep_cmdline,
-        embed_symbols, fold, **probe):
-    """Watch a process's memory live: RSS, live bytes, and the sites and threads holding them,
+        embed_symbols, by, fold, **probe):
+    """Watch a process's memory live: RSS, live bytes, and the locations and threads holding them,
     refreshed every interval, while it runs (attach with --pid/--pgrep or start it with -- CMD).
 
     \b
@@ -72,11 +73,11 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
     rec.validate(opts)
     target = resolve_target(pid, pattern, command)
     if batch:
-        s = _batch(target, opts, stop, folding, sort, top_n, iterations)
+        s = _batch(target, opts, stop, folding, sort, top_n, iterations, by)
         if s is not None:
             click.echo(summary_text(s), err=True)
     else:
-        _screen(rec, target, opts, stop, folding, sort, threads_view)
+        _screen(rec, target, opts, stop, folding, sort, threads_view, by)
 
 
 def _last_words(text: str) -> None:
@@ -91,21 +92,21 @@ def _last_words(text: str) -> None:
         silence(sys.stdout)
 
 
-def _batch(target, opts, stop, folding, sort, top_n, iterations):
+def _batch(target, opts, stop, folding, sort, top_n, iterations, by):
     from allocscope.watch import record_batch  # noqa: PLC0415
 
-    s, printer = record_batch(target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress)
+    s, printer = record_batch(target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by)
     return None if printer.closed else s
 
 
-def _screen(rec, target, opts, stop, folding, sort, threads_view):
+def _screen(rec, target, opts, stop, folding, sort, threads_view, by):
     from allocscope.screen import Screen  # noqa: PLC0415
     from reports.live import LiveModel  # noqa: PLC0415
     from reports.live_render import ScreenState, mode_text, screen_text  # noqa: PLC0415
 
     state = ScreenState(target=f"pid {target.pid} ({target.comm})", sort=sort, threads=threads_view,
                         mode=mode_text(opts.mode, opts.sample_bytes, opts.fault_sample))
-    screen = Screen(LiveModel(folding), stop, state, redraw_each=target.child is not None)
+    screen = Screen(LiveModel(folding, by=by), stop, state, redraw_each=target.child is not None)
     screen.start()
     try:
         s = rec.record(target, opts, screen.progress, stop=stop, observer=screen.observe)

@@ -91,10 +91,11 @@ class BatchPrinter:
     snapshot that follows is not printed). A closed `out` (the reader of the pipe went away)
     stops the recording too, quietly: the trace is still finalized."""
 
-    def __init__(self, out, stop, fold: Folding | None, sort: str, top: int, iterations: int | None) -> None:
+    def __init__(self, out, stop, fold: Folding | None, sort: str, top: int, iterations: int | None,
+                 by: str = "location") -> None:
         self.out = out
         self.stop = stop
-        self.model = LiveModel(fold)
+        self.model = LiveModel(fold, by=by)
         self.sort, self.top, self.iterations = sort, top, iterations
         self.intervals = 0       # snapshots before the final one (counted in the recorder's thread)
         self.printed = 0
@@ -130,12 +131,12 @@ class BatchPrinter:
 
 
 def record_batch(target, opts, stop, out, fold: Folding | None, sort: str, top: int, iterations: int | None,
-                 progress=None):
+                 progress=None, by: str = "location"):
     """`top --batch`: record `target` (tracer.record) with a BatchPrinter on `out` watching,
     then the closing line. Returns (Summary, the printer)."""
     from tracer import record as rec  # noqa: PLC0415
 
-    printer = BatchPrinter(out, stop, fold, sort, top, iterations)
+    printer = BatchPrinter(out, stop, fold, sort, top, iterations, by)
     try:
         s = rec.record(target, opts, progress, stop=stop, observer=printer.observe)
     except BaseException:

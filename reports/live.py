@@ -32,6 +32,7 @@ from .analysis import (
     fit_growth,
     fit_window,
     fold_frames,
+    group_of,
     sort_sites,
     symbolize_stack_rows,
     verdict,
@@ -103,10 +104,13 @@ def oldest_age_bound(counts: list[tuple[float, int]], free_count: int, now_s: fl
 
 @dataclass
 class SiteState:
-    """One site (folded frames) summed over its (stack, thread, source) counters."""
+    """One site (folded frames) — or location, function: LiveModel's `by` — summed over its
+    (stack, thread, source) counters."""
     index: int
     frames: tuple[FrameInfo, ...]
     full_frames: tuple[FrameInfo, ...]
+    stack: tuple[FrameInfo, ...] = ()  # full_frames folded
+    stacks: set = field(default_factory=set)  # the distinct folded stacks summed here
     live: int = 0
     alloc_bytes: int = 0
     alloc_count: int = 0
@@ -158,6 +162,7 @@ class LiveView:
     threads: list[dict]
     losses: dict[str, int]
     names: dict[int, str]
+    by: str = "stack"  # what a row of `sites` is: location, function or stack (LiveModel's `by`)
     _sorted: dict[str, list[dict]] = field(default_factory=dict, repr=False)
 
     def ranked(self, sort: str) -> list[dict]:
@@ -176,17 +181,20 @@ class LiveView:
         return sum(self.losses.values())
 
 
-SITE_COLUMNS = ["site", "full_frames", "live_bytes", "live_count", "delta_bytes", "peak_live_bytes", "alloc_bytes",
-                "alloc_count", "allocs_per_s", "growth_bytes_per_s", "growth_r2", "verdict", "oldest_age_s",
-                "top_tid", "top_thread", "threads"]
+SITE_COLUMNS = ["site", "full_frames", "stack", "n_stacks", "live_bytes", "live_count", "delta_bytes",
+                "peak_live_bytes", "alloc_bytes", "alloc_count", "allocs_per_s", "growth_bytes_per_s", "growth_r2",
+                "verdict", "oldest_age_s", "top_tid", "top_thread", "threads"]
 
 
 class LiveModel:
-    """Sums a recording's snapshots by site (frames folded as reports fold them) and by thread.
-    `update` takes every snapshot in order; `view` computes what a refresh shows."""
+    """Sums a recording's snapshots by location (`by`: location, function or stack — frames
+    folded as reports fold them, grouped by reports.frames.group_of) and by thread. `update`
+    takes every snapshot in order; `view` computes what a refresh shows."""
 
-    def __init__(self, fold: Folding | None = None, symbolizer=None, history: int = HISTORY_POINTS) -> None:
+    def __init__(self, fold: Folding | None = None, symbolizer=None, history: int = HISTORY_POINTS,
+                 by: str = "location") -> None:
         self.fold = fold
+        self.by = by
         self.stacks = StackFrames(symbolizer)
         self.site_of_stack: dict[int, SiteState] = {}
         self.sites: list[SiteState] = []
@@ -213,12 +221,14 @@ class LiveModel:
         site = self.site_of_stack.get(sid)
         if site is None:
             full = self.stacks.get(sid)
-            frames = fold_frames(full, self.fold)
+            folded = fold_frames(full, self.fold)
+            frames = group_of(folded, self.by)
             site = self.by_frames.get(frames)
             if site is None:
-                site = SiteState(len(self.sites), frames, full)
+                site = SiteState(len(self.sites), frames, full, folded)
                 self.sites.append(site)
                 self.by_frames[frames] = site
+            site.stacks.add(folded)
             self.site_of_stack[sid] = site
         return site
 
@@ -294,14 +304,14 @@ class LiveModel:
         return slope, r2, float(x[-1] - x[0]), w
 
     def view(self) -> LiveView:
-        """The refresh: sites with columns SITE_COLUMNS — site (folded frames, innermost
-        first), full_frames (one full stack of it), live_bytes, live_count, delta_bytes (change
-        since the previous snapshot), peak_live_bytes, alloc_bytes, alloc_count, allocs_per_s
-        (in the last interval), growth_bytes_per_s and growth_r2 (least-squares line over the
-        last half of the kept history, reports.analysis.fit_growth), verdict
-        (reports.analysis.verdict), oldest_age_s (lower bound, `oldest_age_bound`; NaN when
-        nothing is outstanding), top_tid / top_thread (the thread holding most of it), threads
-        ((tid, live bytes) desc) — and threads."""
+        """The refresh: sites with columns SITE_COLUMNS — site (folded frames, innermost first; for a location or
+        function its one frame), full_frames (one full stack of it, the first seen), stack (that stack folded),
+        n_stacks (the distinct folded stacks summed in it), live_bytes, live_count, delta_bytes (change since
+        the previous snapshot), peak_live_bytes, alloc_bytes, alloc_count, allocs_per_s (in the last interval),
+        growth_bytes_per_s and growth_r2 (least-squares line over the last half of the kept history,
+        reports.analysis.fit_growth), verdict (reports.analysis.verdict), oldest_age_s (lower bound,
+        `oldest_age_bound`; NaN when nothing is outstanding), top_tid / top_thread (the thread holding most of
+        it), threads ((tid, live bytes) desc) — and threads."""
         n = len(self.sites)
         now_t = self.elapsed[-1] if self.elapsed else 0.0
         dt = now_t - self.elapsed[0] if len(self.elapsed) == 2 else now_t
@@ -321,7 +331,8 @@ class LiveModel:
             g, q = float(slope[i]), float(r2[i])
             age = oldest_age_bound(s.counts, s.free_count, now_t)
             rows.append({
-                "site": s.frames, "full_frames": s.full_frames, "live_bytes": int(live[i]),
+                "site": s.frames, "full_frames": s.full_frames, "stack": s.stack, "n_stacks": len(s.stacks),
+                "live_bytes": int(live[i]),
                 "live_count": s.alloc_count - s.free_count, "delta_bytes": int(live[i] - prev[i]),
                 "peak_live_bytes": s.peak, "alloc_bytes": s.alloc_bytes, "alloc_count": s.alloc_count,
                 "allocs_per_s": (s.alloc_count - int(counts_prev[i])) / dt if dt > 0 else 0.0,
@@ -346,7 +357,7 @@ class LiveModel:
         losses = {k: int(v) for k, v in row.items() if k.startswith("lost_") and not k.endswith("_bytes") and v}
         return LiveView(self.seq, self.final, now_t, dt, row, self.allocator, self.rss_peak,
                         [max(0, r) for r, _ in self.timeline], [lv for _, lv in self.timeline], sites, threads,
-                        losses, dict(self.names))
+                        losses, dict(self.names), self.by)
 
 
 class StatusModel:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .analysis import FrameInfo
 from .live import LiveView
-from .render import ASCII_SPARKS, SORT_TITLES, human_bytes, human_delta, human_rate, sparkline
+from .render import ASCII_SPARKS, NOUNS, SORT_TITLES, human_bytes, human_delta, human_rate, sparkline
 
 STYLES = ("bold", "dim", "red", "yellow", "green", "cyan", "reverse")
 SORTS = ("live", "growth", "peak", "age")  # the order the s key cycles through
@@ -107,10 +107,10 @@ def batch_block(view: LiveView, sort: str, top: int, clock: str) -> str:
             + (f"  GPU {human_bytes(r['device_live_bytes'])}" if r.get("device_live_bytes") else "")
             + f"  {losses_text(view)}" + ("  [final]" if view.final else ""))
     ranked = view.ranked(sort)
-    out = [head, f"   {len(ranked)} sites by {SORT_TITLES[sort]}"]
+    out = [head, f"   {len(ranked)} {NOUNS[view.by]} by {SORT_TITLES[sort]}"]
     if ranked:
         out.append(f"   {'LIVE':>10}  {'CHANGE':>10}  {'PEAK':>10}  {'GROWTH/s':>12}  {'VERDICT':<9}  {'AGE':>8}  "
-                   f"{'ALLOC/s':>8}  {'THREAD':<15}  SITE")
+                   f"{'ALLOC/s':>8}  {'THREAD':<15}  {COLUMN[view.by]}")
     for s in ranked[:top]:
         out.append(f"   {human_bytes(s['live_bytes']):>10}  {human_delta(s['delta_bytes']):>10}  "
                    f"{human_bytes(s['peak_live_bytes']):>10}  {human_rate(s['growth_bytes_per_s']):>12}  "
@@ -135,7 +135,10 @@ def status_text(elapsed_s: float, row: dict, lost: int, top: tuple[tuple[FrameIn
 
 # --- the full screen ----------------------------------------------------------------------------
 
-def _columns(threads: bool, unicode: bool) -> list[tuple[str, int, str, object]]:
+COLUMN = {"location": "LOCATION", "function": "FUNCTION", "stack": "SITE"}
+
+
+def _columns(threads: bool, unicode: bool, by: str = "stack") -> list[tuple[str, int, str, object]]:
     """(header, width, align, cell(row) -> (text, style)) of the table; the last column takes
     what is left."""
     if threads:
@@ -145,8 +148,8 @@ def _columns(threads: bool, unicode: bool) -> list[tuple[str, int, str, object]]
             ("LIVE", 10, "r", lambda t: (human_bytes(t["live_bytes"]), "bold")),
             ("CHANGE", 10, "r", lambda t: (human_delta(t["delta_bytes"]), _delta_style(t["delta_bytes"]))),
             ("ALLOC/s", 8, "r", lambda t: (rate(t["allocs_per_s"]), "")),
-            ("SITES", 6, "r", lambda t: (str(t["sites"]), "")),
-            ("TOP SITE", 0, "l", lambda t: (site_text(t["top_site"]), "")),
+            (COLUMN[by] + "S", 6, "r", lambda t: (str(t["sites"]), "")),
+            ("TOP " + COLUMN[by], 0, "l", lambda t: (site_text(t["top_site"]), "")),
         ]
     return [
         ("#", 3, "r", lambda s: (str(s["rank"]), "")),
@@ -158,13 +161,15 @@ def _columns(threads: bool, unicode: bool) -> list[tuple[str, int, str, object]]
         ("AGE", 7, "r", lambda s: (age_text(s["oldest_age_s"], unicode), "")),
         ("ALLOC/s", 8, "r", lambda s: (rate(s["allocs_per_s"]), "")),
         ("THREAD", 12, "l", lambda s: (s["top_thread"], "")),
-        ("SITE (innermost first)", 0, "l", lambda s: (site_text(s["site"]), "")),
+        *([("STACKS", 6, "r", lambda s: (str(s["n_stacks"]), ""))] if by != "stack" else []),
+        ("SITE (innermost first)" if by == "stack" else COLUMN[by], 0, "l", lambda s: (site_text(s["site"]), "")),
     ]
 
 
 # narrow terminals drop these columns first, in this order
-DROP_ORDER = ("PEAK", "GROWTH/s", "AGE", "ALLOC/s", "THREAD", "SITES", "CHANGE")
-VERDICT_STYLES = {"growing": "red", "plateaued": "yellow", "transient": "dim", "freed": "dim"}
+DROP_ORDER = ("STACKS", "PEAK", "GROWTH/s", "AGE", "ALLOC/s", "THREAD", "SITES", "LOCATIONS", "FUNCTIONS",
+              "CHANGE")
+VERDICT_STYLES = {"growing": "red", "plateaued": "yellow", "new": "cyan", "transient": "dim", "freed": "dim"}
 SITE_MIN = 36  # characters the last column keeps before others are dropped (a function and its file:line)
 
 
@@ -172,8 +177,9 @@ def _delta_style(n: int) -> str:
     return "red" if n > 0 else "green" if n < 0 else "dim"
 
 
-def _table(rows: list[dict], threads: bool, state: ScreenState, width: int, height: int) -> list[Line]:
-    cols = _columns(threads, state.unicode)
+def _table(rows: list[dict], threads: bool, state: ScreenState, width: int, height: int,
+           by: str = "stack") -> list[Line]:
+    cols = _columns(threads, state.unicode, by)
     for name in DROP_ORDER:
         if sum(c[1] + 2 for c in cols[:-1]) + SITE_MIN <= width:
             break
@@ -227,14 +233,18 @@ def _header(view: LiveView | None, state: ScreenState, width: int) -> list[Line]
 
 
 def _stack(view: LiveView, site: dict, state: ScreenState, height: int) -> list[Line]:
-    """The selected site's full stack, folded frames dim, and the threads holding it."""
-    full, folded = site["full_frames"], len(site["full_frames"]) - len(site["site"])
+    """The selected row's full stack (for a location, the first stack seen reaching it, and how
+    many do), folded frames dim, and the threads holding it."""
+    full, folded = site["full_frames"], len(site["full_frames"]) - len(site.get("stack") or site["site"])
+    noun = NOUNS[view.by][:-1]
     out: list[Line] = [
-        [(f"site #{site['rank']} by {SORT_TITLES[state.sort]}: ", "bold"), (site_text(site["site"], 1), "bold")],
+        [(f"{noun} #{site['rank']} by {SORT_TITLES[state.sort]}: ", "bold"), (site_text(site["site"], 1), "bold")]
+        + ([(f"  reached by {site['n_stacks']} stacks; the first seen:", "dim")]
+           if view.by != "stack" and site.get("n_stacks", 1) > 1 else []),
         [(f"live {human_bytes(site['live_bytes'])}  peak {human_bytes(site['peak_live_bytes'])}  "
           f"{site['live_count']} blocks  {site['verdict']} {human_rate(site['growth_bytes_per_s'])}  "
           f"age {age_text(site['oldest_age_s'], state.unicode)}  {rate(site['allocs_per_s'])} allocs/s", "")],
-        [("full stack, innermost first (dim: folded out of the site)  enter: back", "dim")]]
+        [(f"full stack, innermost first (dim: folded out of the {noun})  enter: back", "dim")]]
     holders = ", ".join(f"{view.names.get(t, '?')} ({t}) {human_bytes(b)}" for t, b in site["threads"][:6])
     room = max(1, height - len(out) - 1)
     for i, f in enumerate(full[:room]):
@@ -272,17 +282,17 @@ def screen_lines(view: LiveView | None, state: ScreenState, width: int, height: 
         if state.threads:
             state.selected = max(0, min(state.selected, len(view.threads) - 1))
             lines.append([(f"threads by live bytes ({len(view.threads)})", "bold"),
-                          ("   t: sites", "dim")])
-            lines += _table(view.threads, True, state, width, room)
+                          (f"   t: {NOUNS[view.by]}", "dim")])
+            lines += _table(view.threads, True, state, width, room, view.by)
         else:
             ranked = view.ranked(state.sort)
             state.selected = max(0, min(state.selected, len(ranked) - 1))
             if state.expanded and ranked:
                 lines += _stack(view, ranked[state.selected], state, room + 1)
             else:
-                lines.append([(f"sites by {SORT_TITLES[state.sort]} ({len(ranked)})", "bold"),
+                lines.append([(f"{NOUNS[view.by]} by {SORT_TITLES[state.sort]} ({len(ranked)})", "bold"),
                               (f"   sort: {state.sort}   s: next sort", "dim")])
-                lines += _table(ranked, False, state, width, room)
+                lines += _table(ranked, False, state, width, room, view.by)
     lines = lines[:height - len(footer)]
     lines += [[]] * (height - len(lines) - len(footer)) + footer
     return _clip(lines, width, height)

@@ -48,4 +48,4 @@ def test_demo_finds_the_pile_up(tmp_path):
     for text in (res["report_text"], cli("report", str(bug_b), check=True).stdout):
         first_row = next(ln for ln in text.splitlines() if re.match(r"^\s+1\s", ln))
         assert "synthesize_partition" in first_row, text
-        assert text.index("Held at the peak") < text.index("sites by live bytes at the end")
+        assert text.index("Held at the peak") < text.index("locations by live bytes at the end")

@@ -23,9 +23,9 @@ APP = "/opt/app/bin/grower"
 FUNCS = {0x10: ("grow_tick", "grower.c", 30), 0x20: ("grower_main", "grower.c", 59),
          0x30: ("keep_config", "grower.c", 31), 0x40: ("burst", "grower.c", 35), 0x50: ("xmalloc", "xm.c", 7),
          0x60: ("main", "grower.c", 90)}
-GROW, CONFIG, BURST, GROW_VIA_XMALLOC = 1, 2, 3, 4
+GROW, CONFIG, BURST, GROW_VIA_XMALLOC, GROW_OTHER_PATH = 1, 2, 3, 4, 5
 STACKS = {GROW: [0x10, 0x20, 0x60], CONFIG: [0x30, 0x20, 0x60], BURST: [0x40, 0x20, 0x60],
-          GROW_VIA_XMALLOC: [0x50, 0x10, 0x20, 0x60]}
+          GROW_VIA_XMALLOC: [0x50, 0x10, 0x20, 0x60], GROW_OTHER_PATH: [0x10, 0x40, 0x20, 0x60]}
 T_GROW, T_MAIN = 11, 10
 
 
@@ -120,7 +120,7 @@ def test_site_figures_exact():
     assert g["verdict"] == "growing" and g["growth_bytes_per_s"] == pytest.approx(3333 * 5 / 4, rel=0.25)
     assert g["oldest_age_s"] == 4.0                     # first block in the interval ending at t=1
     assert g["top_thread"] == "grower" and g["top_tid"] == T_GROW
-    assert [f.function for f in g["site"]] == ["grow_tick", "grower_main", "main"]
+    assert [f.function for f in g["stack"]] == ["grow_tick", "grower_main", "main"]
     c = ranked[1]
     assert (c["live_bytes"], c["delta_bytes"], c["verdict"], c["oldest_age_s"]) == (2000, 0, "plateaued", 4.0)
     assert c["top_thread"] == "grower-main"
@@ -211,6 +211,34 @@ def test_status_model_symbolizes_only_the_top_stack():
         "allocscope: 1s  RSS 4.0 MiB  live 5.2 KiB  lost 0  top: grow_tick grower.c:30 3.3 KiB")
 
 
+def test_one_location_sums_the_stacks_that_reach_it():
+    def run(model):
+        feed = Feed()
+        for i in range(1, 6):
+            model.update(feed.step(float(i), {(GROW, T_GROW, "heap"): (1000 * i, i, 0, 0, 1000 * i),
+                                              (GROW_OTHER_PATH, T_MAIN, "heap"): (700 * i, i, 0, 0, 700 * i)}))
+        return model.view().ranked("live")
+
+    [loc] = run(LiveModel(symbolizer=FakeSymbolizer()))
+    assert ([f.function for f in loc["site"]], loc["n_stacks"]) == (["grow_tick"], 2)
+    assert (loc["live_bytes"], loc["live_count"], loc["delta_bytes"]) == (8500, 10, 1700)
+    assert loc["verdict"] == "growing" and loc["growth_bytes_per_s"] == pytest.approx(1700)
+    assert dict(loc["threads"]) == {T_GROW: 5000, T_MAIN: 3500}
+    stacks = run(LiveModel(symbolizer=FakeSymbolizer(), by="stack"))
+    assert [(s["live_bytes"], s["n_stacks"]) for s in stacks] == [(5000, 1), (3500, 1)]
+    [fn] = run(LiveModel(symbolizer=FakeSymbolizer(), by="function"))
+    assert fn["live_bytes"] == 8500
+
+
+def test_verdict_is_new_until_four_intervals():
+    model, feed = LiveModel(symbolizer=FakeSymbolizer()), Feed()
+    verdicts = []
+    for i in range(1, 6):
+        model.update(feed.step(float(i), {(GROW, T_GROW, "heap"): (1000 * i, i, 0, 0, 1000 * i)}))
+        verdicts.append(model.view().ranked("live")[0]["verdict"])
+    assert verdicts == ["new", "new", "new", "growing", "growing"]
+
+
 # --- what is rendered -----------------------------------------------------------------------------
 
 def test_batch_block():
@@ -219,10 +247,15 @@ def test_batch_block():
     lines = batch_block(model.view(), "live", 2, "12:00:05").splitlines()
     assert lines[0] == ("== 12:00:05 +5.0s  RSS 4.0 MiB (peak 4.0 MiB)  live 21.5 KiB (+3.3 KiB)  heap 21.5 KiB  "
                         "mmap 0 B  lost 0")
-    assert lines[1] == "   3 sites by live bytes"
-    assert lines[2].split() == ["LIVE", "CHANGE", "PEAK", "GROWTH/s", "VERDICT", "AGE", "ALLOC/s", "THREAD", "SITE"]
+    assert lines[1] == "   3 locations by live bytes"
+    assert lines[2].split() == ["LIVE", "CHANGE", "PEAK", "GROWTH/s", "VERDICT", "AGE", "ALLOC/s", "THREAD", "LOCATION"]
     assert lines[3].split()[:4] == ["19.5", "KiB", "+3.3", "KiB"]
     assert "growing" in lines[3] and ">=4s" in lines[3] and " 1.0 " in lines[3]
+    assert lines[3].split()[-3:] == ["grower", "grow_tick", "grower.c:30"]  # the location
+    by_stack = LiveModel(symbolizer=FakeSymbolizer(), by="stack")
+    grower_run(by_stack)
+    lines = batch_block(by_stack.view(), "live", 2, "12:00:05").splitlines()
+    assert lines[1] == "   3 sites by live bytes" and lines[2].split()[-1] == "SITE"
     assert lines[3].split()[-9:] == ["grower", "grow_tick", "grower.c:30", "<", "grower_main", "grower.c:59", "<",
                                      "main", "grower.c:90"]
     assert lines[4].split()[:5] == ["2.0", "KiB", "0", "B", "2.0"] and "keep_config" in lines[4]
@@ -298,13 +331,13 @@ def test_screen_sites_and_sort_label():
     assert text[1].startswith("RSS 4.0 MiB  peak 4.0 MiB  anon 2.0 MiB  file 2.0 MiB  shmem 0 B")
     assert text[2] == "live 21.5 KiB  heap 21.5 KiB  mmap 0 B  lost 0"
     assert text[3].startswith("RSS  ") and text[4].startswith("live ")
-    assert text[5].startswith("sites by live bytes (3)   sort: live")
+    assert text[5].startswith("locations by live bytes (3)   sort: live")
     assert text[6].split()[:3] == ["#", "LIVE", "CHANGE"]
     first = text[7].split()
     assert first[:5] == ["1", "19.5", "KiB", "+3.3", "KiB"] and "grow_tick" in text[7] and "≥4s" in text[7]
     assert text[-1].startswith("s sort  t threads")
     peak = screen(ScreenState(sort="peak"))
-    assert peak[5].startswith("sites by peak live bytes (3)   sort: peak") and "burst" in peak[7]
+    assert peak[5].startswith("locations by peak live bytes (3)   sort: peak") and "burst" in peak[7]
 
 
 def test_screen_narrow_small_frozen_expanded_threads():
@@ -314,7 +347,7 @@ def test_screen_narrow_small_frozen_expanded_threads():
     assert small == ["terminal too small: 50x10", "allocscope top needs 60x12", "ended: target exited"]
     assert "FROZEN" in screen(ScreenState(frozen=True))[0]
     stack = screen(ScreenState(expanded=True, selected=0, sort="live"))
-    assert stack[5].startswith("site #1 by live bytes: grow_tick grower.c:30")
+    assert stack[5].startswith("location #1 by live bytes: grow_tick grower.c:30")
     assert stack[6] == "live 19.5 KiB  peak 19.5 KiB  6 blocks  growing +4.2 KiB/s  age ≥4s  1.0 allocs/s"
     assert [ln.split()[1] for ln in stack[8:11]] == ["grow_tick", "grower_main", "main"]
     assert stack[11] == "threads holding it: grower (11) 19.5 KiB"

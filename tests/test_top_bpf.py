@@ -130,14 +130,14 @@ def test_top_screen_ranks_sorts_and_quits(targets, procs, tmp_path, tmux):
     screen = tmux.wait_screen(lambda s: sort_label(s) == "peak", "sort: peak")
     row = first_row(screen)
     assert "burst grower.c:" in row and row.split()[1:3] == ["0", "B"] and human_bytes(BURST) in row, row
-    assert "sites by peak live bytes (3)" in "\n".join(screen)
+    assert "locations by peak live bytes (3)" in "\n".join(screen)
     tmux.keys("s")
     screen = tmux.wait_screen(lambda s: sort_label(s) == "age", "sort: age")
     assert "keep_config grower.c:" in first_row(screen) and human_bytes(CONFIG) in first_row(screen)
     # enter: the selected site's full stack (j: the second row, grow_tick); escape: back
     tmux.keys("j", "Enter")
     screen = tmux.wait_screen(lambda s: any("full stack, innermost first" in ln for ln in s), "the full stack")
-    assert any(ln.startswith("site #2 by oldest allocation: grow_tick") for ln in screen), screen
+    assert any(ln.startswith("location #2 by oldest allocation: grow_tick") for ln in screen), screen
     assert any(re.match(r"\s+\d+\s+grower_main grower.c:\d+\s+\[grower\]", ln) for ln in screen), screen
     assert "threads holding it: grower " in "\n".join(screen)
     tmux.keys("Escape", "t")
@@ -258,7 +258,7 @@ def test_top_batch_blocks(targets, procs, tmp_path):
     assert sorted(set(lives), key=lives.index) == [human_bytes(k * GROW) for k in range(1, ticks + 1)]
     assert all(r[r.index("grow_tick") - 1] == "grower" for r in shown), shown  # the thread column
     last = blocks[-1]
-    assert last[1] == "   1 sites by live bytes" and last[3].split()[:2] == human_bytes(ticks * GROW).split()
+    assert last[1] == "   1 locations by live bytes" and last[3].split()[:2] == human_bytes(ticks * GROW).split()
     assert "allocscope: wrote" in top.stderr.read()
     rep = report_json(out)
     g = by_function(rep)["grow_tick"]
