@@ -264,7 +264,7 @@ def test_text(doc):
     lines = text.splitlines()
     assert lines[0] == "allocscope diff — A: provingd pid 4242 [host=lab1 pw=10]  vs  B: provingd pid 5151 " \
                        "[host=lab1 pw=12]"
-    assert "a site scaling linearly has B/A = 12/10 = 1.20" in text
+    assert "a location scaling linearly has B/A = 12/10 = 1.20" in text
     head = lines.index(next(ln for ln in lines if ln.startswith("Top ")))
     assert lines[head] == "Top 3 of 5 locations, 2 flagged first, then by |peak delta|"
     rows = lines[head + 3: head + 6]
