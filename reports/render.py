@@ -511,7 +511,8 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
     if doc.get("source_filter"):
         out.append(s.yellow("sites of sources " + ", ".join(doc["source_filter"]) + " only"))
     if per:
-        out.append(f"normalized per {per['label']}: a {NOUNS[listed(doc)[1]][:-1]} scaling linearly has B/A = {per['b']:g}/{per['a']:g}"
+        noun = NOUNS[listed(doc)[1]][:-1]
+        out.append(f"normalized per {per['label']}: a {noun} scaling linearly has B/A = {per['b']:g}/{per['a']:g}"
                    f" = {per['expected_ratio']:.2f}; ! = grew more than {per['flag_scaling']:g}x that, by at least"
                    f" {per['flag_material']:.0%} of the total change")
     out += ["", s.bold("Totals")] + _diff_totals(doc["totals"]) + [""]
