@@ -4,7 +4,9 @@ Columns: rank, live_bytes, live_count, peak_live_bytes, alloc_bytes, alloc_count
 (the site's innermost frame), frames (the site's frames, innermost first, joined by ' <- ':
 "a <- b" reads "a, called from b"), full_frames (the same for the stack before allocator
 wrappers were folded away), device_live_bytes, device_peak_bytes (the site's GPU memory, apart
-from the host bytes of the other columns). Frames are written as in the text report.
+from the host bytes of the other columns), location (the key of the site's location, see
+reports.frames.location_key: group the rows by it to sum a place reached by several stacks).
+Frames are written as in the text report.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import io
 from .render import frame_text
 
 COLUMNS = ["rank", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count",
-           "top_frame", "frames", "full_frames", "device_live_bytes", "device_peak_bytes"]
+           "top_frame", "frames", "full_frames", "device_live_bytes", "device_peak_bytes", "location"]
 FRAME_SEP = " <- "
 
 
@@ -33,5 +35,5 @@ def to_csv(report_doc: dict) -> str:
         w.writerow([site["rank"], site["live_bytes"], site["live_count"], site["peak_live_bytes"],
                     site["alloc_bytes"], site["alloc_count"], frame_text(frames[0]) if frames else "",
                     join_frames(frames), join_frames(site.get("full_frames") or frames),
-                    site.get("device_live_bytes", 0), site.get("device_peak_bytes", 0)])
+                    site.get("device_live_bytes", 0), site.get("device_peak_bytes", 0), site.get("location", "")])
     return buf.getvalue()

@@ -208,22 +208,24 @@ def test_csv_rows_exact(report):
     w = "  [synthd]"
     assert rows == [
         ["rank", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count", "top_frame", "frames",
-         "full_frames", "device_live_bytes", "device_peak_bytes"],
+         "full_frames", "device_live_bytes", "device_peak_bytes", "location"],
         ["1", "8048", "8", "8048", "10048", "10", "make_partition" + w,
          f"make_partition{w} <- load_partition{w} <- worker{w} <- start_thread{w}",
-         f"malloc{w} <- make_partition{w} <- load_partition{w} <- worker{w} <- start_thread{w}", "0", "0"],
+         f"malloc{w} <- make_partition{w} <- load_partition{w} <- worker{w} <- start_thread{w}", "0", "0",
+         "make_partition|synthd|"],
         ["2", "2000", "20", "2000", "3000", "30", f"make_partition partition.c:42{w}",
          (f"make_partition partition.c:42{w} <- load_partition partition.c:88{w} <- serve server.c:120{w}"
           f" <- main main.c:15{w}"),
          (f"malloc{w} <- make_partition partition.c:42{w} <- load_partition partition.c:88{w}"
-          f" <- serve server.c:120{w} <- main main.c:15{w}"), "0", "0"],
+          f" <- serve server.c:120{w} <- main main.c:15{w}"), "0", "0", "make_partition|synthd|partition.c:42"],
         ["3", "512", "2", "512", "512", "2", "Cache::insert" + w, f"Cache::insert{w} <- serve{w} <- main{w}",
-         f"operator new(unsigned long){w} <- Cache::insert{w} <- serve{w} <- main{w}", "0", "0"],
+         f"operator new(unsigned long){w} <- Cache::insert{w} <- serve{w} <- main{w}", "0", "0",
+         "Cache::insert|synthd|"],
         ["4", "0", "0", "1048576", "1048576", "1", "map_arena" + w,
          f"map_arena{w} <- worker{w} <- start_thread{w}", f"mmap{w} <- map_arena{w} <- worker{w} <- start_thread{w}",
-         "0", "0"],
+         "0", "0", "map_arena|synthd|"],
         ["5", "0", "0", "0", "300", "3", "scratch" + w, f"scratch{w} <- worker{w} <- start_thread{w}",
-         f"calloc{w} <- scratch{w} <- worker{w} <- start_thread{w}", "0", "0"],
+         f"calloc{w} <- scratch{w} <- worker{w} <- start_thread{w}", "0", "0", "scratch|synthd|"],
     ]
 
 
@@ -231,9 +233,9 @@ def test_csv_quotes_commas_and_handles_no_sites():
     doc = {"sites": [{"rank": 1, "live_bytes": 1, "live_count": 1, "peak_live_bytes": 1, "alloc_bytes": 1,
                       "alloc_count": 1, "frames": [{"function": "f<int, long>", "module": "", "file": None,
                                                     "line": None}]}]}
-    assert to_csv(doc).splitlines()[1] == '1,1,1,1,1,1,"f<int, long>","f<int, long>","f<int, long>",0,0'
+    assert to_csv(doc).splitlines()[1] == '1,1,1,1,1,1,"f<int, long>","f<int, long>","f<int, long>",0,0,'
     assert to_csv({"sites": []}) == ("rank,live_bytes,live_count,peak_live_bytes,alloc_bytes,alloc_count,top_frame,"
-                                     "frames,full_frames,device_live_bytes,device_peak_bytes\n")
+                                     "frames,full_frames,device_live_bytes,device_peak_bytes,location\n")
 
 
 # --------------------------------------------------------------------------------------------- html data
