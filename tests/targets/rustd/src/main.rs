@@ -13,7 +13,8 @@
 //! * meanwhile a tokio runtime (2 workers named `tokio-rt`) runs a task that allocates R request
 //!   records of RECORD_BYTES each in `make_request_record`, all kept (main holds them).
 //! * `#[global_allocator]` is `Jem`, over the `_rjem_*` jemalloc that jemalloc-sys builds and
-//!   links statically (mallocx / rallocx / sdallocx, like tikv-jemallocator).
+//!   links statically (malloc / calloc / realloc / sdallocx, and the *allocx ones for
+//!   over-aligned layouts: tikv-jemallocator's choice).
 //!
 //! The protocol of tests/support.py's record_run: the threads are started, then the program
 //! prints `ready <pid>` and waits for SIGUSR1 (the tracer attaches meanwhile); it does the work,
@@ -37,32 +38,44 @@ const STAGING_BYTES: usize = (2 << 20) + 8192;
 /// jemalloc's own alignment guarantee for small sizes on x86_64 (tikv-jemallocator's MIN_ALIGN).
 const MIN_ALIGN: usize = 16;
 
+/// The global allocator, as tikv-jemallocator 0.5 writes it: the plain entry points
+/// (`_rjem_malloc`, `_rjem_calloc`, `_rjem_realloc`) when the alignment is jemalloc's own, the
+/// *allocx ones otherwise, and sized deallocation (`_rjem_sdallocx`) always. (Calling only the
+/// *allocx ones would let the linker's --gc-sections drop `_rjem_malloc` and `_rjem_free`.)
 struct Jem;
 
-fn flags(layout: &Layout) -> c_int {
-    if layout.align() <= MIN_ALIGN && layout.align() <= layout.size() {
+fn flags(align: usize, size: usize) -> c_int {
+    if align <= MIN_ALIGN && align <= size {
         0
     } else {
-        jemalloc_sys::MALLOCX_ALIGN(layout.align())
+        jemalloc_sys::MALLOCX_ALIGN(align)
     }
 }
 
 unsafe impl GlobalAlloc for Jem {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        jemalloc_sys::mallocx(layout.size(), flags(&layout)) as *mut u8
+        match flags(layout.align(), layout.size()) {
+            0 => jemalloc_sys::malloc(layout.size()) as *mut u8,
+            f => jemalloc_sys::mallocx(layout.size(), f) as *mut u8,
+        }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        jemalloc_sys::mallocx(layout.size(), flags(&layout) | jemalloc_sys::MALLOCX_ZERO) as *mut u8
+        match flags(layout.align(), layout.size()) {
+            0 => jemalloc_sys::calloc(1, layout.size()) as *mut u8,
+            f => jemalloc_sys::mallocx(layout.size(), f | jemalloc_sys::MALLOCX_ZERO) as *mut u8,
+        }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        jemalloc_sys::sdallocx(ptr as *mut c_void, layout.size(), flags(&layout))
+        jemalloc_sys::sdallocx(ptr as *mut c_void, layout.size(), flags(layout.align(), layout.size()))
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let new = Layout::from_size_align_unchecked(new_size, layout.align());
-        jemalloc_sys::rallocx(ptr as *mut c_void, new_size, flags(&new)) as *mut u8
+        match flags(layout.align(), new_size) {
+            0 => jemalloc_sys::realloc(ptr as *mut c_void, new_size) as *mut u8,
+            f => jemalloc_sys::rallocx(ptr as *mut c_void, new_size, f) as *mut u8,
+        }
     }
 }
 
