@@ -17,12 +17,19 @@ fi
 # objcopy, strip, readelf) and dwz for tests/test_symbolize.py, libjemalloc2 for the jemalloc
 # tests, tcmalloc (minimal and full) and mimalloc for tests/test_allocators_bpf.py, rustc for the
 # Rust target of tests/test_unwind_bpf.py (Debian's, unless one is there), tmux for the
-# full-screen `allocscope top` test (tests/test_top_bpf.py drives it in a real terminal).
+# full-screen `allocscope top` test (tests/test_top_bpf.py drives it in a real terminal); the
+# crates of tests/targets/rustd (tests/test_rustd_bpf.py, built offline from
+# /usr/share/cargo/registry): librust-rayon-dev, librust-tokio-dev, librust-jemalloc-sys-dev, and
+# cargo (Debian's, unless one is there).
 pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev binutils dwz
       chromium fonts-dejavu-core bpfcc-tools redis-server redis-tools libjemalloc2
-      libtcmalloc-minimal4 libgoogle-perftools4 libmimalloc2.0 tmux)
+      libtcmalloc-minimal4 libgoogle-perftools4 libmimalloc2.0 tmux
+      librust-rayon-dev librust-tokio-dev librust-jemalloc-sys-dev)
 if ! command -v rustc >/dev/null && [ ! -x "$HOME/.cargo/bin/rustc" ] && [ ! -x /usr/local/cargo/bin/rustc ]; then
   pkgs+=(rustc)
+fi
+if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ] && [ ! -x /usr/local/cargo/bin/cargo ]; then
+  pkgs+=(cargo)
 fi
 # shellcheck source=scripts/pkgs.sh
 . "$(dirname "${BASH_SOURCE[0]}")/pkgs.sh"
