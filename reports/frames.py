@@ -31,7 +31,16 @@ WRAPPER_PATTERNS = [
     r"^(strdup|strndup|__strdup|__strndup)$",
     # Rust's alloc crate (Vec, RawVec, Box, String, their trait impls) and C++ standard containers:
     # with DWARF unwinding and inlines their internals are on the stack; the caller is the site.
-    r"^alloc::", r"^<alloc::(vec|raw_vec|string|alloc|collections)::",
+    r"^alloc::", r"^<alloc::",
+    # rustc's allocator shims (1.8x+: `__rustc::__rust_alloc`...), a program's own #[global_allocator]
+    # or Allocator impl (`<rustd::Jem as core::alloc::global::GlobalAlloc>::realloc`: it only forwards
+    # to the allocator), and alloc's trait impls for other types (`vec![x; n]` is
+    # `<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem`, `to_string`, `to_vec`...)
+    r"^__rustc::", r"^<.* as core::alloc::(global::GlobalAlloc|Allocator)>::", r"^<.* as alloc::",
+    # prefixed allocator entry points (jemalloc's je_/_rjem_, tcmalloc's tc_, mimalloc's mi_)
+    (r"^(je_|_rjem_|tc_|mi_)(malloc|calloc|realloc|free|mallocx|rallocx|xallocx|sdallocx|dallocx|nallocx|"
+     r"posix_memalign|aligned_alloc|memalign|valloc|zalloc|zalloc_aligned|malloc_aligned|new|delete|"
+     r"realloc_aligned|free_size)$"),
     (r"^(void |\S+ )?std::(vector|_Vector_base|__cxx11::basic_string|basic_string|deque|_Deque_base|"
      r"__cxx11::list|list|_List_base|_Rb_tree|map|multimap|set|multiset|unordered_map|unordered_set|"
      r"_Hashtable|__detail::_Hashtable_alloc|__detail::_Map_base|__shared_count|__shared_ptr|shared_ptr|"

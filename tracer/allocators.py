@@ -135,12 +135,15 @@ def allocators_in(path: str, is_exe: bool) -> list[Allocator]:
         if kind is None:
             kind = ("static" if syms.static else "custom") if is_exe else "custom"
         found.append(Allocator(path, kind, entries=std))
-    # prefixed jemalloc: PREFIXmallocx beside PREFIXmalloc and PREFIXfree (je_, _rjem_, ...)
+    # prefixed jemalloc: PREFIXmallocx beside PREFIXmalloc (or PREFIXrallocx) and a free, plain
+    # or sized (je_, _rjem_, ...). A Rust global allocator calling only the *allocx family (mallocx,
+    # rallocx, sdallocx) lets the linker drop PREFIXmalloc and PREFIXfree: mallocx with a free of
+    # either kind is enough.
     for name in sorted(syms.names):
         if name.endswith("mallocx") and name != "mallocx":
             prefix = name[: -len("mallocx")]
             frees = prefix + "free" in syms.names or prefix + "sdallocx" in syms.names
-            if prefix + "malloc" in syms.names and frees:
+            if (prefix + "malloc" in syms.names or prefix + "rallocx" in syms.names) and frees:
                 entries = {**_entries(syms, STANDARD, prefix), **_entries(syms, JEMALLOC, prefix)}
                 found.append(Allocator(path, "jemalloc", prefix=prefix, entries=entries))
     for a in found:
