@@ -361,7 +361,7 @@ def test_folded_pprof_csv_keep_gpu_memory_apart(trace, report):
     assert sum(s.value[3] for s in prof.sample) == HOST_LIVE  # inuse_space
     assert sum(s.value[1] for s in prof.sample) == sum(s["alloc_bytes"] for s in report["sites"])
     rows = {r.split(",")[6]: r.split(",") for r in to_csv(report).splitlines()[1:]}
-    assert rows["upload_weights  [synthd]"][-2:] == [str(192 * MIB), str(320 * MIB)]
+    assert rows["upload_weights  [synthd]"][-3:] == [str(192 * MIB), str(320 * MIB), "upload_weights|synthd|"]
     assert rows["stage  [synthd]"][1] == "4096"
 
 
