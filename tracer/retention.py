@@ -26,14 +26,7 @@ import time
 from dataclasses import dataclass
 
 from . import procfs
-from .arenas import PAGE, Heap, find_heaps, resident_meter
-
-PURGE_FUNCTIONS = {  # allocator kind -> its purge entry points (probed like malloc_trim)
-    "glibc": ("malloc_trim",),
-    "jemalloc": ("mallctl",),  # mallctl("arena.<i>.purge" / "arena.<i>.decay"); other names release nothing
-    "tcmalloc": ("MallocExtension_ReleaseFreeMemory", "MallocExtension_ReleaseToSystem"),
-    "mimalloc": ("mi_collect",),
-}
+from .arenas import Heap, find_heaps, resident_meter
 
 
 @dataclass
