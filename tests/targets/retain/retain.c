@@ -12,8 +12,8 @@
  *   tcmalloc: generic.current_allocated_bytes (live); generic.heap_size - pageheap_unmapped_bytes
  *             - current_allocated (retained: the page heap's free bytes plus the caches');
  *             tcmalloc.pageheap_free_bytes printed beside
- *   mimalloc: mi_usable_size of the kept blocks (live); mi_process_info's peak_rss, less its
- *             value before the burst, less live (retained; mimalloc 2.0 gives no resident figure:
+ *   mimalloc: mi_usable_size of the kept blocks (live); mi_process_info's peak_rss, less the
+ *             RSS before the burst (/proc/self/statm), less live (retained; mimalloc 2.0 gives no resident figure:
  *             its current_rss is its commit estimate, which counts committed pages never touched
  *             — 436 MB for 394 MB resident here; the peak is the resident memory while nothing
  *             was released, so it holds after the frees, not after a purge)
@@ -52,7 +52,7 @@ static tc_release_t tc_release;
 static mi_info_t mi_info;
 static mi_collect_t mi_coll;
 static mi_usable_t mi_usable;
-static size_t mi_base_rss; /* mi_process_info's peak_rss before the burst */
+static size_t mi_base_rss; /* RSS before the burst */
 
 static size_t rss_bytes(void)
 {
@@ -191,8 +191,9 @@ int main(int argc, char **argv)
     mi_coll = (mi_collect_t)dlsym(RTLD_DEFAULT, "mi_collect");
     mi_usable = (mi_usable_t)dlsym(RTLD_DEFAULT, "mi_usable_size");
     if (mi_info) {
-        size_t e, u, s, rss, commit, pc, faults;
-        mi_info(&e, &u, &s, &rss, &mi_base_rss, &commit, &pc, &faults);
+        /* the process's RSS before the burst: its peak_rss (getrusage) is no base, since
+         * ru_maxrss survives exec and starts at the parent's (pytest's ~186 MB) */
+        mi_base_rss = rss_bytes();
     }
     alloc_name = je_ctl ? "jemalloc" : tc_prop ? "tcmalloc" : mi_info ? "mimalloc" : "glibc";
     if (!je_ctl && !tc_prop && !mi_info)

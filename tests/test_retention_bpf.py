@@ -1,0 +1,134 @@
+"""What each allocator keeps (issue #20): after a burst of large frees, allocscope's live and
+retained bytes per allocator against the allocator's own statistics, printed by the target
+itself (tests/targets/retain/retain.c: jemalloc's mallctl stats.allocated / stats.resident,
+tcmalloc's MallocExtension_GetNumericProperty, mimalloc's mi_usable_size and mi_process_info,
+glibc's mallinfo2); then the allocator's purge call, counted as a release of that allocator by
+the thread that made it, with the bytes the target's own RSS dropped by."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from support import CFLAGS_FP, Proc, attached, build, need, report_json, wait_for
+
+from reports.residency import allocator_advice
+from reports.trace import load_trace
+
+pytestmark = pytest.mark.bpf
+
+SRC = Path(__file__).resolve().parent / "targets" / "retain" / "retain.c"
+LIB = "/usr/lib/x86_64-linux-gnu/"
+# allocator -> (library preloaded, retain's arguments, its purge call as the `purges` table names it)
+CASES = {
+    "glibc": (None, ["--blocks", "24", "--mib", "16"], "malloc_trim"),
+    # 4 MiB blocks: Debian's jemalloc 5.3 purges blocks above oversize_threshold (8 MiB) at free
+    "jemalloc": (LIB + "libjemalloc.so.2", ["--blocks", "96", "--mib", "4"], "mallctl"),
+    "tcmalloc": (LIB + "libtcmalloc.so.4", ["--blocks", "24", "--mib", "16"], "MallocExtension_Release*"),
+    "tcmalloc-minimal": (LIB + "libtcmalloc_minimal.so.4", ["--blocks", "24", "--mib", "16"],
+                         "MallocExtension_Release*"),
+    "mimalloc": (LIB + "libmimalloc.so.2", ["--blocks", "24", "--mib", "16"], "mi_collect"),
+}
+TRUTH = re.compile(r"truth (\S+) live=(\d+) retained=(\d+) resident=(\d+) rss=(\d+)")
+
+
+@pytest.fixture(scope="module")
+def retain(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("retain") / "retain", SRC, "-ldl", flags=[*CFLAGS_FP, "-Wall"])
+
+
+def _truth(line: str) -> dict:
+    m = TRUTH.match(line)
+    assert m, line
+    return {"name": m[1], "live": int(m[2]), "retained": int(m[3]), "resident": int(m[4]), "rss": int(m[5])}
+
+
+def _record(retain: Path, tmp_path: Path, tracers, name: str) -> tuple[Path, dict, dict]:
+    lib, args, _call = CASES[name]
+    env = dict(os.environ)
+    if lib:
+        env["LD_PRELOAD"] = need([lib], f"{name} (a Debian package make setup installs)")
+    tgt = Proc([retain, *args], env=env, stdin=__import__("subprocess").PIPE)
+    try:
+        tgt.expect("ready")
+        out = tmp_path / f"{name}.allocscope"
+        tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
+        wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
+        assert tr.poll() is None, tr.stderr.read()
+        tgt.signal(signal.SIGUSR1)
+        freed = _truth(tgt.expect("truth "))
+        tgt.expect("freed")
+        time.sleep(1.3)  # two intervals with the target still
+        tgt.signal(signal.SIGUSR1)
+        purged = _truth(tgt.expect("truth "))
+        tgt.expect("purged")
+        time.sleep(1.3)
+        tr.send_signal(signal.SIGINT)
+        assert tr.wait(60) == 0, tr.stderr.read()
+    finally:
+        tgt.kill()
+    return out, freed, purged
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_retained_and_released_per_allocator(retain, tmp_path, tracers, name):
+    out, freed, purged = _record(retain, tmp_path, tracers, name)
+    kind = name.split("-")[0]
+    assert freed["name"] == kind
+    t = load_trace(out)
+    call = CASES[name][2]
+    pu = t.purges[(t.purges["function"] == call)]
+    assert len(pu) == 1, t.purges
+    purge = pu.iloc[0]
+    # the last interval before the purge call: the target was still after its frees
+    iv = t.intervals
+    before = iv[iv["ts_ns"] < int(purge["ts_ns"])]
+    seq = int(before["seq"].max())
+    rows = t.allocators[t.allocators["seq"] == seq].set_index("source")
+    mine = rows.loc["heap"]  # the allocator serving malloc
+    assert str(mine["kind"]) == kind, rows
+    live, resident = int(mine["live_bytes"]), int(mine["resident_bytes"])
+    retained = resident - live
+    assert abs(live - freed["live"]) <= 0.01 * freed["live"], (name, live, freed)
+    assert abs(retained - freed["retained"]) <= 0.10 * freed["retained"], (name, retained, freed)
+    ivr = iv[iv["seq"] == seq].iloc[0]
+    other = int(ivr["rss_anon_bytes"]) - int(rows["resident_bytes"].sum())
+    assert 0 <= other < 0.10 * int(ivr["rss_bytes"]), (name, other, int(ivr["rss_bytes"]))
+    # the purge: counted for this allocator, by the thread that called it, with the RSS drop
+    drop = freed["rss"] - purged["rss"]
+    released = int(purge["released_bytes"])
+    assert abs(released - drop) <= max(0.10 * abs(drop), 2 << 20), (name, released, drop)
+    names = t.thread_names()
+    assert names[int(purge["tid"])] == "purger"
+    rep = report_json(out)
+    dec = rep["rss_decomposition"]
+    assert dec["retained_known"] is True
+    allocs = {a["source"]: a for a in dec["allocators"]}
+    a = allocs["heap"]
+    assert {"name", "source", "resident", "live", "retained", "released"} <= set(a)
+    assert a["name"] == kind and a["released"] >= released
+    assert any(r["thread"] == "purger" and r["call"].startswith(call.rstrip("*")) and r["source"] == "heap"
+               for r in rep["allocator_releases"]), rep["allocator_releases"]
+    # the live heap is counted as such and the top-level figures are the sums over allocators
+    assert dec["live_heap_bytes"] == sum(min(x["live"], x["resident"]) for x in dec["allocators"])
+    assert dec["allocator_resident_bytes"] == sum(x["resident"] for x in dec["allocators"])
+    assert abs(dec["live_heap_bytes"] - purged["live"]) <= 0.01 * purged["live"] + (1 << 20), (dec, purged)
+    assert dec["other_anon_bytes"] < 0.10 * dec["rss_bytes"], dec
+    # the timeline: retention rose after the frees, fell where the allocator really released
+    tl = {p["seq"]: p["retained"] for p in a["timeline"]}
+    assert tl[seq] == retained
+    if drop > 16 << 20:
+        assert tl[max(tl)] < 0.5 * retained, tl
+    # the advice names the allocator's knob with the figure measured after the frees
+    if kind != "glibc":
+        at = {**dec, "rss_bytes": int(ivr["rss_bytes"]),
+              "allocators": [{**a, "retained": retained, "released": 0}]}
+        adv = allocator_advice(at, t)
+        knob = {"jemalloc": "MALLOC_CONF=dirty_decay_ms", "tcmalloc": "TCMALLOC_RELEASE_RATE",
+                "mimalloc": "MIMALLOC_PURGE_DELAY"}[kind]
+        assert any(knob in x and f"{retained >> 20} MiB" in x for x in adv), adv
+    # the header names the allocator serving malloc
+    assert rep["rss_decomposition"]["allocators"][0]["source"] == "heap"
