@@ -21,6 +21,7 @@ allocator mapped before the attach is not in the LRU: it is counted as other ano
 """
 from __future__ import annotations
 
+import bisect
 import os
 import time
 from dataclasses import dataclass
@@ -127,7 +128,15 @@ class AllocatorMeter:
         anon = _merge((m.start, m.end) for m in maps if _anon(m))
         mapped = _merge((m.start, m.end) for m in maps)
         # forget ranges no longer mapped at all (their munmap came while the LRU had dropped them)
-        self.known = {lo: hi for lo, hi in self.known.items() if _intersect([(lo, hi)], mapped)}
+        starts = [lo for lo, _hi in mapped]
+        keep = {}
+        for lo, hi in self.known.items():
+            i = bisect.bisect_right(starts, lo) - 1  # the mapping at or before lo, or the next one
+            if (i >= 0 and mapped[i][1] > lo) or (i + 1 < len(mapped) and mapped[i + 1][0] < hi):
+                keep[lo] = hi
+        self.known = keep
+        if len(self.glibc_chunk) > 2 * len(keep) + 64:
+            self.glibc_chunk = {k: v for k, v in self.glibc_chunk.items() if keep.get(k[0]) == k[1]}
         heaps: list[Heap] = find_heaps(self.pid, maps)
         glibc, other = self._glibc(), self._other()
         brk_owner = glibc
