@@ -283,9 +283,9 @@ def allocator_split(trace: Trace, arenas: pd.DataFrame) -> list[dict] | None:
             ret = int(known["retained_bytes"].sum())
         else:
             ret = max(0, res - live)
-        out.append({"name": str(r.kind), "source": src, "kind": m.get("kind", str(r.kind).split(":")[0]),
+        out.append({"name": str(r.kind), "source": src, "resident": res, "live": live, "retained": ret,
+                    "released": int(released.get(src, 0)), "kind": m.get("kind", str(r.kind).split(":")[0]),
                     "module": m.get("module"), "serves_malloc": bool(m.get("serves_malloc", src == "heap")),
-                    "resident": res, "live": live, "retained": ret, "released": int(released.get(src, 0)),
                     "mapped": int(r.mapped_bytes), "measured": True})
     out.sort(key=lambda x: (-x["live"], -x["resident"]))
     return out
@@ -298,8 +298,10 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     program's own mmaps, what allocators mapped before the attach) + file-backed + shared
     memory. Every allocator of the process is measured (`allocators`: {name, source, resident,
     live, retained, released, ...}; the sums are the top-level keys): live_heap_bytes = Σ
-    min(live, resident), retained_bytes = Σ retained, allocator_resident_bytes = Σ resident,
-    other_anon_bytes = RssAnon − Σ resident. Shared memory and file are split further by
+    min(live, resident) + live_outside_bytes (live blocks beyond an allocator's measured
+    mappings: in mappings it made before the attach, counted as live heap out of the anonymous
+    rest), retained_bytes = Σ retained, allocator_resident_bytes = Σ resident, other_anon_bytes =
+    RssAnon − Σ resident − live_outside_bytes. Shared memory and file are split further by
     `shared_split`. GPU memory is never in RSS and never here. Traces without per-allocator
     residency (version 2) keep the glibc-only split. None when the trace has no end-of-run
     residency. `by_source`: live_by_source(trace), when at hand."""
@@ -319,13 +321,19 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     held = sum(min(a["live"], a["resident"]) for a in allocs)
     retained = sum(a["retained"] for a in allocs)
     anon = int(last["rss_anon_bytes"])
-    parts = {"live_heap_bytes": held, "retained_bytes": retained, "other_anon_bytes": max(0, anon - resident),
+    # Live bytes beyond an allocator's measured mappings lie in mappings it made before the
+    # attach (not in the kernel's LRU): live heap too, taken out of the anonymous rest.
+    outside = min(sum(max(0, a["live"] - a["resident"]) for a in allocs), max(0, anon - resident))
+    held += outside
+    parts = {"live_heap_bytes": held, "retained_bytes": retained,
+             "other_anon_bytes": max(0, anon - resident - outside),
              "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
     timeline = allocator_timeline(trace)
     for a in allocs:
         a["timeline"] = timeline.get(a["source"], [])
     return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": sum(parts.values()),
-            "allocator_resident_bytes": resident, "retained_known": True, **split, "allocators": allocs}
+            "allocator_resident_bytes": resident, "retained_known": True, "live_outside_bytes": outside, **split,
+            "allocators": allocs}
 
 
 def _conf_env(prefix: str) -> str:
