@@ -336,7 +336,7 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
             "allocators": allocs}
 
 
-def _conf_env(prefix: str) -> str:
+def conf_env(prefix: str) -> str:
     """jemalloc reads PREFIX_MALLOC_CONF, its symbol prefix upper-cased (_rjem_ -> _RJEM_MALLOC_CONF)."""
     return (prefix.upper() if prefix else "") + "MALLOC_CONF"
 
@@ -355,7 +355,7 @@ def allocator_advice(dec: dict | None, trace: Trace | None = None) -> list[str]:
         what = f"{a['name']} retains {ret >> 20} MiB ({100 * ret // rss}% of RSS) of freed pages"
         rel = f"; it released {a['released'] >> 20} MiB so far" if a["released"] else ""
         if a["kind"] == "jemalloc":
-            env = _conf_env(mods.get(a["source"], {}).get("prefix", "") or
+            env = conf_env(mods.get(a["source"], {}).get("prefix", "") or
                             (a["name"].split(":", 1)[1] if ":" in a["name"] else ""))
             out.append(f"{what}{rel}: return them sooner with {env}=dirty_decay_ms:1000,muzzy_decay_ms:0 "
                        f"(default 10000/0), or background_thread:true so purging does not wait for "

@@ -2,16 +2,16 @@
 each allocator's advice names."""
 from __future__ import annotations
 
-from reports.residency import _conf_env, allocator_advice
-from tracer.retention import _intersect, _merge, _subtract, keep_purge, purge_function
+from reports.residency import allocator_advice, conf_env
+from tracer.retention import intersect_ranges, keep_purge, merge_spans, purge_function, subtract_ranges
 
 
 def test_ranges():
-    assert _merge([(5, 10), (0, 6), (20, 30), (30, 31)]) == [(0, 10), (20, 31)]
-    assert _subtract([(0, 100), (200, 300)], [(10, 20), (50, 60), (90, 210)]) == [(0, 10), (20, 50), (60, 90),
+    assert merge_spans([(5, 10), (0, 6), (20, 30), (30, 31)]) == [(0, 10), (20, 31)]
+    assert subtract_ranges([(0, 100), (200, 300)], [(10, 20), (50, 60), (90, 210)]) == [(0, 10), (20, 50), (60, 90),
                                                                                  (210, 300)]
-    assert _subtract([(0, 100)], []) == [(0, 100)]
-    assert _intersect([(0, 100), (150, 200)], [(50, 160), (190, 400)]) == [(50, 100), (150, 160), (190, 200)]
+    assert subtract_ranges([(0, 100)], []) == [(0, 100)]
+    assert intersect_ranges([(0, 100), (150, 200)], [(50, 160), (190, 400)]) == [(50, 100), (150, 160), (190, 200)]
 
 
 def test_purge_names():
@@ -23,7 +23,7 @@ def test_purge_names():
 
 
 def test_advice_knobs():
-    assert _conf_env("_rjem_") == "_RJEM_MALLOC_CONF" and _conf_env("") == "MALLOC_CONF"
+    assert conf_env("_rjem_") == "_RJEM_MALLOC_CONF" and conf_env("") == "MALLOC_CONF"
     dec = {"rss_bytes": 400 << 20, "allocators": [
         {"name": "jemalloc:_rjem_", "source": "heap:jemalloc:_rjem_", "kind": "jemalloc", "retained": 180 << 20,
          "released": 0},

@@ -42,7 +42,7 @@ def _anon(m: procfs.Mapping) -> bool:
     return m.inode == 0 and (m.path == "" or m.path.startswith("[anon"))
 
 
-def _subtract(ranges: list[tuple[int, int]], cuts: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def subtract_ranges(ranges: list[tuple[int, int]], cuts: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """`ranges` less every byte of `cuts` (both sorted, cuts merged)."""
     out: list[tuple[int, int]] = []
     j = 0
@@ -61,7 +61,7 @@ def _subtract(ranges: list[tuple[int, int]], cuts: list[tuple[int, int]]) -> lis
     return out
 
 
-def _merge(ranges) -> list[tuple[int, int]]:
+def merge_spans(ranges) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for lo, hi in sorted(ranges):
         if out and lo <= out[-1][1]:
@@ -71,7 +71,7 @@ def _merge(ranges) -> list[tuple[int, int]]:
     return out
 
 
-def _intersect(ranges: list[tuple[int, int]], vmas: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def intersect_ranges(ranges: list[tuple[int, int]], vmas: list[tuple[int, int]]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     j = 0
     for lo, hi in ranges:
@@ -125,8 +125,8 @@ class AllocatorMeter:
         t0 = time.perf_counter()
         maps = procfs.read_maps(self.pid) if maps is None else maps
         self.known.update(untracked)
-        anon = _merge((m.start, m.end) for m in maps if _anon(m))
-        mapped = _merge((m.start, m.end) for m in maps)
+        anon = merge_spans((m.start, m.end) for m in maps if _anon(m))
+        mapped = merge_spans((m.start, m.end) for m in maps)
         # forget ranges no longer mapped at all (their munmap came while the LRU had dropped them)
         starts = [lo for lo, _hi in mapped]
         keep = {}
@@ -142,13 +142,13 @@ class AllocatorMeter:
         brk_owner = glibc
         if other is not None and other.kind == "tcmalloc" and other.serves_malloc:
             brk_owner = other
-        cuts = _merge([(h.start, h.reserved_end) for h in heaps] + list(regions))
+        cuts = merge_spans([(h.start, h.reserved_end) for h in heaps] + list(regions))
         per: dict[str, list[tuple[int, int]]] = {o.source: [] for o in self.owners}
         for h in heaps:
             owner = brk_owner if h.kind == "main" else glibc
             if owner is not None:
                 per[owner.source].append((h.start, h.end))
-        ranges = _subtract(_intersect(_merge(self.known.items()), anon), cuts)
+        ranges = subtract_ranges(intersect_ranges(merge_spans(self.known.items()), anon), cuts)
         if ranges:
             fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY) if glibc is not None and other is not None else -1
             try:
@@ -164,7 +164,7 @@ class AllocatorMeter:
         rows = []
         with resident_meter(self.pid, self.budget) as pm:
             for o in self.owners:
-                rs = _merge(per[o.source])
+                rs = merge_spans(per[o.source])
                 res = sum(pm.resident_many(rs)) if rs else 0
                 rows.append((o.source, o.label, sum(hi - lo for lo, hi in rs), res,
                              int(live_by_source.get(o.source, 0)), len(rs)))
