@@ -570,6 +570,7 @@ static __always_inline void emit_trim(u32 tid, struct as_inflight *in, s64 ret, 
     e->addr2 = rss_anon();   /* anon RSS at return */
     e->ret = ret;
     e->in_api = AS_API_MALLOC_TRIM;
+    e->source = in->source;  /* whose purge call: malloc_trim, mallctl, MallocExtension_Release*, mi_collect */
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
     events.ringbuf_submit(e, 0);
     count(AS_CNT_EVENTS, 1);

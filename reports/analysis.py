@@ -60,6 +60,8 @@ from .frames import (  # noqa: F401
 from .residency import (  # noqa: F401
     ARENA_COLUMNS,
     RELEASE_KINDS,
+    allocator_advice,
+    allocator_releases,
     arena_table,
     live_bytes_by_api,
     release_table,
@@ -190,7 +192,8 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
                       "allocators": list((meta.get("probes") or {}).get("allocators") or []),
                       "probes": meta.get("probes"), "warnings": trace.warnings},
         "totals": tot,
-        "advice": mode_notes(trace) + advice(trace, tot) + residency_advice(arenas, dec),
+        "advice": mode_notes(trace) + advice(trace, tot) + residency_advice(arenas, dec)
+        + allocator_advice(dec, trace),
         "sort": sort,
         "timeline_seq": [i + 1 for i in points],
         "at_peak": peak,
@@ -217,4 +220,5 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
         "rss_decomposition": dec,
         "trims": trims(trace),
         "releases": releases_by_thread(trace),
+        "allocator_releases": allocator_releases(trace)[1],
     }

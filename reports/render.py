@@ -155,6 +155,20 @@ def collapsed_frames(frames: list[dict], limit: int) -> list[str]:
     return out
 
 
+def allocators_text(doc: dict) -> str:
+    """The header's allocators, by what they serve: 'allocators: jemalloc:_rjem_ (rjem) holds
+    50.0 MiB live; glibc (libc.so.6, serves malloc) 1.2 MiB' — or the one probed (old traces)."""
+    rec = doc["recording"]
+    allocs = (doc.get("rss_decomposition") or {}).get("allocators")
+    if not allocs:
+        return f"allocator {rec.get('allocator_kind')} {rec.get('allocator')}"
+    parts = []
+    for a in allocs:
+        where = os.path.basename(a.get("module") or "") + (", serves malloc" if a.get("serves_malloc") else "")
+        parts.append(f"{a['name']} ({where}) {human_bytes(a['live'])} live")
+    return "allocators: " + "; ".join(parts)
+
+
 def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int = 6) -> str:
     s = _Style(color)
     t = doc["target"]
@@ -164,7 +178,7 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     labels = " ".join(f"{k}={v}" for k, v in (t.get("labels") or {}).items())
     out.append(s.bold(f"allocscope report — pid {t['pid']} {t.get('comm') or ''}")
                + (f"  [{labels}]" if labels else ""))
-    out.append(f"exe {t.get('exe')}; allocator {rec.get('allocator_kind')} {rec.get('allocator')}")
+    out.append(f"exe {t.get('exe')}; " + allocators_text(doc))
     probes = rec.get("probes") or {}
     if probes.get("skipped"):
         out.append(s.dim("not probed: " + ", ".join(f"{k} ({v})" for k, v in probes["skipped"].items())))
@@ -202,6 +216,10 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
         out.append(f"  RSS {human_bytes(dec['rss_bytes'])} = live heap {human_bytes(dec['live_heap_bytes'])}{retained}"
                    f" + other anon {human_bytes(dec['other_anon_bytes'])} + file {human_bytes(dec['file_bytes'])}"
                    f" + shmem {human_bytes(dec['shmem_bytes'])}")
+        for a in dec.get("allocators") or []:  # every allocator's own mappings, measured
+            out.append(f"    {a['name']:<16} resident {human_bytes(a['resident']):>10} = live {human_bytes(a['live'])}"
+                       f" + retained {human_bytes(a['retained'])};  released {human_bytes(a['released'])}"
+                       f"  ({a['source']})")
         if dec.get("shmem_attributed_bytes") or dec.get("file_device_bytes"):
             out.append(f"    shmem {human_bytes(dec['shmem_bytes'])} = {human_bytes(dec['shmem_attributed_bytes'])}"
                        f" at {sources_text(dec['shmem_sources'])} sites"
@@ -268,6 +286,13 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
             [[f"{f['alloc_thread']}({f['alloc_tid']})", f"{f['free_thread']}({f['free_tid']})",
               human_bytes(f["bytes"]), str(f["count"]), f"{f['mean_wait_s']:.3f}s", f"{f['max_wait_s']:.3f}s"]
              for f in flows], "llrrrr")]
+    if doc.get("allocator_releases"):
+        out.append("")
+        out.append(s.bold("Released to the kernel, by allocator, thread and call"))
+        out += ["  " + line for line in table(
+            ["allocator", "thread", "call", "calls", "released"],
+            [[r["name"], f"{r['thread']}({r['tid']})", r["call"], str(r["calls"]), human_bytes(r["released_bytes"])]
+             for r in doc["allocator_releases"][:top]], "lllrr")]
     if doc.get("arenas"):
         out.append("")
         out.append(s.bold("Allocator arenas by retained bytes"))

@@ -140,8 +140,8 @@ def shared_split(trace: Trace, shmem_bytes: int, file_bytes: int, by_source: dic
             "shmem_sources": shm, "file_device_bytes": file_dev,
             "file_regular_bytes": max(0, file_bytes - file_dev), "file_device_sources": dev}
 
-def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
-                      by_source: dict[str, int] | None = None) -> dict | None:
+def _rss_decomposition_v2(trace: Trace, arenas: pd.DataFrame,
+                          by_source: dict[str, int] | None = None) -> dict | None:
     """RSS at the end split as: live heap (held by the program, resident) + retained by the
     allocator (resident, not held) + other anonymous (stacks, the program's own mmaps, memory of
     allocators we cannot see into) + file-backed + shared memory. The first two are measured
@@ -150,7 +150,6 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     pinned sites' share of RssShmem, the device-file share of RssFile). GPU memory is never in
     RSS and never here. None when the trace has no end-of-run residency. `by_source`:
     live_by_source(trace), when at hand."""
-    arenas = arena_table(trace) if arenas is None else arenas
     iv = trace.intervals
     if "rss_anon_bytes" not in iv:
         return None
@@ -179,6 +178,200 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     total = sum(parts.values())
     return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": total,
             "allocator_resident_bytes": resident, "retained_known": True, **split}
+
+def _last_allocators(trace: Trace) -> pd.DataFrame:
+    a = trace.allocators
+    if a is None or a.empty:
+        return a if a is not None else pd.DataFrame()
+    return a[a["seq"] == a["seq"].max()]
+
+
+def _allocator_modules(trace: Trace) -> dict[str, dict]:
+    """{source: meta.json probes.allocators[] entry} (kind, module, prefix, serves_malloc)."""
+    out = {}
+    for a in (trace.meta.get("probes") or {}).get("allocators") or []:
+        if isinstance(a, dict) and isinstance(a.get("source"), str):
+            out[a["source"]] = a
+    return out
+
+
+def allocator_releases(trace: Trace) -> tuple[dict[str, int], list[dict]]:
+    """Bytes each allocator handed back to the kernel, {source: bytes}, and the rows behind them
+    ({source, name, tid, thread, call, calls, released_bytes}, largest first): its purge calls
+    (`purges`: malloc_trim, mallctl("arena.<i>.purge"), MallocExtension_Release*, mi_collect;
+    the anon RSS drop across each call) plus the munmap/madvise/brk releases made inside its
+    allocation calls (jemalloc's and mimalloc's decay inside malloc/free, tcmalloc's release
+    rate) when one allocator alone allocated — the kernel sums releases by allocator call, not by
+    allocator — and those of jemalloc's background threads (`jemalloc_bg_thd`)."""
+    names = trace.thread_names()
+    mods = _allocator_modules(trace)
+    label = {src: (m.get("kind", "?") + (":" + m["prefix"] if m.get("prefix") else "")) for src, m in mods.items()}
+    rows: dict[tuple, list[int]] = {}
+    pu = trace.purges
+    if pu is not None and not pu.empty:
+        for r in pu.itertuples():
+            call = r.function + (f"({r.name})" if r.function == "mallctl" and r.name else "")
+            v = rows.setdefault((r.source, int(r.tid), call), [0, 0])
+            v[0] += 1
+            v[1] += int(r.released_bytes)
+    rel = trace.releases
+    if rel is not None and not rel.empty:
+        last = rel.sort_values("seq").drop_duplicates(["tid", "kind", "in_api"], keep="last")
+        sites = trace.final_sites()
+        active = sorted({str(x) for x in sites.loc[sites["alloc_count"] > 0, "source"]
+                         if str(x) == "heap" or str(x).startswith("heap:")}) if not sites.empty else []
+        jem = [src for src, m in mods.items() if m.get("kind") == "jemalloc"]
+        for r in last.itertuples():
+            if r.in_api == "malloc_trim":
+                continue  # in `purges`
+            src, api = None, "" if r.in_api in ("", "none") else str(r.in_api)
+            if jem and names.get(int(r.tid), "").startswith("jemalloc_bg"):
+                src, call = jem[0], f"{r.kind} in its background thread"
+            elif len(active) == 1 and (api or r.kind == "madvise"):
+                # free() has no call state: its purges are outside any call, like the program's
+                # own madvise (rare); munmap outside a call is the program's own regions
+                src, call = active[0], f"{r.kind} in {api}" if api else f"{r.kind} in free (or outside any call)"
+            if src is None:
+                continue
+            v = rows.setdefault((src, int(r.tid), call), [0, 0])
+            v[0] += int(r.calls)
+            v[1] += int(r.released_bytes)
+    out = [{"source": k[0], "name": label.get(k[0], k[0]), "tid": k[1], "thread": names.get(k[1], "?"),
+            "call": k[2], "calls": v[0], "released_bytes": max(0, v[1])} for k, v in rows.items()]
+    out.sort(key=lambda x: -x["released_bytes"])
+    by: dict[str, int] = {}
+    for x in out:
+        by[x["source"]] = by.get(x["source"], 0) + x["released_bytes"]
+    return by, out
+
+
+def allocator_timeline(trace: Trace) -> dict[str, list[dict]]:
+    """{source: [{seq, elapsed_s, resident, live, retained}]} from the per-interval `allocators`
+    table: retention rising after a burst of frees, falling when the allocator purges."""
+    a = trace.allocators
+    if a is None or a.empty:
+        return {}
+    el = dict(zip(trace.intervals["seq"].astype(int), trace.intervals["elapsed_s"].astype(float)))
+    out: dict[str, list[dict]] = {}
+    for r in a.sort_values("seq").itertuples():
+        res, live = int(r.resident_bytes), int(r.live_bytes)
+        out.setdefault(str(r.source), []).append({"seq": int(r.seq), "elapsed_s": round(el.get(int(r.seq), 0.0), 3),
+                                                  "resident": res, "live": live, "retained": max(0, res - live)})
+    return out
+
+
+def allocator_split(trace: Trace, arenas: pd.DataFrame) -> list[dict] | None:
+    """Per allocator at the end: {name, source, kind, module, serves_malloc, resident, live,
+    retained, released, measured}. resident: its own mappings' resident bytes (the last
+    `allocators` row; glibc serving malloc: the arena table's heaps and chunks, measured with
+    the final live table); live: its sites' live bytes; retained: resident − live, at least 0.
+    None for a trace without the `allocators` table (version 2)."""
+    last = _last_allocators(trace)
+    if last is None or last.empty:
+        return None
+    mods = _allocator_modules(trace)
+    released, _rows = allocator_releases(trace)
+    out = []
+    for r in last.itertuples():
+        src = str(r.source)
+        m = mods.get(src, {})
+        res, live = int(r.resident_bytes), int(r.live_bytes)
+        if m.get("kind") == "glibc" and src == "heap" and not arenas.empty and arenas["resident_bytes"].notna().any():
+            known = arenas[arenas["resident_bytes"].notna()]
+            res = int(known["resident_bytes"].sum())
+            live = int(known["live_bytes"].sum()) + int(arenas.loc[arenas["resident_bytes"].isna(), "live_bytes"].sum())
+            ret = int(known["retained_bytes"].sum())
+        else:
+            ret = max(0, res - live)
+        out.append({"name": str(r.kind), "source": src, "resident": res, "live": live, "retained": ret,
+                    "released": int(released.get(src, 0)), "kind": m.get("kind", str(r.kind).split(":")[0]),
+                    "module": m.get("module"), "serves_malloc": bool(m.get("serves_malloc", src == "heap")),
+                    "mapped": int(r.mapped_bytes), "measured": True})
+    out.sort(key=lambda x: (-x["live"], -x["resident"]))
+    return out
+
+
+def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
+                      by_source: dict[str, int] | None = None) -> dict | None:
+    """RSS at the end split as: live heap (held by the program, resident) + retained by the
+    allocators (resident in their own mappings, not held) + other anonymous (stacks, the
+    program's own mmaps, what allocators mapped before the attach) + file-backed + shared
+    memory. Every allocator of the process is measured (`allocators`: {name, source, resident,
+    live, retained, released, ...}; the sums are the top-level keys): live_heap_bytes = Σ
+    min(live, resident) + live_outside_bytes (live blocks beyond an allocator's measured
+    mappings: in mappings it made before the attach, counted as live heap out of the anonymous
+    rest), retained_bytes = Σ retained, allocator_resident_bytes = Σ resident, other_anon_bytes =
+    RssAnon − Σ resident − live_outside_bytes. Shared memory and file are split further by
+    `shared_split`. GPU memory is never in RSS and never here. Traces without per-allocator
+    residency (version 2) keep the glibc-only split. None when the trace has no end-of-run
+    residency. `by_source`: live_by_source(trace), when at hand."""
+    arenas = arena_table(trace) if arenas is None else arenas
+    allocs = allocator_split(trace, arenas)
+    if allocs is None:
+        return _rss_decomposition_v2(trace, arenas, by_source)
+    iv = trace.intervals
+    if "rss_anon_bytes" not in iv:
+        return None
+    alive = iv[iv["rss_bytes"] >= 0]
+    if alive.empty:
+        return None
+    last = alive.iloc[-1]
+    split = shared_split(trace, int(last["rss_shmem_bytes"]), int(last["rss_file_bytes"]), by_source)
+    resident = sum(a["resident"] for a in allocs)
+    held = sum(min(a["live"], a["resident"]) for a in allocs)
+    retained = sum(a["retained"] for a in allocs)
+    anon = int(last["rss_anon_bytes"])
+    # Live bytes beyond an allocator's measured mappings lie in mappings it made before the
+    # attach (not in the kernel's LRU): live heap too, taken out of the anonymous rest.
+    outside = min(sum(max(0, a["live"] - a["resident"]) for a in allocs), max(0, anon - resident))
+    held += outside
+    parts = {"live_heap_bytes": held, "retained_bytes": retained,
+             "other_anon_bytes": max(0, anon - resident - outside),
+             "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
+    timeline = allocator_timeline(trace)
+    for a in allocs:
+        a["timeline"] = timeline.get(a["source"], [])
+    return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": sum(parts.values()),
+            "allocator_resident_bytes": resident, "retained_known": True, "live_outside_bytes": outside, **split,
+            "allocators": allocs}
+
+
+def conf_env(prefix: str) -> str:
+    """jemalloc reads PREFIX_MALLOC_CONF, its symbol prefix upper-cased (_rjem_ -> _RJEM_MALLOC_CONF)."""
+    return (prefix.upper() if prefix else "") + "MALLOC_CONF"
+
+
+def allocator_advice(dec: dict | None, trace: Trace | None = None) -> list[str]:
+    """Advice naming each allocator's own knob, with the measured figure (retained > 20% of RSS)."""
+    if not dec or not dec.get("allocators") or not dec["rss_bytes"]:
+        return []
+    rss = dec["rss_bytes"]
+    mods = _allocator_modules(trace) if trace is not None else {}
+    out = []
+    for a in dec["allocators"]:
+        ret = a["retained"]
+        if ret <= 0.2 * rss or a["kind"] == "glibc":
+            continue  # glibc: residency_advice, by arena
+        what = f"{a['name']} retains {ret >> 20} MiB ({100 * ret // rss}% of RSS) of freed pages"
+        rel = f"; it released {a['released'] >> 20} MiB so far" if a["released"] else ""
+        if a["kind"] == "jemalloc":
+            env = conf_env(mods.get(a["source"], {}).get("prefix", "") or
+                            (a["name"].split(":", 1)[1] if ":" in a["name"] else ""))
+            out.append(f"{what}{rel}: return them sooner with {env}=dirty_decay_ms:1000,muzzy_decay_ms:0 "
+                       f"(default 10000/0), or background_thread:true so purging does not wait for "
+                       f"allocation calls; mallctl(\"arena.<i>.purge\") after a burst returns them at once")
+        elif a["kind"] == "tcmalloc":
+            out.append(f"{what}{rel}: TCMALLOC_RELEASE_RATE=10 (default 1; 0 never releases) returns free spans "
+                       f"sooner; MallocExtension::instance()->ReleaseFreeMemory() after a burst returns them at once")
+        elif a["kind"] == "mimalloc":
+            out.append(f"{what}{rel}: MIMALLOC_PURGE_DELAY=0 (mimalloc 2.1+; 2.0: MIMALLOC_RESET_DELAY and "
+                       f"MIMALLOC_SEGMENT_DECOMMIT_DELAY) purges at once, mi_collect(true) after a burst; "
+                       f"mimalloc 2.0 resets with MADV_FREE, whose pages stay in RSS until memory is short "
+                       f"(MIMALLOC_RESET_DECOMMITS=1 decommits instead)")
+        else:
+            out.append(f"{what}{rel}")
+    return out
+
 
 def residency_advice(arenas: pd.DataFrame, dec: dict | None) -> list[str]:
     """Plain advice from the arena table and the RSS decomposition."""

@@ -51,6 +51,13 @@ MIMALLOC = {"mi_malloc": "malloc_enter", "mi_zalloc": "malloc_enter", "mi_calloc
             "mi_memalign": "memalign_enter", "mi_valloc": "valloc_enter", "mi_pvalloc": "pvalloc_enter",
             "mi_new": "malloc_enter", "mi_free": "free_enter", "mi_free_size": "free_enter",
             "mi_free_aligned": "free_enter", "mi_free_size_aligned": "free_enter"}
+# Each allocator's purge calls: probed like malloc_trim (the drop of anon RSS across the call is
+# what they released; the event names the allocator by its source). jemalloc's mallctl is probed
+# whatever the name asked: the tracer keeps the purge/decay ones.
+PURGES = {"jemalloc": {"mallctl": "malloc_trim_enter"},
+          "tcmalloc": {"MallocExtension_ReleaseFreeMemory": "malloc_trim_enter",
+                       "MallocExtension_ReleaseToSystem": "malloc_trim_enter"},
+          "mimalloc": {"mi_collect": "malloc_trim_enter"}}
 # What each probe program reads, to place it (tracer/placement.py).
 ENTRY_PROGRAMS = sorted(set(STANDARD.values()))
 
@@ -125,11 +132,14 @@ def allocators_in(path: str, is_exe: bool) -> list[Allocator]:
     std = _entries(syms, STANDARD)
     has_std = "malloc" in std and "free" in std
     if "tc_malloc" in syms.names:
-        found.append(Allocator(path, "tcmalloc", entries={**std, **_entries(syms, TCMALLOC)}))
+        found.append(Allocator(path, "tcmalloc", entries={**std, **_entries(syms, TCMALLOC),
+                                                          **_entries(syms, PURGES["tcmalloc"])}))
     elif "mi_malloc" in syms.names:
-        found.append(Allocator(path, "mimalloc", entries={**std, **_entries(syms, MIMALLOC)}))
+        found.append(Allocator(path, "mimalloc", entries={**std, **_entries(syms, MIMALLOC),
+                                                          **_entries(syms, PURGES["mimalloc"])}))
     elif has_std and "mallocx" in syms.names:
-        found.append(Allocator(path, "jemalloc", entries={**std, **_entries(syms, JEMALLOC)}))
+        found.append(Allocator(path, "jemalloc", entries={**std, **_entries(syms, JEMALLOC),
+                                                          **_entries(syms, PURGES["jemalloc"])}))
     elif has_std:
         kind = next((k for pre, k in KNOWN_LIBRARIES if base.startswith(pre)), None)
         if kind is None:
@@ -144,7 +154,8 @@ def allocators_in(path: str, is_exe: bool) -> list[Allocator]:
             prefix = name[: -len("mallocx")]
             frees = prefix + "free" in syms.names or prefix + "sdallocx" in syms.names
             if (prefix + "malloc" in syms.names or prefix + "rallocx" in syms.names) and frees:
-                entries = {**_entries(syms, STANDARD, prefix), **_entries(syms, JEMALLOC, prefix)}
+                entries = {**_entries(syms, STANDARD, prefix), **_entries(syms, JEMALLOC, prefix),
+                           **_entries(syms, PURGES["jemalloc"], prefix)}
                 found.append(Allocator(path, "jemalloc", prefix=prefix, entries=entries))
     for a in found:
         a.offsets = {s: syms.functions[s][0] for s in a.entries}

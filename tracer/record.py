@@ -36,6 +36,7 @@ from .embed import SymbolEmbedder
 from .maps import MapsWatcher
 from .options import DEFAULTS, RecordOptions
 from .regions import RegionTracker, SlowPath
+from .retention import AllocatorMeter, Owner, PurgeLog, allocator_part, keep_purge, live_by_source, purge_function
 from .stop import StopRequest
 from .tables import EventLog, HeapMeter, LiveTable, ReleaseTable, SiteKey, SiteTable, StackTable, ThreadTable, flow_part
 from .target import Target, launch_maps, release
@@ -109,6 +110,8 @@ class Recorder:
         self.events = EventLog()
         self.releases = ReleaseTable()
         self.heaps = HeapMeter(target.pid, opts.residency_budget_pages, glibc=False)
+        self.retention: AllocatorMeter | None = None  # each allocator's own mappings, every interval
+        self.purges = PurgeLog()
         self.embedder = SymbolEmbedder() if opts.embed_symbols else None
         self.cuda_module: str | None = None       # the libcuda.so.1 probed, once the target maps it
         self.source_names: dict[int, str] = dict(SRC)  # + the ids given out below (meta.json `sources`)
@@ -146,7 +149,20 @@ class Recorder:
                 self.end_reason = "target exec'd another program"
         elif typ == EV_TRIM:
             released = _s64(ev.len) - _s64(ev.addr2)  # anon RSS before - after: measured
+            if not self._purge(ev):
+                return  # another allocator's purge call: the `purges` table only
         self.events.add(ev, released)
+
+    def _purge(self, ev: L.Event) -> bool:
+        """A purge call (malloc_trim, mallctl, MallocExtension_Release*, mi_collect) to the
+        `purges` table; True when it is glibc's malloc_trim (kept in `events` as before)."""
+        source = self.source_names.get(ev.source, "heap") if ev.source else "heap"
+        plan = next((pl for pl in self.plans if pl.allocator.source == source), None)
+        kind = plan.allocator.kind if plan is not None else "glibc"
+        function, name = purge_function(kind, self.target.pid, ev.addr)
+        if keep_purge(function, name):
+            self.purges.add(ev.ts_ns, ev.tid, source, function, name, ev.len2, _s64(ev.len), _s64(ev.addr2))
+        return function == "malloc_trim"
 
     def replay_slow(self) -> None:
         """The rare mmap-family shapes the probes handed over, in order (tracer/regions.py)."""
@@ -201,6 +217,9 @@ class Recorder:
             if self.multi_source else {}
         self.probes.attach_more(plans, sources, maps)
         self.plans += plans
+        if self.retention is not None:
+            self.retention.owners += [Owner(pl.allocator.source, pl.allocator.kind, pl.allocator.label, False)
+                                      for pl in plans]
         self.progress("allocators loaded since: " + ", ".join(f"{pl.allocator.label} in {pl.allocator.path}"
                                                             for pl in plans))
 
@@ -256,6 +275,9 @@ class Recorder:
         part = self.releases.part(seq, self.probes.read_releases())
         if part is not None:
             w.write_part("releases", seq, part)
+        part = self.purges.part(seq)
+        if part is not None:
+            w.write_part("purges", seq, part)
         row = self._interval_row(seq, now, alive, readable, final)
         w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
         if self.observer is not None:
@@ -287,6 +309,7 @@ class Recorder:
             arena_res, res_ms, part = self.heaps.measure(seq, final)
             if part is not None:
                 self.writer.write_part("heaps", seq, part)
+            res_ms += self._measure_allocators(seq)
         row = {"seq": seq, "ts_ns": now, "elapsed_s": (now - self.t0_ns) / 1e9,
                "rss_bytes": mem.get("rss_bytes", -1), "rss_anon_bytes": mem.get("rss_anon_bytes", -1),
                "rss_file_bytes": mem.get("rss_file_bytes", -1), "rss_shmem_bytes": mem.get("rss_shmem_bytes", -1),
@@ -298,6 +321,21 @@ class Recorder:
         row.update(counters)
         self.last_row = row
         return row
+
+    def _measure_allocators(self, seq: int) -> float:
+        """Each allocator's resident, mapped and live bytes (the `allocators` part); its ms."""
+        if self.retention is None:
+            return 0.0
+        keys, vals = self.probes.read_regions()
+        regions = [(s, v[0]) for s, v in zip(keys.tolist(), vals.tolist())]
+        regions += [(r[0], r[0] + r[1]) for r in self.tracker.live()]
+        try:
+            rows, ms = self.retention.measure(self.probes.read_untracked(), regions,
+                                              live_by_source(self.sites.current))
+        except OSError:
+            return 0.0
+        self.writer.write_part("allocators", seq, allocator_part(seq, rows))
+        return ms
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -372,6 +410,9 @@ class Recorder:
                               "(statically linked and stripped?); nothing to probe")
         alloc = allocators[0]
         self.heaps.glibc = alloc.kind == "glibc"
+        if self.opts.mode != "residency":
+            self.retention = AllocatorMeter(t.pid, self.opts.residency_budget_pages,
+                                            [Owner(a.source, a.kind, a.label, a.serves_malloc) for a in allocators])
         located = [locate(fn, t.exe, maps) for fn in self.custom_fns]
         self.plans = [plan_allocator(a) for a in allocators]
         self.multi_source = len(allocators) > 1 or bool(located)

@@ -32,6 +32,14 @@ Tables (columns; `seq` is the interval number, 1-based):
   heaps      seq, start, end, reserved_end, kind ('main'|'thread'|'mmap'), arena ('main', the
              arena address for thread heaps, 'mmap' for the allocator's mmapped chunks),
              resident_bytes (pagemap), estimated (1 when sampled) — written at the end
+  allocators seq, source ('heap' | 'heap:KIND[:PREFIX]'), kind (KIND[:PREFIX]), mapped_bytes,
+             resident_bytes, live_bytes, ranges — every interval, one row per allocator: its own
+             mappings (those it made inside its calls; glibc's heaps and chunks), how much of them
+             is resident (PAGEMAP_SCAN), its sites' live bytes (version 3)
+  purges     seq, ts_ns, tid, source, function, name, duration_ns, rss_before_bytes,
+             rss_after_bytes, released_bytes — one row per purge call of an allocator
+             (malloc_trim, mallctl, MallocExtension_Release*, mi_collect; `name`: mallctl's
+             name argument), released = the drop of anon RSS across the call (version 3)
   live       seq, addr, size, stack_id, tid, ts_ns, api, source (the final live table)
   symbols    seq, build_id, module, start (file offset), size, name (mangled) — only with
              --embed-symbols: the function symbols of each module first seen on a stack in
@@ -45,7 +53,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 FORMAT = "allocscope.trace"
-VERSION = 2  # 2: the `releases` table; `events` holds only what went to user space
+VERSION = 3  # 2: the `releases` table; `events` holds only what went to user space; 3: `allocators`, `purges`
 META = "meta.json"
 PARTS = "parts"
 
@@ -71,6 +79,11 @@ SCHEMAS: dict[str, pa.Schema] = {
                        ("inode", U64), ("path", STR), ("build_id", STR)]),
     "heaps": pa.schema([("seq", I32), ("start", U64), ("end", U64), ("reserved_end", U64), ("kind", STR),
                         ("arena", STR), ("resident_bytes", I64), ("estimated", pa.int8())]),
+    "allocators": pa.schema([("seq", I32), ("source", STR), ("kind", STR), ("mapped_bytes", I64),
+                             ("resident_bytes", I64), ("live_bytes", I64), ("ranges", I32)]),
+    "purges": pa.schema([("seq", I32), ("ts_ns", I64), ("tid", U32), ("source", STR), ("function", STR),
+                         ("name", STR), ("duration_ns", I64), ("rss_before_bytes", I64),
+                         ("rss_after_bytes", I64), ("released_bytes", I64)]),
     "live": pa.schema([("seq", I32), ("addr", U64), ("size", I64), ("stack_id", U64), ("tid", U32),
                        ("ts_ns", I64), ("api", STR), ("source", STR)]),
 }

@@ -47,6 +47,8 @@ class Trace:
     warnings: list[str] = field(default_factory=list)
     heaps: pd.DataFrame = field(default_factory=lambda: _empty("heaps"))
     releases: pd.DataFrame = field(default_factory=lambda: _empty("releases"))
+    allocators: pd.DataFrame = field(default_factory=lambda: _empty("allocators"))  # version 3
+    purges: pd.DataFrame = field(default_factory=lambda: _empty("purges"))          # version 3
     live_table: pa.Table | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
