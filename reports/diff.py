@@ -45,6 +45,7 @@ from .analysis import (
     key_quality,
     location_key,
     rank_sites,
+    rss_decomposition,
     symbolize_stacks,
     thread_group_table,
     totals,
@@ -291,6 +292,29 @@ def _totals_json(a: Side, b: Side, expected: float | None) -> dict:
     return out
 
 
+ALLOCATOR_KEYS = ("resident", "live", "retained", "released")
+
+
+def diff_allocators(a: Side, b: Side) -> list[dict]:
+    """What each allocator keeps in A and B (analysis.rss_decomposition's `allocators`, matched
+    by name): {name, in, a_/b_ and delta_ of resident, live, retained, released}, by |retained
+    delta|; [] when neither trace measures it."""
+    def by_name(side: Side) -> dict[str, dict]:
+        dec = rss_decomposition(side.trace) or {}
+        return {x["name"]: x for x in dec.get("allocators") or []}
+    xa, xb = by_name(a), by_name(b)
+    rows = []
+    for name in list(xa) + [n for n in xb if n not in xa]:
+        pa_, pb = xa.get(name), xb.get(name)
+        row: dict[str, Any] = {"name": name, "in": "both" if pa_ and pb else ("a" if pa_ else "b")}
+        for k in ALLOCATOR_KEYS:
+            row[f"a_{k}"], row[f"b_{k}"] = int((pa_ or {}).get(k, 0)), int((pb or {}).get(k, 0))
+            row[f"{k}_delta"] = row[f"b_{k}"] - row[f"a_{k}"]
+        rows.append(row)
+    rows.sort(key=lambda r: (-abs(r["retained_delta"]), -r["b_resident"], r["name"]))
+    return rows
+
+
 def normalization(trace_a: Trace, trace_b: Trace, per: str) -> dict:
     """The `per` block: label, its values a and b in the two traces, expected_ratio (b / a: the
     B/A ratio of a site that scales linearly with the label), flag_scaling, flag_material."""
@@ -313,7 +337,7 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
     by (what the text lists: location, function or stack); locations (the same figures and
     flag per location — per function with `by` function —, with its `location` key, function,
     module, file, line and key_quality; flags judged among locations), ordered by `sort`;
-    thread_groups (see diff_thread_groups).
+    thread_groups (see diff_thread_groups); allocators (see diff_allocators).
     """
     if by not in GROUPINGS:
         raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")
@@ -336,4 +360,5 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
         "locations": [_site_json(r, location=True) for r in locs.to_dict("records")],
         "thread_groups": [{k: _jnum(v) for k, v in r.items()}
                           for r in diff_thread_groups(a, b).to_dict("records")],
+        "allocators": diff_allocators(a, b),
     }

@@ -110,9 +110,12 @@ def _num(v: Any) -> int | float | None:
 
 
 # --------------------------------------------------------------------------------------------- data
-def timeline_data(trace: Trace) -> dict:
+def timeline_data(trace: Trace, report_doc: dict | None = None) -> dict:
     """x = elapsed seconds; one series per TIMELINE_SERIES column present (the CUDA ones only
-    when not all zero). RSS samples taken after the target exited (negative) are gaps."""
+    when not all zero), and with a report whose RSS split measures each allocator, one
+    'retained by NAME' series per allocator that ever retained memory (resident in its own
+    mappings and not live: rising after a burst of frees, falling when it purges). RSS samples
+    taken after the target exited (negative) are gaps."""
     iv = trace.intervals
     series = []
     for col, label, dashed in TIMELINE_SERIES:
@@ -122,6 +125,12 @@ def timeline_data(trace: Trace) -> dict:
         if col == "rss_bytes":
             vals = [v if v is not None and v >= 0 else None for v in vals]
         series.append({"label": label, "values": vals, "dash": dashed})
+    allocs = ((report_doc or {}).get("rss_decomposition") or {}).get("allocators") or []
+    for a in allocs:
+        by_seq = {p["seq"]: p["retained"] for p in a.get("timeline") or []}
+        if any(by_seq.values()):
+            series.append({"label": f"retained by {a['name']}", "values": [by_seq.get(int(s)) for s in iv["seq"]],
+                           "dash": False})
     return {"t": [float(x) for x in iv["elapsed_s"]], "series": series}
 
 
@@ -358,6 +367,18 @@ def arenas_table(doc: dict) -> str:
     return _table(["arena", "kind", "live", "resident", "retained", "heaps", "threads"], rows, {2, 3, 4, 5})
 
 
+def allocators_table(doc: dict) -> str:
+    """What each allocator keeps (rss_decomposition.allocators): resident in its own mappings,
+    live, retained, released to the kernel; '' when the trace does not measure it."""
+    allocs = (doc.get("rss_decomposition") or {}).get("allocators") or []
+    rows = [[_e(a["name"]), _e(a.get("module") or ""), _e("yes" if a.get("serves_malloc") else ""),
+             _bytes(a["resident"]), _bytes(a["live"]), _bytes(a["retained"]), _bytes(a["released"])] for a in allocs]
+    if not rows:
+        return ""
+    return _table(["allocator", "module", "serves malloc", "resident", "live", "retained", "released"], rows,
+                  {3, 4, 5, 6}, "allocators")
+
+
 def decomposition_html(doc: dict) -> str:
     d = doc.get("rss_decomposition")
     if not d:
@@ -398,8 +419,8 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
     if stacks is None:
         stacks = symbolize_stacks(trace)
     flame = flame_data(trace, report_doc, stacks, fold)
-    data = {"timeline": timeline_data(trace), "sites": site_chart_data(trace, report_doc, stacks, fold=fold),
-            "flame": flame}
+    data = {"timeline": timeline_data(trace, report_doc),
+            "sites": site_chart_data(trace, report_doc, stacks, fold=fold), "flame": flame}
     tgt = report_doc.get("target") or {}
     tot = report_doc.get("totals") or {}
     rec = report_doc.get("recording") or {}
@@ -433,6 +454,9 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
         *([("gpu", "GPU memory", gpu_html(report_doc))] if gpu.get("seen") else []),
         ("flows", "Frees by allocating → freeing thread", flows_table(report_doc)),
     ]
+    if allocators_table(report_doc):
+        sections.append(("allocators", "What each allocator keeps (resident in its own mappings)",
+                         allocators_table(report_doc)))
     if report_doc.get("arenas"):
         sections.append(("arenas", "Allocator arenas by retained bytes", arenas_table(report_doc)))
     if report_doc.get("trims"):

@@ -163,6 +163,8 @@ class LiveView:
     losses: dict[str, int]
     names: dict[int, str]
     by: str = "stack"  # what a row of `sites` is: location, function or stack (LiveModel's `by`)
+    # each allocator's own memory at the last snapshot: {name, source, resident, live, retained}
+    allocators: list = field(default_factory=list)
     _sorted: dict[str, list[dict]] = field(default_factory=dict, repr=False)
 
     def ranked(self, sort: str) -> list[dict]:
@@ -214,6 +216,7 @@ class LiveModel:
         self.final = False
         self.allocator = ""
         self.elapsed: list[float] = []  # the last two snapshots' elapsed_s
+        self.allocators: list[dict] = []  # the last snapshot's allocators (LiveView.allocators)
 
     # --- input ----------------------------------------------------------------------------
 
@@ -285,6 +288,10 @@ class LiveModel:
         self.seq = snap.seq
         self.final = snap.final
         self.allocator = getattr(snap, "allocator", "") or self.allocator
+        rows = getattr(snap, "allocators", ()) or ()
+        if rows:
+            self.allocators = [{"source": r[0], "name": r[1], "resident": int(r[3]), "live": int(r[4]),
+                                "retained": max(0, int(r[3]) - int(r[4]))} for r in rows]
 
     # --- output ---------------------------------------------------------------------------
 
@@ -357,7 +364,7 @@ class LiveModel:
         losses = {k: int(v) for k, v in row.items() if k.startswith("lost_") and not k.endswith("_bytes") and v}
         return LiveView(self.seq, self.final, now_t, dt, row, self.allocator, self.rss_peak,
                         [max(0, r) for r, _ in self.timeline], [lv for _, lv in self.timeline], sites, threads,
-                        losses, dict(self.names), self.by)
+                        losses, dict(self.names), self.by, list(self.allocators))
 
 
 class StatusModel:

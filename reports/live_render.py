@@ -90,6 +90,16 @@ def losses_text(view: LiveView) -> str:
     return f"lost {view.lost} ({parts})"
 
 
+def allocators_text(view: LiveView) -> str:
+    """'alloc jemalloc:_rjem_ 48.0 MiB live / 72.0 MiB retained; glibc ...': each allocator's own
+    memory at the last interval (retained = resident in its mappings and not live); '' when
+    the recording does not measure it."""
+    if not view.allocators:
+        return ""
+    return "alloc " + "; ".join(f"{a['name']} {human_bytes(a['live'])} live / {human_bytes(a['retained'])} retained"
+                                for a in sorted(view.allocators, key=lambda a: -a["resident"]))
+
+
 # --- --batch ----------------------------------------------------------------------------------
 
 def batch_block(view: LiveView, sort: str, top: int, clock: str) -> str:
@@ -106,8 +116,9 @@ def batch_block(view: LiveView, sort: str, top: int, clock: str) -> str:
             + f"  heap {human_bytes(r.get('heap_live_bytes', 0))}  mmap {human_bytes(r.get('mmap_live_bytes', 0))}"
             + (f"  GPU {human_bytes(r['device_live_bytes'])}" if r.get("device_live_bytes") else "")
             + f"  {losses_text(view)}" + ("  [final]" if view.final else ""))
+    kept = allocators_text(view)
     ranked = view.ranked(sort)
-    out = [head, f"   {len(ranked)} {NOUNS[view.by]} by {SORT_TITLES[sort]}"]
+    out = [head, *([f"   {kept}"] if kept else []), f"   {len(ranked)} {NOUNS[view.by]} by {SORT_TITLES[sort]}"]
     if ranked:
         out.append(f"   {'LIVE':>10}  {'CHANGE':>10}  {'PEAK':>10}  {'GROWTH/s':>12}  {'VERDICT':<9}  {'AGE':>8}  "
                    f"{'ALLOC/s':>8}  {'THREAD':<15}  {COLUMN[view.by]}")
@@ -221,12 +232,13 @@ def _header(view: LiveView | None, state: ScreenState, width: int) -> list[Line]
     if r.get("device_live_bytes"):
         live.append((f"  GPU {human_bytes(r['device_live_bytes'])}", "cyan"))
     live.append(("  " + losses_text(view), "red" if view.losses else "dim"))
+    kept = allocators_text(view)
     n = max(8, width - 16)
     rss_line, live_line = view.timeline_rss[-n:], view.timeline_live[-n:]
     hi = max([*rss_line, *live_line, 1])
     chars = None if state.unicode else ASCII_SPARKS
     spark = {"lo": 0, "hi": hi, **({"chars": chars} if chars else {})}
-    return [title, mem, live,
+    return [title, mem, live, *([[(kept, "")]] if kept else []),
             [("RSS  ", "dim"), (sparkline(rss_line, **spark), "green"), (f" {human_bytes(max(0, rss))}", "dim")],
             [("live ", "dim"), (sparkline(live_line, **spark), "cyan"),
              (f" {human_bytes(r.get('live_bytes', 0))}", "dim")]]

@@ -575,6 +575,16 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
     gpu = _diff_gpu(doc, top)
     if gpu:
         out += ([] if out[-1] == "" else [""]) + [s.bold(gpu[1]), *gpu[2:]]
+    allocs = doc.get("allocators") or []
+    if allocs:
+        out += ["", s.bold("What each allocator keeps (resident in its own mappings, not live = retained)")]
+        out += ["  " + line for line in table(
+            ["allocator", "A retained", "B retained", "delta", "A resident", "B resident", "A live", "B live",
+             "A released", "B released"],
+            [[x["name"], human_bytes(x["a_retained"]), human_bytes(x["b_retained"]), human_delta(x["retained_delta"]),
+              human_bytes(x["a_resident"]), human_bytes(x["b_resident"]), human_bytes(x["a_live"]),
+              human_bytes(x["b_live"]), human_bytes(x["a_released"]), human_bytes(x["b_released"])] for x in allocs],
+            "lrrrrrrrrr")]
     groups = doc.get("thread_groups") or []
     if groups:
         out += ["", s.bold("Thread groups (digits in names replaced by N)")]

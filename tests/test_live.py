@@ -395,3 +395,19 @@ def test_target_gone_rss_unknown():
     assert text[1].startswith("RSS -  peak 4.0 MiB")
     head = batch_block(view, "live", 1, "12:00:03").splitlines()[0]
     assert head.startswith("== 12:00:03 +2.5s  RSS - (peak 4.0 MiB)") and head.endswith("lost 0  [final]")
+
+
+def test_allocators_line_in_the_header_and_batch_block():
+    model, feed = LiveModel(symbolizer=FakeSymbolizer()), Feed()
+    snap = feed.step(1.0, {(GROW, T_GROW, "heap"): (3 << 20, 3, 0, 0, 3 << 20)})
+    # (source, label, mapped, resident, live, ranges), as tracer/retention.py measures them
+    snap.allocators = (("heap", "jemalloc:_rjem_", 96 << 20, 80 << 20, 48 << 20, 12),
+                       ("heap:glibc", "glibc", 8 << 20, 2 << 20, 1 << 20, 3))
+    model.update(snap)
+    view = model.view()
+    want = "alloc jemalloc:_rjem_ 48.0 MiB live / 32.0 MiB retained; glibc 1.0 MiB live / 1.0 MiB retained"
+    assert batch_block(view, "live", 2, "12:00:01").splitlines()[1] == "   " + want
+    text = screen_text(screen_lines(view, ScreenState(target="pid 1 (t)"), 120, 30))
+    assert want in text.splitlines()[3]
+    model.update(feed.step(2.0, {}))  # a snapshot without allocator figures keeps the last ones
+    assert model.view().allocators[0]["retained"] == 32 << 20

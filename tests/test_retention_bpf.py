@@ -136,6 +136,18 @@ def test_retained_and_released_per_allocator(retain, tmp_path, tracers, name):
         assert any(knob in x and f"{retained >> 20} MiB" in x for x in adv), adv
     # the header names the allocator serving malloc
     assert rep["rss_decomposition"]["allocators"][0]["source"] == "heap"
+    # the HTML timeline carries the retention series of the allocator, per interval
+    from reports.html import allocators_table, timeline_data
+    series = {x["label"]: x["values"] for x in timeline_data(t, rep)["series"]}
+    by_seq = dict(zip(t.intervals["seq"].astype(int), series[f"retained by {kind}"]))
+    assert by_seq[seq] == retained
+    assert f"<td>{kind}</td>" in allocators_table(rep)
+    # the diff compares each allocator's figures (A = B here: the same trace, so every delta is 0)
+    doc = __import__("json").loads(cli("diff", str(out), str(out), "--format", "json", check=True).stdout)
+    [d] = [x for x in doc["allocators"] if x["name"] == a["name"]]
+    assert (d["a_retained"], d["b_retained"], d["retained_delta"], d["a_resident"]) == (
+        a["retained"], a["retained"], 0, a["resident"])
+    assert "What each allocator keeps" in cli("diff", str(out), str(out), check=True).stdout
 
 
 @pytest.mark.root

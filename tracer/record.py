@@ -64,6 +64,8 @@ class Snapshot:
     stack_columns: dict[str, list] | None    # the `stacks` columns of stacks first seen now
     names: dict[int, str]                    # thread names
     allocator: str = ""                      # what is probed: "glibc /lib/.../libc.so.6", "+ CUDA driver"
+    # each allocator's own mappings at this interval: (source, label, mapped, resident, live, ranges)
+    allocators: tuple = ()
 
 
 @dataclass
@@ -282,7 +284,8 @@ class Recorder:
         w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
         if self.observer is not None:
             self.observer(Snapshot(seq, final, row, self.sites.current, changed, stack_columns,
-                                   dict(self.threads.names), self._allocator_text()))
+                                   dict(self.threads.names), self._allocator_text(),
+                                   tuple(self.retention.last) if self.retention is not None else ()))
 
     def _allocator_text(self) -> str:
         rep = self.attach_report
