@@ -26,7 +26,10 @@ def row(check, expected, measured, ok=None):
 
 
 def sh(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, **kw)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return subprocess.CompletedProcess(cmd, 127, "", str(e))
 
 
 def by_function(rep):
@@ -101,18 +104,19 @@ def main():
         if rep:
             tot = rep["totals"]
             cu = rep["recording"]["probes"].get("cuda", {})
-            row("driver: libcuda probed", "14 calls", f"{len(cu.get('attached', []))} calls in {cu.get('module')}",
-                len(cu.get("attached", [])) == 14)
-            dev = 192 * MIB + 2 * MIB
+            n = len(cu.get("attached", []))
+            row("driver: libcuda probed", "17 calls", f"{n} calls in {os.path.basename(cu.get('module', ''))}", n == 17)
+            dev = 192 * MIB + 2 * MIB + MIB
             row("driver: device live (cuMemAlloc_v2 3x64M + cuMemCreate 2M)", dev, tot.get("device_bytes"))
             row("driver: device peak", 5 * 64 * MIB, tot.get("device_peak_bytes"))
-            row("driver: device count", 4, tot.get("device_count"))
+            row("driver: device count", 5, tot.get("device_count"))
             host = 2 * 3 * MIB + 2 * (7 * MIB + 4099) + 16 * MIB
             row("driver: CUDA host live (AllocHost, HostAlloc, Managed)", host, tot.get("cuda_host_bytes"))
             agg = by_function(rep)
             for fn, key, want in (("dev_alloc", "device_live_bytes", 192 * MIB),
                                   ("dev_create", "device_live_bytes", 2 * MIB),
                                   ("dev_async", "device_live_bytes", 0),
+                                  ("dev_async_ptsz", "device_live_bytes", MIB),
                                   ("host_pinned", "live_bytes", 6 * MIB + 2 * (7 * MIB + 4099)),
                                   ("host_managed", "live_bytes", 16 * MIB)):
                 row(f"driver: {fn} {key}", want, agg.get(fn, {}).get(key, 0))
@@ -130,7 +134,7 @@ def main():
         t = time.monotonic()
         base = sh(args)
         base_s = time.monotonic() - t
-        trace, p, dt = record_launch(exe, a.out, "scale", args + ["--bug"] * 0)
+        trace, p, dt = record_launch(exe, a.out, "scale", args)
         rep = report(exe, trace, a.out, "scale") if p.returncode == 0 else None
         row("scale: provingd 16 workers pw 16, untraced", "-", f"{base_s:.1f}s rc {base.returncode}", True)
         if rep:
@@ -139,7 +143,8 @@ def main():
             row("scale: traced run", "-", f"{dt:.1f}s ({dt / base_s:.2f}x, incl. start)", True)
             row("scale: peak live", "-", f"{tot.get('peak_live_bytes', 0) / MIB:.0f} MiB", True)
             top = max(syn.items(), key=lambda kv: kv[1]["alloc_count"])
-            row("scale: lost events", 0, rep["totals"].get("lost", rep.get("recording", {}).get("lost", "?")))
+            lost = [ln for ln in (p.stdout + p.stderr).splitlines() if "; lost " in ln]
+            row("scale: lost events", 0, lost[-1].split("; lost ")[1].split(";")[0] if lost else "?")
             row("scale: busiest site", "-", f"{top[0]} ({top[1]['alloc_count']} allocs)", True)
             print(p.stderr[-600:])
         else:

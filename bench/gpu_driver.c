@@ -3,7 +3,8 @@
  * Live at exit (nothing is freed at exit):
  *   device : cuMemAlloc_v2 5 x 64 MiB, 2 freed -> 192 MiB; cuMemCreate 2 x 2 MiB, 1 released -> 2 MiB
  *            (mapped with cuMemAddressReserve/cuMemMap/cuMemSetAccess); cuMemAllocAsync 4 x 1 MiB,
- *            all freed with cuMemFreeAsync -> 0.            device live 194 MiB, peak 320 MiB (+2+2+4)
+ *            all freed with cuMemFreeAsync -> 0; cuMemAllocAsync_ptsz 2 x 1 MiB, 1 freed with
+ *            cuMemFreeAsync_ptsz -> 1 MiB.                  device live 195 MiB in 5, peak 320 MiB
  *   host   : cuMemAllocHost_v2 2 x 3 MiB; cuMemHostAlloc 3 x (7 MiB + 4099), 1 freed;
  *            cuMemAllocManaged 2 x 16 MiB, 1 freed; cuMemHostRegister_v2 of 1 MiB malloc'd memory.
  */
@@ -27,6 +28,7 @@ F(cuInit, unsigned); F(cuDeviceGet, int *, int); F(cuCtxCreate_v2, void **, unsi
 F(cuCtxSynchronize, void);
 F(cuMemAlloc_v2, CUdeviceptr *, size_t); F(cuMemFree_v2, CUdeviceptr);
 F(cuMemAllocAsync, CUdeviceptr *, size_t, void *); F(cuMemFreeAsync, CUdeviceptr, void *);
+F(cuMemAllocAsync_ptsz, CUdeviceptr *, size_t, void *); F(cuMemFreeAsync_ptsz, CUdeviceptr, void *);
 F(cuMemAllocHost_v2, void **, size_t); F(cuMemFreeHost, void *);
 F(cuMemHostAlloc, void **, size_t, unsigned); F(cuMemHostRegister_v2, void *, size_t, unsigned);
 F(cuMemAllocManaged, CUdeviceptr *, size_t, unsigned);
@@ -53,6 +55,13 @@ __attribute__((noinline)) void dev_async(void)
     CUdeviceptr d[4];
     for (int i = 0; i < 4; i++) must(cuMemAllocAsync(&d[i], MIB, NULL), "cuMemAllocAsync");
     for (int i = 0; i < 4; i++) must(cuMemFreeAsync(d[i], NULL), "cuMemFreeAsync");
+    must(cuCtxSynchronize(), "sync");
+}
+__attribute__((noinline)) void dev_async_ptsz(void)
+{
+    CUdeviceptr d[2];
+    for (int i = 0; i < 2; i++) must(cuMemAllocAsync_ptsz(&d[i], MIB, NULL), "cuMemAllocAsync_ptsz");
+    must(cuMemFreeAsync_ptsz(d[0], NULL), "cuMemFreeAsync_ptsz"); /* 1 MiB stays */
     must(cuCtxSynchronize(), "sync");
 }
 __attribute__((noinline)) void dev_create(void)
@@ -94,13 +103,13 @@ int main(void)
     L(h, cuMemFree_v2); L(h, cuMemAllocAsync); L(h, cuMemFreeAsync); L(h, cuMemAllocHost_v2);
     L(h, cuMemFreeHost); L(h, cuMemHostAlloc); L(h, cuMemHostRegister_v2); L(h, cuMemAllocManaged);
     L(h, cuMemCreate); L(h, cuMemRelease); L(h, cuMemAddressReserve); L(h, cuMemMap); L(h, cuMemSetAccess);
-    L(h, cuMemGetInfo_v2);
+    L(h, cuMemGetInfo_v2); L(h, cuMemAllocAsync_ptsz); L(h, cuMemFreeAsync_ptsz);
     int dev; void *ctx; size_t fr0, fr1, tot;
     must(cuInit(0), "cuInit"); must(cuDeviceGet(&dev, 0), "cuDeviceGet");
     must(cuCtxCreate_v2(&ctx, 0, dev), "cuCtxCreate");
     sleep(1);  /* the tracer probes libcuda once it is loaded */
     must(cuMemGetInfo_v2(&fr0, &tot), "cuMemGetInfo");
-    dev_alloc(); dev_async(); dev_create(); host_pinned(); host_managed(); host_register();
+    dev_alloc(); dev_async(); dev_async_ptsz(); dev_create(); host_pinned(); host_managed(); host_register();
     must(cuMemGetInfo_v2(&fr1, &tot), "cuMemGetInfo");
     printf("memgetinfo_delta %zu\n", fr0 - fr1);
     fflush(stdout);

@@ -60,7 +60,7 @@ def kernel_headers():
 
 
 def main():
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 (run by any python3: says which one is needed)
         sys.exit(f"allocscope needs python >= 3.11 (this is {platform.python_version()} at {sys.executable}); "
                  "ALLOCSCOPE_PYTHON=/path/to/python3 picks another")
     sys.path.insert(0, os.path.join(HERE, "python"))

@@ -52,6 +52,8 @@ cp -L "$libbcc" "$stage/lib/libbcc.so.0"
 
 # 2. Python: bcc, allocscope, wheels (no pandas/pyarrow/numpy: see README).
 cp -r "$bccpy" "$stage/python/bcc"
+# bcc 0.26's one non-raw regex with '\.' warns (SyntaxWarning) on python >= 3.12: make it raw
+sed -i "s/re.match(b'^.\*\\\\.cold/re.match(rb'^.*\\\\.cold/" "$stage/python/bcc/__init__.py"
 for p in allocscope common tracer reports probes; do
   cp -r "$p" "$stage/python/"
 done
