@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup host venv lint demo test test-unit test-bpf bench clean
+.PHONY: help setup host venv lint demo test test-unit test-bpf bench bundle clean
 help: ## this list
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
@@ -36,6 +36,9 @@ bench: setup ## overhead benchmark: loop, redis, demo, demo-large (installs heap
 	@bash scripts/setup-bench.sh
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 	@$(PY) bench/overhead.py $(BENCH_ARGS)
+
+bundle: ## dist/allocscope-VERSION-x86_64.tar.xz: relocatable, BCC and kernel headers inside (README: air-gapped)
+	@bash scripts/bundle.sh
 
 clean: ## remove build products (keeps .venv)
 	rm -rf build tests/targets/bin *.egg-info .pytest_cache

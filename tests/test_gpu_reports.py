@@ -360,9 +360,12 @@ def test_folded_pprof_csv_keep_gpu_memory_apart(trace, report):
     prof = parse_pprof(to_pprof(trace))
     assert sum(s.value[3] for s in prof.sample) == HOST_LIVE  # inuse_space
     assert sum(s.value[1] for s in prof.sample) == sum(s["alloc_bytes"] for s in report["sites"])
-    rows = {r.split(",")[6]: r.split(",") for r in to_csv(report).splitlines()[1:]}
-    assert rows["upload_weights  [synthd]"][-3:] == [str(192 * MIB), str(320 * MIB), "upload_weights|synthd|"]
-    assert rows["stage  [synthd]"][1] == "4096"
+    lines = to_csv(report).splitlines()
+    head = lines[0].split(",")
+    rows = {r.split(",")[6]: dict(zip(head, r.split(","))) for r in lines[1:]}
+    assert [rows["upload_weights  [synthd]"][c] for c in ("device_live_bytes", "device_peak_bytes")] == \
+        [str(192 * MIB), str(320 * MIB)]
+    assert rows["stage  [synthd]"][head[1]] == "4096"
 
 
 def test_cuda_host_memory_is_no_allocator_chunk(tmp_path):

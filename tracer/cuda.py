@@ -19,6 +19,10 @@ CUDA_FUNCS: dict[str, tuple[str, tuple[int, ...]]] = {
     "cuMemAlloc_v2": ("cu_alloc_enter", (REG_DI, REG_SI)),
     "cuMemAllocAsync": ("cu_alloc_enter", (REG_DI, REG_SI)),
     "cuMemAllocFromPoolAsync": ("cu_alloc_enter", (REG_DI, REG_SI)),
+    # the per-thread-default-stream twins (nvcc --default-stream per-thread, cuGetProcAddress with
+    # CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM): own entry points in the real driver (580)
+    "cuMemAllocAsync_ptsz": ("cu_alloc_enter", (REG_DI, REG_SI)),
+    "cuMemAllocFromPoolAsync_ptsz": ("cu_alloc_enter", (REG_DI, REG_SI)),
     "cuMemAllocPitch_v2": ("cu_pitch_enter", (REG_DI, REG_SI, REG_CX)),
     "cuMemCreate": ("cu_create_enter", (REG_DI, REG_SI)),
     "cuMemHostAlloc": ("cu_host_alloc_enter", (REG_DI, REG_SI)),
@@ -27,6 +31,7 @@ CUDA_FUNCS: dict[str, tuple[str, tuple[int, ...]]] = {
     "cuMemAllocManaged": ("cu_managed_enter", (REG_DI, REG_SI)),
     "cuMemFree_v2": ("cu_free_enter", (REG_DI,)),
     "cuMemFreeAsync": ("cu_free_enter", (REG_DI,)),
+    "cuMemFreeAsync_ptsz": ("cu_free_enter", (REG_DI,)),
     "cuMemRelease": ("cu_release_enter", (REG_DI,)),
     "cuMemFreeHost": ("cu_free_host_enter", (REG_DI,)),
     "cuMemHostUnregister": ("cu_unregister_enter", (REG_DI,)),

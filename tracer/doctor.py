@@ -63,6 +63,12 @@ def check_bcc() -> Check:
 def check_headers() -> Check:
     rel = platform.release()
     build = f"/lib/modules/{rel}/build"
+    env = os.environ.get("BCC_KERNEL_SOURCE")  # BCC reads it instead of /lib/modules (the bundle sets it)
+    if env:
+        if os.path.exists(os.path.join(env, "include/generated/autoconf.h")):
+            return Check("kernel headers", True, f"BCC_KERNEL_SOURCE={env}")
+        return Check("kernel headers", False, f"BCC_KERNEL_SOURCE={env} has no include/generated/autoconf.h",
+                     "point BCC_KERNEL_SOURCE at a configured kernel header tree, or unset it")
     if os.path.exists(os.path.join(build, "include/generated/autoconf.h")):
         return Check("kernel headers", True, f"{build} -> {os.path.realpath(build)}")
     if os.path.exists("/sys/kernel/kheaders.tar.xz"):
