@@ -11,12 +11,14 @@ import os
 import queue
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from common.errors import AllocscopeError, PermissionProblem
 
+from . import bpfcache
 from . import layout as L
 from .allocators import STANDARD
 from .bpfobjects import prog_stats
@@ -117,6 +119,58 @@ class _Libbcc:
                                       ct.c_void_p, ct.POINTER(ct.c_uint32)]
 
 
+def _bcc_version(bcc) -> str:
+    lib = getattr(bpfcache.libbcc(), "_name", "")
+    try:
+        st = os.stat(os.path.realpath(lib)) if lib else None
+    except OSError:
+        st = None
+    return f"{getattr(bcc, '__version__', '?')} {os.path.realpath(lib) if lib else ''} {st.st_size if st else ''}"
+
+
+def _cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str]):
+    """A BCC module whose tables come from compiling `maps_text` (declarations only) and whose
+    programs are the cached instructions (tracer/bpfcache.py), relocated to its map fds and
+    `pid`, loaded as BCC's load_func loads, tracepoint programs attached as BCC's autoload does."""
+    lib = bpfcache.libbcc()
+
+    class CachedBPF(bcc.BPF):
+        def _trace_autoload(self) -> None:
+            pass  # the maps-only module has no programs of its own: see below
+
+        def load_func(self, func_name, prog_type, device=None, attach_type=-1):
+            func_name = func_name.encode() if isinstance(func_name, str) else func_name
+            if func_name in self.funcs:
+                return self.funcs[func_name]
+            if func_name.decode() not in entry["funcs"]:
+                raise Exception(f"Unknown program {func_name}")
+
+            def table_fd(name: str) -> int:
+                return lib.as_bpf_table_fd(self.module, name.encode())
+
+            code = bpfcache.relocate(entry, func_name.decode(), pid, table_fd)
+            buf = ct.create_string_buffer(code, len(code))
+            log_level = 2 if self.debug & bcc.DEBUG_BPF_REGISTER_STATE else 1 if self.debug & bcc.DEBUG_BPF else 0
+            fd = lib.as_bcc_func_load(self.module, prog_type, func_name, buf, len(code),
+                                   entry["license"].encode(), entry["kern_version"], log_level, None, 0,
+                                   device, attach_type)
+            if fd < 0:
+                err = ct.get_errno()
+                if err == errno.EPERM:
+                    raise Exception("Need super-user privileges to run")
+                raise Exception(f"Failed to load BPF program {func_name}: {os.strerror(err)}")
+            fn = bcc.BPF.Function(self, func_name, fd)
+            self.funcs[func_name] = fn
+            return fn
+
+    bpf = CachedBPF(text=maps_text, cflags=cflags)
+    for name in entry["funcs"]:
+        b = name.encode()
+        if b.startswith(b"tracepoint__"):
+            bpf.attach_tracepoint(tp=b[len(b"tracepoint__"):].replace(b"__", b":"), fn_name=b)
+    return bpf
+
+
 class Probes:
     """The BPF program for one target process."""
 
@@ -133,14 +187,18 @@ class Probes:
                 rss_offsets()
             except (OSError, LookupError):
                 self.rss_tracepoint = True  # this kernel's BTF does not say where the counter is
+        self.timings: dict[str, float] = {}  # start-up phases: name -> seconds (Recorder --verbose)
+        t = time.perf_counter()
         bcc = _import_bcc()
+        self.timings["import bcc"] = time.perf_counter() - t
         self._bcc = bcc
         self._lib = _Libbcc()
-        base = [f"-I{L.PROBES_DIR}", f"-DAS_TGID={pid}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}", "-Wno-macro-redefined"]
+        self.bpf_cache = ""  # how the programs were obtained: hit, miss (compiled, cached), off, uncached
         try:
-            self.bpf = bcc.BPF(text=bpf_text(), cflags=base + probe_cflags(self.options, launched, self.unwind,
-                                                                            self.rss_tracepoint, multi_source))
+            self.bpf = self._compile(launched, self.unwind, multi_source)
+            t = time.perf_counter()
             self._load_allocator_programs()
+            self.timings["load (verifier)"] = time.perf_counter() - t
         except Exception as e:  # noqa: BLE001 (BCC raises bare Exception for compile/load failures)
             if self.unwind != "dwarf":
                 raise PermissionProblem(f"cannot load the BPF program: {e}; run 'allocscope doctor'") from None
@@ -148,8 +206,8 @@ class Probes:
             self.unwind_error = str(e).splitlines()[0] if str(e) else "BPF load failed"
             self.unwind = "fp"
             try:
-                self.bpf = bcc.BPF(text=bpf_text(), cflags=base + probe_cflags(self.options, launched, "fp",
-                                                                                self.rss_tracepoint, multi_source))
+                self._close_bpf()
+                self.bpf = self._compile(launched, "fp", multi_source)
                 self._load_allocator_programs()
             except Exception as e2:  # noqa: BLE001
                 raise PermissionProblem(f"cannot load the BPF program: {e2}; run 'allocscope doctor'") from None
@@ -161,6 +219,69 @@ class Probes:
         self._events_cb = None
         self._fault_fds: dict[int, int] = {}  # tid -> perf event fd (residency mode)
         self._addressed: list[tuple] = []  # (path, file offset, map, value): written once mapped
+
+    def _compile(self, launched: bool, unwind: str, multi_source: bool):
+        """The BCC module of probes/allocscope.c for this recording, its programs from the cache of
+        compiled programs when it has them (tracer/bpfcache.py), else compiled by clang (and
+        cached). Either way the maps are created here and the tracepoint programs attached."""
+        bcc = self._bcc
+        text = bpf_text()
+        flags = probe_cflags(self.options, launched, unwind, self.rss_tracepoint, multi_source)
+
+        def cflags(tgid: int) -> list[str]:
+            return [f"-I{L.PROBES_DIR}", f"-DAS_TGID={tgid}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}",
+                    "-Wno-macro-redefined", *flags]
+
+        t = time.perf_counter()
+        if not bpfcache.enabled():
+            self.bpf_cache = "off"
+            bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
+            self.timings["compile (BCC, clang)"] = time.perf_counter() - t
+            return bpf
+        key = bpfcache.cache_key(text, cflags(bpfcache.TGID_SENTINEL), _bcc_version(bcc))
+        entry = bpfcache.load(key)
+        if entry is None:
+            entry = self._compile_entry(text, cflags(bpfcache.TGID_SENTINEL))
+            self.timings["compile (BCC, clang)"] = time.perf_counter() - t
+            t = time.perf_counter()
+            if entry is None:
+                self.bpf_cache = "uncached"
+                bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
+                self.timings["compile again (not cacheable)"] = time.perf_counter() - t
+                return bpf
+            self.bpf_cache = "miss"
+        else:
+            self.bpf_cache = "hit"
+        bpf = _cached_bpf(bcc, entry, self.pid, bpfcache.maps_only(text), cflags(self.pid))
+        if bpfcache.table_signature(bpf.module) != entry["tables"]:
+            bpf.cleanup()  # the maps-only source declares other maps: never trust the entry
+            self.bpf_cache = "uncached"
+            bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
+            self.timings["compile (tables differ from the cache's)"] = time.perf_counter() - t
+            return bpf
+        if self.bpf_cache == "miss":
+            bpfcache.save(key, entry)
+        self.timings[f"maps + tracepoints (cache {self.bpf_cache})"] = time.perf_counter() - t
+        return bpf
+
+    def _compile_entry(self, text: bytes, cflags: list[str]) -> dict | None:
+        """Compile with the sentinel pid, without loading anything, and take the cache entry."""
+        bcc = self._bcc
+
+        class Compiled(bcc.BPF):
+            def _trace_autoload(self) -> None:
+                pass  # nothing is loaded from this module: its pid is the sentinel
+
+        mod = Compiled(text=text, cflags=cflags)
+        try:
+            return bpfcache.extract(mod.module)
+        finally:
+            mod.cleanup()
+
+    def _close_bpf(self) -> None:
+        bpf, self.bpf = getattr(self, "bpf", None), None
+        if bpf is not None:
+            bpf.cleanup()
 
     def _load_allocator_programs(self) -> None:
         """Verify the allocator programs now (the verifier is what may refuse the DWARF unwinder)
