@@ -204,13 +204,14 @@ def maps_only(text: bytes) -> bytes:
     out.append(s[kept:])
     # linux/sched.h is there for the bodies (struct task_struct): half of what is left to parse
     text_out = "".join(out).replace("#include <linux/sched.h>", "struct task_struct; /* maps only */")
-    out = [text_out]
     # BCC gives a map its BTF key and value types only when code uses the map: task storage
-    # cannot be created without them. One tiny function per task-storage map (never loaded).
-    for name in re.findall(r"^\s*BPF_TASK_STORAGE\((\w+)", s, flags=re.M):
-        out.append(f"\nint as_maps_only_{name}(struct pt_regs *ctx) {{ return {name}.task_storage_get("
-                   "(struct task_struct *)bpf_get_current_task_btf(), 0, 0) != 0; }\n")
-    return "".join(out).encode()
+    # cannot be created without them. One tiny function (never loaded) right after each
+    # task-storage declaration, so it sits in the same #if branch.
+    text_out = re.sub(r"^([ \t]*BPF_TASK_STORAGE\((\w+),[^;]*\);)",
+                      r"\1 int as_maps_only_\2(struct pt_regs *ctx) { return \2.task_storage_get("
+                      r"(struct task_struct *)bpf_get_current_task_btf(), 0, 0) != 0; }",
+                      text_out, flags=re.M)
+    return text_out.encode()
 
 
 # --------------------------------------------------------------------------- entries

@@ -252,9 +252,13 @@ class Probes:
             self.bpf_cache = "miss"
         else:
             self.bpf_cache = "hit"
-        bpf = _cached_bpf(bcc, entry, self.pid, bpfcache.maps_only(text), cflags(self.pid))
-        if bpfcache.table_signature(bpf.module) != entry["tables"]:
-            bpf.cleanup()  # the maps-only source declares other maps: never trust the entry
+        try:
+            bpf = _cached_bpf(bcc, entry, self.pid, bpfcache.maps_only(text), cflags(self.pid))
+        except Exception:  # noqa: BLE001 (BCC's bare Exception): compiled as without the cache
+            bpf = None
+        if bpf is None or bpfcache.table_signature(bpf.module) != entry["tables"]:
+            if bpf is not None:
+                bpf.cleanup()  # the maps-only source declares other maps: never trust the entry
             self.bpf_cache = "uncached"
             bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
             self.timings["compile (tables differ from the cache's)"] = time.perf_counter() - t
