@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -372,11 +373,11 @@ class Recorder:
         self._phase_t0 = self._phase_t = time.perf_counter()
         if self.opts.verbose:
             self.progress(f"start-up: before the recorder (interpreter, CLI, target) {process_age_ms():.0f} ms")
-        # pyarrow imports pandas when it builds its first table (~0.6 s of CPU): import it now,
-        # before the probes attach, not inside the first interval of the recording.
-        import pandas  # noqa: F401, PLC0415
-
-        self._phase("import pandas")
+        # pyarrow imports pandas when it builds its first table (~0.3-0.6 s of CPU): import it
+        # before the probes attach, not inside the first interval of the recording — in a thread,
+        # while BCC builds the probes (libbcc runs without the GIL), joined before the attach.
+        pandas = threading.Thread(target=_import_pandas, name="import pandas", daemon=True)
+        pandas.start()
         from .probe import Probes  # noqa: PLC0415 (imports bcc)
 
         self._phase("import tracer.probe")
@@ -412,6 +413,8 @@ class Recorder:
             self.probes.open_events(self.on_event)
             self.unwinder = start_unwinder(self.probes, maps, launched, self.progress)
             self._phase("unwind tables")
+            pandas.join()
+            self._phase("import pandas (the rest, in a thread since the start)")
             if launched and self.unwinder is not None:
                 t.child.on_exec = self.maps.now  # exe and ld.so are mapped: their unwind tables
                 t.child.on_hold = lambda: (self.probes.drain_events(), self.maps.now())
@@ -474,6 +477,10 @@ class Recorder:
                 next_snap += interval_ns
                 if next_snap < now:  # the snapshot took longer than an interval
                     next_snap = now + interval_ns
+
+
+def _import_pandas() -> None:
+    import pandas  # noqa: F401, PLC0415
 
 
 def process_age_ms() -> float:
