@@ -65,14 +65,22 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
 
 
 def bpf_text() -> bytes:
-    """probes/allocscope.c with its local includes other than allocscope.h inlined: BCC rewrites
-    map calls (`map.lookup(...)`) only in the main file, and probes/unwind_dwarf.h has some."""
-    def inline(m: re.Match) -> str:
-        path = L.PROBES_DIR / m.group(1)
-        if m.group(1) == L.HEADER.name or not path.is_file():
-            return m.group(0)
-        return f"/* ---- {m.group(1)} ---- */\n{path.read_text()}\n/* ---- end of {m.group(1)} ---- */"
-    return re.sub(r'^#include "([\w.]+)"[ \t]*$', inline, L.SOURCE.read_text(), flags=re.M).encode()
+    """probes/allocscope.c with its local includes other than allocscope.h inlined, recursively
+    (each file once): BCC rewrites map calls (`map.lookup(...)`) only in the main file, and the
+    parts of the program by concern (probes/heap.h, regions.h, ...; unwind_dwarf.h) have some."""
+    seen: set[str] = set()
+
+    def expand(path) -> str:
+        def inline(m: re.Match) -> str:
+            name = m.group(1)
+            part = L.PROBES_DIR / name
+            if name == L.HEADER.name or not part.is_file() or name in seen:
+                return m.group(0)
+            seen.add(name)
+            return f"/* ---- {name} ---- */\n{expand(part)}\n/* ---- end of {name} ---- */"
+        return re.sub(r'^#include "([\w.]+)"[ \t]*$', inline, path.read_text(), flags=re.M)
+
+    return expand(L.SOURCE).encode()
 
 
 @dataclass
