@@ -285,9 +285,19 @@ def relocate(entry: dict, name: str, pid: int, table_fd) -> bytes:
     return bytes(code)
 
 
+def _trusted(path: Path) -> bool:
+    """Only what this user wrote, and nobody else may write: root loads these instructions into
+    the kernel, and `sudo` may leave HOME at another user's home."""
+    st = path.stat()
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
 def load(key: str) -> dict | None:
+    path = cache_dir() / f"{key}.json"
     try:
-        entry = json.loads((cache_dir() / f"{key}.json").read_text())
+        if not (_trusted(path.parent) and _trusted(path)):
+            return None
+        entry = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return entry if isinstance(entry, dict) and entry.get("format") == CACHE_FORMAT else None
@@ -298,7 +308,9 @@ def save(key: str, entry: dict) -> None:
     try:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = d / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(entry))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(entry))
         os.replace(tmp, d / f"{key}.json")
     except OSError:
         pass  # a read-only home: no cache, same recording
