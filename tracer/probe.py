@@ -136,7 +136,8 @@ def _bcc_version(bcc) -> str:
     return f"{getattr(bcc, '__version__', '?')} {os.path.realpath(lib) if lib else ''} {st.st_size if st else ''}"
 
 
-def _cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str]):
+def _cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str],
+                preload: list[tuple[bytes, int]] = ()):
     """A BCC module whose tables come from compiling `maps_text` (declarations only) and whose
     programs are the cached instructions (tracer/bpfcache.py), relocated to its map fds and
     `pid`, loaded as BCC's load_func loads, tracepoint programs attached as BCC's autoload does."""
@@ -172,10 +173,24 @@ def _cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str])
             return fn
 
     bpf = CachedBPF(text=maps_text, cflags=cflags)
-    for name in entry["funcs"]:
-        b = name.encode()
-        if b.startswith(b"tracepoint__"):
-            bpf.attach_tracepoint(tp=b[len(b"tracepoint__"):].replace(b"__", b":"), fn_name=b)
+    tps = [name.encode() for name in entry["funcs"] if name.startswith("tracepoint__")]
+    # The verifier runs in the loading thread, and libbcc's call releases the GIL: the programs
+    # known to be needed are verified two at a time. A failure here is left for the load that
+    # needs the program (it raises there, as it would have without this).
+    todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + [(n, t) for n, t in preload if n.decode() in entry["funcs"]]
+
+    def try_load(item) -> None:
+        try:
+            bpf.load_func(*item)
+        except Exception:  # noqa: BLE001
+            pass
+
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(try_load, todo))
+    for b in tps:
+        bpf.attach_tracepoint(tp=b[len(b"tracepoint__"):].replace(b"__", b":"), fn_name=b)
     return bpf
 
 
@@ -285,7 +300,8 @@ class Probes:
         else:
             self.bpf_cache = "hit"
         try:
-            bpf = _cached_bpf(bcc, entry, self.pid, bpfcache.maps_only(text), cflags(self.pid))
+            bpf = _cached_bpf(bcc, entry, self.pid, bpfcache.maps_only(text), cflags(self.pid),
+                              self._programs_needed(unwind))
         except Exception:  # noqa: BLE001 (BCC's bare Exception): compiled as without the cache
             bpf = None
         if bpf is None or bpfcache.table_signature(bpf.module) != entry["tables"]:
@@ -318,6 +334,14 @@ class Probes:
         bpf, self.bpf = getattr(self, "bpf", None), None
         if bpf is not None:
             bpf.cleanup()
+
+    def _programs_needed(self, unwind: str) -> list[tuple[bytes, int]]:
+        """(program, type) that _load_allocator_programs loads, to verify them in parallel."""
+        if self.options.mode == "residency":
+            names = [b"fault_sample"] + ([b"fault_unwind", b"fault_keep"] if unwind == "dwarf" else [])
+            return [(n, self._bcc.BPF.PERF_EVENT) for n in names]
+        names = [b"alloc_return"] + ([b"alloc_unwind", b"alloc_keep"] if unwind == "dwarf" else [])
+        return [(n, self._bcc.BPF.KPROBE) for n in names]
 
     def _load_allocator_programs(self) -> None:
         """Verify the allocator programs now (the verifier is what may refuse the DWARF unwinder)
