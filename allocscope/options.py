@@ -98,6 +98,9 @@ def probe_options(f=None, *, interval: float = DEFAULTS.interval):
                           "heap/mmap totals. Repeatable."),
         click.option("--free-fn", "free_fns", multiple=True, metavar="SPEC",
                      help="Your own free function: SYMBOL[@MODULE]:ptr=argN. Repeatable."),
+        click.option("--verbose", is_flag=True,
+                     help="Print each start-up phase (imports, symbol scans, compiling the probes, unwind "
+                          "tables, attaching) and how long it took."),
         click.option("--probe-floor", is_flag=True, hidden=True,
                      help="Benchmarks: attach every probe, but every program returns at once (the trap floor)."),
         click.option("--rss-tracepoint", is_flag=True, hidden=True,

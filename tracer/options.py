@@ -18,6 +18,7 @@ class RecordOptions:
     force: bool = False           # replace an output path that is not an allocscope trace
     keep_cmdline: bool = False    # store the target's command line (it may hold secrets)
     quiet: bool = False
+    verbose: bool = False         # print the start-up phases (imports, compile, unwind tables, attach) and their times
     mode: str = "full"            # full: allocator probes; residency: mmap family + sampled faults
     sample_bytes: int = 0         # >0: byte-weighted sampling of allocations, one per N bytes
     fault_sample: int = 16        # residency mode: one user page fault in N is sampled

@@ -11,12 +11,14 @@ import os
 import queue
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from common.errors import AllocscopeError, PermissionProblem
 
+from . import bpfcache
 from . import layout as L
 from .allocators import STANDARD
 from .bpfobjects import prog_stats
@@ -63,14 +65,22 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
 
 
 def bpf_text() -> bytes:
-    """probes/allocscope.c with its local includes other than allocscope.h inlined: BCC rewrites
-    map calls (`map.lookup(...)`) only in the main file, and probes/unwind_dwarf.h has some."""
-    def inline(m: re.Match) -> str:
-        path = L.PROBES_DIR / m.group(1)
-        if m.group(1) == L.HEADER.name or not path.is_file():
-            return m.group(0)
-        return f"/* ---- {m.group(1)} ---- */\n{path.read_text()}\n/* ---- end of {m.group(1)} ---- */"
-    return re.sub(r'^#include "([\w.]+)"[ \t]*$', inline, L.SOURCE.read_text(), flags=re.M).encode()
+    """probes/allocscope.c with its local includes other than allocscope.h inlined, recursively
+    (each file once): BCC rewrites map calls (`map.lookup(...)`) only in the main file, and the
+    parts of the program by concern (probes/heap.h, regions.h, ...; unwind_dwarf.h) have some."""
+    seen: set[str] = set()
+
+    def expand(path) -> str:
+        def inline(m: re.Match) -> str:
+            name = m.group(1)
+            part = L.PROBES_DIR / name
+            if name == L.HEADER.name or not part.is_file() or name in seen:
+                return m.group(0)
+            seen.add(name)
+            return f"/* ---- {name} ---- */\n{expand(part)}\n/* ---- end of {name} ---- */"
+        return re.sub(r'^#include "([\w.]+)"[ \t]*$', inline, path.read_text(), flags=re.M)
+
+    return expand(L.SOURCE).encode()
 
 
 @dataclass
@@ -117,6 +127,97 @@ class _Libbcc:
                                       ct.c_void_p, ct.POINTER(ct.c_uint32)]
 
 
+def _bcc_version(bcc) -> str:
+    lib = getattr(bpfcache.libbcc(), "_name", "")
+    try:
+        st = os.stat(os.path.realpath(lib)) if lib else None
+    except OSError:
+        st = None
+    return f"{getattr(bcc, '__version__', '?')} {os.path.realpath(lib) if lib else ''} {st.st_size if st else ''}"
+
+
+def _cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str],
+                preload: list[tuple[bytes, int]] = ()):
+    """A BCC module whose tables come from compiling `maps_text` (declarations only) and whose
+    programs are the cached instructions (tracer/bpfcache.py), relocated to its map fds and
+    `pid`, loaded as BCC's load_func loads, tracepoint programs attached as BCC's autoload does."""
+    lib = bpfcache.libbcc()
+
+    class CachedBPF(bcc.BPF):
+        def _trace_autoload(self) -> None:
+            pass  # the maps-only module has no programs of its own: see below
+
+        def load_func(self, func_name, prog_type, device=None, attach_type=-1):
+            func_name = func_name.encode() if isinstance(func_name, str) else func_name
+            if func_name in self.funcs:
+                return self.funcs[func_name]
+            if func_name.decode() not in entry["funcs"]:
+                raise Exception(f"Unknown program {func_name}")
+
+            def table_fd(name: str) -> int:
+                return lib.as_bpf_table_fd(self.module, name.encode())
+
+            code = bpfcache.relocate(entry, func_name.decode(), pid, table_fd)
+            buf = ct.create_string_buffer(code, len(code))
+            log_level = 2 if self.debug & bcc.DEBUG_BPF_REGISTER_STATE else 1 if self.debug & bcc.DEBUG_BPF else 0
+            fd = lib.as_bcc_func_load(self.module, prog_type, func_name, buf, len(code),
+                                   entry["license"].encode(), entry["kern_version"], log_level, None, 0,
+                                   device, attach_type)
+            if fd < 0:
+                err = ct.get_errno()
+                if err == errno.EPERM:
+                    raise Exception("Need super-user privileges to run")
+                raise Exception(f"Failed to load BPF program {func_name}: {os.strerror(err)}")
+            fn = bcc.BPF.Function(self, func_name, fd)
+            self.funcs[func_name] = fn
+            return fn
+
+    bpf = CachedBPF(text=maps_text, cflags=cflags)
+    tps = [name.encode() for name in entry["funcs"] if name.startswith("tracepoint__")]
+    # The verifier runs in the loading thread, and libbcc's call releases the GIL: the programs
+    # known to be needed are verified two at a time. A failure here is left for the load that
+    # needs the program (it raises there, as it would have without this).
+    todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + [(n, t) for n, t in preload if n.decode() in entry["funcs"]]
+
+    def try_load(item) -> None:
+        try:
+            bpf.load_func(*item)
+        except Exception:  # noqa: BLE001
+            pass
+
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(try_load, todo))
+    for b in tps:
+        bpf.attach_tracepoint(tp=b[len(b"tracepoint__"):].replace(b"__", b":"), fn_name=b)
+    return bpf
+
+
+def _detach_all(bcc, bpf) -> None:
+    """Close every uprobe and tracepoint perf event of `bpf` at once, then let BCC forget them.
+    Each close waits in the kernel for the probe to be unregistered (an RCU grace period:
+    ~0.1 s per uprobe, ~0.08 s per tracepoint here), and BCC's cleanup closes them one by one —
+    3 s at the end of every recording. Closed from one thread each, the waits overlap."""
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    lib = bcc.libbcc.lib
+    ups, tps = list(bpf.uprobe_fds.items()), list(bpf.tracepoint_fds.items())
+    if not ups and not tps:
+        return
+    with ThreadPoolExecutor(max_workers=min(32, len(ups) + len(tps))) as pool:
+        closed = list(pool.map(lib.bpf_close_perf_event_fd, [fd for _, fd in ups + tps]))
+    for (ev, _fd), res in zip(ups, closed[:len(ups)], strict=True):
+        if res >= 0:
+            lib.bpf_detach_uprobe(ev)  # the tracefs event, if libbcc made one (not with the uprobe PMU)
+            bpf._del_uprobe_fd(ev)
+    for (tp, _fd), res in zip(tps, closed[len(ups):], strict=True):
+        if res >= 0:
+            cat, name = tp.split(b":")
+            lib.bpf_detach_tracepoint(cat, name)
+            del bpf.tracepoint_fds[tp]
+
+
 class Probes:
     """The BPF program for one target process."""
 
@@ -133,14 +234,18 @@ class Probes:
                 rss_offsets()
             except (OSError, LookupError):
                 self.rss_tracepoint = True  # this kernel's BTF does not say where the counter is
+        self.timings: dict[str, float] = {}  # start-up phases: name -> seconds (Recorder --verbose)
+        t = time.perf_counter()
         bcc = _import_bcc()
+        self.timings["import bcc"] = time.perf_counter() - t
         self._bcc = bcc
         self._lib = _Libbcc()
-        base = [f"-I{L.PROBES_DIR}", f"-DAS_TGID={pid}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}", "-Wno-macro-redefined"]
+        self.bpf_cache = ""  # how the programs were obtained: hit, miss (compiled, cached), off, uncached
         try:
-            self.bpf = bcc.BPF(text=bpf_text(), cflags=base + probe_cflags(self.options, launched, self.unwind,
-                                                                            self.rss_tracepoint, multi_source))
+            self.bpf = self._compile(launched, self.unwind, multi_source)
+            t = time.perf_counter()
             self._load_allocator_programs()
+            self.timings["load (verifier)"] = time.perf_counter() - t
         except Exception as e:  # noqa: BLE001 (BCC raises bare Exception for compile/load failures)
             if self.unwind != "dwarf":
                 raise PermissionProblem(f"cannot load the BPF program: {e}; run 'allocscope doctor'") from None
@@ -148,8 +253,8 @@ class Probes:
             self.unwind_error = str(e).splitlines()[0] if str(e) else "BPF load failed"
             self.unwind = "fp"
             try:
-                self.bpf = bcc.BPF(text=bpf_text(), cflags=base + probe_cflags(self.options, launched, "fp",
-                                                                                self.rss_tracepoint, multi_source))
+                self._close_bpf()
+                self.bpf = self._compile(launched, "fp", multi_source)
                 self._load_allocator_programs()
             except Exception as e2:  # noqa: BLE001
                 raise PermissionProblem(f"cannot load the BPF program: {e2}; run 'allocscope doctor'") from None
@@ -161,6 +266,82 @@ class Probes:
         self._events_cb = None
         self._fault_fds: dict[int, int] = {}  # tid -> perf event fd (residency mode)
         self._addressed: list[tuple] = []  # (path, file offset, map, value): written once mapped
+
+    def _compile(self, launched: bool, unwind: str, multi_source: bool):
+        """The BCC module of probes/allocscope.c for this recording, its programs from the cache of
+        compiled programs when it has them (tracer/bpfcache.py), else compiled by clang (and
+        cached). Either way the maps are created here and the tracepoint programs attached."""
+        bcc = self._bcc
+        text = bpf_text()
+        flags = probe_cflags(self.options, launched, unwind, self.rss_tracepoint, multi_source)
+
+        def cflags(tgid: int) -> list[str]:
+            return [f"-I{L.PROBES_DIR}", f"-DAS_TGID={tgid}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}",
+                    "-Wno-macro-redefined", *flags]
+
+        t = time.perf_counter()
+        if not bpfcache.enabled():
+            self.bpf_cache = "off"
+            bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
+            self.timings["compile (BCC, clang)"] = time.perf_counter() - t
+            return bpf
+        key = bpfcache.cache_key(text, cflags(bpfcache.TGID_SENTINEL), _bcc_version(bcc))
+        entry = bpfcache.load(key)
+        if entry is None:
+            entry = self._compile_entry(text, cflags(bpfcache.TGID_SENTINEL))
+            self.timings["compile (BCC, clang)"] = time.perf_counter() - t
+            t = time.perf_counter()
+            if entry is None:
+                self.bpf_cache = "uncached"
+                bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
+                self.timings["compile again (not cacheable)"] = time.perf_counter() - t
+                return bpf
+            self.bpf_cache = "miss"
+        else:
+            self.bpf_cache = "hit"
+        try:
+            bpf = _cached_bpf(bcc, entry, self.pid, bpfcache.maps_only(text), cflags(self.pid),
+                              self._programs_needed(unwind))
+        except Exception:  # noqa: BLE001 (BCC's bare Exception): compiled as without the cache
+            bpf = None
+        if bpf is None or bpfcache.table_signature(bpf.module) != entry["tables"]:
+            if bpf is not None:
+                bpf.cleanup()  # the maps-only source declares other maps: never trust the entry
+            self.bpf_cache = "uncached"
+            bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
+            self.timings["compile (tables differ from the cache's)"] = time.perf_counter() - t
+            return bpf
+        if self.bpf_cache == "miss":
+            bpfcache.save(key, entry)
+        self.timings[f"maps + tracepoints (cache {self.bpf_cache})"] = time.perf_counter() - t
+        return bpf
+
+    def _compile_entry(self, text: bytes, cflags: list[str]) -> dict | None:
+        """Compile with the sentinel pid, without loading anything, and take the cache entry."""
+        bcc = self._bcc
+
+        class Compiled(bcc.BPF):
+            def _trace_autoload(self) -> None:
+                pass  # nothing is loaded from this module: its pid is the sentinel
+
+        mod = Compiled(text=text, cflags=cflags)
+        try:
+            return bpfcache.extract(mod.module)
+        finally:
+            mod.cleanup()
+
+    def _close_bpf(self) -> None:
+        bpf, self.bpf = getattr(self, "bpf", None), None
+        if bpf is not None:
+            bpf.cleanup()
+
+    def _programs_needed(self, unwind: str) -> list[tuple[bytes, int]]:
+        """(program, type) that _load_allocator_programs loads, to verify them in parallel."""
+        if self.options.mode == "residency":
+            names = [b"fault_sample"] + ([b"fault_unwind", b"fault_keep"] if unwind == "dwarf" else [])
+            return [(n, self._bcc.BPF.PERF_EVENT) for n in names]
+        names = [b"alloc_return"] + ([b"alloc_unwind", b"alloc_keep"] if unwind == "dwarf" else [])
+        return [(n, self._bcc.BPF.KPROBE) for n in names]
 
     def _load_allocator_programs(self) -> None:
         """Verify the allocator programs now (the verifier is what may refuse the DWARF unwinder)
@@ -394,6 +575,7 @@ class Probes:
         self._fault_fds = {}
         bpf, self.bpf = getattr(self, "bpf", None), None
         if bpf is not None:
+            _detach_all(self._bcc, bpf)
             bpf.cleanup()
 
     # --- events ---------------------------------------------------------------------------

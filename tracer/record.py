@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -127,6 +129,8 @@ class Recorder:
         self.final_snapshot_s = 0.0
         self.target_exit: int | None = None
         self.bpf_stats: dict = {}
+        self.phases: list[tuple[str, float]] = []  # start-up: (phase, seconds), in order (--verbose prints them)
+        self._phase_t0 = self._phase_t = time.perf_counter()
 
     # --- events (called from the ring buffer poll) --------------------------------------------
 
@@ -397,13 +401,27 @@ class Recorder:
             self.writer = TraceWriter(self.opts.output)
         self.writer.write_meta(self._meta(False))
 
-    def run(self) -> Summary:
-        # pyarrow imports pandas when it builds its first table (~0.6 s of CPU): import it now,
-        # before the probes attach, not inside the first interval of the recording.
-        import pandas  # noqa: F401, PLC0415
+    def _phase(self, name: str) -> None:
+        """End the start-up phase running now (`name`: what it was); --verbose prints it."""
+        now = time.perf_counter()
+        self.phases.append((name, now - self._phase_t))
+        self._phase_t = now
+        if self.opts.verbose:
+            ms = process_age_ms() if name == "live" else 1000 * self.phases[-1][1]
+            self.progress(f"start-up: {name} {ms:.0f} ms" + (" since the process started" if name == "live" else ""))
 
+    def run(self) -> Summary:
+        self._phase_t0 = self._phase_t = time.perf_counter()
+        if self.opts.verbose:
+            self.progress(f"start-up: before the recorder (interpreter, CLI, target) {process_age_ms():.0f} ms")
+        # pyarrow imports pandas when it builds its first table (~0.3-0.6 s of CPU): import it
+        # before the probes attach, not inside the first interval of the recording — in a thread,
+        # while BCC builds the probes (libbcc runs without the GIL), joined before the attach.
+        pandas = threading.Thread(target=_import_pandas, name="import pandas", daemon=True)
+        pandas.start()
         from .probe import Probes  # noqa: PLC0415 (imports bcc)
 
+        self._phase("import tracer.probe")
         t = self.target
         launched = t.child is not None
         maps = launch_maps(t) if launched else procfs.read_maps(t.pid)
@@ -426,12 +444,21 @@ class Recorder:
             self.maps.seed(maps)
             heap = next((m for m in maps if m.path == "[heap]"), None)
             brk = heap.end if heap else None
+        self._phase("maps, allocators, symbol scans")
         self._check_stop("starting")
         self.probes = Probes(t.pid, self.opts, launched=launched, multi_source=self.multi_source)  # compiles
+        for name, secs in self.probes.timings.items():
+            self.phases.append((name, secs))
+            if self.opts.verbose:
+                self.progress(f"start-up: {name} {1000 * secs:.0f} ms")
+        self._phase_t = time.perf_counter()
         try:
             self._check_stop("compiling the probes")
             self.probes.open_events(self.on_event)
             self.unwinder = start_unwinder(self.probes, maps, launched, self.progress)
+            self._phase("unwind tables")
+            pandas.join()
+            self._phase("import pandas (the rest, in a thread since the start)")
             if launched and self.unwinder is not None:
                 t.child.on_exec = self.maps.now  # exe and ld.so are mapped: their unwind tables
                 t.child.on_hold = lambda: (self.probes.drain_events(), self.maps.now())
@@ -440,6 +467,8 @@ class Recorder:
             self._check_stop("loading the unwind tables")
             self.attach_report = self.probes.attach(self.plans, custom, sources, maps)
             self._attach_cuda(maps)
+            self._phase("attach")
+            self._phase("live")
             self._check_stop("attaching the probes")
             # Returns seen while probes were being attached belong to calls that began before
             # the attach: like pre-attach allocations, they are not losses.
@@ -492,6 +521,20 @@ class Recorder:
                 next_snap += interval_ns
                 if next_snap < now:  # the snapshot took longer than an interval
                     next_snap = now + interval_ns
+
+
+def _import_pandas() -> None:
+    import pandas  # noqa: F401, PLC0415
+
+
+def process_age_ms() -> float:
+    """How long this process has run (its start time in /proc: 10 ms resolution)."""
+    try:
+        start = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        up = float(Path("/proc/uptime").read_text().split()[0])
+        return 1000 * (up - start / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def validate(opts: RecordOptions, output: bool = True) -> None:

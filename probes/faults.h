@@ -1,0 +1,108 @@
+/* allocscope BPF program, faults.h: residency mode: sampled first touches (page-fault perf events).
+ *
+ * Part of probes/allocscope.c: included there, in order, and inlined into it by
+ * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+
+/* --- residency mode: sampled first touches ---------------------------------------------------
+ * With AS_FAULTS (allocscope record --mode residency) no allocator probe is attached: memory is
+ * seen where the kernel hands it out — the mmap family above, and user page faults here. The
+ * tracer opens a software perf event (page faults) on every thread of the target with a sample
+ * period of AS_FAULT_SAMPLE, inherited by threads created later: the kernel only counts faults,
+ * and this program runs on one in AS_FAULT_SAMPLE, which stands for AS_FAULT_SAMPLE pages charged
+ * to the faulting stack and thread in `fault_sites` (alloc_bytes / alloc_count; nothing is ever
+ * freed here). Stacks go through the per-thread stack cache: a loop touching the pages of a
+ * buffer faults at the same few (ip, sp) and is unwound once. */
+#ifdef AS_FAULTS
+#include <uapi/linux/bpf_perf_event.h>
+#ifndef AS_FAULT_SAMPLE
+#error "AS_FAULT_SAMPLE: set by the tracer (tracer/probe.py, probe_cflags)"
+#endif
+BPF_F_TABLE("hash", struct as_site_key, struct as_site, fault_sites, AS_MAX_SITES, BPF_F_NO_PREALLOC);
+
+static __always_inline void fault_charge(u64 sid)
+{
+    struct as_site_key k = {.stack_id = sid, .tid = current_tid(), .source = AS_SRC_FAULT};
+    struct as_site *s = fault_sites.lookup(&k);
+    if (!s) {
+        struct as_site z = {};
+        fault_sites.insert(&k, &z);
+        s = fault_sites.lookup(&k);
+        if (!s) {
+            count(AS_LOST_SITE_FULL, 1);
+            return;
+        }
+    }
+    __sync_fetch_and_add(&s->alloc_bytes, AS_FAULT_SAMPLE * AS_PAGE_SIZE);
+    __sync_fetch_and_add(&s->alloc_count, AS_FAULT_SAMPLE);
+    s->peak_live_bytes = s->alloc_bytes;
+}
+
+/* The user registers of the faulting thread: those of the fault itself, or of the syscall
+ * whose kernel code touched user memory. */
+static __always_inline void fault_regs(u64 *ip, u64 *sp, u64 *bp)
+{
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    bpf_probe_read_kernel(ip, sizeof(*ip), &regs->ip);
+    bpf_probe_read_kernel(sp, sizeof(*sp), &regs->sp);
+    bpf_probe_read_kernel(bp, sizeof(*bp), &regs->bp);
+}
+
+#if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
+BPF_PROG_ARRAY(ftails, 2); /* 0: fault_unwind, 1: fault_keep (perf-event programs) */
+
+int fault_sample(struct bpf_perf_event_data *ctx)
+{
+    if (!is_target())
+        return 0;
+    count(AS_CNT_FAULT_SAMPLES, 1);
+    u64 ip = 0, sp = 0, bp = 0;
+    fault_regs(&ip, &sp, &bp);
+    u64 sid = scache_lookup(ip, sp, bp);
+    if (sid) {
+        fault_charge(sid);
+        return 0;
+    }
+    ftails.call(ctx, 0);
+    fault_charge(0); /* cannot happen once `ftails` is filled: counted as a lost stack */
+    count(AS_LOST_STACK_ERR, 1);
+    return 0;
+}
+
+int fault_unwind(struct bpf_perf_event_data *ctx)
+{
+    u32 zero = 0;
+    struct as_pending *p = pending.lookup(&zero);
+    if (!p)
+        return 0;
+    u64 ip = 0, sp = 0, bp = 0;
+    fault_regs(&ip, &sp, &bp);
+    p->sid = unwind_store(ip, sp, bp, 1);
+    ftails.call(ctx, 1);
+    fault_charge(p->sid);
+    return 0;
+}
+
+int fault_keep(struct bpf_perf_event_data *ctx)
+{
+    u32 zero = 0;
+    struct as_pending *p = pending.lookup(&zero);
+    if (!p)
+        return 0;
+    u64 ip = 0, sp = 0, bp = 0;
+    fault_regs(&ip, &sp, &bp);
+    scache_fill(ip, sp, bp, p->sid);
+    fault_charge(p->sid);
+    return 0;
+}
+#else
+int fault_sample(struct bpf_perf_event_data *ctx)
+{
+    if (!is_target())
+        return 0;
+    count(AS_CNT_FAULT_SAMPLES, 1);
+    fault_charge(capture_syscall_stack(ctx));
+    return 0;
+}
+#endif
+#endif

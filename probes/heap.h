@@ -1,0 +1,343 @@
+/* allocscope BPF program, heap.h: the heap API: entry/return pairing (per-thread call state), the return
+ * program that records an allocation, the entry probes named after the symbols.
+ *
+ * Part of probes/allocscope.c: included there, in order, and inlined into it by
+ * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+
+/* --- entry/return pairing -------------------------------------------------
+ * One entry state per thread. An allocator entry deeper on the same stack
+ * (sp lower) is a nested call; one at the same sp is a tail jump (glibc's
+ * realloc(NULL, n) jumps to malloc, reallocarray to realloc); both are
+ * counted once, by the outermost call. A return must come back at entry
+ * sp + 8; anything else is reported as unmatched, never guessed. */
+
+#ifdef AS_MULTI_SOURCE
+/* The probed address of an entry probe -> the source of the allocator it belongs to (the heap of
+ * a further allocator, heap:KIND[:PREFIX]); filled by the tracer as modules are mapped. An entry
+ * it does not know (yet) is the main heap's. */
+BPF_HASH(probe_src, u64, u32, 4096);
+
+static __always_inline u32 entry_source(struct pt_regs *ctx)
+{
+    u64 ip = PT_REGS_IP(ctx); /* the probed instruction, set back by the kernel for handlers */
+    u32 *s = probe_src.lookup(&ip);
+    return s ? *s : AS_SRC_HEAP;
+}
+#else
+#define entry_source(ctx) AS_SRC_HEAP
+#endif
+
+static __always_inline int enter_state(struct pt_regs *ctx, struct as_inflight *cur, u32 api, u64 size,
+                                       u64 arg, u64 arg2, u32 src)
+{
+    u64 sp = PT_REGS_SP(ctx);
+    if (!cur) {
+        count(AS_LOST_INFLIGHT_FULL, 1);
+        return 0;
+    }
+    if (cur->sp) {
+        if (sp < cur->sp) {
+            cur->nest++;
+            count(AS_CNT_NESTED, 1);
+            return 0;
+        }
+        if (sp == cur->sp) {
+            cur->tail++;
+            count(AS_CNT_NESTED, 1);
+            return 0;
+        }
+        count(AS_LOST_STALE_ENTRY, 1);
+    }
+    cur->sp = sp;
+    cur->size = size;
+    cur->arg = arg;
+    cur->arg2 = arg2;
+    cur->ts_ns = api == AS_API_MALLOC_TRIM ? bpf_ktime_get_ns() : 0; /* allocations: return time */
+    cur->api = api;
+    cur->nest = 0;
+    cur->tail = 0;
+    cur->source = src;
+    return 0;
+}
+
+static __always_inline int enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg)
+{
+    if (!is_target())
+        return 0;
+    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, 0, entry_source(ctx));
+}
+
+static __always_inline int cu_enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg, u64 arg2)
+{
+    if (!is_target())
+        return 0;
+    return enter_state(ctx, cu_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, arg2, api_source(api));
+}
+
+/* The return matching the outermost open call of `cur`: 1 when this is it (the call state is
+ * copied to `out` and closed), 0 for the return of a nested or tail-jumped call. */
+static __always_inline int leave_state(struct pt_regs *ctx, struct as_inflight *cur, struct as_inflight *out)
+{
+    if (!cur || !cur->sp) {
+        count(AS_LOST_UNMATCHED_RET, 1);
+        return 0;
+    }
+    u64 sp = PT_REGS_SP(ctx);
+    if (sp != cur->sp + 8) {
+        if (sp < cur->sp + 8 && cur->nest > 0) {
+            cur->nest--;
+            return 0;
+        }
+        /* Returned above the entry: the entry's own return was lost. */
+        count(AS_LOST_UNMATCHED_RET, 1);
+        cur->sp = 0;
+        return 0;
+    }
+    if (cur->tail > 0) {
+        cur->tail--; /* the tail-jumped-to function returns first, same sp */
+        return 0;
+    }
+    *out = *cur;
+    cur->sp = 0;
+    return 1;
+}
+
+static __always_inline void emit_trim(u32 tid, struct as_inflight *in, s64 ret, u64 now)
+{
+    struct as_event *e = events.ringbuf_reserve(sizeof(struct as_event));
+    if (!e) {
+        count(AS_LOST_RING_FULL, 1);
+        return;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->type = AS_EV_TRIM;
+    e->tid = tid;
+    e->ts_ns = in->ts_ns;
+    e->addr = in->arg;
+    e->len2 = now - in->ts_ns;
+    e->len = in->size;       /* anon RSS at entry */
+    e->addr2 = rss_anon();   /* anon RSS at return */
+    e->ret = ret;
+    e->in_api = AS_API_MALLOC_TRIM;
+    e->source = in->source;  /* whose purge call: malloc_trim, mallctl, MallocExtension_Release*, mi_collect */
+    bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    events.ringbuf_submit(e, 0);
+    count(AS_CNT_EVENTS, 1);
+}
+
+#if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
+/* Stack cache miss: alloc_return hands the allocation to alloc_unwind, which unwinds and hands
+ * it to alloc_keep (tail calls, on the same CPU, state in `pending`): the verifier then sees the
+ * cache check, the unwinder and the accounting as three programs, not their product. */
+struct as_pending {
+    u64 addr, size, ts, sid;
+    u32 tid, api, src, pad;
+};
+BPF_PERCPU_ARRAY(pending, struct as_pending, 1);
+BPF_PROG_ARRAY(tails, 2); /* 0: alloc_unwind, 1: alloc_keep (set by the tracer before attaching) */
+
+static __always_inline void tail_failed(struct as_pending *p)
+{
+    count(AS_LOST_LIVE_FULL, 1); /* cannot happen once `tails` is filled; never silent */
+    count(AS_LOST_LIVE_FULL_BYTES, p->size);
+}
+
+int alloc_unwind(struct pt_regs *ctx)
+{
+    u32 zero = 0;
+    struct as_pending *p = pending.lookup(&zero);
+    if (!p)
+        return 0;
+    u64 ip = PT_REGS_IP(ctx), sp = PT_REGS_SP(ctx), bp = PT_REGS_FP(ctx);
+    p->sid = unwind_store(ip, sp, bp, 0);
+    tails.call(ctx, 1);
+    tail_failed(p);
+    return 0;
+}
+
+int alloc_keep(struct pt_regs *ctx)
+{
+    u32 zero = 0;
+    struct as_pending *p = pending.lookup(&zero);
+    if (!p)
+        return 0;
+    scache_fill(PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx), p->sid);
+    record_alloc(p->tid, p->addr, p->size, p->api, p->ts, p->sid, p->src);
+    return 0;
+}
+#endif
+
+/* The stack of an allocation seen in alloc_return, then keep it. */
+static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
+                                       u64 ts, u32 src)
+{
+#if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
+    u64 sid = scache_lookup(PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx));
+    if (!sid) {
+        u32 zero = 0;
+        struct as_pending *p = pending.lookup(&zero);
+        if (p) {
+            p->addr = addr;
+            p->size = size;
+            p->ts = ts;
+            p->tid = tid;
+            p->api = api;
+            p->src = src;
+            tails.call(ctx, 0);
+            tail_failed(p);
+        }
+        return;
+    }
+    record_alloc(tid, addr, size, api, ts, sid, src);
+#else
+    record_alloc(tid, addr, size, api, ts, capture_stack(ctx, 0, 0), src);
+#endif
+}
+
+/* The one return probe of every allocator function. */
+int alloc_return(struct pt_regs *ctx)
+{
+    if (!is_target())
+        return 0;
+    u32 tid = current_tid();
+    struct as_inflight in = {};
+    if (!leave_state(ctx, thread_state(0), &in))
+        return 0;
+
+    u64 ret = PT_REGS_RC(ctx);
+    u64 now = bpf_ktime_get_ns();
+    u64 addr = ret;
+
+    switch (in.api) {
+    case AS_API_MALLOC_TRIM:
+        emit_trim(tid, &in, (s64)(int)ret, now);
+        return 0;
+    case AS_API_POSIX_MEMALIGN:
+        if ((int)ret != 0) {
+            count(AS_CNT_FAILED, 1);
+            return 0;
+        }
+        addr = 0;
+        bpf_probe_read_user(&addr, sizeof(addr), (void *)in.arg);
+        break;
+    case AS_API_REALLOC:
+    case AS_API_REALLOCARRAY:
+        if (ret == 0) {
+            /* glibc: realloc(p, 0) frees p and returns NULL; otherwise p stays. */
+            if (in.size == 0 && in.arg != 0)
+                free_addr(tid, in.arg, now);
+            else
+                count(AS_CNT_FAILED, 1);
+            return 0;
+        }
+        if (in.arg != 0)
+            free_addr(tid, in.arg, now);
+        break;
+    default:
+        break;
+    }
+    if (addr == 0) {
+        count(AS_CNT_FAILED, 1);
+        return 0;
+    }
+#ifdef AS_SAMPLE_BYTES
+    /* Byte-weighted sampling: a block is kept with probability min(1, size/N) and then stands
+     * for max(size, N) bytes — an unbiased estimate of the bytes, decided here, so unsampled
+     * blocks cost no stack walk and no map update (their free is one failed lookup). */
+    u64 weight = in.size;
+    if (in.size < AS_SAMPLE_BYTES) {
+        if ((u64)bpf_get_prandom_u32() * AS_SAMPLE_BYTES >= (in.size << 32)) {
+            count(AS_CNT_UNSAMPLED, 1);
+            return 0;
+        }
+        weight = AS_SAMPLE_BYTES;
+    }
+    alloc_done(ctx, tid, addr, weight, in.api, now, in.source);
+#else
+    alloc_done(ctx, tid, addr, in.size, in.api, now, in.source);
+#endif
+    return 0;
+}
+
+/* --- entry probes (named after the symbol) ------------------------------- */
+
+/* a * b, or 0 when it overflows (the call then fails). Written without a
+ * division or 128-bit multiply, which BPF lacks. */
+static __always_inline u64 mul_size(u64 a, u64 b)
+{
+    u64 ah = a >> 32, bh = b >> 32;
+    if (ah == 0 && bh == 0)
+        return a * b;
+    if (ah != 0 && bh != 0)
+        return 0;
+    u64 hi = ah ? ah * b : bh * a;          /* the high half times the other */
+    u64 lo = ah ? (a & 0xffffffffULL) * b : (b & 0xffffffffULL) * a;
+    if (hi >> 32)
+        return 0;
+    u64 r = (hi << 32) + lo;
+    return r < lo ? 0 : r;
+}
+
+int malloc_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_MALLOC, PT_REGS_PARM1(ctx), 0);
+}
+
+int calloc_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_CALLOC, mul_size(PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx)), 0);
+}
+
+int realloc_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_REALLOC, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx));
+}
+
+int reallocarray_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_REALLOCARRAY, mul_size(PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx)),
+                 PT_REGS_PARM1(ctx));
+}
+
+int posix_memalign_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_POSIX_MEMALIGN, PT_REGS_PARM3(ctx), PT_REGS_PARM1(ctx));
+}
+
+int aligned_alloc_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_ALIGNED_ALLOC, PT_REGS_PARM2(ctx), 0);
+}
+
+int memalign_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_MEMALIGN, PT_REGS_PARM2(ctx), 0);
+}
+
+int valloc_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_VALLOC, PT_REGS_PARM1(ctx), 0);
+}
+
+int pvalloc_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_PVALLOC, PT_REGS_PARM1(ctx), 0);
+}
+
+int malloc_trim_enter(struct pt_regs *ctx)
+{
+    return enter(ctx, AS_API_MALLOC_TRIM, (u64)rss_anon(), PT_REGS_PARM1(ctx));
+}
+
+int free_enter(struct pt_regs *ctx)
+{
+    if (!is_target())
+        return 0;
+    u64 p = PT_REGS_PARM1(ctx);
+    if (p == 0) {
+        count(AS_CNT_FREE_NULL, 1);
+        return 0;
+    }
+    free_addr(current_tid(), p, bpf_ktime_get_ns());
+    return 0;
+}

@@ -1,0 +1,81 @@
+/* allocscope BPF program, stacks.h: capture_stack(), the one place a user stack is walked (frame pointers, or the
+ * DWARF unwinder of unwind_dwarf.h).
+ *
+ * Part of probes/allocscope.c: included there, in order, and inlined into it by
+ * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+
+/* --- stacks ------------------------------------------------------------ */
+
+/* Hash the stack and keep it in `stacks`. bpf_get_stack zero-fills the
+ * buffer past the frames it wrote, so hashing up to the first zero slot is
+ * the same as hashing `depth` frames, and keeps the loop simple enough for
+ * the verifier. */
+static __always_inline u64 store_stack(struct as_stack *st)
+{
+    u64 h = 0xcbf29ce484222325ULL ^ st->flags ^ (st->extra * 0x9e3779b97f4a7c15ULL);
+    for (u32 i = 0; i < AS_MAX_DEPTH; i++) {
+        u64 ip = st->ips[i];
+        if (ip == 0)
+            break;
+        h ^= ip;
+        h *= 0x100000001b3ULL;
+        h ^= h >> 29;
+    }
+    if (h == 0)
+        h = 1;
+    if (stacks.lookup(&h))
+        return h;
+    int err = stacks.insert(&h, st);
+    if (err != 0 && err != -EEXIST) {
+        count(AS_LOST_STACK_FULL, 1);
+        return 0;
+    }
+    return h;
+}
+
+#ifdef AS_UNWIND_DWARF
+#include "unwind_dwarf.h"
+#endif
+
+/* Frame-pointer walk of the user stack, starting at the probe's user pc.
+ * `extra` is kept beside the frames (syscalls: word at the user sp).
+ * AS_UNWIND_DWARF: return probes unwind with CFI rows from the caller's registers. */
+static __always_inline u64 capture_stack(void *ctx, u32 flags, u64 extra)
+{
+#ifdef AS_UNWIND_DWARF
+    if (!(flags & AS_STACK_SYSCALL)) {
+        struct pt_regs *regs = (struct pt_regs *)ctx;
+        return capture_dwarf(PT_REGS_IP(regs), PT_REGS_SP(regs), PT_REGS_FP(regs), 0);
+    }
+#endif
+    u32 zero = 0;
+    struct as_stack *st = scratch.lookup(&zero);
+    if (!st)
+        return 0;
+    long n = bpf_get_stack(ctx, st->ips, sizeof(st->ips), BPF_F_USER_STACK);
+    if (n <= 0) {
+        count(AS_LOST_STACK_ERR, 1);
+        return 0;
+    }
+    st->depth = (u32)(n / sizeof(u64));
+    st->flags = flags;
+    st->extra = extra;
+    return store_stack(st);
+}
+
+static __always_inline u64 capture_syscall_stack(void *ctx)
+{
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    u64 sp = 0, word = 0;
+    bpf_probe_read_kernel(&sp, sizeof(sp), &regs->sp);
+#ifdef AS_UNWIND_DWARF
+    u64 ip = 0, bp = 0; /* DWARF: the syscall wrapper's own row finds its caller */
+    bpf_probe_read_kernel(&ip, sizeof(ip), &regs->ip);
+    bpf_probe_read_kernel(&bp, sizeof(bp), &regs->bp);
+    return capture_dwarf(ip, sp, bp, 1);
+#endif
+    if (sp)
+        bpf_probe_read_user(&word, sizeof(word), (void *)sp);
+    return capture_stack(ctx, AS_STACK_SYSCALL, word);
+}
