@@ -96,8 +96,9 @@ def allocators_text(view: LiveView) -> str:
     the recording does not measure it."""
     if not view.allocators:
         return ""
+    shown = [a for a in sorted(view.allocators, key=lambda a: -a["resident"]) if a["resident"] or a["live"]]
     return "alloc " + "; ".join(f"{a['name']} {human_bytes(a['live'])} live / {human_bytes(a['retained'])} retained"
-                                for a in sorted(view.allocators, key=lambda a: -a["resident"]))
+                                for a in shown) if shown else ""
 
 
 # --- --batch ----------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def batch_block(view: LiveView, sort: str, top: int, clock: str) -> str:
             + f"  {losses_text(view)}" + ("  [final]" if view.final else ""))
     kept = allocators_text(view)
     ranked = view.ranked(sort)
-    out = [head, *([f"   {kept}"] if kept else []), f"   {len(ranked)} {NOUNS[view.by]} by {SORT_TITLES[sort]}"]
+    out = [head, f"   {len(ranked)} {NOUNS[view.by]} by {SORT_TITLES[sort]}"]
     if ranked:
         out.append(f"   {'LIVE':>10}  {'CHANGE':>10}  {'PEAK':>10}  {'GROWTH/s':>12}  {'VERDICT':<9}  {'AGE':>8}  "
                    f"{'ALLOC/s':>8}  {'THREAD':<15}  {COLUMN[view.by]}")
@@ -127,6 +128,8 @@ def batch_block(view: LiveView, sort: str, top: int, clock: str) -> str:
                    f"{human_bytes(s['peak_live_bytes']):>10}  {human_rate(s['growth_bytes_per_s']):>12}  "
                    f"{s['verdict']:<9}  {age_text(s['oldest_age_s'], False):>8}  {rate(s['allocs_per_s']):>8}  "
                    f"{fit(s['top_thread'], 15):<15}  {site_text(s['site'], BATCH_FRAMES)}")
+    if kept:
+        out.append(f"   {kept}")
     return "\n".join(out) + "\n"
 
 

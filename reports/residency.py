@@ -325,8 +325,13 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     # attach (not in the kernel's LRU): live heap too, taken out of the anonymous rest.
     outside = min(sum(max(0, a["live"] - a["resident"]) for a in allocs), max(0, anon - resident))
     held += outside
+    # Pages an allocator holds that the kernel counts elsewhere (a shared mapping in RssShmem:
+    # pinned host memory, say) must not make the parts outgrow RSS: live, then retained, are
+    # capped by the anonymous RSS, so the parts always sum to RSS.
+    held = min(held, max(0, anon))
+    retained = min(retained, max(0, anon - held))
     parts = {"live_heap_bytes": held, "retained_bytes": retained,
-             "other_anon_bytes": max(0, anon - resident - outside),
+             "other_anon_bytes": max(0, anon - held - retained),
              "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
     timeline = allocator_timeline(trace)
     for a in allocs:

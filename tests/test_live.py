@@ -406,7 +406,7 @@ def test_allocators_line_in_the_header_and_batch_block():
     model.update(snap)
     view = model.view()
     want = "alloc jemalloc:_rjem_ 48.0 MiB live / 32.0 MiB retained; glibc 1.0 MiB live / 1.0 MiB retained"
-    assert batch_block(view, "live", 2, "12:00:01").splitlines()[1] == "   " + want
+    assert batch_block(view, "live", 2, "12:00:01").splitlines()[-1] == "   " + want
     text = screen_text(screen_lines(view, ScreenState(target="pid 1 (t)"), 120, 30))
     assert want in text.splitlines()[3]
     model.update(feed.step(2.0, {}))  # a snapshot without allocator figures keeps the last ones
