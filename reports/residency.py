@@ -140,6 +140,19 @@ def shared_split(trace: Trace, shmem_bytes: int, file_bytes: int, by_source: dic
             "shmem_sources": shm, "file_device_bytes": file_dev,
             "file_regular_bytes": max(0, file_bytes - file_dev), "file_device_sources": dev}
 
+def _end_rss(trace: Trace, by_source: dict[str, int] | None) -> tuple[pd.Series, dict] | None:
+    """The last interval row with the target's RSS read (None when none has one) and the split
+    of its shared memory and file pages (`shared_split`)."""
+    iv = trace.intervals
+    if "rss_anon_bytes" not in iv:
+        return None
+    alive = iv[iv["rss_bytes"] >= 0]
+    if alive.empty:
+        return None
+    last = alive.iloc[-1]
+    return last, shared_split(trace, int(last["rss_shmem_bytes"]), int(last["rss_file_bytes"]), by_source)
+
+
 def _rss_decomposition_v2(trace: Trace, arenas: pd.DataFrame,
                           by_source: dict[str, int] | None = None) -> dict | None:
     """RSS at the end split as: live heap (held by the program, resident) + retained by the
@@ -150,14 +163,10 @@ def _rss_decomposition_v2(trace: Trace, arenas: pd.DataFrame,
     pinned sites' share of RssShmem, the device-file share of RssFile). GPU memory is never in
     RSS and never here. None when the trace has no end-of-run residency. `by_source`:
     live_by_source(trace), when at hand."""
-    iv = trace.intervals
-    if "rss_anon_bytes" not in iv:
+    end = _end_rss(trace, by_source)
+    if end is None:
         return None
-    alive = iv[iv["rss_bytes"] >= 0]
-    if alive.empty:
-        return None
-    last = alive.iloc[-1]
-    split = shared_split(trace, int(last["rss_shmem_bytes"]), int(last["rss_file_bytes"]), by_source)
+    last, split = end
     if arenas.empty or arenas["resident_bytes"].isna().all():
         # Not glibc (jemalloc, tcmalloc...): its retention cannot be told apart from other
         # anonymous memory; the live heap is what the program holds.
@@ -309,14 +318,10 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     allocs = allocator_split(trace, arenas)
     if allocs is None:
         return _rss_decomposition_v2(trace, arenas, by_source)
-    iv = trace.intervals
-    if "rss_anon_bytes" not in iv:
+    end = _end_rss(trace, by_source)
+    if end is None:
         return None
-    alive = iv[iv["rss_bytes"] >= 0]
-    if alive.empty:
-        return None
-    last = alive.iloc[-1]
-    split = shared_split(trace, int(last["rss_shmem_bytes"]), int(last["rss_file_bytes"]), by_source)
+    last, split = end
     resident = sum(a["resident"] for a in allocs)
     held = sum(min(a["live"], a["resident"]) for a in allocs)
     retained = sum(a["retained"] for a in allocs)
