@@ -3,11 +3,12 @@ each allocator's advice names."""
 from __future__ import annotations
 
 from reports.residency import allocator_advice, conf_env
-from tracer.retention import intersect_ranges, keep_purge, merge_spans, purge_function, subtract_ranges
+from tracer.arenas import merge_ranges
+from tracer.retention import intersect_ranges, keep_purge, purge_function, subtract_ranges
 
 
 def test_ranges():
-    assert merge_spans([(5, 10), (0, 6), (20, 30), (30, 31)]) == [(0, 10), (20, 31)]
+    assert merge_ranges([(5, 10), (0, 6), (20, 30), (30, 31)]) == [(0, 10), (20, 31)]
     assert subtract_ranges([(0, 100), (200, 300)], [(10, 20), (50, 60), (90, 210)]) == [(0, 10), (20, 50), (60, 90),
                                                                                  (210, 300)]
     assert subtract_ranges([(0, 100)], []) == [(0, 100)]

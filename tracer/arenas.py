@@ -151,7 +151,8 @@ class Pagemap:
                 for lo, hi in ranges]
 
 
-def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def merge_ranges(ranges) -> list[tuple[int, int]]:
+    """(lo, hi) ranges (any iterable) sorted, with overlapping and touching ones merged."""
     out: list[tuple[int, int]] = []
     for lo, hi in sorted(ranges):
         if out and lo <= out[-1][1]:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from . import procfs
-from .arenas import Heap, find_heaps, resident_meter
+from .arenas import Heap, find_heaps, merge_ranges, resident_meter
 
 
 @dataclass
@@ -58,16 +58,6 @@ def subtract_ranges(ranges: list[tuple[int, int]], cuts: list[tuple[int, int]]) 
             k += 1
         if cur < hi:
             out.append((cur, hi))
-    return out
-
-
-def merge_spans(ranges) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
     return out
 
 
@@ -125,8 +115,8 @@ class AllocatorMeter:
         t0 = time.perf_counter()
         maps = procfs.read_maps(self.pid) if maps is None else maps
         self.known.update(untracked)
-        anon = merge_spans((m.start, m.end) for m in maps if _anon(m))
-        mapped = merge_spans((m.start, m.end) for m in maps)
+        anon = merge_ranges((m.start, m.end) for m in maps if _anon(m))
+        mapped = merge_ranges((m.start, m.end) for m in maps)
         # forget ranges no longer mapped at all (their munmap came while the LRU had dropped them)
         starts = [lo for lo, _hi in mapped]
         keep = {}
@@ -142,13 +132,13 @@ class AllocatorMeter:
         brk_owner = glibc
         if other is not None and other.kind == "tcmalloc" and other.serves_malloc:
             brk_owner = other
-        cuts = merge_spans([(h.start, h.reserved_end) for h in heaps] + list(regions))
+        cuts = merge_ranges([(h.start, h.reserved_end) for h in heaps] + list(regions))
         per: dict[str, list[tuple[int, int]]] = {o.source: [] for o in self.owners}
         for h in heaps:
             owner = brk_owner if h.kind == "main" else glibc
             if owner is not None:
                 per[owner.source].append((h.start, h.end))
-        ranges = subtract_ranges(intersect_ranges(merge_spans(self.known.items()), anon), cuts)
+        ranges = subtract_ranges(intersect_ranges(merge_ranges(self.known.items()), anon), cuts)
         if ranges:
             fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY) if glibc is not None and other is not None else -1
             try:
@@ -164,7 +154,7 @@ class AllocatorMeter:
         rows = []
         with resident_meter(self.pid, self.budget) as pm:
             for o in self.owners:
-                rs = merge_spans(per[o.source])
+                rs = merge_ranges(per[o.source])
                 res = sum(pm.resident_many(rs)) if rs else 0
                 rows.append((o.source, o.label, sum(hi - lo for lo, hi in rs), res,
                              int(live_by_source.get(o.source, 0)), len(rs)))
