@@ -206,7 +206,7 @@ def record_run(procs, tracers, out, argv: list, done: str = "done", interval: st
     tgt = procs(*argv)
     tgt.expect("ready")
     tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", interval, *record_args)
-    wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
+    wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
     assert tr.poll() is None, tr.stderr.read()
     tgt.signal(signal.SIGUSR1)
     tgt.expect(done)

@@ -111,7 +111,7 @@ def test_preloaded_allocator_exact(targets, tmp_path, tracers, name):
         tgt.expect("ready")
         out = tmp_path / f"{name}.allocscope"
         tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
-        wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
+        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
         assert tr.poll() is None, tr.stderr.read()
         tgt.signal(signal.SIGUSR1)
         tgt.expect("done")

@@ -96,7 +96,7 @@ def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers):
         _await(out_lines, "ready")
         out = tmp_path / "cuda.allocscope"
         tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
-        wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
+        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
         assert tr.poll() is None, tr.stderr.read()
         err_lines = _lines(tr.stderr)
         tgt.send_signal(signal.SIGUSR1)

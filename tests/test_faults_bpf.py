@@ -81,7 +81,7 @@ def start():
 def record_bg(tracers, pid: int, out: Path, *extra) -> subprocess.Popen:
     """Start `allocscope record --pid` and wait until its probes are attached."""
     tr = tracers("record", "--pid", pid, "-o", out, "--interval", "0.5", *extra)
-    wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
+    wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
     assert tr.poll() is None, tr.stderr.read()
     return tr
 
@@ -298,7 +298,7 @@ def test_tracer_sigkilled_at_random_moments(bins, tmp_path, start, tracers):
         if phase == "starting":
             time.sleep(rng.uniform(0.3, 3.5))
         else:
-            wait_for(lambda out=out: attached(out), what="attach")
+            wait_for(lambda out=out: attached(out), timeout=120, what="attach")
             if phase == "recording":
                 time.sleep(rng.uniform(0.0, 1.5))
             else:
@@ -346,7 +346,7 @@ def test_disk_full_stops_cleanly_and_keeps_what_was_written(bins, small_fs, star
     tgt = start(bins["faults"])
     out = small_fs / "full.allocscope"
     tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.05")
-    wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
+    wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
     tgt.do("hold 20 1000")
     rc = tr.wait(120)  # ~12 KB per interval: full in a second or two
     so, se = tr.stdout.read(), tr.stderr.read()
@@ -403,7 +403,7 @@ def limits(bins, tmp_path_factory) -> dict:
     tgt = Target([bins["faults"]])
     tr = _record_api(tgt.pid, out, max_live=1024, max_stacks=16)
     try:
-        wait_for(lambda: attached(out) or tr.poll() is not None, what="attach")
+        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="attach")
         assert tr.poll() is None, tr.stderr.read()
         tgt.do("hold 5000 64")
         wait_intervals(out, 1)
@@ -476,7 +476,7 @@ def test_tracer_memory_flat_on_busy_target(bins, tmp_path, tracers):
         busy.send_signal(signal.SIGSTOP)  # the tracer compiles and attaches on a quiet machine
         out = tmp_path / "busy.allocscope"
         tr = tracers("record", "--pid", busy.pid, "-o", out, "--interval", "0.2")
-        wait_for(lambda: attached(out) or tr.poll() is not None, what="attach")
+        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="attach")
         busy.send_signal(signal.SIGCONT)
         wait_intervals(out, 1)
         samples = []
@@ -604,7 +604,7 @@ def everyday(bins, tmp_path_factory) -> dict:
     tgt = Target([bins["faults"], f"--token={SECRET}"], env={**os.environ, "DB_PASSWORD": "env-" + SECRET})
     tr = cli_bg("record", "--pid", str(tgt.pid), "-o", str(out), "--interval", "0.5")
     try:
-        wait_for(lambda: attached(out) or tr.poll() is not None, what="attach")
+        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="attach")
         assert tr.poll() is None, tr.stderr.read()
         tgt.do("fork")
         tgt.do("threads 3000", timeout=120)

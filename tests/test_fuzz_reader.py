@@ -72,7 +72,7 @@ def recorded_trace(tmp_path_factory) -> Path:
                            "--interval", "0.3", "-q"], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert tgt.stdout.readline().startswith("ready")
-        wait_for(lambda: attached(out) or tr.poll() is not None, what="attach")
+        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="attach")
         for cmd in ("hold 50 100", "threads 20", "mmapsig 3", "free", "leak 5 999", "stacks 5"):
             tgt.stdin.write(cmd + "\n")
             tgt.stdin.flush()

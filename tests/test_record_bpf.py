@@ -113,7 +113,7 @@ def _record_pid(targets, tmp_path, procs, tracers, how: str):
     out = tmp_path / f"{how}.allocscope"
     sel = ["--pid", str(tgt.pid)] if how == "pid" else ["--pgrep", f"apis .*--tag={tmp_path.name}"]
     tr = tracers("record", *sel, "-o", out, "--interval", "0.5", "--label", "mode=" + how)
-    wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
+    wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
     assert tr.poll() is None, tr.stderr.read()
     tgt.signal(signal.SIGUSR1)
     tgt.expect("done")
@@ -204,7 +204,7 @@ def test_second_tracer_attaches_beside_ours(targets, tmp_path, procs, tracers):
     first = _raw_uprobe_counter(tgt.pid)  # the other tool first ...
     out = tmp_path / "coexist.allocscope"
     tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
-    wait_for(lambda: attached(out) or tr.poll() is not None, what="attach beside another tracer")
+    wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="attach beside another tracer")
     assert tr.poll() is None, tr.stderr.read()
     second = _raw_uprobe_counter(tgt.pid)  # ... and another one after ours
     time.sleep(0.5)
@@ -227,7 +227,7 @@ def test_attach_while_threads_allocate(targets, tmp_path, procs, tracers):
     time.sleep(0.3)
     out = tmp_path / "busy.allocscope"
     tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
-    wait_for(lambda: attached(out) or tr.poll() is not None, what="attach")
+    wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="attach")
     time.sleep(1.0)
     tgt.signal(signal.SIGUSR1)
     tgt.expect("leaked")

@@ -44,7 +44,7 @@ def test_thread_arenas_found_and_measured(targets, procs, tracers, tmp_path):
     tgt.expect("ready")
     out = tmp_path / "arenas.allocscope"
     tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
-    wait_for(lambda: attached(out) or tr.poll() is not None, what="attach")
+    wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="attach")
     assert tr.poll() is None, tr.stderr.read()
     tgt.signal(signal.SIGUSR1)
     own = {}

@@ -56,7 +56,7 @@ def _record(retain: Path, tmp_path: Path, tracers, name: str) -> tuple[Path, dic
         tgt.expect("ready")
         out = tmp_path / f"{name}.allocscope"
         tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
-        wait_for(lambda: attached(out) or tr.poll() is not None, what="probes attached")
+        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
         assert tr.poll() is None, tr.stderr.read()
         tgt.signal(signal.SIGUSR1)
         freed = _truth(tgt.expect("truth "))
