@@ -89,6 +89,12 @@ def probe_options(f=None, *, interval: float = DEFAULTS.interval):
                           "jemalloc/tcmalloc heap profiles); reports show estimates with error bars. 0: off."),
         click.option("--fault-sample", type=click.IntRange(min=1), default=DEFAULTS.fault_sample,
                      show_default=True, metavar="N", help="Residency mode: sample one user page fault in N."),
+        click.option("--wait-min", "wait_min_ms", type=click.FloatRange(min=0), default=DEFAULTS.wait_min_ms,
+                     show_default=True, metavar="MS",
+                     help="Off-CPU waits of the target's threads (sched_switch) at least this many ms long "
+                          "are kept by user stack and thread, so reports can show who holds memory while "
+                          "blocked (\"Held while waiting\"); shorter ones are only counted. 0: waits are "
+                          "not traced."),
         click.option("--alloc-fn", "alloc_fns", multiple=True, metavar="SPEC",
                      help="Also probe your own allocation function (a pool, a slab cache). SPEC is "
                           "SYMBOL[@MODULE]:size=argN (returns the pointer, like malloc), "

@@ -204,6 +204,7 @@ static atomic_int live;          /* partitions allocated and not yet freed */
 static atomic_int peak_live;
 static atomic_int synthesizing;  /* workers inside synthesize_partition */
 static atomic_int waiting;       /* finished partitions not yet in the slot */
+static atomic_int peak_waiting;  /* the most there ever were */
 static atomic_int at_gpu;
 static atomic_int synthesized;
 static atomic_int proved;
@@ -498,7 +499,10 @@ static void *partition_worker(void *arg)
         struct partition *p = synthesize_partition(job);
         atomic_fetch_sub(&synthesizing, 1);
         atomic_fetch_add(&synthesized, 1);
-        atomic_fetch_add(&waiting, 1);
+        int w = atomic_fetch_add(&waiting, 1) + 1;
+        int pw_seen = atomic_load(&peak_waiting);
+        while (w > pw_seen && !atomic_compare_exchange_weak(&peak_waiting, &pw_seen, w))
+            ;
 
         if (opt.bug) {
             /* THE BUG (as in the incident): the permit goes back as soon as
@@ -758,9 +762,10 @@ int main(int argc, char **argv)
     int peak = atomic_load(&peak_live);
     fprintf(stderr,
             "provingd: %s pw=%d workers=%d: peak live partitions %d (%d MiB, "
-            "pw+2=%d), total partitions %d, log records %zu, elapsed %.1fs\n",
+            "pw+2=%d), total partitions %d, log records %zu, elapsed %.1fs, "
+            "peak waiting for the channel %d\n",
             opt.bug ? "bug" : "fixed", opt.pw, opt.workers, peak,
             peak * opt.partition_mb, opt.pw + 2, atomic_load(&freed), log_records,
-            elapsed);
+            elapsed, atomic_load(&peak_waiting));
     return 0;
 }

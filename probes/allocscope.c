@@ -190,3 +190,4 @@ static __always_inline void count(u32 idx, u64 n)
 #include "syscalls.h"
 #include "lifetime.h"
 #include "faults.h"
+#include "waits.h"

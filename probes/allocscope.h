@@ -75,7 +75,12 @@ enum as_counter {
     AS_CNT_REGION_OPS,         /* mmap-family calls accounted in the kernel (no event) */
     AS_CNT_SLOW,               /* mmap-family calls of a rare shape handed to the tracer (events) */
     AS_CNT_FAULT_SAMPLES,      /* residency mode: sampled page faults (one in AS_FAULT_SAMPLE) */
-    AS_CNT_MAX = 32,
+    AS_CNT_WAITS,              /* target threads blocking (sched_switch out, sleeping or D) */
+    AS_CNT_WAITS_SHORT,        /* ... back on-CPU sooner than the wait threshold: counted, not stacked */
+    AS_CNT_WAIT_SHORT_NS,      /* ... their time off-CPU, summed */
+    AS_CNT_WAIT_STACK_MEMO,    /* wait stacks taken from the thread's last wait (same ip, sp, bp) */
+    AS_LOST_WAIT_FULL,         /* waits map full: a long wait not attributed to a stack */
+    AS_CNT_MAX = 40,
 };
 
 /* What a tracked allocation is (as_site_key.source, as_region.source). */
@@ -225,12 +230,43 @@ struct as_release_key {
     __u32 tid;
     __u16 kind; /* enum as_event_type: AS_EV_MUNMAP, AS_EV_MADVISE, AS_EV_BRK */
     __u16 api;  /* enum as_api of the allocator call, AS_API_NONE outside one */
+    __u64 stack_id; /* munmap of a region mapped outside the allocators: the stack that mapped it
+                     * (its first region); 0 otherwise */
 };
 
 struct as_release {
     __u64 calls;
     __u64 requested_bytes; /* lengths asked for (0 for brk) */
     __s64 released_bytes;  /* sum of anon RSS before - after */
+    __u64 ns;              /* time in the syscall, entry to exit */
+};
+
+/* Value of `offcpu` (key: tid): a target thread that blocked (sched_switch out while sleeping,
+ * S, or uninterruptible, D) and is not back on-CPU yet. */
+struct as_offcpu {
+    __u64 ts_ns;    /* when it blocked */
+    __u64 stack_id; /* its user stack then */
+    __u32 state;    /* sched_switch's prev_state: 1 S, 2 D */
+    __u32 pad;
+};
+
+/* Key and value of `waits`: the waits at least the threshold long, per (stack, thread). */
+struct as_wait_key {
+    __u64 stack_id;
+    __u32 tid;
+    __u32 pad;
+};
+
+struct as_wait {
+    __u64 count;
+    __u64 total_ns;
+    __u64 max_ns;
+};
+
+/* Value of `wait_memo` (key: tid): the registers and stack of the thread's last wait. */
+struct as_wait_memo {
+    __u64 ip, sp, bp;
+    __u64 stack_id;
 };
 
 /* Ring event. */

@@ -163,7 +163,7 @@ static __always_inline int region_new(u64 lo, u64 hi, u64 sid, u32 tid, u64 now,
 /* munmap [lo, hi): frees the regions that start at lo and, back to back, at each freed one's
  * end; the last one may lose only its head. Returns where it stopped: hi when [lo, hi) was
  * accounted here, less when the rest is for the tracer. */
-static __always_inline u64 unmap_regions(u64 lo, u64 hi, u32 tid, u64 now)
+static __always_inline u64 unmap_regions(u64 lo, u64 hi, u32 tid, u64 now, u64 *sid)
 {
     u64 cur = lo;
 #pragma clang loop unroll(disable)
@@ -188,6 +188,8 @@ static __always_inline u64 unmap_regions(u64 lo, u64 hi, u32 tid, u64 now)
             continue;
         }
         struct as_region c = *r;
+        if (*sid == 0)
+            *sid = c.stack_id; /* what the time of this munmap is charged to */
         if (c.end > hi) { /* its head: the rest stays, keyed by its new start */
             u64 key = hi;
             if (regions.insert(&key, &c) != 0)
@@ -239,9 +241,9 @@ static __always_inline int remap_region(struct as_sysargs *a, u64 nlo, u32 tid, 
     return 0;
 }
 
-static __always_inline void count_release(u32 tid, u32 kind, u32 api, u64 len, s64 before)
+static __always_inline void count_release(u32 tid, u32 kind, u32 api, u64 len, s64 before, u64 ns, u64 sid)
 {
-    struct as_release_key k = {.tid = tid, .kind = (u16)kind, .api = (u16)api};
+    struct as_release_key k = {.tid = tid, .kind = (u16)kind, .api = (u16)api, .stack_id = sid};
     struct as_release *r = releases.lookup(&k);
     if (!r) {
         struct as_release zero = {};
@@ -253,6 +255,7 @@ static __always_inline void count_release(u32 tid, u32 kind, u32 api, u64 len, s
     __sync_fetch_and_add(&r->calls, 1);
     __sync_fetch_and_add(&r->requested_bytes, len);
     __sync_fetch_and_add(&r->released_bytes, before - rss_anon());
+    __sync_fetch_and_add(&r->ns, ns);
 }
 
 /* A rare shape for the tracer: the event, timed at the syscall's entry (regions it takes over

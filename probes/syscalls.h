@@ -51,12 +51,14 @@ static __always_inline void mmap_exit(void *ctx, struct as_sysargs *a, u64 lo, u
 static __always_inline void munmap_exit(struct as_sysargs *a, u32 tid, u32 api, u64 now)
 {
     u64 lo = a->a0 & ~(u64)(AS_PAGE_SIZE - 1), hi = page_up(a->a0 + a->a1);
-    count_release(tid, AS_EV_MUNMAP, api, a->a1, a->rss);
     if (api != AS_API_NONE || hi <= lo) {
+        count_release(tid, AS_EV_MUNMAP, api, a->a1, a->rss, now - a->ts_ns, 0);
         untracked.delete(&lo);
         return; /* an allocator unmapping its own memory */
     }
-    u64 cur = unmap_regions(lo, hi, tid, now);
+    u64 sid = 0;
+    u64 cur = unmap_regions(lo, hi, tid, now, &sid);
+    count_release(tid, AS_EV_MUNMAP, api, a->a1, a->rss, now - a->ts_ns, sid);
     if (cur >= hi) {
         count(AS_CNT_REGION_OPS, 1);
         return;
@@ -111,7 +113,7 @@ static __always_inline void brk_exit(void *ctx, struct as_sysargs *a, u64 nb, u3
             return;
         }
     } else {
-        count_release(tid, AS_EV_BRK, api, 0, a->rss);
+        count_release(tid, AS_EV_BRK, api, 0, a->rss, now - a->ts_ns, 0);
         if (!*tracked)
             return; /* no page of the break was ever a region */
     }
@@ -148,7 +150,7 @@ static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
         brk_exit(ctx, &a, (u64)ret, tid, api, now);
         break;
     case 28: /* madvise(start, len, advice) */
-        count_release(tid, AS_EV_MADVISE, api, a.a1, a.rss);
+        count_release(tid, AS_EV_MADVISE, api, a.a1, a.rss, now - a.ts_ns, 0);
         break;
     default:
         break;

@@ -136,6 +136,7 @@ from .totals import (  # noqa: F401
     mode_notes,
     totals,
 )
+from .waits import held_while_waiting
 
 REPORT_SCHEMA = "allocscope.report/1"
 
@@ -221,4 +222,5 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
         "trims": trims(trace),
         "releases": releases_by_thread(trace),
         "allocator_releases": allocator_releases(trace)[1],
+        "waits": held_while_waiting(trace, stacks),
     }

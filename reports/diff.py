@@ -50,6 +50,7 @@ from .analysis import (
     thread_group_table,
     totals,
 )
+from .waits import held_while_waiting
 
 DIFF_SCHEMA = "allocscope.diff/1"
 DIFF_SORTS = ("delta", "live", "alloc", "ratio", "excess", "device")
@@ -315,6 +316,40 @@ def diff_allocators(a: Side, b: Side) -> list[dict]:
     return rows
 
 
+def diff_waits(a: Side, b: Side) -> list[dict]:
+    """Waiting and holding, A vs B, per wait location (reports/waits.py): at each side's peak of
+    held-while-waiting, the threads blocked there and the bytes they held (a_/b_threads,
+    a_/b_held_bytes, held_delta), the most threads blocked there at any snapshot
+    (a_/b_max_threads) and the off-CPU time there over the whole recording (a_/b_wait_s); by
+    |held_delta|, then |max_threads delta|. [] when neither recording traced waits."""
+    wa, wb = held_while_waiting(a.trace, a.stacks), held_while_waiting(b.trace, b.stacks)
+    if not wa["traced"] and not wb["traced"]:
+        return []
+    rows: dict[str, dict] = {}
+
+    def row(d: dict) -> dict:
+        return rows.setdefault(d["location"], {k: d.get(k) for k in ("location", "function", "module", "file", "line")}
+                               | {f"{x}_{k}": 0 for x in "ab" for k in ("threads", "held_bytes", "max_threads")}
+                               | {"a_wait_s": 0.0, "b_wait_s": 0.0})
+
+    for x, w in (("a", wa), ("b", wb)):
+        for d in (w.get("peak") or {}).get("by_location") or []:
+            r = row(d)
+            r[f"{x}_threads"], r[f"{x}_held_bytes"] = d["threads"], d["held_bytes"]
+        for d in w.get("off_cpu") or []:
+            row(d)[f"{x}_wait_s"] = d["total_s"]
+        for t in w.get("timeline") or []:
+            for key, v in t["by_location"].items():
+                if key in rows:
+                    rows[key][f"{x}_max_threads"] = max(rows[key][f"{x}_max_threads"], v["threads"])
+    out = list(rows.values())
+    for r in out:
+        r["held_delta"] = r["b_held_bytes"] - r["a_held_bytes"]
+        r["threads_delta"] = r["b_max_threads"] - r["a_max_threads"]
+    out.sort(key=lambda r: (-abs(r["held_delta"]), -abs(r["threads_delta"]), -r["b_wait_s"], r["location"]))
+    return out
+
+
 def normalization(trace_a: Trace, trace_b: Trace, per: str) -> dict:
     """The `per` block: label, its values a and b in the two traces, expected_ratio (b / a: the
     B/A ratio of a site that scales linearly with the label), flag_scaling, flag_material."""
@@ -337,7 +372,8 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
     by (what the text lists: location, function or stack); locations (the same figures and
     flag per location — per function with `by` function —, with its `location` key, function,
     module, file, line and key_quality; flags judged among locations), ordered by `sort`;
-    thread_groups (see diff_thread_groups); allocators (see diff_allocators).
+    thread_groups (see diff_thread_groups); allocators (see diff_allocators); waits (see
+    diff_waits).
     """
     if by not in GROUPINGS:
         raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")
@@ -361,4 +397,5 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
         "thread_groups": [{k: _jnum(v) for k, v in r.items()}
                           for r in diff_thread_groups(a, b).to_dict("records")],
         "allocators": diff_allocators(a, b),
+        "waits": diff_waits(a, b),
     }

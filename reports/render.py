@@ -269,6 +269,7 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
             out.append(s.bold(f"#{site['rank']} {human_bytes(site['live_bytes'])} live") + f"  threads: {thr}")
             out += _site_details(site, s, frames_per_site, doc)
         out.append("")
+    out += waits_text(doc.get("waits") or {}, s, top)
     if gpu.get("seen"):
         out += gpu_text(doc, s, top) + [""]
     thr = doc["threads"][:top]
@@ -302,6 +303,7 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
               human_bytes(a["retained_bytes"]), str(a.get("heaps", "")),
               ",".join(str(t) for t in a["threads"][:6]) + ("…" if len(a["threads"]) > 6 else "")]
              for a in doc["arenas"][:top]], "llrrrrl")]
+    out += freeing_text((doc.get("waits") or {}).get("freeing") or {}, s, top)
     if doc.get("trims"):
         out.append("")
         out.append(s.bold("malloc_trim calls"))
@@ -311,6 +313,69 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
               str(x.get("returned")),
               human_bytes(x["released_bytes"])] for x in doc["trims"]], "rlrrr")]
     return "\n".join(out) + "\n"
+
+
+def _where(d: dict) -> str:
+    """A location of the `waits` object as text: function (file:line)."""
+    return frame_text(d)
+
+
+def waits_text(w: dict, s: _Style, top: int) -> list[str]:
+    """The "Held while waiting" section and the off-CPU table (reports/waits.py)."""
+    if not w.get("traced"):
+        return []
+    out = []
+    pk = w.get("peak")
+    thr = f"waits >= {w['wait_min_ms']:g} ms"
+    if not pk:
+        out.append(s.bold("Held while waiting") + s.dim(f"  (no thread was blocked at a snapshot; {thr})"))
+    else:
+        when = f"+{pk['elapsed_s']:.1f}s, " if pk.get("elapsed_s") is not None else ""
+        out.append(s.bold("Held while waiting") + f"  ({when}interval {pk['seq']}: {pk['blocked']} threads blocked, "
+                   f"{pk['holding']} of them holding {human_bytes(pk['held_bytes'])}; {thr})")
+        rows = []
+        for d in pk["by_location"][:top]:
+            held = ", ".join(f"{h['function']} {human_bytes(h['bytes'])} in {h['blocks']}" for h in d["held"][:3])
+            rows.append([_where(d) + (" [in free]" if d.get("in_free") else ""), str(d["threads"]),
+                         human_bytes(d["held_bytes"]), f"{d['longest_s']:.2f}s", held or "-"])
+        out += ["  " + line for line in table(["waiting in", "threads", "held", "longest",
+                                               "what they hold (allocated at)"], rows, "lrrrl")]
+        lead = pk["by_location"][0] if pk["by_location"] else None
+        if lead and lead["held_bytes"]:
+            names = ", ".join(f"{t['name']}({t['tid']}) {human_bytes(t['held_bytes'])}"
+                              for t in lead["thread_list"][:6])
+            more = f" +{len(lead['thread_list']) - 6} more" if len(lead["thread_list"]) > 6 else ""
+            out.append(f"  {lead['function']}: {names}{more}")
+            out.append(s.dim("    " + " < ".join(f["function"] for f in lead["frames"][:6])))
+    if w.get("off_cpu"):
+        out.append(s.bold(f"Off-CPU time by where threads blocked ({thr}, whole recording)")
+                   + s.dim(f"  shorter: {w['short_waits']} waits, {w['short_wait_s']:.2f}s"))
+        out += ["  " + line for line in table(
+            ["waiting in", "waits", "total", "longest", "threads"],
+            [[_where(d) + (" [in free]" if d.get("in_free") else ""), str(d["waits"]), f"{d['total_s']:.2f}s",
+              f"{d['max_s']:.2f}s", f"{d['n_threads']}: " + ", ".join(d["threads"][:4])]
+             for d in w["off_cpu"][:top]], "lrrrl")]
+    return out + [""]
+
+
+def freeing_text(f: dict, s: _Style, top: int) -> list[str]:
+    """What giving memory back cost: syscall time by thread and call, munmap time by the location
+    that mapped the memory, purge calls."""
+    rows = [r for r in f.get("by_thread") or [] if r["calls"]]
+    if not rows and not f.get("purges"):
+        return []
+    out = ["", s.bold("What giving memory back cost (time in the calls)")]
+    out += ["  " + line for line in table(
+        ["thread", "call", "calls", "asked", "released", "time"],
+        [[f"{r['thread']}({r['tid']})", r["kind"], str(r["calls"]), human_bytes(r["requested_bytes"]),
+          human_bytes(r["released_bytes"]), f"{r['duration_s'] * 1e3:.2f}ms"] for r in rows[:top]]
+        + [[f"{p['thread']}({p['tid']})", p["function"], str(p["calls"]), "-", human_bytes(p["released_bytes"]),
+            f"{p['duration_s'] * 1e3:.2f}ms"] for p in (f.get("purges") or [])[:top]], "llrrrr")]
+    if f.get("by_location"):
+        out.append("  munmap of memory mapped at: " + "; ".join(
+            f"{_where(d)} {d['calls']} calls {human_bytes(d['requested_bytes'])} {d['duration_s'] * 1e3:.2f}ms"
+            for d in f["by_location"][:4]))
+    return out
 
 
 def driver_text(gpu: dict) -> str:
@@ -584,6 +649,17 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
             [[x["name"], human_bytes(x["a_retained"]), human_bytes(x["b_retained"]), human_delta(x["retained_delta"]),
               human_bytes(x["a_resident"]), human_bytes(x["b_resident"]), human_bytes(x["a_live"]),
               human_bytes(x["b_live"]), human_bytes(x["a_released"]), human_bytes(x["b_released"])] for x in allocs],
+            "lrrrrrrrrr")]
+    waits = [w for w in doc.get("waits") or [] if w["a_held_bytes"] or w["b_held_bytes"] or w["a_max_threads"]
+             or w["b_max_threads"]]
+    if waits:
+        out += ["", s.bold("Held while waiting, A vs B (at each one's peak of memory held by blocked threads)")]
+        out += ["  " + line for line in table(
+            ["waiting in", "A thr", "B thr", "A held", "B held", "delta", "A max thr", "B max thr", "A wait",
+             "B wait"],
+            [[frame_text(w), str(w["a_threads"]), str(w["b_threads"]), human_bytes(w["a_held_bytes"]),
+              human_bytes(w["b_held_bytes"]), human_delta(w["held_delta"]), str(w["a_max_threads"]),
+              str(w["b_max_threads"]), f"{w['a_wait_s']:.1f}s", f"{w['b_wait_s']:.1f}s"] for w in waits[:top]],
             "lrrrrrrrrr")]
     groups = doc.get("thread_groups") or []
     if groups:

@@ -459,15 +459,17 @@ def releases_by_thread(trace: Trace) -> list[dict]:
     have them summed in the kernel (`releases`); version 1 traces, one event per syscall."""
     rel = trace.releases
     if not rel.empty:
-        last = rel.sort_values("seq").drop_duplicates(["tid", "kind", "in_api"], keep="last")
+        last = rel.sort_values("seq").drop_duplicates(["tid", "kind", "in_api", "stack_id"], keep="last")
         last = last[last["in_api"] != "malloc_trim"]
         names = trace.thread_names()
         df = pd.DataFrame({"tid": last["tid"].astype(int), "thread": [names.get(int(t), "?") for t in last["tid"]],
                            "kind": last["kind"], "calls": last["calls"].astype("int64"),
                            "released_bytes": last["released_bytes"].astype("int64"),
-                           "requested_bytes": last["requested_bytes"].astype("int64")})
+                           "requested_bytes": last["requested_bytes"].astype("int64"),
+                           "duration_ns": last["duration_ns"].astype("int64")})
         g = df.groupby(["tid", "thread", "kind"]).agg(calls=("calls", "sum"), released_bytes=("released_bytes", "sum"),
-                                                      requested_bytes=("requested_bytes", "sum")).reset_index()
+                                                      requested_bytes=("requested_bytes", "sum"),
+                                                      duration_ns=("duration_ns", "sum")).reset_index()
     else:
         df = release_table(trace)
         if df.empty:
@@ -475,7 +477,9 @@ def releases_by_thread(trace: Trace) -> list[dict]:
         g = df.groupby(["tid", "thread", "kind"]).agg(calls=("released_bytes", "size"),
                                                       released_bytes=("released_bytes", "sum"),
                                                       requested_bytes=("requested_bytes", "sum")).reset_index()
+        g["duration_ns"] = 0
     g = g.sort_values("released_bytes", ascending=False)
     return [{"tid": int(r.tid), "thread": r.thread, "kind": r.kind, "calls": int(r.calls),
-             "released_bytes": int(r.released_bytes), "requested_bytes": int(r.requested_bytes)}
+             "released_bytes": int(r.released_bytes), "requested_bytes": int(r.requested_bytes),
+             "duration_s": int(r.duration_ns) / 1e9}
             for r in g.itertuples()]

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import cli, one_line_error
+from support import cli, one_line_error, wait_for
 from synth import SynthTrace
 
 
@@ -140,7 +140,9 @@ def test_record_kernel_thread(tmp_path):
 @root_only
 def test_record_zombie(tmp_path):
     z = subprocess.Popen(["true"])
-    time.sleep(0.3)  # exited, not reaped: a zombie
+    # exited, not reaped: a zombie (under load `true` can take a while to even start)
+    wait_for(lambda: Path(f"/proc/{z.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", timeout=30,
+             what="the child to become a zombie")
     try:
         one_line_error(cli("record", "--pid", str(z.pid), "-o", str(tmp_path / "t")), "zombie")
     finally:

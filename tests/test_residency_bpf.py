@@ -30,7 +30,9 @@ def test_malloc_trim_release_measured(targets, tmp_path, how):
         ret, released, dur_ns = own[n]
         assert t["returned"] == ret == 1           # glibc says "released" both times
         # duration: the program times the same call around it
-        assert 0.5 * dur_ns / 1e9 <= t["duration_s"] <= dur_ns / 1e9 + 0.002, (t, dur_ns)
+        # (the kernel's window is inside the program's; on a loaded 2-core box the thread can be
+        # preempted between its clock read and the call for a few ms)
+        assert min(0.5 * dur_ns / 1e9, dur_ns / 1e9 - 0.005) <= t["duration_s"] <= dur_ns / 1e9 + 0.002, (t, dur_ns)
     released1 = own[1][1]
     assert released1 > 50 << 20                     # ~75 MB of free chunks in the main arena
     assert abs(trims[0]["released_bytes"] - released1) <= 0.2 * released1, (trims[0], released1)

@@ -135,11 +135,28 @@ class Region(ct.Structure):
 
 
 class ReleaseKey(ct.Structure):
-    _fields_ = [("tid", ct.c_uint32), ("kind", ct.c_uint16), ("api", ct.c_uint16)]
+    _fields_ = [("tid", ct.c_uint32), ("kind", ct.c_uint16), ("api", ct.c_uint16), ("stack_id", ct.c_uint64)]
 
 
 class Release(ct.Structure):
-    _fields_ = [("calls", ct.c_uint64), ("requested_bytes", ct.c_uint64), ("released_bytes", ct.c_int64)]
+    _fields_ = [("calls", ct.c_uint64), ("requested_bytes", ct.c_uint64), ("released_bytes", ct.c_int64),
+                ("ns", ct.c_uint64)]
+
+
+class Offcpu(ct.Structure):
+    _fields_ = [("ts_ns", ct.c_uint64), ("stack_id", ct.c_uint64), ("state", ct.c_uint32), ("pad", ct.c_uint32)]
+
+
+class WaitKey(ct.Structure):
+    _fields_ = [("stack_id", ct.c_uint64), ("tid", ct.c_uint32), ("pad", ct.c_uint32)]
+
+
+class Wait(ct.Structure):
+    _fields_ = [("count", ct.c_uint64), ("total_ns", ct.c_uint64), ("max_ns", ct.c_uint64)]
+
+
+class WaitMemo(ct.Structure):
+    _fields_ = [("ip", ct.c_uint64), ("sp", ct.c_uint64), ("bp", ct.c_uint64), ("stack_id", ct.c_uint64)]
 
 
 # map name -> (key class, value class): what tests compare against BCC's classes.
@@ -152,6 +169,9 @@ MAP_LAYOUTS = {
     "regions": (ct.c_uint64, Region),
     "site_ext": (SiteKey, ct.c_uint64),
     "releases": (ReleaseKey, Release),
+    "offcpu": (ct.c_uint32, Offcpu),
+    "waits": (WaitKey, Wait),
+    "wait_memo": (ct.c_uint32, WaitMemo),
     "dev_live": (DevKey, Live),
     "custom_fns": (ct.c_uint64, Custom),
     "probe_src": (ct.c_uint64, ct.c_uint32),

@@ -261,7 +261,8 @@ class Probes:
         self.report = AttachReport(tracepoints=[
             f"{c}:{n}" for c, n in [("syscalls", f"sys_{d}_{s}") for s in
                                     ("mmap", "munmap", "mremap", "brk", "madvise") for d in ("enter", "exit")]
-            + [("task", "task_rename"), ("sched", "sched_process_exit"), ("sched", "sched_process_exec")]
+            + [("task", "task_rename"), ("sched", "sched_process_exit"), ("sched", "sched_process_exec"),
+               ("sched", "sched_switch")]
             + ([("kmem", "rss_stat")] if self.rss_tracepoint else [])])
         self._events_cb = None
         self._fault_fds: dict[int, int] = {}  # tid -> perf event fd (residency mode)
@@ -751,6 +752,8 @@ class Probes:
         if brk:
             t = self.bpf[b"brk_state"]
             t[t.Key(0)] = t.Leaf(brk)
+        t = self.bpf[b"wait_cfg"]  # waits are traced from here on (0: not at all)
+        t[t.Key(0)] = t.Leaf(max(0, round(self.options.wait_min_ms * 1e6)))
         if self.rss_tracepoint:
             t = self.bpf[b"rss"]
             for idx, key in ((0, "rss_file_bytes"), (1, "rss_anon_bytes"), (3, "rss_shmem_bytes")):
@@ -799,6 +802,14 @@ class Probes:
 
     def read_releases(self) -> tuple[np.ndarray, np.ndarray]:
         return self._read_batch("releases", L.ReleaseKey, L.Release)
+
+    def read_waits(self) -> tuple[np.ndarray, np.ndarray]:
+        """Waits at least --wait-min long, summed per (stack, thread): (WaitKey, Wait) arrays."""
+        return self._read_batch("waits", L.WaitKey, L.Wait)
+
+    def read_offcpu(self) -> tuple[np.ndarray, np.ndarray]:
+        """The target's threads blocked now: (tids, Offcpu values: since when, at which stack)."""
+        return self._read_batch("offcpu", ct.c_uint32, L.Offcpu)
 
     def target_gone(self) -> bool:
         """The probes saw the target exec another program or its last thread exit: from then on

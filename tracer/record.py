@@ -40,7 +40,18 @@ from .options import DEFAULTS, RecordOptions
 from .regions import RegionTracker, SlowPath
 from .retention import AllocatorMeter, Owner, PurgeLog, allocator_part, keep_purge, live_by_source, purge_function
 from .stop import StopRequest
-from .tables import EventLog, HeapMeter, LiveTable, ReleaseTable, SiteKey, SiteTable, StackTable, ThreadTable, flow_part
+from .tables import (
+    EventLog,
+    HeapMeter,
+    LiveTable,
+    ReleaseTable,
+    SiteKey,
+    SiteTable,
+    StackTable,
+    ThreadTable,
+    WaitTable,
+    flow_part,
+)
 from .target import Target, launch_maps, release
 from .unwind import start_unwinder
 
@@ -113,6 +124,7 @@ class Recorder:
         self.threads = ThreadTable()
         self.events = EventLog()
         self.releases = ReleaseTable()
+        self.waits = WaitTable(max(0, round(opts.wait_min_ms * 1e6)))
         self.heaps = HeapMeter(target.pid, opts.residency_budget_pages, glibc=False)
         self.retention: AllocatorMeter | None = None  # each allocator's own mappings, every interval
         self.purges = PurgeLog()
@@ -259,9 +271,14 @@ class Recorder:
         part = self.sites.part(seq, changed)
         if part is not None:
             w.write_part("sites", seq, part)
-        # stacks first seen now (sites and events may name them)
+        releases = self.releases.part(seq, self.probes.read_releases())
+        waits, blocked = self.waits.parts(seq, self.probes.read_waits(), self.probes.read_offcpu(), now) \
+            if self.waits.wait_min_ns else (None, None)
+        wait_stacks, wait_tids = self.waits.take_new()
+        # stacks first seen now (sites, events, waits and releases may name them)
         stack_columns = None
-        new_ids = self.stacks.new_ids({k[0] for k in changed} | self.events.stack_ids())
+        new_ids = self.stacks.new_ids({k[0] for k in changed} | self.events.stack_ids() | wait_stacks |
+                                      self.releases.stack_ids())
         if new_ids:
             if readable:
                 self.maps.refresh()
@@ -270,7 +287,8 @@ class Recorder:
             if self.embedder is not None:  # symbol tables of the modules on these stacks
                 w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, stack_columns))
         if readable:  # names of allocating threads not seen yet
-            self.threads.look_up(self.target.pid, {k[1] for k in self.sites.current} | self.events.tids(), seq, now)
+            self.threads.look_up(self.target.pid, {k[1] for k in self.sites.current} | self.events.tids() | wait_tids,
+                                 seq, now)
         for name, part in (("threads", self.threads.part(seq)), ("events", self.events.part(seq)),
                            ("flows", flow_part(seq, self.probes.read_flows(), self.tracker))):
             if part is not None:
@@ -278,9 +296,9 @@ class Recorder:
         if final:
             live_pid = self.target.pid if readable and self.heaps.glibc else None
             self.heaps.live_blocks = LiveTable(self.probes, self.tracker, self.source_names).write(w, seq, live_pid)
-        part = self.releases.part(seq, self.probes.read_releases())
-        if part is not None:
-            w.write_part("releases", seq, part)
+        for name, part in (("releases", releases), ("waits", waits), ("blocked", blocked)):
+            if part is not None:
+                w.write_part(name, seq, part)
         part = self.purges.part(seq)
         if part is not None:
             w.write_part("purges", seq, part)
@@ -376,6 +394,7 @@ class Recorder:
             "sampling": {"sample_bytes": o.sample_bytes,
                          "fault_sample": o.fault_sample if o.mode == "residency" else 0},
             "unwind": unwind,
+            "waits": {"wait_min_ns": self.waits.wait_min_ns},
         }
         if complete:
             meta.update({"end_reason": self.end_reason, "intervals": self.seq,

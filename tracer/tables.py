@@ -181,20 +181,62 @@ def flow_part(seq: int, kernel: tuple[np.ndarray, np.ndarray], tracker: RegionTr
 
 
 class ReleaseTable:
-    """Memory handed back to the kernel per (thread, kind, allocator call), cumulative: the
-    rows that changed."""
+    """Memory handed back to the kernel per (thread, kind, allocator call, stack of the region
+    unmapped), cumulative: the rows that changed."""
 
     def __init__(self) -> None:
-        self.last: dict[tuple[int, int, int], tuple] = {}
+        self.last: dict[tuple[int, int, int, int], tuple] = {}
 
     def part(self, seq: int, kernel: tuple[np.ndarray, np.ndarray]) -> pa.Table | None:
         rows = []
         for k, v in zip(*(a.tolist() for a in kernel)):
-            key, val = (k[0], k[1], k[2]), tuple(v)
+            key, val = (k[0], k[1], k[2], k[3]), tuple(v)
             if self.last.get(key) != val:
                 self.last[key] = val
-                rows.append((key[0], EVT.get(key[1], str(key[1])), API.get(key[2], ""), *val))
+                rows.append((key[0], EVT.get(key[1], str(key[1])), API.get(key[2], ""), val[0], val[1], val[2],
+                             val[3], key[3]))
         return _table("releases", rows, seq) if rows else None
+
+    def stack_ids(self) -> set[int]:
+        return {k[3] for k in self.last if k[3]}
+
+
+class WaitTable:
+    """Off-CPU waits of the target's threads: `waits`, cumulative per (thread, stack), the rows
+    that changed; `blocked`, the threads blocked at the snapshot (at least the threshold long)."""
+
+    def __init__(self, wait_min_ns: int) -> None:
+        self.wait_min_ns = wait_min_ns
+        self.last: dict[tuple[int, int], tuple] = {}
+        self.new_stacks: set[int] = set()
+        self.new_tids: set[int] = set()
+
+    def parts(self, seq: int, kernel: tuple[np.ndarray, np.ndarray], offcpu: tuple[np.ndarray, np.ndarray],
+              now_ns: int) -> tuple[pa.Table | None, pa.Table | None]:
+        rows = []
+        for k, v in zip(*(a.tolist() for a in kernel)):
+            key, val = (k[1], k[0]), tuple(v)
+            if self.last.get(key) != val:
+                if key not in self.last:
+                    self.new_stacks.add(key[1])
+                    self.new_tids.add(key[0])
+                self.last[key] = val
+                rows.append((*key, *val))
+        blocked = []
+        for tid, v in zip(*(a.tolist() for a in offcpu)):
+            since, sid, state = v[0], v[1], v[2]
+            if now_ns - since >= self.wait_min_ns:
+                blocked.append((tid, sid, since, now_ns - since, "D" if state == 2 else "S"))
+                self.new_stacks.add(sid)
+                self.new_tids.add(tid)
+        return (_table("waits", rows, seq) if rows else None,
+                _table("blocked", blocked, seq) if blocked else None)
+
+    def take_new(self) -> tuple[set[int], set[int]]:
+        """Stacks and threads first named since the last call (for the stacks and threads tables)."""
+        out = (self.new_stacks - {0}, self.new_tids)
+        self.new_stacks, self.new_tids = set(), set()
+        return out
 
 
 class HeapMeter:

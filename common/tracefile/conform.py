@@ -101,6 +101,10 @@ def conform_part(table: str, tab, schemas: dict, seq: int | None = None):
 
     if table in schemas:
         want = schemas[table]
+        from .format import ADDED_COLUMNS  # noqa: PLC0415
+        for name, value in ADDED_COLUMNS.get(table, {}).items():  # a part written before they were
+            if name not in tab.column_names and name in want.names:
+                tab = tab.append_column(name, pa.array([value] * tab.num_rows, want.field(name).type))
         missing = [c for c in want.names if c not in tab.column_names]
         if missing:
             raise ValueError(f"no column {missing[0]}")

@@ -26,8 +26,15 @@ Tables (columns; `seq` is the interval number, 1-based):
              code mappings, exec, and the rare mmap-family shapes the probes hand over (version
              1: every mmap/munmap/mremap/brk/madvise, with released_bytes)
   releases   seq, tid, kind ('munmap'|'madvise'|'brk'), in_api, calls, requested_bytes,
-             released_bytes (drop of anon RSS) — cumulative per (thread, kind, allocator call);
-             changed rows only (version 2)
+             released_bytes (drop of anon RSS), duration_ns (time in the syscalls), stack_id (a
+             munmap of memory mapped outside the allocators: the stack that mapped it; 0 else) —
+             cumulative per (thread, kind, allocator call, stack); changed rows only (version 2;
+             duration_ns and stack_id: version 4, 0 in older traces)
+  waits      seq, tid, stack_id, count, total_ns, max_ns — off-CPU waits (sched_switch: blocked
+             sleeping or in D) at least the recording's wait_min_ns long, cumulative per (thread,
+             user stack where it blocked); changed rows only (version 4)
+  blocked    seq, tid, stack_id, since_ns (monotonic), waited_ns, state ('S'|'D') — the threads
+             blocked at the snapshot for at least wait_min_ns (version 4)
   maps       seq, start, end, perms, offset, inode, path, build_id (written when they change)
   heaps      seq, start, end, reserved_end, kind ('main'|'thread'|'mmap'), arena ('main', the
              arena address for thread heaps, 'mmap' for the allocator's mmapped chunks),
@@ -53,7 +60,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 FORMAT = "allocscope.trace"
-VERSION = 3  # 2: the `releases` table; `events` holds only what went to user space; 3: `allocators`, `purges`
+VERSION = 4  # 2: the `releases` table; `events` holds only what went to user space; 3: `allocators`, `purges`;
+# 4: `waits`, `blocked`, releases' duration_ns and stack_id
+# Columns added in a later version, and what they read as in a trace written before it.
+ADDED_COLUMNS: dict[str, dict[str, int]] = {"releases": {"duration_ns": 0, "stack_id": 0}}
 META = "meta.json"
 PARTS = "parts"
 
@@ -74,7 +84,12 @@ SCHEMAS: dict[str, pa.Schema] = {
                          ("prot", U32), ("fd", I32), ("in_api", STR), ("stack_id", U64),
                          ("released_bytes", I64)]),
     "releases": pa.schema([("seq", I32), ("tid", U32), ("kind", STR), ("in_api", STR), ("calls", I64),
-                           ("requested_bytes", I64), ("released_bytes", I64)]),
+                           ("requested_bytes", I64), ("released_bytes", I64), ("duration_ns", I64),
+                           ("stack_id", U64)]),
+    "waits": pa.schema([("seq", I32), ("tid", U32), ("stack_id", U64), ("count", I64), ("total_ns", I64),
+                        ("max_ns", I64)]),
+    "blocked": pa.schema([("seq", I32), ("tid", U32), ("stack_id", U64), ("since_ns", I64),
+                          ("waited_ns", I64), ("state", STR)]),
     "maps": pa.schema([("seq", I32), ("start", U64), ("end", U64), ("perms", STR), ("offset", U64),
                        ("inode", U64), ("path", STR), ("build_id", STR)]),
     "heaps": pa.schema([("seq", I32), ("start", U64), ("end", U64), ("reserved_end", U64), ("kind", STR),

@@ -49,6 +49,8 @@ class Trace:
     releases: pd.DataFrame = field(default_factory=lambda: _empty("releases"))
     allocators: pd.DataFrame = field(default_factory=lambda: _empty("allocators"))  # version 3
     purges: pd.DataFrame = field(default_factory=lambda: _empty("purges"))          # version 3
+    waits: pd.DataFrame = field(default_factory=lambda: _empty("waits"))            # version 4
+    blocked: pd.DataFrame = field(default_factory=lambda: _empty("blocked"))        # version 4
     live_table: pa.Table | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
 //! rustd: the shape of a Rust GPU proving daemon (issue 19), with known allocations.
 //!
-//!   rustd --partitions N --hold H [--mb MB] [--records R]
+//!   rustd --partitions N --hold H [--mb MB] [--records R] [--gpu-ms MS]
 //!
 //! * a rayon pool of 4 threads named `synth-0`..`synth-3` builds N partitions in an
 //!   `into_par_iter().map(..)`: work stealing puts `synthesize_partition` under many different
@@ -9,7 +9,8 @@
 //!   MB * 2^20 bytes (a power of two when MB is one: Vec doubles from 4 elements);
 //! * the partitions go through `sync_channel(1)` to the thread `gpu`, which keeps the last H
 //!   alive (a VecDeque) and drops the older ones; it also allocates one staging buffer of
-//!   STAGING_BYTES in `gpu_staging_buffer`, kept;
+//!   STAGING_BYTES in `gpu_staging_buffer`, kept. With --gpu-ms it spends MS per partition
+//!   (a sleep), so the synth threads block in `hand_off`'s `send`, each holding its partition;
 //! * meanwhile a tokio runtime (2 workers named `tokio-rt`) runs a task that allocates R request
 //!   records of RECORD_BYTES each in `make_request_record`, all kept (main holds them).
 //! * `#[global_allocator]` is `Jem`, over the `_rjem_*` jemalloc that jemalloc-sys builds and
@@ -100,6 +101,12 @@ fn synthesize_partition(i: usize, mb: usize) -> Vec<u64> {
     v
 }
 
+/// A synth thread hands its partition to the gpu thread: blocks while the one slot is taken.
+#[inline(never)]
+fn hand_off(tx: &mpsc::SyncSender<Vec<u64>>, p: Vec<u64>) {
+    tx.send(p).unwrap(); // the wait (SEND_LINE)
+}
+
 /// The gpu thread's pinned staging buffer: STAGING_BYTES, kept.
 #[inline(never)]
 fn gpu_staging_buffer() -> Vec<u8> {
@@ -121,10 +128,11 @@ struct Args {
     hold: usize,
     mb: usize,
     records: usize,
+    gpu_ms: usize,
 }
 
 fn parse_args() -> Args {
-    let mut a = Args { partitions: 16, hold: 3, mb: 16, records: 2000 };
+    let mut a = Args { partitions: 16, hold: 3, mb: 16, records: 2000, gpu_ms: 0 };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
     while let Some(flag) = it.next() {
@@ -134,6 +142,7 @@ fn parse_args() -> Args {
             "--hold" => &mut a.hold,
             "--mb" => &mut a.mb,
             "--records" => &mut a.records,
+            "--gpu-ms" => &mut a.gpu_ms,
             _ => usage(flag),
         };
         *slot = val.unwrap_or_else(|| usage(flag));
@@ -145,7 +154,7 @@ fn parse_args() -> Args {
 }
 
 fn usage(what: &str) -> ! {
-    eprintln!("rustd: bad argument {what}\nusage: rustd --partitions N --hold H [--mb 16] [--records 2000]");
+    eprintln!("rustd: bad argument {what}\nusage: rustd --partitions N --hold H [--mb 16] [--records 2000] [--gpu-ms 0]");
     std::process::exit(2)
 }
 
@@ -183,7 +192,7 @@ struct GpuDone {
 fn main() {
     let args = parse_args();
     let sigs = block_signals();
-    let (mb, hold, records) = (args.mb, args.hold, args.records);
+    let (mb, hold, records, gpu_ms) = (args.mb, args.hold, args.records, args.gpu_ms as u64);
 
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(4)
@@ -212,6 +221,9 @@ fn main() {
                     staging = Some(gpu_staging_buffer());
                 }
                 received += 1;
+                if gpu_ms > 0 {
+                    thread::sleep(Duration::from_millis(gpu_ms)); // "prove" it
+                }
                 live.push_back(p);
                 if live.len() > hold {
                     drop(live.pop_front());
@@ -246,7 +258,7 @@ fn main() {
         (0..n)
             .into_par_iter()
             .map(|i| synthesize_partition(i, mb))
-            .for_each_with(tx, |tx, p| tx.send(p).unwrap());
+            .for_each_with(tx, |tx, p| hand_off(tx, p));
     });
     let gpu = done_rx.recv().unwrap();
     let kept = rt.block_on(requests).unwrap();

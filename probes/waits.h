@@ -1,0 +1,93 @@
+/* allocscope BPF program, waits.h: off-CPU time of the target's threads by user stack
+ * (sched:sched_switch), so the reports can join memory to waiting: who holds what while blocked.
+ *
+ * A target thread that blocks (switched out sleeping, S, or uninterruptible, D; a preempted
+ * thread is runnable, not waiting) gets an `offcpu` entry: when, and its user stack then. On its
+ * switch back in the wait is summed per (stack, thread) in `waits` when it lasted at least the
+ * threshold (`wait_cfg[0]`, ns, set by the tracer: --wait-min), else only counted. No ring event:
+ * the tracer reads `waits` and the threads blocked now (`offcpu`) each interval.
+ *
+ * Cost: the program runs on every context switch of the machine. For other processes it is one
+ * hash lookup (is the incoming task a blocked target thread?) and a compare; for a target thread
+ * that blocks, its user stack — the same as its last wait's (same ip, sp, bp: an event loop, a
+ * worker blocking in the same call) is taken from `wait_memo`, not unwound again.
+ *
+ * Part of probes/allocscope.c: included there, in order, and inlined into it by
+ * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+
+#define AS_MAX_WAITS 16384
+
+BPF_HASH(offcpu, u32, struct as_offcpu, AS_MAX_THREADS);
+BPF_F_TABLE("hash", struct as_wait_key, struct as_wait, waits, AS_MAX_WAITS, BPF_F_NO_PREALLOC);
+BPF_HASH(wait_memo, u32, struct as_wait_memo, AS_MAX_THREADS);
+BPF_ARRAY(wait_cfg, u64, 1); /* 0: the threshold (ns); 0 there: waits are not traced */
+
+static __always_inline void wait_ended(u32 tid, struct as_offcpu *o, u64 now)
+{
+    u64 d = now - o->ts_ns;
+    u32 zero = 0;
+    u64 *min = wait_cfg.lookup(&zero);
+    if (!min || d < *min) {
+        count(AS_CNT_WAITS_SHORT, 1);
+        count(AS_CNT_WAIT_SHORT_NS, d);
+        return;
+    }
+    struct as_wait_key k = {.stack_id = o->stack_id, .tid = tid};
+    struct as_wait *w = waits.lookup(&k);
+    if (!w) {
+        struct as_wait z = {};
+        waits.insert(&k, &z); /* -EEXIST: made meanwhile, fine */
+        w = waits.lookup(&k);
+        if (!w) {
+            count(AS_LOST_WAIT_FULL, 1);
+            return;
+        }
+    }
+    __sync_fetch_and_add(&w->count, 1);
+    __sync_fetch_and_add(&w->total_ns, d);
+    if (d > w->max_ns)
+        w->max_ns = d; /* one thread per key: no race with itself */
+}
+
+static __always_inline u64 wait_stack(void *ctx, u32 tid)
+{
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    struct as_wait_memo m = {};
+    bpf_probe_read_kernel(&m.ip, sizeof(m.ip), &regs->ip);
+    bpf_probe_read_kernel(&m.sp, sizeof(m.sp), &regs->sp);
+    bpf_probe_read_kernel(&m.bp, sizeof(m.bp), &regs->bp);
+    struct as_wait_memo *last = wait_memo.lookup(&tid);
+    if (last && last->ip == m.ip && last->sp == m.sp && last->bp == m.bp && last->stack_id) {
+        count(AS_CNT_WAIT_STACK_MEMO, 1);
+        return last->stack_id;
+    }
+    m.stack_id = capture_syscall_stack(ctx);
+    wait_memo.update(&tid, &m);
+    return m.stack_id;
+}
+
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+    u32 next = (u32)args->next_pid;
+    struct as_offcpu *o = offcpu.lookup(&next);
+    if (o) { /* a blocked target thread runs again */
+        wait_ended(next, o, bpf_ktime_get_ns());
+        offcpu.delete(&next);
+    }
+    if (!is_target())
+        return 0;
+    long state = args->prev_state;
+    if (state != 1 && state != 2)
+        return 0; /* preempted (still runnable), stopped, traced, exiting: not a wait */
+    u32 zero = 0;
+    u64 *min = wait_cfg.lookup(&zero);
+    if (!min || *min == 0)
+        return 0;
+    struct as_offcpu w = {.ts_ns = bpf_ktime_get_ns(), .state = (u32)state};
+    u32 tid = current_tid();
+    count(AS_CNT_WAITS, 1);
+    w.stack_id = wait_stack(args, tid);
+    offcpu.update(&tid, &w);
+    return 0;
+}
