@@ -21,6 +21,7 @@ from common.errors import AllocscopeError
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_SRC = ROOT / "demo" / "provingd.c"
 SYNTH_SITE = "synthesize_partition"
+WAIT_SITE = "channel_push"  # where the bug's workers block, each holding its partition
 PREVIEW_PARTITIONS = 25  # the `top --batch` preview: about 5 s of the buggy daemon...
 PREVIEW_INTERVAL = 1.0   # ...a block a second
 
@@ -45,6 +46,7 @@ def record_run(exe: Path, out: Path, pw: int, bug: bool, partitions: int, say) -
     trace = out / name
     argv = [str(exe), "--pw", str(pw), "--partitions", str(partitions)] + (["--bug"] if bug else [])
     say(f"recording {' '.join(argv[1:])} -> {trace}")
+    argv += ["--summary", str(summary_path(trace))]  # the daemon's own counters, for the answer
     opts = RecordOptions(output=str(trace), interval=0.5, labels={"pw": str(pw), "variant": "bug" if bug else "fixed"},
                          quiet=True)
     rec.validate(opts)
@@ -53,6 +55,48 @@ def record_run(exe: Path, out: Path, pw: int, bug: bool, partitions: int, say) -
     s = rec.record(target, opts)
     say(f"  {s.intervals} intervals in {time.monotonic() - t0:.0f}s, lost {s.lost}")
     return trace
+
+
+def summary_path(trace: Path) -> Path:
+    return trace.with_suffix(".summary")
+
+
+def daemon_counters(trace: Path) -> dict[str, int]:
+    """The daemon's own peaks from its summary line (provingd --summary): peak_live (partitions),
+    peak_waiting (finished partitions waiting for the channel); {} when it wrote none."""
+    import re  # noqa: PLC0415
+
+    try:
+        line = summary_path(trace).read_text()
+    except OSError:
+        return {}
+    out = {}
+    for key, rx in (("peak_live", r"peak live partitions (\d+)"),
+                    ("peak_waiting", r"peak waiting for the channel (\d+)")):
+        m = re.search(rx, line)
+        if m:
+            out[key] = int(m[1])
+    return out
+
+
+def waiting_answer(trace, where: str, what: str) -> dict:
+    """At the peak of memory held by blocked threads (reports/waits.py): the threads blocked in
+    `where`, the bytes they held and those allocated at `what`; and the most threads blocked in
+    `where` at any snapshot."""
+    from reports.frames import symbolize_stacks  # noqa: PLC0415
+    from reports.waits import held_while_waiting  # noqa: PLC0415
+
+    w = held_while_waiting(trace, symbolize_stacks(trace))
+    pk = w.get("peak") or {}
+    loc = next((d for d in pk.get("by_location") or [] if d["function"] == where), None)
+    held = [h for h in (loc or {}).get("held") or [] if h["function"] == what]
+    keys = {d["location"] for d in w.get("off_cpu") or [] if d["function"] == where} | \
+        ({loc["location"]} if loc else set())
+    most = max((sum(v["threads"] for k, v in t["by_location"].items() if k in keys) for t in w.get("timeline") or []),
+               default=0)
+    return {"threads": loc["threads"] if loc else 0, "held_bytes": loc["held_bytes"] if loc else 0,
+            "what_bytes": sum(h["bytes"] for h in held), "what_blocks": sum(h["blocks"] for h in held),
+            "elapsed_s": pk.get("elapsed_s"), "max_threads": most, "lead": (pk.get("by_location") or [{}])[0]}
 
 
 class Tee:
@@ -132,9 +176,21 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     click.echo("demo: peak live partitions at synthesize_partition: "
                f"bug pw={pw_a}: {peaks['bug_a'] / mib:.0f}, bug pw={pw_b}: {peaks['bug_b'] / mib:.0f}, "
                f"fixed pw={pw_b}: {peaks['fixed_b'] / mib:.0f} (fixed bound pw+2 = {pw_b + 2})")
+    wait_bug, wait_fixed = waiting_answer(tb, WAIT_SITE, SYNTH_SITE), waiting_answer(tf, WAIT_SITE, SYNTH_SITE)
+    own = daemon_counters(bug_b)
+    when = f" at +{wait_bug['elapsed_s']:.1f}s" if wait_bug["elapsed_s"] is not None else ""
+    click.echo(f"demo: held while waiting, bug pw={pw_b}{when}: {wait_bug['threads']} threads blocked in "
+               f"{WAIT_SITE} holding {wait_bug['what_blocks']} partitions from {SYNTH_SITE} "
+               f"({wait_bug['what_bytes'] / mib:.0f} x {partition_mb} MiB)"
+               + (f"; the daemon's own peak 'waiting' counter: {own['peak_waiting']}" if "peak_waiting" in own else ""))
+    n = wait_fixed["max_threads"]
+    click.echo(f"demo: fixed pw={pw_b}: at most {n} thread{'s' if n != 1 else ''} in {WAIT_SITE} at any snapshot "
+               f"(the permits allow {pw_b})")
     click.echo(f"demo: files in {out}: {bug_a.name}, {bug_b.name}, {fixed_b.name}, {html_path.name}")
     click.echo(f"demo: try  allocscope diff {bug_a} {bug_b} --per pw")
     return {"traces": [bug_a, bug_b, fixed_b], "html": html_path, "diff": diff, "peaks": peaks,
+            "waits": {"bug": wait_bug, "fixed": wait_fixed, "daemon_bug": own,
+                      "daemon_fixed": daemon_counters(fixed_b)},
             "report": rep_b, "report_text": report_text, "top_text": top_text}
 
 

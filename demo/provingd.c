@@ -108,6 +108,7 @@ struct options {
     bool bug;         /* release the permit before the hand-off */
     bool wait_signal; /* print "ready <pid>", wait for SIGUSR1 */
     bool verbose;     /* per-second progress on stderr */
+    const char *summary; /* also write the summary line to this file */
     uint64_t seed;
 };
 
@@ -570,7 +571,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: provingd [--pw N] [--workers W] [--partitions P] [--partition-mb M]\n"
             "                [--gpu-ms T] [--synth-ms S] [--bug] [--wait-signal]\n"
-            "                [--seed S] [--verbose]\n"
+            "                [--seed S] [--verbose] [--summary FILE]\n"
             "  --pw N            semaphore permits (partitions in flight), default %d\n"
             "  --workers W       partition-worker threads, default %d\n"
             "  --partitions P    partitions to prove before exiting, default %d\n"
@@ -580,7 +581,8 @@ static void usage(FILE *f)
             "  --bug             release the permit before the gpu hand-off\n"
             "  --wait-signal     print 'ready <pid>' and wait for SIGUSR1 before working\n"
             "  --seed S          workload seed, default %" PRIu64 "\n"
-            "  --verbose         per-second progress on stderr\n",
+            "  --verbose         per-second progress on stderr\n"
+            "  --summary FILE    also write the summary line (peaks) to FILE\n",
             opt.pw, opt.workers, opt.partitions, opt.partition_mb, opt.gpu_ms,
             opt.synth_ms, opt.seed);
 }
@@ -597,7 +599,7 @@ static int parse_int(const char *name, const char *s, int min)
 
 static void parse_args(int argc, char **argv)
 {
-    enum { O_PW = 256, O_WORKERS, O_PARTS, O_MB, O_GPU, O_SYNTH, O_SEED };
+    enum { O_PW = 256, O_WORKERS, O_PARTS, O_MB, O_GPU, O_SYNTH, O_SEED, O_SUMMARY };
     static const struct option longopts[] = {
         {"pw", required_argument, NULL, O_PW},
         {"workers", required_argument, NULL, O_WORKERS},
@@ -606,6 +608,7 @@ static void parse_args(int argc, char **argv)
         {"gpu-ms", required_argument, NULL, O_GPU},
         {"synth-ms", required_argument, NULL, O_SYNTH},
         {"seed", required_argument, NULL, O_SEED},
+        {"summary", required_argument, NULL, O_SUMMARY},
         {"bug", no_argument, NULL, 'b'},
         {"wait-signal", no_argument, NULL, 'w'},
         {"verbose", no_argument, NULL, 'v'},
@@ -630,6 +633,7 @@ static void parse_args(int argc, char **argv)
             opt.seed = v;
             break;
         }
+        case O_SUMMARY: opt.summary = optarg; break;
         case 'b': opt.bug = true; break;
         case 'w': opt.wait_signal = true; break;
         case 'v': opt.verbose = true; break;
@@ -760,12 +764,19 @@ int main(int argc, char **argv)
     pthread_cond_destroy(&done_cv);
 
     int peak = atomic_load(&peak_live);
-    fprintf(stderr,
-            "provingd: %s pw=%d workers=%d: peak live partitions %d (%d MiB, "
-            "pw+2=%d), total partitions %d, log records %zu, elapsed %.1fs, "
-            "peak waiting for the channel %d\n",
-            opt.bug ? "bug" : "fixed", opt.pw, opt.workers, peak,
-            peak * opt.partition_mb, opt.pw + 2, atomic_load(&freed), log_records,
-            elapsed, atomic_load(&peak_waiting));
+    char line[256];
+    snprintf(line, sizeof line,
+             "provingd: %s pw=%d workers=%d: peak live partitions %d (%d MiB, "
+             "pw+2=%d), total partitions %d, log records %zu, elapsed %.1fs, "
+             "peak waiting for the channel %d\n",
+             opt.bug ? "bug" : "fixed", opt.pw, opt.workers, peak,
+             peak * opt.partition_mb, opt.pw + 2, atomic_load(&freed), log_records,
+             elapsed, atomic_load(&peak_waiting));
+    fputs(line, stderr);
+    if (opt.summary != NULL) {
+        FILE *f = fopen(opt.summary, "w");
+        if (f == NULL || fputs(line, f) < 0 || fclose(f) != 0)
+            die("--summary %s: %s", opt.summary, strerror(errno));
+    }
     return 0;
 }

@@ -49,3 +49,21 @@ def test_demo_finds_the_pile_up(tmp_path):
         first_row = next(ln for ln in text.splitlines() if re.match(r"^\s+1\s", ln))
         assert "synthesize_partition" in first_row, text
         assert text.index("Held at the peak") < text.index("locations by live bytes at the end")
+    # Why it stays (issue 21): the bug's workers are blocked in channel_push, each holding its
+    # partition — as many as the daemon's own "waiting" counter says, within one partition
+    w, own = res["waits"]["bug"], res["waits"]["daemon_bug"]
+    assert own["peak_waiting"] >= 4, own
+    assert w["lead"]["function"] == "channel_push", w["lead"]
+    assert abs(w["threads"] - own["peak_waiting"]) <= 1, (w, own)
+    assert abs(w["what_blocks"] - own["peak_waiting"]) <= 1, (w, own)
+    assert w["what_bytes"] == w["what_blocks"] * (MIB8 + 32)  # a partition: its 32-byte header + 8 MiB
+    assert {t["name"][:8] for t in w["lead"]["thread_list"]} == {"pworker-"}
+    # fixed: no more threads wait in channel_push than the permits allow
+    assert res["waits"]["fixed"]["max_threads"] <= 3, res["waits"]["fixed"]
+    # the diff fixed -> bug puts channel_push first
+    from reports.diff import diff_traces
+    from reports.trace import load_trace
+
+    dw = diff_traces(load_trace(str(res["traces"][2])), load_trace(str(bug_b)))["waits"]
+    assert dw[0]["function"] == "channel_push" and dw[0]["held_delta"] > 4 * MIB8, dw[:3]
+    assert "Held while waiting" in res["report_text"] and "channel_push" in res["report_text"]

@@ -89,7 +89,8 @@ def test_rust_sync_channel_send_is_the_wait(tmp_path, procs, tracers):
     """The synth threads block in SyncSender::send inside hand_off (std's mpmc and futex frames
     folded): the wait is at the send call of the user's code, holding their partitions."""
     exe = build_rustd()
-    send_line = next(i for i, line in enumerate((RUSTD_SRC / "src" / "main.rs").read_text().splitlines(), 1) if "(SEND_LINE)" in line)
+    src = (RUSTD_SRC / "src" / "main.rs").read_text().splitlines()
+    send_line = next(i for i, line in enumerate(src, 1) if "(SEND_LINE)" in line)
     out = tmp_path / "rustd-wait.allocscope"
     tgt = procs(exe, "--partitions", "8", "--hold", "1", "--mb", "4", "--records", "10", "--gpu-ms", "400")
     tgt.expect("ready")
