@@ -354,6 +354,45 @@ def flows_table(doc: dict) -> str:
     return _table(["allocated by", "freed by", "bytes", "blocks", "mean wait", "max wait"], rows, {2, 3, 4, 5})
 
 
+def waits_html(doc: dict) -> str:
+    """"Held while waiting" (reports/waits.py): at the peak of memory held by blocked threads,
+    where they wait, how many, what they hold (by where it was allocated), then the off-CPU
+    time by wait location and what giving memory back cost; '' when waits were not traced."""
+    w = doc.get("waits") or {}
+    if not w.get("traced"):
+        return ""
+    pk = w.get("peak")
+    parts = []
+    if pk:
+        when = f"+{pk['elapsed_s']:.1f}s, " if pk.get("elapsed_s") is not None else ""
+        parts.append(f"<p>{_e(when)}interval {_e(pk['seq'])}: {_e(pk['blocked'])} threads blocked, "
+                     f"{_e(pk['holding'])} of them holding {_bytes(pk['held_bytes'])} "
+                     f"(waits of at least {_e(w['wait_min_ms'])} ms)</p>")
+        rows = [[_frames_cell([d]) + (" <em>in free</em>" if d.get("in_free") else ""), _e(d["threads"]),
+                 _bytes(d["held_bytes"]), _e(f"{d['longest_s']:.2f}s"),
+                 "<br>".join(f"{_e(h['function'])} {_bytes(h['bytes'])} in {_e(h['blocks'])}" for h in d["held"][:4]),
+                 _e(", ".join(f"{t['name']}({t['tid']})" for t in d["thread_list"][:8]))]
+                for d in pk["by_location"][:TOP_SITES_TABLE]]
+        parts.append(_table(["waiting in", "threads", "held", "longest", "what they hold (allocated at)", "threads"],
+                            rows, {1, 2, 3}))
+    else:
+        parts.append("<p>No thread was blocked at a snapshot.</p>")
+    if w.get("off_cpu"):
+        parts.append("<h3>Off-CPU time by where threads blocked (whole recording)</h3>")
+        parts.append(_table(["waiting in", "waits", "total", "longest", "threads"],
+                            [[_frames_cell([d]), _e(d["waits"]), _e(f"{d['total_s']:.2f}s"), _e(f"{d['max_s']:.2f}s"),
+                              _e(", ".join(d["threads"][:6]))] for d in w["off_cpu"][:TOP_SITES_TABLE]], {1, 2, 3}))
+    fr = w.get("freeing") or {}
+    rows = [[_e(f"{r['thread']}({r['tid']})"), _e(r["kind"]), _e(r["calls"]), _bytes(r["requested_bytes"]),
+             _bytes(r["released_bytes"]), _e(f"{r['duration_s'] * 1e3:.2f}ms")] for r in fr.get("by_thread") or []]
+    rows += [[_e(f"{p['thread']}({p['tid']})"), _e(p["function"]), _e(p["calls"]), "-", _bytes(p["released_bytes"]),
+              _e(f"{p['duration_s'] * 1e3:.2f}ms")] for p in fr.get("purges") or []]
+    if rows:
+        parts.append("<h3>What giving memory back cost</h3>")
+        parts.append(_table(["thread", "call", "calls", "asked", "released", "time"], rows, {2, 3, 4, 5}))
+    return "".join(parts)
+
+
 def trims_table(doc: dict) -> str:
     rows = [[_e(f"{x['time']:.3f}s"), _e(f"{x['thread']}({x['tid']})"), _e(f"{x['duration_s'] * 1e3:.2f}ms"),
              _e(x.get("returned")), _bytes(x.get("released_bytes"))] for x in doc.get("trims") or []]
@@ -450,6 +489,7 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
         ("flame", "Live bytes by stack (click a frame to zoom, the top bar to zoom out)",
          flame_section(report_doc, flame)),
         ("sites", sites_heading(report_doc), sites_table(report_doc)),
+        *([("waits", "Held while waiting", waits_html(report_doc))] if waits_html(report_doc) else []),
         ("threads", "Threads by live bytes", threads_table(report_doc)),
         *([("gpu", "GPU memory", gpu_html(report_doc))] if gpu.get("seen") else []),
         ("flows", "Frees by allocating → freeing thread", flows_table(report_doc)),

@@ -165,6 +165,9 @@ class LiveView:
     by: str = "stack"  # what a row of `sites` is: location, function or stack (LiveModel's `by`)
     # each allocator's own memory at the last snapshot: {name, source, resident, live, retained}
     allocators: list = field(default_factory=list)
+    # the threads blocked now, by where they wait (reports/waits.py's folding): {function, file,
+    # line, threads, held_bytes (what they allocated and hold), longest_s}, most held first
+    waiting: list = field(default_factory=list)
     _sorted: dict[str, list[dict]] = field(default_factory=dict, repr=False)
 
     def ranked(self, sort: str) -> list[dict]:
@@ -217,6 +220,7 @@ class LiveModel:
         self.allocator = ""
         self.elapsed: list[float] = []  # the last two snapshots' elapsed_s
         self.allocators: list[dict] = []  # the last snapshot's allocators (LiveView.allocators)
+        self.waiting: list[dict] = []  # the last snapshot's blocked threads by where they wait
 
     # --- input ----------------------------------------------------------------------------
 
@@ -288,10 +292,27 @@ class LiveModel:
         self.seq = snap.seq
         self.final = snap.final
         self.allocator = getattr(snap, "allocator", "") or self.allocator
+        self.waiting = self._waiting(getattr(snap, "blocked", ()) or ())
         rows = getattr(snap, "allocators", ()) or ()
         if rows:
             self.allocators = [{"source": r[0], "name": r[1], "resident": int(r[3]), "live": int(r[4]),
                                 "retained": max(0, int(r[3]) - int(r[4]))} for r in rows]
+
+    def _waiting(self, blocked) -> list[dict]:
+        from .waits import fold_wait_frames  # noqa: PLC0415
+
+        groups: dict[tuple, dict] = {}
+        for tid, sid, _since, waited, _state in blocked:
+            frames = fold_wait_frames(self.stacks.get(int(sid)))
+            f = frames[0]
+            g = groups.setdefault((f.function, f.file, f.line), {"function": f.function, "file": f.file,
+                                                                 "line": f.line, "module": f.module, "threads": 0,
+                                                                 "held_bytes": 0, "longest_s": 0.0})
+            g["threads"] += 1
+            th = self.threads.get(int(tid))
+            g["held_bytes"] += max(0, th.live) if th is not None else 0
+            g["longest_s"] = max(g["longest_s"], int(waited) / 1e9)
+        return sorted(groups.values(), key=lambda g: (-g["held_bytes"], -g["threads"], g["function"]))
 
     # --- output ---------------------------------------------------------------------------
 
@@ -364,7 +385,7 @@ class LiveModel:
         losses = {k: int(v) for k, v in row.items() if k.startswith("lost_") and not k.endswith("_bytes") and v}
         return LiveView(self.seq, self.final, now_t, dt, row, self.allocator, self.rss_peak,
                         [max(0, r) for r, _ in self.timeline], [lv for _, lv in self.timeline], sites, threads,
-                        losses, dict(self.names), self.by, list(self.allocators))
+                        losses, dict(self.names), self.by, list(self.allocators), list(self.waiting))
 
 
 class StatusModel:

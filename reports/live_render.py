@@ -101,6 +101,18 @@ def allocators_text(view: LiveView) -> str:
                                 for a in shown) if shown else ""
 
 
+def waiting_text(view: LiveView, n: int = 3) -> str:
+    """'waiting: channel_push 8 thr holding 64.0 MiB (longest 3.2s); sem_wait 3 thr 768 B': the
+    threads blocked now by where they wait (reports/waits.py's folding) and what they hold; ''
+    when none is blocked (or waits are not traced)."""
+    if not view.waiting:
+        return ""
+    parts = [f"{w['function']} {w['threads']} thr holding {human_bytes(w['held_bytes'])} "
+             f"(longest {w['longest_s']:.1f}s)" for w in view.waiting[:n]]
+    more = f"; +{len(view.waiting) - n} more" if len(view.waiting) > n else ""
+    return "waiting: " + "; ".join(parts) + more
+
+
 # --- --batch ----------------------------------------------------------------------------------
 
 def batch_block(view: LiveView, sort: str, top: int, clock: str) -> str:
@@ -130,6 +142,9 @@ def batch_block(view: LiveView, sort: str, top: int, clock: str) -> str:
                    f"{fit(s['top_thread'], 15):<15}  {site_text(s['site'], BATCH_FRAMES)}")
     if kept:
         out.append(f"   {kept}")
+    waiting = waiting_text(view)
+    if waiting:
+        out.append(f"   {waiting}")
     return "\n".join(out) + "\n"
 
 
@@ -241,7 +256,8 @@ def _header(view: LiveView | None, state: ScreenState, width: int) -> list[Line]
     hi = max([*rss_line, *live_line, 1])
     chars = None if state.unicode else ASCII_SPARKS
     spark = {"lo": 0, "hi": hi, **({"chars": chars} if chars else {})}
-    return [title, mem, live, *([[(kept, "")]] if kept else []),
+    waiting = waiting_text(view)
+    return [title, mem, live, *([[(kept, "")]] if kept else []), *([[(waiting, "yellow")]] if waiting else []),
             [("RSS  ", "dim"), (sparkline(rss_line, **spark), "green"), (f" {human_bytes(max(0, rss))}", "dim")],
             [("live ", "dim"), (sparkline(live_line, **spark), "cyan"),
              (f" {human_bytes(r.get('live_bytes', 0))}", "dim")]]

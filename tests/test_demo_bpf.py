@@ -67,3 +67,5 @@ def test_demo_finds_the_pile_up(tmp_path):
     dw = diff_traces(load_trace(str(res["traces"][2])), load_trace(str(bug_b)))["waits"]
     assert dw[0]["function"] == "channel_push" and dw[0]["held_delta"] > 4 * MIB8, dw[:3]
     assert "Held while waiting" in res["report_text"] and "channel_push" in res["report_text"]
+    # and `top` says it live: a block's last line names the workers waiting in channel_push
+    assert any(ln.startswith("   waiting: channel_push ") for ln in top.splitlines()), top

@@ -76,6 +76,10 @@ def test_waits_holdings_and_freeing_costs(targets, tmp_path):
     # the text report says it
     text = cli("report", str(out), check=True).stdout
     assert "Held while waiting" in text and "wait_for_gate" in text and "What giving memory back cost" in text
+    html = tmp_path / "waits.html"
+    cli("report", str(out), "--format", "html", "-o", str(html), check=True)
+    page = html.read_text()
+    assert '<section id="waits"><h2>Held while waiting</h2>' in page and "wait_for_gate" in page
 
 
 def test_waits_off_records_none(targets, tmp_path):

@@ -79,6 +79,8 @@ class Snapshot:
     allocator: str = ""                      # what is probed: "glibc /lib/.../libc.so.6", "+ CUDA driver"
     # each allocator's own mappings at this interval: (source, label, mapped, resident, live, ranges)
     allocators: tuple = ()
+    # the threads blocked at least --wait-min now: (tid, stack_id, since_ns, waited_ns, state)
+    blocked: tuple = ()
 
 
 @dataclass
@@ -307,7 +309,8 @@ class Recorder:
         if self.observer is not None:
             self.observer(Snapshot(seq, final, row, self.sites.current, changed, stack_columns,
                                    dict(self.threads.names), self._allocator_text(),
-                                   tuple(self.retention.last) if self.retention is not None else ()))
+                                   tuple(self.retention.last) if self.retention is not None else (),
+                                   tuple(self.waits.blocked)))
 
     def _allocator_text(self) -> str:
         rep = self.attach_report

@@ -210,6 +210,7 @@ class WaitTable:
         self.last: dict[tuple[int, int], tuple] = {}
         self.new_stacks: set[int] = set()
         self.new_tids: set[int] = set()
+        self.blocked: list[tuple] = []  # the last snapshot's blocked threads (the `blocked` rows)
 
     def parts(self, seq: int, kernel: tuple[np.ndarray, np.ndarray], offcpu: tuple[np.ndarray, np.ndarray],
               now_ns: int) -> tuple[pa.Table | None, pa.Table | None]:
@@ -229,6 +230,7 @@ class WaitTable:
                 blocked.append((tid, sid, since, now_ns - since, "D" if state == 2 else "S"))
                 self.new_stacks.add(sid)
                 self.new_tids.add(tid)
+        self.blocked = blocked
         return (_table("waits", rows, seq) if rows else None,
                 _table("blocked", blocked, seq) if blocked else None)
 
