@@ -263,6 +263,15 @@ struct as_wait {
     __u64 max_ns;
 };
 
+/* Value of `tlb_flushes` (per CPU, key: tlb:tlb_flush's reason, 0..5): TLB flushes on the
+ * target's threads (a remote shootdown counts on the CPU it interrupts, when a target thread runs
+ * there). */
+struct as_tlb {
+    __u64 flushes;
+    __u64 pages; /* of the ranged flushes */
+    __u64 full;  /* flushes of everything (TLB_FLUSH_ALL) */
+};
+
 /* Value of `wait_memo` (key: tid): the registers and stack of the thread's last wait. */
 struct as_wait_memo {
     __u64 ip, sp, bp;

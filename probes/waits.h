@@ -21,6 +21,7 @@ BPF_HASH(offcpu, u32, struct as_offcpu, AS_MAX_THREADS);
 BPF_F_TABLE("hash", struct as_wait_key, struct as_wait, waits, AS_MAX_WAITS, BPF_F_NO_PREALLOC);
 BPF_HASH(wait_memo, u32, struct as_wait_memo, AS_MAX_THREADS);
 BPF_ARRAY(wait_cfg, u64, 1); /* 0: the threshold (ns); 0 there: waits are not traced */
+BPF_PERCPU_ARRAY(tlb_flushes, struct as_tlb, 8);
 
 static __always_inline void wait_ended(u32 tid, struct as_offcpu *o, u64 now)
 {
@@ -89,5 +90,23 @@ TRACEPOINT_PROBE(sched, sched_switch)
     count(AS_CNT_WAITS, 1);
     w.stack_id = wait_stack(args, tid);
     offcpu.update(&tid, &w);
+    return 0;
+}
+
+/* What unmapping costs the other CPUs: TLB flushes by reason (0 task switch, 1 remote shootdown
+ * received, 2 local shootdown, 3 local mm shootdown, 4 remote IPI sent, 5 remote wrong CPU). */
+TRACEPOINT_PROBE(tlb, tlb_flush)
+{
+    if (!is_target())
+        return 0;
+    u32 reason = (u32)args->reason;
+    struct as_tlb *t = tlb_flushes.lookup(&reason);
+    if (!t)
+        return 0;
+    t->flushes += 1;
+    if (args->pages == (unsigned long)-1)
+        t->full += 1;
+    else
+        t->pages += args->pages;
     return 0;
 }

@@ -362,7 +362,7 @@ def freeing_text(f: dict, s: _Style, top: int) -> list[str]:
     """What giving memory back cost: syscall time by thread and call, munmap time by the location
     that mapped the memory, purge calls."""
     rows = [r for r in f.get("by_thread") or [] if r["calls"]]
-    if not rows and not f.get("purges"):
+    if not rows and not f.get("purges") and not f.get("tlb"):
         return []
     out = ["", s.bold("What giving memory back cost (time in the calls)")]
     out += ["  " + line for line in table(
@@ -371,6 +371,11 @@ def freeing_text(f: dict, s: _Style, top: int) -> list[str]:
           human_bytes(r["released_bytes"]), f"{r['duration_s'] * 1e3:.2f}ms"] for r in rows[:top]]
         + [[f"{p['thread']}({p['tid']})", p["function"], str(p["calls"]), "-", human_bytes(p["released_bytes"]),
             f"{p['duration_s'] * 1e3:.2f}ms"] for p in (f.get("purges") or [])[:top]], "llrrrr")]
+    tlb = {k: v for k, v in (f.get("tlb") or {}).items() if k != "task_switch"}
+    if tlb:
+        out.append("  TLB flushes on its threads: " + ", ".join(
+            f"{k.replace('_', ' ')} {v['flushes']} ({v['pages']} pages" + (f", {v['full']} full)" if v["full"] else ")")
+            for k, v in tlb.items()))
     if f.get("by_location"):
         out.append("  munmap of memory mapped at: " + "; ".join(
             f"{_where(d)} {d['calls']} calls {human_bytes(d['requested_bytes'])} {d['duration_s'] * 1e3:.2f}ms"

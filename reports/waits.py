@@ -248,7 +248,7 @@ def freeing_costs(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]]) -> dic
     that mapped the memory, for munmaps of memory mapped outside the allocators) and the
     allocators' purge calls (malloc_trim, mallctl purges...), by thread."""
     names = trace.thread_names()
-    out: dict = {"by_thread": [], "by_location": [], "purges": []}
+    out: dict = {"by_thread": [], "by_location": [], "purges": [], "tlb": tlb_flushes(trace)}
     rel = trace.releases
     if not rel.empty:
         last = rel.sort_values("seq").drop_duplicates(["tid", "kind", "in_api", "stack_id"], keep="last")
@@ -280,6 +280,26 @@ def freeing_costs(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]]) -> dic
                           "calls": int(r.calls), "duration_s": int(r.duration_ns) / 1e9,
                           "released_bytes": int(r.released_bytes)}
                          for r in g.sort_values("duration_ns", ascending=False).itertuples()]
+    return out
+
+
+TLB_REASONS = ("task_switch", "remote_shootdown", "local_shootdown", "local_mm_shootdown", "remote_ipi_send",
+               "remote_wrong_cpu")
+
+
+def tlb_flushes(trace: Trace) -> dict[str, dict[str, int]]:
+    """TLB flushes on the target's threads over the recording, by reason (tlb:tlb_flush):
+    {reason: {flushes, pages, full}}, reasons with none left out; {} for a trace without them."""
+    iv = trace.intervals
+    if not len(iv):
+        return {}
+    last = iv.iloc[-1]
+    out = {}
+    for r in TLB_REASONS:
+        k = f"tlb_{r}_flushes"
+        if k in iv.columns and int(last[k] or 0):
+            out[r] = {"flushes": int(last[k]), "pages": int(last.get(f"tlb_{r}_pages", 0) or 0),
+                      "full": int(last.get(f"tlb_{r}_full", 0) or 0)}
     return out
 
 

@@ -69,6 +69,8 @@ def test_waits_holdings_and_freeing_costs(targets, tmp_path):
     assert within(loc["duration_s"], own["unmap"]["ns"] / 1e9), (loc, own["unmap"])
     um = next(r for r in fr["by_thread"] if r["tid"] == own["unmap"]["tid"] and r["kind"] == "munmap")
     assert um["thread"] == "unmapper" and um["calls"] >= 6
+    # the TLB flushes those munmaps cost (tlb:tlb_flush on the target's threads): one at least each
+    assert fr["tlb"]["local_mm_shootdown"]["flushes"] >= 6, fr["tlb"]
     # malloc_trim on the main thread, timed
     trim = next(x for x in fr["purges"] if x["function"] == "malloc_trim")
     assert trim["tid"] == own["trim"]["tid"] and trim["thread"] == "waits-main" and trim["calls"] == 1

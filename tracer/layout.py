@@ -155,6 +155,14 @@ class Wait(ct.Structure):
     _fields_ = [("count", ct.c_uint64), ("total_ns", ct.c_uint64), ("max_ns", ct.c_uint64)]
 
 
+class Tlb(ct.Structure):
+    _fields_ = [("flushes", ct.c_uint64), ("pages", ct.c_uint64), ("full", ct.c_uint64)]
+
+
+TLB_REASONS = ("task_switch", "remote_shootdown", "local_shootdown", "local_mm_shootdown", "remote_ipi_send",
+               "remote_wrong_cpu")
+
+
 class WaitMemo(ct.Structure):
     _fields_ = [("ip", ct.c_uint64), ("sp", ct.c_uint64), ("bp", ct.c_uint64), ("stack_id", ct.c_uint64)]
 

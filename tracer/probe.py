@@ -262,7 +262,7 @@ class Probes:
             f"{c}:{n}" for c, n in [("syscalls", f"sys_{d}_{s}") for s in
                                     ("mmap", "munmap", "mremap", "brk", "madvise") for d in ("enter", "exit")]
             + [("task", "task_rename"), ("sched", "sched_process_exit"), ("sched", "sched_process_exec"),
-               ("sched", "sched_switch")]
+               ("sched", "sched_switch"), ("tlb", "tlb_flush")]
             + ([("kmem", "rss_stat")] if self.rss_tracepoint else [])])
         self._events_cb = None
         self._fault_fds: dict[int, int] = {}  # tid -> perf event fd (residency mode)
@@ -806,6 +806,17 @@ class Probes:
     def read_waits(self) -> tuple[np.ndarray, np.ndarray]:
         """Waits at least --wait-min long, summed per (stack, thread): (WaitKey, Wait) arrays."""
         return self._read_batch("waits", L.WaitKey, L.Wait)
+
+    def read_tlb(self) -> dict[str, int]:
+        """TLB flushes on the target's threads, summed over CPUs: tlb_<reason>_flushes, _pages,
+        _full (tlb:tlb_flush; reasons: layout.TLB_REASONS)."""
+        table = self.bpf[b"tlb_flushes"]
+        out = {}
+        for i, name in enumerate(L.TLB_REASONS):
+            vals = table[table.Key(i)]
+            for f in ("flushes", "pages", "full"):
+                out[f"tlb_{name}_{f}"] = int(sum(getattr(v, f) for v in vals))
+        return out
 
     def read_offcpu(self) -> tuple[np.ndarray, np.ndarray]:
         """The target's threads blocked now: (tids, Offcpu values: since when, at which stack)."""

@@ -319,6 +319,7 @@ class Recorder:
 
     def _interval_row(self, seq: int, now: int, alive: bool, readable: bool, final: bool) -> dict:
         counters = self.probes.read_counters()
+        counters.update(self.probes.read_tlb())
         counters["n_attach_window_returns"] = self.attach_window_returns
         counters["lost_unmatched_ret"] -= self.attach_window_returns
         if self.opts.mode == "residency":
