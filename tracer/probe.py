@@ -753,7 +753,14 @@ class Probes:
             t = self.bpf[b"brk_state"]
             t[t.Key(0)] = t.Leaf(brk)
         t = self.bpf[b"wait_cfg"]  # waits are traced from here on (0: not at all)
-        t[t.Key(0)] = t.Leaf(max(0, round(self.options.wait_min_ms * 1e6)))
+        wait_min = max(0, round(self.options.wait_min_ms * 1e6))
+        t[t.Key(0)] = t.Leaf(wait_min)
+        if not wait_min:  # not traced: no program on every context switch of the machine
+            try:
+                self.bpf.detach_tracepoint(tp=b"sched:sched_switch")
+                self.report.tracepoints = [x for x in self.report.tracepoints if x != "sched:sched_switch"]
+            except Exception:  # noqa: BLE001 (BCC's bare Exception): it stays, returning at once
+                pass
         if self.rss_tracepoint:
             t = self.bpf[b"rss"]
             for idx, key in ((0, "rss_file_bytes"), (1, "rss_anon_bytes"), (3, "rss_shmem_bytes")):
