@@ -70,7 +70,11 @@ def main():
     ap.add_argument("--bins", default="build/gpu-bins")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu-check"))
     ap.add_argument("--dest", default="/tmp/allocscope-bundle")
-    ap.add_argument("--skip", default="", help="comma list of: small,driver,torch,scale")
+    ap.add_argument("--skip", default="", help="comma list of: small,driver,torch,bigscale,scale")
+    ap.add_argument("--big-args", default="--pw 16 --workers 16 --partitions 48 --partition-mb 4096 --chunk-kb 32 "
+                    "--synth-ms 0 --gpu-ms 100 --bug",
+                    help="bigscale: provingd's arguments (16 workers, 4 GiB partitions of 32 KiB chunks: "
+                         "~76 GiB and ~2.5 M live blocks at the peak)")
     a = ap.parse_args()
     skip = set(a.skip.split(","))
     os.makedirs(a.out, exist_ok=True)
@@ -128,6 +132,9 @@ def main():
     if "torch" not in skip:
         torch_check(exe, a.out)
 
+    if "bigscale" not in skip:
+        big_scale(exe, a.out, os.path.join(bins, "provingd"), a.big_args)
+
     if "scale" not in skip:
         pd = os.path.join(bins, "provingd")
         args = [pd, "--pw", "16", "--workers", "16", "--partitions", "96"]
@@ -159,23 +166,128 @@ def main():
         f.write(text + "\n")
 
 
+def _proc_cpu(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            v = f.read().rsplit(")", 1)[1].split()
+        return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _elapsed(summary):
+    import re
+
+    m = re.search(r"elapsed ([\d.]+)s", summary or "")
+    return float(m[1]) if m else None
+
+
+def big_scale(exe, out, provingd, big_args):
+    """The demo daemon scaled to the box, untraced then traced (attached before its work starts):
+    its own elapsed time for the work (kept %), the tracer's CPU (% of one core over the work),
+    losses, peak live blocks, trace size, report time."""
+    args = [provingd, *big_args.split(), "--wait-signal"]
+
+    def run(traced):
+        summ = os.path.join(out, f"big-{'traced' if traced else 'untraced'}.summary")
+        tgt = subprocess.Popen([*args, "--summary", summ], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               text=True)
+        line = tgt.stdout.readline()
+        if not line.startswith("ready"):
+            return None
+        tr, trace, cpu0 = None, os.path.join(out, "bigscale.allocscope"), None
+        if traced:
+            tr = subprocess.Popen([exe, "record", "--pid", str(tgt.pid), "-o", trace, "--interval", "1"],
+                                  stderr=subprocess.PIPE, text=True)
+            for ln in tr.stderr:
+                if "recording pid" in ln:
+                    break
+            time.sleep(1)
+            cpu0 = _proc_cpu(tr.pid)
+        t = time.monotonic()
+        tgt.send_signal(signal.SIGUSR1)
+        tgt.wait(1800)
+        wall = time.monotonic() - t
+        cpu1 = _proc_cpu(tr.pid) if tr else None
+        try:
+            with open(summ) as f:
+                text = f.read().strip()
+        except OSError:
+            text = ""
+        res = {"wall": wall, "elapsed": _elapsed(text), "summary": text}
+        if tr:
+            t = time.monotonic()
+            err = tr.communicate(timeout=600)[1]
+            res.update(stop_s=time.monotonic() - t, rc=tr.returncode, err=err[-600:],
+                       tracer_cpu=(cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
+                       trace=trace)
+        return res
+
+    base = run(False)
+    traced = run(True)
+    if not base or not traced:
+        row("bigscale: runs", "both", f"untraced {bool(base)}, traced {bool(traced)}")
+        return
+    print(base["summary"], "\n", traced["summary"], "\n", traced.get("err"), file=sys.stderr)
+    row("bigscale: provingd " + big_args, "-", f"untraced {base['elapsed']:.1f}s ({base['summary'][-60:]})", True)
+    row("bigscale: traced work (kept)", "-", f"{traced['elapsed']:.1f}s ({base['elapsed'] / traced['elapsed']:.1%})",
+        True)
+    if traced.get("tracer_cpu") is not None:
+        row("bigscale: tracer CPU over the work", "-",
+            f"{traced['tracer_cpu']:.1f}s = {100 * traced['tracer_cpu'] / traced['wall']:.0f}% of one core", True)
+    row("bigscale: tracer stop (final snapshot, detach)", "-", f"{traced['stop_s']:.1f}s rc {traced['rc']}", True)
+    t = time.monotonic()
+    rep = report(exe, traced["trace"], out, "bigscale") if traced["rc"] == 0 else None
+    rep_s = time.monotonic() - t
+    if not rep:
+        row("bigscale: report", "rc 0", traced.get("err", "")[-200:])
+        return
+    tot = rep["totals"]
+    size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(traced["trace"]) for f in fs)
+    row("bigscale: lost events", 0, tot.get("lost_events"))
+    row("bigscale: peak live", "-", f"{tot.get('peak_live_bytes', 0) / (1 << 30):.1f} GiB", True)
+    import pandas as pd
+
+    iv = pd.concat([pd.read_parquet(os.path.join(traced["trace"], "parts", f))
+                    for f in os.listdir(os.path.join(traced["trace"], "parts")) if f.startswith("intervals-")])
+    row("bigscale: peak live blocks", ">= 1000000", int(iv["live_count"].max()), int(iv["live_count"].max()) >= 10**6)
+    row("bigscale: peak RSS sampled", "-", f"{tot.get('peak_rss_bytes', 0) / (1 << 30):.1f} GiB", True)
+    row("bigscale: trace size, report time", "-", f"{size / (1 << 20):.1f} MiB, report {rep_s:.1f}s", True)
+    w = rep.get("waits") or {}
+    pk = (w.get("peak") or {}).get("by_location") or [{}]
+    held = (pk[0].get("held_bytes") or 0) / (1 << 30)
+    lead = f"{pk[0].get('function')} {pk[0].get('threads')} thr {held:.1f} GiB"
+    row("bigscale: held while waiting (lead)", "-", lead, True)
+
+
 TORCH_PROG = r"""
 import json, os, signal, sys, time, torch
 MIB = 1 << 20
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 r0, (f0, _) = torch.cuda.memory_reserved(), torch.cuda.mem_get_info()
+def rss():
+    out = {}
+    for line in open("/proc/self/status"):
+        k, _, v = line.partition(":")
+        if k in ("RssAnon", "RssFile", "RssShmem"):
+            out[k] = int(v.split()[0]) * 1024
+    return out
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 print("ready", os.getpid(), flush=True)
 signal.sigwait({signal.SIGUSR1})
 a = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda")
 b = torch.empty(100 * MIB, dtype=torch.uint8, device="cuda")
 c = torch.empty(3 * MIB + 5, dtype=torch.uint8, device="cuda")
-p = torch.empty(64 * MIB, dtype=torch.uint8).pin_memory()
-q = torch.empty(5 * MIB, dtype=torch.uint8).pin_memory()
 torch.cuda.synchronize()
+m0 = rss()
+p = torch.ones(64 * MIB, dtype=torch.uint8).pin_memory()
+q = torch.ones(5 * MIB, dtype=torch.uint8).pin_memory()
+torch.cuda.synchronize()
+m1 = rss()
 r1, (f1, _) = torch.cuda.memory_reserved(), torch.cuda.mem_get_info()
 print(json.dumps({"reserved_delta": r1 - r0, "memgetinfo_delta": f0 - f1, "torch": torch.__version__,
-                  "cuda": torch.version.cuda, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}), flush=True)
+                  "cuda": torch.version.cuda, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+                  "rss_delta": {k: m1[k] - m0[k] for k in m0}}), flush=True)
 time.sleep(2)
 print("done", flush=True)
 """
@@ -224,6 +336,13 @@ def torch_check(exe, out):
         row(f"{label}: device bytes vs memory_reserved() delta", info.get("reserved_delta"), tot.get("device_bytes"))
         row(f"{label}: cuMemGetInfo free delta (info)", "-", info.get("memgetinfo_delta"), True)
         row(f"{label}: CUDA host (pin_memory 64M+5M, info)", "-", tot.get("cuda_host_bytes"), True)
+        rd = info.get("rss_delta") or {}
+        # pin_memory() copies a 69 MiB CPU tensor (anon) into pinned pages: which RSS counter takes them
+        row(f"{label}: RSS deltas across pin_memory (anon/file/shmem, info)", "-",
+            f"{rd.get('RssAnon')}/{rd.get('RssFile')}/{rd.get('RssShmem')}", True)
+        dec = rep.get("rss_decomposition") or {}
+        row(f"{label}: report shmem attributed to cuda-pinned (info)", "-",
+            f"{(dec.get('shmem_sources') or {}).get('cuda-pinned', 0)} of shmem {dec.get('shmem_bytes')}", True)
         row(f"{label}: device count", "-", tot.get("device_count"), True)
         row(f"{label}: torch/cuda", "-", f"{info.get('torch')} cu{info.get('cuda')}", True)
 

@@ -105,6 +105,7 @@ struct options {
     int partition_mb; /* size of one partition */
     int gpu_ms;       /* time the gpu thread spends proving one partition */
     int synth_ms;     /* mean wall time of one synthesis (jitter +-50%) */
+    int chunk_kb;     /* 0: a partition is one block; else chunks of this many KiB */
     bool bug;         /* release the permit before the hand-off */
     bool wait_signal; /* print "ready <pid>", wait for SIGUSR1 */
     bool verbose;     /* per-second progress on stderr */
@@ -336,16 +337,28 @@ ALLOC_SITE static struct partition *synthesize_partition(const struct job_meta *
 {
     uint64_t t0 = now_ns();
     size_t bytes = (size_t)opt.partition_mb * MIB;
-    struct partition *p = malloc(sizeof *p + bytes);
+    size_t chunk = (size_t)opt.chunk_kb * 1024, nchunks = chunk ? (bytes + chunk - 1) / chunk : 0;
+    /* One block, or (--chunk-kb) a table of chunk pointers and the chunks: many live blocks. */
+    struct partition *p = malloc(sizeof *p + (chunk ? nchunks * sizeof(unsigned char *) : bytes));
     if (p == NULL)
         die("synthesize_partition: out of memory (%zu bytes)", bytes);
     note_live(+1);
     p->next = NULL;
     p->job_id = job->id;
     p->bytes = bytes;
+    unsigned char **chunks = (unsigned char **)p->data;
+    for (size_t c = 0; c < nchunks; c++) {
+        chunks[c] = malloc(chunk);
+        if (chunks[c] == NULL)
+            die("synthesize_partition: out of memory (chunk %zu)", c);
+    }
 
     /* Touch every page so the whole partition is resident. */
-    memset(p->data, 0, bytes);
+    if (chunk)
+        for (size_t c = 0; c < nchunks; c++)
+            memset(chunks[c], 0, chunk);
+    else
+        memset(p->data, 0, bytes);
 
     /* A few ms of real CPU work: fold the parameter cache into every word. */
     uint64_t acc = job->id;
@@ -353,7 +366,8 @@ ALLOC_SITE static struct partition *synthesize_partition(const struct job_meta *
     size_t nparams = config->cache_bytes / sizeof *params;
     for (size_t i = 0; i < bytes / sizeof acc; i++) {
         acc = splitmix64(acc ^ params[i % nparams]);
-        memcpy(p->data + i * sizeof acc, &acc, sizeof acc);
+        size_t off = i * sizeof acc;
+        memcpy(chunk ? chunks[off / chunk] + off % chunk : p->data + off, &acc, sizeof acc);
     }
     p->checksum = acc;
 
@@ -367,6 +381,12 @@ ALLOC_SITE static struct partition *synthesize_partition(const struct job_meta *
 ALLOC_SITE static void release_partition(struct partition *p)
 {
     note_live(-1);
+    if (opt.chunk_kb) {
+        size_t chunk = (size_t)opt.chunk_kb * 1024, nchunks = (p->bytes + chunk - 1) / chunk;
+        unsigned char **chunks = (unsigned char **)p->data;
+        for (size_t c = 0; c < nchunks; c++)
+            free(chunks[c]);
+    }
     free(p);
     KEEP_FRAME();
 }
@@ -571,7 +591,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: provingd [--pw N] [--workers W] [--partitions P] [--partition-mb M]\n"
             "                [--gpu-ms T] [--synth-ms S] [--bug] [--wait-signal]\n"
-            "                [--seed S] [--verbose] [--summary FILE]\n"
+            "                [--seed S] [--verbose] [--summary FILE] [--chunk-kb K]\n"
             "  --pw N            semaphore permits (partitions in flight), default %d\n"
             "  --workers W       partition-worker threads, default %d\n"
             "  --partitions P    partitions to prove before exiting, default %d\n"
@@ -582,7 +602,8 @@ static void usage(FILE *f)
             "  --wait-signal     print 'ready <pid>' and wait for SIGUSR1 before working\n"
             "  --seed S          workload seed, default %" PRIu64 "\n"
             "  --verbose         per-second progress on stderr\n"
-            "  --summary FILE    also write the summary line (peaks) to FILE\n",
+            "  --summary FILE    also write the summary line (peaks) to FILE\n"
+            "  --chunk-kb K      build each partition from K KiB chunks (many live blocks)\n",
             opt.pw, opt.workers, opt.partitions, opt.partition_mb, opt.gpu_ms,
             opt.synth_ms, opt.seed);
 }
@@ -599,7 +620,7 @@ static int parse_int(const char *name, const char *s, int min)
 
 static void parse_args(int argc, char **argv)
 {
-    enum { O_PW = 256, O_WORKERS, O_PARTS, O_MB, O_GPU, O_SYNTH, O_SEED, O_SUMMARY };
+    enum { O_PW = 256, O_WORKERS, O_PARTS, O_MB, O_GPU, O_SYNTH, O_SEED, O_SUMMARY, O_CHUNK };
     static const struct option longopts[] = {
         {"pw", required_argument, NULL, O_PW},
         {"workers", required_argument, NULL, O_WORKERS},
@@ -609,6 +630,7 @@ static void parse_args(int argc, char **argv)
         {"synth-ms", required_argument, NULL, O_SYNTH},
         {"seed", required_argument, NULL, O_SEED},
         {"summary", required_argument, NULL, O_SUMMARY},
+        {"chunk-kb", required_argument, NULL, O_CHUNK},
         {"bug", no_argument, NULL, 'b'},
         {"wait-signal", no_argument, NULL, 'w'},
         {"verbose", no_argument, NULL, 'v'},
@@ -634,6 +656,7 @@ static void parse_args(int argc, char **argv)
             break;
         }
         case O_SUMMARY: opt.summary = optarg; break;
+        case O_CHUNK: opt.chunk_kb = parse_int("chunk-kb", optarg, 0); break;
         case 'b': opt.bug = true; break;
         case 'w': opt.wait_signal = true; break;
         case 'v': opt.verbose = true; break;
