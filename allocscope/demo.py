@@ -80,15 +80,15 @@ def daemon_counters(trace: Path) -> dict[str, int]:
 
 
 def waiting_answer(trace, where: str, what: str) -> dict:
-    """At the peak of memory held by blocked threads (reports/waits.py): the threads blocked in
-    `where`, the bytes they held and those allocated at `what`; and the most threads blocked in
-    `where` at any snapshot."""
+    """At the snapshot where the threads blocked in `where` held most (reports/waits.py,
+    `location_peaks`): how many, the bytes they held and those allocated at `what`; the most
+    threads blocked in `where` at any snapshot; the leading location of the overall peak."""
     from reports.frames import symbolize_stacks  # noqa: PLC0415
     from reports.waits import held_while_waiting  # noqa: PLC0415
 
     w = held_while_waiting(trace, symbolize_stacks(trace))
     pk = w.get("peak") or {}
-    loc = next((d for d in pk.get("by_location") or [] if d["function"] == where), None)
+    loc = next((d for d in w.get("location_peaks") or [] if d["function"] == where), None)  # at its own peak
     held = [h for h in (loc or {}).get("held") or [] if h["function"] == what]
     keys = {d["location"] for d in w.get("off_cpu") or [] if d["function"] == where} | \
         ({loc["location"]} if loc else set())
@@ -96,7 +96,8 @@ def waiting_answer(trace, where: str, what: str) -> dict:
                default=0)
     return {"threads": loc["threads"] if loc else 0, "held_bytes": loc["held_bytes"] if loc else 0,
             "what_bytes": sum(h["bytes"] for h in held), "what_blocks": sum(h["blocks"] for h in held),
-            "elapsed_s": pk.get("elapsed_s"), "max_threads": most, "lead": (pk.get("by_location") or [{}])[0]}
+            "elapsed_s": (loc or {}).get("elapsed_s"), "max_threads": most,
+            "lead": (pk.get("by_location") or [{}])[0]}
 
 
 class Tee:

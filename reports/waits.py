@@ -148,7 +148,7 @@ def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], t
                  "short_waits": int(last.get("n_waits_short", 0) or 0),
                  "short_wait_s": int(last.get("n_wait_short_ns", 0) or 0) / 1e9,
                  "lost": int(last.get("lost_wait_full", 0) or 0),
-                 "peak": None, "timeline": [], "off_cpu": [], "freeing": freeing_costs(trace, stacks)}
+                 "peak": None, "location_peaks": [], "timeline": [], "off_cpu": [], "freeing": freeing_costs(trace, stacks)}
     if not wait_min_ns:
         return out
     names = trace.thread_names()
@@ -182,6 +182,18 @@ def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], t
         # the most held; of snapshots holding as much, the latest (its waits are the longest)
         peak_q = max(seqs, key=lambda q: (sum(r["held_bytes"] for r in per_seq[q]), q))
         out["peak"] = _peak(peak_q, per_seq[peak_q], el, names, locs, top)
+        # each wait location at its own peak (the snapshot where the threads blocked there held most)
+        best: dict[str, tuple] = {}
+        for q in seqs:
+            for k, v in out["timeline"][seqs.index(q)]["by_location"].items():
+                if k not in best or (v["held_bytes"], v["threads"]) > best[k][1:]:
+                    best[k] = (q, v["held_bytes"], v["threads"])
+        own = []
+        for k, (q, _, _) in best.items():
+            at = _peak(q, per_seq[q], el, names, locs, top)
+            own.append({**next(d for d in at["by_location"] if d["location"] == k), "seq": q, "elapsed_s": el.get(q)})
+        own.sort(key=lambda d: (-d["held_bytes"], -d["threads"], d["location"]))
+        out["location_peaks"] = own[:top]
     out["off_cpu"] = _off_cpu(trace, names, locs, top)
     return out
 
