@@ -71,10 +71,12 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu-check"))
     ap.add_argument("--dest", default="/tmp/allocscope-bundle")
     ap.add_argument("--skip", default="", help="comma list of: small,driver,torch,bigscale,scale")
-    ap.add_argument("--big-args", default="--pw 16 --workers 16 --partitions 48 --partition-mb 4096 --chunk-kb 32 "
+    ap.add_argument("--big-args", default="--pw 16 --workers 16 --partitions 48 --partition-mb 2560 --chunk-kb 20 "
                     "--synth-ms 0 --gpu-ms 100 --bug",
-                    help="bigscale: provingd's arguments (16 workers, 4 GiB partitions of 32 KiB chunks: "
-                         "~76 GiB and ~2.5 M live blocks at the peak)")
+                    help="bigscale: provingd's arguments (16 workers, 2.5 GiB partitions of 20 KiB chunks: "
+                         "~120 GiB touched, 65+ GiB and ~3.5 M live blocks at the peak)")
+    ap.add_argument("--big-record-args", default="--max-live 8388608",
+                    help="bigscale: allocscope record's extra arguments (the live map must hold the peak)")
     a = ap.parse_args()
     skip = set(a.skip.split(","))
     os.makedirs(a.out, exist_ok=True)
@@ -133,7 +135,7 @@ def main():
         torch_check(exe, a.out)
 
     if "bigscale" not in skip:
-        big_scale(exe, a.out, os.path.join(bins, "provingd"), a.big_args)
+        big_scale(exe, a.out, os.path.join(bins, "provingd"), a.big_args, a.big_record_args)
 
     if "scale" not in skip:
         pd = os.path.join(bins, "provingd")
@@ -182,7 +184,7 @@ def _elapsed(summary):
     return float(m[1]) if m else None
 
 
-def big_scale(exe, out, provingd, big_args):
+def big_scale(exe, out, provingd, big_args, record_args=""):
     """The demo daemon scaled to the box, untraced then traced (attached before its work starts):
     its own elapsed time for the work (kept %), the tracer's CPU (% of one core over the work),
     losses, peak live blocks, trace size, report time."""
@@ -197,7 +199,8 @@ def big_scale(exe, out, provingd, big_args):
             return None
         tr, trace, cpu0 = None, os.path.join(out, "bigscale.allocscope"), None
         if traced:
-            tr = subprocess.Popen([exe, "record", "--pid", str(tgt.pid), "-o", trace, "--interval", "1"],
+            tr = subprocess.Popen([exe, "record", "--pid", str(tgt.pid), "-o", trace, "--interval", "1",
+                                   *record_args.split()],
                                   stderr=subprocess.PIPE, text=True)
             for ln in tr.stderr:
                 if "recording pid" in ln:

@@ -65,6 +65,8 @@ _FREE_RX = re.compile(
 def is_wait_wrapper(f: FrameInfo) -> bool:
     if _WAIT_RX.search(f.function) or is_wrapper(f.function):
         return True
+    if f.module == "[uprobes]":  # a probed instruction stepped out of line (a page fault there): its caller
+        return True
     return bool(f.module) and bool(_WAIT_MODULES.match(os.path.basename(f.module)))
 
 
@@ -148,7 +150,8 @@ def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], t
                  "short_waits": int(last.get("n_waits_short", 0) or 0),
                  "short_wait_s": int(last.get("n_wait_short_ns", 0) or 0) / 1e9,
                  "lost": int(last.get("lost_wait_full", 0) or 0),
-                 "peak": None, "location_peaks": [], "timeline": [], "off_cpu": [], "freeing": freeing_costs(trace, stacks)}
+                 "peak": None, "location_peaks": [], "timeline": [], "off_cpu": [],
+                 "freeing": freeing_costs(trace, stacks)}
     if not wait_min_ns:
         return out
     names = trace.thread_names()
