@@ -42,6 +42,34 @@ f_other_reg:
 4:  ret
     .size f_other_reg, .-f_other_reg
 
+    .globl f_cet_push
+    .type f_cet_push, @function
+f_cet_push:
+    endbr64
+    push %rbp
+    pop %rbp
+    ret
+    .size f_cet_push, .-f_cet_push
+
+    .globl f_cet_null
+    .type f_cet_null, @function
+f_cet_null:
+    endbr64
+    test %rdi, %rdi
+    je 5f
+    push %rbp
+    pop %rbp
+5:  ret
+    .size f_cet_null, .-f_cet_null
+
+    .globl f_cet_mov
+    .type f_cet_mov, @function
+f_cet_mov:
+    endbr64
+    mov %rdi, %rax
+    ret
+    .size f_cet_mov, .-f_cet_mov
+
     .globl f_push
     .type f_push, @function
 f_push:
@@ -115,7 +143,8 @@ def lib(tmp_path_factory):
     so = d / "libf.so"
     build(so, d / "f.s", flags=["-shared"])
     names = ["f_null_check", "f_loop_back", "f_other_reg", "f_push", "f_mov", "f_prefix",
-             "f_prefix_writes_arg", "f_prefix_moves_sp", "f_prefix_stores", "f_prefix_reentered"]
+             "f_prefix_writes_arg", "f_prefix_moves_sp", "f_prefix_stores", "f_prefix_reentered", "f_cet_push",
+             "f_cet_null", "f_cet_mov"]
     s = symbol_offsets(str(so), names)
     return str(so), s
 
@@ -146,6 +175,18 @@ def test_emulated_entry_stays(lib):
     assert not p.moved and "single-stepped" in p.reason
 
 
+def test_cet_endbr64_is_skipped(lib):
+    """A CET build's endbr64 changes nothing a probe reads: an emulated instruction right behind it,
+    or a NULL check behind it, is where the probe goes; a single-stepped one keeps the entry."""
+    path, s = lib
+    p = place_entry(path, s.offsets["f_cet_push"], s.sizes["f_cet_push"])
+    assert p.moved and p.offset == s.offsets["f_cet_push"] + 4 and p.reason.startswith("after endbr64 (+4: push")
+    p = place_entry(path, s.offsets["f_cet_null"], s.sizes["f_cet_null"])
+    assert p.moved and p.offset == s.offsets["f_cet_null"] + 4 + 3 + 2 and "after the NULL check" in p.reason
+    p = place_entry(path, s.offsets["f_cet_mov"], s.sizes["f_cet_mov"])
+    assert not p.moved and p.reason == "entry (endbr64: single-stepped)"
+
+
 def test_glibc_free_moves_malloc_stays():
     import os
     libc = next(p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6")
@@ -153,9 +194,12 @@ def test_glibc_free_moves_malloc_stays():
     s = symbol_offsets(libc, ["free", "malloc"])
     free = place_entry(libc, s.offsets["free"], s.sizes["free"])
     malloc = place_entry(libc, s.offsets["malloc"], s.sizes["malloc"])
-    assert not malloc.moved and "emulated" in malloc.reason
-    # Debian 12's glibc 2.36: free = test %rdi,%rdi; je; push %rbp
-    assert free.moved and free.offset > s.offsets["free"]
+    # Debian 12's glibc 2.36: malloc = push %r12 (emulated: stays); free = test %rdi,%rdi; je;
+    # push %rbp (moves behind the NULL check). A CET build (Ubuntu 24.04's glibc 2.39) puts
+    # endbr64 first: the probe goes behind it when an emulated instruction follows.
+    assert "emulated" in malloc.reason, malloc
+    assert malloc.moved == malloc.reason.startswith("after endbr64"), malloc
+    assert free.moved and free.offset > s.offsets["free"], free
 
 
 def test_prefix_moves_to_first_emulated_instruction(lib):

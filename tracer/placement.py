@@ -116,12 +116,21 @@ def place_entry(path: str, offset: int, size: int, arg_reg: int = X.X86_REG_RDI)
     insns = _disassemble(path, offset, max(size, 16) if size else 64)
     if isinstance(insns, Placement):
         return insns
-    if len(insns) >= 3 and size:
-        t, j, nxt = insns[0], insns[1], insns[2]
+    # A CET build (Ubuntu's glibc) starts every function with endbr64, which changes nothing the
+    # probe reads: what follows it is the entry as far as the probe is concerned.
+    skip = 1 if insns[0].id == X.X86_INS_ENDBR64 else 0
+    body = insns[skip:]
+    targets = _branch_targets(insns) if size else set()
+    if skip and body and size and emulated(body[0]) and body[0].address not in targets:
+        return Placement(body[0].address, True, f"after endbr64 (+{body[0].address - offset}: "
+                                                f"{body[0].mnemonic} {body[0].op_str}, emulated)")
+    if len(body) >= 3 and size:
+        t, j, nxt = body[0], body[1], body[2]
         is_null_check = (t.id == X.X86_INS_TEST and len(t.operands) == 2 and
                          all(o.type == X.X86_OP_REG and o.reg == arg_reg for o in t.operands) and
                          j.id == X.X86_INS_JE)
-        if is_null_check and emulated(nxt) and nxt.address not in _branch_targets(insns):
+        if is_null_check and emulated(nxt) and nxt.address not in targets and \
+                not (skip and t.address in targets):
             return Placement(nxt.address, True, f"after the NULL check (+{nxt.address - offset}: "
                                                 f"{nxt.mnemonic} {nxt.op_str}, emulated)")
     return Placement(offset, False, f"entry ({insns[0].mnemonic}: single-stepped)")
