@@ -65,8 +65,6 @@ _FREE_RX = re.compile(
 def is_wait_wrapper(f: FrameInfo) -> bool:
     if _WAIT_RX.search(f.function) or is_wrapper(f.function):
         return True
-    if f.module == "[uprobes]":  # a probed instruction stepped out of line (a page fault there): its caller
-        return True
     return bool(f.module) and bool(_WAIT_MODULES.match(os.path.basename(f.module)))
 
 
