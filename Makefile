@@ -26,7 +26,7 @@ demo: setup ## record the bundled demo daemon and report it
 lint: venv ## ruff (rules in pyproject.toml); a finding fails
 	@$(VENV)/bin/ruff check .
 
-TEST_JOBS ?= 2
+TEST_JOBS ?= 3
 test: setup lint ## ruff, then every test (what would skip fails instead when CI=true); TEST_JOBS=N workers (one file per worker at a time), prints the slowest 15
 	@$(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
