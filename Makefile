@@ -27,8 +27,8 @@ lint: venv ## ruff (rules in pyproject.toml); a finding fails
 	@$(VENV)/bin/ruff check .
 
 TEST_JOBS ?= 3
-test: setup lint ## ruff, then every test (what would skip fails instead when CI=true); TEST_JOBS=N workers (one file per worker at a time), prints the slowest 15
-	@$(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+test: setup lint ## ruff, then every test (what would skip fails instead when CI=true); TEST_JOBS=N workers (a file per worker at a time; the files in tests/conftest.py SPREAD test by test), prints the slowest 15
+	@$(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 test-unit: venv lint ## ruff, then the tests that need no BPF
 	@$(PY) -m pytest -q -m 'not bpf' $(PYTEST_ARGS)
