@@ -16,7 +16,6 @@ import os
 import re
 from collections import defaultdict
 
-import pandas as pd
 
 from common.tracefile.reader import Trace
 
@@ -314,9 +313,3 @@ def tlb_flushes(trace: Trace) -> dict[str, dict[str, int]]:
             out[r] = {"flushes": int(last[k]), "pages": int(last.get(f"tlb_{r}_pages", 0) or 0),
                       "full": int(last.get(f"tlb_{r}_full", 0) or 0)}
     return out
-
-
-def waits_frame(doc_waits: dict) -> pd.DataFrame:
-    """The peak's wait locations as a table (for renderers and diff)."""
-    rows = (doc_waits.get("peak") or {}).get("by_location") or []
-    return pd.DataFrame(rows)
