@@ -16,7 +16,6 @@ import os
 import re
 from collections import defaultdict
 
-
 from common.tracefile.reader import Trace
 
 from .frames import UNKNOWN_STACK, FrameInfo, fold_frames, group_of, is_wrapper, location_key
