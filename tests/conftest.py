@@ -73,16 +73,3 @@ def tracers():
             p.send_signal(signal.SIGKILL)
         p.wait(30)
 
-
-# `make test` runs on xdist workers with --dist loadgroup: a file's tests stay together on one
-# worker (its module-scoped fixtures — recordings several tests read — are made once), except
-# these files, whose long tests share nothing but on-disk builds and are spread one by one.
-SPREAD = {"test_waits_bpf", "test_retention_bpf", "test_allocators_bpf", "test_residency_bpf",
-          "test_top_bpf", "test_record_bpf"}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        mod = item.module.__name__.rsplit(".", 1)[-1]
-        if mod not in SPREAD:
-            item.add_marker(pytest.mark.xdist_group(mod))
