@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 
 from tracer import bpfcache as C
+from tracer import layout as L
 from tracer import probe
 
 SRC = b"""#include <uapi/linux/ptrace.h>
@@ -72,6 +74,22 @@ def test_key_changes_with_every_input():
     assert base == C.cache_key(b"text", ["-DA=1"], "bcc 1")
     assert len({base, C.cache_key(b"text2", ["-DA=1"], "bcc 1"), C.cache_key(b"text", ["-DA=2"], "bcc 1"),
                 C.cache_key(b"text", ["-DA=1"], "bcc 2")}) == 4
+
+
+def test_map_sizes_share_one_entry():
+    """The size-only parameters do not change the key (one compile serves every --max-live...),
+    anything else does; and probes/ uses them only in map declarations, so the instructions cannot
+    depend on them."""
+    a = C.cache_key(b"text", ["-DAS_MAX_LIVE=1024", "-DAS_RING_PAGES=16", "-DAS_TGID=5"], "bcc 1")
+    assert a == C.cache_key(b"text", ["-DAS_MAX_LIVE=8388608", "-DAS_RING_PAGES=1024", "-DAS_TGID=5"], "bcc 1")
+    assert a != C.cache_key(b"text", ["-DAS_MAX_LIVE=1024", "-DAS_RING_PAGES=16", "-DAS_TGID=6"], "bcc 1")
+    assert C.same_tables([["live", 1, 8, 40, 1024, 1, "k", "v"]], [["live", 1, 8, 40, 1 << 20, 1, "k", "v"]])
+    assert not C.same_tables([["live", 1, 8, 40, 1024, 1, "k", "v"]], [["live", 1, 8, 48, 1024, 1, "k", "v"]])
+    decl = re.compile(r"^\s*(BPF_[A-Z_]+\(.*\);|#(ifndef|define|error|if|endif)\b.*|\s*\*.*|/\*.*)$")
+    for path in sorted(L.PROBES_DIR.glob("*.[ch]")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if any(name in line for name in C.SIZE_ONLY) and not decl.match(line) and "#error" not in line:
+                raise AssertionError(f"{path.name}:{n} uses a size-only parameter outside a map declaration: {line}")
 
 
 def test_untrusted_entries_are_ignored(tmp_path, monkeypatch):

@@ -19,8 +19,9 @@ same tables (names, types, sizes, flags; checked against the full compile when t
 made) and the BTF the task-storage maps need. Programs are then loaded from the cached
 instructions through libbcc's own `bcc_func_load`, as BCC's `load_func` does.
 
-The key is a digest of the source text, the cflags (the pid replaced by the sentinel), the
-kernel's release and build, and BCC's version: any change compiles afresh. The cache lives in
+The key is a digest of the source text, the cflags (the pid replaced by the sentinel, the
+map sizes — SIZE_ONLY — by `*`), the kernel's release and build, and BCC's version: any other
+change compiles afresh. The cache lives in
 `$ALLOCSCOPE_CACHE_DIR/bpf` or `~/.cache/allocscope/bpf`; `ALLOCSCOPE_BPF_CACHE=0` turns it off.
 
 This module does not import bcc (tracer/probe.py does and passes it in).
@@ -86,11 +87,32 @@ def cache_dir() -> Path:
     return Path(base) / "allocscope" / "bpf"
 
 
+# Compile-time parameters that only size maps (BPF_*(..., SIZE) declarations in probes/): the
+# instructions do not depend on them, so one cached compile serves every value; the maps are made
+# from the maps-only source with the real values. tests/test_bpfcache.py checks that probes/ uses
+# them nowhere else.
+SIZE_ONLY = ("AS_MAX_LIVE", "AS_MAX_STACKS", "AS_MAX_SITES", "AS_MAX_REGIONS", "AS_RING_PAGES", "AS_UNWIND_ROWS")
+_SIZE_FLAG = re.compile(r"^-D(" + "|".join(SIZE_ONLY) + r")=.*$")
+MAX_ENTRIES = 4  # index of max entries in a table_signature row
+
+
+def key_flags(cflags: list[str]) -> list[str]:
+    """`cflags` as the cache key sees them: the size-only parameters without their values."""
+    return [_SIZE_FLAG.sub(r"-D\1=*", f) for f in cflags]
+
+
+def same_tables(a: list[list], b: list[list]) -> bool:
+    """Two table signatures equal but for the maps' sizes (SIZE_ONLY)."""
+    def strip(sig):
+        return [[v for i, v in enumerate(row) if i != MAX_ENTRIES] for row in sig]
+    return strip(a) == strip(b)
+
+
 def cache_key(text: bytes, cflags: list[str], bcc_version: str) -> str:
     u = os.uname()
     h = hashlib.sha256()
     for part in (f"format={CACHE_FORMAT}", f"kernel={u.release} {u.version} {u.machine}", f"bcc={bcc_version}",
-                 *cflags):
+                 *key_flags(cflags)):
         h.update(part.encode() + b"\0")
     h.update(text)
     return h.hexdigest()[:40]

@@ -305,7 +305,7 @@ class Probes:
                               self._programs_needed(unwind))
         except Exception:  # noqa: BLE001 (BCC's bare Exception): compiled as without the cache
             bpf = None
-        if bpf is None or bpfcache.table_signature(bpf.module) != entry["tables"]:
+        if bpf is None or not bpfcache.same_tables(bpfcache.table_signature(bpf.module), entry["tables"]):
             if bpf is not None:
                 bpf.cleanup()  # the maps-only source declares other maps: never trust the entry
             self.bpf_cache = "uncached"
