@@ -39,6 +39,7 @@
  *   customfns.h    --alloc-fn / --free-fn
  *   regions.h      the mmap family accounted in the kernel (regions, releases, the break)
  *   syscalls.h     the syscall tracepoints (mmap, munmap, mremap, brk, madvise)
+ *   waits.h        off-CPU waits by user stack (sched_switch), TLB flushes
  *   lifetime.h     thread renames, exits, exec
  *   faults.h       residency mode: sampled first touches
  */
@@ -188,6 +189,6 @@ static __always_inline void count(u32 idx, u64 n)
 #include "customfns.h"
 #include "regions.h"
 #include "syscalls.h"
+#include "waits.h"
 #include "lifetime.h"
 #include "faults.h"
-#include "waits.h"

@@ -272,10 +272,18 @@ struct as_tlb {
     __u64 full;  /* flushes of everything (TLB_FLUSH_ALL) */
 };
 
-/* Value of `wait_memo` (key: tid): the registers and stack of the thread's last wait. */
-struct as_wait_memo {
+/* Value of `wait_memo` (key: tid): the registers and stack of the thread's last AS_WAIT_WAYS
+ * waits at different places (a worker blocks in a few: its semaphore, its channel, a sleep). */
+#define AS_WAIT_WAYS 4
+struct as_wait_way {
     __u64 ip, sp, bp;
     __u64 stack_id;
+};
+
+struct as_wait_memo {
+    struct as_wait_way way[AS_WAIT_WAYS];
+    __u32 next; /* the way the next new place replaces */
+    __u32 pad;
 };
 
 /* Ring event. */

@@ -23,6 +23,8 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
         return 0;
     u32 tid = current_tid();
     sysargs.delete(&tid); /* `inflight` is task storage: the kernel frees it with the thread */
+    wait_memo.delete(&tid);
+    offcpu.delete(&tid);
     if (args->group_dead) {
         u32 zero = 0, one = 1;
         gone.update(&zero, &one); /* the pid may be reused from now on */

@@ -9,8 +9,9 @@
  *
  * Cost: the program runs on every context switch of the machine. For other processes it is one
  * hash lookup (is the incoming task a blocked target thread?) and a compare; for a target thread
- * that blocks, its user stack — the same as its last wait's (same ip, sp, bp: an event loop, a
- * worker blocking in the same call) is taken from `wait_memo`, not unwound again.
+ * that blocks, its user stack — the same as one of its last AS_WAIT_WAYS waits' (same ip, sp, bp:
+ * an event loop, a worker blocking in the same few calls) is taken from `wait_memo`, not unwound
+ * again.
  *
  * Part of probes/allocscope.c: included there, in order, and inlined into it by
  * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
@@ -54,18 +55,34 @@ static __always_inline u64 wait_stack(void *ctx, u32 tid)
 {
     struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-    struct as_wait_memo m = {};
-    bpf_probe_read_kernel(&m.ip, sizeof(m.ip), &regs->ip);
-    bpf_probe_read_kernel(&m.sp, sizeof(m.sp), &regs->sp);
-    bpf_probe_read_kernel(&m.bp, sizeof(m.bp), &regs->bp);
-    struct as_wait_memo *last = wait_memo.lookup(&tid);
-    if (last && last->ip == m.ip && last->sp == m.sp && last->bp == m.bp && last->stack_id) {
-        count(AS_CNT_WAIT_STACK_MEMO, 1);
-        return last->stack_id;
+    u64 ip = 0, sp = 0, bp = 0;
+    bpf_probe_read_kernel(&ip, sizeof(ip), &regs->ip);
+    bpf_probe_read_kernel(&sp, sizeof(sp), &regs->sp);
+    bpf_probe_read_kernel(&bp, sizeof(bp), &regs->bp);
+    struct as_wait_memo *m = wait_memo.lookup(&tid);
+    if (!m) {
+        struct as_wait_memo z = {};
+        wait_memo.update(&tid, &z);
+        m = wait_memo.lookup(&tid);
+        if (!m)
+            return capture_syscall_stack(ctx);
     }
-    m.stack_id = capture_syscall_stack(ctx);
-    wait_memo.update(&tid, &m);
-    return m.stack_id;
+#pragma unroll
+    for (int i = 0; i < AS_WAIT_WAYS; i++) {
+        struct as_wait_way *w = &m->way[i];
+        if (w->stack_id && w->ip == ip && w->sp == sp && w->bp == bp) {
+            count(AS_CNT_WAIT_STACK_MEMO, 1);
+            return w->stack_id;
+        }
+    }
+    u64 sid = capture_syscall_stack(ctx);
+    struct as_wait_way *w = &m->way[m->next & (AS_WAIT_WAYS - 1)];
+    w->ip = ip;
+    w->sp = sp;
+    w->bp = bp;
+    w->stack_id = sid;
+    m->next += 1; /* the thread's own entry: nobody else writes it */
+    return sid;
 }
 
 TRACEPOINT_PROBE(sched, sched_switch)

@@ -163,8 +163,12 @@ TLB_REASONS = ("task_switch", "remote_shootdown", "local_shootdown", "local_mm_s
                "remote_wrong_cpu")
 
 
-class WaitMemo(ct.Structure):
+class WaitWay(ct.Structure):
     _fields_ = [("ip", ct.c_uint64), ("sp", ct.c_uint64), ("bp", ct.c_uint64), ("stack_id", ct.c_uint64)]
+
+
+class WaitMemo(ct.Structure):
+    _fields_ = [("way", WaitWay * 4), ("next", ct.c_uint32), ("pad", ct.c_uint32)]
 
 
 # map name -> (key class, value class): what tests compare against BCC's classes.
