@@ -26,7 +26,7 @@ demo: setup ## record the bundled demo daemon and report it
 lint: venv ## ruff (rules in pyproject.toml); a finding fails
 	@$(VENV)/bin/ruff check .
 
-TEST_JOBS ?= 3
+TEST_JOBS ?= 2
 # The longest files first, so no worker is left with one of them at the end (pytest drops the repeats).
 TEST_FIRST ?= $(addprefix tests/test_,rustd_bpf.py faults_bpf.py retention_bpf.py allocators_bpf.py demo_bpf.py \
               soak_bpf.py top_bpf.py unwind_bpf.py waits_bpf.py record_bpf.py fuzz_reader.py)

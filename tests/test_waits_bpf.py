@@ -2,7 +2,7 @@
 that time themselves (CLOCK_MONOTONIC around the call).
 
 * waits (tests/targets/waits.c): holder-1..3 hold 1, 2, 3 MiB (+ their pointer arrays) while
-  blocked on a mutex main holds for 1.5 s; unmapper munmaps 6 regions of 4..24 MiB it mapped in
+  blocked on a mutex main holds for 1.5 s; unmapper munmaps 6 regions of 16..96 MiB it mapped in
   map_regions; main fragments the main arena and calls malloc_trim(0).
 * rustd --gpu-ms: the synth threads block in `hand_off`'s `SyncSender::send` (sync_channel(1))
   while the gpu thread "proves" each partition.

@@ -7,7 +7,7 @@
  *   holder-N (N = 1..3): hold_buffers() mallocs N blocks of 1 MiB (touched), then
  *       wait_for_gate() blocks in pthread_mutex_lock(&gate) until main lets go (~HOLD_MS),
  *       frees its blocks. Prints "holder N tid=T held=BYTES waited_ns=NS".
- *   unmapper: map_regions() mmaps UNMAPS regions of (i+1) * 4 MiB (touched), then
+ *   unmapper: map_regions() mmaps UNMAPS regions of (i+1) * 16 MiB (touched), then
  *       unmap_regions() munmaps each, timed one by one. Prints "unmapper tid=T bytes=B ns=NS".
  *   main, at the end: fragments the main arena (4000-byte blocks, every 50th kept) and calls
  *       malloc_trim(0), timed. Prints "trim tid=T ns=NS".
@@ -114,11 +114,11 @@ static void *unmapper(void *arg)
     void *maps[UNMAPS];
     long bytes = 0, ns = 0;
     for (int i = 0; i < UNMAPS; i++)
-        maps[i] = map_regions((size_t)(i + 1) * 4 * MIB);
+        maps[i] = map_regions((size_t)(i + 1) * 16 * MIB);
     realtime();
     for (int i = 0; i < UNMAPS; i++) {
-        ns += unmap_regions(maps[i], (size_t)(i + 1) * 4 * MIB);
-        bytes += (i + 1) * 4 * MIB;
+        ns += unmap_regions(maps[i], (size_t)(i + 1) * 16 * MIB);
+        bytes += (i + 1) * 16 * MIB;
     }
     pthread_mutex_lock(&out_mu);
     printf("unmapper tid=%ld bytes=%ld ns=%ld\n", gettid_(), bytes, ns);
