@@ -123,6 +123,24 @@ def cache_key(text: bytes, cflags: list[str], bcc_version: str) -> str:
 _TYPE_DEF = re.compile(r"^\s*(typedef\s+)?(struct|union|enum)\b")
 
 
+def _skip(s: str, i: int) -> int | None:
+    """Where the comment or string/character literal starting at s[i] ends (the index after
+    it, len(s) when unterminated); None when none starts there."""
+    n = len(s)
+    if s.startswith("//", i):
+        j = s.find("\n", i)
+        return n if j < 0 else j
+    if s.startswith("/*", i):
+        j = s.find("*/", i + 2)
+        return n if j < 0 else j + 2
+    if s[i] in "\"'":
+        j = i + 1
+        while j < n and s[j] != s[i]:
+            j += 2 if s[j] == "\\" else 1
+        return min(j + 1, n)
+    return None
+
+
 def maps_only(text: bytes) -> bytes:
     """`text` without its top-level function definitions (TRACEPOINT_PROBE(...) { ... } included):
     preprocessor lines, declarations, type definitions and the BPF_* map declarations stay.
@@ -139,20 +157,11 @@ def maps_only(text: bytes) -> bytes:
 
     while i < n:
         c = s[i]
-        if s.startswith("//", i):
-            j = s.find("\n", i)
-            i = n if j < 0 else j
-            continue
-        if s.startswith("/*", i):
-            j = s.find("*/", i + 2)
-            i = n if j < 0 else j + 2
-            continue
-        if c in "\"'":
-            j = i + 1
-            while j < n and s[j] != c:
-                j += 2 if s[j] == "\\" else 1
-            code_since_item.append(s[i:j + 1])
-            i = j + 1
+        j = _skip(s, i)
+        if j is not None:  # a comment (dropped from the classification) or a literal (kept)
+            if c in "\"'":
+                code_since_item.append(s[i:j])
+            i = j
             continue
         if c == "#" and depth == 0 and (i == 0 or s[s.rfind("\n", 0, i) + 1:i].strip() == ""):
             # a preprocessor line (with its continuations): kept as it is, ends the item
@@ -182,19 +191,9 @@ def maps_only(text: bytes) -> bytes:
                     # a function definition: drop from the item's start to the matching brace
                     j, d = i, 0
                     while j < n:
-                        if s.startswith("//", j):
-                            j = s.find("\n", j)
-                            j = n if j < 0 else j
-                            continue
-                        if s.startswith("/*", j):
-                            j = s.find("*/", j + 2)
-                            j = n if j < 0 else j + 2
-                            continue
-                        if s[j] in "\"'":
-                            q, j = s[j], j + 1
-                            while j < n and s[j] != q:
-                                j += 2 if s[j] == "\\" else 1
-                            j += 1
+                        k = _skip(s, j)
+                        if k is not None:
+                            j = k
                             continue
                         if s[j] == "{":
                             d += 1
