@@ -79,14 +79,15 @@ def daemon_counters(trace: Path) -> dict[str, int]:
     return out
 
 
-def waiting_answer(trace, where: str, what: str) -> dict:
+def waiting_answer(trace, where: str, what: str, waits: dict | None = None) -> dict:
     """At the snapshot where the threads blocked in `where` held most (reports/waits.py,
     `location_peaks`): how many, the bytes they held and those allocated at `what`; the most
-    threads blocked in `where` at any snapshot; the leading location of the overall peak."""
+    threads blocked in `where` at any snapshot; the leading location of the overall peak.
+    `waits`: the report's `waits` when it was built already (else computed here)."""
     from reports.frames import symbolize_stacks  # noqa: PLC0415
     from reports.waits import held_while_waiting  # noqa: PLC0415
 
-    w = held_while_waiting(trace, symbolize_stacks(trace))
+    w = waits if waits is not None else held_while_waiting(trace, symbolize_stacks(trace))
     pk = w.get("peak") or {}
     loc = next((d for d in w.get("location_peaks") or [] if d["function"] == where), None)  # at its own peak
     held = [h for h in (loc or {}).get("held") or [] if h["function"] == what]
@@ -177,7 +178,8 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     click.echo("demo: peak live partitions at synthesize_partition: "
                f"bug pw={pw_a}: {peaks['bug_a'] / mib:.0f}, bug pw={pw_b}: {peaks['bug_b'] / mib:.0f}, "
                f"fixed pw={pw_b}: {peaks['fixed_b'] / mib:.0f} (fixed bound pw+2 = {pw_b + 2})")
-    wait_bug, wait_fixed = waiting_answer(tb, WAIT_SITE, SYNTH_SITE), waiting_answer(tf, WAIT_SITE, SYNTH_SITE)
+    wait_bug = waiting_answer(tb, WAIT_SITE, SYNTH_SITE, rep_b["waits"])  # the report has them
+    wait_fixed = waiting_answer(tf, WAIT_SITE, SYNTH_SITE)
     own = daemon_counters(bug_b)
     when = f" at +{wait_bug['elapsed_s']:.1f}s" if wait_bug["elapsed_s"] is not None else ""
     click.echo(f"demo: held while waiting, bug pw={pw_b}{when}: {wait_bug['threads']} threads blocked in "
