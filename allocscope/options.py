@@ -87,6 +87,12 @@ def probe_options(f=None, *, interval: float = DEFAULTS.interval):
         click.option("--sample-bytes", type=click.IntRange(min=0), default=DEFAULTS.sample_bytes, metavar="N",
                      help="Sample allocations in proportion to size, one per N bytes on average (like "
                           "jemalloc/tcmalloc heap profiles); reports show estimates with error bars. 0: off."),
+        click.option("--uprobe-sessions", type=click.Choice(["auto", "on", "off"]), default=DEFAULTS.uprobe_sessions,
+                     show_default=True,
+                     help="With --sample-bytes: probe the heap functions through uprobe sessions (kernel "
+                          "6.13+), so an unsampled call takes no return trap — one trap instead of two. "
+                          "auto: where the kernel has them, else classic return probes; on: fail without "
+                          "them; off: classic return probes."),
         click.option("--fault-sample", type=click.IntRange(min=1), default=DEFAULTS.fault_sample,
                      show_default=True, metavar="N", help="Residency mode: sample one user page fault in N."),
         click.option("--wait-min", "wait_min_ms", type=click.FloatRange(min=0), default=DEFAULTS.wait_min_ms,

@@ -189,8 +189,15 @@ struct as_inflight {
     __u16 nest;  /* allocator calls made deeper on the stack inside this one */
     __u16 tail;  /* allocator functions tail-jumped to from this one (same sp) */
     __u32 source; /* the allocator (or --alloc-fn) the outermost call belongs to */
-    __u32 pad;
+    __u32 unsampled; /* uprobe session, sampled mode: AS_CALL_FREES_ONLY, AS_CALL_UNWATCHED (below) */
+    __u64 ra;    /* AS_CALL_UNWATCHED: the return address at entry (the word at sp) */
 };
+/* as_inflight.unsampled: 0, a sampled call (its return closes the state). AS_CALL_FREES_ONLY: an
+ * unsampled realloc whose return frees its tracked old block. AS_CALL_UNWATCHED: an unsampled
+ * call with no return probe: nothing closes the state, so it counts as open only while the
+ * word at sp is still its return address and the thread's sp is below it (current_api). */
+#define AS_CALL_FREES_ONLY 1
+#define AS_CALL_UNWATCHED 2
 
 /* Value of `custom_fns` (key: the probed address): a user's allocation or free function
  * (--alloc-fn / --free-fn). Argument numbers are 0-based; AS_ARG_NONE: not given. */

@@ -57,6 +57,7 @@ static __always_inline int enter_state(struct pt_regs *ctx, struct as_inflight *
     cur->nest = 0;
     cur->tail = 0;
     cur->source = src;
+    cur->unsampled = 0;
     return 0;
 }
 
@@ -135,6 +136,22 @@ struct as_pending {
 };
 BPF_PERCPU_ARRAY(pending, struct as_pending, 1);
 BPF_PROG_ARRAY(tails, 2); /* 0: alloc_unwind, 1: alloc_keep (set by the tracer before attaching) */
+#ifdef AS_SESSION
+/* The same two for heap_session: a program array takes programs of one attach type only (the
+ * kernel refuses a tail call between a uprobe session and a classic uprobe program). */
+BPF_PROG_ARRAY(stails, 2); /* 0: salloc_unwind, 1: salloc_keep */
+#endif
+
+static __always_inline void tail_to(struct pt_regs *ctx, int session, u32 i)
+{
+#ifdef AS_SESSION
+    if (session) {
+        stails.call(ctx, i);
+        return;
+    }
+#endif
+    tails.call(ctx, i);
+}
 
 static __always_inline void tail_failed(struct as_pending *p)
 {
@@ -142,7 +159,7 @@ static __always_inline void tail_failed(struct as_pending *p)
     count(AS_LOST_LIVE_FULL_BYTES, p->size);
 }
 
-int alloc_unwind(struct pt_regs *ctx)
+static __always_inline int unwind_pending(struct pt_regs *ctx, int session)
 {
     u32 zero = 0;
     struct as_pending *p = pending.lookup(&zero);
@@ -150,12 +167,12 @@ int alloc_unwind(struct pt_regs *ctx)
         return 0;
     u64 ip = PT_REGS_IP(ctx), sp = PT_REGS_SP(ctx), bp = PT_REGS_FP(ctx);
     p->sid = unwind_store(ip, sp, bp, 0);
-    tails.call(ctx, 1);
+    tail_to(ctx, session, 1);
     tail_failed(p);
     return 0;
 }
 
-int alloc_keep(struct pt_regs *ctx)
+static __always_inline int keep_pending(struct pt_regs *ctx)
 {
     u32 zero = 0;
     struct as_pending *p = pending.lookup(&zero);
@@ -165,11 +182,33 @@ int alloc_keep(struct pt_regs *ctx)
     record_alloc(p->tid, p->addr, p->size, p->api, p->ts, p->sid, p->src);
     return 0;
 }
+
+int alloc_unwind(struct pt_regs *ctx)
+{
+    return unwind_pending(ctx, 0);
+}
+
+int alloc_keep(struct pt_regs *ctx)
+{
+    return keep_pending(ctx);
+}
+
+#ifdef AS_SESSION
+int salloc_unwind(struct pt_regs *ctx)
+{
+    return unwind_pending(ctx, 1);
+}
+
+int salloc_keep(struct pt_regs *ctx)
+{
+    return keep_pending(ctx);
+}
+#endif
 #endif
 
 /* The stack of an allocation seen in alloc_return, then keep it. */
-static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
-                                       u64 ts, u32 src)
+static __always_inline void alloc_done_in(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
+                                          u64 ts, u32 src, int session)
 {
 #if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
     u64 sid = scache_lookup(PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx));
@@ -183,7 +222,7 @@ static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u
             p->tid = tid;
             p->api = api;
             p->src = src;
-            tails.call(ctx, 0);
+            tail_to(ctx, session, 0);
             tail_failed(p);
         }
         return;
@@ -194,8 +233,22 @@ static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u
 #endif
 }
 
-/* The one return probe of every allocator function. */
-int alloc_return(struct pt_regs *ctx)
+static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
+                                       u64 ts, u32 src)
+{
+    alloc_done_in(ctx, tid, addr, size, api, ts, src, 0);
+}
+
+#ifdef AS_SAMPLE_BYTES
+/* 1: keep a block of `size` bytes (probability min(1, size/N)). */
+static __always_inline int sample_keep(u64 size)
+{
+    return size >= AS_SAMPLE_BYTES || (u64)bpf_get_prandom_u32() * AS_SAMPLE_BYTES < (size << 32);
+}
+#endif
+
+/* The return of an allocator call: alloc_return's body, and heap_session's on the return. */
+static __always_inline int alloc_leave(struct pt_regs *ctx, int session)
 {
     if (!is_target())
         return 0;
@@ -242,21 +295,31 @@ int alloc_return(struct pt_regs *ctx)
     }
 #ifdef AS_SAMPLE_BYTES
     /* Byte-weighted sampling: a block is kept with probability min(1, size/N) and then stands
-     * for max(size, N) bytes — an unbiased estimate of the bytes, decided here, so unsampled
-     * blocks cost no stack walk and no map update (their free is one failed lookup). */
+     * for max(size, N) bytes — an unbiased estimate of the bytes, decided here (or, in a uprobe
+     * session, at the entry: heap_session), so unsampled blocks cost no stack walk and no map
+     * update (their free is one failed lookup). */
     u64 weight = in.size;
     if (in.size < AS_SAMPLE_BYTES) {
-        if ((u64)bpf_get_prandom_u32() * AS_SAMPLE_BYTES >= (in.size << 32)) {
+        if (session) {
+            if (in.unsampled) /* AS_CALL_FREES_ONLY: counted unsampled at the entry */
+                return 0;
+        } else if (!sample_keep(in.size)) {
             count(AS_CNT_UNSAMPLED, 1);
             return 0;
         }
         weight = AS_SAMPLE_BYTES;
     }
-    alloc_done(ctx, tid, addr, weight, in.api, now, in.source);
+    alloc_done_in(ctx, tid, addr, weight, in.api, now, in.source, session);
 #else
-    alloc_done(ctx, tid, addr, in.size, in.api, now, in.source);
+    alloc_done_in(ctx, tid, addr, in.size, in.api, now, in.source, session);
 #endif
     return 0;
+}
+
+/* The one return probe of every allocator function (classic uprobes). */
+int alloc_return(struct pt_regs *ctx)
+{
+    return alloc_leave(ctx, 0);
 }
 
 /* --- entry probes (named after the symbol) ------------------------------- */
@@ -341,3 +404,116 @@ int free_enter(struct pt_regs *ctx)
     free_addr(current_tid(), p, bpf_ktime_get_ns());
     return 0;
 }
+
+#ifdef AS_SESSION
+/* --- uprobe session (kernel 6.13+; sampled mode) --------------------------
+ * One program for the entry and the return of every heap function, attached through a
+ * uprobe_multi link per module (tracer/probe.py): the cookie of each probed address says which
+ * call it is (enum as_api | source << 16). The entry decides whether the call is sampled and
+ * returns 1 when its return is not needed — the kernel then sets no return probe for that call
+ * (no trap): an unsampled allocation costs one trap, not two. Nested and tail-jumped calls skip
+ * their return as well (the outermost call counts them once). On the return, the probed
+ * address (bpf_get_func_ip) differs from the instruction pointer (the caller's). */
+int heap_session(struct pt_regs *ctx)
+{
+#ifdef AS_FLOOR
+    return 0; /* the trap floor keeps every return probe: the three traps of classic probes */
+#endif
+    if (PT_REGS_IP(ctx) != bpf_get_func_ip(ctx))
+        return alloc_leave(ctx, 1);
+    if (!is_target())
+        return 1;
+    u64 cookie = bpf_get_attach_cookie(ctx);
+    u32 api = (u32)cookie & 0xffff, src = (u32)(cookie >> 16);
+    u64 size = 0, arg = 0;
+    switch (api) {
+    case AS_API_FREE: {
+        u64 p = PT_REGS_PARM1(ctx);
+        if (p == 0)
+            count(AS_CNT_FREE_NULL, 1);
+        else
+            free_addr(current_tid(), p, bpf_ktime_get_ns());
+        return 1;
+    }
+    case AS_API_MALLOC:
+    case AS_API_VALLOC:
+    case AS_API_PVALLOC:
+        size = PT_REGS_PARM1(ctx);
+        break;
+    case AS_API_CALLOC:
+        size = mul_size(PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx));
+        break;
+    case AS_API_REALLOC:
+        size = PT_REGS_PARM2(ctx);
+        arg = PT_REGS_PARM1(ctx);
+        break;
+    case AS_API_REALLOCARRAY:
+        size = mul_size(PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx));
+        arg = PT_REGS_PARM1(ctx);
+        break;
+    case AS_API_POSIX_MEMALIGN:
+        size = PT_REGS_PARM3(ctx);
+        arg = PT_REGS_PARM1(ctx);
+        break;
+    case AS_API_ALIGNED_ALLOC:
+    case AS_API_MEMALIGN:
+        size = PT_REGS_PARM2(ctx);
+        break;
+    case AS_API_MALLOC_TRIM:
+        size = (u64)rss_anon();
+        arg = PT_REGS_PARM1(ctx);
+        break;
+    default:
+        return 1;
+    }
+    struct as_inflight *cur = thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!cur) {
+        count(AS_LOST_INFLIGHT_FULL, 1);
+        return 1;
+    }
+    u64 sp = PT_REGS_SP(ctx);
+    if (cur->sp && cur->unsampled != AS_CALL_UNWATCHED) {
+        /* A call whose return is watched is open: this one is nested in it (deeper) or
+         * tail-jumped to from it (same sp), counted once by the outer call; no return needed. */
+        if (sp <= cur->sp) {
+            count(AS_CNT_NESTED, 1);
+            return 1;
+        }
+        count(AS_LOST_STALE_ENTRY, 1);
+    }
+    /* An unwatched (unsampled) call's state is simply replaced: a call nested in it gets its own
+     * chance to be sampled, the outer one having had none counted. */
+    u32 unsampled = 0;
+#ifdef AS_SAMPLE_BYTES
+    if (api != AS_API_MALLOC_TRIM && !sample_keep(size)) {
+        /* Not sampled. A realloc still needs its return when its old block is tracked (the
+         * return frees it, unless the call fails); any other call does not. */
+        count(AS_CNT_UNSAMPLED, 1);
+        if (!((api == AS_API_REALLOC || api == AS_API_REALLOCARRAY) && arg && live.lookup(&arg))) {
+            /* The state stays, unwatched, so that the mmap or brk this call may make is known
+             * to be the allocator's (current_api), not the program's. */
+            u64 ra = 0;
+            bpf_probe_read_user(&ra, sizeof(ra), (void *)sp);
+            cur->sp = sp;
+            cur->ra = ra;
+            cur->api = api;
+            cur->source = src;
+            cur->unsampled = AS_CALL_UNWATCHED;
+            return 1;
+        }
+        unsampled = AS_CALL_FREES_ONLY;
+    }
+#endif
+    cur->sp = sp;
+    cur->size = size;
+    cur->arg = arg;
+    cur->arg2 = 0;
+    cur->ts_ns = api == AS_API_MALLOC_TRIM ? bpf_ktime_get_ns() : 0;
+    cur->api = api;
+    cur->nest = 0;
+    cur->tail = 0;
+    cur->source = src;
+    cur->unsampled = unsampled;
+    return 0;
+}
+#endif

@@ -82,8 +82,17 @@ static __always_inline void submit(struct as_event *e)
 static __always_inline u32 current_api(void)
 {
     struct as_inflight *in = thread_state(0);
-    if (in && in->sp)
+    if (in && in->sp && in->unsampled != AS_CALL_UNWATCHED)
         return in->api;
+    if (in && in->sp) { /* an unsampled call in a uprobe session: is it still running? */
+        struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+        struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+        u64 usp = 0, word = 0;
+        bpf_probe_read_kernel(&usp, sizeof(usp), &regs->sp);
+        if (usp && usp < in->sp && !bpf_probe_read_user(&word, sizeof(word), (void *)in->sp) &&
+            word == in->ra)
+            return in->api;
+    }
     struct as_inflight *cu = cu_state(0);
     return cu && cu->sp ? cu->api : AS_API_NONE; /* a user's pool function is a layer above: its
                                                     own mmaps stay the kernel layer's */

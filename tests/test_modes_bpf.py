@@ -1,7 +1,9 @@
 """Byte-weighted sampling and residency mode on targets with known allocations."""
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from support import cli, report_json
@@ -21,10 +23,21 @@ def by_function(rep: dict) -> dict[str, dict]:
     return agg
 
 
-def test_sampled_estimates_within_error_bars(targets, tmp_path):
+@pytest.mark.parametrize("sessions", ["on", "off"])
+def test_sampled_estimates_within_error_bars(targets, tmp_path, sessions):
+    """The same estimates through uprobe sessions (an unsampled call takes no return probe) and
+    through classic return probes (the fallback of kernels before 6.13)."""
     out = tmp_path / "sampled.allocscope"
-    cli("record", "-q", "--sample-bytes", "8192", "-o", str(out), "--", str(targets["sizes"]), check=True)
+    cli("record", "-q", "--sample-bytes", "8192", "--uprobe-sessions", sessions, "-o", str(out), "--",
+        str(targets["sizes"]), check=True)
     rep = report_json(out)
+    probes = rep["recording"]["probes"]
+    assert probes["returns"] == ("session" if sessions == "on" else "classic")
+    assert probes["returns_why"] == ("" if sessions == "on" else "--uprobe-sessions off")
+    assert len(rep["recording"]["allocators"]) == 1   # libc once, though /lib and /usr/lib both name it
+    # the heap's growth (brk) inside unsampled mallocs is the allocator's, not the program's
+    assert set(rep["totals"]["live_by_source"]) <= {"heap", "mmap"}
+    assert rep["totals"]["live_by_source"].get("mmap", 0) < 1 << 20
     assert any("sampled trace" in a for a in rep["advice"])
     agg = by_function(rep)
     truth = {"small_blocks": 20000 * 1000, "medium_blocks": 1500 * 50000, "tiny_blocks": 100000 * 64}
@@ -38,6 +51,53 @@ def test_sampled_estimates_within_error_bars(targets, tmp_path):
     assert agg["medium_blocks"]["alloc_count"] == 1500
     # far fewer small blocks were recorded than allocated
     assert agg["tiny_blocks"]["alloc_count"] < 100000 * 64 / 8192 * 2
+
+
+@pytest.mark.parametrize("sessions", ["on", "off"])
+def test_sampled_realloc_frees_the_tracked_block(targets, tmp_path, sessions):
+    """A sampled block realloc'ed to an unsampled size: the new block is not recorded, the old
+    one is freed exactly (in a session the entry keeps the return probe for such a call)."""
+    out = tmp_path / "shrink.allocscope"
+    cli("record", "-q", "--sample-bytes", "16384", "--uprobe-sessions", sessions, "-o", str(out), "--",
+        str(targets["shrink"]), check=True)
+    rep = report_json(out)
+    assert rep["recording"]["probes"]["returns"] == ("session" if sessions == "on" else "classic")
+    agg = by_function(rep)
+    big = agg["big_blocks"]
+    assert big["alloc_count"] == 200 and big["live_bytes"] == 0
+    assert sum(s["free_count"] for s in rep["sites"] if s["frames"][0]["function"] == "big_blocks") == 200
+    # 200 x 100 B: sampled with p = 100/16384 each, so almost never; an estimate if it was
+    assert agg["shrink_blocks"]["alloc_count"] <= 10
+    est, err, true = agg["tiny_blocks"]["live_bytes"], agg["tiny_blocks"]["error"], 50000 * 64
+    assert abs(est - true) <= 2 * err, (est, true, err)
+
+
+def test_session_skips_return_probes_of_unsampled_calls(targets, tmp_path):
+    """The point of the session: the program runs once per call (entry) plus once per sampled
+    call (return), where classic probes run entry and return for every call. Counted by the
+    kernel (kernel.bpf_stats_enabled)."""
+    stats = Path("/proc/sys/kernel/bpf_stats_enabled")
+    was = stats.read_text().strip()
+    stats.write_text("1")
+    try:
+        runs = {}
+        for sessions in ("on", "off"):
+            out = tmp_path / f"{sessions}.allocscope"
+            cli("record", "-q", "--sample-bytes", "8192", "--uprobe-sessions", sessions, "-o", str(out), "--",
+                str(targets["sizes"]), check=True)
+            meta = json.loads((out / "meta.json").read_text())
+            rep = report_json(out)
+            allocs = sum(s["alloc_count"] for s in rep["sites"] if "heap" in s["sources"])
+            runs[sessions] = ({k: v["run_cnt"] for k, v in meta["bpf_stats"].items()}, allocs)
+    finally:
+        stats.write_text(was)
+    calls = 20000 + 1500 + 100000       # the target's mallocs; libc's own add a few dozen
+    on, on_allocs = runs["on"]
+    assert calls <= on["heap_session"] - on_allocs <= calls + 200, on    # entries only ...
+    assert 2400 < on_allocs < 6000                                     # ... plus one run per sampled call
+    off, _ = runs["off"]
+    assert "heap_session" not in off
+    assert calls <= off["alloc_return"] <= calls + 200 and calls <= off["malloc_enter"] <= calls + 200, off
 
 
 def test_residency_mode_exact_mmaps_and_first_touches(targets, tmp_path):

@@ -163,12 +163,26 @@ def allocators_in(path: str, is_exe: bool) -> list[Allocator]:
     return found
 
 
+def file_id(path: str) -> tuple[int, int] | None:
+    """(device, inode) of `path`: one file under two names (/lib and /usr/lib on a merged-/usr
+    system) is one set of probes, not two."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def code_files(maps: list[Mapping]) -> list[str]:
-    """The files mapped executable, in address-space order, once each."""
+    """The files mapped executable, in address-space order, once each (by file, not by name)."""
     files: list[str] = []
+    ids: set[tuple[int, int]] = set()
     for m in maps:
-        if m.is_file and "x" in m.perms and m.path not in files and os.path.exists(m.path):
-            files.append(m.path)
+        if m.is_file and "x" in m.perms and m.path not in files:
+            fid = file_id(m.path)
+            if fid is not None and fid not in ids:
+                ids.add(fid)
+                files.append(m.path)
     return files
 
 

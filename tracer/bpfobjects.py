@@ -52,6 +52,32 @@ def _bpf(cmd: int, attr) -> int:
     return _libc.syscall(NR_BPF, cmd, ct.byref(attr), ct.sizeof(attr))
 
 
+LINK_CREATE = 28
+TRACE_UPROBE_SESSION = 57  # enum bpf_attach_type (uapi, append-only; kernel 6.13+)
+
+
+class _UprobeMultiAttr(ct.Structure):  # union bpf_attr, BPF_LINK_CREATE, .uprobe_multi
+    _fields_ = [("prog_fd", ct.c_uint32), ("target_fd", ct.c_uint32), ("attach_type", ct.c_uint32),
+                ("flags", ct.c_uint32), ("path", ct.c_uint64), ("offsets", ct.c_uint64),
+                ("ref_ctr_offsets", ct.c_uint64), ("cookies", ct.c_uint64), ("cnt", ct.c_uint32),
+                ("multi_flags", ct.c_uint32), ("pid", ct.c_uint32), ("pad", ct.c_uint8 * 52)]
+
+
+def uprobe_session_link(prog_fd: int, path: str, offsets: list[int], cookies: list[int], pid: int) -> int:
+    """A uprobe_multi link in session mode: `prog_fd` (loaded with expected_attach_type
+    BPF_TRACE_UPROBE_SESSION) runs at each file offset of `path` in process `pid`, and on the
+    return of each call whose entry run returned 0; bpf_get_attach_cookie gives the offset's
+    cookie. Returns the link fd (closing it detaches every probe of the link at once), or
+    -errno."""
+    n = len(offsets)
+    p = ct.create_string_buffer(os.fsencode(path))
+    offs, cks = (ct.c_uint64 * n)(*offsets), (ct.c_uint64 * n)(*cookies)
+    attr = _UprobeMultiAttr(prog_fd=prog_fd, attach_type=TRACE_UPROBE_SESSION, path=ct.addressof(p),
+                            offsets=ct.addressof(offs), cookies=ct.addressof(cks), cnt=n, pid=pid)
+    fd = _bpf(LINK_CREATE, attr)
+    return fd if fd >= 0 else -ct.get_errno()
+
+
 def tracer_objects(pid: int) -> dict[str, set[int]]:
     """IDs of the BPF maps and programs process `pid` holds open."""
     out: dict[str, set[int]] = {"maps": set(), "progs": set()}

@@ -106,7 +106,8 @@ class Flow(ct.Structure):
 class Inflight(ct.Structure):
     _fields_ = [("sp", ct.c_uint64), ("size", ct.c_uint64), ("arg", ct.c_uint64), ("arg2", ct.c_uint64),
                 ("ts_ns", ct.c_uint64), ("api", ct.c_uint32), ("nest", ct.c_uint16),
-                ("tail", ct.c_uint16), ("source", ct.c_uint32), ("pad", ct.c_uint32)]
+                ("tail", ct.c_uint16), ("source", ct.c_uint32), ("unsampled", ct.c_uint32),
+                ("ra", ct.c_uint64)]
 
 
 class Custom(ct.Structure):

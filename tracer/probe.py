@@ -21,7 +21,7 @@ from common.errors import AllocscopeError, PermissionProblem
 from . import bpfcache
 from . import layout as L
 from .allocators import STANDARD
-from .bpfobjects import prog_stats
+from .bpfobjects import TRACE_UPROBE_SESSION, prog_stats, uprobe_session_link
 from .elfinfo import symbol_offsets
 from .kernel import char_major, file_offsets, rss_offsets
 from .options import RecordOptions
@@ -55,13 +55,31 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
         flags += file_offsets().cflags()
     except (OSError, LookupError):
         pass  # mappings of shared memory and device files stay untracked
-    if opts.sample_bytes > 0:
-        flags.append(f"-DAS_SAMPLE_BYTES={opts.sample_bytes}ULL")
+    if opts.sample_bytes > 0:  # with the uprobe-session programs (used where the kernel has them)
+        flags += [f"-DAS_SAMPLE_BYTES={opts.sample_bytes}ULL", "-DAS_SESSION=1"]
     if opts.mode == "residency":
         flags += ["-DAS_FAULTS=1", f"-DAS_FAULT_SAMPLE={opts.fault_sample}"]
     if unwind == "dwarf":
         flags += ["-DAS_UNWIND_DWARF=1", f"-DAS_UNWIND_ROWS={opts.unwind_rows}", f"-DAS_UNWIND_STEPS={UNWIND_STEPS}"]
     return flags
+
+
+def session_choice(opts: RecordOptions, release: str | None = None) -> tuple[bool, str]:
+    """(use uprobe sessions, why not): only sampled recordings of the heap gain from them (an
+    unsampled call skips its return trap); they need kernel 6.13+. Whether the kernel really
+    takes them is known at the first link (Probes._attach_sessions)."""
+    if opts.sample_bytes <= 0 or opts.mode != "full" or opts.probe_floor:
+        return False, ""
+    if opts.uprobe_sessions == "off":
+        return False, "--uprobe-sessions off"
+    release = release or os.uname().release
+    m = re.match(r"(\d+)\.(\d+)", release)
+    if m and (int(m.group(1)), int(m.group(2))) < (6, 13):
+        why = f"kernel {release} has no uprobe sessions (6.13+)"
+        if opts.uprobe_sessions == "on":
+            raise AllocscopeError(f"--uprobe-sessions on: {why}")
+        return False, why
+    return True, ""
 
 
 def bpf_text() -> bytes:
@@ -95,6 +113,8 @@ class AttachReport:
     cuda: dict = field(default_factory=dict)                       # the CUDA driver's probes (tracer.cuda)
     allocators: list = field(default_factory=list)                 # every allocator: tracer.allocators.Plan.as_dict
     custom: list = field(default_factory=list)                     # --alloc-fn / --free-fn
+    returns: str = "classic"  # how the heap functions' returns are probed: session (uprobe_multi) or classic
+    returns_why: str = ""     # why classic return probes serve a sampled recording
 
 
 def _import_bcc():
@@ -177,7 +197,7 @@ def _cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str],
     # The verifier runs in the loading thread, and libbcc's call releases the GIL: the programs
     # known to be needed are verified two at a time. A failure here is left for the load that
     # needs the program (it raises there, as it would have without this).
-    todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + [(n, t) for n, t in preload if n.decode() in entry["funcs"]]
+    todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + [item for item in preload if item[0].decode() in entry["funcs"]]
 
     def try_load(item) -> None:
         try:
@@ -226,6 +246,9 @@ class Probes:
         self.pid = pid
         self.options = options or RecordOptions()
         self.mode = self.options.mode
+        self.session, self.session_why = session_choice(self.options)
+        self._links: list[int] = []  # uprobe_multi link fds (session mode): closing one detaches its probes
+        self._classic_loaded = False  # alloc_return and `tails` (classic return probes) loaded
         self.unwind = self.options.unwind  # "fp" when the verifier refused the DWARF unwinder
         self.unwind_error = ""  # why DWARF unwinding fell back to frame pointers, if it did
         self.rss_tracepoint = self.options.rss_tracepoint
@@ -341,6 +364,9 @@ class Probes:
         if self.options.mode == "residency":
             names = [b"fault_sample"] + ([b"fault_unwind", b"fault_keep"] if unwind == "dwarf" else [])
             return [(n, self._bcc.BPF.PERF_EVENT) for n in names]
+        if self.session:
+            names = [b"heap_session"] + ([b"salloc_unwind", b"salloc_keep"] if unwind == "dwarf" else [])
+            return [(n, self._bcc.BPF.KPROBE, None, TRACE_UPROBE_SESSION) for n in names]
         names = [b"alloc_return"] + ([b"alloc_unwind", b"alloc_keep"] if unwind == "dwarf" else [])
         return [(n, self._bcc.BPF.KPROBE) for n in names]
 
@@ -358,15 +384,35 @@ class Probes:
                     tails[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, pe).fd)
             return
         kprobe = self._bcc.BPF.KPROBE
+        self._classic_loaded = False
+        if self.session:  # the classic programs wait until a classic return probe needs them
+            self.bpf.load_func(b"heap_session", kprobe, attach_type=TRACE_UPROBE_SESSION)
+            if self.unwind == "dwarf":
+                tails = self.bpf[b"stails"]
+                for i, name in enumerate((b"salloc_unwind", b"salloc_keep")):
+                    fn = self.bpf.load_func(name, kprobe, attach_type=TRACE_UPROBE_SESSION)
+                    tails[ct.c_int(i)] = ct.c_int(fn.fd)
+            return
+        self._load_classic()
+
+    def _load_classic(self) -> None:
+        """alloc_return and, with the stack cache, the tail-call table every classic return
+        program (alloc_return, cu_return, custom_return) jumps through on a miss."""
+        if self._classic_loaded:
+            return
+        kprobe = self._bcc.BPF.KPROBE
         self.bpf.load_func(b"alloc_return", kprobe)
         if self.unwind == "dwarf":
             tails = self.bpf[b"tails"]
             for i, name in enumerate((b"alloc_unwind", b"alloc_keep")):
                 tails[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, kprobe).fd)
+        self._classic_loaded = True
 
     # --- attach -------------------------------------------------------------------------
 
     def _attach(self, fn_name: str, path: str, offset: int, kind: int) -> None:
+        if kind == BPF_PROBE_RETURN:
+            self._load_classic()
         fn = self.bpf.load_func(fn_name.encode(), self._bcc.BPF.KPROBE)
         prefix = b"r" if kind == BPF_PROBE_RETURN else b"p"
         ev = self.bpf._get_uprobe_evname(prefix, path.encode(), offset, self.pid)
@@ -417,8 +463,38 @@ class Probes:
         self._attach_plans(plans, [], sources, maps)
         self.report.allocators += [pl.as_dict() for pl in plans]
 
+    def _attach_sessions(self, plans: list, sources: dict[str, int]) -> bool:
+        """The heap functions of `plans` through uprobe sessions: one uprobe_multi link per
+        module, heap_session at every probed offset, the cookie saying which call it is (enum
+        as_api | source << 16). False (nothing attached) when the kernel refuses the first link
+        and --uprobe-sessions is auto: the classic probes serve instead, and the report says why."""
+        by_path: dict[str, dict[int, int]] = {}
+        for pl in plans:
+            src = sources.get(pl.allocator.source) or L.enum("AS_SRC_HEAP")
+            for pr in pl.probes:
+                api = L.enum("AS_API_" + pr.program.removesuffix("_enter").upper())
+                by_path.setdefault(pr.path, {}).setdefault(pr.offset, api | src << 16)
+        fd_prog = self.bpf.funcs[b"heap_session"].fd
+        for path, probes in by_path.items():
+            offsets = sorted(probes)
+            fd = uprobe_session_link(fd_prog, path, offsets, [probes[o] for o in offsets], self.pid)
+            if fd >= 0:
+                self._links.append(fd)
+                continue
+            why = f"the kernel refused a uprobe session link on {os.path.basename(path)}: {os.strerror(-fd)}"
+            if self._links or self.options.uprobe_sessions == "on":
+                raise PermissionProblem(f"cannot attach uprobe sessions: {why}")
+            self.session, self.session_why = False, why
+            return False
+        self.report.returns, self.report.returns_why = "session", ""
+        return True
+
     def _attach_plans(self, plans: list, custom: list, sources: dict[str, int], maps: list) -> None:
         todo: list[tuple] = []  # (path, offset, entry program, returns)
+        if self.session and self._attach_sessions(plans, sources):
+            plans = []  # the heap functions are probed; the user's functions stay classic below
+        elif self.options.sample_bytes > 0:
+            self.report.returns, self.report.returns_why = "classic", self.session_why
         for pl in plans:
             src = sources.get(pl.allocator.source)
             for pr in pl.probes:
@@ -574,6 +650,9 @@ class Probes:
             if fd >= 0:
                 os.close(fd)
         self._fault_fds = {}
+        links, self._links = getattr(self, "_links", []), []
+        for fd in links:
+            os.close(fd)  # every probe of the link at once (one unregistration wait)
         bpf, self.bpf = getattr(self, "bpf", None), None
         if bpf is not None:
             _detach_all(self._bcc, bpf)

@@ -31,7 +31,7 @@ from common.version import tool_version
 
 from . import layout as L
 from . import procfs
-from .allocators import Plan, allocators_in, find_allocators, plan_allocator
+from .allocators import Plan, allocators_in, code_files, file_id, find_allocators, plan_allocator
 from .cuda import find_driver
 from .customfns import CustomFn, Located, locate, parse_all
 from .embed import SymbolEmbedder
@@ -224,9 +224,9 @@ class Recorder:
         """Allocators in modules mapped since the attach (dlopen): probed too. With one
         allocator at the attach the probes were built without per-entry sources: their blocks
         then count as the main heap's."""
-        probed = {(pl.allocator.path, pl.allocator.prefix) for pl in self.plans}
-        new = [a for path in {m.path for m in maps if m.is_file and "x" in m.perms}
-               for a in allocators_in(path, False) if (a.path, a.prefix) not in probed]
+        probed = {(file_id(pl.allocator.path), pl.allocator.prefix) for pl in self.plans}
+        new = [a for path in code_files(maps)
+               for a in allocators_in(path, False) if (file_id(a.path), a.prefix) not in probed]
         if not new or self.opts.mode == "residency":
             return
         plans = []
@@ -390,7 +390,8 @@ class Recorder:
             "probes": {"allocator": rep.allocator, "allocator_kind": rep.allocator_kind,
                        "attached": rep.attached, "aliases": rep.aliases, "skipped": rep.skipped,
                        "tracepoints": rep.tracepoints, "placement": rep.placement, "cuda": rep.cuda,
-                       "allocators": rep.allocators, "custom": rep.custom},
+                       "allocators": rep.allocators, "custom": rep.custom,
+                       "returns": rep.returns, "returns_why": rep.returns_why},
             "sources": {str(k): v for k, v in self.source_names.items() if k >= L.enum("AS_SRC_DYNAMIC")},
             "limits": {"max_live": o.max_live, "max_stacks": o.max_stacks, "max_sites": o.max_sites,
                        "max_regions": o.max_regions},
