@@ -22,7 +22,7 @@ class RecordOptions:
     mode: str = "full"            # full: allocator probes; residency: mmap family + sampled faults
     sample_bytes: int = 0         # >0: byte-weighted sampling of allocations, one per N bytes
     fault_sample: int = 16        # residency mode: one user page fault in N is sampled
-    uprobe_sessions: str = "auto"  # sampled mode: auto|on|off — one link per module, unsampled calls skip the return trap
+    uprobe_sessions: str = "auto"  # sampled: auto/on/off; unsampled calls skip the return trap
     wait_min_ms: float = 1.0      # off-CPU waits at least this long are kept by stack (0: waits not traced)
     unwind: str = "dwarf"         # dwarf: CFI rows unwound in BPF (tracer/unwind.py); fp: frame pointers
     embed_symbols: bool = False   # store the symbol tables of the modules on the stacks (tracer/embed.py)
