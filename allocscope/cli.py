@@ -9,7 +9,7 @@ import click
 
 from allocscope.options import by_option, fold_option, probe_options, source_option, target_options, trace_options
 from allocscope.output import emit, progress
-from allocscope.recording import early_stop, record_options, resolve_target, summary_text
+from allocscope.recording import early_stop, record_options, resolve_target, start_probes, summary_text
 from common.errors import AllocscopeError, Interrupted, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -95,31 +95,38 @@ def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_sym
       allocscope record --pgrep 'provingd --pw 12' -o pw12.allocscope --label pw=12
       allocscope record -o demo.allocscope -- ./provingd --pw 4
     """
-    from tracer import record as rec  # noqa: PLC0415
+    from tracer.checks import validate  # noqa: PLC0415 (no pyarrow, no BCC: see below)
     from tracer.doctor import require_root  # noqa: PLC0415
+    from tracer.stop import StopRequest  # noqa: PLC0415
 
-    stop = early_stop() or rec.StopRequest().install()  # a signal is honoured, never a traceback
+    stop = early_stop() or StopRequest().install()  # a signal is honoured, never a traceback
     stop.quiet = quiet
     if not output and not dry_run:
         raise UsageError("missing -o TRACE (where to write the trace)")
     opts = record_options(output, labels, duration=duration, force=force, keep_cmdline=keep_cmdline, quiet=quiet,
                           embed_symbols=embed_symbols, **probe)
-    rec.validate(opts, output=False)
+    validate(opts, output=False)
     if dry_run:
         from tracer.dryrun import describe  # noqa: PLC0415
 
         click.echo(describe(resolve_target(pid, pattern, command, launch=False), opts))
         return
     require_root()
-    rec.validate(opts)
+    validate(opts)
     target = resolve_target(pid, pattern, command)
+    early = start_probes(target, opts)  # built in a thread while the tracer's modules load
+    try:
+        from tracer import record as rec  # noqa: PLC0415
+    except BaseException:
+        early.discard()
+        raise
     status = None
     if not quiet and sys.stderr.isatty():
         from allocscope.watch import StatusLine  # noqa: PLC0415
         status = StatusLine(sys.stderr)
     try:
         s = rec.record(target, opts, None if quiet else status.progress if status else progress, stop=stop,
-                       observer=status.observe if status else None)
+                       observer=status.observe if status else None, early=early)
     finally:
         if status is not None:
             status.close()

@@ -87,6 +87,11 @@ def probe_options(f=None, *, interval: float = DEFAULTS.interval):
         click.option("--sample-bytes", type=click.IntRange(min=0), default=DEFAULTS.sample_bytes, metavar="N",
                      help="Sample allocations in proportion to size, one per N bytes on average (like "
                           "jemalloc/tcmalloc heap profiles); reports show estimates with error bars. 0: off."),
+        click.option("--uprobes", type=click.Choice(["auto", "multi", "perf"]), default=DEFAULTS.uprobes,
+                     show_default=True,
+                     help="How the allocator probes are attached: multi: uprobe_multi links (kernel 6.6+), one per "
+                          "module, detached at once (a perf event per probe waits ~0.1 s each at exit); perf: a "
+                          "perf event per probe (older kernels); auto: multi where the kernel has it."),
         click.option("--uprobe-sessions", type=click.Choice(["auto", "on", "off"]), default=DEFAULTS.uprobe_sessions,
                      show_default=True,
                      help="With --sample-bytes: probe the heap functions through uprobe sessions (kernel "

@@ -52,6 +52,14 @@ def record_options(output: str | None, labels, **kw):
     return RecordOptions(output=output or "", labels=parse_labels(labels), **kw)
 
 
+def start_probes(target, opts):
+    """The target's probes, built from now on in a thread (tracer.early.EarlyProbes) while the
+    caller imports the rest of the tracer; hand it to tracer.record.record(early=...)."""
+    from tracer.early import EarlyProbes  # noqa: PLC0415
+
+    return EarlyProbes(target.pid, opts, target.child is not None)
+
+
 def summary_text(s) -> str:
     """The one line a recording ends with (tracer.record.Summary)."""
     from reports.render import human_bytes  # noqa: PLC0415

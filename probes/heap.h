@@ -11,21 +11,24 @@
  * counted once, by the outermost call. A return must come back at entry
  * sp + 8; anything else is reported as unmatched, never guessed. */
 
-#ifdef AS_MULTI_SOURCE
 /* The probed address of an entry probe -> the source of the allocator it belongs to (the heap of
  * a further allocator, heap:KIND[:PREFIX]); filled by the tracer as modules are mapped. An entry
- * it does not know (yet) is the main heap's. */
+ * it does not know (yet) is the main heap's. Looked up only once the tracer has set src_cfg[0]
+ * (several allocators): one compiled program serves both cases, and the programs can be built
+ * before the allocators are known. (Uprobe sessions carry the source in the cookie instead.) */
 BPF_HASH(probe_src, u64, u32, 4096);
+BPF_ARRAY(src_cfg, u32, 1);
 
 static __always_inline u32 entry_source(struct pt_regs *ctx)
 {
+    u32 zero = 0;
+    u32 *multi = src_cfg.lookup(&zero);
+    if (!multi || !*multi)
+        return AS_SRC_HEAP;
     u64 ip = PT_REGS_IP(ctx); /* the probed instruction, set back by the kernel for handlers */
     u32 *s = probe_src.lookup(&ip);
     return s ? *s : AS_SRC_HEAP;
 }
-#else
-#define entry_source(ctx) AS_SRC_HEAP
-#endif
 
 static __always_inline int enter_state(struct pt_regs *ctx, struct as_inflight *cur, u32 api, u64 size,
                                        u64 arg, u64 arg2, u32 src)
@@ -405,6 +408,75 @@ int free_enter(struct pt_regs *ctx)
     return 0;
 }
 
+
+/* --- uprobe_multi links (kernel 6.6+) -------------------------------------
+ * Attached through links (tracer/probe.py), one program serves every heap function of a module:
+ * the cookie of each probed address is enum as_api | source << 16. A link detaches all its
+ * probes with one wait where a perf event per probe waits once each (seconds at exit). */
+
+/* The size and the pointer argument of heap call `api` from its registers; 0: not a heap call. */
+static __always_inline int heap_args(struct pt_regs *ctx, u32 api, u64 *size, u64 *arg)
+{
+    switch (api) {
+    case AS_API_MALLOC:
+    case AS_API_VALLOC:
+    case AS_API_PVALLOC:
+        *size = PT_REGS_PARM1(ctx);
+        return 1;
+    case AS_API_CALLOC:
+        *size = mul_size(PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx));
+        return 1;
+    case AS_API_REALLOC:
+        *size = PT_REGS_PARM2(ctx);
+        *arg = PT_REGS_PARM1(ctx);
+        return 1;
+    case AS_API_REALLOCARRAY:
+        *size = mul_size(PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx));
+        *arg = PT_REGS_PARM1(ctx);
+        return 1;
+    case AS_API_POSIX_MEMALIGN:
+        *size = PT_REGS_PARM3(ctx);
+        *arg = PT_REGS_PARM1(ctx);
+        return 1;
+    case AS_API_ALIGNED_ALLOC:
+    case AS_API_MEMALIGN:
+        *size = PT_REGS_PARM2(ctx);
+        return 1;
+    case AS_API_MALLOC_TRIM:
+        *size = (u64)rss_anon();
+        *arg = PT_REGS_PARM1(ctx);
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static __always_inline void cookie_free(struct pt_regs *ctx)
+{
+    u64 p = PT_REGS_PARM1(ctx);
+    if (p == 0)
+        count(AS_CNT_FREE_NULL, 1);
+    else
+        free_addr(current_tid(), p, bpf_ktime_get_ns());
+}
+
+/* The entry of every heap function of a module (returns: alloc_return, on a return link). */
+int heap_entry(struct pt_regs *ctx)
+{
+    if (!is_target())
+        return 0;
+    u64 cookie = bpf_get_attach_cookie(ctx);
+    u32 api = (u32)cookie & 0xffff, src = (u32)(cookie >> 16);
+    if (api == AS_API_FREE) {
+        cookie_free(ctx);
+        return 0;
+    }
+    u64 size = 0, arg = 0;
+    if (!heap_args(ctx, api, &size, &arg))
+        return 0;
+    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, 0, src);
+}
+
 #ifdef AS_SESSION
 /* --- uprobe session (kernel 6.13+; sampled mode) --------------------------
  * One program for the entry and the return of every heap function, attached through a
@@ -426,46 +498,12 @@ int heap_session(struct pt_regs *ctx)
     u64 cookie = bpf_get_attach_cookie(ctx);
     u32 api = (u32)cookie & 0xffff, src = (u32)(cookie >> 16);
     u64 size = 0, arg = 0;
-    switch (api) {
-    case AS_API_FREE: {
-        u64 p = PT_REGS_PARM1(ctx);
-        if (p == 0)
-            count(AS_CNT_FREE_NULL, 1);
-        else
-            free_addr(current_tid(), p, bpf_ktime_get_ns());
+    if (api == AS_API_FREE) {
+        cookie_free(ctx);
         return 1;
     }
-    case AS_API_MALLOC:
-    case AS_API_VALLOC:
-    case AS_API_PVALLOC:
-        size = PT_REGS_PARM1(ctx);
-        break;
-    case AS_API_CALLOC:
-        size = mul_size(PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx));
-        break;
-    case AS_API_REALLOC:
-        size = PT_REGS_PARM2(ctx);
-        arg = PT_REGS_PARM1(ctx);
-        break;
-    case AS_API_REALLOCARRAY:
-        size = mul_size(PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx));
-        arg = PT_REGS_PARM1(ctx);
-        break;
-    case AS_API_POSIX_MEMALIGN:
-        size = PT_REGS_PARM3(ctx);
-        arg = PT_REGS_PARM1(ctx);
-        break;
-    case AS_API_ALIGNED_ALLOC:
-    case AS_API_MEMALIGN:
-        size = PT_REGS_PARM2(ctx);
-        break;
-    case AS_API_MALLOC_TRIM:
-        size = (u64)rss_anon();
-        arg = PT_REGS_PARM1(ctx);
-        break;
-    default:
+    if (!heap_args(ctx, api, &size, &arg))
         return 1;
-    }
     struct as_inflight *cur = thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!cur) {
         count(AS_LOST_INFLIGHT_FULL, 1);

@@ -50,8 +50,7 @@ def test_layout_matches_bcc_maps():
     from tracer.options import RecordOptions
     from tracer.probe import Probes
 
-    p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16),
-               multi_source=True)  # probe_src exists only then
+    p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16))
     try:
         for name, (key, val) in L.MAP_LAYOUTS.items():
             t = p.bpf[name.encode()]

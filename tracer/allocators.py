@@ -122,8 +122,28 @@ def _entries(syms: ModuleSymbols, table: dict[str, str], prefix: str = "") -> di
     return {prefix + name: prog for name, prog in table.items() if prefix + name in syms.names}
 
 
+ALLOCATORS_FACT = "allocators-1"  # tracer/filecache.py kind; bump when allocators_in's answer changes
+PLACEMENT_FACT = "placement-1"    # likewise for tracer/placement.py's
+
+
 def allocators_in(path: str, is_exe: bool) -> list[Allocator]:
-    """The allocators module `path` holds (most hold none; libc holds glibc's)."""
+    """The allocators module `path` holds (most hold none; libc holds glibc's), kept per file
+    between runs (tracer/filecache.py)."""
+    from . import filecache  # noqa: PLC0415
+
+    cached = filecache.get(ALLOCATORS_FACT, path, str(is_exe))
+    if isinstance(cached, list):
+        try:
+            return [Allocator(path=path, **a) for a in cached]
+        except TypeError:
+            pass  # another shape: scan again
+    found = _scan_allocators(path, is_exe)
+    filecache.put(ALLOCATORS_FACT, path, [{"kind": a.kind, "prefix": a.prefix, "entries": a.entries,
+                                           "offsets": a.offsets, "sizes": a.sizes} for a in found], str(is_exe))
+    return found
+
+
+def _scan_allocators(path: str, is_exe: bool) -> list[Allocator]:
     syms = module_symbols(path)
     if syms is None:
         return []
@@ -264,9 +284,27 @@ def plan_allocator(a: Allocator) -> Plan:
     """The probes of allocator `a`: one per address (symbols sharing one, like glibc's memalign
     and aligned_alloc or tcmalloc's malloc and tc_malloc, are counted once), placed on an
     emulated instruction where the code proves it equivalent."""
-    from .placement import place_entry, place_probe  # noqa: PLC0415 (capstone)
+    from . import filecache  # noqa: PLC0415
 
-    reads = _reads()
+    known = filecache.get(PLACEMENT_FACT, a.path)
+    known = dict(known) if isinstance(known, dict) else {}
+    learned = False
+
+    def place(prog: str, off: int, size: int) -> tuple[int, bool, str]:
+        nonlocal learned
+        k = f"{prog}:{off}:{size}"
+        if k in known and isinstance(known[k], list) and len(known[k]) == 3:
+            return tuple(known[k])
+        from .placement import place_entry, place_probe  # noqa: PLC0415 (capstone)
+
+        # frees are entry-only: behind a NULL check they skip free(NULL) calls too
+        pl = place_entry(a.path, off, size) if prog in FREES else None
+        if pl is None or not pl.moved:
+            pl = place_probe(a.path, off, size, _reads()[prog])
+        known[k] = [pl.offset, pl.moved, pl.reason]
+        learned = True
+        return pl.offset, pl.moved, pl.reason
+
     plan = Plan(a)
     table = STANDARD if not a.prefix else {a.prefix + k: v for k, v in STANDARD.items()}
     for sym in table:
@@ -279,10 +317,8 @@ def plan_allocator(a: Allocator) -> Plan:
             plan.aliases[sym] = by_offset[off]  # one address, one probe: never counted twice
             continue
         by_offset[off] = sym
-        size = a.sizes.get(sym, 0)
-        # frees are entry-only: behind a NULL check they skip free(NULL) calls too
-        pl = place_entry(a.path, off, size) if prog in FREES else None
-        if pl is None or not pl.moved:
-            pl = place_probe(a.path, off, size, reads[prog])
-        plan.probes.append(Probe(sym, prog, a.path, pl.offset, pl.moved, pl.reason, prog not in FREES))
+        offset, moved, reason = place(prog, off, a.sizes.get(sym, 0))
+        plan.probes.append(Probe(sym, prog, a.path, offset, moved, reason, prog not in FREES))
+    if learned:
+        filecache.put(PLACEMENT_FACT, a.path, known)
     return plan

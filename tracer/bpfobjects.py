@@ -53,7 +53,9 @@ def _bpf(cmd: int, attr) -> int:
 
 
 LINK_CREATE = 28
-TRACE_UPROBE_SESSION = 57  # enum bpf_attach_type (uapi, append-only; kernel 6.13+)
+TRACE_UPROBE_MULTI = 48    # enum bpf_attach_type (uapi, append-only; kernel 6.6+)
+TRACE_UPROBE_SESSION = 57  # kernel 6.13+
+UPROBE_MULTI_RETURN = 1    # BPF_F_UPROBE_MULTI_RETURN
 
 
 class _UprobeMultiAttr(ct.Structure):  # union bpf_attr, BPF_LINK_CREATE, .uprobe_multi
@@ -63,17 +65,19 @@ class _UprobeMultiAttr(ct.Structure):  # union bpf_attr, BPF_LINK_CREATE, .uprob
                 ("multi_flags", ct.c_uint32), ("pid", ct.c_uint32), ("pad", ct.c_uint8 * 52)]
 
 
-def uprobe_session_link(prog_fd: int, path: str, offsets: list[int], cookies: list[int], pid: int) -> int:
-    """A uprobe_multi link in session mode: `prog_fd` (loaded with expected_attach_type
-    BPF_TRACE_UPROBE_SESSION) runs at each file offset of `path` in process `pid`, and on the
-    return of each call whose entry run returned 0; bpf_get_attach_cookie gives the offset's
-    cookie. Returns the link fd (closing it detaches every probe of the link at once), or
-    -errno."""
+def uprobe_multi_link(prog_fd: int, path: str, offsets: list[int], cookies: list[int], pid: int,
+                      attach_type: int = TRACE_UPROBE_MULTI, flags: int = 0) -> int:
+    """A uprobe_multi link: `prog_fd` (loaded with expected_attach_type `attach_type`) runs at each
+    file offset of `path` in process `pid` — on entry, or on return with UPROBE_MULTI_RETURN; in
+    a session (TRACE_UPROBE_SESSION) on entry and, when that run returned 0, on return.
+    bpf_get_attach_cookie gives the offset's cookie. Returns the link fd (closing it detaches
+    every probe of the link at once, one unregistration wait for all), or -errno."""
     n = len(offsets)
     p = ct.create_string_buffer(os.fsencode(path))
     offs, cks = (ct.c_uint64 * n)(*offsets), (ct.c_uint64 * n)(*cookies)
-    attr = _UprobeMultiAttr(prog_fd=prog_fd, attach_type=TRACE_UPROBE_SESSION, path=ct.addressof(p),
-                            offsets=ct.addressof(offs), cookies=ct.addressof(cks), cnt=n, pid=pid)
+    attr = _UprobeMultiAttr(prog_fd=prog_fd, attach_type=attach_type, path=ct.addressof(p),
+                            offsets=ct.addressof(offs), cookies=ct.addressof(cks), cnt=n,
+                            multi_flags=flags, pid=pid)
     fd = _bpf(LINK_CREATE, attr)
     return fd if fd >= 0 else -ct.get_errno()
 

@@ -22,6 +22,7 @@ class RecordOptions:
     mode: str = "full"            # full: allocator probes; residency: mmap family + sampled faults
     sample_bytes: int = 0         # >0: byte-weighted sampling of allocations, one per N bytes
     fault_sample: int = 16        # residency mode: one user page fault in N is sampled
+    uprobes: str = "auto"  # auto/multi/perf: uprobe_multi links (6.6+) or a perf event per probe
     uprobe_sessions: str = "auto"  # sampled: auto/on/off; unsampled calls skip the return trap
     wait_min_ms: float = 1.0      # off-CPU waits at least this long are kept by stack (0: waits not traced)
     unwind: str = "dwarf"         # dwarf: CFI rows unwound in BPF (tracer/unwind.py); fp: frame pointers

@@ -18,10 +18,10 @@ import numpy as np
 
 from common.errors import AllocscopeError, PermissionProblem
 
-from . import bpfcache
+from . import bcclight, bpfcache
 from . import layout as L
 from .allocators import STANDARD
-from .bpfobjects import TRACE_UPROBE_SESSION, prog_stats, uprobe_session_link
+from .bpfobjects import TRACE_UPROBE_MULTI, TRACE_UPROBE_SESSION, UPROBE_MULTI_RETURN, prog_stats, uprobe_multi_link
 from .elfinfo import symbol_offsets
 from .kernel import char_major, file_offsets, rss_offsets
 from .options import RecordOptions
@@ -35,8 +35,7 @@ def _arg(n: int | None) -> int:
     return 0xFF if n is None else n  # AS_ARG_NONE
 
 
-def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoint: bool,
-                 multi_source: bool = False) -> list[str]:
+def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoint: bool) -> list[str]:
     """The compile-time parameters of probes/allocscope.c for a recording: every bound and mode
     comes from `opts` (tracer/options.py, the one place defaults live), the kernel-struct
     offsets from the running kernel's BTF (tracer/kernel.py)."""
@@ -48,8 +47,6 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
         flags.append("-DAS_WAIT_EXEC=1")
     if opts.probe_floor:
         flags.append("-DAS_FLOOR=1")
-    if multi_source:  # several allocators, or the user's functions: the entry's address says which
-        flags.append("-DAS_MULTI_SOURCE=1")
     flags += ["-DAS_RSS_TRACEPOINT=1"] if rss_tracepoint else rss_offsets().cflags()
     try:
         flags += file_offsets().cflags()
@@ -64,18 +61,37 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
     return flags
 
 
+def _kernel_below(release: str, version: tuple[int, int]) -> bool:
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return bool(m) and (int(m.group(1)), int(m.group(2))) < version
+
+
+def links_choice(opts: RecordOptions, release: str | None = None) -> tuple[bool, str]:
+    """(attach the uprobes through uprobe_multi links, why not): kernel 6.6+."""
+    if opts.uprobes == "perf":
+        return False, "--uprobes perf"
+    release = release or os.uname().release
+    if _kernel_below(release, (6, 6)):
+        why = f"kernel {release} has no uprobe_multi links (6.6+)"
+        if opts.uprobes == "multi":
+            raise AllocscopeError(f"--uprobes multi: {why}")
+        return False, why
+    return True, ""
+
+
 def session_choice(opts: RecordOptions, release: str | None = None) -> tuple[bool, str]:
     """(use uprobe sessions, why not): only sampled recordings of the heap gain from them (an
-    unsampled call skips its return trap); they need kernel 6.13+. Whether the kernel really
-    takes them is known at the first link (Probes._attach_sessions)."""
+    unsampled call skips its return trap); they need kernel 6.13+ and uprobe_multi links.
+    Whether the kernel really takes them is known at the first link (Probes._attach_sessions)."""
     if opts.sample_bytes <= 0 or opts.mode != "full" or opts.probe_floor:
         return False, ""
     if opts.uprobe_sessions == "off":
         return False, "--uprobe-sessions off"
     release = release or os.uname().release
-    m = re.match(r"(\d+)\.(\d+)", release)
-    if m and (int(m.group(1)), int(m.group(2))) < (6, 13):
+    multi, why = links_choice(opts, release)
+    if multi and _kernel_below(release, (6, 13)):
         why = f"kernel {release} has no uprobe sessions (6.13+)"
+    if not multi or why:
         if opts.uprobe_sessions == "on":
             raise AllocscopeError(f"--uprobe-sessions on: {why}")
         return False, why
@@ -115,6 +131,8 @@ class AttachReport:
     custom: list = field(default_factory=list)                     # --alloc-fn / --free-fn
     returns: str = "classic"  # how the heap functions' returns are probed: session (uprobe_multi) or classic
     returns_why: str = ""     # why classic return probes serve a sampled recording
+    uprobes: str = "perf"     # how uprobes are attached: multi (uprobe_multi links) or perf (one perf event each)
+    uprobes_why: str = ""     # why perf events
 
 
 def _import_bcc():
@@ -192,7 +210,8 @@ def _cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str],
             self.funcs[func_name] = fn
             return fn
 
-    bpf = CachedBPF(text=maps_text, cflags=cflags)
+    with bcclight.light(bcc):
+        bpf = CachedBPF(text=maps_text, cflags=cflags)
     tps = [name.encode() for name in entry["funcs"] if name.startswith("tracepoint__")]
     # The verifier runs in the loading thread, and libbcc's call releases the GIL: the programs
     # known to be needed are verified two at a time. A failure here is left for the load that
@@ -241,13 +260,14 @@ def _detach_all(bcc, bpf) -> None:
 class Probes:
     """The BPF program for one target process."""
 
-    def __init__(self, pid: int, options: RecordOptions | None = None, launched: bool = False,
-                 multi_source: bool = False) -> None:
+    def __init__(self, pid: int, options: RecordOptions | None = None, launched: bool = False) -> None:
         self.pid = pid
         self.options = options or RecordOptions()
         self.mode = self.options.mode
+        self.multi, self.multi_why = links_choice(self.options)
         self.session, self.session_why = session_choice(self.options)
-        self._links: list[int] = []  # uprobe_multi link fds (session mode): closing one detaches its probes
+        self._links: list[int] = []  # uprobe_multi link fds: closing one detaches its probes at once
+        self._queued: dict[tuple[str, str, int], dict[int, int]] = {}  # (program, path, kind) -> {offset: cookie}
         self._classic_loaded = False  # alloc_return and `tails` (classic return probes) loaded
         self.unwind = self.options.unwind  # "fp" when the verifier refused the DWARF unwinder
         self.unwind_error = ""  # why DWARF unwinding fell back to frame pointers, if it did
@@ -265,7 +285,7 @@ class Probes:
         self._lib = _Libbcc()
         self.bpf_cache = ""  # how the programs were obtained: hit, miss (compiled, cached), off, uncached
         try:
-            self.bpf = self._compile(launched, self.unwind, multi_source)
+            self.bpf = self._compile(launched, self.unwind)
             t = time.perf_counter()
             self._load_allocator_programs()
             self.timings["load (verifier)"] = time.perf_counter() - t
@@ -277,7 +297,7 @@ class Probes:
             self.unwind = "fp"
             try:
                 self._close_bpf()
-                self.bpf = self._compile(launched, "fp", multi_source)
+                self.bpf = self._compile(launched, "fp")
                 self._load_allocator_programs()
             except Exception as e2:  # noqa: BLE001
                 raise PermissionProblem(f"cannot load the BPF program: {e2}; run 'allocscope doctor'") from None
@@ -291,13 +311,13 @@ class Probes:
         self._fault_fds: dict[int, int] = {}  # tid -> perf event fd (residency mode)
         self._addressed: list[tuple] = []  # (path, file offset, map, value): written once mapped
 
-    def _compile(self, launched: bool, unwind: str, multi_source: bool):
+    def _compile(self, launched: bool, unwind: str):
         """The BCC module of probes/allocscope.c for this recording, its programs from the cache of
         compiled programs when it has them (tracer/bpfcache.py), else compiled by clang (and
         cached). Either way the maps are created here and the tracepoint programs attached."""
         bcc = self._bcc
         text = bpf_text()
-        flags = probe_cflags(self.options, launched, unwind, self.rss_tracepoint, multi_source)
+        flags = probe_cflags(self.options, launched, unwind, self.rss_tracepoint)
 
         def cflags(tgid: int) -> list[str]:
             return [f"-I{L.PROBES_DIR}", f"-DAS_TGID={tgid}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}",
@@ -306,7 +326,8 @@ class Probes:
         t = time.perf_counter()
         if not bpfcache.enabled():
             self.bpf_cache = "off"
-            bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
+            with bcclight.light(bcc):
+                bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
             self.timings["compile (BCC, clang)"] = time.perf_counter() - t
             return bpf
         key = bpfcache.cache_key(text, cflags(bpfcache.TGID_SENTINEL), _bcc_version(bcc))
@@ -317,7 +338,8 @@ class Probes:
             t = time.perf_counter()
             if entry is None:
                 self.bpf_cache = "uncached"
-                bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
+                with bcclight.light(bcc):
+                    bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
                 self.timings["compile again (not cacheable)"] = time.perf_counter() - t
                 return bpf
             self.bpf_cache = "miss"
@@ -332,7 +354,8 @@ class Probes:
             if bpf is not None:
                 bpf.cleanup()  # the maps-only source declares other maps: never trust the entry
             self.bpf_cache = "uncached"
-            bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
+            with bcclight.light(bcc):
+                bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
             self.timings["compile (tables differ from the cache's)"] = time.perf_counter() - t
             return bpf
         if self.bpf_cache == "miss":
@@ -348,7 +371,8 @@ class Probes:
             def _trace_autoload(self) -> None:
                 pass  # nothing is loaded from this module: its pid is the sentinel
 
-        mod = Compiled(text=text, cflags=cflags)
+        with bcclight.light(bcc):
+            mod = Compiled(text=text, cflags=cflags)
         try:
             return bpfcache.extract(mod.module)
         finally:
@@ -366,9 +390,20 @@ class Probes:
             return [(n, self._bcc.BPF.PERF_EVENT) for n in names]
         if self.session:
             names = [b"heap_session"] + ([b"salloc_unwind", b"salloc_keep"] if unwind == "dwarf" else [])
-            return [(n, self._bcc.BPF.KPROBE, None, TRACE_UPROBE_SESSION) for n in names]
-        names = [b"alloc_return"] + ([b"alloc_unwind", b"alloc_keep"] if unwind == "dwarf" else [])
-        return [(n, self._bcc.BPF.KPROBE) for n in names]
+        else:
+            names = [b"alloc_return"] + ([b"alloc_unwind", b"alloc_keep"] if unwind == "dwarf" else [])
+            names += [b"heap_entry"] if self.multi else []
+        return [(n, self._bcc.BPF.KPROBE, None, self._attach_type(n)) for n in names]
+
+    def _attach_type(self, name: bytes) -> int:
+        """expected_attach_type of a uprobe program: a program array takes programs of one type,
+        so every program a link runs (and every one they tail-call) is loaded as the links'."""
+        if name in (b"heap_session", b"salloc_unwind", b"salloc_keep"):
+            return TRACE_UPROBE_SESSION
+        return TRACE_UPROBE_MULTI if self.multi else -1
+
+    def _load(self, name: bytes):
+        return self.bpf.load_func(name, self._bcc.BPF.KPROBE, attach_type=self._attach_type(name))
 
     def _load_allocator_programs(self) -> None:
         """Verify the allocator programs now (the verifier is what may refuse the DWARF unwinder)
@@ -386,13 +421,13 @@ class Probes:
         kprobe = self._bcc.BPF.KPROBE
         self._classic_loaded = False
         if self.session:  # the classic programs wait until a classic return probe needs them
-            self.bpf.load_func(b"heap_session", kprobe, attach_type=TRACE_UPROBE_SESSION)
+            self._load(b"heap_session")
             if self.unwind == "dwarf":
                 tails = self.bpf[b"stails"]
                 for i, name in enumerate((b"salloc_unwind", b"salloc_keep")):
-                    fn = self.bpf.load_func(name, kprobe, attach_type=TRACE_UPROBE_SESSION)
-                    tails[ct.c_int(i)] = ct.c_int(fn.fd)
+                    tails[ct.c_int(i)] = ct.c_int(self._load(name).fd)
             return
+        del kprobe
         self._load_classic()
 
     def _load_classic(self) -> None:
@@ -400,20 +435,24 @@ class Probes:
         program (alloc_return, cu_return, custom_return) jumps through on a miss."""
         if self._classic_loaded:
             return
-        kprobe = self._bcc.BPF.KPROBE
-        self.bpf.load_func(b"alloc_return", kprobe)
+        self._load(b"alloc_return")
         if self.unwind == "dwarf":
             tails = self.bpf[b"tails"]
             for i, name in enumerate((b"alloc_unwind", b"alloc_keep")):
-                tails[ct.c_int(i)] = ct.c_int(self.bpf.load_func(name, kprobe).fd)
+                tails[ct.c_int(i)] = ct.c_int(self._load(name).fd)
         self._classic_loaded = True
 
     # --- attach -------------------------------------------------------------------------
 
-    def _attach(self, fn_name: str, path: str, offset: int, kind: int) -> None:
+    def _attach(self, fn_name: str, path: str, offset: int, kind: int, cookie: int = 0) -> None:
+        """One uprobe: with links, queued for _flush (one link per program, module and kind);
+        else a perf event now."""
         if kind == BPF_PROBE_RETURN:
             self._load_classic()
-        fn = self.bpf.load_func(fn_name.encode(), self._bcc.BPF.KPROBE)
+        fn = self._load(fn_name.encode())
+        if self.multi:
+            self._queued.setdefault((fn_name, path, kind), {}).setdefault(offset, cookie)
+            return
         prefix = b"r" if kind == BPF_PROBE_RETURN else b"p"
         ev = self.bpf._get_uprobe_evname(prefix, path.encode(), offset, self.pid)
         fd = self._lib.attach_uprobe(fn.fd, kind, ev, path.encode(), offset, self.pid, 0)
@@ -423,6 +462,29 @@ class Probes:
                 f"cannot attach a uprobe to {os.path.basename(path)}+{offset:#x} ({fn_name}): "
                 f"{os.strerror(err) if err else 'unknown error'}")
         self.bpf._add_uprobe_fd(ev, fd)
+
+    def _flush(self) -> dict[tuple[str, str, int, int], str]:
+        """The queued uprobes as links, return links first (see attach). A link the kernel
+        refuses is tried again one offset at a time; returns {(program, path, offset, kind):
+        why} for the probes that still could not be attached."""
+        failed: dict[tuple[str, str, int, int], str] = {}
+        queued, self._queued = self._queued, {}
+        for (prog, path, kind), probes in sorted(queued.items(), key=lambda kv: kv[0][2] != BPF_PROBE_RETURN):
+            fd_prog = self.bpf.funcs[prog.encode()].fd
+            flags = UPROBE_MULTI_RETURN if kind == BPF_PROBE_RETURN else 0
+            offsets = sorted(probes)
+            groups = [offsets]
+            while groups:
+                offs = groups.pop()
+                fd = uprobe_multi_link(fd_prog, path, offs, [probes[o] for o in offs], self.pid, flags=flags)
+                if fd >= 0:
+                    self._links.append(fd)
+                elif len(offs) > 1:
+                    groups += [[o] for o in offs]
+                else:
+                    failed[(prog, path, offs[0], kind)] = (
+                        f"cannot attach a uprobe to {os.path.basename(path)}+{offs[0]:#x} ({prog}): {os.strerror(-fd)}")
+        return failed
 
     def attach(self, plans: list, custom: list | None = None, sources: dict[str, int] | None = None,
                maps: list | None = None) -> AttachReport:
@@ -477,7 +539,8 @@ class Probes:
         fd_prog = self.bpf.funcs[b"heap_session"].fd
         for path, probes in by_path.items():
             offsets = sorted(probes)
-            fd = uprobe_session_link(fd_prog, path, offsets, [probes[o] for o in offsets], self.pid)
+            fd = uprobe_multi_link(fd_prog, path, offsets, [probes[o] for o in offsets], self.pid,
+                                   attach_type=TRACE_UPROBE_SESSION)
             if fd >= 0:
                 self._links.append(fd)
                 continue
@@ -495,25 +558,34 @@ class Probes:
             plans = []  # the heap functions are probed; the user's functions stay classic below
         elif self.options.sample_bytes > 0:
             self.report.returns, self.report.returns_why = "classic", self.session_why
+        self.report.uprobes, self.report.uprobes_why = ("multi", "") if self.multi else ("perf", self.multi_why)
         for pl in plans:
             src = sources.get(pl.allocator.source)
             for pr in pl.probes:
-                todo.append((pr.path, pr.offset, pr.program, pr.returns))
+                if self.multi:  # one entry program per module, the cookie says which call
+                    api = L.enum("AS_API_" + pr.program.removesuffix("_enter").upper())
+                    cookie = api | (src or L.enum("AS_SRC_HEAP")) << 16
+                    todo.append((pr.path, pr.offset, "heap_entry", pr.returns, cookie))
+                    continue
+                todo.append((pr.path, pr.offset, pr.program, pr.returns, 0))
                 if src is not None:
                     self._addressed.append((pr.path, pr.offset, "probe_src", ct.c_uint32(src)))
         for loc, src, offset in custom:
             fn = loc.fn
             spec = L.Custom(source=src, size_arg=_arg(fn.size_arg), count_arg=_arg(fn.count_arg),
                             out_arg=_arg(fn.out_arg), ptr_arg=_arg(fn.ptr_arg))
-            todo.append((loc.path, offset, "custom_free_enter" if fn.free else "custom_enter", not fn.free))
+            todo.append((loc.path, offset, "custom_free_enter" if fn.free else "custom_enter", not fn.free, 0))
             self._addressed.append((loc.path, offset, "custom_fns", spec))
         self.update_addresses(maps)
-        for path, off, prog, returns in todo:
+        for path, off, prog, returns, _cookie in todo:
             if returns:  # the same address as the entry probe: one trap for both
                 self._attach("custom_return" if prog == "custom_enter" else "alloc_return", path, off,
                              BPF_PROBE_RETURN)
-        for path, off, prog, _returns in todo:
-            self._attach(prog, path, off, BPF_PROBE_ENTRY)
+        for path, off, prog, _returns, cookie in todo:
+            self._attach(prog, path, off, BPF_PROBE_ENTRY, cookie)
+        failed = self._flush()
+        if failed:
+            raise PermissionProblem(next(iter(failed.values())))
 
     def update_addresses(self, maps: list) -> None:
         """Write the entries keyed by probed address (probe_src, custom_fns) whose module is
@@ -524,6 +596,8 @@ class Probes:
                 continue
             for m in maps:
                 if m.path == path and "x" in m.perms and m.offset <= off < m.offset + (m.end - m.start):
+                    if table == "probe_src":  # entries look their source up from now on
+                        self.bpf[b"src_cfg"][ct.c_int(0)] = ct.c_uint32(1)
                     t = self.bpf[table.encode()]
                     t[t.Key(m.start + off - m.offset)] = value
                     self._addressed[i] = (path, off, table, None)  # done
@@ -564,12 +638,28 @@ class Probes:
                 returns.append((sym, _prog, off))
             except PermissionProblem as e:
                 rep.skipped[sym] = str(e)
+        failed = self._flush()
+        kept = []
+        for r in returns:
+            why = failed.get(("cu_return", path, r[2], BPF_PROBE_RETURN))
+            if why:
+                rep.skipped[r[0]] = why
+            else:
+                kept.append(r)
+        returns = kept
         for sym, prog, off in returns:
             try:
                 self._attach(prog, path, off, BPF_PROBE_ENTRY)
-                rep.attached.append(sym)
             except PermissionProblem as e:
                 rep.skipped[sym] = str(e)
+        failed = self._flush()
+        for sym, prog, off in returns:
+            if sym in rep.skipped:
+                continue
+            if (prog, path, off, BPF_PROBE_ENTRY) in failed:
+                rep.skipped[sym] = failed[(prog, path, off, BPF_PROBE_ENTRY)]
+            else:
+                rep.attached.append(sym)
         self.report.cuda = rep.as_dict()
         return self.report.cuda
 
@@ -651,8 +741,11 @@ class Probes:
                 os.close(fd)
         self._fault_fds = {}
         links, self._links = getattr(self, "_links", []), []
-        for fd in links:
-            os.close(fd)  # every probe of the link at once (one unregistration wait)
+        if links:  # every probe of a link at once (one unregistration wait), the links side by side
+            from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+            with ThreadPoolExecutor(max_workers=len(links)) as pool:
+                list(pool.map(os.close, links))
         bpf, self.bpf = getattr(self, "bpf", None), None
         if bpf is not None:
             _detach_all(self._bcc, bpf)

@@ -24,14 +24,15 @@ from pathlib import Path
 import pyarrow as pa
 
 from common.elf import build_id
-from common.errors import AllocscopeError, Interrupted, TargetError, UsageError
+from common.errors import AllocscopeError, Interrupted, TargetError
 from common.tracefile import format as F
-from common.tracefile.writer import NullWriter, TraceWriter, check_output, prepare_output
+from common.tracefile.writer import NullWriter, TraceWriter, prepare_output
 from common.version import tool_version
 
 from . import layout as L
 from . import procfs
 from .allocators import Plan, allocators_in, code_files, file_id, find_allocators, plan_allocator
+from .checks import validate
 from .cuda import find_driver
 from .customfns import CustomFn, Located, locate, parse_all
 from .embed import SymbolEmbedder
@@ -101,7 +102,8 @@ class Recorder:
     --duration passes or a signal comes, writes the final snapshot and returns a Summary."""
 
     def __init__(self, target: Target, opts: RecordOptions, progress=None, stop: StopRequest | None = None,
-                 observer: Callable[[Snapshot], None] | None = None) -> None:
+                 observer: Callable[[Snapshot], None] | None = None, early=None) -> None:
+        self.early = early  # tracer.early.EarlyProbes: the probes being built since the CLI knew the target
         self.target = target
         self.opts = opts
         self.progress = progress or (lambda msg: None)
@@ -391,7 +393,8 @@ class Recorder:
                        "attached": rep.attached, "aliases": rep.aliases, "skipped": rep.skipped,
                        "tracepoints": rep.tracepoints, "placement": rep.placement, "cuda": rep.cuda,
                        "allocators": rep.allocators, "custom": rep.custom,
-                       "returns": rep.returns, "returns_why": rep.returns_why},
+                       "returns": rep.returns, "returns_why": rep.returns_why,
+                       "uprobes": rep.uprobes, "uprobes_why": rep.uprobes_why},
             "sources": {str(k): v for k, v in self.source_names.items() if k >= L.enum("AS_SRC_DYNAMIC")},
             "limits": {"max_live": o.max_live, "max_stacks": o.max_stacks, "max_sites": o.max_sites,
                        "max_regions": o.max_regions},
@@ -443,9 +446,11 @@ class Recorder:
         # while BCC builds the probes (libbcc runs without the GIL), joined before the attach.
         pandas = threading.Thread(target=_import_pandas, name="import pandas", daemon=True)
         pandas.start()
-        from .probe import Probes  # noqa: PLC0415 (imports bcc)
+        if self.early is None:  # built here, beside the scans below
+            from .early import EarlyProbes  # noqa: PLC0415
 
-        self._phase("import tracer.probe")
+            self.early = EarlyProbes(self.target.pid, self.opts, self.target.child is not None)
+        self._phase("start building the probes (in a thread)")
         t = self.target
         launched = t.child is not None
         maps = launch_maps(t) if launched else procfs.read_maps(t.pid)
@@ -470,8 +475,12 @@ class Recorder:
             brk = heap.end if heap else None
         self._phase("maps, allocators, symbol scans")
         self._check_stop("starting")
-        self.probes = Probes(t.pid, self.opts, launched=launched, multi_source=self.multi_source)  # compiles
-        for name, secs in self.probes.timings.items():
+        early, self.early = self.early, None
+        t_wait = time.perf_counter()
+        self.probes = early.result()
+        waited = time.perf_counter() - t_wait
+        for name, secs in [*self.probes.timings.items(), ("probes built (since the command knew the target)",
+                                                         early.seconds), ("waited for them here", waited)]:
             self.phases.append((name, secs))
             if self.opts.verbose:
                 self.progress(f"start-up: {name} {1000 * secs:.0f} ms")
@@ -561,32 +570,24 @@ def process_age_ms() -> float:
         return 0.0
 
 
-def validate(opts: RecordOptions, output: bool = True) -> None:
-    """Options checked before anything is attached or written (one line each); with `output`,
-    also that the output path may be written (as root: run require_root first)."""
-    if opts.interval <= 0:
-        raise UsageError("--interval must be > 0 seconds")
-    if opts.duration is not None and opts.duration <= 0:
-        raise UsageError("--duration must be > 0 seconds")
-    if opts.max_live < 1024:
-        raise UsageError("--max-live must be at least 1024")
-    parse_all(opts.alloc_fns, opts.free_fns)
-    if output and opts.output:
-        check_output(opts.output, opts.force)
-
-
 def record(target: Target, opts: RecordOptions, progress=None, stop: StopRequest | None = None,
-           observer: Callable[[Snapshot], None] | None = None) -> Summary:
+           observer: Callable[[Snapshot], None] | None = None, early=None) -> Summary:
     """Record `target` (tracer.target) until it exits, opts.duration passes or a signal comes.
     `stop`: the caller's installed StopRequest (the CLI's); without one, one is installed for
-    the recording and the previous handlers are restored after."""
+    the recording and the previous handlers are restored after. `early`: the probes the caller
+    started building (tracer.early.EarlyProbes), else they are built here."""
     own = stop is None
     if own:
         stop = StopRequest(quiet=opts.quiet).install()
+    rec = None
     try:
         validate(opts)
-        return Recorder(target, opts, progress, stop, observer).run()
+        rec = Recorder(target, opts, progress, stop, observer, early=early)
+        return rec.run()
     except BaseException:
+        left = rec.early if rec is not None else early
+        if left is not None:
+            left.discard()  # the recording never took the probes: free them
         if target.child is not None and target.child.poll() is None and target.release_fd >= 0:
             target.child.kill()  # never leave a launched child blocked before exec
         raise

@@ -59,13 +59,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-FORMAT = "allocscope.trace"
+from .names import FORMAT, META, PARTS  # noqa: F401 (the names live where no pyarrow is imported)
+
 VERSION = 4  # 2: the `releases` table; `events` holds only what went to user space; 3: `allocators`, `purges`;
 # 4: `waits`, `blocked`, releases' duration_ns and stack_id
 # Columns added in a later version, and what they read as in a trace written before it.
 ADDED_COLUMNS: dict[str, dict[str, int]] = {"releases": {"duration_ns": 0, "stack_id": 0}}
-META = "meta.json"
-PARTS = "parts"
 
 U64, I64, I32, U32, STR, F64 = pa.uint64(), pa.int64(), pa.int32(), pa.uint32(), pa.string(), pa.float64()
 

@@ -1,0 +1,23 @@
+"""A recording's options checked before anything heavy is imported or attached (the CLI runs this
+first; tracer.record.record runs it again)."""
+from __future__ import annotations
+
+from common.errors import UsageError
+from common.tracefile.paths import check_output
+
+from .customfns import parse_all
+from .options import RecordOptions
+
+
+def validate(opts: RecordOptions, output: bool = True) -> None:
+    """Options checked before anything is attached or written (one line each); with `output`,
+    also that the output path may be written (as root: run require_root first)."""
+    if opts.interval <= 0:
+        raise UsageError("--interval must be > 0 seconds")
+    if opts.duration is not None and opts.duration <= 0:
+        raise UsageError("--duration must be > 0 seconds")
+    if opts.max_live < 1024:
+        raise UsageError("--max-live must be at least 1024")
+    parse_all(opts.alloc_fns, opts.free_fns)
+    if output and opts.output:
+        check_output(opts.output, opts.force)
