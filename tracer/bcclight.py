@@ -65,8 +65,7 @@ class _Light:
                   device if isinstance(device, bytes | None) else None)
         src, _k2 = _std_string(text if isinstance(text, bytes) else bytes(text))
         if self.load(mod, ct.addressof(src), cflags, ncflags) != 0:
-            self.destroy(mod)
-            return None
+            return None  # not destroyed: a module that failed halfway frees what it never made
         return mod
 
 

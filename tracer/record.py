@@ -223,9 +223,8 @@ class Recorder:
         return sid
 
     def _attach_new_allocators(self, maps: list[procfs.Mapping]) -> None:
-        """Allocators in modules mapped since the attach (dlopen): probed too. With one
-        allocator at the attach the probes were built without per-entry sources: their blocks
-        then count as the main heap's."""
+        """Allocators in modules mapped since the attach (dlopen): probed too, each with its own
+        source (heap:KIND[:PREFIX])."""
         probed = {(file_id(pl.allocator.path), pl.allocator.prefix) for pl in self.plans}
         new = [a for path in code_files(maps)
                for a in allocators_in(path, False) if (file_id(a.path), a.prefix) not in probed]
@@ -235,8 +234,8 @@ class Recorder:
         for a in new:
             a.source = f"heap:{a.label}"
             plans.append(plan_allocator(a))
-        sources = {pl.allocator.source: self._source_id(pl.allocator.source) for pl in plans} \
-            if self.multi_source else {}
+        sources = {pl.allocator.source: self._source_id(pl.allocator.source) for pl in plans}
+        self.multi_source = True
         self.probes.attach_more(plans, sources, maps)
         self.plans += plans
         if self.retention is not None:
