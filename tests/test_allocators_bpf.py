@@ -41,13 +41,17 @@ def check(agg: dict, expected: dict) -> None:
         assert a["threads"] == {thread}, (fn, a["threads"])
 
 
-def test_prefixed_jemalloc_beside_glibc(tmp_path, procs, tracers):
+@pytest.mark.parametrize("uprobes", ["multi", "perf"])
+def test_prefixed_jemalloc_beside_glibc(tmp_path, procs, tracers, uprobes):
+    """Two allocators told apart per probed address: by the link's cookie, or (perf events) by
+    the probe_src map."""
     lib = build(tmp_path / "libplain.so", HERE / "plain.c", flags=["-shared", "-fPIC", *CFLAGS_FP])
     exe = build(tmp_path / "rjem", HERE / "rjem.c", f"-L{tmp_path}", "-lplain", f"-Wl,-rpath,{tmp_path}")
     assert lib.exists()
     out = tmp_path / "rjem.allocscope"
-    record_run(procs, tracers, out, [exe, "--linger"])
+    record_run(procs, tracers, out, [exe, "--linger"], record_args=("--uprobes", uprobes))
     rep = report_json(out)
+    assert rep["recording"]["probes"]["uprobes"] == uprobes
     rj = "heap:jemalloc:_rjem_"
     check(by_function(rep), {
         "rust_vec_push": (rj, 5 * 4096, 5, 10, "worker"),   # 5 mallocx(64) grown by rallocx
@@ -67,11 +71,12 @@ def test_prefixed_jemalloc_beside_glibc(tmp_path, procs, tracers):
     assert rep["totals"]["lost_events"] == 0
 
 
-def test_pool_functions(tmp_path, procs, tracers):
+@pytest.mark.parametrize("uprobes", ["multi", "perf"])
+def test_pool_functions(tmp_path, procs, tracers, uprobes):
     exe = build(tmp_path / "pool", HERE / "pool.c")
     out = tmp_path / "pool.allocscope"
     args = ("--alloc-fn", "pool_get:size=arg1", "--alloc-fn", "pool_get_out:size=arg2,out=arg1",
-            "--alloc-fn", "pool_calloc:count=arg1,size=arg2", "--free-fn", "pool_put:ptr=arg1")
+            "--alloc-fn", "pool_calloc:count=arg1,size=arg2", "--free-fn", "pool_put:ptr=arg1", "--uprobes", uprobes)
     record_run(procs, tracers, out, [exe, "--linger"], record_args=args)
     rep = report_json(out)
     agg = by_function(rep)

@@ -88,14 +88,15 @@ def _await(q: queue.Queue, needle: str, timeout: float = 60) -> str:
     raise AssertionError(f"no line with {needle!r}")
 
 
-def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers):
+@pytest.mark.parametrize("uprobes", ["multi", "perf"])
+def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers, uprobes):
     tgt = subprocess.Popen([str(cuda_bins["prog"]), str(cuda_bins["libdir"]), "--linger"], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True)
     try:
         out_lines = _lines(tgt.stdout)
         _await(out_lines, "ready")
         out = tmp_path / "cuda.allocscope"
-        tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
+        tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5", "--uprobes", uprobes)
         wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
         assert tr.poll() is None, tr.stderr.read()
         err_lines = _lines(tr.stderr)
@@ -113,6 +114,7 @@ def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers):
         tgt.kill()
         tgt.wait(10)
     rep = report_json(out)
+    assert rep["recording"]["probes"]["uprobes"] == uprobes
     agg = by_function(rep)
     for fn, (source, live, count, allocs, thread) in EXPECTED.items():
         a = agg[fn]

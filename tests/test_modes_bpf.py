@@ -97,7 +97,7 @@ def test_session_skips_return_probes_of_unsampled_calls(targets, tmp_path):
     assert 2400 < on_allocs < 6000                                     # ... plus one run per sampled call
     off, _ = runs["off"]
     assert "heap_session" not in off
-    assert calls <= off["alloc_return"] <= calls + 200 and calls <= off["malloc_enter"] <= calls + 200, off
+    assert calls <= off["alloc_return"] <= calls + 200 and calls <= off["heap_entry"] <= calls + 200, off
 
 
 def test_residency_mode_exact_mmaps_and_first_touches(targets, tmp_path):

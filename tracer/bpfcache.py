@@ -306,7 +306,7 @@ def relocate(entry: dict, name: str, pid: int, table_fd) -> bytes:
     return bytes(code)
 
 
-def _trusted(path: Path) -> bool:
+def trusted(path: Path) -> bool:
     """Only what this user wrote, and nobody else may write: root loads these instructions into
     the kernel, and `sudo` may leave HOME at another user's home."""
     st = path.stat()
@@ -316,7 +316,7 @@ def _trusted(path: Path) -> bool:
 def load(key: str) -> dict | None:
     path = cache_dir() / f"{key}.json"
     try:
-        if not (_trusted(path.parent) and _trusted(path)):
+        if not (trusted(path.parent) and trusted(path)):
             return None
         entry = json.loads(path.read_text())
     except (OSError, ValueError):

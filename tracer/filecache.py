@@ -41,7 +41,7 @@ def get(kind: str, path: str, extra: str = ""):
         return None
     f = _dir() / f"{key}.json"
     try:
-        if not (bpfcache._trusted(f.parent) and bpfcache._trusted(f)):
+        if not (bpfcache.trusted(f.parent) and bpfcache.trusted(f)):
             return None
         return json.loads(f.read_text())
     except (OSError, ValueError):

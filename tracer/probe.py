@@ -310,6 +310,7 @@ class Probes:
         self._events_cb = None
         self._fault_fds: dict[int, int] = {}  # tid -> perf event fd (residency mode)
         self._addressed: list[tuple] = []  # (path, file offset, map, value): written once mapped
+        self._xol = 0  # the start of the target's [uprobes] page written to xol_cfg
 
     def _compile(self, launched: bool, unwind: str):
         """The BCC module of probes/allocscope.c for this recording, its programs from the cache of
@@ -591,6 +592,11 @@ class Probes:
         """Write the entries keyed by probed address (probe_src, custom_fns) whose module is
         mapped now: address = mapping start + file offset - mapping offset. Called at the attach
         and whenever the maps change (launch mode: the libraries are mapped later)."""
+        xol = next((m for m in maps if m.path == "[uprobes]"), None)
+        if xol is not None and xol.start != self._xol:  # the trampoline page (regions.h, is_trampoline)
+            t = self.bpf[b"xol_cfg"]
+            t[ct.c_int(0)], t[ct.c_int(1)] = ct.c_uint64(xol.start), ct.c_uint64(xol.end)
+            self._xol = xol.start
         for i, (path, off, table, value) in enumerate(self._addressed):
             if value is None:
                 continue
