@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP) ## .venv/ with allocscope and its PyPI deps (BCC from Debian)
 
 setup: host venv ## everything the tool needs on this box
+	@$(PY) -m compileall -q allocscope tracer reports common >/dev/null  # bytecode now: PYTHONDONTWRITEBYTECODE boxes recompile every start
 
 demo: setup ## record the bundled demo daemon and report it
 	@$(VENV)/bin/allocscope demo
