@@ -96,7 +96,8 @@ static __always_inline void charge_free(struct as_live *c, u32 tid, u64 now)
     flow_add(c->tid, tid, c->size, 1, c->ts_ns, now);
 }
 
-/* Charge the free of `addr` by thread `tid` back to its allocation. */
+/* Charge the free of `addr` by thread `tid` back to its allocation; `now` 0: read the clock only
+ * once the block is known (a free probe's common case in sampled mode is a block never kept). */
 static __always_inline void free_addr(u32 tid, u64 addr, u64 now)
 {
     struct as_live *l = live.lookup(&addr);
@@ -104,6 +105,8 @@ static __always_inline void free_addr(u32 tid, u64 addr, u64 now)
         count(AS_CNT_FREE_UNKNOWN, 1);
         return;
     }
+    if (!now)
+        now = bpf_ktime_get_ns();
     struct as_live c = *l;
     if (live.delete(&addr) != 0)
         return; /* another thread freed it first (double free in the target) */

@@ -404,7 +404,7 @@ int free_enter(struct pt_regs *ctx)
         count(AS_CNT_FREE_NULL, 1);
         return 0;
     }
-    free_addr(current_tid(), p, bpf_ktime_get_ns());
+    free_addr(current_tid(), p, 0);
     return 0;
 }
 
@@ -457,7 +457,7 @@ static __always_inline void cookie_free(struct pt_regs *ctx)
     if (p == 0)
         count(AS_CNT_FREE_NULL, 1);
     else
-        free_addr(current_tid(), p, bpf_ktime_get_ns());
+        free_addr(current_tid(), p, 0);
 }
 
 /* The entry of every heap function of a module (returns: alloc_return, on a return link). */
