@@ -9,7 +9,7 @@ import click
 
 from allocscope.options import by_option, fold_option, probe_options, target_options, trace_options
 from allocscope.output import progress
-from allocscope.recording import early_stop, record_options, resolve_target, summary_text
+from allocscope.recording import early_stop, record_options, resolve_target, start_probes, summary_text
 from common.errors import UsageError
 from tracer.options import TOP_INTERVAL
 
@@ -55,11 +55,12 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
       allocscope top --pid 4242 --sort growth -o run.allocscope
       allocscope top --pid 4242 --batch --interval 5 | tee memory.log
     """
-    from reports.analysis import parse_fold  # noqa: PLC0415
-    from tracer import record as rec  # noqa: PLC0415
+    from reports.folding import parse_fold  # noqa: PLC0415 (no pandas: see start_probes below)
+    from tracer.checks import validate  # noqa: PLC0415
     from tracer.doctor import require_root  # noqa: PLC0415
+    from tracer.stop import StopRequest  # noqa: PLC0415
 
-    stop = early_stop() or rec.StopRequest().install()
+    stop = early_stop() or StopRequest().install()
     if iterations is not None and not batch:
         raise UsageError("--iterations needs --batch")
     if not batch and not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -68,16 +69,23 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
     opts = record_options(output, labels, force=force, keep_cmdline=keep_cmdline, quiet=not batch,
                           embed_symbols=embed_symbols, **probe)
     stop.quiet = opts.quiet
-    rec.validate(opts, output=False)
+    opts.first_snapshot_s = 0.5  # the first frame half a second after the attach, then every interval
+    validate(opts, output=False)
     require_root()
-    rec.validate(opts)
+    validate(opts)
     target = resolve_target(pid, pattern, command)
+    early = start_probes(target, opts)  # built in a thread while the tracer and the reports load
+    try:
+        from tracer import record as rec  # noqa: PLC0415
+    except BaseException:
+        early.discard()
+        raise
     if batch:
-        s = _batch(target, opts, stop, folding, sort, top_n, iterations, by)
+        s = _batch(target, opts, stop, folding, sort, top_n, iterations, by, early)
         if s is not None:
             click.echo(summary_text(s), err=True)
     else:
-        _screen(rec, target, opts, stop, folding, sort, threads_view, by)
+        _screen(rec, target, opts, stop, folding, sort, threads_view, by, early)
 
 
 def _last_words(text: str) -> None:
@@ -92,14 +100,15 @@ def _last_words(text: str) -> None:
         silence(sys.stdout)
 
 
-def _batch(target, opts, stop, folding, sort, top_n, iterations, by):
+def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None):
     from allocscope.watch import record_batch  # noqa: PLC0415
 
-    s, printer = record_batch(target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by)
+    s, printer = record_batch(target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by,
+                              early=early)
     return None if printer.closed else s
 
 
-def _screen(rec, target, opts, stop, folding, sort, threads_view, by):
+def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None):
     from allocscope.screen import Screen  # noqa: PLC0415
     from reports.live import LiveModel  # noqa: PLC0415
     from reports.live_render import ScreenState, mode_text, screen_text  # noqa: PLC0415
@@ -109,7 +118,7 @@ def _screen(rec, target, opts, stop, folding, sort, threads_view, by):
     screen = Screen(LiveModel(folding, by=by), stop, state, redraw_each=target.child is not None)
     screen.start()
     try:
-        s = rec.record(target, opts, screen.progress, stop=stop, observer=screen.observe)
+        s = rec.record(target, opts, screen.progress, stop=stop, observer=screen.observe, early=early)
     except BaseException:
         screen.close()
         raise

@@ -131,14 +131,14 @@ class BatchPrinter:
 
 
 def record_batch(target, opts, stop, out, fold: Folding | None, sort: str, top: int, iterations: int | None,
-                 progress=None, by: str = "location"):
+                 progress=None, by: str = "location", early=None):
     """`top --batch`: record `target` (tracer.record) with a BatchPrinter on `out` watching,
     then the closing line. Returns (Summary, the printer)."""
     from tracer import record as rec  # noqa: PLC0415
 
     printer = BatchPrinter(out, stop, fold, sort, top, iterations, by)
     try:
-        s = rec.record(target, opts, progress, stop=stop, observer=printer.observe)
+        s = rec.record(target, opts, progress, stop=stop, observer=printer.observe, early=early)
     except BaseException:
         printer.pump.close(check=False)
         raise

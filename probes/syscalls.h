@@ -4,7 +4,46 @@
  * Part of probes/allocscope.c: included there, in order, and inlined into it by
  * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
 
-static __always_inline void mmap_exit(void *ctx, struct as_sysargs *a, u64 lo, u32 tid, u32 api, u64 now)
+/* The exits that keep a region need the caller's stack. With the DWARF unwinder the stack is
+ * taken by another program: the unwinder inlined beside the region code made the verifier take
+ * 0.18 s for each of mmap's and brk's exit programs (the product of the unwinder's loop and the
+ * region code's branches), most of a start-up's verification. The exit hands the call over to
+ * sys_unwind, which unwinds and hands it to sys_keep (tail calls on the same CPU, the state in
+ * `sys_pending`), as alloc_return does with alloc_unwind and alloc_keep. */
+#ifdef AS_UNWIND_DWARF
+struct as_sys_pending {
+    struct as_sysargs a;
+    u64 ret, now, sid, lo, hi, old;
+    u32 tid, api, nr, pad;
+};
+BPF_PERCPU_ARRAY(sys_pending, struct as_sys_pending, 1);
+BPF_PROG_ARRAY(sys_tails, 2); /* 0: sys_unwind, 1: sys_keep (tracepoint programs, set by the tracer) */
+
+/* Hand the rest of this exit to sys_unwind -> sys_keep; returns only when that failed. */
+static __always_inline void sys_handoff(void *ctx, struct as_sysargs *a, u32 nr, u64 ret, u64 lo, u64 hi,
+                                        u64 old, u32 tid, u32 api, u64 now)
+{
+    u32 zero = 0;
+    struct as_sys_pending *p = sys_pending.lookup(&zero);
+    if (!p)
+        return;
+    p->a = *a;
+    p->nr = nr;
+    p->ret = ret;
+    p->lo = lo;
+    p->hi = hi;
+    p->old = old;
+    p->tid = tid;
+    p->api = api;
+    p->now = now;
+    p->sid = 0;
+    sys_tails.call(ctx, 0);
+    count(AS_LOST_STACK_ERR, 1); /* the table is filled before the tracepoints attach */
+}
+#endif
+
+static __always_inline void mmap_exit_sid(void *ctx, struct as_sysargs *a, u64 lo, u32 tid, u32 api, u64 now,
+                                          u64 sid)
 {
     u64 hi = page_up(lo + a->a1);
     u32 prot = (u32)a->a2, flags = (u32)a->a3;
@@ -12,9 +51,7 @@ static __always_inline void mmap_exit(void *ctx, struct as_sysargs *a, u64 lo, u
     u32 src = mmap_source(a, api);
     int code = (prot & AS_PROT_EXEC) && !(flags & AS_MAP_ANONYMOUS);
     int slow = (flags & AS_MAP_FIXED) && api == AS_API_NONE;
-    u64 sid = 0;
     if (src) {
-        sid = capture_syscall_stack(ctx);
         if (!slow && region_new(lo, hi, sid, tid, now, src) == 0) {
             untracked.delete(&lo);
             count(AS_CNT_REGION_OPS, 1);
@@ -45,6 +82,20 @@ static __always_inline void mmap_exit(void *ctx, struct as_sysargs *a, u64 lo, u
      * the stop, loads, and resumes it with the signal suppressed (tracer/unwind.py). */
     if (code && fd >= 0 && tid == AS_TGID)
         bpf_send_signal_thread(19 /* SIGSTOP */);
+#endif
+}
+
+static __always_inline void mmap_exit(void *ctx, struct as_sysargs *a, u64 lo, u32 tid, u32 api, u64 now)
+{
+    if (!mmap_source(a, api)) {
+        mmap_exit_sid(ctx, a, lo, tid, api, now, 0);
+        return;
+    }
+#ifdef AS_UNWIND_DWARF
+    sys_handoff(ctx, a, 9, lo, 0, 0, 0, tid, api, now);
+    mmap_exit_sid(ctx, a, lo, tid, api, now, 0);
+#else
+    mmap_exit_sid(ctx, a, lo, tid, api, now, capture_syscall_stack(ctx));
 #endif
 }
 
@@ -90,6 +141,23 @@ static __always_inline void mremap_exit(struct as_sysargs *a, u64 nlo, u32 tid, 
     submit(e);
 }
 
+/* The break grown over [lo, hi) by the program (not its allocator): a region, or an event. */
+static __always_inline void brk_grown(struct as_sysargs *a, u64 nb, u64 old, u64 lo, u64 hi, u32 tid, u32 api,
+                                      u64 now, u64 sid)
+{
+    if (region_new(lo, hi, sid, tid, now, AS_SRC_BRK) == 0) {
+        count(AS_CNT_REGION_OPS, 1);
+        return;
+    }
+    struct as_event *e = slow_event(AS_EV_BRK, tid, a, api);
+    if (!e)
+        return;
+    e->addr = nb;
+    e->len = old;
+    e->stack_id = sid;
+    submit(e);
+}
+
 static __always_inline void brk_exit(void *ctx, struct as_sysargs *a, u64 nb, u32 tid, u32 api, u64 now)
 {
     u32 k0 = 0, k1 = 1;
@@ -106,12 +174,15 @@ static __always_inline void brk_exit(void *ctx, struct as_sysargs *a, u64 nb, u3
         u64 lo = page_up(old), hi = page_up(nb);
         if (api != AS_API_NONE || hi <= lo)
             return; /* malloc growing its heap */
-        sid = capture_syscall_stack(ctx);
         *tracked = 1;
-        if (region_new(lo, hi, sid, tid, now, AS_SRC_BRK) == 0) {
-            count(AS_CNT_REGION_OPS, 1);
-            return;
-        }
+#ifdef AS_UNWIND_DWARF
+        sys_handoff(ctx, a, 12, nb, lo, hi, old, tid, api, now); /* -> brk_grown */
+        sid = 0;
+#else
+        sid = capture_syscall_stack(ctx);
+#endif
+        brk_grown(a, nb, old, lo, hi, tid, api, now, sid);
+        return;
     } else {
         count_release(tid, AS_EV_BRK, api, 0, a->rss, now - a->ts_ns, 0);
         if (!*tracked)
@@ -156,6 +227,34 @@ static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
         break;
     }
 }
+
+#ifdef AS_UNWIND_DWARF
+int sys_unwind(void *ctx)
+{
+    u32 zero = 0;
+    struct as_sys_pending *p = sys_pending.lookup(&zero);
+    if (!p)
+        return 0;
+    p->sid = capture_syscall_stack(ctx);
+    sys_tails.call(ctx, 1);
+    count(AS_LOST_STACK_ERR, 1);
+    return 0;
+}
+
+int sys_keep(void *ctx)
+{
+    u32 zero = 0;
+    struct as_sys_pending *p = sys_pending.lookup(&zero);
+    if (!p)
+        return 0;
+    struct as_sysargs a = p->a;
+    if (p->nr == 9)
+        mmap_exit_sid(ctx, &a, p->ret, p->tid, p->api, p->now, p->sid);
+    else if (p->nr == 12)
+        brk_grown(&a, p->ret, p->old, p->lo, p->hi, p->tid, p->api, p->now, p->sid);
+    return 0;
+}
+#endif
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
 {

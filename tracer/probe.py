@@ -216,7 +216,9 @@ def _cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str],
     # The verifier runs in the loading thread, and libbcc's call releases the GIL: the programs
     # known to be needed are verified two at a time. A failure here is left for the load that
     # needs the program (it raises there, as it would have without this).
-    todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + [item for item in preload if item[0].decode() in entry["funcs"]]
+    sys = [(n, bcc.BPF.TRACEPOINT) for n in SYS_TAILS if n.decode() in entry["funcs"]]
+    todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + sys
+    todo += [item for item in preload if item[0].decode() in entry["funcs"]]
 
     def try_load(item) -> None:
         try:
@@ -228,9 +230,23 @@ def _cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str],
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         list(pool.map(try_load, todo))
+    fill_sys_tails(bcc, bpf)
     for b in tps:
         bpf.attach_tracepoint(tp=b[len(b"tracepoint__"):].replace(b"__", b":"), fn_name=b)
     return bpf
+
+
+SYS_TAILS = (b"sys_unwind", b"sys_keep")  # probes/syscalls.h: the stack of an mmap or brk exit (DWARF)
+
+
+def fill_sys_tails(bcc, bpf) -> None:
+    """The programs the mmap and brk exits hand their stack over to (syscalls.h sys_handoff)."""
+    try:
+        table = bpf[b"sys_tails"]
+    except KeyError:
+        return  # --unwind fp: the exits take the stack themselves
+    for i, name in enumerate(SYS_TAILS):
+        table[ct.c_int(i)] = ct.c_int(bpf.load_func(name, bcc.BPF.TRACEPOINT).fd)
 
 
 def _detach_all(bcc, bpf) -> None:
@@ -329,6 +345,7 @@ class Probes:
             self.bpf_cache = "off"
             with bcclight.light(bcc):
                 bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
+            fill_sys_tails(bcc, bpf)
             self.timings["compile (BCC, clang)"] = time.perf_counter() - t
             return bpf
         key = bpfcache.cache_key(text, cflags(bpfcache.TGID_SENTINEL), _bcc_version(bcc))
@@ -341,6 +358,7 @@ class Probes:
                 self.bpf_cache = "uncached"
                 with bcclight.light(bcc):
                     bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
+                fill_sys_tails(bcc, bpf)
                 self.timings["compile again (not cacheable)"] = time.perf_counter() - t
                 return bpf
             self.bpf_cache = "miss"
@@ -357,6 +375,7 @@ class Probes:
             self.bpf_cache = "uncached"
             with bcclight.light(bcc):
                 bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
+            fill_sys_tails(bcc, bpf)
             self.timings["compile (tables differ from the cache's)"] = time.perf_counter() - t
             return bpf
         if self.bpf_cache == "miss":

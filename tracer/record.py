@@ -538,7 +538,8 @@ class Recorder:
         t = self.target
         interval_ns = int(self.opts.interval * 1e9)
         deadline = self.t0_ns + int(self.opts.duration * 1e9) if self.opts.duration else None
-        next_snap = self.t0_ns + interval_ns
+        first = self.opts.first_snapshot_s
+        next_snap = self.t0_ns + (interval_ns if first is None else int(min(first, self.opts.interval) * 1e9))
         while self.end_reason is None and self.stop.reason is None:
             now = time.monotonic_ns()
             self.probes.poll_events(int(max(0, min(next_snap - now, 100_000_000) // 1_000_000)))
