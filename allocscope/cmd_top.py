@@ -69,7 +69,7 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
     opts = record_options(output, labels, force=force, keep_cmdline=keep_cmdline, quiet=not batch,
                           embed_symbols=embed_symbols, **probe)
     stop.quiet = opts.quiet
-    opts.first_snapshot_s = 0.5  # the first frame half a second after the attach, then every interval
+    opts.first_snapshot_s = 0.2  # the first frame right after the attach, then every interval
     validate(opts, output=False)
     require_root()
     validate(opts)

@@ -14,7 +14,7 @@ class RecordOptions:
     output: str = ""              # trace directory; '' writes nothing (`allocscope top` without -o)
     duration: float | None = None  # seconds; None: until a signal or the target's exit
     interval: float = 1.0         # seconds between snapshots
-    first_snapshot_s: float | None = None  # the first one this soon after the attach (None: one interval); `top`: 0.5
+    first_snapshot_s: float | None = None  # the first one this soon after the attach (None: one interval); `top`: 0.2
     labels: dict[str, str] = field(default_factory=dict)
     force: bool = False           # replace an output path that is not an allocscope trace
     keep_cmdline: bool = False    # store the target's command line (it may hold secrets)
