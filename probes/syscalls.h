@@ -141,6 +141,18 @@ static __always_inline void mremap_exit(struct as_sysargs *a, u64 nlo, u32 tid, 
     submit(e);
 }
 
+/* A break change the kernel side does not account itself: the tracer replays it. */
+static __always_inline void brk_event(struct as_sysargs *a, u64 nb, u64 old, u32 tid, u32 api, u64 sid)
+{
+    struct as_event *e = slow_event(AS_EV_BRK, tid, a, api);
+    if (!e)
+        return;
+    e->addr = nb;
+    e->len = old;
+    e->stack_id = sid;
+    submit(e);
+}
+
 /* The break grown over [lo, hi) by the program (not its allocator): a region, or an event. */
 static __always_inline void brk_grown(struct as_sysargs *a, u64 nb, u64 old, u64 lo, u64 hi, u32 tid, u32 api,
                                       u64 now, u64 sid)
@@ -149,13 +161,7 @@ static __always_inline void brk_grown(struct as_sysargs *a, u64 nb, u64 old, u64
         count(AS_CNT_REGION_OPS, 1);
         return;
     }
-    struct as_event *e = slow_event(AS_EV_BRK, tid, a, api);
-    if (!e)
-        return;
-    e->addr = nb;
-    e->len = old;
-    e->stack_id = sid;
-    submit(e);
+    brk_event(a, nb, old, tid, api, sid);
 }
 
 static __always_inline void brk_exit(void *ctx, struct as_sysargs *a, u64 nb, u32 tid, u32 api, u64 now)
@@ -188,13 +194,7 @@ static __always_inline void brk_exit(void *ctx, struct as_sysargs *a, u64 nb, u3
         if (!*tracked)
             return; /* no page of the break was ever a region */
     }
-    struct as_event *e = slow_event(AS_EV_BRK, tid, a, api);
-    if (!e)
-        return;
-    e->addr = nb;
-    e->len = old;
-    e->stack_id = sid;
-    submit(e);
+    brk_event(a, nb, old, tid, api, 0);
 }
 
 static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)

@@ -325,13 +325,18 @@ def load(key: str) -> dict | None:
 
 
 def save(key: str, entry: dict) -> None:
-    d = cache_dir()
+    write_private(cache_dir(), f"{key}.json", json.dumps(entry))
+
+
+def write_private(d: Path, name: str, text: str) -> None:
+    """`text` as d/name, made atomically (a temporary file renamed), readable by this user only;
+    nothing when it cannot be written (a read-only home: no cache, same recording)."""
     try:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = d / f".{key}.{os.getpid()}.tmp"
+        tmp = d / f".{name}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(entry))
-        os.replace(tmp, d / f"{key}.json")
+            f.write(text)
+        os.replace(tmp, d / name)
     except OSError:
-        pass  # a read-only home: no cache, same recording
+        pass

@@ -54,13 +54,4 @@ def put(kind: str, path: str, value, extra: str = "") -> None:
     key = _key(kind, path, extra)
     if key is None:
         return
-    d = _dir()
-    try:
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = d / f".{key}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(json.dumps(value))
-        os.replace(tmp, d / f"{key}.json")
-    except OSError:
-        pass  # a read-only home: no cache, same answer
+    bpfcache.write_private(_dir(), f"{key}.json", json.dumps(value))
