@@ -103,6 +103,15 @@ def test_record_bad_label(tmp_path, label):
     one_line_error(cli("record", "--pid", "1", "-o", str(tmp_path / "t"), "--label", label), "KEY=VALUE", code=2)
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--uprobe-sessions", "on"], "needs --sample-bytes"),
+    (["--uprobe-sessions", "on", "--sample-bytes", "4096", "--mode", "residency"], "needs --sample-bytes"),
+    (["--uprobe-sessions", "on", "--sample-bytes", "4096", "--uprobes", "perf"], "not with --uprobes perf"),
+])
+def test_record_bad_uprobe_options(tmp_path, args, needle):
+    one_line_error(cli("record", "-o", str(tmp_path / "t.allocscope"), *args, "--", "true"), needle)
+
+
 def test_record_bad_interval(tmp_path):
     one_line_error(cli("record", "--pid", "1", "-o", str(tmp_path / "t"), "--interval", "0"), "interval", code=2)
 

@@ -18,6 +18,12 @@ def validate(opts: RecordOptions, output: bool = True) -> None:
         raise UsageError("--duration must be > 0 seconds")
     if opts.max_live < 1024:
         raise UsageError("--max-live must be at least 1024")
+    if opts.uprobe_sessions == "on":
+        if opts.sample_bytes <= 0 or opts.mode != "full":
+            raise UsageError("--uprobe-sessions on needs --sample-bytes N (a session only spares the return "
+                             "trap of calls a sampled recording does not keep)")
+        if opts.uprobes == "perf":
+            raise UsageError("--uprobe-sessions on needs uprobe_multi links: not with --uprobes perf")
     parse_all(opts.alloc_fns, opts.free_fns)
     if output and opts.output:
         check_output(opts.output, opts.force)
