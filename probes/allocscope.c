@@ -181,6 +181,21 @@ static __always_inline void count(u32 idx, u64 n)
         *c += n; /* per-CPU: no atomics needed */
 }
 
+/* [lo, hi) of the target's uprobe trampoline page ("[uprobes]" in its maps, written by the tracer;
+ * 0: not mapped yet, the kernel's usual place, the top page below TASK_SIZE on 4-level paging).
+ * Another tool's return probe on the same function puts the trampoline's address in place of
+ * the return address of every call, ours included. */
+BPF_ARRAY(xol_cfg, u64, 2);
+
+static __always_inline int is_trampoline(u64 word)
+{
+    u32 k0 = 0, k1 = 1;
+    u64 *lo = xol_cfg.lookup(&k0), *hi = xol_cfg.lookup(&k1);
+    if (lo && hi && *hi)
+        return word >= *lo && word < *hi;
+    return word >= 0x7fffffffe000ULL && word < 0x7ffffffff000ULL;
+}
+
 #include "stacks.h"
 #include "rss.h"
 #include "accounting.h"

@@ -195,6 +195,39 @@ static __always_inline void use_bp(struct as_ustate *s)
     }
 }
 
+#ifdef AS_OFF_TASK_UTASK
+/* A return address that is the uprobe trampoline (a return probe is pending on that call: ours
+ * in full mode, or another tool's) stands for the one the kernel saved in the thread's
+ * return_instance list, the entry whose stack slot is `slot`; 0 when none matches. The stack is
+ * then not cached: the slot's word (the trampoline) no longer tells one caller from another. */
+static __always_inline u64 real_return(struct as_ustate *s, u64 ra, u64 slot)
+{
+    if (!is_trampoline(ra))
+        return ra;
+    s->rec->bad = 1;
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+    u64 utask = 0, ri = 0;
+    bpf_probe_read_kernel(&utask, sizeof(utask), (char *)task + AS_OFF_TASK_UTASK);
+    if (utask)
+        bpf_probe_read_kernel(&ri, sizeof(ri), (void *)(utask + AS_OFF_UTASK_RI));
+#pragma clang loop unroll(disable)
+    for (int k = 0; k < 2; k++) { /* the newest pending return probes: one per probed call still running */
+        if (!ri)
+            break;
+        u64 stack = 0, orig = 0;
+        bpf_probe_read_kernel(&stack, sizeof(stack), (void *)(ri + AS_OFF_RI_STACK));
+        if (stack == slot) {
+            bpf_probe_read_kernel(&orig, sizeof(orig), (void *)(ri + AS_OFF_RI_ORIG));
+            return orig ? orig : ra;
+        }
+        bpf_probe_read_kernel(&ri, sizeof(ri), (void *)(ri + AS_OFF_RI_NEXT));
+    }
+    return ra;
+}
+#else
+#define real_return(s, ra, slot) (ra)
+#endif
+
 /* One frame up from `s`, frame `i`. */
 static __always_inline int unwind_step(struct as_ustate *s, u32 i)
 {
@@ -246,6 +279,7 @@ static __always_inline int unwind_step(struct as_ustate *s, u32 i)
             return AS_STEP_END; /* not a frame chain: where frame pointers end too */
         if (read_bp(s, sbp, obp, &nbp) || read_word(s, sra, obp + 8, &ra))
             return AS_STEP_END;
+        ra = real_return(s, ra, obp + 8);
         s->ip = ra;
         s->sp = obp + 16;
         set_bp(s, nbp, 0);
@@ -257,6 +291,7 @@ static __always_inline int unwind_step(struct as_ustate *s, u32 i)
         return AS_STEP_TRUNC; /* the stack grows down: a caller's frame is above */
     if (read_word(s, sra, cfa - 8, &ra))
         return AS_STEP_TRUNC;
+    ra = real_return(s, ra, cfa - 8);
     if (row.rbp_off == AS_RBP_UNKNOWN) {
         set_bp(s, 0, 1);
     } else if (row.rbp_off != 0) {

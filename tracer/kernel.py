@@ -187,6 +187,29 @@ def file_offsets() -> FileOffsets:
         btf.close()
 
 
+@lru_cache(maxsize=1)
+def return_probe_offsets() -> list[str]:
+    """-D flags for reading a pending return probe's real return address (probes/unwind_dwarf.h
+    real_return): task_struct.utask, uprobe_task.return_instances, return_instance.{stack,
+    orig_ret_vaddr, next}. [] when the BTF lacks one (the trampoline then stays a frame)."""
+    try:
+        btf = _Btf()
+    except OSError:
+        return []
+    try:
+        def off(struct: str, field: str) -> int:
+            return btf.member(btf.find(struct, BTF_KIND_STRUCT), field)[0]
+        return [f"-DAS_OFF_TASK_UTASK={off('task_struct', 'utask')}",
+                f"-DAS_OFF_UTASK_RI={off('uprobe_task', 'return_instances')}",
+                f"-DAS_OFF_RI_STACK={off('return_instance', 'stack')}",
+                f"-DAS_OFF_RI_ORIG={off('return_instance', 'orig_ret_vaddr')}",
+                f"-DAS_OFF_RI_NEXT={off('return_instance', 'next')}"]
+    except LookupError:
+        return []
+    finally:
+        btf.close()
+
+
 def char_major(name: str, devices: str = "/proc/devices") -> int:
     """The major number of a character device driver by name (/proc/devices), 0 when absent:
     nvidia-uvm's is dynamic."""

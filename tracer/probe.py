@@ -23,7 +23,7 @@ from . import layout as L
 from .allocators import STANDARD
 from .bpfobjects import TRACE_UPROBE_MULTI, TRACE_UPROBE_SESSION, UPROBE_MULTI_RETURN, prog_stats, uprobe_multi_link
 from .elfinfo import symbol_offsets
-from .kernel import char_major, file_offsets, rss_offsets
+from .kernel import char_major, file_offsets, return_probe_offsets, rss_offsets
 from .options import RecordOptions
 from .unwind import UNWIND_STEPS
 
@@ -57,6 +57,7 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
     if opts.mode == "residency":
         flags += ["-DAS_FAULTS=1", f"-DAS_FAULT_SAMPLE={opts.fault_sample}"]
     if unwind == "dwarf":
+        flags += return_probe_offsets()
         flags += ["-DAS_UNWIND_DWARF=1", f"-DAS_UNWIND_ROWS={opts.unwind_rows}", f"-DAS_UNWIND_STEPS={UNWIND_STEPS}"]
     return flags
 
