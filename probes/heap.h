@@ -30,6 +30,22 @@ static __always_inline u32 entry_source(struct pt_regs *ctx)
     return s ? *s : AS_SRC_HEAP;
 }
 
+/* The thread's call state for the outermost call now entered (`unsampled`: as_inflight's). */
+static __always_inline void open_state(struct as_inflight *cur, u64 sp, u32 api, u64 size, u64 arg, u64 arg2,
+                                       u32 src, u32 unsampled)
+{
+    cur->sp = sp;
+    cur->size = size;
+    cur->arg = arg;
+    cur->arg2 = arg2;
+    cur->ts_ns = api == AS_API_MALLOC_TRIM ? bpf_ktime_get_ns() : 0; /* allocations: return time */
+    cur->api = api;
+    cur->nest = 0;
+    cur->tail = 0;
+    cur->source = src;
+    cur->unsampled = unsampled;
+}
+
 static __always_inline int enter_state(struct pt_regs *ctx, struct as_inflight *cur, u32 api, u64 size,
                                        u64 arg, u64 arg2, u32 src)
 {
@@ -51,24 +67,8 @@ static __always_inline int enter_state(struct pt_regs *ctx, struct as_inflight *
         }
         count(AS_LOST_STALE_ENTRY, 1);
     }
-    cur->sp = sp;
-    cur->size = size;
-    cur->arg = arg;
-    cur->arg2 = arg2;
-    cur->ts_ns = api == AS_API_MALLOC_TRIM ? bpf_ktime_get_ns() : 0; /* allocations: return time */
-    cur->api = api;
-    cur->nest = 0;
-    cur->tail = 0;
-    cur->source = src;
-    cur->unsampled = 0;
+    open_state(cur, sp, api, size, arg, arg2, src, 0);
     return 0;
-}
-
-static __always_inline int enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg)
-{
-    if (!is_target())
-        return 0;
-    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, 0, entry_source(ctx));
 }
 
 static __always_inline int cu_enter(struct pt_regs *ctx, u32 api, u64 size, u64 arg, u64 arg2)
@@ -344,76 +344,6 @@ static __always_inline u64 mul_size(u64 a, u64 b)
     return r < lo ? 0 : r;
 }
 
-int malloc_enter(struct pt_regs *ctx)
-{
-    return enter(ctx, AS_API_MALLOC, PT_REGS_PARM1(ctx), 0);
-}
-
-int calloc_enter(struct pt_regs *ctx)
-{
-    return enter(ctx, AS_API_CALLOC, mul_size(PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx)), 0);
-}
-
-int realloc_enter(struct pt_regs *ctx)
-{
-    return enter(ctx, AS_API_REALLOC, PT_REGS_PARM2(ctx), PT_REGS_PARM1(ctx));
-}
-
-int reallocarray_enter(struct pt_regs *ctx)
-{
-    return enter(ctx, AS_API_REALLOCARRAY, mul_size(PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx)),
-                 PT_REGS_PARM1(ctx));
-}
-
-int posix_memalign_enter(struct pt_regs *ctx)
-{
-    return enter(ctx, AS_API_POSIX_MEMALIGN, PT_REGS_PARM3(ctx), PT_REGS_PARM1(ctx));
-}
-
-int aligned_alloc_enter(struct pt_regs *ctx)
-{
-    return enter(ctx, AS_API_ALIGNED_ALLOC, PT_REGS_PARM2(ctx), 0);
-}
-
-int memalign_enter(struct pt_regs *ctx)
-{
-    return enter(ctx, AS_API_MEMALIGN, PT_REGS_PARM2(ctx), 0);
-}
-
-int valloc_enter(struct pt_regs *ctx)
-{
-    return enter(ctx, AS_API_VALLOC, PT_REGS_PARM1(ctx), 0);
-}
-
-int pvalloc_enter(struct pt_regs *ctx)
-{
-    return enter(ctx, AS_API_PVALLOC, PT_REGS_PARM1(ctx), 0);
-}
-
-int malloc_trim_enter(struct pt_regs *ctx)
-{
-    return enter(ctx, AS_API_MALLOC_TRIM, (u64)rss_anon(), PT_REGS_PARM1(ctx));
-}
-
-int free_enter(struct pt_regs *ctx)
-{
-    if (!is_target())
-        return 0;
-    u64 p = PT_REGS_PARM1(ctx);
-    if (p == 0) {
-        count(AS_CNT_FREE_NULL, 1);
-        return 0;
-    }
-    free_addr(current_tid(), p, 0);
-    return 0;
-}
-
-
-/* --- uprobe_multi links (kernel 6.6+) -------------------------------------
- * Attached through links (tracer/probe.py), one program serves every heap function of a module:
- * the cookie of each probed address is enum as_api | source << 16. A link detaches all its
- * probes with one wait where a perf event per probe waits once each (seconds at exit). */
-
 /* The size and the pointer argument of heap call `api` from its registers; 0: not a heap call. */
 static __always_inline int heap_args(struct pt_regs *ctx, u32 api, u64 *size, u64 *arg)
 {
@@ -451,7 +381,8 @@ static __always_inline int heap_args(struct pt_regs *ctx, u32 api, u64 *size, u6
     }
 }
 
-static __always_inline void cookie_free(struct pt_regs *ctx)
+/* free(p), and every other free the cookie or the symbol says takes the pointer first. */
+static __always_inline void free_arg1(struct pt_regs *ctx)
 {
     u64 p = PT_REGS_PARM1(ctx);
     if (p == 0)
@@ -459,6 +390,78 @@ static __always_inline void cookie_free(struct pt_regs *ctx)
     else
         free_addr(current_tid(), p, 0);
 }
+
+/* A classic entry probe (a perf event per symbol): the program says which call it is. */
+static __always_inline int api_enter(struct pt_regs *ctx, u32 api)
+{
+    if (!is_target())
+        return 0;
+    u64 size = 0, arg = 0;
+    heap_args(ctx, api, &size, &arg);
+    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, 0, entry_source(ctx));
+}
+
+int malloc_enter(struct pt_regs *ctx)
+{
+    return api_enter(ctx, AS_API_MALLOC);
+}
+
+int calloc_enter(struct pt_regs *ctx)
+{
+    return api_enter(ctx, AS_API_CALLOC);
+}
+
+int realloc_enter(struct pt_regs *ctx)
+{
+    return api_enter(ctx, AS_API_REALLOC);
+}
+
+int reallocarray_enter(struct pt_regs *ctx)
+{
+    return api_enter(ctx, AS_API_REALLOCARRAY);
+}
+
+int posix_memalign_enter(struct pt_regs *ctx)
+{
+    return api_enter(ctx, AS_API_POSIX_MEMALIGN);
+}
+
+int aligned_alloc_enter(struct pt_regs *ctx)
+{
+    return api_enter(ctx, AS_API_ALIGNED_ALLOC);
+}
+
+int memalign_enter(struct pt_regs *ctx)
+{
+    return api_enter(ctx, AS_API_MEMALIGN);
+}
+
+int valloc_enter(struct pt_regs *ctx)
+{
+    return api_enter(ctx, AS_API_VALLOC);
+}
+
+int pvalloc_enter(struct pt_regs *ctx)
+{
+    return api_enter(ctx, AS_API_PVALLOC);
+}
+
+int malloc_trim_enter(struct pt_regs *ctx)
+{
+    return api_enter(ctx, AS_API_MALLOC_TRIM);
+}
+
+int free_enter(struct pt_regs *ctx)
+{
+    if (is_target())
+        free_arg1(ctx);
+    return 0;
+}
+
+/* --- uprobe_multi links (kernel 6.6+) -------------------------------------
+ * Attached through links (tracer/probe.py), one program serves every heap function of a module:
+ * the cookie of each probed address is enum as_api | source << 16. A link detaches all its
+ * probes with one wait where a perf event per probe waits once each (seconds at exit). */
 
 /* The entry of every heap function of a module (returns: alloc_return, on a return link). */
 int heap_entry(struct pt_regs *ctx)
@@ -468,7 +471,7 @@ int heap_entry(struct pt_regs *ctx)
     u64 cookie = bpf_get_attach_cookie(ctx);
     u32 api = (u32)cookie & 0xffff, src = (u32)(cookie >> 16);
     if (api == AS_API_FREE) {
-        cookie_free(ctx);
+        free_arg1(ctx);
         return 0;
     }
     u64 size = 0, arg = 0;
@@ -499,7 +502,7 @@ int heap_session(struct pt_regs *ctx)
     u32 api = (u32)cookie & 0xffff, src = (u32)(cookie >> 16);
     u64 size = 0, arg = 0;
     if (api == AS_API_FREE) {
-        cookie_free(ctx);
+        free_arg1(ctx);
         return 1;
     }
     if (!heap_args(ctx, api, &size, &arg))
@@ -532,26 +535,14 @@ int heap_session(struct pt_regs *ctx)
              * to be the allocator's (current_api), not the program's. */
             u64 ra = 0;
             bpf_probe_read_user(&ra, sizeof(ra), (void *)sp);
-            cur->sp = sp;
+            open_state(cur, sp, api, size, arg, 0, src, AS_CALL_UNWATCHED);
             cur->ra = ra;
-            cur->api = api;
-            cur->source = src;
-            cur->unsampled = AS_CALL_UNWATCHED;
             return 1;
         }
         unsampled = AS_CALL_FREES_ONLY;
     }
 #endif
-    cur->sp = sp;
-    cur->size = size;
-    cur->arg = arg;
-    cur->arg2 = 0;
-    cur->ts_ns = api == AS_API_MALLOC_TRIM ? bpf_ktime_get_ns() : 0;
-    cur->api = api;
-    cur->nest = 0;
-    cur->tail = 0;
-    cur->source = src;
-    cur->unsampled = unsampled;
+    open_state(cur, sp, api, size, arg, 0, src, unsampled);
     return 0;
 }
 #endif

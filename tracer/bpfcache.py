@@ -314,14 +314,19 @@ def trusted(path: Path) -> bool:
 
 
 def load(key: str) -> dict | None:
-    path = cache_dir() / f"{key}.json"
+    entry = read_private(cache_dir() / f"{key}.json")
+    return entry if isinstance(entry, dict) and entry.get("format") == CACHE_FORMAT else None
+
+
+def read_private(path: Path):
+    """The JSON at `path`, when this user wrote it and nobody else may write it or its directory;
+    else (or unreadable) None."""
     try:
         if not (trusted(path.parent) and trusted(path)):
             return None
-        entry = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return entry if isinstance(entry, dict) and entry.get("format") == CACHE_FORMAT else None
 
 
 def save(key: str, entry: dict) -> None:

@@ -39,13 +39,7 @@ def get(kind: str, path: str, extra: str = ""):
     key = _key(kind, path, extra)
     if key is None:
         return None
-    f = _dir() / f"{key}.json"
-    try:
-        if not (bpfcache.trusted(f.parent) and bpfcache.trusted(f)):
-            return None
-        return json.loads(f.read_text())
-    except (OSError, ValueError):
-        return None
+    return bpfcache.read_private(_dir() / f"{key}.json")
 
 
 def put(kind: str, path: str, value, extra: str = "") -> None:

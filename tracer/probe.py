@@ -62,6 +62,14 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
     return flags
 
 
+def heap_cookie(program: str, source: int | None) -> int:
+    """The cookie of a heap function's probed address on a link (heap_entry, heap_session):
+    enum as_api (from its classic entry program's name: malloc_enter -> AS_API_MALLOC) | the
+    allocator's source << 16 (None: the main heap)."""
+    api = L.enum("AS_API_" + program.removesuffix("_enter").upper())
+    return api | (L.enum("AS_SRC_HEAP") if source is None else source) << 16
+
+
 def _kernel_below(release: str, version: tuple[int, int]) -> bool:
     m = re.match(r"(\d+)\.(\d+)", release)
     return bool(m) and (int(m.group(1)), int(m.group(2))) < version
@@ -553,10 +561,9 @@ class Probes:
         and --uprobe-sessions is auto: the classic probes serve instead, and the report says why."""
         by_path: dict[str, dict[int, int]] = {}
         for pl in plans:
-            src = sources.get(pl.allocator.source) or L.enum("AS_SRC_HEAP")
+            src = sources.get(pl.allocator.source)
             for pr in pl.probes:
-                api = L.enum("AS_API_" + pr.program.removesuffix("_enter").upper())
-                by_path.setdefault(pr.path, {}).setdefault(pr.offset, api | src << 16)
+                by_path.setdefault(pr.path, {}).setdefault(pr.offset, heap_cookie(pr.program, src))
         fd_prog = self.bpf.funcs[b"heap_session"].fd
         for path, probes in by_path.items():
             offsets = sorted(probes)
@@ -584,9 +591,7 @@ class Probes:
             src = sources.get(pl.allocator.source)
             for pr in pl.probes:
                 if self.multi:  # one entry program per module, the cookie says which call
-                    api = L.enum("AS_API_" + pr.program.removesuffix("_enter").upper())
-                    cookie = api | (src or L.enum("AS_SRC_HEAP")) << 16
-                    todo.append((pr.path, pr.offset, "heap_entry", pr.returns, cookie))
+                    todo.append((pr.path, pr.offset, "heap_entry", pr.returns, heap_cookie(pr.program, src)))
                     continue
                 todo.append((pr.path, pr.offset, pr.program, pr.returns, 0))
                 if src is not None:

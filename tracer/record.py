@@ -136,7 +136,6 @@ class Recorder:
         self.cuda_module: str | None = None       # the libcuda.so.1 probed, once the target maps it
         self.source_names: dict[int, str] = dict(SRC)  # + the ids given out below (meta.json `sources`)
         self.plans: list[Plan] = []               # the allocators probed (the one serving malloc first)
-        self.multi_source = False                 # probes built to tell allocators apart by entry address
         self.custom_fns: list[CustomFn] = parse_all(opts.alloc_fns, opts.free_fns)
         self.exec_seen = False
         self.attach_window_returns = 0
@@ -235,7 +234,6 @@ class Recorder:
             a.source = f"heap:{a.label}"
             plans.append(plan_allocator(a))
         sources = {pl.allocator.source: self._source_id(pl.allocator.source) for pl in plans}
-        self.multi_source = True
         self.probes.attach_more(plans, sources, maps)
         self.plans += plans
         if self.retention is not None:
@@ -464,7 +462,6 @@ class Recorder:
                                             [Owner(a.source, a.kind, a.label, a.serves_malloc) for a in allocators])
         located = [locate(fn, t.exe, maps) for fn in self.custom_fns]
         self.plans = [plan_allocator(a) for a in allocators]
-        self.multi_source = len(allocators) > 1 or bool(located)
         sources = {a.source: self._source_id(a.source) for a in allocators[1:]}
         custom = [(loc, self._source_id(loc.fn.source), _place_custom(loc)) for loc in located]
         brk = None
