@@ -12,4 +12,10 @@ STOP = StopRequest().install()
 def main() -> None:
     from allocscope.cli import main as cli_main  # noqa: PLC0415 (after the handlers)
 
-    cli_main()
+    try:
+        cli_main()
+    finally:
+        # The work is done (the trace finished, the summary written): a Ctrl-C now must not kill
+        # the interpreter's own teardown, which puts the default handlers back (exit by SIGINT,
+        # -2, instead of 0). Ignored signals stay ignored through it.
+        STOP.ignore()

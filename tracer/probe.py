@@ -581,7 +581,7 @@ class Probes:
         return True
 
     def _attach_plans(self, plans: list, custom: list, sources: dict[str, int], maps: list) -> None:
-        todo: list[tuple] = []  # (path, offset, entry program, returns)
+        todo: list[tuple] = []  # (path, offset, entry program, returns, cookie)
         if self.session and self._attach_sessions(plans, sources):
             plans = []  # the heap functions are probed; the user's functions stay classic below
         elif self.options.sample_bytes > 0:

@@ -33,6 +33,11 @@ class StopRequest:
             signal.signal(s, h)
         self._previous = {}
 
+    def ignore(self) -> None:
+        """From now on the signals are ignored (the process is on its way out)."""
+        for s in self.SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+
     def request(self, reason: str) -> None:
         """A stop asked for by the program itself (`top`: the q key, --iterations, a closed
         stdout); the first reason, signal or not, is the one kept."""
