@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup host venv lint demo test test-unit test-bpf bench bundle clean
+.PHONY: help setup host venv agent lint demo test test-unit test-bpf bench bundle clean
 help: ## this list
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
@@ -18,7 +18,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## .venv/ with allocscope and its PyPI deps (BCC from Debian)
 
-setup: host venv ## everything the tool needs on this box
+AGENT := tracer/agent/allocscope-agent.so
+$(AGENT): tracer/agent/agent.c tracer/agent/agent.h tracer/inject.py
+	@$(PY) -c 'from pathlib import Path; from tracer.inject import build_agent; build_agent(Path("$@"))'
+
+agent: venv $(AGENT) ## the --inject agent (freestanding C, no dependencies)
+
+setup: host venv $(AGENT) ## everything the tool needs on this box
 	@$(PY) -m compileall -q allocscope tracer reports common >/dev/null  # bytecode now: PYTHONDONTWRITEBYTECODE boxes recompile every start
 
 demo: setup ## record the bundled demo daemon and report it
@@ -46,4 +52,4 @@ bundle: ## dist/allocscope-VERSION-x86_64.tar.xz: relocatable, BCC and kernel he
 	@bash scripts/bundle.sh
 
 clean: ## remove build products (keeps .venv)
-	rm -rf build tests/targets/bin *.egg-info .pytest_cache
+	rm -rf build tests/targets/bin *.egg-info .pytest_cache $(AGENT)

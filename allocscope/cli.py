@@ -9,7 +9,7 @@ import click
 
 from allocscope.options import by_option, fold_option, probe_options, source_option, target_options, trace_options
 from allocscope.output import emit, progress
-from allocscope.recording import early_stop, record_options, resolve_target, start_probes, summary_text
+from allocscope.recording import check_inject, early_stop, record_options, resolve_target, start_probes, summary_text
 from common.errors import AllocscopeError, Interrupted, UsageError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -105,6 +105,7 @@ def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_sym
         raise UsageError("missing -o TRACE (where to write the trace)")
     opts = record_options(output, labels, duration=duration, force=force, keep_cmdline=keep_cmdline, quiet=quiet,
                           embed_symbols=embed_symbols, **probe)
+    check_inject(opts, command)
     validate(opts, output=False)
     if dry_run:
         from tracer.dryrun import describe  # noqa: PLC0415

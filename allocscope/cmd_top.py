@@ -9,7 +9,7 @@ import click
 
 from allocscope.options import by_option, fold_option, probe_options, target_options, trace_options
 from allocscope.output import progress
-from allocscope.recording import early_stop, record_options, resolve_target, start_probes, summary_text
+from allocscope.recording import check_inject, early_stop, record_options, resolve_target, start_probes, summary_text
 from common.errors import UsageError
 from tracer.options import TOP_INTERVAL
 
@@ -70,6 +70,7 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
                           embed_symbols=embed_symbols, **probe)
     stop.quiet = opts.quiet
     opts.first_snapshot_s = 0.2  # the first frame right after the attach, then every interval
+    check_inject(opts, command)
     validate(opts, output=False)
     require_root()
     validate(opts)

@@ -98,6 +98,13 @@ def probe_options(f=None, *, interval: float = DEFAULTS.interval):
                           "6.13+), so an unsampled call takes no return trap — one trap instead of two. "
                           "auto: where the kernel has them, else classic return probes; on: fail without "
                           "them; off: classic return probes."),
+        click.option("--inject", is_flag=True,
+                     help="Sample inside the process: stop its threads for a few ms with ptrace, map "
+                          "allocscope's agent into it and hook its allocator entry points, so that only "
+                          "sampled calls (one per --sample-bytes, default 512 KiB) trap; the hooks come out "
+                          "again at the end, or by themselves within 0.1 s if allocscope dies. For "
+                          "heap-heavy daemons; --pid only. Without it nothing enters the process. README: "
+                          "--inject (what it does, its cost, its risks)."),
         click.option("--fault-sample", type=click.IntRange(min=1), default=DEFAULTS.fault_sample,
                      show_default=True, metavar="N", help="Residency mode: sample one user page fault in N."),
         click.option("--wait-min", "wait_min_ms", type=click.FloatRange(min=0), default=DEFAULTS.wait_min_ms,

@@ -46,10 +46,19 @@ def resolve_target(pid: int | None, pattern: str | None, command: tuple[str, ...
 def record_options(output: str | None, labels, **kw):
     """RecordOptions from the command's options (defaults: tracer.options.DEFAULTS); a
     repeatable option's values (a tuple from click) become the list RecordOptions keeps."""
-    from tracer.options import RecordOptions  # noqa: PLC0415
+    from tracer.options import INJECT_SAMPLE_BYTES, RecordOptions  # noqa: PLC0415
 
     kw = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()}
+    if kw.get("inject") and not kw.get("sample_bytes"):
+        kw["sample_bytes"] = INJECT_SAMPLE_BYTES
     return RecordOptions(output=output or "", labels=parse_labels(labels), **kw)
+
+
+def check_inject(opts, command) -> None:
+    """--inject attaches to a running process only: a launched command has no allocator mapped
+    yet to hook."""
+    if opts.inject and command:
+        raise UsageError("--inject hooks a running process: use --pid PID or --pgrep PATTERN, not -- CMD")
 
 
 def start_probes(target, opts):

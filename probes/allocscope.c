@@ -100,6 +100,21 @@ static __always_inline int target_gone(void)
     return g && *g;
 }
 
+#ifdef AS_INJECT
+/* --inject: the thread running the tracer's injected system calls while the agent is loaded
+ * (tracer/inject.py): its mmaps are the tracer's, not the program's. */
+BPF_ARRAY(quiet_tid, u32, 1);
+
+static __always_inline int injecting(void)
+{
+    u32 zero = 0;
+    u32 *q = quiet_tid.lookup(&zero);
+    return q && *q && *q == (u32)bpf_get_current_pid_tgid();
+}
+#else
+#define injecting() 0
+#endif
+
 #ifdef AS_WAIT_EXEC
 /* Launch mode: the target is forked by the tracer and traced only once it has exec'd, so the
  * tracer's own pre-exec allocations in the child never count. */
@@ -111,12 +126,12 @@ static __always_inline int is_target(void)
         return 0;
     u32 zero = 0;
     u32 *a = armed.lookup(&zero);
-    return a && *a && !target_gone();
+    return a && *a && !target_gone() && !injecting();
 }
 #else
 static __always_inline int is_target(void)
 {
-    return (bpf_get_current_pid_tgid() >> 32) == AS_TGID && !target_gone();
+    return (bpf_get_current_pid_tgid() >> 32) == AS_TGID && !target_gone() && !injecting();
 }
 #endif
 #ifdef AS_FLOOR

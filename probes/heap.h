@@ -135,6 +135,7 @@ static __always_inline void emit_trim(u32 tid, struct as_inflight *in, s64 ret, 
  * cache check, the unwinder and the accounting as three programs, not their product. */
 struct as_pending {
     u64 addr, size, ts, sid;
+    u64 ip, sp, bp; /* where the stack starts: the probe's registers, or (markers) the hook's caller */
     u32 tid, api, src, pad;
 };
 BPF_PERCPU_ARRAY(pending, struct as_pending, 1);
@@ -168,8 +169,7 @@ static __always_inline int unwind_pending(struct pt_regs *ctx, int session)
     struct as_pending *p = pending.lookup(&zero);
     if (!p)
         return 0;
-    u64 ip = PT_REGS_IP(ctx), sp = PT_REGS_SP(ctx), bp = PT_REGS_FP(ctx);
-    p->sid = unwind_store(ip, sp, bp, 0);
+    p->sid = unwind_store(p->ip, p->sp, p->bp, 0);
     tail_to(ctx, session, 1);
     tail_failed(p);
     return 0;
@@ -181,7 +181,7 @@ static __always_inline int keep_pending(struct pt_regs *ctx)
     struct as_pending *p = pending.lookup(&zero);
     if (!p)
         return 0;
-    scache_fill(PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx), p->sid);
+    scache_fill(p->ip, p->sp, p->bp, p->sid);
     record_alloc(p->tid, p->addr, p->size, p->api, p->ts, p->sid, p->src);
     return 0;
 }
@@ -209,12 +209,13 @@ int salloc_keep(struct pt_regs *ctx)
 #endif
 #endif
 
-/* The stack of an allocation seen in alloc_return, then keep it. */
-static __always_inline void alloc_done_in(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
-                                          u64 ts, u32 src, int session)
+/* The stack of an allocation seen in alloc_return (or at a marker: ip/sp/bp are then the hook's
+ * caller's, as at a return), then keep it. */
+static __always_inline void alloc_done_at(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
+                                          u64 ts, u32 src, int session, u64 ip, u64 sp, u64 bp, u32 skip)
 {
 #if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
-    u64 sid = scache_lookup(PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx));
+    u64 sid = scache_lookup(ip, sp, bp);
     if (!sid) {
         u32 zero = 0;
         struct as_pending *p = pending.lookup(&zero);
@@ -225,15 +226,27 @@ static __always_inline void alloc_done_in(struct pt_regs *ctx, u32 tid, u64 addr
             p->tid = tid;
             p->api = api;
             p->src = src;
+            p->ip = ip;
+            p->sp = sp;
+            p->bp = bp;
             tail_to(ctx, session, 0);
             tail_failed(p);
         }
         return;
     }
     record_alloc(tid, addr, size, api, ts, sid, src);
+#elif defined(AS_UNWIND_DWARF)
+    record_alloc(tid, addr, size, api, ts, capture_dwarf(ip, sp, bp, 0), src);
 #else
-    record_alloc(tid, addr, size, api, ts, capture_stack(ctx, 0, 0), src);
+    record_alloc(tid, addr, size, api, ts, capture_stack_skip(ctx, 0, 0, skip), src);
 #endif
+}
+
+static __always_inline void alloc_done_in(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
+                                          u64 ts, u32 src, int session)
+{
+    alloc_done_at(ctx, tid, addr, size, api, ts, src, session, PT_REGS_IP(ctx), PT_REGS_SP(ctx),
+                  PT_REGS_FP(ctx), 0);
 }
 
 static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
@@ -546,3 +559,31 @@ int heap_session(struct pt_regs *ctx)
     return 0;
 }
 #endif
+
+/* --- the in-process sampler's markers (--inject; tracer/agent/agent.c) ------------------------
+ * The agent decided in the process that this block is sampled: as_mark_alloc(p, size, weight,
+ * cookie, fp) is called from the hook, fp its frame (the caller's %rbp at [fp], the return address
+ * at [fp + 8], the caller's %rsp fp + 16): the stack starts at the hook's caller, exactly as at an
+ * allocator's return probe. weight: the bytes the block stands for (max(size, N)). */
+int mark_alloc(struct pt_regs *ctx)
+{
+    if (!is_target())
+        return 0;
+    u64 p = PT_REGS_PARM1(ctx), weight = PT_REGS_PARM3(ctx), cookie = PT_REGS_PARM4(ctx);
+    u64 fp = PT_REGS_PARM5(ctx), bp = 0, ra = 0;
+    bpf_probe_read_user(&bp, sizeof(bp), (void *)fp);
+    bpf_probe_read_user(&ra, sizeof(ra), (void *)(fp + 8));
+    if (p == 0)
+        return 0;
+    alloc_done_at(ctx, current_tid(), p, weight, (u32)cookie & 0xffff, bpf_ktime_get_ns(), (u32)(cookie >> 16), 0,
+                  ra, fp + 16, bp, 1);
+    return 0;
+}
+
+/* as_mark_free(p, cookie): a sampled block's free (the agent found it in its set) */
+int mark_free(struct pt_regs *ctx)
+{
+    if (is_target())
+        free_arg1(ctx);
+    return 0;
+}

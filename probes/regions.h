@@ -78,9 +78,49 @@ static __always_inline void submit(struct as_event *e)
     count(AS_CNT_EVENTS, 1);
 }
 
+/* --inject: the agent's per-thread table (tracer/agent/agent.h struct as_thread, keyed by the
+ * thread pointer): while a hook's real call runs, the thread's slot names the call. Filled by the
+ * tracer once the agent is loaded; threads[0] = 0 until then. */
+struct as_agent_cfg {
+    u64 threads;
+    u32 bits, pad;
+};
+BPF_ARRAY(agent_cfg, struct as_agent_cfg, 1);
+
+static __always_inline u32 agent_api(void)
+{
+#ifdef AS_OFF_TASK_FSBASE
+    u32 zero = 0;
+    struct as_agent_cfg *c = agent_cfg.lookup(&zero);
+    if (!c || !c->threads || c->bits == 0 || c->bits > 30)
+        return AS_API_NONE;
+    u64 key = 0;
+    bpf_probe_read_kernel(&key, sizeof(key), (char *)bpf_get_current_task_btf() + AS_OFF_TASK_FSBASE);
+    if (!key)
+        return AS_API_NONE;
+    u64 mask = (1ULL << c->bits) - 1, h = ((key >> 4) * 0x9E3779B97F4A7C15ULL) >> (64 - c->bits);
+    for (int i = 0; i < 8; i++) {
+        u64 slot = c->threads + (((h + i) & mask) << 5), k = 0;
+        if (bpf_probe_read_user(&k, sizeof(k), (void *)slot))
+            return AS_API_NONE;
+        if (k == key) {
+            u32 api = 0;
+            bpf_probe_read_user(&api, sizeof(api), (void *)(slot + 16));
+            return api;
+        }
+        if (k == 0)
+            return AS_API_NONE;
+    }
+#endif
+    return AS_API_NONE;
+}
+
 /* The allocator or CUDA call the current thread is inside, AS_API_NONE outside any. */
 static __always_inline u32 current_api(void)
 {
+    u32 injected = agent_api();
+    if (injected)
+        return injected;
     struct as_inflight *in = thread_state(0);
     if (in && in->sp && in->unsampled != AS_CALL_UNWATCHED)
         return in->api;

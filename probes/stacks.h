@@ -40,7 +40,15 @@ static __always_inline u64 store_stack(struct as_stack *st)
 /* Frame-pointer walk of the user stack, starting at the probe's user pc.
  * `extra` is kept beside the frames (syscalls: word at the user sp).
  * AS_UNWIND_DWARF: return probes unwind with CFI rows from the caller's registers. */
+static __always_inline u64 capture_stack_skip(void *ctx, u32 flags, u64 extra, u32 skip);
+
 static __always_inline u64 capture_stack(void *ctx, u32 flags, u64 extra)
+{
+    return capture_stack_skip(ctx, flags, extra, 0);
+}
+
+/* capture_stack, the first `skip` frames left out (frame pointers only) */
+static __always_inline u64 capture_stack_skip(void *ctx, u32 flags, u64 extra, u32 skip)
 {
 #ifdef AS_UNWIND_DWARF
     if (!(flags & AS_STACK_SYSCALL)) {
@@ -52,7 +60,7 @@ static __always_inline u64 capture_stack(void *ctx, u32 flags, u64 extra)
     struct as_stack *st = scratch.lookup(&zero);
     if (!st)
         return 0;
-    long n = bpf_get_stack(ctx, st->ips, sizeof(st->ips), BPF_F_USER_STACK);
+    long n = bpf_get_stack(ctx, st->ips, sizeof(st->ips), BPF_F_USER_STACK | (skip & BPF_F_SKIP_FIELD_MASK));
     if (n <= 0) {
         count(AS_LOST_STACK_ERR, 1);
         return 0;

@@ -24,6 +24,16 @@ def validate(opts: RecordOptions, output: bool = True) -> None:
                              "trap of calls a sampled recording does not keep)")
         if opts.uprobes == "perf":
             raise UsageError("--uprobe-sessions on needs uprobe_multi links: not with --uprobes perf")
+    if opts.inject:
+        if opts.mode != "full":
+            raise UsageError("--inject samples heap calls: not with --mode residency")
+        if opts.sample_bytes <= 0:
+            raise UsageError("--inject needs --sample-bytes N > 0 (only sampled calls reach the probes)")
+        if opts.uprobe_sessions == "on":
+            raise UsageError("--inject and --uprobe-sessions on exclude each other (the agent samples in the "
+                             "process; no heap function is probed)")
+        if opts.probe_floor:
+            raise UsageError("--inject and --probe-floor exclude each other")
     parse_all(opts.alloc_fns, opts.free_fns)
     if output and opts.output:
         check_output(opts.output, opts.force)

@@ -210,6 +210,23 @@ def return_probe_offsets() -> list[str]:
         btf.close()
 
 
+def fsbase_offset() -> list[str]:
+    """-D flag for reading a task's thread pointer (task_struct.thread.fsbase; probes/regions.h
+    agent_api, --inject). [] when the BTF lacks it (injected hooks then do not mark their mmaps)."""
+    try:
+        btf = _Btf()
+    except OSError:
+        return []
+    try:
+        def off(struct: str, field: str) -> int:
+            return btf.member(btf.find(struct, BTF_KIND_STRUCT), field)[0]
+        return [f"-DAS_OFF_TASK_FSBASE={off('task_struct', 'thread') + off('thread_struct', 'fsbase')}"]
+    except LookupError:
+        return []
+    finally:
+        btf.close()
+
+
 def char_major(name: str, devices: str = "/proc/devices") -> int:
     """The major number of a character device driver by name (/proc/devices), 0 when absent:
     nvidia-uvm's is dynamic."""

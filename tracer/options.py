@@ -25,6 +25,7 @@ class RecordOptions:
     fault_sample: int = 16        # residency mode: one user page fault in N is sampled
     uprobes: str = "auto"  # auto/multi/perf: uprobe_multi links (6.6+) or a perf event per probe
     uprobe_sessions: str = "auto"  # sampled: auto/on/off; unsampled calls skip the return trap
+    inject: bool = False          # --inject: the in-process sampler (tracer/inject.py) decides, only sampled calls trap
     wait_min_ms: float = 1.0      # off-CPU waits at least this long are kept by stack (0: waits not traced)
     unwind: str = "dwarf"         # dwarf: CFI rows unwound in BPF (tracer/unwind.py); fp: frame pointers
     embed_symbols: bool = False   # store the symbol tables of the modules on the stacks (tracer/embed.py)
@@ -44,4 +45,5 @@ class RecordOptions:
 
 
 DEFAULTS = RecordOptions()
+INJECT_SAMPLE_BYTES = 512 << 10  # --inject without --sample-bytes samples one per 512 KiB
 TOP_INTERVAL = 2.0  # `allocscope top` refreshes every 2 s unless --interval says otherwise

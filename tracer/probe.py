@@ -23,7 +23,7 @@ from . import layout as L
 from .allocators import STANDARD
 from .bpfobjects import TRACE_UPROBE_MULTI, TRACE_UPROBE_SESSION, UPROBE_MULTI_RETURN, prog_stats, uprobe_multi_link
 from .elfinfo import symbol_offsets
-from .kernel import char_major, file_offsets, return_probe_offsets, rss_offsets
+from .kernel import char_major, file_offsets, fsbase_offset, return_probe_offsets, rss_offsets
 from .options import RecordOptions
 from .unwind import UNWIND_STEPS
 
@@ -56,10 +56,18 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
         flags += [f"-DAS_SAMPLE_BYTES={opts.sample_bytes}ULL", "-DAS_SESSION=1"]
     if opts.mode == "residency":
         flags += ["-DAS_FAULTS=1", f"-DAS_FAULT_SAMPLE={opts.fault_sample}"]
+    if opts.inject:  # the agent's thread table says which mmap/brk an allocator makes
+        flags += ["-DAS_INJECT=1", *fsbase_offset()]
     if unwind == "dwarf":
         flags += return_probe_offsets()
         flags += ["-DAS_UNWIND_DWARF=1", f"-DAS_UNWIND_ROWS={opts.unwind_rows}", f"-DAS_UNWIND_STEPS={UNWIND_STEPS}"]
     return flags
+
+
+def agent_thread_bits() -> int:
+    from .inject import THREAD_BITS  # noqa: PLC0415
+
+    return THREAD_BITS
 
 
 def heap_cookie(program: str, source: int | None) -> int:
@@ -94,6 +102,8 @@ def session_choice(opts: RecordOptions, release: str | None = None) -> tuple[boo
     Whether the kernel really takes them is known at the first link (Probes._attach_sessions)."""
     if opts.sample_bytes <= 0 or opts.mode != "full" or opts.probe_floor:
         return False, ""
+    if opts.inject:
+        return False, "--inject: the agent samples in the process (markers, classic probes)"
     if opts.uprobe_sessions == "off":
         return False, "--uprobe-sessions off"
     release = release or os.uname().release
@@ -142,6 +152,7 @@ class AttachReport:
     returns_why: str = ""     # why classic return probes serve a sampled recording
     uprobes: str = "perf"     # how uprobes are attached: multi (uprobe_multi links) or perf (one perf event each)
     uprobes_why: str = ""     # why perf events
+    heap: str = "probes"      # how heap calls reach the probes: probes (every call traps) or inject (markers)
 
 
 def _import_bcc():
@@ -421,7 +432,10 @@ class Probes:
             names = [b"heap_session"] + ([b"salloc_unwind", b"salloc_keep"] if unwind == "dwarf" else [])
         else:
             names = [b"alloc_return"] + ([b"alloc_unwind", b"alloc_keep"] if unwind == "dwarf" else [])
-            names += [b"heap_entry"] if self.multi else []
+            if self.options.inject:
+                names += [b"mark_alloc", b"mark_free"]
+            elif self.multi:
+                names += [b"heap_entry"]
         return [(n, self._bcc.BPF.KPROBE, None, self._attach_type(n)) for n in names]
 
     def _attach_type(self, name: bytes) -> int:
@@ -516,12 +530,14 @@ class Probes:
         return failed
 
     def attach(self, plans: list, custom: list | None = None, sources: dict[str, int] | None = None,
-               maps: list | None = None) -> AttachReport:
+               maps: list | None = None, agent=None) -> AttachReport:
         """Probes on every allocator planned (tracer.allocators.plan_allocator; the one serving
         malloc first) and on the user's functions (tracer.customfns.Located). Return probes
         first, entries second: a call that enters between the two gets no entry state, rather
         than an entry state whose return is never seen. `sources`: source name -> id for the
-        allocators other than the main heap and the user's functions."""
+        allocators other than the main heap and the user's functions. `agent` (--inject: a
+        tracer.inject.Injection, hooks placed): the markers are probed instead of the heap
+        functions."""
         rep = self.report
         primary = plans[0].allocator if plans else None
         if primary is not None:
@@ -538,6 +554,12 @@ class Probes:
             for sym in ("malloc", "free"):
                 if sym not in primary.entries:
                     raise AllocscopeError(f"{primary.path} does not define {sym}; cannot trace it")
+        if agent is not None:
+            self._attach_markers(agent, custom or [], sources or {}, maps or [])
+            rep.allocators = [pl.as_dict([]) for pl in plans]
+            rep.custom = [{"spec": loc.fn.spec, "module": loc.path, "source": loc.fn.source}
+                          for loc, _src, _off in custom or []]
+            return rep
         self._attach_plans(plans, custom or [], sources or {}, maps or [])
         if plans:
             first = plans[0]
@@ -548,6 +570,24 @@ class Probes:
         rep.custom = [{"spec": loc.fn.spec, "module": loc.path, "source": loc.fn.source}
                       for loc, _src, _off in custom or []]
         return rep
+
+    def _attach_markers(self, agent, custom: list, sources: dict[str, int], maps: list) -> None:
+        """--inject: entry probes on the agent's two markers (only sampled calls reach them), the
+        agent's thread table for agent_api, and the user's functions as usual."""
+        self._attach_plans([], custom, sources, maps)
+        img = agent.agent
+        self._attach("mark_alloc", img.path, img.file_offset("as_mark_alloc"), BPF_PROBE_ENTRY)
+        self._attach("mark_free", img.path, img.file_offset("as_mark_free"), BPF_PROBE_ENTRY)
+        failed = self._flush()
+        if failed:
+            raise PermissionProblem(next(iter(failed.values())))
+        t = self.bpf[b"agent_cfg"]
+        v = t.Leaf()
+        v.threads, v.bits = agent.tables, agent_thread_bits()
+        t[ct.c_int(0)] = v
+        self.report.heap = "inject"
+        self.report.attached = [h.spec.symbol for h in agent.hooks]
+        self.report.skipped = dict(agent.refused)
 
     def attach_more(self, plans: list, sources: dict[str, int], maps: list) -> None:
         """Allocators found after the attach (a library dlopen'd since)."""

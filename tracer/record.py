@@ -13,6 +13,7 @@ output path left where it was); one that arrives later ends the recording with a
 """
 from __future__ import annotations
 
+import ctypes as ct
 import os
 import platform
 import threading
@@ -144,6 +145,7 @@ class Recorder:
         self.final_snapshot_s = 0.0
         self.target_exit: int | None = None
         self.bpf_stats: dict = {}
+        self.injection = None  # --inject: tracer.inject.Injection (the agent in the target)
         self.phases: list[tuple[str, float]] = []  # start-up: (phase, seconds), in order (--verbose prints them)
         self._phase_t0 = self._phase_t = time.perf_counter()
 
@@ -391,7 +393,8 @@ class Recorder:
                        "tracepoints": rep.tracepoints, "placement": rep.placement, "cuda": rep.cuda,
                        "allocators": rep.allocators, "custom": rep.custom,
                        "returns": rep.returns, "returns_why": rep.returns_why,
-                       "uprobes": rep.uprobes, "uprobes_why": rep.uprobes_why},
+                       "uprobes": rep.uprobes, "uprobes_why": rep.uprobes_why, "heap": rep.heap,
+                       **({"inject": self.injection.report()} if self.injection is not None else {})},
             "sources": {str(k): v for k, v in self.source_names.items() if k >= L.enum("AS_SRC_DYNAMIC")},
             "limits": {"max_live": o.max_live, "max_stacks": o.max_stacks, "max_sites": o.max_sites,
                        "max_regions": o.max_regions},
@@ -483,6 +486,11 @@ class Recorder:
         self._phase_t = time.perf_counter()
         try:
             self._check_stop("compiling the probes")
+            if self.opts.inject:
+                self.injection = self._inject(sources)
+                maps = procfs.read_maps(t.pid)  # with the agent's mappings: there before the attach
+                self.maps.seed(maps)
+                self._phase(f"inject the agent (threads stopped {self.injection.stopped_ms[0]:.1f} ms)")
             self.probes.open_events(self.on_event)
             self.unwinder = start_unwinder(self.probes, maps, launched, self.progress)
             self._phase("unwind tables")
@@ -494,7 +502,9 @@ class Recorder:
             self.slow = SlowPath(self.probes, self.tracker, SRC)
             self.probes.seed(procfs.rss(t.pid) if not launched else {}, brk)
             self._check_stop("loading the unwind tables")
-            self.attach_report = self.probes.attach(self.plans, custom, sources, maps)
+            self.attach_report = self.probes.attach(self.plans, custom, sources, maps, agent=self.injection)
+            if self.injection is not None:
+                self.injection.enable()
             self._attach_cuda(maps)
             self._phase("attach")
             self._phase("live")
@@ -512,16 +522,20 @@ class Recorder:
             self._loop()
             self.stop.finalizing = True
             self.end_reason = self.end_reason or self.stop.reason
+            if self.injection is not None:
+                self.injection.enable(False)  # no new samples: the last snapshot sees all there are
             self.probes.drain_events()
             t_final = time.perf_counter()
             self.snapshot(final=True)
             self.final_snapshot_s = time.perf_counter() - t_final
+            self._uninject()
             if launched:
                 t.child.resume()
                 self.target_exit = t.child.wait(timeout=0.2)
             self.bpf_stats = self.probes.program_stats()
             self.writer.write_meta(self._meta(True))
         finally:
+            self._uninject()
             self.probes.close()
             self.writer.close()
             release(t)
@@ -529,6 +543,43 @@ class Recorder:
         lost = sum(v for k, v in row.items() if k.startswith("lost_"))
         return Summary(self.opts.output, (time.monotonic_ns() - self.t0_ns) / 1e9, self.seq, self.end_reason or "",
                        row["live_bytes"], row["live_count"], len(self.sites.current), lost, self.writer.bytes_written)
+
+    def _inject(self, sources: dict[str, int]):
+        """--inject: the agent into the target, its hooks on every allocator entry that takes one
+        safely, sampling still off (on once the markers' probes are attached)."""
+        from .inject import hook_specs, inject  # noqa: PLC0415
+        from .probe import heap_cookie  # noqa: PLC0415
+
+        cookies = {(pl.allocator.path, pr.symbol): heap_cookie(pr.program, sources.get(pl.allocator.source))
+                   for pl in self.plans for pr in pl.probes}
+        specs, skipped = hook_specs(self.plans, cookies)
+        quiet = self.probes.bpf[b"quiet_tid"]
+
+        def hush(tid: int) -> None:  # the thread running our system calls: not the program's mmaps
+            quiet[ct.c_int(0)] = ct.c_uint32(tid)
+
+        inj = inject(self.target.pid, specs, skipped, self.opts.sample_bytes, hush)
+        hooked = {h.spec.symbol for h in inj.hooks}
+        if not any(s in hooked for s in ("malloc", "free")) and self.plans and self.plans[0].allocator.prefix == "":
+            inj.detach()
+            raise TargetError("--inject: malloc and free cannot be hooked safely here: "
+                              + "; ".join(f"{k}: {v}" for k, v in inj.refused.items() if k in ("malloc", "free")))
+        if inj.refused:
+            self.progress("--inject: not hooked: " + "; ".join(f"{k} ({v})" for k, v in list(inj.refused.items())[:6]))
+        return inj
+
+    def _uninject(self) -> None:
+        """The hooks out of the target (idempotent); a failure is said, never raised from here."""
+        if self.injection is None or self.injection.detached:
+            return
+        try:
+            how = self.injection.detach()
+        except Exception as e:  # noqa: BLE001 - the recording is kept; the watchdog still unhooks
+            self.progress(f"--inject: could not take the hooks back ({e}); the agent's watchdog will "
+                          "when allocscope exits")
+            return
+        if how == "watchdog":
+            self.progress("--inject: the agent's watchdog had already put the entries back")
 
     def _loop(self) -> None:
         """Poll events, snapshot every interval, until a reason to stop."""

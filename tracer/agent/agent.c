@@ -1,0 +1,354 @@
+/* allocscope's in-process sampler: the code `allocscope record|top --inject` maps into a running
+ * process (tracer/inject.py), so that only the sampled allocator calls trap.
+ *
+ * Freestanding: no libc, no relocations, no thread-local storage, no allocation. The tracer maps
+ * the file itself (mmap of its segments through injected system calls: no dlopen, no loader lock
+ * taken in the target), fills `as_cfg`, and patches each allocator entry with a jump to a stub
+ * that loads the function's slot into %rcx (the 4th argument: every hooked function takes at
+ * most 3) and jumps to the hook of its kind. The slot's `orig` is a trampoline that replays the
+ * entry's displaced instructions and jumps back behind them.
+ *
+ * A hook calls the real function, decides in the process whether the block is sampled (the BPF
+ * estimator: kept with probability min(1, size/N), then worth max(size, N) bytes) and only then
+ * calls a marker (as_mark_alloc, as_mark_free) that carries allocscope's uprobe. An unsampled
+ * call costs a table lookup and a few branches: no trap, no system call.
+ *
+ * Per-thread state lives in a table keyed by the thread pointer (%fs:0, the TCB address on
+ * glibc and musl), which the BPF side reads too (probes/regions.h agent_api): while a hook's
+ * real call runs, the slot's `api` says so, and an mmap or brk it makes is the allocator's.
+ *
+ * Safety: a hook never allocates; a call made from inside a hooked call (an allocator calling
+ * its own public entry) passes through; the tables are lock-free (compare-and-swap); a fork's
+ * child marks nothing (getpid on the sampled path only); the watchdog thread (raw clone, every
+ * signal blocked, no TLS use) unhooks the process when the tracer's pidfd says it died. */
+
+typedef unsigned long u64;
+typedef long s64;
+typedef unsigned int u32;
+typedef int s32;
+typedef unsigned char u8;
+typedef u64 (*as_fn3)(u64, u64, u64);
+
+#include "agent.h"
+
+#define HIDDEN __attribute__((visibility("hidden")))
+#define HOOK __attribute__((visibility("hidden"), used, noinline))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+#define GOLDEN 0x9E3779B97F4A7C15ULL
+
+HIDDEN struct as_config as_cfg __attribute__((used, aligned(64))) = {
+    .magic = AS_AGENT_MAGIC, .version = AS_AGENT_VERSION, .size = sizeof(struct as_config)};
+
+/* Markers: empty functions whose first instruction (push %rbp) the kernel emulates under a uprobe.
+ * Written in assembly so that no compiler removes the calls; CFI for unwinders. */
+__asm__(".text\n"
+        ".globl as_mark_alloc\n.hidden as_mark_alloc\n.type as_mark_alloc,@function\n.p2align 4\n"
+        "as_mark_alloc:\n.cfi_startproc\npush %rbp\n.cfi_def_cfa_offset 16\n.cfi_offset %rbp,-16\n"
+        "pop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n.size as_mark_alloc,.-as_mark_alloc\n"
+        ".globl as_mark_free\n.hidden as_mark_free\n.type as_mark_free,@function\n.p2align 4\n"
+        "as_mark_free:\n.cfi_startproc\npush %rbp\n.cfi_def_cfa_offset 16\n.cfi_offset %rbp,-16\n"
+        "pop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n.size as_mark_free,.-as_mark_free\n");
+/* p, the requested size, the bytes it stands for, the slot's cookie (enum as_api | source << 16),
+ * the hook's frame (caller's %rbp at [fp], return address at [fp + 8], caller's %rsp fp + 16) */
+void as_mark_alloc(u64 p, u64 size, u64 weight, u64 cookie, void *fp);
+void as_mark_free(u64 p, u64 cookie);
+
+/* The watchdog's first instructions: the tracer points a stopped thread here with the clone
+ * arguments in %rdi/%rsi; the new thread (on its own stack) runs as_watchdog_main and exits, the
+ * old one stops at the int3 for the tracer. */
+__asm__(".text\n"
+        ".globl as_clone_entry\n.hidden as_clone_entry\n.type as_clone_entry,@function\n.p2align 4\n"
+        "as_clone_entry:\n"
+        "xor %edx,%edx\nxor %r10d,%r10d\nxor %r8d,%r8d\nmov $56,%eax\nsyscall\n"
+        "test %rax,%rax\njnz 1f\n"
+        "xor %ebp,%ebp\ncall as_watchdog_main\n"
+        "mov $60,%eax\nxor %edi,%edi\nsyscall\n"
+        "1:\nint3\n"
+        ".globl as_syscall_insn\n.hidden as_syscall_insn\nas_syscall_insn:\nsyscall\nint3\n"
+        ".size as_clone_entry,.-as_clone_entry\n");
+
+static inline s64 sys3(s64 nr, u64 a, u64 b, u64 c)
+{
+    s64 r;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(nr), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+    return r;
+}
+
+#define SYS_mprotect 10
+#define SYS_getpid 39
+#define SYS_poll 7
+#define PROT_RWX 7
+#define POLLIN 1
+
+/* --- per-thread state --------------------------------------------------------------------- */
+
+static inline u64 thread_key(void)
+{
+    u64 v;
+    __asm__("mov %%fs:0, %0" : "=r"(v));
+    return v;
+}
+
+static struct as_thread spare = {.rng = GOLDEN}; /* threads past the table's probe window share this one */
+
+static inline u64 rdtsc(void)
+{
+    u32 lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((u64)hi << 32) | lo;
+}
+
+static inline struct as_thread *self(void)
+{
+    u64 key = thread_key();
+    struct as_thread *tab = (struct as_thread *)as_cfg.threads;
+    u32 bits = as_cfg.thread_bits;
+    u64 mask = (1ULL << bits) - 1, h = ((key >> 4) * GOLDEN) >> (64 - bits);
+    for (u32 i = 0; i < AS_THREAD_PROBES; i++) {
+        struct as_thread *t = &tab[(h + i) & mask];
+        u64 k = __atomic_load_n(&t->key, __ATOMIC_RELAXED);
+        if (likely(k == key))
+            return t;
+        if (k == 0 && __sync_bool_compare_and_swap(&t->key, 0, key)) {
+            u64 seed = (key ^ rdtsc()) * GOLDEN;
+            t->rng = seed ? seed : GOLDEN;
+            return t;
+        }
+    }
+    __atomic_fetch_add(&as_cfg.thread_overflow, 1, __ATOMIC_RELAXED);
+    return &spare;
+}
+
+/* 1: keep a block of `size` bytes, with probability min(1, size/N) (probes/heap.h sample_keep) */
+static inline int keep(struct as_thread *t, u64 size)
+{
+    u64 n = as_cfg.sample_bytes;
+    if (size >= n)
+        return 1;
+    u64 x = t->rng;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    t->rng = x;
+    return (x >> 32) * n < (size << 32);
+}
+
+/* --- the set of sampled blocks: buckets of 8 pointers, a sticky spill flag per bucket ------- */
+
+static inline u64 bucket_of(u64 p)
+{
+    return ((p >> 4) * GOLDEN) >> (64 - as_cfg.set_bits);
+}
+
+static int set_insert(u64 p)
+{
+    u64 *set = (u64 *)as_cfg.set;
+    u8 *spill = (u8 *)as_cfg.spill;
+    u64 nb = 1ULL << as_cfg.set_bits, h = bucket_of(p);
+    for (u32 j = 0; j < AS_SET_SPILL; j++) {
+        u64 *b = &set[((h + j) & (nb - 1)) * 8];
+        if (j == 1)
+            __atomic_store_n(&spill[h], 1, __ATOMIC_RELEASE); /* before the pointer can be seen */
+        for (u32 i = 0; i < 8; i++)
+            if (b[i] == 0 && __sync_bool_compare_and_swap(&b[i], 0, p))
+                return 1;
+    }
+    return 0;
+}
+
+static inline int set_remove(u64 p)
+{
+    u64 *set = (u64 *)as_cfg.set;
+    u64 nb = 1ULL << as_cfg.set_bits, h = bucket_of(p);
+    u64 *b = &set[h * 8];
+    for (u32 i = 0; i < 8; i++)
+        if (unlikely(__atomic_load_n(&b[i], __ATOMIC_RELAXED) == p))
+            return __sync_bool_compare_and_swap(&b[i], p, 0);
+    if (likely(!((u8 *)as_cfg.spill)[h]))
+        return 0;
+    for (u32 j = 1; j < AS_SET_SPILL; j++) {
+        b = &set[((h + j) & (nb - 1)) * 8];
+        for (u32 i = 0; i < 8; i++)
+            if (__atomic_load_n(&b[i], __ATOMIC_RELAXED) == p)
+                return __sync_bool_compare_and_swap(&b[i], p, 0);
+    }
+    return 0;
+}
+
+/* --- hooks ------------------------------------------------------------------------------- */
+
+static inline int ours(void)
+{
+    /* A fork's child runs these hooks too, on a copy of the tables: it marks nothing. */
+    if (likely(sys3(SYS_getpid, 0, 0, 0) == (s64)as_cfg.pid))
+        return 1;
+    __atomic_fetch_add(&as_cfg.foreign, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static __attribute__((always_inline)) inline void sampled(u64 p, u64 size, const struct as_slot *s, void *fp)
+{
+    if (!ours())
+        return;
+    if (!set_insert(p)) {
+        __atomic_fetch_add(&as_cfg.set_full, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    __atomic_fetch_add(&as_cfg.sampled, 1, __ATOMIC_RELAXED);
+    as_mark_alloc(p, size, size > as_cfg.sample_bytes ? size : as_cfg.sample_bytes, s->cookie, fp);
+}
+
+static __attribute__((always_inline)) inline void unsampled_free(u64 p, const struct as_slot *s)
+{
+    if (p && set_remove(p) && ours()) {
+        __atomic_fetch_add(&as_cfg.freed, 1, __ATOMIC_RELAXED);
+        as_mark_free(p, s->cookie);
+    }
+}
+
+#define API(s) ((u32)(s)->cookie & 0xffff)
+
+/* An allocation whose size is known before the call; the block is the return value. */
+#define ALLOC_HOOK(name, SIZE)                                                                   \
+    HOOK u64 name(u64 a, u64 b, u64 c, const struct as_slot *s)                                \
+    {                                                                                          \
+        as_fn3 f = (as_fn3)s->orig;                                                            \
+        if (unlikely(!as_cfg.enabled))                                                         \
+            return f(a, b, c);                                                                 \
+        struct as_thread *t = self();                                                          \
+        if (t->depth)                                                                          \
+            return f(a, b, c);                                                                 \
+        t->depth = 1;                                                                          \
+        t->api = API(s);                                                                       \
+        u64 p = f(a, b, c);                                                                    \
+        t->api = 0;                                                                            \
+        u64 size = (SIZE);                                                                     \
+        if (p && keep(t, size))                                                                \
+            sampled(p, size, s, __builtin_frame_address(0));                                   \
+        t->depth = 0;                                                                          \
+        return p;                                                                              \
+    }
+
+static inline u64 mul_or_max(u64 a, u64 b)
+{
+    u64 r;
+    return __builtin_mul_overflow(a, b, &r) ? ~0ULL : r;
+}
+
+ALLOC_HOOK(as_h_malloc, a)                  /* malloc, valloc, pvalloc, mallocx, mi_malloc_aligned */
+ALLOC_HOOK(as_h_calloc, mul_or_max(a, b))   /* calloc, mi_mallocn */
+ALLOC_HOOK(as_h_aligned, b)                 /* aligned_alloc, memalign (alignment, size) */
+
+/* realloc(p, size[, flags]), reallocarray(p, n, size): the old block is freed when the call
+ * succeeds (or, glibc, when size 0 frees it and returns NULL). */
+#define REALLOC_HOOK(name, SIZE)                                                                 \
+    HOOK u64 name(u64 a, u64 b, u64 c, const struct as_slot *s)                                \
+    {                                                                                          \
+        as_fn3 f = (as_fn3)s->orig;                                                            \
+        if (unlikely(!as_cfg.enabled))                                                         \
+            return f(a, b, c);                                                                 \
+        struct as_thread *t = self();                                                          \
+        if (t->depth)                                                                          \
+            return f(a, b, c);                                                                 \
+        t->depth = 1;                                                                          \
+        t->api = API(s);                                                                       \
+        u64 r = f(a, b, c);                                                                    \
+        t->api = 0;                                                                            \
+        u64 size = (SIZE);                                                                     \
+        if (a && (r || size == 0))                                                             \
+            unsampled_free(a, s);                                                              \
+        if (r && keep(t, size))                                                                \
+            sampled(r, size, s, __builtin_frame_address(0));                                   \
+        t->depth = 0;                                                                          \
+        return r;                                                                              \
+    }
+
+REALLOC_HOOK(as_h_realloc, b)
+REALLOC_HOOK(as_h_reallocarray, mul_or_max(b, c))
+
+/* posix_memalign(&p, alignment, size): 0 and *pp on success */
+HOOK u64 as_h_posix_memalign(u64 a, u64 b, u64 c, const struct as_slot *s)
+{
+    as_fn3 f = (as_fn3)s->orig;
+    if (unlikely(!as_cfg.enabled))
+        return f(a, b, c);
+    struct as_thread *t = self();
+    if (t->depth)
+        return f(a, b, c);
+    t->depth = 1;
+    t->api = API(s);
+    u64 r = f(a, b, c);
+    t->api = 0;
+    if ((u32)r == 0 && a) {
+        u64 p = *(volatile u64 *)a;
+        if (p && keep(t, c))
+            sampled(p, c, s, __builtin_frame_address(0));
+    }
+    t->depth = 0;
+    return r;
+}
+
+/* free(p), sdallocx(p, size, flags), dallocx(p, flags), mi_free_size...: p first */
+HOOK u64 as_h_free(u64 a, u64 b, u64 c, const struct as_slot *s)
+{
+    if (likely(as_cfg.enabled))
+        unsampled_free(a, s);
+    return ((as_fn3)s->orig)(a, b, c);
+}
+
+/* --- the watchdog ------------------------------------------------------------------------- */
+
+/* Put back every patched entry word (the tracer is gone): one compare-and-swap each, on a page
+ * made writable for the moment. A page that cannot be made writable keeps its jump, and the
+ * hooks pass every call straight through (enabled = 0). */
+static void unhook_all(void)
+{
+    as_cfg.enabled = 0;
+    for (u32 i = 0; i < as_cfg.nhooks && i < AS_MAX_HOOKS; i++) {
+        struct as_restore *h = &as_cfg.hooks[i];
+        if (h->done)
+            continue;
+        if (sys3(SYS_mprotect, h->page, h->page_len, PROT_RWX) != 0) {
+            h->done = 2;
+            continue;
+        }
+        if (h->wide) {
+            unsigned __int128 want = ((unsigned __int128)h->patched_hi << 64) | h->patched_word;
+            unsigned __int128 orig = ((unsigned __int128)h->orig_hi << 64) | h->orig_word;
+            __sync_val_compare_and_swap((unsigned __int128 *)h->word_addr, want, orig);
+        } else {
+            __sync_val_compare_and_swap((u64 *)h->word_addr, h->patched_word, h->orig_word);
+        }
+        sys3(SYS_mprotect, h->page, h->page_len, h->prot);
+        h->done = 1;
+    }
+}
+
+struct as_pollfd {
+    s32 fd;
+    short events, revents;
+};
+
+HOOK void as_watchdog_main(void)
+{
+    struct as_pollfd pfd = {as_cfg.pidfd, POLLIN, 0};
+    sys3(157, 15, (u64) "allocscope-wd", 0); /* prctl(PR_SET_NAME): what ps -L and top -H show */
+    __atomic_store_n(&as_cfg.watchdog, AS_WD_RUNNING, __ATOMIC_RELEASE);
+    for (;;) {
+        if (__atomic_load_n(&as_cfg.state, __ATOMIC_ACQUIRE) != AS_STATE_HOOKED)
+            break;
+        pfd.revents = 0;
+        s64 r = sys3(SYS_poll, (u64)&pfd, 1, as_cfg.poll_ms);
+        if (__atomic_load_n(&as_cfg.state, __ATOMIC_ACQUIRE) != AS_STATE_HOOKED)
+            break;
+        /* POLLIN: the tracer exited; POLLNVAL/POLLHUP: the descriptor is gone. Either way no one
+         * will unhook this process but us. EINTR cannot come (every signal is blocked). */
+        if (r > 0 || (r < 0 && r != -4)) {
+            unhook_all();
+            __atomic_store_n(&as_cfg.state, AS_STATE_UNHOOKED, __ATOMIC_RELEASE);
+            break;
+        }
+    }
+    __atomic_store_n(&as_cfg.watchdog, AS_WD_EXITED, __ATOMIC_RELEASE);
+}

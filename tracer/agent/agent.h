@@ -1,0 +1,62 @@
+/* allocscope agent: the layout the tracer (tracer/inject.py, ctypes mirror) and the agent share.
+ * Bump AS_AGENT_VERSION with any change here. */
+#ifndef AS_AGENT_H
+#define AS_AGENT_H
+
+#define AS_AGENT_MAGIC 0x31746e6567617361ULL /* "asagent1" */
+#define AS_AGENT_VERSION 1
+#define AS_MAX_HOOKS 96
+#define AS_THREAD_PROBES 8 /* slots tried per thread key (probes/regions.h reads as many) */
+#define AS_SET_SPILL 4     /* buckets a sampled pointer may land in */
+
+enum as_state { AS_STATE_LOADING = 0, AS_STATE_HOOKED = 1, AS_STATE_DETACHING = 2, AS_STATE_UNHOOKED = 3 };
+enum as_watchdog { AS_WD_NONE = 0, AS_WD_RUNNING = 1, AS_WD_EXITED = 2 };
+
+/* One hooked function, beside its stub: the trampoline to the real code, and its cookie. */
+struct as_slot {
+    u64 orig;
+    u64 cookie; /* enum as_api | source << 16, as the probes' link cookies */
+};
+
+/* One thread (key: its thread pointer). 32 bytes. */
+struct as_thread {
+    u64 key;
+    u64 rng;
+    u32 api;   /* the hooked call running now (0: none): probes/regions.h agent_api */
+    u32 depth; /* a hooked call is running: calls made inside it pass through */
+    u64 spare;
+};
+
+/* What the watchdog puts back when the tracer dies: the aligned word(s) holding a patched entry. */
+struct as_restore {
+    u64 word_addr;            /* 8-aligned (16-aligned when wide) */
+    u64 orig_word, patched_word;
+    u64 orig_hi, patched_hi;  /* wide: the second word */
+    u64 page, page_len;       /* for mprotect */
+    u32 prot;                 /* the page's protection to restore */
+    u32 wide;                 /* 1: a 16-byte compare-and-swap */
+    u32 done;                 /* 1: restored, 2: could not make the page writable */
+    u32 pad;
+};
+
+struct as_config {
+    u64 magic;
+    u32 version, size;
+    volatile u32 enabled; /* 0: every hook passes straight through */
+    volatile u32 state;   /* enum as_state */
+    volatile u32 watchdog;
+    u32 pid;              /* the target (a fork's child has another) */
+    s32 pidfd;            /* the tracer's pidfd, in the target */
+    u32 poll_ms;
+    u64 sample_bytes;
+    u64 threads;          /* struct as_thread[1 << thread_bits] */
+    u64 set;              /* u64[8 << set_bits] */
+    u64 spill;            /* u8[1 << set_bits] */
+    u32 thread_bits, set_bits;
+    u32 nhooks, pad;
+    struct as_restore hooks[AS_MAX_HOOKS];
+    /* counters (the tracer reads them at the end) */
+    volatile u64 sampled, freed, set_full, thread_overflow, foreign;
+};
+
+#endif
