@@ -230,7 +230,14 @@ def doctor(pid, pattern):
         from tracer.dryrun import describe  # noqa: PLC0415
         from tracer.options import RecordOptions  # noqa: PLC0415
 
-        click.echo(describe(resolve_target(pid, pattern, ()), RecordOptions()))
+        target = resolve_target(pid, pattern, ())
+        click.echo(describe(target, RecordOptions()))
+        from tracer.inject import can_inject  # noqa: PLC0415
+
+        ok_inject, lines = can_inject(target.pid, target.exe)
+        click.echo(f"--inject: {'can work' if ok_inject else 'cannot work'} in pid {target.pid}")
+        for line in lines:
+            click.echo(f"  {line}")
         click.echo("")
     ok = True
     for check in run_checks():

@@ -274,11 +274,53 @@ def ptrace_blocker(pid: int) -> str:
         scope = "0"
     if scope == "3":
         return "kernel.yama.ptrace_scope is 3: no process may be ptrace-attached"
-    status = procfs.read_status(pid) if hasattr(procfs, "read_status") else _status(pid)
-    tracer = status.get("TracerPid", "0")
+    tracer = _status(pid).get("TracerPid", "0")
     if tracer not in ("0", ""):
         return f"already traced by pid {tracer} (a debugger or another --inject)"
     return ""
+
+
+def can_inject(pid: int, exe: str) -> tuple[bool, list[str]]:
+    """`doctor --pid`: whether --inject can work in `pid`, and the lines saying why (each entry
+    point the hooks would take, or why not) — read only, nothing enters the process."""
+    from .allocators import find_allocators, plan_allocator  # noqa: PLC0415
+
+    lines: list[str] = []
+    why = ptrace_blocker(pid)
+    if why:
+        return False, [why]
+    seccomp = _status(pid).get("Seccomp", "0")
+    if seccomp == "2":
+        lines.append("the process runs under a seccomp filter: if it forbids mmap, pidfd_open or clone, "
+                     "--inject stops with the call refused (nothing left in the process)")
+    try:
+        read_agent(agent_path())
+    except InjectError as e:
+        return False, [str(e)]
+    maps = procfs.read_maps(pid)
+    plans = [plan_allocator(a) for a in find_allocators(exe, maps)]
+    specs, skipped = hook_specs(plans, {(pl.allocator.path, pr.symbol): 0 for pl in plans for pr in pl.probes})
+    try:
+        mem = Memory(pid, write=False)
+    except OSError as e:
+        return False, [f"cannot read /proc/{pid}/mem: {e.strerror}"]
+    try:
+        hooks, refused = plan_hooks(mem, maps, specs)
+    finally:
+        mem.close()
+    refused.update(skipped)
+    by_module: dict[str, list[str]] = {}
+    for h in hooks:
+        by_module.setdefault(os.path.basename(h.spec.path), []).append(h.spec.symbol)
+    for mod, syms in by_module.items():
+        lines.append(f"hooks in {mod}: {', '.join(syms)}")
+    for sym, reason in refused.items():
+        lines.append(f"not hooked: {sym} ({reason})")
+    names = {h.spec.symbol for h in hooks}
+    ok = bool(hooks) and (any(n in names for n in ("malloc", "free")) or not plans or plans[0].allocator.prefix != "")
+    if not ok:
+        lines.insert(0, "malloc/free cannot be hooked safely here")
+    return ok, lines
 
 
 def _status(pid: int) -> dict[str, str]:

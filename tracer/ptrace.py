@@ -199,8 +199,8 @@ class Memory:
     """The target's memory through /proc/PID/mem (writes reach read-only code pages: the kernel
     copies the page for this process, as for a breakpoint)."""
 
-    def __init__(self, pid: int) -> None:
-        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDWR | os.O_CLOEXEC)
+    def __init__(self, pid: int, write: bool = True) -> None:
+        self.fd = os.open(f"/proc/{pid}/mem", (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC)
 
     def read(self, addr: int, n: int) -> bytes:
         return os.pread(self.fd, n, addr)
