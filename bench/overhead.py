@@ -67,6 +67,8 @@ ALLOCSCOPE_CONFIGS = {
     "allocscope-fp": ["--unwind", "fp"],
     "allocscope-sampled": ["--sample-bytes", "65536"],
     "allocscope-residency": ["--mode", "residency"],
+    # the in-process sampler (issue #24): only sampled calls trap
+    "allocscope-inject": ["--inject", "--sample-bytes", "524288"],
     # the trap floor: the same probes attached, every BPF program returning at once
     "floor": ["--probe-floor"],
     "floor-residency": ["--probe-floor", "--mode", "residency"],
@@ -76,7 +78,7 @@ ALLOCSCOPE_CONFIGS = {
 EXTRA_CONFIGS = {"allocscope-rsstp": ["--rss-tracepoint"], "allocscope-residency-rsstp": ["--mode", "residency",
                                                                                             "--rss-tracepoint"]}
 # which floor each mode is measured against
-FLOOR_OF = {"allocscope": "floor", "allocscope-fp": "floor", "allocscope-sampled": "floor",
+FLOOR_OF = {"allocscope": "floor", "allocscope-fp": "floor", "allocscope-sampled": "floor", "allocscope-inject": "floor",
             "allocscope-rsstp": "floor", "allocscope-residency": "floor-residency",
             "allocscope-residency-rsstp": "floor-residency"}
 MEMLEAK_CONFIGS = {"memleak": [], "memleak-combined": ["--combined-only"], "memleak-s10": ["-s", "10"]}
@@ -556,6 +558,21 @@ def check_goals(w: Workload, med: dict[str, dict]) -> None:
              bool(sh is not None and sh == sh and sh <= 0.03), f"{(sh or 0) * 100:.1f} %")
     print("goals (issue #11):")
     print("\n".join(lines))
+    lines.clear()
+    k, h = kept("allocscope-inject"), kept("heaptrack")
+    if w.name == "redis":
+        goal("--inject --sample-bytes 524288 keeps >= 95 % and >= heaptrack -p", k,
+             bool(k and k >= 95 and (h is None or k >= h)),
+             f"{k or 0:.1f} % (heaptrack -p {'-' if h is None else f'{h:.1f} %'})")
+    elif w.name == "loop":
+        s = slowdown("allocscope-inject")
+        x = xfloor("allocscope-inject")
+        goal("--inject <= 1.2x", s, bool(s and s <= 1.2), f"{s or 0:.2f}x untraced ({x or 0:.3f}x the trap floor)")
+    elif w.name == "demo":
+        goal("--inject keeps >= 97 %", k, bool(k and k >= 97), f"{k or 0:.1f} %")
+    if lines:
+        print("goals (issue #24):")
+        print("\n".join(lines))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -134,7 +134,10 @@ static inline int keep(struct as_thread *t, u64 size)
     return (x >> 32) * n < (size << 32);
 }
 
-/* --- the set of sampled blocks: buckets of 8 pointers, a sticky spill flag per bucket ------- */
+/* --- the set of sampled blocks ------------------------------------------------------------
+ * Buckets of 8 pointers; a pointer whose home bucket is full lands in one of the next 3. One
+ * byte per home bucket counts the pointers homed there (wherever they landed): a free of an
+ * unsampled block — nearly every free — reads that byte of a 128 KiB array and stops. */
 
 static inline u64 bucket_of(u64 p)
 {
@@ -144,34 +147,36 @@ static inline u64 bucket_of(u64 p)
 static int set_insert(u64 p)
 {
     u64 *set = (u64 *)as_cfg.set;
-    u8 *spill = (u8 *)as_cfg.spill;
+    u8 *count = (u8 *)as_cfg.spill;
     u64 nb = 1ULL << as_cfg.set_bits, h = bucket_of(p);
+    if (__atomic_load_n(&count[h], __ATOMIC_RELAXED) == 255)
+        return 0;
+    __atomic_fetch_add(&count[h], 1, __ATOMIC_ACQ_REL); /* before the pointer can be looked for */
     for (u32 j = 0; j < AS_SET_SPILL; j++) {
         u64 *b = &set[((h + j) & (nb - 1)) * 8];
-        if (j == 1)
-            __atomic_store_n(&spill[h], 1, __ATOMIC_RELEASE); /* before the pointer can be seen */
         for (u32 i = 0; i < 8; i++)
             if (b[i] == 0 && __sync_bool_compare_and_swap(&b[i], 0, p))
                 return 1;
     }
+    __atomic_fetch_sub(&count[h], 1, __ATOMIC_ACQ_REL);
     return 0;
 }
 
 static inline int set_remove(u64 p)
 {
-    u64 *set = (u64 *)as_cfg.set;
-    u64 nb = 1ULL << as_cfg.set_bits, h = bucket_of(p);
-    u64 *b = &set[h * 8];
-    for (u32 i = 0; i < 8; i++)
-        if (unlikely(__atomic_load_n(&b[i], __ATOMIC_RELAXED) == p))
-            return __sync_bool_compare_and_swap(&b[i], p, 0);
-    if (likely(!((u8 *)as_cfg.spill)[h]))
+    u64 h = bucket_of(p);
+    u8 *count = (u8 *)as_cfg.spill;
+    if (likely(__atomic_load_n(&count[h], __ATOMIC_RELAXED) == 0))
         return 0;
-    for (u32 j = 1; j < AS_SET_SPILL; j++) {
-        b = &set[((h + j) & (nb - 1)) * 8];
+    u64 *set = (u64 *)as_cfg.set;
+    u64 nb = 1ULL << as_cfg.set_bits;
+    for (u32 j = 0; j < AS_SET_SPILL; j++) {
+        u64 *b = &set[((h + j) & (nb - 1)) * 8];
         for (u32 i = 0; i < 8; i++)
-            if (__atomic_load_n(&b[i], __ATOMIC_RELAXED) == p)
-                return __sync_bool_compare_and_swap(&b[i], p, 0);
+            if (__atomic_load_n(&b[i], __ATOMIC_RELAXED) == p && __sync_bool_compare_and_swap(&b[i], p, 0)) {
+                __atomic_fetch_sub(&count[h], 1, __ATOMIC_ACQ_REL);
+                return 1;
+            }
     }
     return 0;
 }
@@ -289,11 +294,17 @@ HOOK u64 as_h_posix_memalign(u64 a, u64 b, u64 c, const struct as_slot *s)
     return r;
 }
 
-/* free(p), sdallocx(p, size, flags), dallocx(p, flags), mi_free_size...: p first */
+__attribute__((noinline)) static void free_sampled(u64 p, const struct as_slot *s)
+{
+    unsampled_free(p, s);
+}
+
+/* free(p), sdallocx(p, size, flags), dallocx(p, flags), mi_free_size...: p first. The common
+ * case (not a sampled block) is one byte read, then a tail jump to the real free. */
 HOOK u64 as_h_free(u64 a, u64 b, u64 c, const struct as_slot *s)
 {
-    if (likely(as_cfg.enabled))
-        unsampled_free(a, s);
+    if (likely(as_cfg.enabled) && a && unlikely(((u8 *)as_cfg.spill)[bucket_of(a)]))
+        free_sampled(a, s);
     return ((as_fn3)s->orig)(a, b, c);
 }
 

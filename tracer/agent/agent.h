@@ -51,7 +51,7 @@ struct as_config {
     u64 sample_bytes;
     u64 threads;          /* struct as_thread[1 << thread_bits] */
     u64 set;              /* u64[8 << set_bits] */
-    u64 spill;            /* u8[1 << set_bits] */
+    u64 spill;            /* u8[1 << set_bits]: pointers homed in each bucket */
     u32 thread_bits, set_bits;
     u32 nhooks, pad;
     struct as_restore hooks[AS_MAX_HOOKS];
