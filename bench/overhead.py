@@ -78,8 +78,8 @@ ALLOCSCOPE_CONFIGS = {
 EXTRA_CONFIGS = {"allocscope-rsstp": ["--rss-tracepoint"], "allocscope-residency-rsstp": ["--mode", "residency",
                                                                                             "--rss-tracepoint"]}
 # which floor each mode is measured against
-FLOOR_OF = {"allocscope": "floor", "allocscope-fp": "floor", "allocscope-sampled": "floor", "allocscope-inject": "floor",
-            "allocscope-rsstp": "floor", "allocscope-residency": "floor-residency",
+FLOOR_OF = {"allocscope": "floor", "allocscope-fp": "floor", "allocscope-sampled": "floor",
+            "allocscope-inject": "floor", "allocscope-rsstp": "floor", "allocscope-residency": "floor-residency",
             "allocscope-residency-rsstp": "floor-residency"}
 MEMLEAK_CONFIGS = {"memleak": [], "memleak-combined": ["--combined-only"], "memleak-s10": ["-s", "10"]}
 MEMLEAK_INTERVAL = "5"  # memleak-bpfcc's own default report interval

@@ -100,13 +100,24 @@ static __always_inline u32 agent_api(void)
         return AS_API_NONE;
     u64 mask = (1ULL << c->bits) - 1, h = ((key >> 4) * 0x9E3779B97F4A7C15ULL) >> (64 - c->bits);
     for (int i = 0; i < 8; i++) {
-        u64 slot = c->threads + (((h + i) & mask) << 5), k = 0;
+        u64 slot = c->threads + (((h + i) & mask) << 6), k = 0;
         if (bpf_probe_read_user(&k, sizeof(k), (void *)slot))
             return AS_API_NONE;
         if (k == key) {
-            u32 api = 0;
-            bpf_probe_read_user(&api, sizeof(api), (void *)(slot + 16));
-            return api;
+            /* struct as_thread: sp at 16, ra at 24, api at 32. The call is still running while
+             * the word at sp is its return address and the thread is deeper (agent.c nested). */
+            u64 st[3] = {};
+            if (bpf_probe_read_user(st, sizeof(st), (void *)(slot + 16)))
+                return AS_API_NONE;
+            u32 api = (u32)st[2];
+            if (!api)
+                return AS_API_NONE;
+            struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+            u64 usp = 0, word = 0;
+            bpf_probe_read_kernel(&usp, sizeof(usp), &regs->sp);
+            if (usp && usp < st[0] && !bpf_probe_read_user(&word, sizeof(word), (void *)st[0]) && word == st[1])
+                return api;
+            return AS_API_NONE;
         }
         if (k == 0)
             return AS_API_NONE;

@@ -12,6 +12,7 @@ static `_rjem_` jemalloc) and redis-server (libjemalloc), its estimate against I
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -192,8 +193,6 @@ def test_inject_rust_static_rjem(tmp_path, procs, tracers):
     tr = start_recording(tracers, out, tgt.pid)
     assert {"rustd:_rjem_mallocx", "rustd:_rjem_sdallocx"} <= set(patched(tgt.pid))
     tgt.signal(signal.SIGUSR1)
-    import json  # noqa: PLC0415
-
     truth = json.loads(tgt.expect("done", timeout=60).split(" ", 1)[1])
     time.sleep(0.6)
     stop_recording(tr)

@@ -48,10 +48,11 @@ HOOKS = {"malloc_enter": "as_h_malloc", "valloc_enter": "as_h_malloc", "pvalloc_
 # runtime has no unwind tables for, so these stay unhooked (their calls are not sampled).
 THROWING = {"tc_new", "tc_newarray", "mi_new"}
 
-AS_MAGIC, AS_VERSION, AS_MAX_HOOKS = 0x31746E6567617361, 1, 96
+AS_MAGIC, AS_VERSION, AS_MAX_HOOKS = 0x31746E6567617361, 2, 96
 STATE_LOADING, STATE_HOOKED, STATE_DETACHING, STATE_UNHOOKED = 0, 1, 2, 3
 WD_NONE, WD_RUNNING, WD_EXITED = 0, 1, 2
-THREAD_BITS, SET_BITS = 14, 17      # 16384 threads (512 KiB), 131072 buckets of 8 (8 MiB + 128 KiB)
+THREAD_BITS, SET_BITS = 14, 17      # 16384 threads (1 MiB), 131072 buckets of 8 (8 MiB + 128 KiB)
+THREAD_SLOT = 64                    # struct as_thread
 WATCHDOG_POLL_MS = 100
 WATCHDOG_STACK = 64 << 10
 
@@ -472,7 +473,7 @@ class Injection:
             finally:
                 self._sys(st, tid, "close", fd)
             # 2. tables (thread states, sampled-pointer set, spill flags) and the watchdog's stack
-            tsize = (32 << THREAD_BITS) + (64 << SET_BITS) + (1 << SET_BITS)
+            tsize = (THREAD_SLOT << THREAD_BITS) + (64 << SET_BITS) + (1 << SET_BITS)
             self.tables = self._mmap(st, tid, 0, _page_up(tsize) + WATCHDOG_STACK, PROT_R | PROT_W,
                                      MAP_PRIVATE | MAP_ANON | MAP_NORESERVE)
             # 3. a stub page near each module: slot, stub and trampoline per hooked function
@@ -484,7 +485,7 @@ class Injection:
             cfg.enabled, cfg.state, cfg.watchdog, cfg.pid = 0, STATE_HOOKED, WD_NONE, self.pid
             cfg.poll_ms, cfg.sample_bytes = WATCHDOG_POLL_MS, self.sample_bytes
             cfg.threads, cfg.thread_bits, cfg.set_bits = self.tables, THREAD_BITS, SET_BITS
-            cfg.set = self.tables + (32 << THREAD_BITS)
+            cfg.set = self.tables + (THREAD_SLOT << THREAD_BITS)
             cfg.spill = cfg.set + (64 << SET_BITS)
             cfg.nhooks = len(hooks)
             perms = {m.start: m for m in maps}
@@ -567,7 +568,8 @@ class Injection:
             for i, h in enumerate(hs):
                 at = got + i * patching.ENTRY_SPAN
                 slot, stub, tramp = at, at + patching.SLOT_LEN, at + patching.SLOT_LEN + patching.STUB_LEN
-                code = patching.relocate(h.orig[:h.length], h.addr, tramp) + patching.abs_jump(h.addr + h.length)
+                code = patching.relocate(h.orig[:h.length], h.addr, tramp)
+                code += patching.rel_jump(tramp + len(code), h.addr + h.length)  # the page is within reach
                 blob = struct.pack("<QQ", tramp, h.spec.cookie) + \
                     patching.stub(slot, self.sym(HOOKS[h.spec.program])) + code
                 page[i * patching.ENTRY_SPAN:i * patching.ENTRY_SPAN + len(blob)] = blob

@@ -214,25 +214,73 @@ static __attribute__((always_inline)) inline void unsampled_free(u64 p, const st
 
 #define API(s) ((u32)(s)->cookie & 0xffff)
 
-/* An allocation whose size is known before the call; the block is the return value. */
-#define ALLOC_HOOK(name, SIZE)                                                                   \
+/* 1 when `p` may be in the set (its home bucket holds some pointer) */
+static inline int maybe_sampled(u64 p)
+{
+    return p && ((u8 *)as_cfg.spill)[bucket_of(p)];
+}
+
+
+/* The call state of a hooked call, as BPF's uprobe sessions keep it (probes/heap.h): the entry's
+ * stack slot (where the return address sits) and that return address. A call made while another
+ * is still running — the slot deeper than the open one's, whose word still holds its return
+ * address — is nested in it (an allocator calling its own public entry): it passes through. An
+ * unsampled call tail-jumps to the real function, so its state is never closed: it is "open"
+ * while its stack slot still holds its return address and the thread is deeper, which is also
+ * what BPF checks (probes/regions.h agent_api) to count an mmap or brk inside it as the
+ * allocator's. Same key, same stack: glibc and musl keep the thread block at the stack's top, so
+ * the slot always points into this thread's stack. */
+static inline int nested(struct as_thread *t, u64 *ra_slot)
+{
+    return t->api && (u64)ra_slot < t->sp && *(volatile u64 *)t->sp == t->ra;
+}
+
+static inline void open_call(struct as_thread *t, const struct as_slot *s, u64 *ra_slot)
+{
+    t->sp = (u64)ra_slot;
+    t->ra = *ra_slot;
+    __atomic_store_n(&t->api, API(s), __ATOMIC_RELEASE);
+}
+
+#define RA_SLOT() ((u64 *)__builtin_frame_address(0) + 1)
+
+/* The sampled call (out of line: the common case stays a tail jump): the real call, the old block
+ * of a realloc freed, the new block kept. `ra_slot`: where the caller's return address is. */
+__attribute__((noinline)) static u64 call_sampled(u64 a, u64 b, u64 c, const struct as_slot *s,
+                                                  struct as_thread *t, u64 size, u32 kind, int keep_new,
+                                                  u64 *ra_slot)
+{
+    u64 r = ((as_fn3)s->orig)(a, b, c);
+    t->api = 0;
+    u64 p = r;
+    if (kind == 1) { /* realloc, reallocarray: the old block goes when the call succeeds (or size 0) */
+        if (a && (r || size == 0))
+            unsampled_free(a, s);
+    } else if (kind == 2) { /* posix_memalign: 0 and *pp */
+        p = ((u32)r == 0 && a) ? *(volatile u64 *)a : 0;
+    }
+    if (p && keep_new)
+        sampled(p, size, s, ra_slot - 1); /* the caller's %rbp was pushed there (hook or here) */
+    return r;
+}
+
+/* An allocation of a size known before the call. */
+#define ALLOC_HOOK(name, SIZE, KIND)                                                             \
     HOOK u64 name(u64 a, u64 b, u64 c, const struct as_slot *s)                                \
     {                                                                                          \
         as_fn3 f = (as_fn3)s->orig;                                                            \
         if (unlikely(!as_cfg.enabled))                                                         \
             return f(a, b, c);                                                                 \
         struct as_thread *t = self();                                                          \
-        if (t->depth)                                                                          \
+        u64 *ra_slot = RA_SLOT();                                                              \
+        if (unlikely(nested(t, ra_slot)))                                                      \
             return f(a, b, c);                                                                 \
-        t->depth = 1;                                                                          \
-        t->api = API(s);                                                                       \
-        u64 p = f(a, b, c);                                                                    \
-        t->api = 0;                                                                            \
         u64 size = (SIZE);                                                                     \
-        if (p && keep(t, size))                                                                \
-            sampled(p, size, s, __builtin_frame_address(0));                                   \
-        t->depth = 0;                                                                          \
-        return p;                                                                              \
+        int k = keep(t, size);                                                                 \
+        open_call(t, s, ra_slot);                                                              \
+        if (likely(!k) && (KIND != 1 || !maybe_sampled(a)))                                    \
+            return f(a, b, c);                                                                 \
+        return call_sampled(a, b, c, s, t, size, KIND, k, ra_slot);                            \
     }
 
 static inline u64 mul_or_max(u64 a, u64 b)
@@ -241,70 +289,25 @@ static inline u64 mul_or_max(u64 a, u64 b)
     return __builtin_mul_overflow(a, b, &r) ? ~0ULL : r;
 }
 
-ALLOC_HOOK(as_h_malloc, a)                  /* malloc, valloc, pvalloc, mallocx, mi_malloc_aligned */
-ALLOC_HOOK(as_h_calloc, mul_or_max(a, b))   /* calloc, mi_mallocn */
-ALLOC_HOOK(as_h_aligned, b)                 /* aligned_alloc, memalign (alignment, size) */
+ALLOC_HOOK(as_h_malloc, a, 0)                   /* malloc, valloc, pvalloc, mallocx, mi_malloc_aligned */
+ALLOC_HOOK(as_h_calloc, mul_or_max(a, b), 0)    /* calloc, mi_mallocn */
+ALLOC_HOOK(as_h_aligned, b, 0)                  /* aligned_alloc, memalign (alignment, size) */
+ALLOC_HOOK(as_h_realloc, b, 1)                  /* realloc(p, size[, flags]) */
+ALLOC_HOOK(as_h_reallocarray, mul_or_max(b, c), 1)
+ALLOC_HOOK(as_h_posix_memalign, c, 2)           /* posix_memalign(&p, alignment, size) */
 
-/* realloc(p, size[, flags]), reallocarray(p, n, size): the old block is freed when the call
- * succeeds (or, glibc, when size 0 frees it and returns NULL). */
-#define REALLOC_HOOK(name, SIZE)                                                                 \
-    HOOK u64 name(u64 a, u64 b, u64 c, const struct as_slot *s)                                \
-    {                                                                                          \
-        as_fn3 f = (as_fn3)s->orig;                                                            \
-        if (unlikely(!as_cfg.enabled))                                                         \
-            return f(a, b, c);                                                                 \
-        struct as_thread *t = self();                                                          \
-        if (t->depth)                                                                          \
-            return f(a, b, c);                                                                 \
-        t->depth = 1;                                                                          \
-        t->api = API(s);                                                                       \
-        u64 r = f(a, b, c);                                                                    \
-        t->api = 0;                                                                            \
-        u64 size = (SIZE);                                                                     \
-        if (a && (r || size == 0))                                                             \
-            unsampled_free(a, s);                                                              \
-        if (r && keep(t, size))                                                                \
-            sampled(r, size, s, __builtin_frame_address(0));                                   \
-        t->depth = 0;                                                                          \
-        return r;                                                                              \
-    }
-
-REALLOC_HOOK(as_h_realloc, b)
-REALLOC_HOOK(as_h_reallocarray, mul_or_max(b, c))
-
-/* posix_memalign(&p, alignment, size): 0 and *pp on success */
-HOOK u64 as_h_posix_memalign(u64 a, u64 b, u64 c, const struct as_slot *s)
+__attribute__((noinline)) static u64 free_sampled(u64 a, u64 b, u64 c, const struct as_slot *s)
 {
-    as_fn3 f = (as_fn3)s->orig;
-    if (unlikely(!as_cfg.enabled))
-        return f(a, b, c);
-    struct as_thread *t = self();
-    if (t->depth)
-        return f(a, b, c);
-    t->depth = 1;
-    t->api = API(s);
-    u64 r = f(a, b, c);
-    t->api = 0;
-    if ((u32)r == 0 && a) {
-        u64 p = *(volatile u64 *)a;
-        if (p && keep(t, c))
-            sampled(p, c, s, __builtin_frame_address(0));
-    }
-    t->depth = 0;
-    return r;
-}
-
-__attribute__((noinline)) static void free_sampled(u64 p, const struct as_slot *s)
-{
-    unsampled_free(p, s);
+    unsampled_free(a, s);
+    return ((as_fn3)s->orig)(a, b, c);
 }
 
 /* free(p), sdallocx(p, size, flags), dallocx(p, flags), mi_free_size...: p first. The common
  * case (not a sampled block) is one byte read, then a tail jump to the real free. */
 HOOK u64 as_h_free(u64 a, u64 b, u64 c, const struct as_slot *s)
 {
-    if (likely(as_cfg.enabled) && a && unlikely(((u8 *)as_cfg.spill)[bucket_of(a)]))
-        free_sampled(a, s);
+    if (likely(as_cfg.enabled) && unlikely(maybe_sampled(a)))
+        return free_sampled(a, b, c, s);
     return ((as_fn3)s->orig)(a, b, c);
 }
 

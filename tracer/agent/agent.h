@@ -4,7 +4,7 @@
 #define AS_AGENT_H
 
 #define AS_AGENT_MAGIC 0x31746e6567617361ULL /* "asagent1" */
-#define AS_AGENT_VERSION 1
+#define AS_AGENT_VERSION 2
 #define AS_MAX_HOOKS 96
 #define AS_THREAD_PROBES 8 /* slots tried per thread key (probes/regions.h reads as many) */
 #define AS_SET_SPILL 4     /* buckets a sampled pointer may land in */
@@ -18,13 +18,17 @@ struct as_slot {
     u64 cookie; /* enum as_api | source << 16, as the probes' link cookies */
 };
 
-/* One thread (key: its thread pointer). 32 bytes. */
+/* One thread (key: its thread pointer), a cache line each. The open call (api != 0) is running
+ * while the word at `sp` is still `ra` and the thread is deeper (agent.c nested; probes/regions.h
+ * agent_api reads the same fields: offsets 16, 24, 32). */
 struct as_thread {
     u64 key;
     u64 rng;
-    u32 api;   /* the hooked call running now (0: none): probes/regions.h agent_api */
-    u32 depth; /* a hooked call is running: calls made inside it pass through */
-    u64 spare;
+    u64 sp;    /* the open call's stack slot holding its return address */
+    u64 ra;    /* that return address */
+    u32 api;   /* the open call (enum as_api), 0: none */
+    u32 pad;
+    u64 spare[3];
 };
 
 /* What the watchdog puts back when the tracer dies: the aligned word(s) holding a patched entry. */
