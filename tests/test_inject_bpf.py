@@ -116,7 +116,7 @@ def test_inject_c_estimates_restore_fork(tmp_path, procs, tracers, c_target):
     tgt.expect("held")
     tgt.signal(signal.SIGHUP)             # fork + exec under injection: the child runs the hooks too
     assert tgt.expect("child").split() == ["child", "0"]
-    time.sleep(1.0)
+    time.sleep(0.6)
     stop_recording(tr)
     after = entry_bytes(tgt.pid)
     assert after == before and not patched(tgt.pid)            # byte for byte, every entry point
@@ -136,7 +136,9 @@ def test_inject_c_estimates_restore_fork(tmp_path, procs, tracers, c_target):
     assert not [x for x in rep["locations"] if "forker" in x["function"]]  # the child's are not ours
     # only sampled calls reached the probes: the agent's count is the trace's, a sliver of the calls
     samples = sum(s["alloc_count"] for s in rep["sites"] if s["sources"] == ["heap"])
-    assert samples == inj["counters"]["sampled"], (samples, inj["counters"])
+    # (a hook already past its `enabled` check when sampling stops may still count one sample the
+    # last snapshot no longer sees: at most one per thread)
+    assert 0 <= inj["counters"]["sampled"] - samples <= 4, (samples, inj["counters"])
     assert samples < ops * 3 / 50, (samples, ops)   # 3 allocating calls an op; p ~ 1/80 for churn sizes
     assert rep["totals"]["lost_events"] == 0
 
@@ -170,7 +172,7 @@ def test_inject_cxx(tmp_path, procs, tracers):
     tr = start_recording(tracers, out, tgt.pid)
     tgt.signal(signal.SIGUSR1)
     tgt.expect("held")
-    time.sleep(1.0)
+    time.sleep(0.6)
     stop_recording(tr)
     assert entry_bytes(tgt.pid) == before
     tgt.signal(signal.SIGTERM)

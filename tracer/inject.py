@@ -421,6 +421,8 @@ class Injection:
         got = self._sys(st, tid, "mmap", addr, length, prot, flags, fd, off)
         if -4096 < got < 0:
             raise InjectError(f"mmap in the target failed: {os.strerror(-got)}")
+        if not flags & MAP_FIXED:
+            self._mapped.append((got, length))
         return got
 
     def load(self, tracer_pid: int) -> None:
@@ -446,6 +448,32 @@ class Injection:
             self.quiet(0)
 
     def _load_as(self, st: Stopped, mem: Memory, maps, tracer_pid: int, tid: int) -> None:
+        self._mapped: list[tuple[int, int]] = []
+        try:
+            self._load_in(st, mem, maps, tracer_pid, tid)
+        except BaseException:
+            # nothing half-done stays: the jumps written so far go back, then (no watchdog running
+            # from them) the mappings are unmapped; a started watchdog is told to exit and keeps
+            # its stack
+            for h in self._planned:
+                if h.jump:
+                    try:
+                        if mem.read(h.addr, patching.JMP_LEN) == h.jump:
+                            mem.write(h.addr, h.orig[:patching.JMP_LEN])
+                    except OSError:
+                        pass
+            self.hooks = []
+            try:
+                if self.watchdog_tid:
+                    self._set(mem, "state", STATE_DETACHING)
+                else:
+                    for addr, length in self._mapped:
+                        self._sys(st, tid, "munmap", addr, length)
+            except (OSError, PtraceError):
+                pass
+            raise
+
+    def _load_in(self, st: Stopped, mem: Memory, maps, tracer_pid: int, tid: int) -> None:
         self.syscall_insn = _find_syscall_insn(mem, maps)
         hooks, refused = plan_hooks(mem, maps, self._specs)
         self.refused.update(refused)

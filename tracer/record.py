@@ -488,6 +488,7 @@ class Recorder:
             self._check_stop("compiling the probes")
             if self.opts.inject:
                 self.injection = self._inject(sources)
+                self.waits.ignore_tids = {self.injection.watchdog_tid}  # its poll is not the program's wait
                 maps = procfs.read_maps(t.pid)  # with the agent's mappings: there before the attach
                 self.maps.seed(maps)
                 self._phase(f"inject the agent (threads stopped {self.injection.stopped_ms[0]:.1f} ms)")

@@ -211,12 +211,16 @@ class WaitTable:
         self.new_stacks: set[int] = set()
         self.new_tids: set[int] = set()
         self.blocked: list[tuple] = []  # the last snapshot's blocked threads (the `blocked` rows)
+        self.ignore_tids: set[int] = set()  # --inject: the agent's watchdog, not the program's
 
     def parts(self, seq: int, kernel: tuple[np.ndarray, np.ndarray], offcpu: tuple[np.ndarray, np.ndarray],
               now_ns: int) -> tuple[pa.Table | None, pa.Table | None]:
         rows = []
+        ignore = self.ignore_tids
         for k, v in zip(*(a.tolist() for a in kernel)):
             key, val = (k[1], k[0]), tuple(v)
+            if key[0] in ignore:
+                continue
             if self.last.get(key) != val:
                 if key not in self.last:
                     self.new_stacks.add(key[1])
@@ -225,6 +229,8 @@ class WaitTable:
                 rows.append((*key, *val))
         blocked = []
         for tid, v in zip(*(a.tolist() for a in offcpu)):
+            if tid in ignore:
+                continue
             since, sid, state = v[0], v[1], v[2]
             if now_ns - since >= self.wait_min_ns:
                 blocked.append((tid, sid, since, now_ns - since, "D" if state == 2 else "S"))
