@@ -76,7 +76,7 @@ def test_restore_word_alignment():
 def test_stubs_go_below_the_module():
     maps = [Mapping(0x555500000000, 0x555500010000, "r-xp", 0, 7, "/bin/x"),
             Mapping(0x555500010000, 0x555500020000, "rw-p", 0, 0, "[heap]")]
-    at = inject._near_gap(maps, 0x555500000000, 0x555500010000, 4096, [])
+    at = inject.near_gap(maps, 0x555500000000, 0x555500010000, 4096, [])
     assert at + 4096 <= 0x555500000000 - 4096 and 0x555500000000 - at < 1 << 30
 
 

@@ -48,7 +48,7 @@ HOOKS = {"malloc_enter": "as_h_malloc", "valloc_enter": "as_h_malloc", "pvalloc_
 # runtime has no unwind tables for, so these stay unhooked (their calls are not sampled).
 THROWING = {"tc_new", "tc_newarray", "mi_new"}
 
-AS_MAGIC, AS_VERSION, AS_MAX_HOOKS = 0x31746E6567617361, 2, 96
+AS_MAGIC, AS_VERSION, AS_MAX_HOOKS = 0x31746E6567617361, 3, 96
 STATE_LOADING, STATE_HOOKED, STATE_DETACHING, STATE_UNHOOKED = 0, 1, 2, 3
 WD_NONE, WD_RUNNING, WD_EXITED = 0, 1, 2
 THREAD_BITS, SET_BITS = 14, 17      # 16384 threads (1 MiB), 131072 buckets of 8 (8 MiB + 128 KiB)
@@ -351,7 +351,7 @@ def _find_syscall_insn(mem: Memory, maps: list[procfs.Mapping]) -> int:
     raise InjectError("no syscall instruction found in the process' code")
 
 
-def _near_gap(maps: list[procfs.Mapping], lo: int, hi: int, size: int, taken: list[tuple[int, int]]) -> int:
+def near_gap(maps: list[procfs.Mapping], lo: int, hi: int, size: int, taken: list[tuple[int, int]]) -> int:
     """A free, page-aligned address range of `size` within 1 GiB of [lo, hi): below the module
     first (above an executable lies its brk heap's room to grow)."""
     spans = sorted([(m.start, m.end) for m in maps] + taken)
@@ -586,7 +586,7 @@ class Injection:
                    [m for m in maps if m.start <= hs[0].addr < m.end]
             lo, hi = min(m.start for m in mods), max(m.end for m in mods)
             size = _page_up(len(hs) * patching.ENTRY_SPAN)
-            want = _near_gap(maps, lo, hi, size, taken)
+            want = near_gap(maps, lo, hi, size, taken)
             got = self._mmap(st, tid, want, size, PROT_R | PROT_X, MAP_PRIVATE | MAP_ANON | MAP_FIXED_NOREPLACE)
             if got != want:
                 self._sys(st, tid, "munmap", got, size)

@@ -221,31 +221,17 @@ static inline int maybe_sampled(u64 p)
 }
 
 
-/* The call state of a hooked call, as BPF's uprobe sessions keep it (probes/heap.h): the entry's
- * stack slot (where the return address sits) and that return address. A call made while another
- * is still running — the slot deeper than the open one's, whose word still holds its return
- * address — is nested in it (an allocator calling its own public entry): it passes through. An
- * unsampled call tail-jumps to the real function, so its state is never closed: it is "open"
- * while its stack slot still holds its return address and the thread is deeper, which is also
- * what BPF checks (probes/regions.h agent_api) to count an mmap or brk inside it as the
- * allocator's. Same key, same stack: glibc and musl keep the thread block at the stack's top, so
- * the slot always points into this thread's stack. */
-static inline int nested(struct as_thread *t, u64 *ra_slot)
-{
-    return t->api && (u64)ra_slot < t->sp && *(volatile u64 *)t->sp == t->ra;
-}
-
-static inline void open_call(struct as_thread *t, const struct as_slot *s, u64 *ra_slot)
-{
-    t->sp = (u64)ra_slot;
-    t->ra = *ra_slot;
-    __atomic_store_n(&t->api, API(s), __ATOMIC_RELEASE);
-}
-
+/* The call state of a hooked call: while the real function runs, `api` names it (BPF reads it:
+ * probes/regions.h agent_api, so that an mmap or brk inside it is the allocator's) and `depth`
+ * says a call made inside it (an allocator calling its own public entry: mimalloc's malloc calls
+ * mi_malloc, glibc's realloc(NULL, n) jumps to malloc) passes through: the outermost call is the
+ * one sampled. The sampling is decided before the call, so the common case is a call, two stores
+ * and a return. sp/ra: the entry's stack slot and its return address (BPF checks that the call is
+ * still running: the word at sp is still ra and the thread is deeper). */
 #define RA_SLOT() ((u64 *)__builtin_frame_address(0) + 1)
 
-/* The sampled call (out of line: the common case stays a tail jump): the real call, the old block
- * of a realloc freed, the new block kept. `ra_slot`: where the caller's return address is. */
+/* The sampled call (out of line): the real call, the old block of a realloc freed, the new block
+ * kept. `ra_slot`: where the caller's return address is. */
 __attribute__((noinline)) static u64 call_sampled(u64 a, u64 b, u64 c, const struct as_slot *s,
                                                   struct as_thread *t, u64 size, u32 kind, int keep_new,
                                                   u64 *ra_slot)
@@ -260,7 +246,8 @@ __attribute__((noinline)) static u64 call_sampled(u64 a, u64 b, u64 c, const str
         p = ((u32)r == 0 && a) ? *(volatile u64 *)a : 0;
     }
     if (p && keep_new)
-        sampled(p, size, s, ra_slot - 1); /* the caller's %rbp was pushed there (hook or here) */
+        sampled(p, size, s, ra_slot - 1); /* the caller's %rbp was pushed there by the hook */
+    t->depth = 0;
     return r;
 }
 
@@ -272,15 +259,21 @@ __attribute__((noinline)) static u64 call_sampled(u64 a, u64 b, u64 c, const str
         if (unlikely(!as_cfg.enabled))                                                         \
             return f(a, b, c);                                                                 \
         struct as_thread *t = self();                                                          \
-        u64 *ra_slot = RA_SLOT();                                                              \
-        if (unlikely(nested(t, ra_slot)))                                                      \
+        if (unlikely(t->depth))                                                                \
             return f(a, b, c);                                                                 \
+        u64 *ra_slot = RA_SLOT();                                                              \
         u64 size = (SIZE);                                                                     \
         int k = keep(t, size);                                                                 \
-        open_call(t, s, ra_slot);                                                              \
-        if (likely(!k) && (KIND != 1 || !maybe_sampled(a)))                                    \
-            return f(a, b, c);                                                                 \
-        return call_sampled(a, b, c, s, t, size, KIND, k, ra_slot);                            \
+        t->depth = 1;                                                                          \
+        t->sp = (u64)ra_slot;                                                                  \
+        t->ra = *ra_slot;                                                                      \
+        t->api = API(s);                                                                       \
+        if (unlikely(k) || (KIND == 1 && maybe_sampled(a)))                                    \
+            return call_sampled(a, b, c, s, t, size, KIND, k, ra_slot);                        \
+        u64 r = f(a, b, c);                                                                    \
+        t->api = 0;                                                                            \
+        t->depth = 0;                                                                          \
+        return r;                                                                              \
     }
 
 static inline u64 mul_or_max(u64 a, u64 b)

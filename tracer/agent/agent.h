@@ -4,7 +4,7 @@
 #define AS_AGENT_H
 
 #define AS_AGENT_MAGIC 0x31746e6567617361ULL /* "asagent1" */
-#define AS_AGENT_VERSION 2
+#define AS_AGENT_VERSION 3
 #define AS_MAX_HOOKS 96
 #define AS_THREAD_PROBES 8 /* slots tried per thread key (probes/regions.h reads as many) */
 #define AS_SET_SPILL 4     /* buckets a sampled pointer may land in */
@@ -18,16 +18,16 @@ struct as_slot {
     u64 cookie; /* enum as_api | source << 16, as the probes' link cookies */
 };
 
-/* One thread (key: its thread pointer), a cache line each. The open call (api != 0) is running
- * while the word at `sp` is still `ra` and the thread is deeper (agent.c nested; probes/regions.h
- * agent_api reads the same fields: offsets 16, 24, 32). */
+/* One thread (key: its thread pointer), a cache line each. While a hooked call runs, api names it
+ * and depth is 1; sp/ra: its stack slot and return address (probes/regions.h agent_api reads
+ * offsets 16, 24, 32). */
 struct as_thread {
     u64 key;
     u64 rng;
     u64 sp;    /* the open call's stack slot holding its return address */
     u64 ra;    /* that return address */
-    u32 api;   /* the open call (enum as_api), 0: none */
-    u32 pad;
+    u32 api;   /* the running call (enum as_api), 0: none */
+    u32 depth; /* 1 while a hooked call runs: calls made inside it pass through */
     u64 spare[3];
 };
 
