@@ -74,7 +74,8 @@ def redis_trial(exe: str, rdir: str, cfg: str, out: str, requests: int) -> tuple
         total = len(rps) / sum(1 / x for x in rps)
         if tr is not None:
             finish(tr)
-            meta = json.load(open(os.path.join(out, f"redis-{cfg}.allocscope", "meta.json")))
+            with open(os.path.join(out, f"redis-{cfg}.allocscope", "meta.json")) as f:
+                meta = json.load(f)
             inj = meta["probes"].get("inject")
             if inj:
                 detail = {"detached": inj["detached"], "hooked": len(inj["hooked"]),
@@ -91,7 +92,8 @@ def thread_names(pid: int) -> set[str]:
     out = set()
     for t in os.listdir(f"/proc/{pid}/task"):
         try:
-            out.add(open(f"/proc/{pid}/task/{t}/comm").read().strip())
+            with open(f"/proc/{pid}/task/{t}/comm") as f:
+                out.add(f.read().strip())
         except OSError:
             pass
     return out
