@@ -36,7 +36,7 @@ lint: venv ## ruff (rules in pyproject.toml); a finding fails
 TEST_JOBS ?= 2
 # The longest files first, so no worker is left with one of them at the end (pytest drops the repeats).
 TEST_FIRST ?= $(addprefix tests/test_,rustd_bpf.py faults_bpf.py retention_bpf.py allocators_bpf.py demo_bpf.py \
-              soak_bpf.py inject_bpf.py top_bpf.py unwind_bpf.py waits_bpf.py record_bpf.py fuzz_reader.py)
+              soak_bpf.py top_bpf.py unwind_bpf.py waits_bpf.py record_bpf.py fuzz_reader.py)
 test: setup lint ## ruff, then every test (what would skip fails instead when CI=true); TEST_JOBS=N workers (a file per worker at a time, the longest files first), prints the slowest 15
 	@$(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile --durations=15 $(or $(PYTEST_ARGS),$(TEST_FIRST) tests)
 

@@ -53,28 +53,33 @@ def finish(tr: subprocess.Popen) -> None:
         raise RuntimeError(f"allocscope exited {rc}: {tr.stderr.read().strip()[-300:]}")
 
 
-def redis_trial(exe: str, rdir: str, cfg: str, out: str, requests: int) -> tuple[float, dict]:
+def redis_trial(exe: str, rdir: str, cfg: str, out: str, requests: int, r: int = 0) -> tuple[float, dict]:
     env = {**os.environ, "LD_LIBRARY_PATH": rdir}
     port = free_port()
     srv = subprocess.Popen([os.path.join(rdir, "redis-server"), "--port", str(port), "--save", "",
                             "--appendonly", "no"], stdout=subprocess.DEVNULL, env=env)
     cli = [os.path.join(rdir, "redis-benchmark"), "-p", str(port)]
-    for _ in range(200):
-        if subprocess.run([*cli, "-t", "ping", "-n", "1", "-q"], capture_output=True, env=env).returncode == 0:
-            break
+    for _ in range(400):  # a PING over TCP (redis-benchmark can hang on a server not yet listening)
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    break
+        except OSError:
+            pass
         time.sleep(0.05)
     tr = None
     detail: dict = {}
     try:
         if CONFIGS[cfg] is not None:
-            tr = attach(exe, srv.pid, os.path.join(out, f"redis-{cfg}.allocscope"), CONFIGS[cfg])
-        r = subprocess.run([*cli, "-t", "set,get,lpush,lpop", "-n", str(requests), "-c", "50", "-r", "100000",
+            tr = attach(exe, srv.pid, os.path.join(out, f"redis-{cfg}-{r}.allocscope"), CONFIGS[cfg])
+        bench = subprocess.run([*cli, "-t", "set,get,lpush,lpop", "-n", str(requests), "-c", "50", "-r", "100000",
                             "-d", "64", "-q", "--csv"], capture_output=True, text=True, env=env, timeout=600)
-        rps = [float(line.split(",")[1].strip('"')) for line in r.stdout.splitlines()[1:] if line.count(",") >= 1]
+        rps = [float(line.split(",")[1].strip('"')) for line in bench.stdout.splitlines()[1:] if line.count(",") >= 1]
         total = len(rps) / sum(1 / x for x in rps)
         if tr is not None:
             finish(tr)
-            with open(os.path.join(out, f"redis-{cfg}.allocscope", "meta.json")) as f:
+            with open(os.path.join(out, f"redis-{cfg}-{r}.allocscope", "meta.json")) as f:
                 meta = json.load(f)
             inj = meta["probes"].get("inject")
             if inj:
@@ -148,16 +153,21 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=100000)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
+    ap.add_argument("--skip-c", action="store_true", help="no C-target checks")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    for line in c_target(a.allocscope, a.bins, a.out):
-        print(line, flush=True)
+    for c in set(CONFIGS) - set(a.configs.split(",")) - {"untraced"}:
+        del CONFIGS[c]
+    if not a.skip_c:
+        for line in c_target(a.allocscope, a.bins, a.out):
+            print(line, flush=True)
     res: dict[str, list[float]] = {c: [] for c in CONFIGS}
     details: dict[str, list[dict]] = {c: [] for c in CONFIGS}
     for r in range(a.rounds):
         for cfg in CONFIGS:
             try:
-                v, d = redis_trial(a.allocscope, a.redis_dir, cfg, a.out, a.requests)
+                v, d = redis_trial(a.allocscope, a.redis_dir, cfg, a.out, a.requests, r)
             except Exception as e:  # noqa: BLE001 - one failed trial is reported, the rest go on
                 print(f"round {r + 1} {cfg}: failed: {e}", flush=True)
                 continue

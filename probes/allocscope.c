@@ -100,9 +100,9 @@ static __always_inline int target_gone(void)
     return g && *g;
 }
 
-#ifdef AS_INJECT
 /* --inject: the thread running the tracer's injected system calls while the agent is loaded
- * (tracer/inject.py): its mmaps are the tracer's, not the program's. */
+ * (tracer/inject.py): its mmaps are the tracer's, not the program's (is_target_sys). Compiled
+ * in every variant so that an --inject recording shares the compiled program with a sampled one. */
 BPF_ARRAY(quiet_tid, u32, 1);
 
 static __always_inline int injecting(void)
@@ -111,9 +111,6 @@ static __always_inline int injecting(void)
     u32 *q = quiet_tid.lookup(&zero);
     return q && *q && *q == (u32)bpf_get_current_pid_tgid();
 }
-#else
-#define injecting() 0
-#endif
 
 #ifdef AS_WAIT_EXEC
 /* Launch mode: the target is forked by the tracer and traced only once it has exec'd, so the
@@ -126,18 +123,19 @@ static __always_inline int is_target(void)
         return 0;
     u32 zero = 0;
     u32 *a = armed.lookup(&zero);
-    return a && *a && !target_gone() && !injecting();
+    return a && *a && !target_gone();
 }
 #else
 static __always_inline int is_target(void)
 {
-    return (bpf_get_current_pid_tgid() >> 32) == AS_TGID && !target_gone() && !injecting();
+    return (bpf_get_current_pid_tgid() >> 32) == AS_TGID && !target_gone();
 }
 #endif
 #ifdef AS_FLOOR
 /* The trap floor (bench/overhead.py): every probe attached, every program returning at once. */
 #define is_target() 0
 #endif
+#define is_target_sys() (is_target() && !injecting()) /* the mmap-family syscall programs */
 
 static __always_inline u32 current_tid(void)
 {

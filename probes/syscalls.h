@@ -258,7 +258,7 @@ int sys_keep(void *ctx)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
 {
-    if (!is_target())
+    if (!is_target_sys())
         return 0;
     save_sysargs(9, args->addr, args->len, args->prot, args->flags, args->fd, 0);
     return 0;
@@ -266,7 +266,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 {
-    if (!is_target())
+    if (!is_target_sys())
         return 0;
     syscall_exit(args, 9, args->ret);
     return 0;
@@ -274,7 +274,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 {
-    if (!is_target())
+    if (!is_target_sys())
         return 0;
     save_sysargs(11, args->addr, args->len, 0, 0, 0, rss_anon());
     return 0;
@@ -282,7 +282,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_munmap)
 {
-    if (!is_target())
+    if (!is_target_sys())
         return 0;
     syscall_exit(args, 11, args->ret);
     return 0;
@@ -290,7 +290,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_munmap)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
 {
-    if (!is_target())
+    if (!is_target_sys())
         return 0;
     save_sysargs(25, args->addr, args->old_len, args->new_len, args->flags, args->new_addr, 0);
     return 0;
@@ -298,7 +298,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
 {
-    if (!is_target())
+    if (!is_target_sys())
         return 0;
     syscall_exit(args, 25, args->ret);
     return 0;
@@ -306,7 +306,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_brk)
 {
-    if (!is_target())
+    if (!is_target_sys())
         return 0;
     save_sysargs(12, args->brk, 0, 0, 0, 0, rss_anon());
     return 0;
@@ -314,7 +314,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_brk)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_brk)
 {
-    if (!is_target())
+    if (!is_target_sys())
         return 0;
     syscall_exit(args, 12, args->ret);
     return 0;
@@ -322,7 +322,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_brk)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_madvise)
 {
-    if (!is_target())
+    if (!is_target_sys())
         return 0;
     int advice = args->behavior;
     /* Only advice that can release memory: DONTNEED, FREE, REMOVE, PAGEOUT,
@@ -335,7 +335,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_madvise)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_madvise)
 {
-    if (!is_target())
+    if (!is_target_sys())
         return 0;
     syscall_exit(args, 28, args->ret);
     return 0;

@@ -397,6 +397,8 @@ class Injection:
     _specs: list[HookSpec] = field(default_factory=list)
     _planned: list[Hook] = field(default_factory=list)
     quiet: object = None   # quiet(tid): the probes ignore tid's system calls (0: none)
+    _hooks_planned: tuple = ((), {})
+    _syscall_insn: int = 0
 
     @property
     def cfg_addr(self) -> int:
@@ -430,6 +432,10 @@ class Injection:
         maps = procfs.read_maps(self.pid)
         mem = Memory(self.pid)
         try:
+            # the proofs before the stop (capstone over whole functions: tens of ms on redis);
+            # under the stop each entry's bytes are read again and must not have changed
+            self._hooks_planned = plan_hooks(mem, maps, self._specs)
+            self._syscall_insn = _find_syscall_insn(mem, maps)
             with Stopped(self.pid) as st:
                 t0 = time.perf_counter()
                 self._load(st, mem, maps, tracer_pid)
@@ -474,8 +480,12 @@ class Injection:
             raise
 
     def _load_in(self, st: Stopped, mem: Memory, maps, tracer_pid: int, tid: int) -> None:
-        self.syscall_insn = _find_syscall_insn(mem, maps)
-        hooks, refused = plan_hooks(mem, maps, self._specs)
+        self.syscall_insn = self._syscall_insn
+        hooks, refused = self._hooks_planned
+        for h in list(hooks):
+            if mem.read(h.addr, len(h.orig)) != h.orig:
+                refused[h.spec.symbol] = "its bytes changed while the process was being stopped"
+                hooks.remove(h)
         self.refused.update(refused)
         if not hooks:
             raise InjectError("no allocator entry can be hooked safely: "

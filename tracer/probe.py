@@ -56,8 +56,9 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
         flags += [f"-DAS_SAMPLE_BYTES={opts.sample_bytes}ULL", "-DAS_SESSION=1"]
     if opts.mode == "residency":
         flags += ["-DAS_FAULTS=1", f"-DAS_FAULT_SAMPLE={opts.fault_sample}"]
-    if opts.inject:  # the agent's thread table says which mmap/brk an allocator makes
-        flags += ["-DAS_INJECT=1", *fsbase_offset()]
+    # --inject: the agent's thread table says which mmap/brk an allocator makes (compiled in every
+    # variant, idle without an agent: an --inject recording shares the program of a sampled one)
+    flags += fsbase_offset()
     if unwind == "dwarf":
         flags += return_probe_offsets()
         flags += ["-DAS_UNWIND_DWARF=1", f"-DAS_UNWIND_ROWS={opts.unwind_rows}", f"-DAS_UNWIND_STEPS={UNWIND_STEPS}"]
