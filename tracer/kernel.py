@@ -188,10 +188,9 @@ def file_offsets() -> FileOffsets:
 
 
 @lru_cache(maxsize=1)
-def return_probe_offsets() -> list[str]:
-    """-D flags for reading a pending return probe's real return address (probes/unwind_dwarf.h
-    real_return): task_struct.utask, uprobe_task.return_instances, return_instance.{stack,
-    orig_ret_vaddr, next}. [] when the BTF lacks one (the trampoline then stays a frame)."""
+def _btf_flags(flags) -> list[str]:
+    """flags(off) with off(struct, field) the byte offset of a kernel struct member from the
+    running kernel's BTF; [] when the BTF or a member is missing."""
     try:
         btf = _Btf()
     except OSError:
@@ -199,32 +198,30 @@ def return_probe_offsets() -> list[str]:
     try:
         def off(struct: str, field: str) -> int:
             return btf.member(btf.find(struct, BTF_KIND_STRUCT), field)[0]
-        return [f"-DAS_OFF_TASK_UTASK={off('task_struct', 'utask')}",
-                f"-DAS_OFF_UTASK_RI={off('uprobe_task', 'return_instances')}",
-                f"-DAS_OFF_RI_STACK={off('return_instance', 'stack')}",
-                f"-DAS_OFF_RI_ORIG={off('return_instance', 'orig_ret_vaddr')}",
-                f"-DAS_OFF_RI_NEXT={off('return_instance', 'next')}"]
+        return flags(off)
     except LookupError:
         return []
     finally:
         btf.close()
+
+
+def return_probe_offsets() -> list[str]:
+    """-D flags for reading a pending return probe's real return address (probes/unwind_dwarf.h
+    real_return): task_struct.utask, uprobe_task.return_instances, return_instance.{stack,
+    orig_ret_vaddr, next}. [] when the BTF lacks one (the trampoline then stays a frame)."""
+    return _btf_flags(lambda off: [
+        f"-DAS_OFF_TASK_UTASK={off('task_struct', 'utask')}",
+        f"-DAS_OFF_UTASK_RI={off('uprobe_task', 'return_instances')}",
+        f"-DAS_OFF_RI_STACK={off('return_instance', 'stack')}",
+        f"-DAS_OFF_RI_ORIG={off('return_instance', 'orig_ret_vaddr')}",
+        f"-DAS_OFF_RI_NEXT={off('return_instance', 'next')}"])
 
 
 def fsbase_offset() -> list[str]:
     """-D flag for reading a task's thread pointer (task_struct.thread.fsbase; probes/regions.h
     agent_api, --inject). [] when the BTF lacks it (injected hooks then do not mark their mmaps)."""
-    try:
-        btf = _Btf()
-    except OSError:
-        return []
-    try:
-        def off(struct: str, field: str) -> int:
-            return btf.member(btf.find(struct, BTF_KIND_STRUCT), field)[0]
-        return [f"-DAS_OFF_TASK_FSBASE={off('task_struct', 'thread') + off('thread_struct', 'fsbase')}"]
-    except LookupError:
-        return []
-    finally:
-        btf.close()
+    return _btf_flags(lambda off: [
+        f"-DAS_OFF_TASK_FSBASE={off('task_struct', 'thread') + off('thread_struct', 'fsbase')}"])
 
 
 def char_major(name: str, devices: str = "/proc/devices") -> int:
