@@ -340,6 +340,7 @@ class Recorder:
             if part is not None:
                 self.writer.write_part("heaps", seq, part)
             res_ms += self._measure_allocators(seq)
+        measured = time.monotonic_ns()  # the residency figures are of this instant, not of `now`
         row = {"seq": seq, "ts_ns": now, "elapsed_s": (now - self.t0_ns) / 1e9,
                "rss_bytes": mem.get("rss_bytes", -1), "rss_anon_bytes": mem.get("rss_anon_bytes", -1),
                "rss_file_bytes": mem.get("rss_file_bytes", -1), "rss_shmem_bytes": mem.get("rss_shmem_bytes", -1),
@@ -347,7 +348,8 @@ class Recorder:
                "heap_live_bytes": heap_live, "heap_peak_bytes": heap_peak, "mmap_live_bytes": mm_live,
                "cuda_host_live_bytes": cuda_host, "device_live_bytes": dev_live, "device_peak_bytes": dev_peak,
                "live_bytes": heap_live + mm_live + cuda_host, "live_count": heap_count + mm_count,
-               "target_alive": int(alive), "arena_resident_bytes": arena_res, "residency_ms": res_ms}
+               "target_alive": int(alive), "arena_resident_bytes": arena_res, "residency_ms": res_ms,
+               "measured_ns": measured if readable else now}
         row.update(counters)
         self.last_row = row
         return row

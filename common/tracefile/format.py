@@ -9,6 +9,7 @@ Tables (columns; `seq` is the interval number, 1-based):
   intervals  seq, ts_ns, elapsed_s, rss_bytes, rss_anon_bytes, rss_file_bytes, rss_shmem_bytes,
              hwm_bytes, heap_live_bytes, heap_peak_bytes, mmap_live_bytes, live_bytes,
              live_count, arena_resident_bytes (glibc heaps, pagemap), residency_ms (its cost),
+             measured_ns (when the residency figures were read; ts_ns is when the counters were),
              lost_* and n_* counters (cumulative)
   sites      seq, stack_id, tid, source ('heap'|'mmap'|'brk'), alloc_bytes, alloc_count,
              free_bytes, free_count, peak_live_bytes   — cumulative counters per (stack, allocating
