@@ -78,8 +78,11 @@ def build_rustd(cargo: str | None = None) -> Path:
         env["RUSTC"] = str(sibling)
     env.pop("RUSTFLAGS", None)  # the profile in Cargo.toml is the build: no frame pointers
     toolchain = _toolchain(cargo, env)
-    # one target directory per toolchain (switching keeps both builds), one stamp in it
-    target_dir = BIN / f"rustd-{hashlib.sha256(toolchain.encode()).hexdigest()[:12]}"
+    # one target directory per toolchain and build configuration (switching keeps both builds; a
+    # changed [env] or profile is a fresh build: cargo does not rerun jemalloc-sys' build script
+    # for a changed CFLAGS_<target>), one stamp in it
+    config = b"".join(f.read_bytes() for f in (RUSTD_SRC / "Cargo.toml", RUSTD_SRC / ".cargo" / "config.toml"))
+    target_dir = BIN / f"rustd-{hashlib.sha256(toolchain.encode() + config).hexdigest()[:12]}"
     stamp = f"{toolchain}\n{_sources_hash(RUSTD_SRC)}\n"
     exe = target_dir / "release" / "rustd"
     stamp_file = target_dir / "stamp"

@@ -189,7 +189,7 @@ def test_fuzz_synthetic_trace(synth_trace, tmp_path):
     _reference[synth_trace] = load_trace(synth_trace)
     check(synth_trace, _reference[synth_trace])  # the unmutated trace reads cleanly
 
-    @settings(max_examples=EXTRA or 100, **SETTINGS)
+    @settings(max_examples=EXTRA or 60, **SETTINGS)
     @given(st.lists(MUTATION, min_size=1, max_size=3))
     def run(mutations):
         _run(synth_trace, tmp_path, mutations)
@@ -207,7 +207,7 @@ def test_fuzz_recorded_trace(recorded_trace, tmp_path):
     stacks = symbolize_stacks(ref)  # symbolize once: the fuzz is about the reader, not the ELF files
     check(recorded_trace, ref, stacks)
 
-    @settings(max_examples=EXTRA or 50, **SETTINGS)
+    @settings(max_examples=EXTRA or 30, **SETTINGS)
     @given(st.lists(MUTATION, min_size=1, max_size=3))
     def run(mutations):
         work = tmp_path / "t.allocscope"

@@ -1,4 +1,4 @@
-"""The CI form of bench/soak.py: ~30 s of redis-benchmark against a recorded redis-server, run
+"""The CI form of bench/soak.py: ~20 s of redis-benchmark against a recorded redis-server, run
 as the script is run (a subprocess, its JSON summary read back). The tracer's RSS stays flat after
 warm-up, its BPF maps follow redis' own live set, and when every key is flushed its live map
 empties again; the full 30-minute soak and its figures are in README ("Limits and guarantees")."""
@@ -13,7 +13,7 @@ from support import ROOT, need_tool
 
 pytestmark = pytest.mark.bpf
 
-DURATION, SAMPLE, WARMUP, KEYSPACE, REQUESTS = 30, 2, 10, 2000, 2000
+DURATION, SAMPLE, WARMUP, KEYSPACE, REQUESTS = 20, 2, 8, 2000, 2000
 
 
 @pytest.fixture(scope="module")
