@@ -34,11 +34,15 @@ lint: venv ## ruff (rules in pyproject.toml); a finding fails
 	@$(VENV)/bin/ruff check .
 
 TEST_JOBS ?= 2
-# The longest files first, so no worker is left with one of them at the end (pytest drops the repeats).
-TEST_FIRST ?= $(addprefix tests/test_,rustd_bpf.py faults_bpf.py retention_bpf.py allocators_bpf.py demo_bpf.py \
-              soak_bpf.py top_bpf.py unwind_bpf.py waits_bpf.py record_bpf.py fuzz_reader.py)
+# The longest files first (most work first, then the small ones fill the gaps: no worker is left
+# with a long file at the end). Named files, not `tests`: pytest 9 collects a directory argument
+# in its own order and drops the files named before it.
+TEST_FIRST ?= $(addprefix tests/test_,unwind_bpf.py faults_bpf.py retention_bpf.py record_bpf.py inject_bpf.py \
+              rustd_bpf.py modes_bpf.py allocators_bpf.py top_bpf.py demo_bpf.py fuzz_reader.py waits_bpf.py \
+              soak_bpf.py regions_bpf.py residency_bpf.py cuda_bpf.py interrupt_bpf.py cli_errors.py)
+TEST_FILES = $(TEST_FIRST) $(filter-out $(TEST_FIRST),$(sort $(wildcard tests/test_*.py)))
 test: setup lint ## ruff, then every test (what would skip fails instead when CI=true); TEST_JOBS=N workers (a file per worker at a time, the longest files first), prints the slowest 15
-	@$(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile --durations=15 $(or $(PYTEST_ARGS),$(TEST_FIRST) tests)
+	@$(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile --durations=15 $(or $(PYTEST_ARGS),$(TEST_FILES))
 
 test-unit: venv lint ## ruff, then the tests that need no BPF
 	@$(PY) -m pytest -q -m 'not bpf' $(PYTEST_ARGS)

@@ -54,6 +54,18 @@ def patched(pid: int) -> list[str]:
     return [k for k, (live, file) in entry_bytes(pid).items() if live != file]
 
 
+def pidfds(pid: int) -> list[str]:
+    """The pidfds open in `pid` (the agent's watchdog holds one of the tracer while hooked)."""
+    fds = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[pidfd]":
+                fds.append(fd)
+        except FileNotFoundError:
+            pass
+    return fds
+
+
 def thread_names(pid: int) -> set[str]:
     return set(procfs.thread_names(pid).values())
 
@@ -121,6 +133,7 @@ def test_inject_c_estimates_restore_fork(tmp_path, procs, tracers, c_target):
     after = entry_bytes(tgt.pid)
     assert after == before and not patched(tgt.pid)            # byte for byte, every entry point
     wait_for(lambda: "allocscope-wd" not in thread_names(tgt.pid), timeout=2, what="the watchdog's exit")
+    assert pidfds(tgt.pid) == []
     tgt.signal(signal.SIGUSR2)            # the program goes on: frees everything, then exits cleanly
     tgt.expect("freed")
     tgt.signal(signal.SIGTERM)
@@ -148,13 +161,14 @@ def test_inject_tracer_sigkilled(tmp_path, procs, tracers, c_target):
     tgt.expect("ready")
     before = entry_bytes(tgt.pid)
     tr = start_recording(tracers, tmp_path / "k.allocscope", tgt.pid)
-    assert patched(tgt.pid)
+    assert patched(tgt.pid) and len(pidfds(tgt.pid)) == 1
     t0 = time.monotonic()
     tr.send_signal(signal.SIGKILL)
     wait_for(lambda: not patched(tgt.pid), timeout=2, what="the watchdog to put the entries back", step=0.02)
     took = time.monotonic() - t0
     assert entry_bytes(tgt.pid) == before
     wait_for(lambda: "allocscope-wd" not in thread_names(tgt.pid), timeout=1, what="the watchdog's exit")
+    assert pidfds(tgt.pid) == []          # the watchdog closed the tracer's pidfd on its way out
     print(f"hooks gone {took:.2f} s after the SIGKILL")
     tgt.signal(signal.SIGUSR1)            # still serving
     tgt.expect("held")

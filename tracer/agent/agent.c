@@ -78,6 +78,7 @@ static inline s64 sys3(s64 nr, u64 a, u64 b, u64 c)
 #define SYS_mprotect 10
 #define SYS_getpid 39
 #define SYS_poll 7
+#define SYS_close 3
 #define PROT_RWX 7
 #define POLLIN 1
 
@@ -354,6 +355,10 @@ HOOK void as_watchdog_main(void)
         if (r > 0 || (r < 0 && r != -4)) {
             unhook_all();
             __atomic_store_n(&as_cfg.state, AS_STATE_UNHOOKED, __ATOMIC_RELEASE);
+            /* POLLIN: the descriptor is still the tracer's pidfd, and no one else will close it.
+             * (POLLNVAL: it is gone already, and its number may be the program's by now.) */
+            if (r > 0 && pfd.revents == POLLIN)
+                sys3(SYS_close, (u64)as_cfg.pidfd, 0, 0);
             break;
         }
     }
