@@ -13,7 +13,7 @@ from reports.trace import load_trace
 pytestmark = pytest.mark.bpf
 
 PAGE = 4096
-PAIRS = 100_000
+PAIRS = 40_000
 # innermost function -> (live bytes, alloc bytes, allocations, frees)
 EXPECTED = {
     "storm_pair": (0, PAIRS // 4 * (1 + 2 + 3 + 4) * PAGE, PAIRS, PAIRS),

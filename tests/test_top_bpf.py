@@ -223,7 +223,7 @@ def test_top_batch_blocks(targets, procs, tmp_path):
     tgt = procs(targets["grower"])
     tgt.expect("ready")
     out = tmp_path / "batch.allocscope"
-    iterations = 24
+    iterations = 18
     top = subprocess.Popen([*ALLOCSCOPE, "top", "--pid", str(tgt.pid), "--batch", "--interval", "0.5", "--iterations",
                             str(iterations), "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, cwd=str(ROOT))
