@@ -145,6 +145,17 @@ def functions(frames: list[dict]) -> list[str]:
 
 # --------------------------------------------------------------------------- processes
 
+def fd_links(pid: int) -> dict[int, str]:
+    """What each open descriptor of `pid` points at (/proc/PID/fd; one closed meanwhile is left out)."""
+    out = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+    return out
+
+
 def wait_for(pred, timeout: float = 30, what: str = "condition", step: float = 0.05):
     end = time.monotonic() + timeout
     while time.monotonic() < end:

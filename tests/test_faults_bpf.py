@@ -18,7 +18,20 @@ import time
 from pathlib import Path
 
 import pytest
-from support import CFLAGS_FP, IN_CI, ROOT, TARGETS_SRC, Proc, attached, build, cli, cli_bg, functions, wait_for
+from support import (
+    CFLAGS_FP,
+    IN_CI,
+    ROOT,
+    TARGETS_SRC,
+    Proc,
+    attached,
+    build,
+    cli,
+    cli_bg,
+    fd_links,
+    functions,
+    wait_for,
+)
 
 from tracer.bpfobjects import map_counts, prog_exists, rss_bytes, tracer_objects
 
@@ -557,16 +570,7 @@ SECRET = "s3cr3t-Passw0rd-XYZZY"
 
 
 def _sockets(pid: int) -> set[int]:
-    out = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        m = re.fullmatch(r"socket:\[(\d+)\]", link)
-        if m:
-            out.add(int(m.group(1)))
-    return out
+    return {int(m.group(1)) for link in fd_links(pid).values() if (m := re.fullmatch(r"socket:\[(\d+)\]", link))}
 
 
 def _listening_inodes() -> set[int]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from rust_targets import build_rustd
-from support import TARGETS_SRC, attached, build, cli, need_tool, report_json, wait_for
+from support import TARGETS_SRC, attached, build, cli, fd_links, need_tool, report_json, wait_for
 
 from tracer import procfs
 from tracer.allocators import find_allocators
@@ -54,16 +54,9 @@ def patched(pid: int) -> list[str]:
     return [k for k, (live, file) in entry_bytes(pid).items() if live != file]
 
 
-def pidfds(pid: int) -> list[str]:
+def pidfds(pid: int) -> list[int]:
     """The pidfds open in `pid` (the agent's watchdog holds one of the tracer while hooked)."""
-    fds = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[pidfd]":
-                fds.append(fd)
-        except FileNotFoundError:
-            pass
-    return fds
+    return [fd for fd, link in fd_links(pid).items() if link == "anon_inode:[pidfd]"]
 
 
 def thread_names(pid: int) -> set[str]:
