@@ -52,7 +52,7 @@ bench: setup ## overhead benchmark: loop, redis, demo, demo-large (installs heap
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 	@$(PY) bench/overhead.py $(BENCH_ARGS)
 
-bundle: ## dist/allocscope-VERSION-x86_64.tar.xz: relocatable, BCC and kernel headers inside (README: air-gapped)
+bundle: ## dist/allocscope-VERSION-x86_64.tar.xz: relocatable, BCC and kernel headers inside (docs/bundle.md)
 	@bash scripts/bundle.sh
 
 clean: ## remove build products (keeps .venv)

@@ -1,6 +1,6 @@
 """The live view of a recording in progress (`allocscope top`, `record`'s status line), built
 snapshot by snapshot from what the recorder hands its observer — never from a trace file. Pure
-data: reports.live_render formats it, allocscope/top.py draws it and reads the keys.
+data: reports.live_render formats it; the `top` command (allocscope/) draws it and reads the keys.
 
 A snapshot is duck-typed (tracer.record.Snapshot; this layer never imports the tracer): `seq`,
 `final`, `row` (the `intervals` row), `sites` ((stack id, tid, source) -> cumulative

@@ -50,7 +50,7 @@ cp -L "$libbcc" "$stage/lib/libbcc.so.0"
     if [ -e "$n" ]; then echo "$n"; elif [ -e "fallback/$n" ]; then echo "fallback/$n"; fi
   done ) > "$stage/lib/ORDER"
 
-# 2. Python: bcc, allocscope, wheels (no pandas/pyarrow/numpy: see README).
+# 2. Python: bcc, allocscope, wheels (no pandas/pyarrow/numpy: see docs/bundle.md).
 cp -r "$bccpy" "$stage/python/bcc"
 # bcc 0.26's one non-raw regex with '\.' warns (SyntaxWarning) on python >= 3.12: make it raw
 sed -i "s/re.match(b'^.\*\\\\.cold/re.match(rb'^.*\\\\.cold/" "$stage/python/bcc/__init__.py"

@@ -4,7 +4,7 @@ The stand-in (tests/targets/cuda/libcuda_standin.c) is built here as libcuda.so.
 directory, with -fcf-protection so each entry point starts with endbr64 as the real driver's do; it
 exports the real names and C signatures and maps pinned and managed memory as rw-s shared memfd
 mappings inside the calls, as the real driver maps its device files. It is not the driver: the
-README says what was and was not checked against a real one.
+docs/gpu-memory.md says what was and was not checked against a real one.
 """
 from __future__ import annotations
 

@@ -48,8 +48,9 @@ def test_streamed_live_table_holds_every_block_once(tmp_path, tracers):
         assert len(small) == HELD
         assert len(np.unique(heap["addr"].to_numpy())) == len(heap)  # never a block twice
         assert int((heap["size"] == 1048576).sum()) == 2
-        # the final snapshot streamed the HELD blocks: README measures 1 M in 0.6-0.8 s on this
-        # machine kind; 50 k blocks/s (20-30x slower, room for a busy shared box) is 12 s here
+        # the final snapshot streamed the HELD blocks: 1 M took 0.6-0.8 s on this machine kind
+        # (bench/results/2026-11-29-scale.md); 50 k blocks/s (20-30x slower, room for a busy
+        # shared box) is 12 s here
         assert 0 < t.meta["final_snapshot_s"] < HELD / 50_000, t.meta["final_snapshot_s"]
         assert t.meta["final_snapshot_s"] < t.meta["duration_s"]
         # glibc's mmapped chunks (outside its heaps) were kept through the stream and measured

@@ -1,7 +1,7 @@
 """The CI form of bench/soak.py: ~20 s of redis-benchmark against a recorded redis-server, run
 as the script is run (a subprocess, its JSON summary read back). The tracer's RSS stays flat after
 warm-up, its BPF maps follow redis' own live set, and when every key is flushed its live map
-empties again; the full 30-minute soak and its figures are in README ("Limits and guarantees")."""
+empties again; the full 30-minute soak and its figures are in bench/results/2026-12-01-soak.md."""
 from __future__ import annotations
 
 import json

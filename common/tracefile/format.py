@@ -1,4 +1,5 @@
-"""The trace format (version 1): a directory, written by the tracer, read by reports.
+"""The trace format (version 4, `VERSION` below; older traces stay readable): a directory, written
+by the tracer, read by reports.
 
     TRACE/
       meta.json                   format, version, target, labels, probes, clock; `complete` last

@@ -2,7 +2,7 @@
  * directory (with -fcf-protection, so every entry point starts with endbr64 as the real
  * driver's do). It exports the real names and C signatures of the driver API calls allocscope
  * probes, and behaves, as seen from the process, like the real driver on a machine where it was
- * measured (README, "GPU memory"):
+ * measured (docs/gpu-memory.md):
  *
  *   cuMemHostAlloc / cuMemAllocHost_v2   a rw-s shared mapping of a memfd made inside the call
  *                                        (the real driver maps /dev/nvidiactl): pinned host memory
