@@ -253,6 +253,7 @@ def key_quality(frame: FrameInfo) -> str:
 
 
 _NO_SYMBOL_RX = re.compile(r"\+0x[0-9a-f]+$")  # a frame of a module file without a symbol there
+_SHARED_LIB_RX = re.compile(r"\.so(\.|$)")  # libcuda.so.1, libfoo.so, x.cpython-312-x86_64-linux-gnu.so
 
 
 def located(site: SiteKey) -> FrameInfo:
@@ -260,14 +261,20 @@ def located(site: SiteKey) -> FrameInfo:
     frame of a module without a symbol there (a stripped vendor library: `libcuda.so.1+0x1f2e0`),
     the innermost frame that has one, with the stripped module said (`inside`: its path): the
     stripped frames stay under the code that called into them, never merged with other code
-    (the key is that frame's own), and never one location per return address. A stack without
-    any symbol keeps its innermost frame."""
+    (the key is that frame's own), and never one location per return address.
+
+    That frame must be the stripped module's own (an exported call: cuCtxCreate_v2), or the
+    stripped module a shared library (its threads: under start_thread). A stripped executable's
+    frames under libc's __libc_start_call_main or start_thread would be the whole program in one
+    row: they keep their addresses, as a stack without any symbol does."""
     f = site[0] if site else UNKNOWN_STACK[0]
     if f.module and not f.inside and _NO_SYMBOL_RX.search(f.function):
         for g in site[1:]:
             if key_quality(g) != "address":
-                return FrameInfo(g.function, g.module, g.file, g.line, inlined=g.inlined, call=f.call or g.call,
-                                 inside=f.module)
+                if g.module == f.module or _SHARED_LIB_RX.search(os.path.basename(f.module)):
+                    return FrameInfo(g.function, g.module, g.file, g.line, inlined=g.inlined, call=f.call,
+                                     inside=f.module)
+                break
     return f
 
 
