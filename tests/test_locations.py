@@ -188,7 +188,8 @@ def test_stripped_module_frames_under_their_symbolized_caller(tmp_path):
     text = render.to_text(doc)
     assert "inside libx.so.3, called from x_init  [libx.so.3]" in text
     assert "inside synthd, called from serve s.c:12  [synthd]" in text
-    noted = {ln.split("  [")[0].split()[-1] for ln in text.splitlines() if "(no symbol: one location per address)" in ln}
+    noted = {ln.split("  [")[0].split()[-1] for ln in text.splitlines()
+             if "(no symbol: one location per address)" in ln}
     assert noted == {"synthd+0x5100", "synthd+0x5200"}
     # by function: the same keys without lines
     fdoc = A.build_report(load_trace(tmp_path / "s.allocscope"), by="function")
