@@ -198,7 +198,8 @@ def fold_frames(frames: tuple[FrameInfo, ...], fold: Folding | None = None) -> t
         if is_allocator_entry(f.function):
             if all(g.module == f.module or is_wrapper(g.function) for g in frames[:j]):
                 cut, call = j + 1, None
-        elif is_cuda_entry(f.function) and all(_in_cuda(g, f) for g in frames[cut:j]):
+        elif f.function.startswith("cu") and _CUDA_ENTRY_RX.match(f.function) and \
+                all(_in_cuda(g, f) for g in frames[cut:j]):
             cut, call = j + 1, f.function
     while cut < len(frames) - 1 and (is_wrapper(frames[cut].function) or fold.match(frames[cut].function)):
         cut += 1
