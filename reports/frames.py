@@ -162,12 +162,6 @@ _CUDA_ENTRY_RX = re.compile(
 _CUDA_MODULE_RX = re.compile(r"^lib(cudart|cuda|nvidia-[\w-]+)\.so")
 
 
-def is_cuda_entry(function: str) -> bool:
-    """A CUDA runtime or driver allocation (or free) call: cudaMalloc*, cudaHostAlloc,
-    cuMemAlloc*, cuMemHostAlloc, cuMemCreate, cuMemMap... (the whole name)."""
-    return function.startswith("cu") and bool(_CUDA_ENTRY_RX.match(function))
-
-
 def _in_cuda(g: FrameInfo, entry: FrameInfo) -> bool:
     """Frame `g`, inside the CUDA call `entry`, is the runtime's or the driver's: of the call's own
     module (a runtime linked statically), of a CUDA library, or an allocator's entry or wrapper
@@ -187,7 +181,7 @@ def fold_frames(frames: tuple[FrameInfo, ...], fold: Folding | None = None) -> t
     a statically linked program (one module) never folds the program away. At least the
     outermost frame is kept.
 
-    A CUDA allocation call (is_cuda_entry: cudaMalloc, cuMemAlloc_v2...) is an entry point too:
+    A CUDA allocation call (_CUDA_ENTRY_RX: cudaMalloc, cuMemAlloc_v2...) is an entry point too:
     it swallows the runtime's and driver's frames inside it (of its module or a CUDA library,
     stripped or not, with the allocator calls they made), and the site's first frame — its
     caller — names the outermost such call (`FrameInfo.call`), so the same code is one site
