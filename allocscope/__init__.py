@@ -1,2 +1,2 @@
 """allocscope: an eBPF allocation tracer for large native daemons (CLI package). Its version is
-the installed package's (pyproject.toml): common.version.tool_version()."""
+pyproject.toml's, however it runs (checkout, bundle, installed): common.version.tool_version()."""

@@ -11,6 +11,7 @@ from allocscope.options import by_option, fold_option, probe_options, source_opt
 from allocscope.output import emit, progress
 from allocscope.recording import check_inject, early_stop, record_options, resolve_target, start_probes, summary_text
 from common.errors import AllocscopeError, Interrupted, UsageError
+from common.version import tool_version
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -50,7 +51,7 @@ class Group(click.Group):
 
 
 @click.group(cls=Group, context_settings=CONTEXT)
-@click.version_option(package_name="allocscope", prog_name="allocscope")
+@click.version_option(tool_version(), prog_name="allocscope")  # explicit: the bundle has no metadata
 def main() -> None:
     """Find what keeps memory in a running native daemon.
 

@@ -52,6 +52,7 @@ from .frames import (  # noqa: F401
     is_allocator_entry,
     is_wrapper,
     key_quality,
+    located_extras,
     location_key,
     parse_fold,
     symbolize_stack_rows,
@@ -148,7 +149,7 @@ def location_dict(r, names: dict[int, str], points: list[int], site_rank: dict[S
     `sites` of its stacks, holding most first)."""
     f = r.site[0]
     return {**site_dict(r, names, points), "location": location_key(r.site), "function": f.function,
-            "module": f.module, "file": f.file, "line": f.line, "key_quality": key_quality(f),
+            "module": f.module, "file": f.file, "line": f.line, **located_extras(f), "key_quality": key_quality(f),
             "n_stacks": int(r.n_stacks), "stacks": [site_rank[x] for x in r.stacks if x in site_rank]}
 
 

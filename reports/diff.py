@@ -43,6 +43,7 @@ from .analysis import (
     folded_wrappers,
     frame_key_text,
     key_quality,
+    located_extras,
     location_key,
     rank_sites,
     rss_decomposition,
@@ -276,7 +277,7 @@ def _site_json(row: dict, location: bool = False) -> dict:
     if location:
         f = row["site"][0]
         out.update(location=location_key(row["site"]), function=f.function, module=f.module, file=f.file,
-                   line=f.line, key_quality=key_quality(f))
+                   line=f.line, **located_extras(f), key_quality=key_quality(f))
     out.update({k: _jnum(row[k]) for k in SITE_DIFF_COLUMNS if k != "site"})
     for k in ("ratio", "scaling"):
         if out[k] is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 
 from common.errors import UsageError
@@ -95,3 +96,12 @@ class Folding:
         return f"Folding(user={self.user!r})"
 
 DEFAULT_FOLDING = Folding()
+
+
+def frame_name(function: str, where: str = "", call: str | None = None, inside: str | None = None) -> str:
+    """A frame or location as people read it: the function and `where` (' file.c:12'), then the
+    CUDA call it made (' via cudaMalloc', frames.fold_frames), and for a stripped module's frames
+    kept under the code that called into them (frames.located) 'inside libcuda.so.1, called
+    from cuCtxCreate_v2'."""
+    text = f"{function}{where}" + (f" via {call}" if call else "")
+    return f"inside {os.path.basename(inside)}, called from {text}" if inside else text

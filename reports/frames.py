@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
@@ -59,9 +59,16 @@ class FrameInfo:
     line: int | None
     # Inlined into the next (outer) frame, at the same address; not part of equality.
     inlined: bool = field(default=False, compare=False)
+    # Only on the first frame of a site or location (fold_frames, group_of), part of its key: the
+    # CUDA allocation call folded out of the stack (`call`: cudaMalloc — this frame called it);
+    # the stripped module whose frames were inside this frame at the innermost end of the stack
+    # (`inside`: the module's path — "inside libcuda.so.1, called from cuCtxCreate_v2").
+    call: str | None = None
+    inside: str | None = None
 
     def as_dict(self) -> dict:
-        return {"function": self.function, "module": self.module, "file": self.file, "line": self.line}
+        return {"function": self.function, "module": self.module, "file": self.file, "line": self.line,
+                **located_extras(self)}
 
 UNKNOWN_STACK = (FrameInfo("[stack lost]", "", None, None),)
 
@@ -142,6 +149,27 @@ def is_allocator_entry(function: str) -> bool:
     __GI_/__libc_ prefixes): the frames inside one of these are the allocator's internals."""
     return bool(_ENTRY_RX.match(_PREFIX_RX.sub("", function)))
 
+# The CUDA runtime's and driver's allocation calls (and their frees): allocator entry points like
+# malloc. The runtime and the driver are stripped in the vendor's builds: the frames inside a call
+# are `libcudart.so.13+0x41b5e`, `libcuda.so.580.159.04+0x…`, with whatever the driver called
+# (its mallocs, its mmaps) inside them.
+_CUDA_ENTRY_RX = re.compile(
+    r"^(cudaMalloc\w*|cudaHostAlloc|cudaHostRegister|cudaFree\w*|cudaHostUnregister|"
+    r"cuMemAlloc\w*|cuMemHostAlloc|cuMemHostRegister\w*|cuMemHostUnregister|cuMemCreate|cuMemMap|"
+    r"cuMemAddressReserve|cuMemFree\w*|cuMemRelease|cuMemUnmap|cuMemAddressFree|cuArrayCreate\w*|"
+    r"cuArray3DCreate\w*|cuMipmappedArrayCreate)$")
+# the modules of the CUDA runtime and driver (a call's internals may cross from one to the other)
+_CUDA_MODULE_RX = re.compile(r"^lib(cudart|cuda|nvidia-[\w-]+)\.so")
+
+
+def _in_cuda(g: FrameInfo, entry: FrameInfo) -> bool:
+    """Frame `g`, inside the CUDA call `entry`, is the runtime's or the driver's: of the call's own
+    module (a runtime linked statically), of a CUDA library, or an allocator's entry or wrapper
+    (the driver's own mallocs)."""
+    return g.module == entry.module or is_wrapper(g.function) or \
+        bool(_CUDA_MODULE_RX.match(os.path.basename(g.module or "")))
+
+
 def fold_frames(frames: tuple[FrameInfo, ...], fold: Folding | None = None) -> tuple[FrameInfo, ...]:
     """Drop the innermost frames that belong to the allocator: its internals (sysmalloc,
     _int_malloc... — frames of the same module inside an allocator entry point), the entry
@@ -151,16 +179,26 @@ def fold_frames(frames: tuple[FrameInfo, ...], fold: Folding | None = None) -> t
     user's --fold). Only an exact entry-point name swallows the frames inside it, and wrappers
     fold only as an unbroken run from the allocator's side, so a wrapper-looking frame far up
     a statically linked program (one module) never folds the program away. At least the
-    outermost frame is kept."""
+    outermost frame is kept.
+
+    A CUDA allocation call (_CUDA_ENTRY_RX: cudaMalloc, cuMemAlloc_v2...) is an entry point too:
+    it swallows the runtime's and driver's frames inside it (of its module or a CUDA library,
+    stripped or not, with the allocator calls they made), and the site's first frame — its
+    caller — names the outermost such call (`FrameInfo.call`), so the same code is one site
+    per call it makes."""
     fold = fold or DEFAULT_FOLDING
-    cut = 0
+    cut, call = 0, None
     for j, f in enumerate(frames[:-1]):
-        if is_allocator_entry(f.function) and \
-                all(g.module == f.module or is_wrapper(g.function) for g in frames[:j]):
-            cut = j + 1
+        if is_allocator_entry(f.function):
+            if all(g.module == f.module or is_wrapper(g.function) for g in frames[:j]):
+                cut, call = j + 1, None
+        elif f.function.startswith("cu") and _CUDA_ENTRY_RX.match(f.function) and \
+                all(_in_cuda(g, f) for g in frames[cut:j]):
+            cut, call = j + 1, f.function
     while cut < len(frames) - 1 and (is_wrapper(frames[cut].function) or fold.match(frames[cut].function)):
         cut += 1
-    return frames[cut:]
+    site = frames[cut:]
+    return (replace(site[0], call=call), *site[1:]) if call else site
 
 def folded_wrappers(stacks: Iterable[tuple[FrameInfo, ...]], fold: Folding | None = None) -> list[dict]:
     """What the application-wrapper patterns folded out of these stacks (full frames, e.g.
@@ -200,40 +238,83 @@ def key_quality(frame: FrameInfo) -> str:
     ``function`` (a symbol without line information: every call site in that function is one
     location), ``address`` (no symbol: `module+0xOFFSET`, one location per return address, so
     unrelated code is never merged — but a function reached at two addresses is two
-    locations)."""
+    locations), ``inside`` (a stripped module's frames under the innermost frame with a
+    symbol that called into them, `FrameInfo.inside`: one location per module and caller)."""
+    if frame.inside:
+        return "inside"
     if frame.function.startswith("[") or _UNKNOWN_RX.search(frame.function):
         return "address"
     return "line" if frame.file and frame.line else "function"
+
+
+_NO_SYMBOL_RX = re.compile(r"\+0x[0-9a-f]+$")  # a frame of a module file without a symbol there
+_SHARED_LIB_RX = re.compile(r"\.so(\.|$)")  # libcuda.so.1, libfoo.so, x.cpython-312-x86_64-linux-gnu.so
+
+
+def located(site: SiteKey) -> FrameInfo:
+    """The frame a folded stack's location is keyed on: its innermost frame — or, when that is a
+    frame of a module without a symbol there (a stripped vendor library: `libcuda.so.1+0x1f2e0`),
+    the innermost frame that has one, with the stripped module said (`inside`: its path): the
+    stripped frames stay under the code that called into them, never merged with other code
+    (the key is that frame's own), and never one location per return address.
+
+    That frame must be the stripped module's own (an exported call: cuCtxCreate_v2), or the
+    stripped module a shared library (its threads: under start_thread). A stripped executable's
+    frames under libc's __libc_start_call_main or start_thread would be the whole program in one
+    row: they keep their addresses, as a stack without any symbol does."""
+    f = site[0] if site else UNKNOWN_STACK[0]
+    if f.module and not f.inside and _NO_SYMBOL_RX.search(f.function):
+        for g in site[1:]:
+            if key_quality(g) != "address":
+                if g.module == f.module or _SHARED_LIB_RX.search(os.path.basename(f.module)):
+                    return FrameInfo(g.function, g.module, g.file, g.line, inlined=g.inlined, call=f.call,
+                                     inside=f.module)
+                break
+    return f
 
 
 def group_of(site: SiteKey, by: str = "location") -> SiteKey:
     """The row a folded stack (`site`) belongs to in a table grouped `by`:
 
     - ``stack``: the folded stack itself (every distinct stack is a row);
-    - ``location``: its innermost frame — function, module, file and line (inlined frames
-      resolved: an inlined callee's own line when the allocation is inside inlined code) —
-      the place in the code that asked for memory, whatever the path that reached it;
+    - ``location``: its innermost frame (`located`: a stripped module's frames under the code
+      that called into them) — function, module, file and line (inlined frames resolved: an
+      inlined callee's own line when the allocation is inside inlined code), the CUDA call it
+      made (fold_frames) — the place in the code that asked for memory, whatever the path that
+      reached it;
     - ``function``: that frame's function and module (the lines of one function merged).
 
     Returned as a frames tuple (one frame for location and function), so every table and
     renderer takes sites and locations alike."""
     if by == "stack":
         return site
-    f = site[0] if site else UNKNOWN_STACK[0]
+    f = located(site)
     if by == "location":
-        return (FrameInfo(f.function, f.module, f.file, f.line, inlined=f.inlined),)
+        return (FrameInfo(f.function, f.module, f.file, f.line, inlined=f.inlined, call=f.call, inside=f.inside),)
     if by == "function":
-        return (FrameInfo(f.function, f.module, None, None),)
+        return (FrameInfo(f.function, f.module, None, None, call=f.call, inside=f.inside),)
     raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")
+
+
+def located_extras(f: FrameInfo) -> dict:
+    """The keys a location's (or a frame's) dict has beyond function, module, file and line:
+    `call` and `inside` (FrameInfo), each when it has one."""
+    return {k: v for k, v in (("call", f.call), ("inside", f.inside)) if v}
 
 
 def location_key(group: SiteKey) -> str:
     """A stable one-line key of a location or function row (`group_of`): the same code gives
     the same key in every run and build directory — `function|module basename|file
-    basename:line`."""
+    basename:line`, then `|call=CALL` when it names a CUDA call and `|inside=MODULE basename`
+    when it holds a stripped module's frames."""
     f = group[0] if group else UNKNOWN_STACK[0]
     where = f"{os.path.basename(f.file)}:{f.line or ''}" if f.file else ""
-    return f"{f.function}|{os.path.basename(f.module or '')}|{where}"
+    key = f"{f.function}|{os.path.basename(f.module or '')}|{where}"
+    if f.call:
+        key += f"|call={f.call}"
+    if f.inside:
+        key += f"|inside={os.path.basename(f.inside)}"
+    return key
 
 
 def collapse_recursion(frames: tuple[FrameInfo, ...] | list, max_run: int = 8) -> list[tuple[list, int]]:

@@ -37,6 +37,7 @@ from .analysis import Folding, FrameInfo, peak_seq, site_timeline, symbolize_sta
 from .folded import folded_stacks
 from .render import (
     COLUMN_TITLES,
+    LOCATION_FRAME_KEYS,
     NOUNS,
     SORT_TITLES,
     folded_text,
@@ -87,8 +88,8 @@ def _e(x: Any) -> str:
 def _frame_key(f: FrameInfo | Mapping) -> tuple:
     """Identity of a frame, whether a FrameInfo or a report dict."""
     if isinstance(f, FrameInfo):
-        return (f.function, f.module, f.file, f.line)
-    return (f.get("function"), f.get("module"), f.get("file"), f.get("line"))
+        return (f.function, f.module, f.file, f.line, f.call, f.inside)
+    return (f.get("function"), f.get("module"), f.get("file"), f.get("line"), f.get("call"), f.get("inside"))
 
 
 def _label_text(d: Mapping | None) -> str:
@@ -163,7 +164,7 @@ def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[F
         if len(chosen) >= top:
             break
         key = site.get("frames") or [] if by == "stack" else [
-            {k: site.get(k) for k in ("function", "module", "file", "line")}]
+            {k: site.get(k) for k in LOCATION_FRAME_KEYS}]
         col = by_key.get(tuple(_frame_key(f) for f in key))
         if col is not None and tl[col].max() > 0:
             fn = site["frames"][0]["function"] if site.get("frames") else "?"
@@ -247,10 +248,11 @@ def _location_cell(loc: dict, doc: dict) -> str:
     by_rank = {x["rank"]: x for x in doc.get("sites") or []}
     stacks = [by_rank[r] for r in loc.get("stacks") or [] if r in by_rank][:STACKS_LISTED]
     n = loc.get("n_stacks", len(stacks))
+    skip = 0 if loc.get("inside") else 1  # a stripped module's frames under their caller: shown
     items = "".join(
         f'<li>{_bytes(x["live_bytes"])} live, {_e(x["live_count"])} blocks'
-        f'<ol class="frames">{"".join(f"<li><code>{_e(frame_text(f))}</code></li>" for f in x["frames"][1:])}</ol></li>'
-        for x in stacks)
+        f'<ol class="frames">{"".join(f"<li><code>{_e(frame_text(f))}</code></li>" for f in x["frames"][skip:])}'
+        '</ol></li>' for x in stacks)
     more = f" ({len(stacks)} shown)" if n > len(stacks) else ""
     return (f'<details><summary>{head} <span class="note">{n} stack{"s" if n != 1 else ""}{more}</span></summary>'
             f'<ol class="stacks">{items}</ol></details>')

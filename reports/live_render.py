@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 
 from .analysis import FrameInfo
+from .folding import frame_name
 from .live import LiveView
 from .render import ASCII_SPARKS, NOUNS, SORT_TITLES, human_bytes, human_delta, human_rate, sparkline
 
@@ -57,7 +58,7 @@ def age_text(s: float | None, unicode: bool) -> str:
 
 def frame_short(f: FrameInfo) -> str:
     loc = f" {os.path.basename(f.file)}:{f.line or '?'}" if f.file else ""
-    return f"{f.function}{loc}"
+    return frame_name(f.function, loc, f.call, f.inside)
 
 
 def site_text(frames: tuple[FrameInfo, ...], n: int | None = None) -> str:

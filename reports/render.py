@@ -5,6 +5,11 @@ import json
 import math
 import os
 
+from .folding import frame_name
+
+# the keys of a report location (or wait location) that make its frame, for frame_text
+LOCATION_FRAME_KEYS = ("function", "module", "file", "line", "call", "inside")
+
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
 SORT_TITLES = {"live": "live bytes", "peak": "peak live bytes", "growth": "growth", "age": "oldest allocation"}
 
@@ -119,7 +124,7 @@ def frame_text(f: dict) -> str:
     if f.get("file"):
         loc = f" {os.path.basename(f['file'])}:{f.get('line') or '?'}"
     mod = os.path.basename(f.get("module") or "")
-    return f"{f['function']}{loc}" + (f"  [{mod}]" if mod else "")
+    return frame_name(f["function"], loc, f.get("call"), f.get("inside")) + (f"  [{mod}]" if mod else "")
 
 
 NOUNS = {"location": "locations", "function": "functions", "stack": "sites"}
@@ -452,7 +457,7 @@ def location_text(loc: dict) -> str:
     """A location's one-line name: its frame, and '(no symbol...)' when its key is an address
     (frames.key_quality; a location without line information is its whole function, which
     the missing file:line shows)."""
-    f = {k: loc.get(k) for k in ("function", "module", "file", "line")} if "function" in loc else loc["frames"][0]
+    f = {k: loc.get(k) for k in LOCATION_FRAME_KEYS} if "function" in loc else loc["frames"][0]
     quality = loc.get("key_quality", "line")
     note = "  (no symbol: one location per address)" if quality == "address" else ""
     return frame_text(f) + note
@@ -485,7 +490,9 @@ def _site_details(site: dict, s: _Style, frames_per_site: int, doc: dict | None 
         thr = _threads_text(x["threads"], "live_bytes", 2)
         out.append(f"      stack #{x['rank']}: {human_bytes(x['live_bytes'])} live in {x['live_count']} blocks, "
                    f"{human_bytes(x['alloc_bytes'])} allocated" + (f"; {thr}" if thr != "-" else ""))
-        out += [f"        {line}" for line in collapsed_frames(x["frames"][1:], frames_per_site)]
+        # from the location outward; a stripped module's frames under their caller: from the start
+        out += [f"        {line}" for line in collapsed_frames(x["frames"][0 if site.get("inside") else 1:],
+                                                           frames_per_site)]
     return out
 
 

@@ -18,7 +18,7 @@ from collections import defaultdict
 
 from common.tracefile.reader import Trace
 
-from .frames import UNKNOWN_STACK, FrameInfo, fold_frames, group_of, is_wrapper, location_key
+from .frames import UNKNOWN_STACK, FrameInfo, fold_frames, group_of, is_wrapper, located_extras, location_key
 from .sources import is_device
 
 # Frames of the waiting machinery, folded out of a wait stack from the innermost end: what is
@@ -82,7 +82,7 @@ def in_free(frames: tuple[FrameInfo, ...]) -> bool:
 def _loc(frames: tuple[FrameInfo, ...]) -> dict:
     f = frames[0] if frames else UNKNOWN_STACK[0]
     return {"location": location_key((f,)), "function": f.function, "module": f.module, "file": f.file,
-            "line": f.line}
+            "line": f.line, **located_extras(f)}
 
 
 class _Locations:

@@ -67,9 +67,11 @@ class SynthTrace:
         self.device_peak = 0
 
     def stack(self, functions: list[str], files: list[str] | None = None, lines: list[int] | None = None,
-              module: str | None = None) -> int:
-        """Register a stack (function names innermost first); returns its stack id."""
-        key = (tuple(functions), tuple(files or ()), tuple(lines or ()), module)
+              module: str | list[str] | None = None) -> int:
+        """Register a stack (function names innermost first); returns its stack id. `module`: of
+        every frame (default: the trace's), or a list, one per frame."""
+        modules = list(module) if isinstance(module, list) else [module or self.module] * len(functions)
+        key = (tuple(functions), tuple(files or ()), tuple(lines or ()), tuple(modules))
         if key in self._stacks:
             return self._stacks[key]
         sid = self.id_base + len(self._stacks) * 7919  # arbitrary, like a hash
@@ -77,7 +79,7 @@ class SynthTrace:
         for i, fn in enumerate(functions):
             self._stack_rows.append({
                 "stack_id": sid, "idx": i, "ip": self.ip_base + 16 * len(self._stack_rows),
-                "module": module or self.module,
+                "module": modules[i],
                 "build_id": "", "offset": 0x1000 + 16 * len(self._stack_rows), "syscall": 0, "function": fn,
                 "file": files[i] if files else None, "line": lines[i] if lines else None})
         return sid

@@ -405,3 +405,115 @@ def test_cli_folded_device_metric_and_diff_sort(trace, tmp_path):
     r = CliRunner().invoke(diff, [trace.path, b, "--sort", "device", "--top", "1"])
     assert r.exit_code == 0, r.output
     assert "Top 1 of 10 locations, by |GPU memory peak delta|" in r.output
+
+
+# --------------------------------------------------------------------------------------------- CUDA calls folded
+CUDART, CUDA = "/opt/nv/lib/libcudart.so.13", "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04"
+C10, TORCH, LIBC = "/opt/torch/lib/libc10_cuda.so", "/opt/torch/lib/libtorch_cuda.so", "/lib/x86_64-linux-gnu/libc.so.6"
+ALLOC_BLOCK = "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block(AllocParams&, bool)"
+SLOWPATH = "at::CachingHostAllocatorImpl<at::cuda::CUDAStream>::allocate_host_memory_slowpath(unsigned long)"
+
+
+def fi(spec: str) -> A.FrameInfo:
+    fn, _, mod = spec.rpartition("@")
+    return A.FrameInfo(fn, mod, None, None)
+
+
+@pytest.mark.parametrize("stack,site,call", [
+    # torch's device memory, as the probe on cuMemAlloc_v2's return sees it: libcudart's stripped
+    # internals inside cudaMalloc
+    ([f"libcudart.so.13+0x41b5e@{CUDART}", f"libcudart.so.13+0x3a010@{CUDART}", f"cudaMalloc@{CUDART}",
+      f"{ALLOC_BLOCK}@{C10}", f"NativeCachingAllocator::malloc@{C10}", f"at::detail::empty_cuda@{TORCH}"],
+     [ALLOC_BLOCK, "NativeCachingAllocator::malloc", "at::detail::empty_cuda"], "cudaMalloc"),
+    # the driver's own malloc inside cuMemAlloc_v2 inside cudaMalloc: the same place, the same call
+    ([f"libcuda.so.580.159.04+0x2f00a@{CUDA}", f"cuMemAlloc_v2@{CUDA}", f"libcudart.so.13+0x41b59@{CUDART}",
+      f"cudaMalloc@{CUDART}", f"{ALLOC_BLOCK}@{C10}"], [ALLOC_BLOCK], "cudaMalloc"),
+    # glibc's mmap inside the driver's malloc inside cudaHostAlloc (pinned memory's slow path)
+    ([f"mmap64@{LIBC}", f"sysmalloc@{LIBC}", f"malloc@{LIBC}", f"libcuda.so.580.159.04+0x1000@{CUDA}",
+      f"cuMemHostAlloc@{CUDA}", f"libcudart.so.13+0x41c5e@{CUDART}", f"cudaHostAlloc@{CUDART}",
+      f"{SLOWPATH}@{TORCH}", f"at::getPinnedMemoryAllocator@{TORCH}"],
+     [SLOWPATH, "at::getPinnedMemoryAllocator"], "cudaHostAlloc"),
+    # a driver-API program: the call's internals in the driver, the caller the program's
+    ([f"libcuda.so.580.159.04+0x2f00a@{CUDA}", f"cuMemCreate@{CUDA}", "vmm_reserve@/usr/bin/drv", "main@/usr/bin/drv"],
+     ["vmm_reserve", "main"], "cuMemCreate"),
+    # the runtime linked into the program (its internals: the program's own module)
+    (["prog+0x9100@/usr/bin/prog", "cudaMallocAsync@/usr/bin/prog", "upload@/usr/bin/prog", "main@/usr/bin/prog"],
+     ["upload", "main"], "cudaMallocAsync"),
+    # frees fold the same way (a munmap inside cudaFreeHost)
+    ([f"munmap@{LIBC}", f"libcuda.so.580.159.04+0x5000@{CUDA}", f"cuMemFreeHost@{CUDA}", f"cudaFreeHost@{CUDART}",
+      "release@/usr/bin/prog"], ["release"], "cudaFreeHost"),
+    # a frame of other code inside the call (a callback of the program's) is no runtime internal:
+    # nothing is folded past it
+    (["on_alloc@/usr/bin/prog", f"cudaMallocManaged@{CUDART}", "caller@/usr/bin/prog"],
+     ["on_alloc", "cudaMallocManaged", "caller"], None),
+    # a name that only starts like one (PyTorch's own wrapper) is not an entry point
+    ([f"c10::cuda::cudaMallocMaybeCapturing(void**, unsigned long)@{C10}", f"{ALLOC_BLOCK}@{C10}"],
+     ["c10::cuda::cudaMallocMaybeCapturing(void**, unsigned long)", ALLOC_BLOCK], None),
+])
+def test_cuda_calls_fold_to_their_caller(stack, site, call):
+    folded = A.fold_frames(tuple(fi(s) for s in stack))
+    assert [f.function for f in folded] == site
+    assert (folded[0].call, [f.call for f in folded[1:]]) == (call, [None] * (len(site) - 1))
+
+
+def test_cuda_locations_name_the_caller_and_the_call(tmp_path):
+    """Per location: the code that called the runtime (alloc_block, the host allocator's slow
+    path), the call it made named in the row and in the key; its own malloc elsewhere is another
+    location; the driver's own mallocs outside any allocation call are one row per driver entry
+    point called ("inside libcuda..., called from cuCtxCreate_v2"), not one per return address."""
+    t = SynthTrace(tmp_path / "t.allocscope")
+    t.thread(7, "pt_main_thread")
+
+    def stack(*specs: str) -> int:
+        return t.stack([s.rpartition("@")[0] for s in specs], module=[s.rpartition("@")[2] for s in specs])
+
+    up = [f"{ALLOC_BLOCK}@{C10}", f"NativeCachingAllocator::malloc@{C10}", f"at::detail::empty_cuda@{TORCH}"]
+    dev = stack(f"libcudart.so.13+0x41b5e@{CUDART}", f"cudaMalloc@{CUDART}", *up)
+    drv_malloc = stack(f"libcuda.so.580.159.04+0x2f00a@{CUDA}", f"cuMemAlloc_v2@{CUDA}",
+                       f"libcudart.so.13+0x41b59@{CUDART}", f"cudaMalloc@{CUDART}", *up)
+    own_malloc = stack(f"malloc@{LIBC}", *up)
+    pinned = stack(f"libcudart.so.13+0x41c5e@{CUDART}", f"cudaHostAlloc@{CUDART}", f"{SLOWPATH}@{TORCH}")
+    ctx = [stack(f"malloc@{LIBC}", f"libcuda.so.580.159.04+0x{a:x}@{CUDA}", f"libcuda.so.580.159.04+0x{b:x}@{CUDA}",
+                 f"cuCtxCreate_v2@{CUDA}", "main@/usr/bin/python3.12") for a, b in ((0x1000, 0x2000), (0x1100, 0x2000),
+                                                                                  (0x1200, 0x2200))]
+    init = stack(f"malloc@{LIBC}", f"libcuda.so.580.159.04+0x1000@{CUDA}", f"cuInit@{CUDA}",
+                 "main@/usr/bin/python3.12")
+    t.interval({(dev, 7, "cuda-device"): (600 * MIB, 3, 0, 0), (drv_malloc, 7): (3 * 96, 3, 0, 0),
+                (own_malloc, 7): (4096, 1, 0, 0), (pinned, 7, "cuda-pinned"): (128 * MIB, 1, 0, 0),
+                (ctx[0], 7): (1000, 10, 0, 0), (ctx[1], 7): (2000, 20, 0, 0), (ctx[2], 7): (3000, 30, 0, 0),
+                (init, 7): (500, 5, 0, 0)})
+    doc = A.build_report(load_trace(t.close()))
+    rows = {x["location"]: (x["live_bytes"], x["live_count"], x["device_live_bytes"], x["n_stacks"])
+            for x in doc["locations"]}
+    assert rows == {
+        # the device memory and the driver's mallocs inside the same call: one folded stack
+        f"{ALLOC_BLOCK}|libc10_cuda.so||call=cudaMalloc": (3 * 96, 3, 600 * MIB, 1),
+        f"{ALLOC_BLOCK}|libc10_cuda.so|": (4096, 1, 0, 1),
+        f"{SLOWPATH}|libtorch_cuda.so||call=cudaHostAlloc": (128 * MIB, 1, 0, 1),
+        "cuCtxCreate_v2|libcuda.so.580.159.04||inside=libcuda.so.580.159.04": (6000, 60, 0, 3),
+        "cuInit|libcuda.so.580.159.04||inside=libcuda.so.580.159.04": (500, 5, 0, 1),
+    }
+    loc = {x["location"]: x for x in doc["locations"]}
+    dev_row = loc[f"{ALLOC_BLOCK}|libc10_cuda.so||call=cudaMalloc"]
+    assert (dev_row["function"], dev_row["call"], "inside" in dev_row, dev_row["key_quality"]) == \
+        (ALLOC_BLOCK, "cudaMalloc", False, "function")
+    ctx_row = loc["cuCtxCreate_v2|libcuda.so.580.159.04||inside=libcuda.so.580.159.04"]
+    assert (ctx_row["inside"], "call" in ctx_row, ctx_row["key_quality"]) == (CUDA, False, "inside")
+    # the sites: their first frame is the caller, naming the call; the driver's stacks keep their addresses
+    sites = {(x["frames"][0]["function"], x["frames"][0].get("call")) for x in doc["sites"]}
+    assert (ALLOC_BLOCK, "cudaMalloc") in sites and (ALLOC_BLOCK, None) in sites
+    assert ("libcuda.so.580.159.04+0x1000", None) in sites and ("libcuda.so.580.159.04+0x1200", None) in sites
+    text = render.to_text(doc)
+    assert f"{ALLOC_BLOCK} via cudaMalloc  [libc10_cuda.so]" in text
+    assert f"{SLOWPATH} via cudaHostAlloc  [libtorch_cuda.so]" in text
+    assert "inside libcuda.so.580.159.04, called from cuCtxCreate_v2  [libcuda.so.580.159.04]" in text
+    assert "no symbol" not in text
+    # under it, its stacks from their innermost (stripped) frame
+    ctx_text = text[text.index("inside libcuda.so.580.159.04, called from cuCtxCreate_v2"):]
+    assert ctx_text.index("  libcuda.so.580.159.04+0x1200  [") < ctx_text.index("  cuCtxCreate_v2  [")
+    # the same in the GPU section, the CSV (the sites' first frame) and the HTML page
+    gpu = text[text.index("\nGPU memory"):]
+    assert f"{ALLOC_BLOCK} via cudaMalloc" in gpu and f"{SLOWPATH} via cudaHostAlloc" in gpu
+    assert f"{ALLOC_BLOCK} via cudaMalloc  [libc10_cuda.so]" in to_csv(A.build_report(load_trace(t.path), by="stack"))
+    page = to_html(load_trace(t.path), doc)
+    assert "inside libcuda.so.580.159.04, called from cuCtxCreate_v2" in page

@@ -135,15 +135,66 @@ def test_by_function_merges_lines(tmp_path):
     assert "Top 1 of 1 functions" in render.to_text(doc)
 
 
+LIBX, LIBC = "/opt/vendor/libx.so.3", "/lib/x86_64-linux-gnu/libc.so.6"
+
+
 def test_weak_keys_are_said_and_never_merge_addresses(tmp_path):
+    # a stack without any symbol: one location per return address
     t = SynthTrace(tmp_path / "w.allocscope")
-    a = t.stack(["malloc", "libx.so+0x1200", "main"])
-    b = t.stack(["malloc", "libx.so+0x1300", "main"])
+    a = t.stack(["malloc", "libx.so.3+0x1200", "libx.so.3+0x1f00"], module=[LIBC, LIBX, LIBX])
+    b = t.stack(["malloc", "libx.so.3+0x1300", "libx.so.3+0x1f00"], module=[LIBC, LIBX, LIBX])
     t.interval({(a, 1): (100, 1, 0, 0), (b, 1): (200, 2, 0, 0)})
     doc = A.build_report(load_trace(t.close()))
     assert [(x["function"], x["key_quality"]) for x in doc["locations"]] == [
-        ("libx.so+0x1300", "address"), ("libx.so+0x1200", "address")]
+        ("libx.so.3+0x1300", "address"), ("libx.so.3+0x1200", "address")]
     assert "(no symbol: one location per address)" in render.to_text(doc)
+
+
+def test_stripped_module_frames_under_their_symbolized_caller(tmp_path):
+    """A stripped library's internals that malloc (the driver's own memory inside libcuda): their
+    bytes are one location per stripped module and innermost caller with a symbol ("inside
+    libx.so.3, called from x_init"), whatever the return addresses inside; another caller is
+    another location; the stacks stay under it."""
+    t = SynthTrace(tmp_path / "s.allocscope")
+    exe = "/usr/bin/synthd"
+    m5 = [LIBC, LIBX, LIBX, LIBX, exe]
+    # x_init (exported, in .dynsym) reaches malloc through two internal paths, 3 addresses
+    i1 = t.stack(["malloc", "libx.so.3+0x1200", "libx.so.3+0x1800", "x_init", "main"], module=m5)
+    i2 = t.stack(["malloc", "libx.so.3+0x1340", "x_init", "main"], module=[LIBC, LIBX, LIBX, exe])
+    i3 = t.stack(["malloc", "libx.so.3+0x1200", "libx.so.3+0x1800", "x_init", "setup"], module=m5)
+    # x_open: the same internals, another caller
+    o1 = t.stack(["malloc", "libx.so.3+0x1200", "libx.so.3+0x1a00", "x_open", "main"], module=m5)
+    # the program's own code at a stripped address: its caller's name, inside the program
+    p1 = t.stack(["malloc", "synthd+0x4400", "serve", "main"], ["m.c", None, "s.c", "s.c"], [1, None, 12, 40])
+    # a stripped program's frames under libc's start (a thread's, main's): the whole program would
+    # be one row — they keep their addresses
+    s1 = t.stack(["malloc", "synthd+0x5100", "synthd+0x5800", "start_thread"], module=[LIBC, exe, exe, LIBC])
+    s2 = t.stack(["malloc", "synthd+0x5200", "synthd+0x5800", "start_thread"], module=[LIBC, exe, exe, LIBC])
+    t.interval({(i1, 1): (1000, 10, 0, 0), (i2, 1): (300, 3, 0, 0), (i3, 2): (64, 1, 0, 0),
+                (o1, 1): (7000, 7, 1000, 1), (p1, 1): (50, 1, 0, 0), (s1, 3): (40, 1, 0, 0), (s2, 3): (30, 1, 0, 0)})
+    doc = A.build_report(load_trace(t.close()))
+    locs = [(x["function"], x.get("inside"), x["live_bytes"], x["live_count"], x["n_stacks"], x["key_quality"])
+            for x in doc["locations"]]
+    assert locs == [("x_open", LIBX, 6000, 6, 1, "inside"), ("x_init", LIBX, 1364, 14, 3, "inside"),
+                    ("serve", "/usr/bin/synthd", 50, 1, 1, "inside"), ("synthd+0x5100", None, 40, 1, 1, "address"),
+                    ("synthd+0x5200", None, 30, 1, 1, "address")]
+    keys = [x["location"] for x in doc["locations"]]
+    assert keys[:3] == ["x_open|libx.so.3||inside=libx.so.3", "x_init|libx.so.3||inside=libx.so.3",
+                        "serve|synthd|s.c:12|inside=synthd"]
+    # every site names its location; the sites keep their own frames
+    assert sorted(x["location"] for x in doc["sites"]) == sorted([keys[1]] * 3 + [keys[0]] + keys[2:])
+    assert {x["frames"][0]["function"] for x in doc["sites"]} == {
+        "libx.so.3+0x1200", "libx.so.3+0x1340", "synthd+0x4400", "synthd+0x5100", "synthd+0x5200"}
+    text = render.to_text(doc)
+    assert "inside libx.so.3, called from x_init  [libx.so.3]" in text
+    assert "inside synthd, called from serve s.c:12  [synthd]" in text
+    noted = {ln.split("  [")[0].split()[-1] for ln in text.splitlines()
+             if "(no symbol: one location per address)" in ln}
+    assert noted == {"synthd+0x5100", "synthd+0x5200"}
+    # by function: the same keys without lines
+    fdoc = A.build_report(load_trace(tmp_path / "s.allocscope"), by="function")
+    assert [(x["function"], x["live_bytes"]) for x in fdoc["locations"]] == [
+        ("x_open", 6000), ("x_init", 1364), ("serve", 50), ("synthd+0x5100", 40), ("synthd+0x5200", 30)]
 
 
 def test_diff_matches_locations_across_runs(tmp_path):

@@ -4,7 +4,8 @@
  *
  *   cudaprog LIBDIR [--linger]
  *     prints "ready <pid>", waits for SIGUSR1, then dlopen()s LIBDIR/libcuda.so.1 (so the
- *     tracer must find the driver after it attached), works in three named threads and prints
+ *     tracer must find the driver after it attached) and LIBDIR/libcudart.so.13 (the stand-in
+ *     runtime, tests/targets/cuda/libcudart_standin.c), works in four named threads and prints
  *     "done"; with --linger it then sleeps until killed.
  */
 #define _GNU_SOURCE
@@ -39,6 +40,13 @@ static CUresult (*cuMemFree_v2)(CUdeviceptr);
 static CUresult (*cuMemFreeAsync)(CUdeviceptr, void *);
 static CUresult (*cuMemCreate)(CUhandle *, size_t, const void *, unsigned long long);
 static CUresult (*cuMemRelease)(CUhandle);
+static CUresult (*cuInit)(unsigned);
+static CUresult (*cuCtxCreate_v2)(void **, unsigned, int);
+/* the runtime API (cudaError_t is an int, 0: cudaSuccess) */
+static int (*cudaMalloc)(void **, size_t);
+static int (*cudaFree)(void *);
+static int (*cudaHostAlloc)(void **, size_t, unsigned);
+static int (*cudaMallocHost)(void **, size_t);
 
 void *volatile sink;
 
@@ -212,11 +220,47 @@ static void *managed(void *arg)
     return NULL;
 }
 
+/* --- thread "cudart": the runtime API, and the driver's own state ------------------------------ */
+
+NOINLINE void ctx_setup(void)
+{
+    void *ctx;
+    must(cuInit(0), "cuInit");
+    for (int i = 0; i < 2; i++)
+        must(cuCtxCreate_v2(&ctx, 0, 0), "cuCtxCreate_v2");
+}
+
+NOINLINE void rt_malloc(void)
+{
+    void *d[3];
+    for (int i = 0; i < 3; i++)
+        must(cudaMalloc(&d[i], 16 * MIB), "cudaMalloc");
+    must(cudaFree(d[0]), "cudaFree"); /* 2 stay */
+}
+
+NOINLINE void rt_host(void)
+{
+    void *p;
+    for (int i = 0; i < 2; i++)
+        must(cudaHostAlloc(&p, 4 * MIB, 0), "cudaHostAlloc");
+    must(cudaMallocHost(&p, 2 * MIB), "cudaMallocHost");
+}
+
+static void *cudart(void *arg)
+{
+    (void)arg;
+    pthread_setname_np(pthread_self(), "cudart");
+    ctx_setup();
+    rt_malloc();
+    rt_host();
+    return NULL;
+}
+
 #define SYM(name)                                                                                  \
     do {                                                                                           \
         *(void **)&name = dlsym(lib, #name);                                                       \
         if (!name) {                                                                               \
-            fprintf(stderr, "no %s in the driver\n", #name);                                       \
+            fprintf(stderr, "no %s in %s\n", #name, path);                                         \
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
@@ -261,6 +305,18 @@ int main(int argc, char **argv)
     SYM(cuMemFreeAsync);
     SYM(cuMemCreate);
     SYM(cuMemRelease);
+    SYM(cuInit);
+    SYM(cuCtxCreate_v2);
+    snprintf(path, sizeof path, "%s/libcudart.so.13", argv[1]);
+    lib = dlopen(path, RTLD_NOW);
+    if (!lib) {
+        fprintf(stderr, "%s\n", dlerror());
+        return 1;
+    }
+    SYM(cudaMalloc);
+    SYM(cudaFree);
+    SYM(cudaHostAlloc);
+    SYM(cudaMallocHost);
     printf("loaded\n");
     fflush(stdout);
     /* the tracer probes the driver once it sees it mapped: wait for its word on stdin */
@@ -268,13 +324,15 @@ int main(int argc, char **argv)
     if (!fgets(go, sizeof go, stdin))
         return 1;
 
-    pthread_t t[3];
+    pthread_t t[4];
     pthread_create(&t[0], NULL, pinner, NULL);
     pthread_join(t[0], NULL);
     pthread_create(&t[1], NULL, gpu, NULL);
     pthread_join(t[1], NULL);
     pthread_create(&t[2], NULL, managed, NULL);
     pthread_join(t[2], NULL);
+    pthread_create(&t[3], NULL, cudart, NULL);
+    pthread_join(t[3], NULL);
     printf("done\n");
     fflush(stdout);
     if (linger)

@@ -13,10 +13,15 @@
  *                                        device memory: an opaque handle, nothing in host memory
  *   cuMemFree_v2, cuMemFreeAsync, cuMemRelease   free them
  *   cuMemHostRegister_v2 / cuMemHostUnregister   pin / unpin existing host memory (no new memory)
+ *   cuInit, cuCtxCreate_v2               the driver's own state, malloc'd by internal functions and
+ *                                        kept: cuInit's first call DRIVER_STATE_BYTES, each context
+ *                                        CTX_TABLE_BYTES + CTX_INDEX_BYTES (two call sites in one
+ *                                        function) + CTX_STREAM_BYTES (another function)
  *
  * Every call also mallocs (and frees) a little bookkeeping, as a driver does. A size above
- * STANDIN_MAX_BYTES fails with CUDA_ERROR_OUT_OF_MEMORY (2) and allocates nothing. Not a
- * driver: nothing here touches a GPU.
+ * STANDIN_MAX_BYTES fails with CUDA_ERROR_OUT_OF_MEMORY (2) and allocates nothing. The tests
+ * strip its symbol table (-s), as the real driver's is: the calls keep their names (.dynsym),
+ * the internals are addresses (libcuda.so.1+0x...). Not a driver: nothing here touches a GPU.
  */
 #define _GNU_SOURCE
 #include <stddef.h>
@@ -221,8 +226,50 @@ CUresult cuMemHostUnregister(void *p)
     return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+#define DRIVER_STATE_BYTES 2048
+#define CTX_TABLE_BYTES 3000
+#define CTX_INDEX_BYTES 1000
+#define CTX_STREAM_BYTES 512
+
+static void *volatile driver_state;
+
+__attribute__((noinline)) static void init_state(void)
+{
+    if (!driver_state)
+        driver_state = malloc(DRIVER_STATE_BYTES);
+}
+
 CUresult cuInit(unsigned int Flags)
 {
     (void)Flags;
+    init_state();
+    return CUDA_SUCCESS;
+}
+
+typedef struct ctx_st { void *table, *index, *stream; } *CUcontext;
+
+__attribute__((noinline)) static void ctx_tables(CUcontext c)
+{
+    c->table = malloc(CTX_TABLE_BYTES);
+    c->index = malloc(CTX_INDEX_BYTES);
+}
+
+__attribute__((noinline)) static void ctx_streams(CUcontext c)
+{
+    c->stream = malloc(CTX_STREAM_BYTES);
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, int dev)
+{
+    (void)flags;
+    (void)dev;
+    static struct ctx_st ctxs[16];
+    static int n;
+    if (!pctx || n == 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUcontext c = &ctxs[n++];
+    ctx_tables(c);
+    ctx_streams(c);
+    *pctx = c;
     return CUDA_SUCCESS;
 }
