@@ -500,7 +500,9 @@ def peak_when(doc: dict) -> str:
     """'4.0s, live 98.1 MiB': when the peak interval ended and the live total then."""
     p = doc.get("at_peak") or {}
     when = f"{p['elapsed_s']:.1f}s" if p.get("elapsed_s") is not None else f"interval {p.get('seq')}"
-    return f"{when}, live {human_bytes(p.get('live_bytes'))}"
+    how = f", a peak snapshot within {human_bytes(p['margin_bytes'])} of the high-water mark" \
+        if p.get("peak_snapshot") and p.get("margin_bytes") else ""
+    return f"{when}, live {human_bytes(p.get('live_bytes'))}{how}"
 
 
 def _at_peak_text(doc: dict, s: _Style, top: int, frames_per_site: int) -> list[str]:
