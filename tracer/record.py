@@ -53,6 +53,7 @@ from .tables import (
     StackTable,
     ThreadTable,
     WaitTable,
+    _table,
     flow_part,
 )
 from .target import Target, launch_maps, release
@@ -136,6 +137,9 @@ class Recorder:
         self.purges = PurgeLog()
         self.peaks: PeakWatch | None = None       # peak snapshots (tracer/peaks.py), once the probes are live
         self.peak_changed: list[SiteKey] = []     # sites a peak snapshot wrote, for the observer
+        self.census_rows: list[tuple] = []        # glibc's arenas (tracer/census.py), not written yet
+        self.census_info: dict[str, dict] = {}    # meta.json `census`: how each one went
+        self.census_thread: threading.Thread | None = None
         self.embedder = SymbolEmbedder() if opts.embed_symbols else None
         self.cuda_module: str | None = None       # the libcuda.so.1 probed, once the target maps it
         self.source_names: dict[int, str] = dict(SRC)  # + the ids given out below (meta.json `sources`)
@@ -347,6 +351,13 @@ class Recorder:
         if final:
             live_pid = self.target.pid if readable and self.heaps.glibc else None
             self.heaps.live_blocks = LiveTable(self.probes, self.tracker, self.source_names).write(w, seq, live_pid)
+            if self.census_thread is not None:
+                self.census_thread.join()
+            if live_pid is not None:
+                self._census("end")
+        if self.census_rows:
+            rows, self.census_rows = self.census_rows, []
+            w.write_part("census", seq, _table("census", rows, seq))
         for name, part in (("releases", releases), ("waits", waits), ("blocked", blocked)):
             if part is not None:
                 w.write_part(name, seq, part)
@@ -365,6 +376,20 @@ class Recorder:
                                    dict(self.threads.names), self._allocator_text(),
                                    tuple(self.retention.last) if self.retention is not None else (),
                                    tuple(self.waits.blocked)))
+
+    def _census(self, when: str) -> None:
+        """glibc's arenas read from outside (tracer/census.py): the rows go with the next snapshot."""
+        if not self.opts.census_budget_s or self.opts.mode == "residency":
+            return
+        from .census import run_census  # noqa: PLC0415
+
+        try:
+            rows, info = run_census(self.target.pid, budget_s=self.opts.census_budget_s)
+        except OSError as e:
+            self.census_info[when] = {"error": str(e)}
+            return
+        self.census_info[when] = info
+        self.census_rows += [(when, *c.row()) for c in rows]
 
     def _allocator_text(self) -> str:
         rep = self.attach_report
@@ -463,6 +488,7 @@ class Recorder:
             "unwind": unwind,
             "waits": {"wait_min_ns": self.waits.wait_min_ns},
             **({"peaks": self.peaks.meta()} if self.peaks is not None else {}),
+            **({"census": self.census_info} if self.census_info else {}),
         }
         if complete:
             meta.update({"end_reason": self.end_reason, "intervals": self.seq,
@@ -579,6 +605,10 @@ class Recorder:
             self.t0_ns = time.monotonic_ns()
             self.wall0 = time.time()
             self._start_writer()
+            if self.heaps.glibc and not launched:  # the blocks from before the attach still allocated
+                self.census_thread = threading.Thread(target=self._census, args=("attach",), name="census",
+                                                      daemon=True)
+                self.census_thread.start()  # beside the loop: the ring keeps being drained
             self.threads.seen(1, self.t0_ns, procfs.thread_names(t.pid) if not launched else {})
             release(t)
             self.progress(f"recording pid {t.pid} ({t.comm}); allocator {alloc.kind} {alloc.path}; Ctrl-C to stop")
