@@ -394,13 +394,14 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     live_before_attach_bytes = Σ the allocators' live_before_attach (0 where none was measured;
     `unseparated`: the allocators without a census, whose memory from before the attach —
     allocated or retained — stays in other_anon_bytes). Every allocator of the process is
-    measured (`allocators`: {name, source, resident, live, retained, released, ...}; the sums
-    are the top-level keys): live_heap_bytes = Σ min(live, resident) + live_outside_bytes (live
-    blocks beyond an allocator's measured mappings: in mappings it made before the attach,
-    counted as live heap out of the anonymous rest), retained_bytes = Σ retained, allocator_resident_bytes = Σ resident, other_anon_bytes =
-    RssAnon − Σ resident − live_outside_bytes. Shared memory and file are split further by
-    `shared_split`. GPU memory is never in RSS and never here. Traces without per-allocator
-    residency (version 2) keep the glibc-only split. None when the trace has no end-of-run
+    measured (`allocators`: {name, source, resident, live, live_before_attach, census,
+    retained, released, ...}; the sums are the top-level keys): live_heap_bytes = Σ min(live,
+    resident) + live_outside_bytes (live blocks beyond an allocator's measured mappings: in
+    mappings it made before the attach, counted as live heap out of the anonymous rest),
+    retained_bytes = Σ retained, allocator_resident_bytes = Σ resident, other_anon_bytes =
+    RssAnon − the parts above. Shared memory and file are split further by `shared_split`. GPU
+    memory is never in RSS and never here. Traces without per-allocator residency (version 2)
+    keep the glibc-only split. None when the trace has no end-of-run
     residency. `by_source`: live_by_source(trace), when at hand."""
     arenas = arena_table(trace) if arenas is None else arenas
     allocs = allocator_split(trace, arenas)
