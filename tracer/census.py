@@ -76,7 +76,7 @@ class ArenaCensus:
     tcaches: list = field(default_factory=list, repr=False)  # addresses of tcache structs found
 
     def row(self) -> tuple:
-        return tuple(getattr(self, f) for f in ROW_FIELDS)
+        return tuple(int(v) if isinstance(v, bool) else v for v in (getattr(self, f) for f in ROW_FIELDS))
 
 
 class Mem:
