@@ -34,7 +34,8 @@ def test_live_before_attach_and_retained(targets, tracers, tmp_path):
         tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
         wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
         assert tr.poll() is None, tr.stderr.read()
-        time.sleep(0.3)  # the census at the attach runs beside the loop
+        # the census at the attach runs beside the loop; its part goes with the next snapshot
+        wait_for(lambda: any((out / "parts").glob("census-*")), timeout=60, what="the census at the attach")
         tgt.signal(signal.SIGUSR1)
         m = TRUTH.match(tgt.expect("truth "))
         assert m

@@ -22,7 +22,8 @@ merged while it is read can make one heap's walk stop early (counted, the rest e
 * glibc's own mmapped chunks (above the mmap threshold): each an anonymous mapping starting with
   a chunk header with IS_MMAPPED, its size (plus the alignment gap) the mapping's length.
 * bounded in time: past `budget_s` the heaps not walked yet (and the rest of one being walked)
-  are estimated from the walked ones' shares of in-use and free bytes (`sampled`).
+  are estimated from the walked ones' shares of in-use and free bytes (`sampled`); fastbin lists
+  (one read an entry) are followed until half a budget more, the entries beyond counted in use.
 
 Figures are chunk bytes (a block's usable size + 8 bytes of header, 16-byte rounded), what the
 heap spends on it — `mallinfo2()`'s units.
@@ -293,9 +294,9 @@ def _demangle(pos: int, v: int) -> int:
     return (pos >> 12) ^ v
 
 
-def fastbin_bytes(mem: Mem, arena: int, limit: int = 1 << 20) -> tuple[int, bool]:
-    """Bytes in the arena's fastbins (lists followed up to `limit` entries in all); whether
-    every list was followed to its end."""
+def fastbin_bytes(mem: Mem, arena: int, deadline: float, limit: int = 1 << 24) -> tuple[int, bool]:
+    """Bytes in the arena's fastbins (lists followed up to `limit` entries in all, until
+    `deadline`: one read an entry); whether every list was followed to its end."""
     heads = mem.read(arena + AR_FASTBINS, 8 * NFASTBINS)
     if len(heads) != 8 * NFASTBINS:
         return 0, False
@@ -304,6 +305,8 @@ def fastbin_bytes(mem: Mem, arena: int, limit: int = 1 << 20) -> tuple[int, bool
         p = int.from_bytes(heads[8 * k: 8 * k + 8], "little")
         want = 32 + 16 * k
         while p and seen < limit:
+            if not seen & 0x3FF and time.perf_counter() > deadline:
+                return total, False
             b = mem.read(p, 24)
             if len(b) != 24 or (int.from_bytes(b[8:16], "little") & ~7) != want:
                 ok = False
@@ -438,7 +441,10 @@ def run_census(pid: int, maps: list[procfs.Mapping] | None = None, budget_s: flo
                 if not w.complete and rest > 0:
                     not_walked += rest
                     c.sampled = True
-            c.fastbin_bytes, _ = fastbin_bytes(mem, ar)
+            # fastbin entries: one read each, within the budget (and a grace of half of it)
+            c.fastbin_bytes, whole = fastbin_bytes(mem, ar, deadline + budget_s / 2)
+            if not whole:
+                c.sampled = True  # lists cut short: the entries beyond count as in use
             pending.append((c, not_walked))
             c.ms = (time.perf_counter() - t_ar) * 1e3
             out.append(c)
