@@ -228,7 +228,9 @@ def walk_heap(mem: Mem, first: int, end: int, top: int, deadline: float) -> _Wal
     pos = first
     tc = w.tcache
     while pos < stop:
-        buf = mem.read(pos, min(WINDOW, end - pos) + 16)
+        # never past the top chunk's header: reading untouched pages through /proc/PID/mem maps
+        # the zero page there, which pagemap then shows present
+        buf = mem.read(pos, min(WINDOW, stop - pos) + 16)
         n = len(buf) // 8
         if n < 4:
             w.complete = False
