@@ -5,6 +5,42 @@
 
 /* --- accounting ---------------------------------------------------------- */
 
+/* The high-water wake (totals[7], set by the tracer): once the live total (heap API + regions
+ * + CUDA host memory, the reports' `live_bytes`) passes it, one AS_EV_PEAK event wakes the tracer,
+ * which reads the per-stack counters at once (a peak snapshot, tracer/peaks.py) and sets the next
+ * threshold: its reading + the margin. 0: disarmed (between a wake and the tracer's re-arm, which
+ * bounds the rate to one wake per read). Racy like the peak: two CPUs may both wake it. */
+static __always_inline void peak_watch(void)
+{
+    u32 k0 = 0, k2 = 2, k4 = 4, k7 = 7;
+    s64 *th = totals.lookup(&k7);
+    if (!th || *th <= 0)
+        return;
+    s64 *a = totals.lookup(&k0);
+    s64 *b = totals.lookup(&k2);
+    s64 *c = totals.lookup(&k4);
+    if (!a || !b || !c)
+        return;
+    s64 now = *a + *b + *c, was = *th;
+    if (now <= was)
+        return;
+    *th = 0;
+    struct as_event *e = events.ringbuf_reserve(sizeof(struct as_event));
+    if (!e) {
+        count(AS_LOST_RING_FULL, 1);
+        *th = was; /* the next allocation tries again */
+        return;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->type = AS_EV_PEAK;
+    e->tid = (u32)bpf_get_current_pid_tgid();
+    e->ts_ns = bpf_ktime_get_ns();
+    e->addr = (u64)now;
+    e->len = (u64)was;
+    events.ringbuf_submit(e, 0);
+    count(AS_CNT_EVENTS, 1);
+}
+
 static __always_inline void totals_add(s64 delta)
 {
     u32 k0 = 0, k1 = 1;
@@ -15,6 +51,8 @@ static __always_inline void totals_add(s64 delta)
     s64 now = __sync_fetch_and_add(live_b, delta) + delta;
     if (delta > 0 && now > *peak_b)
         *peak_b = now; /* racy max: may miss a concurrent peak by one block */
+    if (delta > 0)
+        peak_watch();
 }
 
 
@@ -34,6 +72,8 @@ static __always_inline void source_totals(u32 api, u32 src, s64 delta)
     if (!v)
         return;
     s64 now = __sync_fetch_and_add(v, delta) + delta;
+    if (k == 4 && delta > 0)
+        peak_watch();
     if (k == 5 && delta > 0) {
         s64 *peak = totals.lookup(&kp);
         if (peak && now > *peak)

@@ -82,7 +82,8 @@ BPF_HASH(sysargs, u32, struct as_sysargs, AS_MAX_THREADS);
 BPF_PERCPU_ARRAY(counters, u64, AS_CNT_MAX);
 BPF_ARRAY(totals, s64, 8); /* 0: live bytes (heap API), 1: peak of 0, 2: bytes in `regions`,
                             * 3: regions, 4: CUDA host memory (pinned, managed) from the driver
-                            * API, 5: GPU memory (device), 6: peak of 5 */
+                            * API, 5: GPU memory (device), 6: peak of 5, 7: the high-water
+                            * wake threshold of 0 + 2 + 4 (set by the tracer; 0: off) */
 /* GPU memory and pinned registrations (no new host addresses), keyed apart from `live`. */
 BPF_F_TABLE("hash", struct as_dev_key, struct as_live, dev_live, AS_MAX_LIVE, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(scratch, struct as_stack, 1);

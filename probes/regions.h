@@ -174,6 +174,8 @@ static __always_inline void region_totals(s64 bytes, s64 n)
         __sync_fetch_and_add(b, bytes);
     if (c && n)
         __sync_fetch_and_add(c, n);
+    if (bytes > 0)
+        peak_watch();
 }
 
 /* Bytes newly held by a region site: alloc counters and its peak. */

@@ -294,12 +294,13 @@ def _totals_json(a: Side, b: Side, expected: float | None) -> dict:
     return out
 
 
-ALLOCATOR_KEYS = ("resident", "live", "retained", "released")
+ALLOCATOR_KEYS = ("resident", "live", "retained", "released", "live_before_attach")
 
 
 def diff_allocators(a: Side, b: Side) -> list[dict]:
     """What each allocator keeps in A and B (analysis.rss_decomposition's `allocators`, matched
-    by name): {name, in, a_/b_ and delta_ of resident, live, retained, released}, by |retained
+    by name): {name, in, a_/b_ and delta_ of resident, live, retained, released,
+    live_before_attach (0 where no census measured it)}, by |retained
     delta|; [] when neither trace measures it."""
     def by_name(side: Side) -> dict[str, dict]:
         dec = rss_decomposition(side.trace) or {}
@@ -310,7 +311,7 @@ def diff_allocators(a: Side, b: Side) -> list[dict]:
         pa_, pb = xa.get(name), xb.get(name)
         row: dict[str, Any] = {"name": name, "in": "both" if pa_ and pb else ("a" if pa_ else "b")}
         for k in ALLOCATOR_KEYS:
-            row[f"a_{k}"], row[f"b_{k}"] = int((pa_ or {}).get(k, 0)), int((pb or {}).get(k, 0))
+            row[f"a_{k}"], row[f"b_{k}"] = int((pa_ or {}).get(k) or 0), int((pb or {}).get(k) or 0)
             row[f"{k}_delta"] = row[f"b_{k}"] - row[f"a_{k}"]
         rows.append(row)
     rows.sort(key=lambda r: (-abs(r["retained_delta"]), -r["b_resident"], r["name"]))

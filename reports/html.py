@@ -402,10 +402,12 @@ def trims_table(doc: dict) -> str:
 
 
 def arenas_table(doc: dict) -> str:
-    rows = [[_e(a["id"]), _e(a["kind"]), _bytes(a["live_bytes"]), _bytes(a["resident_bytes"]),
-             _bytes(a["retained_bytes"]), _e(a.get("heaps", "")), _e(", ".join(str(t) for t in a["threads"][:8]))]
+    rows = [[_e(a["id"]), _e(a["kind"]), _bytes(a["live_bytes"]), _bytes(a.get("live_before_bytes")),
+             _bytes(a["resident_bytes"]), _bytes(a["retained_bytes"]), _e(a.get("heaps", "")),
+             _e(", ".join(str(t) for t in a["threads"][:8]))]
             for a in doc.get("arenas") or []]
-    return _table(["arena", "kind", "live", "resident", "retained", "heaps", "threads"], rows, {2, 3, 4, 5})
+    return _table(["arena", "kind", "live", "before attach", "resident", "retained", "heaps", "threads"], rows,
+                  {2, 3, 4, 5, 6})
 
 
 def allocators_table(doc: dict) -> str:
@@ -413,21 +415,28 @@ def allocators_table(doc: dict) -> str:
     live, retained, released to the kernel; '' when the trace does not measure it."""
     allocs = (doc.get("rss_decomposition") or {}).get("allocators") or []
     rows = [[_e(a["name"]), _e(a.get("module") or ""), _e("yes" if a.get("serves_malloc") else ""),
-             _bytes(a["resident"]), _bytes(a["live"]), _bytes(a["retained"]), _bytes(a["released"])] for a in allocs]
+             _bytes(a["resident"]), _bytes(a["live"]), _bytes(a.get("live_before_attach")), _bytes(a["retained"]),
+             _bytes(a["released"])] for a in allocs]
     if not rows:
         return ""
-    return _table(["allocator", "module", "serves malloc", "resident", "live", "retained", "released"], rows,
-                  {3, 4, 5, 6}, "allocators")
+    return _table(["allocator", "module", "serves malloc", "resident", "live", "before attach", "retained",
+                   "released"], rows, {3, 4, 5, 6, 7}, "allocators")
 
 
 def decomposition_html(doc: dict) -> str:
     d = doc.get("rss_decomposition")
     if not d:
         return ""
-    parts = [("live heap", d["live_heap_bytes"]), ("retained by allocator", d["retained_bytes"]),
-             ("other anonymous", d["other_anon_bytes"]), ("file", d["file_bytes"]), ("shmem", d["shmem_bytes"])]
+    parts = [("live heap since the attach", d["live_heap_bytes"])]
+    if d.get("live_before_attach_known"):
+        parts.append(("live before the attach", d.get("live_before_attach_bytes", 0)))
+    parts += [("retained by allocator (free)", d["retained_bytes"]), ("other anonymous", d["other_anon_bytes"]),
+              ("file", d["file_bytes"]), ("shmem", d["shmem_bytes"])]
     cells = " + ".join(f"{_e(k)} <b>{_bytes(v)}</b>" for k, v in parts)
     out = f'<p class="decomp">RSS <b>{_bytes(d["rss_bytes"])}</b> = {cells}</p>'
+    if d.get("unseparated"):
+        out += (f'<p class="decomp">{_e(", ".join(d["unseparated"]))}: memory from before the attach is in other '
+                f'anonymous, {_e(d["unseparated_note"])}</p>')
     if d.get("shmem_attributed_bytes") or d.get("file_device_bytes"):
         def srcs(by: dict) -> str:
             return _e(", ".join(f"{k} {human_bytes(v)}" for k, v in by.items()) or "none")

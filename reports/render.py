@@ -218,13 +218,22 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     if dec:
         retained = (f" + retained by allocator {human_bytes(dec['retained_bytes'])}" if dec.get("retained_known", True)
                     else " (allocator retention not separable for this allocator: inside other anon)")
-        out.append(f"  RSS {human_bytes(dec['rss_bytes'])} = live heap {human_bytes(dec['live_heap_bytes'])}{retained}"
+        before = f" + live before the attach {human_bytes(dec['live_before_attach_bytes'])}" \
+            if dec.get("live_before_attach_known") else ""
+        out.append(f"  RSS {human_bytes(dec['rss_bytes'])} = live heap since the attach "
+                   f"{human_bytes(dec['live_heap_bytes'])}{before}{retained}"
                    f" + other anon {human_bytes(dec['other_anon_bytes'])} + file {human_bytes(dec['file_bytes'])}"
                    f" + shmem {human_bytes(dec['shmem_bytes'])}")
         for a in dec.get("allocators") or []:  # every allocator's own mappings, measured
+            pre = f" + live before the attach {human_bytes(a['live_before_attach'])}" \
+                if a.get("live_before_attach") is not None else ""
+            how = f"; census {a['census']}" if a.get("live_before_attach") is not None else ""
             out.append(f"    {a['name']:<16} resident {human_bytes(a['resident']):>10} = live {human_bytes(a['live'])}"
-                       f" + retained {human_bytes(a['retained'])};  released {human_bytes(a['released'])}"
-                       f"  ({a['source']})")
+                       f"{pre} + retained (free) {human_bytes(a['retained'])};  released {human_bytes(a['released'])}"
+                       f"  ({a['source']}{how})")
+        if dec.get("unseparated"):
+            out.append(f"    {', '.join(dec['unseparated'])}: memory from before the attach is in other anon, "
+                       f"{dec['unseparated_note']}")
         if dec.get("shmem_attributed_bytes") or dec.get("file_device_bytes"):
             out.append(f"    shmem {human_bytes(dec['shmem_bytes'])} = {human_bytes(dec['shmem_attributed_bytes'])}"
                        f" at {sources_text(dec['shmem_sources'])} sites"
@@ -303,11 +312,13 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
         out.append("")
         out.append(s.bold("Allocator arenas by retained bytes"))
         out += ["  " + line for line in table(
-            ["arena", "kind", "live", "resident", "retained", "heaps", "threads"],
-            [[a["id"], a["kind"], human_bytes(a["live_bytes"]), human_bytes(a["resident_bytes"]),
-              human_bytes(a["retained_bytes"]), str(a.get("heaps", "")),
+            ["arena", "kind", "live", "before attach", "resident", "retained", "heaps", "threads"],
+            [[a["id"], a["kind"], human_bytes(a["live_bytes"]),
+              "-" if a.get("live_before_bytes") is None else
+              human_bytes(a["live_before_bytes"]) + ("~" if a.get("census_sampled") else ""),
+              human_bytes(a["resident_bytes"]), human_bytes(a["retained_bytes"]), str(a.get("heaps", "")),
               ",".join(str(t) for t in a["threads"][:6]) + ("…" if len(a["threads"]) > 6 else "")]
-             for a in doc["arenas"][:top]], "llrrrrl")]
+             for a in doc["arenas"][:top]], "llrrrrrl")]
     out += freeing_text((doc.get("waits") or {}).get("freeing") or {}, s, top)
     if doc.get("trims"):
         out.append("")
@@ -507,7 +518,9 @@ def peak_when(doc: dict) -> str:
     """'4.0s, live 98.1 MiB': when the peak interval ended and the live total then."""
     p = doc.get("at_peak") or {}
     when = f"{p['elapsed_s']:.1f}s" if p.get("elapsed_s") is not None else f"interval {p.get('seq')}"
-    return f"{when}, live {human_bytes(p.get('live_bytes'))}"
+    how = f", a peak snapshot within {human_bytes(p['margin_bytes'])} of the high-water mark" \
+        if p.get("peak_snapshot") and p.get("margin_bytes") else ""
+    return f"{when}, live {human_bytes(p.get('live_bytes'))}{how}"
 
 
 def _at_peak_text(doc: dict, s: _Style, top: int, frames_per_site: int) -> list[str]:
@@ -654,14 +667,15 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
         out += ([] if out[-1] == "" else [""]) + [s.bold(gpu[1]), *gpu[2:]]
     allocs = doc.get("allocators") or []
     if allocs:
-        out += ["", s.bold("What each allocator keeps (resident in its own mappings, not live = retained)")]
+        out += ["", s.bold("What each allocator keeps (resident in its own mappings, free = retained)")]
         out += ["  " + line for line in table(
             ["allocator", "A retained", "B retained", "delta", "A resident", "B resident", "A live", "B live",
-             "A released", "B released"],
+             "A before attach", "B before attach", "A released", "B released"],
             [[x["name"], human_bytes(x["a_retained"]), human_bytes(x["b_retained"]), human_delta(x["retained_delta"]),
               human_bytes(x["a_resident"]), human_bytes(x["b_resident"]), human_bytes(x["a_live"]),
-              human_bytes(x["b_live"]), human_bytes(x["a_released"]), human_bytes(x["b_released"])] for x in allocs],
-            "lrrrrrrrrr")]
+              human_bytes(x["b_live"]), human_bytes(x["a_live_before_attach"]), human_bytes(x["b_live_before_attach"]),
+              human_bytes(x["a_released"]), human_bytes(x["b_released"])] for x in allocs],
+            "lrrrrrrrrrrr")]
     waits = [w for w in doc.get("waits") or [] if w["a_held_bytes"] or w["b_held_bytes"] or w["a_max_threads"]
              or w["b_max_threads"]]
     if waits:

@@ -11,7 +11,27 @@ from common.tracefile.reader import Trace
 from .sources import DEVICE_FILE_SOURCES, REGISTER_API, SHMEM_SOURCES, live_by_source
 
 ARENA_COLUMNS = ["id", "kind", "live_bytes", "resident_bytes", "retained_bytes", "threads", "heaps",
-                 "size_bytes", "estimated"]
+                 "size_bytes", "estimated", "live_before_bytes", "free_bytes", "census_sampled"]
+
+BEFORE_UNSEPARATED = "allocated before the attach or retained: not separable without an allocator census"
+
+
+def census_end(trace: Trace, when: str = "end") -> dict[str, dict]:
+    """{arena id: its `census` row (tracer/census.py) taken `when` ('attach' | 'end')}; {} for a
+    trace without one (another allocator, the census off, a trace before version 5)."""
+    c = trace.census
+    if c is None or c.empty:
+        return {}
+    c = c[c["when"] == when]
+    return {str(r["arena"]): r for r in c.to_dict("records")}
+
+
+def chunk_bytes(size: np.ndarray, mmapped: np.ndarray) -> np.ndarray:
+    """What glibc spends on blocks of `size` requested bytes: a heap chunk (size + 8, 16-byte
+    rounded, 32 at least), a mmapped chunk (size + 16, page-rounded)."""
+    size = size.astype(np.int64, copy=False)
+    heap = np.maximum(32, (size + 8 + 15) & ~np.int64(15))
+    return np.where(mmapped, (size + 16 + 4095) & ~np.int64(4095), heap)
 
 def arena_table(trace: Trace) -> pd.DataFrame:
     """Allocator arenas at the end of the recording, ranked by retained bytes. Columns: id
@@ -19,10 +39,15 @@ def arena_table(trace: Trace) -> pd.DataFrame:
     chunks, 'other' for heap-API blocks outside those, e.g. jemalloc extents), kind
     (main|thread|mmap|other), live_bytes (blocks allocated after attach and still live),
     resident_bytes (pagemap at the end; None when unknown), retained_bytes (resident − live,
-    at least 0: memory the allocator keeps that the program does not hold), threads (tids that
+    at least 0: memory the allocator keeps that the program does not hold; with a census,
+    resident − live − live_before: free and resident only), threads (tids that
     allocated the live blocks), heaps (glibc heaps in the arena), size_bytes (mapped read-write),
     estimated (residency sampled, not read page by page, or a chunk range shared with CUDA host
-    memory whose pages were taken off). The tracer measures every live block outside glibc's
+    memory whose pages were taken off), live_before_bytes (glibc's census at the end,
+    tracer/census.py: chunks in use that are no block the probes saw allocated — blocks from
+    before the attach still allocated, chunk bytes; None without a census), free_bytes (the
+    census's free chunks: bins, fastbins, tcaches, top; None without), census_sampled (the
+    census walked part of it and estimated the rest). The tracer measures every live block outside glibc's
     heaps as an allocator chunk, the pinned and managed memory the CUDA driver maps too: a range
     of such memory alone is left out, so RSS decomposition never calls it retained."""
     h = trace.heaps
@@ -35,6 +60,7 @@ def arena_table(trace: Trace) -> pd.DataFrame:
     n = len(h)
     other = n  # heap-API blocks in no known range
     live_sum: dict[int, int] = {}
+    chunk_sum: dict[int, int] = {}  # the same blocks in chunk bytes (the census's units)
     tids: dict[int, set[int]] = {}
     # Bytes of other blocks (CUDA host memory the driver mapped: the tracer measures every live
     # block outside glibc's heaps as an allocator chunk) in `mmap` ranges, page-rounded, and
@@ -65,10 +91,12 @@ def arena_table(trace: Trace) -> pd.DataFrame:
             addr, size, tid, row = addr[heap], size[heap], tid[heap], row[heap]
         has_heap[row[row >= 0]] = True
         grp = np.where(row >= 0, row, other).astype(np.int32)
-        tab = pa.table({"g": grp, "size": size.astype(np.int64, copy=False), "tid": tid})
-        sums = tab.group_by("g").aggregate([("size", "sum")])
-        for g, v in zip(sums["g"].to_pylist(), sums["size_sum"].to_pylist()):
+        chunk = chunk_bytes(size, np.where(row >= 0, is_mmap[np.maximum(row, 0)], False))
+        tab = pa.table({"g": grp, "size": size.astype(np.int64, copy=False), "tid": tid, "chunk": chunk})
+        sums = tab.group_by("g").aggregate([("size", "sum"), ("chunk", "sum")])
+        for g, v, cb in zip(sums["g"].to_pylist(), sums["size_sum"].to_pylist(), sums["chunk_sum"].to_pylist()):
             live_sum[g] = live_sum.get(g, 0) + v
+            chunk_sum[g] = chunk_sum.get(g, 0) + cb
         pairs = tab.group_by(["g", "tid"]).aggregate([])
         for g, t in zip(pairs["g"].to_pylist(), pairs["tid"].to_pylist()):
             tids.setdefault(g, set()).add(t)
@@ -89,13 +117,45 @@ def arena_table(trace: Trace) -> pd.DataFrame:
                                                                                           for j in idx))),
                      "heaps": int(len(idx)) if kind != "mmap" else 0,
                      "size_bytes": int((h["end"].to_numpy()[idx] - h["start"].to_numpy()[idx]).sum()),
-                     "estimated": bool(estimated[idx].any())})
+                     "estimated": bool(estimated[idx].any()),
+                     "_chunk": int(sum(chunk_sum.get(int(j), 0) for j in idx))})
     if other in live_sum:
         rows.append({"id": "other", "kind": "other", "live_bytes": int(live_sum[other]),
                      "resident_bytes": None, "retained_bytes": 0, "threads": sorted(tids.get(other, [])),
                      "heaps": 0, "size_bytes": 0, "estimated": False})
+    _apply_census(rows, census_end(trace))
     df = pd.DataFrame(rows, columns=ARENA_COLUMNS)
     return df.sort_values(["retained_bytes", "live_bytes"], ascending=False).reset_index(drop=True)
+
+def _apply_census(rows: list[dict], cen: dict[str, dict]) -> None:
+    """Each arena row's live_before_bytes (its census's chunks in use less the chunks of the
+    blocks the probes saw allocated), free_bytes, and its retained bytes then: resident − live −
+    live_before (free and resident only). glibc's mmapped chunks from before the attach are in
+    no `heaps` range: the census's `mmap` row adds them (its resident pages measured)."""
+    for r in rows:
+        chunk = r.pop("_chunk", 0)
+        c = cen.get(r["id"])
+        if c is None:
+            r.update(live_before_bytes=None, free_bytes=None, census_sampled=False)
+            continue
+        before = max(0, int(c["in_use_bytes"]) - chunk)
+        if r["id"] == "mmap" and int(c["resident_bytes"]) >= 0:
+            r["resident_bytes"] = max(int(r["resident_bytes"] or 0), int(c["resident_bytes"]))
+            r["size_bytes"] = max(int(r["size_bytes"]), int(c["system_bytes"]))
+        res = r["resident_bytes"]
+        if res is not None:  # no more than is resident beside the live blocks
+            before = min(before, max(0, int(res) - int(r["live_bytes"])))
+            r["retained_bytes"] = max(0, int(res) - int(r["live_bytes"]) - before)
+        r.update(live_before_bytes=before, census_sampled=bool(c["sampled"]),
+                 free_bytes=int(c["free_bytes"] + c["fastbin_bytes"] + c["tcache_bytes"] + c["top_bytes"]))
+    if "mmap" in cen and not any(r["id"] == "mmap" for r in rows):
+        c = cen["mmap"]
+        res = max(0, int(c["resident_bytes"]))
+        before = min(int(c["in_use_bytes"]), res)
+        rows.append({"id": "mmap", "kind": "mmap", "live_bytes": 0, "resident_bytes": res, "retained_bytes": 0,
+                     "threads": [], "heaps": 0, "size_bytes": int(c["system_bytes"]), "estimated": False,
+                     "live_before_bytes": before, "free_bytes": 0, "census_sampled": bool(c["sampled"])})
+
 
 def live_bytes_by_api(trace: Trace) -> dict[str, int]:
     """{api: bytes} of the final live table (the blocks outstanding at the end), summed in
@@ -271,9 +331,14 @@ def allocator_timeline(trace: Trace) -> dict[str, list[dict]]:
 
 def allocator_split(trace: Trace, arenas: pd.DataFrame) -> list[dict] | None:
     """Per allocator at the end: {name, source, kind, module, serves_malloc, resident, live,
-    retained, released, measured}. resident: its own mappings' resident bytes (the last
-    `allocators` row; glibc serving malloc: the arena table's heaps and chunks, measured with
-    the final live table); live: its sites' live bytes; retained: resident − live, at least 0.
+    live_before_attach, census, retained, released, measured}. resident: its own mappings'
+    resident bytes (the last `allocators` row; glibc serving malloc: the arena table's heaps and
+    chunks, measured with the final live table); live: its sites' live bytes (allocated since
+    the attach); live_before_attach: blocks from before the attach still allocated (glibc's
+    census, tracer/census.py; None where no census was possible); census: 'measured',
+    'sampled' (the census estimated part of the heaps past its time budget) or the reason there
+    is none; retained: free and resident — resident − live − live_before_attach, at least 0
+    (without a census, resident − live: what it mapped since the attach and holds free).
     None for a trace without the `allocators` table (version 2)."""
     last = _last_allocators(trace)
     if last is None or last.empty:
@@ -285,14 +350,25 @@ def allocator_split(trace: Trace, arenas: pd.DataFrame) -> list[dict] | None:
         src = str(r.source)
         m = mods.get(src, {})
         res, live = int(r.resident_bytes), int(r.live_bytes)
-        if m.get("kind") == "glibc" and src == "heap" and not arenas.empty and arenas["resident_bytes"].notna().any():
+        before, census = None, "no census of this allocator"
+        glibc = m.get("kind", str(r.kind).split(":")[0]) == "glibc"
+        if glibc and src == "heap" and not arenas.empty and arenas["resident_bytes"].notna().any():
             known = arenas[arenas["resident_bytes"].notna()]
             res = int(known["resident_bytes"].sum())
             live = int(known["live_bytes"].sum()) + int(arenas.loc[arenas["resident_bytes"].isna(), "live_bytes"].sum())
             ret = int(known["retained_bytes"].sum())
+            lb = arenas.get("live_before_bytes")
+            if lb is not None and lb.notna().any():
+                before = int(lb.fillna(0).sum())
+                census = "sampled" if bool(arenas["census_sampled"].any()) else "measured"
+            else:
+                census = _no_census(trace)
         else:
             ret = max(0, res - live)
+            if glibc:
+                census = "no census: glibc not serving malloc here"
         out.append({"name": str(r.kind), "source": src, "resident": res, "live": live, "retained": ret,
+                    "live_before_attach": before, "census": census,
                     "released": int(released.get(src, 0)), "kind": m.get("kind", str(r.kind).split(":")[0]),
                     "module": m.get("module"), "serves_malloc": bool(m.get("serves_malloc", src == "heap")),
                     "mapped": int(r.mapped_bytes), "measured": True})
@@ -300,19 +376,32 @@ def allocator_split(trace: Trace, arenas: pd.DataFrame) -> list[dict] | None:
     return out
 
 
+def _no_census(trace: Trace) -> str:
+    """Why a glibc trace has no census (meta.json `census`)."""
+    info = (trace.meta.get("census") or {}).get("end") or {}
+    if info.get("error") or (info and not info.get("main_arena")):
+        return f"no census: {info.get('error') or info.get('found_by')}"
+    return "no census (the target was gone at the end, or the census was off)"
+
+
 def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
                       by_source: dict[str, int] | None = None) -> dict | None:
-    """RSS at the end split as: live heap (held by the program, resident) + retained by the
-    allocators (resident in their own mappings, not held) + other anonymous (stacks, the
-    program's own mmaps, what allocators mapped before the attach) + file-backed + shared
-    memory. Every allocator of the process is measured (`allocators`: {name, source, resident,
-    live, retained, released, ...}; the sums are the top-level keys): live_heap_bytes = Σ
-    min(live, resident) + live_outside_bytes (live blocks beyond an allocator's measured
-    mappings: in mappings it made before the attach, counted as live heap out of the anonymous
-    rest), retained_bytes = Σ retained, allocator_resident_bytes = Σ resident, other_anon_bytes =
-    RssAnon − Σ resident − live_outside_bytes. Shared memory and file are split further by
-    `shared_split`. GPU memory is never in RSS and never here. Traces without per-allocator
-    residency (version 2) keep the glibc-only split. None when the trace has no end-of-run
+    """RSS at the end split as: live heap (allocated since the attach, held by the program,
+    resident) + live before the attach (blocks allocated before the attach and still allocated:
+    glibc's census, tracer/census.py) + retained by the allocators (free and resident in their
+    own mappings) + other anonymous (stacks, the program's own mmaps, what allocators without a
+    census mapped before the attach: BEFORE_UNSEPARATED) + file-backed + shared memory.
+    live_before_attach_bytes = Σ the allocators' live_before_attach (0 where none was measured;
+    `unseparated`: the allocators without a census, whose memory from before the attach —
+    allocated or retained — stays in other_anon_bytes). Every allocator of the process is
+    measured (`allocators`: {name, source, resident, live, live_before_attach, census,
+    retained, released, ...}; the sums are the top-level keys): live_heap_bytes = Σ min(live,
+    resident) + live_outside_bytes (live blocks beyond an allocator's measured mappings: in
+    mappings it made before the attach, counted as live heap out of the anonymous rest),
+    retained_bytes = Σ retained, allocator_resident_bytes = Σ resident, other_anon_bytes =
+    RssAnon − the parts above. Shared memory and file are split further by `shared_split`. GPU
+    memory is never in RSS and never here. Traces without per-allocator residency (version 2)
+    keep the glibc-only split. None when the trace has no end-of-run
     residency. `by_source`: live_by_source(trace), when at hand."""
     arenas = arena_table(trace) if arenas is None else arenas
     allocs = allocator_split(trace, arenas)
@@ -324,6 +413,7 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     last, split = end
     resident = sum(a["resident"] for a in allocs)
     held = sum(min(a["live"], a["resident"]) for a in allocs)
+    before = sum(a["live_before_attach"] or 0 for a in allocs)
     retained = sum(a["retained"] for a in allocs)
     anon = int(last["rss_anon_bytes"])
     # Live bytes beyond an allocator's measured mappings lie in mappings it made before the
@@ -334,16 +424,19 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     # pinned host memory, say) must not make the parts outgrow RSS: live, then retained, are
     # capped by the anonymous RSS, so the parts always sum to RSS.
     held = min(held, max(0, anon))
-    retained = min(retained, max(0, anon - held))
-    parts = {"live_heap_bytes": held, "retained_bytes": retained,
-             "other_anon_bytes": max(0, anon - held - retained),
+    before = min(before, max(0, anon - held))
+    retained = min(retained, max(0, anon - held - before))
+    parts = {"live_heap_bytes": held, "live_before_attach_bytes": before, "retained_bytes": retained,
+             "other_anon_bytes": max(0, anon - held - before - retained),
              "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
     timeline = allocator_timeline(trace)
     for a in allocs:
         a["timeline"] = timeline.get(a["source"], [])
     return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": sum(parts.values()),
             "allocator_resident_bytes": resident, "retained_known": True, "live_outside_bytes": outside, **split,
-            "allocators": allocs}
+            "live_before_attach_known": any(a["live_before_attach"] is not None for a in allocs),
+            "unseparated": [a["name"] for a in allocs if a["live_before_attach"] is None],
+            "unseparated_note": BEFORE_UNSEPARATED, "allocators": allocs}
 
 
 def conf_env(prefix: str) -> str:

@@ -24,6 +24,7 @@ from .timeline import (
     json_num,
     key_timeline,
     peak_first,
+    peak_rows,
     peak_seq,
     verdict,
 )
@@ -296,13 +297,19 @@ def gpu_summary(trace: Trace, tot: dict, sites: pd.DataFrame, locations: pd.Data
 def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[int, int]]:
     """The report's `at_peak` block — seq and elapsed_s of `peak_seq` (None when nothing was
     live), live_bytes (the process's live total then), peak_first (see `peak_first`),
-    max_fraction (its threshold) — and rank -> at_peak_rank: the rank_sites rows ordered by
-    their bytes at that moment, then by their own peak (ties as rank_sites breaks them)."""
+    max_fraction (its threshold), peak_snapshot (True when that moment is a peak snapshot, read
+    when the live total passed its high-water mark, not an interval's end), margin_bytes (the
+    peak snapshots' margin: live_bytes is within it of totals.peak_live_bytes; 0 in a trace
+    without them) — and rank -> at_peak_rank: the rank_sites rows ordered by their bytes at
+    that moment, then by their own peak (ties as rank_sites breaks them)."""
     seq = peak_seq(trace)
-    live = trace.intervals.set_index("seq")["live_bytes"]
+    iv = trace.intervals
+    live = iv.set_index("seq")["live_bytes"]
+    snap = dict(zip(iv["seq"].astype(int), peak_rows(iv)))
     block = {"seq": seq, "elapsed_s": None if seq is None else json_num(float(elapsed_s(trace)[seq]), 3),
              "live_bytes": 0 if seq is None else int(live[seq]), "peak_first": peak_first(tot),
-             "max_fraction": PEAK_FIRST_MAX_FRACTION}
+             "max_fraction": PEAK_FIRST_MAX_FRACTION, "peak_snapshot": bool(seq is not None and snap.get(seq)),
+             "margin_bytes": int(tot.get("peak_margin_bytes") or 0)}
     order = sort_sites(sites, "at_peak")["rank"].tolist() if len(sites) else []
     return block, {int(r): i for i, r in enumerate(order, 1)}
 

@@ -137,9 +137,34 @@ def growth_table(timeline: pd.DataFrame, elapsed: pd.Series) -> pd.DataFrame:
     return pd.DataFrame({"growth_bytes_per_s": slope, "growth_r2": r2,
                          "window_s": float(x[-1] - x[0]), "window_points": w}, index=timeline.columns)
 
+def peak_rows(iv: pd.DataFrame) -> np.ndarray:
+    """Boolean mask of the `intervals` rows that are peak snapshots (tracer/peaks.py: the
+    per-stack counters read when the live total passed its high-water mark, between two interval
+    snapshots); all False in a trace made before them."""
+    if "peak_snapshot" not in iv:
+        return np.zeros(len(iv), dtype=bool)
+    return (iv["peak_snapshot"].fillna(0).to_numpy() == 1)
+
+
+PEAK_MARGIN_FRACTION, PEAK_MARGIN_MIN_BYTES = 0.01, 1 << 20  # tracer/peaks.py, when meta.json has none
+
+
+def peak_margin(trace: Trace, hwm: int) -> int:
+    """The margin of the peak snapshots (tracer/peaks.py): a peak snapshot's live total is within
+    it of the high-water mark `hwm`; 0 for a trace made before them (the peak is then a sample of
+    the interval snapshots)."""
+    p = trace.meta.get("peaks")
+    if not isinstance(p, dict):
+        return 0
+    frac = float(p.get("margin_fraction", PEAK_MARGIN_FRACTION))
+    return max(int(hwm * frac), int(p.get("margin_min_bytes", PEAK_MARGIN_MIN_BYTES)))
+
+
 def peak_seq(trace: Trace) -> int | None:
     """The interval (seq) at whose end the process's live total (`intervals.live_bytes`) was
-    highest — the first of equal ones; None when nothing was ever live."""
+    highest — the first of equal ones; None when nothing was ever live. With peak snapshots in
+    the trace this is one of them whenever the total passed its high-water mark between two
+    interval snapshots: the composition within the margin (`peak_margin`) of the true peak."""
     iv = trace.intervals
     if iv.empty or "live_bytes" not in iv:
         return None

@@ -7,6 +7,7 @@ import pandas as pd
 from common.tracefile.reader import Trace
 
 from .sources import by_source, is_device, live_by_source
+from .timeline import peak_margin, peak_rows
 
 LOSS_ADVICE = {
     "lost_live_full": "the live-allocation map was full: raise --max-live",
@@ -46,7 +47,8 @@ def totals(trace: Trace) -> dict:
     (GPU allocations live at the end, from the sites), cuda_host_bytes (pinned and managed host
     memory made through the CUDA driver API at the end, `intervals.cuda_host_live_bytes`; part of
     live_bytes), live_by_source (`live_by_source`). 0 for a trace made before GPU memory was
-    traced."""
+    traced. peak_snapshots: the intervals rows that are peak snapshots (tracer/peaks.py), not
+    counted in `intervals`; peak_margin_bytes: their margin (0: a trace without them)."""
     iv = trace.intervals
     alive = iv[iv["rss_bytes"] >= 0] if "rss_bytes" in iv else iv.iloc[0:0]
     last = iv.iloc[-1]
@@ -67,7 +69,9 @@ def totals(trace: Trace) -> dict:
         "heap_live_bytes": int(last.get("heap_live_bytes", 0)),
         "mmap_live_bytes": int(last.get("mmap_live_bytes", 0)),
         "duration_s": float(last.get("elapsed_s", 0.0)),
-        "intervals": int(last["seq"]),
+        "intervals": int(last["seq"]) - int(peak_rows(iv).sum()),
+        "peak_snapshots": int(peak_rows(iv).sum()),
+        "peak_margin_bytes": peak_margin(trace, max((_col_max(iv, c) for c in peak_cols), default=0)),
         "device_bytes": _last(last, "device_live_bytes"),
         "device_peak_bytes": max(_col_max(iv, "device_peak_bytes"), _col_max(iv, "device_live_bytes")),
         "device_count": device_count,

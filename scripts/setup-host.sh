@@ -11,7 +11,8 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # 1. Debian packages. python3-bpfcc = BCC's Python bindings (NOT the PyPI 'bcc').
-# chromium + fonts: the HTML report's render test; bpfcc-tools: memleak for bench/ comparisons;
+# libc6-dbg: main_arena's address for the glibc census (tracer/census.py; without it, found by
+# shape, tests/test_census_bpf.py checks both); chromium + fonts: the HTML report's render test; bpfcc-tools: memleak for bench/ comparisons;
 # redis-server + redis-tools: the soak (bench/soak.py, tests/test_soak_bpf.py). What tests need
 # and would otherwise skip (a failure under CI=true, tests/support.py): binutils (nm, objdump,
 # objcopy, strip, readelf) and dwz for tests/test_symbolize.py, libjemalloc2 for the jemalloc
@@ -21,7 +22,7 @@ fi
 # crates of tests/targets/rustd (tests/test_rustd_bpf.py, built offline from
 # /usr/share/cargo/registry): librust-rayon-dev, librust-tokio-dev, librust-jemalloc-sys-dev, and
 # cargo (Debian's, unless one is there).
-pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev binutils dwz
+pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev libc6-dbg binutils dwz
       chromium fonts-dejavu-core bpfcc-tools redis-server redis-tools libjemalloc2
       libtcmalloc-minimal4 libgoogle-perftools4 libmimalloc2.0 tmux
       librust-rayon-dev librust-tokio-dev librust-jemalloc-sys-dev)

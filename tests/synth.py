@@ -132,11 +132,12 @@ class SynthTrace:
         self._heaps = list(rows)
 
     def interval(self, sites: dict, rss: int = 0, flows: dict | None = None, lost: dict | None = None,
-                 shmem: int = 0, file: int = 0) -> None:
+                 shmem: int = 0, file: int = 0, peak_snapshot: bool = False) -> None:
         """sites: {(stack_id, tid) or (stack_id, tid, source): (alloc_bytes, alloc_count,
         free_bytes, free_count)} cumulative; keys not given keep their previous values.
         lost: cumulative lost_* counters to set in this interval's row. rss: RSS in all, of
-        which `shmem` is RssShmem, `file` RssFile and the rest RssAnon."""
+        which `shmem` is RssShmem, `file` RssFile and the rest RssAnon. peak_snapshot: the row
+        is a peak snapshot (tracer/peaks.py), meta.json gets the margin."""
         self.seq += 1
         seq = self.seq
         for k, v in sites.items():
@@ -193,6 +194,9 @@ class SynthTrace:
                "live_bytes": live, "live_count": count, "target_alive": 1,
                "lost_live_full": 0, "lost_stack_full": 0, "n_allocs": 0, "n_frees": 0}
         row.update(lost or {})
+        if peak_snapshot:
+            row["peak_snapshot"] = 1
+            self.meta.setdefault("peaks", {"margin_fraction": 0.01, "margin_min_bytes": 1 << 20})
         self.w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
 
     def close(self, complete: bool = True) -> str:

@@ -84,7 +84,7 @@ def test_peak_interval_and_rule(trace, doc):
     assert A.peak_seq(trace) == PEAK_SEQ
     assert doc["totals"]["peak_live_bytes"] == PEAK_TOTAL and doc["totals"]["live_bytes"] == END_TOTAL
     assert doc["at_peak"] == {"seq": PEAK_SEQ, "elapsed_s": 3.0, "live_bytes": PEAK_TOTAL, "peak_first": True,
-                              "max_fraction": 0.25}
+                              "max_fraction": 0.25, "peak_snapshot": False, "margin_bytes": 0}
     # The rule at its boundary: live at the end <= 25% of the peak.
     assert A.peak_first({"live_bytes": 25, "peak_live_bytes": 100})
     assert not A.peak_first({"live_bytes": 26, "peak_live_bytes": 100})
@@ -206,3 +206,24 @@ def test_html_order_without_a_freed_peak(trace, stacks, doc):
                       "#4 scratch", "#5 append_log_record"]
     assert flame_data(trace, held, stacks)["default"] == "end"
     assert "<h2>Locations by live bytes</h2>" in to_html(trace, held, stacks=stacks)
+
+
+def test_peak_snapshot_row(tmp_path):
+    """A peak snapshot (tracer/peaks.py) between two interval snapshots: the reports take the
+    peak there (at_peak, the location's peak, the flame graph), and it is no interval."""
+    t = SynthTrace(tmp_path / "snap.allocscope")
+    a = [t.stack(["malloc", "alloc_fn", f"caller{i}", "start_thread"]) for i in range(4)]
+    keep = t.stack(["malloc", "keep", "main"])
+    t.interval({(keep, 1): (1000, 1, 0, 0)})
+    t.interval({(a[i], 10 + i): (P, 1, 0, 0) for i in range(4)}, peak_snapshot=True)
+    t.interval({(a[i], 10 + i): (P, 1, P, 1) for i in range(4)})
+    tr = load_trace(t.close())
+    doc = A.build_report(tr)
+    assert doc["totals"]["intervals"] == 2 and doc["totals"]["peak_snapshots"] == 1
+    assert doc["totals"]["peak_margin_bytes"] == max((4 * P + 1000) // 100, 1 << 20)
+    assert doc["at_peak"]["seq"] == 2 and doc["at_peak"]["peak_snapshot"] is True
+    assert doc["at_peak"]["live_bytes"] == 4 * P + 1000
+    [loc] = [x for x in doc["locations"] if x["function"] == "alloc_fn"]
+    assert (loc["peak_live_bytes"], loc["at_peak_bytes"], loc["at_peak_rank"], loc["n_stacks"]) == (4 * P, 4 * P, 1, 4)
+    assert "a peak snapshot within 1.0 MiB of the high-water mark" in render.to_text(doc)
+    assert flame_data(tr, doc, A.symbolize_stacks(tr))["views"]["peak"]["v"] == 4 * P + 1000

@@ -39,6 +39,7 @@ class RecordOptions:
     ring_pages: int = 1024        # ring buffer for the events that reach the tracer (4 MiB)
     unwind_rows: int = 1 << 21    # capacity of the CFI row array (8 bytes a row)
     residency_budget_pages: int = 1 << 18  # pagemap pages read per interval (1 GiB of heap)
+    census_budget_s: float = 2.0  # glibc census (tracer/census.py) at the attach and at the end; 0: none
     # benchmarks only (hidden flags)
     probe_floor: bool = False     # every probe attached, every program returning at once
     rss_tracepoint: bool = False  # RSS kept by a kmem:rss_stat program instead of read when needed

@@ -1018,6 +1018,12 @@ class Probes:
         t = self.bpf[b"totals"]
         return tuple(int(t[t.Key(i)].value) for i in range(7))
 
+    def set_peak_wake(self, threshold: int) -> None:
+        """The live total past which the kernel side wakes the tracer for a peak snapshot
+        (totals[7]; accounting.h peak_watch, tracer/peaks.py); 0: off."""
+        t = self.bpf[b"totals"]
+        t[t.Key(7)] = t.Leaf(threshold)
+
     def read_regions(self) -> tuple[np.ndarray, np.ndarray]:
         """Every region the kernel side holds: (starts, Region values)."""
         return self._read_batch("regions", ct.c_uint64, L.Region)

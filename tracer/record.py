@@ -39,6 +39,7 @@ from .customfns import CustomFn, Located, locate, parse_all
 from .embed import SymbolEmbedder
 from .maps import MapsWatcher
 from .options import DEFAULTS, RecordOptions
+from .peaks import PeakReading, PeakWatch
 from .regions import RegionTracker, SlowPath
 from .retention import AllocatorMeter, Owner, PurgeLog, allocator_part, keep_purge, live_by_source, purge_function
 from .stop import StopRequest
@@ -52,15 +53,16 @@ from .tables import (
     StackTable,
     ThreadTable,
     WaitTable,
+    _table,
     flow_part,
 )
 from .target import Target, launch_maps, release
 from .unwind import start_unwinder
 
 SRC = L.SOURCE_NAMES
-EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_TRIM, EV_NAME, EV_EXIT, EV_EXEC, EV_CODE = (
+EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_TRIM, EV_NAME, EV_EXIT, EV_EXEC, EV_CODE, EV_PEAK = (
     L.enum(n) for n in ("AS_EV_MMAP", "AS_EV_MUNMAP", "AS_EV_MREMAP", "AS_EV_BRK", "AS_EV_TRIM",
-                        "AS_EV_THREAD_NAME", "AS_EV_THREAD_EXIT", "AS_EV_EXEC", "AS_EV_CODE"))
+                        "AS_EV_THREAD_NAME", "AS_EV_THREAD_EXIT", "AS_EV_EXEC", "AS_EV_CODE", "AS_EV_PEAK"))
 SLOW_EVENTS = (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK)
 
 
@@ -133,6 +135,11 @@ class Recorder:
         self.heaps = HeapMeter(target.pid, opts.residency_budget_pages, glibc=False)
         self.retention: AllocatorMeter | None = None  # each allocator's own mappings, every interval
         self.purges = PurgeLog()
+        self.peaks: PeakWatch | None = None       # peak snapshots (tracer/peaks.py), once the probes are live
+        self.peak_changed: list[SiteKey] = []     # sites a peak snapshot wrote, for the observer
+        self.census_rows: list[tuple] = []        # glibc's arenas (tracer/census.py), not written yet
+        self.census_info: dict[str, dict] = {}    # meta.json `census`: how each one went
+        self.census_thread: threading.Thread | None = None
         self.embedder = SymbolEmbedder() if opts.embed_symbols else None
         self.cuda_module: str | None = None       # the libcuda.so.1 probed, once the target maps it
         self.source_names: dict[int, str] = dict(SRC)  # + the ids given out below (meta.json `sources`)
@@ -154,6 +161,10 @@ class Recorder:
     def on_event(self, ev: L.Event) -> None:
         typ, tid, ts = ev.type, ev.tid, ev.ts_ns
         released = 0
+        if typ == EV_PEAK:
+            if self.peaks is not None:
+                self.peaks.wake()  # read in the loop, once the poll returns
+            return
         if typ in SLOW_EVENTS:
             self.slow_events.append(ev)  # replayed in order once the poll returns (replay_slow)
             if typ == EV_MMAP and ev.prot & 0x4 and not ev.in_api:
@@ -256,7 +267,48 @@ class Recorder:
 
     # --- snapshot -------------------------------------------------------------------------
 
+    def _peak_snapshot(self, p: PeakReading) -> None:
+        """A peak snapshot (tracer/peaks.py) as its own interval: the sites as read at the wake,
+        the stacks they name first, an `intervals` row marked peak_snapshot 1."""
+        self.seq += 1
+        seq, w = self.seq, self.writer
+        changed = self.sites.update([p.sites], self.tracker, self.source_names)
+        self.peak_changed += changed
+        part = self.sites.part(seq, changed)
+        if part is not None:
+            w.write_part("sites", seq, part)
+        new_ids = self.stacks.new_ids({k[0] for k in changed})
+        if new_ids:
+            if self.target.readable() and not self.exec_seen:
+                self.maps.refresh()
+            cols = self.stacks.columns(self.probes.read_stacks(new_ids), self.maps.index)
+            w.write_part("stacks", seq, pa.table(cols, schema=F.SCHEMAS["stacks"]))
+            if self.embedder is not None:
+                w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, cols))
+        heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = p.totals[:7]
+        counters = self._counters(dict(p.counters))
+        mm_live = reg_bytes - self.slow.taken_bytes + self.tracker.live_bytes()
+        mem = p.rss
+        row = {"seq": seq, "ts_ns": p.ts_ns, "elapsed_s": (p.ts_ns - self.t0_ns) / 1e9,
+               **{k: mem.get(k, -1) for k in ("rss_bytes", "rss_anon_bytes", "rss_file_bytes", "rss_shmem_bytes",
+                                               "hwm_bytes")},
+               "heap_live_bytes": heap_live, "heap_peak_bytes": heap_peak, "mmap_live_bytes": mm_live,
+               "cuda_host_live_bytes": cuda_host, "device_live_bytes": dev_live, "device_peak_bytes": dev_peak,
+               "live_bytes": heap_live + mm_live + cuda_host,
+               "live_count": counters["n_allocs"] - counters["n_frees"] + reg_count - self.slow.taken_count
+               + self.tracker.live_count(),
+               "target_alive": 1, "arena_resident_bytes": -1, "residency_ms": p.read_ns / 1e6,
+               "measured_ns": p.ts_ns, "peak_snapshot": 1}
+        row.update(counters)
+        w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
+
     def snapshot(self, final: bool = False) -> None:
+        if self.peaks is not None:
+            if self.peaks.woken:
+                self.peaks.read()  # a wake not served yet: its reading is of now, still the high
+            p = self.peaks.take()
+            if p is not None:
+                self._peak_snapshot(p)
         self.seq += 1
         seq = self.seq
         now = time.monotonic_ns()
@@ -299,6 +351,13 @@ class Recorder:
         if final:
             live_pid = self.target.pid if readable and self.heaps.glibc else None
             self.heaps.live_blocks = LiveTable(self.probes, self.tracker, self.source_names).write(w, seq, live_pid)
+            if self.census_thread is not None:
+                self.census_thread.join()
+            if live_pid is not None:
+                self._census("end")
+        if self.census_rows:
+            rows, self.census_rows = self.census_rows, []
+            w.write_part("census", seq, _table("census", rows, seq))
         for name, part in (("releases", releases), ("waits", waits), ("blocked", blocked)):
             if part is not None:
                 w.write_part(name, seq, part)
@@ -307,24 +366,47 @@ class Recorder:
             w.write_part("purges", seq, part)
         row = self._interval_row(seq, now, alive, readable, final)
         w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
+        if self.peaks is not None:
+            self.peaks.take(row["live_bytes"])  # a slow rise re-arms the wake from this snapshot's live
+        if self.peak_changed:  # the observer sees every change since its last snapshot
+            changed = list(dict.fromkeys(self.peak_changed + changed))
+            self.peak_changed = []
         if self.observer is not None:
             self.observer(Snapshot(seq, final, row, self.sites.current, changed, stack_columns,
                                    dict(self.threads.names), self._allocator_text(),
                                    tuple(self.retention.last) if self.retention is not None else (),
                                    tuple(self.waits.blocked)))
 
+    def _census(self, when: str) -> None:
+        """glibc's arenas read from outside (tracer/census.py): the rows go with the next snapshot."""
+        if not self.opts.census_budget_s or self.opts.mode == "residency":
+            return
+        from .census import run_census  # noqa: PLC0415
+
+        try:
+            rows, info = run_census(self.target.pid, budget_s=self.opts.census_budget_s)
+        except OSError as e:
+            self.census_info[when] = {"error": str(e)}
+            return
+        self.census_info[when] = info
+        self.census_rows += [(when, *c.row()) for c in rows]
+
     def _allocator_text(self) -> str:
         rep = self.attach_report
         text = f"{rep.allocator_kind} {rep.allocator}" if rep is not None else ""
         return text + (" + CUDA driver" if self.cuda_module else "")
 
-    def _interval_row(self, seq: int, now: int, alive: bool, readable: bool, final: bool) -> dict:
-        counters = self.probes.read_counters()
+    def _counters(self, counters: dict[str, int]) -> dict[str, int]:
+        """The `intervals` counters from the kernel's (read_counters)."""
         counters.update(self.probes.read_tlb())
         counters["n_attach_window_returns"] = self.attach_window_returns
         counters["lost_unmatched_ret"] -= self.attach_window_returns
         if self.opts.mode == "residency":
             counters["n_faults"] = self.probes.fault_count()
+        return counters
+
+    def _interval_row(self, seq: int, now: int, alive: bool, readable: bool, final: bool) -> dict:
+        counters = self._counters(self.probes.read_counters())
         heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = self.probes.read_totals()
         heap_count = counters["n_allocs"] - counters["n_frees"]
         mm_live = reg_bytes - self.slow.taken_bytes + self.tracker.live_bytes()
@@ -349,7 +431,7 @@ class Recorder:
                "cuda_host_live_bytes": cuda_host, "device_live_bytes": dev_live, "device_peak_bytes": dev_peak,
                "live_bytes": heap_live + mm_live + cuda_host, "live_count": heap_count + mm_count,
                "target_alive": int(alive), "arena_resident_bytes": arena_res, "residency_ms": res_ms,
-               "measured_ns": measured if readable else now}
+               "measured_ns": measured if readable else now, "peak_snapshot": 0}
         row.update(counters)
         self.last_row = row
         return row
@@ -405,6 +487,8 @@ class Recorder:
                          "fault_sample": o.fault_sample if o.mode == "residency" else 0},
             "unwind": unwind,
             "waits": {"wait_min_ns": self.waits.wait_min_ns},
+            **({"peaks": self.peaks.meta()} if self.peaks is not None else {}),
+            **({"census": self.census_info} if self.census_info else {}),
         }
         if complete:
             meta.update({"end_reason": self.end_reason, "intervals": self.seq,
@@ -510,6 +594,8 @@ class Recorder:
                 self.injection.enable()
             self._attach_cuda(maps)
             self._phase("attach")
+            self.peaks = PeakWatch(self.probes, lambda: procfs.rss(t.pid))
+            self.peaks.arm()
             self._phase("live")
             self._check_stop("attaching the probes")
             # Returns seen while probes were being attached belong to calls that began before
@@ -519,6 +605,10 @@ class Recorder:
             self.t0_ns = time.monotonic_ns()
             self.wall0 = time.time()
             self._start_writer()
+            if self.heaps.glibc and not launched:  # the blocks from before the attach still allocated
+                self.census_thread = threading.Thread(target=self._census, args=("attach",), name="census",
+                                                      daemon=True)
+                self.census_thread.start()  # beside the loop: the ring keeps being drained
             self.threads.seen(1, self.t0_ns, procfs.thread_names(t.pid) if not launched else {})
             release(t)
             self.progress(f"recording pid {t.pid} ({t.comm}); allocator {alloc.kind} {alloc.path}; Ctrl-C to stop")
@@ -593,9 +683,14 @@ class Recorder:
         next_snap = self.t0_ns + (interval_ns if first is None else int(min(first, self.opts.interval) * 1e9))
         while self.end_reason is None and self.stop.reason is None:
             now = time.monotonic_ns()
-            self.probes.poll_events(int(max(0, min(next_snap - now, 100_000_000) // 1_000_000)))
+            wait_ms = int(max(0, min(next_snap - now, 100_000_000) // 1_000_000))
+            peak_ms = self.peaks.wait_ms(now) if self.peaks is not None else None
+            self.probes.poll_events(wait_ms if peak_ms is None else min(wait_ms, peak_ms))
             self.replay_slow()
             now = time.monotonic_ns()
+            if self.peaks is not None and self.peaks.due(now):
+                self.peaks.read()  # the live total passed its high-water mark: the sites now
+                now = time.monotonic_ns()
             if not t.alive():
                 self.end_reason = "target exited"
             elif deadline is not None and now >= deadline:

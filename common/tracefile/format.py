@@ -50,6 +50,13 @@ Tables (columns; `seq` is the interval number, 1-based):
              (malloc_trim, mallctl, MallocExtension_Release*, mi_collect; `name`: mallctl's
              name argument), released = the drop of anon RSS across the call (version 3)
   live       seq, addr, size, stack_id, tid, ts_ns, api, source (the final live table)
+  census     seq, when ('attach'|'end'), arena ('main', a thread arena's address, 'mmap': glibc's
+             mmapped chunks), heaps, system_bytes, in_use_bytes (chunks in use, fastbin and
+             tcache entries not), free_bytes (free chunks in the bins), fastbin_bytes,
+             tcache_bytes, top_bytes, resident_bytes (mmapped chunks; -1 else), chunks (walked),
+             walked_bytes, sampled (1: part estimated past the time budget), tcache_estimated,
+             ms — glibc's arenas read from outside at the attach and at the end
+             (tracer/census.py; chunk bytes, mallinfo2's units) (version 5)
   symbols    seq, build_id, module, start (file offset), size, name (mangled) — only with
              --embed-symbols: the function symbols of each module first seen on a stack in
              that interval (tracer/embed.py writes them, reports/embedded.py reads them)
@@ -63,8 +70,8 @@ import pyarrow as pa
 
 from .names import FORMAT, META, PARTS  # noqa: F401 (the names live where no pyarrow is imported)
 
-VERSION = 4  # 2: the `releases` table; `events` holds only what went to user space; 3: `allocators`, `purges`;
-# 4: `waits`, `blocked`, releases' duration_ns and stack_id
+VERSION = 5  # 2: the `releases` table; `events` holds only what went to user space; 3: `allocators`, `purges`;
+# 4: `waits`, `blocked`, releases' duration_ns and stack_id; 5: `census`, intervals.peak_snapshot
 # Columns added in a later version, and what they read as in a trace written before it.
 ADDED_COLUMNS: dict[str, dict[str, int]] = {"releases": {"duration_ns": 0, "stack_id": 0}}
 
@@ -100,6 +107,10 @@ SCHEMAS: dict[str, pa.Schema] = {
     "purges": pa.schema([("seq", I32), ("ts_ns", I64), ("tid", U32), ("source", STR), ("function", STR),
                          ("name", STR), ("duration_ns", I64), ("rss_before_bytes", I64),
                          ("rss_after_bytes", I64), ("released_bytes", I64)]),
+    "census": pa.schema([("seq", I32), ("when", STR), ("arena", STR), ("heaps", I32), ("system_bytes", I64),
+                         ("in_use_bytes", I64), ("free_bytes", I64), ("fastbin_bytes", I64), ("tcache_bytes", I64),
+                         ("top_bytes", I64), ("resident_bytes", I64), ("chunks", I64), ("walked_bytes", I64),
+                         ("sampled", pa.int8()), ("tcache_estimated", pa.int8()), ("ms", F64)]),
     "live": pa.schema([("seq", I32), ("addr", U64), ("size", I64), ("stack_id", U64), ("tid", U32),
                        ("ts_ns", I64), ("api", STR), ("source", STR)]),
 }

@@ -51,6 +51,7 @@ class Trace:
     purges: pd.DataFrame = field(default_factory=lambda: _empty("purges"))          # version 3
     waits: pd.DataFrame = field(default_factory=lambda: _empty("waits"))            # version 4
     blocked: pd.DataFrame = field(default_factory=lambda: _empty("blocked"))        # version 4
+    census: pd.DataFrame = field(default_factory=lambda: _empty("census"))          # version 5
     live_table: pa.Table | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
