@@ -1,4 +1,4 @@
-"""The trace format (version 4, `VERSION` below; older traces stay readable): a directory, written
+"""The trace format (version 5, `VERSION` below; older traces stay readable): a directory, written
 by the tracer, read by reports.
 
     TRACE/
