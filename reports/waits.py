@@ -137,7 +137,11 @@ def _elapsed(trace: Trace) -> dict[int, float]:
 
 
 def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], top: int = 10) -> dict:
-    """The allocscope.report/1 `waits` object (see README, "Held while waiting")."""
+    """The allocscope.report/1 `waits` object (see README, "Held while waiting"). Each
+    `by_location` entry's `kept_bytes` is the part of its `held_bytes` allocated at locations
+    whose function is not on the wait stack: memory the threads allocated, returned from the
+    allocating call and kept while they wait (a thread blocked inside the function that
+    allocated, a sleep in the middle of building a buffer, is work in progress, not kept)."""
     meta_w = trace.meta.get("waits") or {}
     wait_min_ns = int(meta_w.get("wait_min_ns", 0) or 0)
     last = trace.intervals.iloc[-1].to_dict() if len(trace.intervals) else {}
@@ -210,9 +214,12 @@ def _peak(q: int, rows: list[dict], el: dict, names: dict, locs: _Locations, top
                 h[0] += b
                 h[1] += n
         folded = locs.wait(rs[0]["stack_id"])[1]
+        inside = {f.function for f in folded}
         by_location.append({
             **_loc(wloc), "threads": len(rs), "holding_threads": sum(1 for r in rs if r["held_bytes"]),
-            "held_bytes": sum(r["held_bytes"] for r in rs), "longest_s": max(r["waited_ns"] for r in rs) / 1e9,
+            "held_bytes": sum(r["held_bytes"] for r in rs),
+            "kept_bytes": sum(v[0] for a, v in held.items() if a[0].function not in inside),
+            "longest_s": max(r["waited_ns"] for r in rs) / 1e9,
             "in_free": in_free(locs.stacks.get(rs[0]["stack_id"], UNKNOWN_STACK)),
             "frames": [f.as_dict() for f in folded[:8]],
             "thread_list": [{"tid": r["tid"], "name": names.get(r["tid"], "?"), "waited_s": r["waited_ns"] / 1e9,
