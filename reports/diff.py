@@ -382,7 +382,15 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
     """
     if by not in GROUPINGS:
         raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")
-    a, b = summarize(trace_a, progress, fold, by), summarize(trace_b, progress, fold, by)
+    return diff_document(summarize(trace_a, progress, fold, by), summarize(trace_b, progress, fold, by), per, sort,
+                         fold, by)
+
+
+def diff_document(a: Side, b: Side, per: str | None = None, sort: str = "delta", fold: Folding | None = None,
+                  by: str = "location") -> dict:
+    """diff_traces from two summarized traces (`summarize`), for a caller that keeps the
+    Sides (their symbolized stacks: the HTML page draws its flame graph from them)."""
+    trace_a, trace_b = a.trace, b.trace
     sites = diff_sites(a, b, per, sort)
     locs = diff_sites(a, b, per, sort, locations=True)
     norm = normalization(trace_a, trace_b, per) if per else None
