@@ -26,6 +26,8 @@ MAX_FINDINGS = 6
 PEAK_MAX_HOLDERS = 3       # locations named as holding the peak...
 PEAK_MIN_SHARE = 0.10      # ...each holding >= 10% of it (the first is always named)...
 PEAK_ENOUGH_SHARE = 0.80   # ...until those named hold >= 80% of it
+BURST_MIN_SHARE = 0.10     # a peak freed by the end is news when what was freed is >= 10% of the RSS peak...
+BURST_MIN_BYTES = 1 << 20  # ...and >= 1 MiB (a few KiB of churn in a small heap is not)
 WAIT_MIN_THREADS = 2       # held while waiting: >= 2 threads blocked in one place holding memory...
 WAIT_MIN_SHARE = 0.25      # ...keeping (kept_bytes) >= 25% of the live peak
 GROW_MIN_SHARE = 0.01      # growing: its rise over the recording >= 1% of the live total...
@@ -99,12 +101,13 @@ def peak_holders(doc: dict) -> tuple[list[dict], int, bool]:
 
 def kept_while_waiting(doc: dict) -> dict | None:
     """The wait location (waits.peak.by_location) whose blocked threads kept most, when at
-    least WAIT_MIN_THREADS of them held memory and they kept >= WAIT_MIN_SHARE of the live
+    least WAIT_MIN_THREADS of them kept memory (allocated outside the functions on their wait
+    stacks: waits.held_while_waiting's kept_bytes) and they kept >= WAIT_MIN_SHARE of the live
     peak; None otherwise."""
     pk = (doc.get("waits") or {}).get("peak") or {}
     peak = int(doc["totals"].get("peak_live_bytes") or 0)
     cands = [d for d in pk.get("by_location") or []
-             if d.get("holding_threads", 0) >= WAIT_MIN_THREADS and peak
+             if d.get("keeping_threads", 0) >= WAIT_MIN_THREADS and peak
              and d.get("kept_bytes", 0) >= WAIT_MIN_SHARE * peak]
     return max(cands, key=lambda d: (d["kept_bytes"], d["threads"]), default=None)
 
@@ -154,7 +157,7 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
 
 def _wait_figures(d: dict) -> dict:
     return {"location": d["location"], "function": d["function"], "threads": d["threads"],
-            "holding_threads": d["holding_threads"], "held_bytes": d["held_bytes"], "kept_bytes": d["kept_bytes"]}
+            "keeping_threads": d["keeping_threads"], "held_bytes": d["held_bytes"], "kept_bytes": d["kept_bytes"]}
 
 
 def _wait_finding(doc: dict, d: dict) -> dict:
@@ -251,20 +254,29 @@ def _loss_finding(doc: dict) -> dict | None:
     return _finding("losses", text, "Totals: lost", "header", losses=lost)
 
 
+def burst(doc: dict) -> bool:
+    """Whether the report's peak was a burst worth a finding: mostly freed by the end
+    (at_peak.peak_first) by an amount >= BURST_MIN_SHARE of the RSS peak and >= BURST_MIN_BYTES."""
+    ap, tot = doc.get("at_peak") or {}, doc["totals"]
+    freed = int(ap.get("live_bytes") or 0) - int(tot.get("live_bytes") or 0)
+    rss = max(int(tot.get("peak_rss_bytes") or 0), int(tot.get("hwm_bytes") or 0))
+    return bool(ap.get("peak_first")) and freed >= max(BURST_MIN_BYTES, BURST_MIN_SHARE * rss)
+
+
 def report_findings(doc: dict) -> list[dict]:
     """The findings of an allocscope.report/1 document, most important first (see the module
     docstring); one `no_problem` finding when nothing stands out: nothing growing, nothing
     kept by blocked threads, no allocator retention or release cost worth a line, no material
-    loss, and the peak not mostly freed by the end."""
+    loss, and no burst (`burst`)."""
     wait = kept_while_waiting(doc)
     others = [f for f in (_growing_finding(doc), _retained_finding(doc), _release_finding(doc), _loss_finding(doc))
               if f]
-    if not (wait or others or (doc.get("at_peak") or {}).get("peak_first")):
+    if not (wait or others or burst(doc)):
         tot = doc["totals"]
-        return [_finding("no_problem", f"No problem found: live memory held steady ({human_bytes(tot['live_bytes'])} "
-                                       f"at the end, peak {human_bytes(tot['peak_live_bytes'])}); nothing is growing, "
-                                       "no blocked thread kept memory, the allocators keep little that is not live "
-                                       "and no events that matter were lost.", "Totals", "header",
+        return [_finding("no_problem", f"No problem found: {human_bytes(tot['live_bytes'])} live at the end, peak "
+                                       f"{human_bytes(tot['peak_live_bytes'])}; no burst, nothing growing, no blocked "
+                                       "thread kept memory, the allocators keep little that is not live and no events "
+                                       "that matter were lost.", "Totals", "header",
                          live_bytes=tot["live_bytes"], peak_live_bytes=tot["peak_live_bytes"])]
     peak, merged = _peak_finding(doc, wait)
     out = [f for f in (peak, None if merged or not wait else _wait_finding(doc, wait)) if f] + others
@@ -324,8 +336,10 @@ def _diff_wait_finding(doc: dict) -> dict | None:
     if not rows:
         return None
     w = max(rows, key=lambda w: abs(w.get("b_kept_bytes", 0) - w.get("a_kept_bytes", 0)))
-    text = (f"Threads blocked in {_where(w)} held {human_bytes(w['a_held_bytes'])} ({w['a_threads']} threads) in A "
-            f"and {human_bytes(w['b_held_bytes'])} ({w['b_threads']} threads) in B, at each run's peak of memory "
+    def thr(n: int) -> str:
+        return f"{n} thread{'' if n == 1 else 's'}"
+    text = (f"Threads blocked in {_where(w)} held {human_bytes(w['a_held_bytes'])} ({thr(w['a_threads'])}) in A "
+            f"and {human_bytes(w['b_held_bytes'])} ({thr(w['b_threads'])}) in B, at each run's peak of memory "
             f"held while waiting ({human_delta(w['held_delta'])}).")
     return _finding("waiting", text, "Held while waiting, A vs B", "waits", location=w["location"],
                     a_threads=w["a_threads"], b_threads=w["b_threads"], a_held_bytes=w["a_held_bytes"],

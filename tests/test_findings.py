@@ -68,7 +68,9 @@ def burst(tmp_path_factory):
 def test_steady_small_heap_says_no_problem_in_one_line(steady):
     f = steady["findings"]
     assert [x["kind"] for x in f] == ["no_problem"], f
-    assert f[0]["text"].startswith("No problem found: live memory held steady (800.0 KiB at the end, peak 800.0 KiB)")
+    assert f[0]["text"] == ("No problem found: 800.0 KiB live at the end, peak 800.0 KiB; no burst, nothing growing, "
+                            "no blocked thread kept memory, the allocators keep little that is not live and no events "
+                            "that matter were lost.")
     text = to_text(steady)
     block = text[text.index("Findings"):text.index("\nTotals\n")].strip().splitlines()
     assert len(block) == 2 and block[1].startswith("  1. No problem found") and block[1].endswith("[Totals]"), block
@@ -117,7 +119,8 @@ def _waits(kept: int, threads: int, in_call: bool = False) -> dict:
     held = {"location": "make_partition|synthd|w.c:42", "function": "make_partition", "module": "/usr/bin/synthd",
             "file": SRC + "w.c", "line": 42, "bytes": kept, "blocks": threads}
     entry = {**loc, "threads": threads, "holding_threads": threads, "held_bytes": kept,
-             "kept_bytes": 0 if in_call else kept, "held": [held], "thread_list": []}
+             "kept_bytes": 0 if in_call else kept, "keeping_threads": 0 if in_call else threads, "held": [held],
+             "thread_list": []}
     return {"traced": True, "wait_min_ms": 1.0, "peak": {"seq": 3, "elapsed_s": 2.5, "blocked": threads,
                                                          "holding": threads, "held_bytes": kept,
                                                          "by_location": [entry]},
