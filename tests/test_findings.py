@@ -240,3 +240,26 @@ def test_diff_of_a_run_with_itself_says_no_change(diff_paths):
     # 10 workers x 5000 + 3000 + 10 = 53010 B
     assert f[0]["text"] == ("No material change: live peak 51.8 KiB → 51.8 KiB; no location grew out of proportion "
                             "to pw, no thread group's peak moved and no blocked threads kept more.")
+
+
+def test_cli_diff_html_and_report_at_peak(diff_paths, tmp_path):
+    from click.testing import CliRunner
+    from support import one_line_error
+
+    from allocscope.cli import main
+
+    out = tmp_path / "d.html"
+    r = CliRunner().invoke(main, ["diff", *diff_paths, "--per", "pw", "--format", "html", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    page = out.read_text()
+    assert 'id="findings"' in page and "superlinear superlinear.c:20 grew out of proportion to pw" in page
+    assert 'class="diff-locations"' in page and 'id="flame-graph"' in page
+    # --at peak: the stacks live at the live peak. B (pw=12) peaks at interval 2, before half of
+    # `superlinear` is freed: 12 x 2500 B there, 12 x 1250 B at the end.
+    r = CliRunner().invoke(main, ["report", diff_paths[1], "--format", "folded", "--at", "peak"])
+    assert r.exit_code == 0, r.output
+    assert "start_thread;worker_main;superlinear 30000\n" in r.stdout
+    r = CliRunner().invoke(main, ["report", diff_paths[1], "--format", "folded"])
+    assert "start_thread;worker_main;superlinear 15000\n" in r.stdout
+    r = CliRunner().invoke(main, ["report", diff_paths[1], "--at", "peak"])
+    one_line_error(r, "--at peak is for --format pprof and folded", code=2)

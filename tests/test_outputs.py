@@ -307,6 +307,10 @@ def test_html_tables(page, trace, report):
     assert page.count("<tr><td") == 5 + 3 + 1 + 1  # sites, threads, flows, diff rows
     assert 'id="diff"' in page and "<b>pw=10</b>" in page and "+" in page
     assert 'id="diff"' not in to_html(trace, report)
+    # the findings on top (here one line: no problem; the diff page's test checks the links)
+    assert [f["kind"] for f in report["findings"]] == ["no_problem"]
+    assert page.index('<ol class="findings" id="findings"><li>No problem found: ') < page.index('<div class="cards">')
+    assert f'{report["findings"][0]["text"]} <span class="note">Totals</span></li></ol>' in page
 
 
 def test_html_renders_inchromium(page, tmp_path):
