@@ -128,10 +128,15 @@ def _pprof_flat(path) -> dict[str, int]:
 def _pprof_peak_diff(res: dict) -> None:
     """`report --format pprof --at peak` of each run feeds `go tool pprof -diff_base A B`: B - A
     per function puts synthesize_partition first, by whole partitions (8 MiB + a 32-byte header)."""
+    from reports.analysis import peak_seq
+    from reports.pprof import to_pprof
+    from reports.trace import load_trace
+
     a, b = res["traces"][0], res["traces"][1]
     pa, pb = a.with_suffix(".peak.pb.gz"), b.with_suffix(".peak.pb.gz")
-    for trace, out in ((a, pa), (b, pb)):
-        cli("report", str(trace), "--format", "pprof", "--at", "peak", "-o", str(out), check=True)
+    for trace, out in ((a, pa), (b, pb)):  # what `report --format pprof --at peak -o OUT` writes
+        t = load_trace(str(trace))
+        out.write_bytes(to_pprof(t, at_seq=peak_seq(t)))
     fa, fb = _pprof_flat(pa), _pprof_flat(pb)
     delta = sorted(((fb.get(k, 0) - fa.get(k, 0), k) for k in fa.keys() | fb.keys()), reverse=True)
     assert delta[0][1] == "synthesize_partition", delta[:3]
