@@ -208,7 +208,7 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--out", type=click.Path(file_okay=False), default="demo-out", show_default=True,
-              help="Directory for the daemon, the traces and the HTML report.")
+              help="Directory for the daemon, the traces, the report page and the diff page.")
 @click.option("--pw-a", type=click.IntRange(1, 12), default=2, show_default=True, help="Smaller pw setting.")
 @click.option("--pw-b", type=click.IntRange(1, 12), default=3, show_default=True, help="Larger pw setting.")
 @click.option("--partitions", type=click.IntRange(10, 1000), default=50, show_default=True,
@@ -220,7 +220,8 @@ def demo(out, pw_a, pw_b, partitions):
     partitions under a semaphore of --pw permits and hand them to one "gpu" thread through a
     single-slot channel; with --bug the permit is released before the hand-off, so finished
     partitions pile up. The demo records the buggy daemon at pw-a and pw-b and the fixed one
-    at pw-b, then shows the report and the diff that puts synthesize_partition first.
+    at pw-b, then shows the report and the diff that puts synthesize_partition first, writes
+    the report page and the diff page, and ends with the findings of the reports and the diff.
     """
     if pw_a >= pw_b:
         raise click.UsageError("--pw-a must be smaller than --pw-b")
