@@ -154,10 +154,13 @@ def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_sym
                                              "device_live_bytes"]),
               default="live_bytes", show_default=True,
               help="Value of each stack in --format folded (host memory; device_live_bytes: GPU memory).")
+@click.option("--at", "at", type=click.Choice(["end", "peak"]), default="end", show_default=True,
+              help="pprof and folded: the stacks live at the end, or at the moment of the live peak (for "
+                   "`go tool pprof -diff_base A.pb.gz B.pb.gz` of two runs' peaks).")
 @by_option
 @fold_option
 @source_option
-def report(trace, fmt, output, top, sort, metric, by, fold, sources):
+def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
     """Outstanding bytes by location (the place in the code that asked for memory) and by
     thread, totals and losses, from TRACE.
 
@@ -167,10 +170,15 @@ def report(trace, fmt, output, top, sort, metric, by, fold, sources):
       allocscope report run.allocscope --format html -o run.html
       allocscope report run.allocscope --format pprof -o heap.pb.gz && go tool pprof -top heap.pb.gz
       allocscope report run.allocscope --format folded | flamegraph.pl > live.svg
+      allocscope report a.allocscope --format pprof --at peak -o A.pb.gz   # and B, then:
+        go tool pprof -top -diff_base A.pb.gz B.pb.gz
 
     A location is the innermost frame left after folding allocator wrappers: one line of code.
     Every stack that reaches it (a work-stealing pool reaches one call through many) is summed
     under it, and its largest stacks are shown below it; --by stack lists each stack instead.
+
+    Every form but pprof, folded and csv opens with findings: at most 6 sentences, each with
+    its figures and the table it comes from (docs/findings.md).
 
     The JSON form (schema allocscope.report/1) is a contract other tools read: sites (one per
     folded stack) sorted by --sort (default: live bytes), each with frames innermost first and
@@ -186,16 +194,22 @@ def report(trace, fmt, output, top, sort, metric, by, fold, sources):
     folding = parse_fold(fold)
     wanted = parse_sources(sources)
     say = progress if sys.stderr.isatty() else None
+    if at != "end" and fmt not in ("pprof", "folded"):
+        raise UsageError(f"--at {at} is for --format pprof and folded (the other formats show the peak and the end)")
     t = only_sources(load_trace(trace, progress=say), wanted)
+    at_seq = None
+    if at == "peak":
+        from reports.analysis import peak_seq  # noqa: PLC0415
+        at_seq = peak_seq(t)
     if fmt == "pprof":
         from reports.pprof import to_pprof  # noqa: PLC0415
         if output is None and sys.stdout.isatty():
             raise UsageError("--format pprof is binary: give -o FILE (e.g. -o heap.pb.gz)")
-        emit(to_pprof(t, fold=folding), output)
+        emit(to_pprof(t, fold=folding, at_seq=at_seq), output)
         return
     if fmt == "folded":
         from reports.folded import to_folded  # noqa: PLC0415
-        emit(to_folded(t, metric=metric, fold=folding), output)
+        emit(to_folded(t, metric=metric, fold=folding, at_seq=at_seq), output)
         return
     stacks = symbolize_stacks(t, say)
     rep = build_report(t, sort=sort, stacks=stacks, fold=folding, by=by)

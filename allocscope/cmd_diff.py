@@ -30,7 +30,10 @@ class OneLineErrors(click.Command):
 @click.command(cls=OneLineErrors, context_settings=CONTEXT)
 @click.argument("trace_a", type=click.Path(dir_okay=True, file_okay=True))
 @click.argument("trace_b", type=click.Path(dir_okay=True, file_okay=True))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True,
+              help="text for people; json (allocscope.diff/1) for tools; html: one offline page (both "
+                   "timelines, A/B bars, a differential flame graph). For pprof, write `report --format pprof "
+                   "--at peak` of each trace and run `go tool pprof -diff_base A.pb.gz B.pb.gz`.")
 @click.option("--sort", type=click.Choice(SORTS), default="delta", show_default=True,
               help="Order sites by |peak delta|, |live-at-end delta|, |allocated delta|, B/A ratio, "
                    "|excess over linear scaling| (needs --per), or |GPU memory peak delta|.")
@@ -58,17 +61,21 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources):
     Examples:
       allocscope diff pw10.allocscope pw12.allocscope --per pw
       allocscope diff before.allocscope after.allocscope --format json -o diff.json
+      allocscope diff pw10.allocscope pw12.allocscope --per pw --format html -o diff.html
 
     GPU memory (CUDA device memory) is compared in columns of its own (a GPU section in text;
     a_/b_device_peak_bytes, device_peak_delta_bytes... in JSON), never in the host figures.
 
-    The JSON form (schema allocscope.diff/1): a, b (labels...), sites (per stack: frames,
+    Every form opens with findings: at most 6 sentences, each with its figures and the table
+    it comes from (docs/findings.md).
+
+    The JSON form (schema allocscope.diff/1): findings, a, b (labels...), sites (per stack: frames,
     a_peak_live_bytes, b_peak_live_bytes, delta_bytes, ...), locations (the same per location,
     with its `location` key), totals, thread_groups.
     """
     from reports import render  # noqa: PLC0415
     from reports.analysis import only_sources, parse_fold, parse_sources  # noqa: PLC0415
-    from reports.diff import diff_traces  # noqa: PLC0415
+    from reports.diff import diff_document, summarize  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
 
     folding = parse_fold(fold)
@@ -76,11 +83,15 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources):
     say = progress if sys.stderr.isatty() else None
     a = only_sources(load_trace(trace_a, progress=say), wanted)
     b = only_sources(load_trace(trace_b, progress=say), wanted)
-    doc = diff_traces(a, b, per=per, sort=sort, progress=say, fold=folding, by=by)
+    side_a, side_b = summarize(a, say, folding, by), summarize(b, say, folding, by)
+    doc = diff_document(side_a, side_b, per=per, sort=sort, fold=folding, by=by)
     if wanted:
         doc["source_filter"] = wanted
     if fmt == "json":
         text = render.to_json(doc)
+    elif fmt == "html":
+        from reports.html import to_diff_html  # noqa: PLC0415
+        text = to_diff_html(a, b, doc, stacks_a=side_a.stacks, stacks_b=side_b.stacks, fold=folding)
     else:
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
         text = render.diff_to_text(doc, top=top, color=color)

@@ -4,8 +4,10 @@ Builds demo/provingd, shows a few seconds of `allocscope top --batch` on the bug
 records it three times — the buggy daemon at two pw settings and the
 fixed one at the larger — then prints the report of the buggy run at the larger setting (the
 daemon exits and frees its partitions, so the report leads with the sites that held the peak:
-synthesize_partition first) and the diff that points at the pile-up, and writes an HTML report.
-Every file goes to one directory, named at the end.
+synthesize_partition first) and the diff that points at the pile-up, writes the report page and
+the diff page, and ends with the findings (reports/findings.py) of the three reports and the
+diff: its conclusions are the tool's, not its own. Every file goes to one directory, named at
+the end.
 """
 from __future__ import annotations
 
@@ -135,19 +137,21 @@ def top_preview(exe: Path, pw: int, partitions: int, say) -> str:
     return out.text
 
 
-def site_peak(trace_path: Path, function: str) -> int:
-    from reports.analysis import rank_sites  # noqa: PLC0415
-    from reports.trace import load_trace  # noqa: PLC0415
+def site_peak(report: dict, function: str) -> int:
+    """The peak live bytes of the report's locations in `function`."""
+    return int(sum(r["peak_live_bytes"] for r in report["locations"] if r["function"] == function))
 
-    sites = rank_sites(load_trace(str(trace_path)))
-    return int(sum(r.peak_live_bytes for r in sites.itertuples() if r.site and r.site[0].function == function))
+
+def findings_lines(findings: list[dict], indent: str = "  ") -> list[str]:
+    """The findings (reports/findings.py) as the demo prints them: numbered, with their table."""
+    return [f"{indent}{i}. {f['text']}  [{f['table']}]" for i, f in enumerate(findings, 1)]
 
 
 def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int = 8) -> dict:
     from reports import render  # noqa: PLC0415
     from reports.analysis import build_report  # noqa: PLC0415
-    from reports.diff import diff_traces  # noqa: PLC0415
-    from reports.html import to_html  # noqa: PLC0415
+    from reports.diff import diff_document, summarize  # noqa: PLC0415
+    from reports.html import to_diff_html, to_html  # noqa: PLC0415
     from reports.render import diff_to_text  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
     from tracer.doctor import require_root  # noqa: PLC0415
@@ -165,33 +169,38 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     fixed_b = record_run(exe, out, pw_b, False, partitions, say)
 
     ta, tb, tf = (load_trace(str(p)) for p in (bug_a, bug_b, fixed_b))
-    rep_b = build_report(tb)
-    diff = diff_traces(ta, tb, per="pw")
+    side_a, side_b = summarize(ta), summarize(tb)
+    reps = {"bug_a": build_report(ta), "bug_b": build_report(tb), "fixed_b": build_report(tf)}
+    rep_b = reps["bug_b"]
+    diff = diff_document(side_a, side_b, per="pw")
     report_text = render.to_text(rep_b, top=6)
     click.echo(report_text)
     click.echo(diff_to_text(diff, top=6))
     html_path = out / f"bug-pw{pw_b}.html"
     html_path.write_text(to_html(tb, rep_b, diff))
-    mib = partition_mb << 20
-    peaks = {"bug_a": site_peak(bug_a, SYNTH_SITE), "bug_b": site_peak(bug_b, SYNTH_SITE),
-             "fixed_b": site_peak(fixed_b, SYNTH_SITE)}
-    click.echo("demo: peak live partitions at synthesize_partition: "
-               f"bug pw={pw_a}: {peaks['bug_a'] / mib:.0f}, bug pw={pw_b}: {peaks['bug_b'] / mib:.0f}, "
-               f"fixed pw={pw_b}: {peaks['fixed_b'] / mib:.0f} (fixed bound pw+2 = {pw_b + 2})")
-    wait_bug = waiting_answer(tb, WAIT_SITE, SYNTH_SITE, rep_b["waits"])  # the report has them
-    wait_fixed = waiting_answer(tf, WAIT_SITE, SYNTH_SITE)
+    diff_path = out / f"diff-pw{pw_a}-pw{pw_b}.html"
+    diff_path.write_text(to_diff_html(ta, tb, diff, stacks_a=side_a.stacks, stacks_b=side_b.stacks))
+    # The conclusions, as the reports and the diff state them (reports/findings.py).
+    runs = {"bug_a": (f"bug pw={pw_a}", bug_a), "bug_b": (f"bug pw={pw_b}", bug_b),
+            "fixed_b": (f"fixed pw={pw_b}", fixed_b)}
+    for key, rep in reps.items():
+        name, path = runs[key]
+        click.echo(f"demo: findings of the report of {name} (allocscope report {path.name}):")
+        click.echo("\n".join(findings_lines(rep["findings"])))
+    click.echo(f"demo: findings of the diff (allocscope diff {bug_a.name} {bug_b.name} --per pw):")
+    click.echo("\n".join(findings_lines(diff["findings"])))
+    peaks = {k: site_peak(rep, SYNTH_SITE) for k, rep in reps.items()}
+    wait_bug = waiting_answer(tb, WAIT_SITE, SYNTH_SITE, rep_b["waits"])  # for the tests' cross-checks
+    wait_fixed = waiting_answer(tf, WAIT_SITE, SYNTH_SITE, reps["fixed_b"]["waits"])
     own = daemon_counters(bug_b)
-    when = f" at +{wait_bug['elapsed_s']:.1f}s" if wait_bug["elapsed_s"] is not None else ""
-    click.echo(f"demo: held while waiting, bug pw={pw_b}{when}: {wait_bug['threads']} threads blocked in "
-               f"{WAIT_SITE} holding {wait_bug['what_blocks']} partitions from {SYNTH_SITE} "
-               f"({wait_bug['what_bytes'] / mib:.0f} x {partition_mb} MiB)"
-               + (f"; the daemon's own peak 'waiting' counter: {own['peak_waiting']}" if "peak_waiting" in own else ""))
-    n = wait_fixed["max_threads"]
-    click.echo(f"demo: fixed pw={pw_b}: at most {n} thread{'s' if n != 1 else ''} in {WAIT_SITE} at any snapshot "
-               f"(the permits allow {pw_b})")
-    click.echo(f"demo: files in {out}: {bug_a.name}, {bug_b.name}, {fixed_b.name}, {html_path.name}")
-    click.echo(f"demo: try  allocscope diff {bug_a} {bug_b} --per pw")
-    return {"traces": [bug_a, bug_b, fixed_b], "html": html_path, "diff": diff, "peaks": peaks,
+    if "peak_waiting" in own:
+        click.echo(f"demo: the daemon's own count of finished partitions waiting for the channel, bug pw={pw_b}: "
+                   f"at most {own['peak_waiting']}")
+    click.echo(f"demo: files in {out}: {bug_a.name}, {bug_b.name}, {fixed_b.name}; the report page {html_path.name}, "
+               f"the diff page {diff_path.name}")
+    click.echo(f"demo: try  allocscope diff {bug_a} {bug_b} --per pw --format html -o diff.html")
+    return {"traces": [bug_a, bug_b, fixed_b], "html": html_path, "diff_html": diff_path, "diff": diff,
+            "peaks": peaks, "reports": reps,
             "waits": {"bug": wait_bug, "fixed": wait_fixed, "daemon_bug": own,
                       "daemon_fixed": daemon_counters(fixed_b)},
             "report": rep_b, "report_text": report_text, "top_text": top_text}
@@ -199,7 +208,7 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--out", type=click.Path(file_okay=False), default="demo-out", show_default=True,
-              help="Directory for the daemon, the traces and the HTML report.")
+              help="Directory for the daemon, the traces, the report page and the diff page.")
 @click.option("--pw-a", type=click.IntRange(1, 12), default=2, show_default=True, help="Smaller pw setting.")
 @click.option("--pw-b", type=click.IntRange(1, 12), default=3, show_default=True, help="Larger pw setting.")
 @click.option("--partitions", type=click.IntRange(10, 1000), default=50, show_default=True,
@@ -211,7 +220,8 @@ def demo(out, pw_a, pw_b, partitions):
     partitions under a semaphore of --pw permits and hand them to one "gpu" thread through a
     single-slot channel; with --bug the permit is released before the hand-off, so finished
     partitions pile up. The demo records the buggy daemon at pw-a and pw-b and the fixed one
-    at pw-b, then shows the report and the diff that puts synthesize_partition first.
+    at pw-b, then shows the report and the diff that puts synthesize_partition first, writes
+    the report page and the diff page, and ends with the findings of the reports and the diff.
     """
     if pw_a >= pw_b:
         raise click.UsageError("--pw-a must be smaller than --pw-b")

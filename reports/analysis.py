@@ -34,6 +34,7 @@ from __future__ import annotations
 from common.errors import UsageError
 from common.tracefile.reader import Trace
 
+from .findings import report_findings
 from .frames import (  # noqa: F401
     APP_WRAPPERS,
     DEFAULT_FOLDING,
@@ -164,7 +165,8 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
     function, stack) is what people-facing renderers list; the document has both lists
     whatever it is (`by` stack: locations by location). `stacks` (from symbolize_stacks) saves
     symbolizing again when the caller has them; `fold` (parse_fold) adds wrappers to fold,
-    listed in `folded`."""
+    listed in `folded`. `findings` (reports.findings.report_findings) comes first: the answer
+    in at most 6 sentences, each naming the table it comes from."""
     if by not in GROUPINGS:
         raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")
     if stacks is None:
@@ -184,7 +186,7 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
     meta = trace.meta
     tgt = meta.get("target") or {}
     points = timeline_points(trace.last_seq)
-    return {
+    doc = {
         "schema": REPORT_SCHEMA,
         "target": {"pid": tgt.get("pid"), "comm": tgt.get("comm"), "exe": tgt.get("exe"),
                    "labels": dict(meta.get("labels") or {})},
@@ -225,3 +227,4 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
         "allocator_releases": allocator_releases(trace)[1],
         "waits": held_while_waiting(trace, stacks),
     }
+    return {"schema": REPORT_SCHEMA, "findings": report_findings(doc), **doc}

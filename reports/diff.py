@@ -51,6 +51,7 @@ from .analysis import (
     thread_group_table,
     totals,
 )
+from .findings import diff_findings
 from .waits import held_while_waiting
 
 DIFF_SCHEMA = "allocscope.diff/1"
@@ -321,7 +322,8 @@ def diff_allocators(a: Side, b: Side) -> list[dict]:
 def diff_waits(a: Side, b: Side) -> list[dict]:
     """Waiting and holding, A vs B, per wait location (reports/waits.py): at each side's peak of
     held-while-waiting, the threads blocked there and the bytes they held (a_/b_threads,
-    a_/b_held_bytes, held_delta), the most threads blocked there at any snapshot
+    a_/b_held_bytes, held_delta; a_/b_kept_bytes: the part allocated outside the functions on
+    the wait stack, see waits.held_while_waiting), the most threads blocked there at any snapshot
     (a_/b_max_threads) and the off-CPU time there over the whole recording (a_/b_wait_s); by
     |held_delta|, then |max_threads delta|. [] when neither recording traced waits."""
     wa, wb = held_while_waiting(a.trace, a.stacks), held_while_waiting(b.trace, b.stacks)
@@ -331,13 +333,15 @@ def diff_waits(a: Side, b: Side) -> list[dict]:
 
     def row(d: dict) -> dict:
         return rows.setdefault(d["location"], {k: d.get(k) for k in ("location", "function", "module", "file", "line")}
-                               | {f"{x}_{k}": 0 for x in "ab" for k in ("threads", "held_bytes", "max_threads")}
+                               | {f"{x}_{k}": 0 for x in "ab"
+                                  for k in ("threads", "held_bytes", "kept_bytes", "max_threads")}
                                | {"a_wait_s": 0.0, "b_wait_s": 0.0})
 
     for x, w in (("a", wa), ("b", wb)):
         for d in (w.get("peak") or {}).get("by_location") or []:
             r = row(d)
             r[f"{x}_threads"], r[f"{x}_held_bytes"] = d["threads"], d["held_bytes"]
+            r[f"{x}_kept_bytes"] = d.get("kept_bytes", 0)
         for d in w.get("off_cpu") or []:
             row(d)[f"{x}_wait_s"] = d["total_s"]
         for t in w.get("timeline") or []:
@@ -375,15 +379,24 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
     flag per location — per function with `by` function —, with its `location` key, function,
     module, file, line and key_quality; flags judged among locations), ordered by `sort`;
     thread_groups (see diff_thread_groups); allocators (see diff_allocators); waits (see
-    diff_waits).
+    diff_waits); findings (reports.findings.diff_findings: the answer first, at most 6
+    sentences, each naming the table it comes from).
     """
     if by not in GROUPINGS:
         raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")
-    a, b = summarize(trace_a, progress, fold, by), summarize(trace_b, progress, fold, by)
+    return diff_document(summarize(trace_a, progress, fold, by), summarize(trace_b, progress, fold, by), per, sort,
+                         fold, by)
+
+
+def diff_document(a: Side, b: Side, per: str | None = None, sort: str = "delta", fold: Folding | None = None,
+                  by: str = "location") -> dict:
+    """diff_traces from two summarized traces (`summarize`), for a caller that keeps the
+    Sides (their symbolized stacks: the HTML page draws its flame graph from them)."""
+    trace_a, trace_b = a.trace, b.trace
     sites = diff_sites(a, b, per, sort)
     locs = diff_sites(a, b, per, sort, locations=True)
     norm = normalization(trace_a, trace_b, per) if per else None
-    return {
+    doc = {
         "schema": DIFF_SCHEMA,
         "a": a.trace.labels,
         "b": b.trace.labels,
@@ -401,3 +414,4 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
         "allocators": diff_allocators(a, b),
         "waits": diff_waits(a, b),
     }
+    return {"schema": DIFF_SCHEMA, "findings": diff_findings(doc), **doc}

@@ -49,8 +49,10 @@ def folded_stacks(trace: Trace, metric: str = "live_bytes", thread_root: bool = 
 
 
 def to_folded(trace: Trace, metric: str = "live_bytes", thread_root: bool = False,
-              stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None, fold: Folding | None = None) -> str:
-    """The folded-stacks text (see the module docstring); '' when every stack is zero."""
+              stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None, fold: Folding | None = None,
+              at_seq: int | None = None) -> str:
+    """The folded-stacks text (see the module docstring); '' when every stack is zero. `at_seq`:
+    at the end of that interval instead of the end of the recording."""
     lines = [f"{';'.join(path)} {value}"
-             for path, value in sorted(folded_stacks(trace, metric, thread_root, stacks, fold).items())]
+             for path, value in sorted(folded_stacks(trace, metric, thread_root, stacks, fold, at_seq).items())]
     return "".join(line + "\n" for line in lines)

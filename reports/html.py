@@ -43,9 +43,11 @@ from .render import (
     folded_text,
     frame_text,
     human_bytes,
+    human_delta,
     listed,
     location_text,
     peak_when,
+    ratio_text,
 )
 from .trace import Trace
 
@@ -53,6 +55,7 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 UPLOT_JS = "uPlot.iife.min.js"
 UPLOT_CSS = "uPlot.min.css"
 PAGE = "report.html"     # string.Template: $title, $sections, $data... (see to_html)
+DIFF_PAGE = "diff.html"  # the same for to_diff_html
 PAGE_CSS = "report.css"
 PAGE_JS = "report.js"
 TOP_SITES_CHART = 8      # sites drawn in the stacked chart; the rest are summed as "other"
@@ -493,7 +496,7 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
     if report_doc.get("folded"):
         notes.append(("note", "folded out of sites: " + folded_text(report_doc["folded"])))
     notes_html = "".join(f'<p class="{c}">{_e(t)}</p>' for c, t in notes)
-    sections = [
+    sections: list[tuple[str, str, str]] = [
         ("timeline", "Memory over time", '<div class="chart" id="chart-timeline"></div>'),
         ("site-timeline", f"Top {NOUNS[listed(report_doc)[1]]} over time (live bytes, stacked; top {TOP_SITES_CHART})",
          '<div class="chart" id="chart-sites"></div>'),
@@ -517,10 +520,219 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
     body = "".join(f'<section id="{sid}"><h2>{_e(h)}</h2>{content}</section>' for sid, h, content in sections)
     return Template(_asset(PAGE, inline=False)).substitute(
         title=_e(title), uplot_css=_asset(UPLOT_CSS), report_css=_asset(PAGE_CSS),
+        findings=findings_html(report_doc.get("findings"), {sid for sid, _, _ in sections}),
         exe=_e(tgt.get("exe")), labels=(" &nbsp; " + _e(labels)) if labels else "",
         allocator_kind=_e(rec.get("allocator_kind")), allocator=_e(rec.get("allocator")),
         cuda=(f' &nbsp; CUDA driver <code>{_e(gpu["driver"])}</code> ({len(gpu.get("probed") or [])} calls probed)'
               if gpu.get("driver") else ""),
         end_reason=_e(rec.get("end_reason") or "interrupted"), cards=cards_html,
         decomposition=decomposition_html(report_doc), notes=notes_html, sections=body,
+        data=_json_for_script(data), uplot_js=_asset(UPLOT_JS), report_js=_asset(PAGE_JS))
+
+
+# --------------------------------------------------------------------------------------------- findings
+def findings_html(findings: list[dict] | None, sections: set[str]) -> str:
+    """The findings (reports.findings) as a list on top of the page, each linking to the
+    section of its table when the page has it."""
+    if not findings:
+        return ""
+    items = "".join(f"<li>{_e(f['text'])}"
+                    + (f' <a href="#{_e(f["section"])}">{_e(f["table"])}</a>' if f.get("section") in sections
+                       else f' <span class="note">{_e(f["table"])}</span>') + "</li>" for f in findings)
+    return f'<ol class="findings" id="findings">{items}</ol>'
+
+
+# --------------------------------------------------------------------------------------------- the diff page
+def diff_timeline_data(trace_a: Trace, trace_b: Trace) -> dict:
+    """Both runs' live and RSS bytes on one chart: x = seconds since each run's own start (the
+    union of both runs' interval ends), one series per run and figure, null where that run has
+    no sample (drawn across: `span`). RSS samples after a target exited are gaps."""
+    def points(trace: Trace, col: str) -> dict[float, int | None]:
+        iv = trace.intervals
+        if col not in iv or "elapsed_s" not in iv:
+            return {}
+        out: dict[float, int | None] = {}
+        for t, v in zip(iv["elapsed_s"], iv[col]):
+            n = _num(v)
+            out[round(float(t), 6)] = None if n is None or (col == "rss_bytes" and n < 0) else n
+        return out
+
+    cols = [("live_bytes", "live"), ("rss_bytes", "RSS")]
+    per = [(f"{name} {label}", points(tr, col), name == "B")
+           for name, tr in (("A", trace_a), ("B", trace_b)) for col, label in cols]
+    xs = sorted({x for _, p, _ in per for x in p})
+    return {"t": xs, "series": [{"label": label, "values": [p.get(x) for x in xs], "dash": "RSS" in label,
+                                 "span": True} for label, p, _ in per if p]}
+
+
+def diff_flame_tree(trace_a: Trace, trace_b: Trace, stacks_a: Mapping[int, tuple[FrameInfo, ...]],
+                    stacks_b: Mapping[int, tuple[FrameInfo, ...]], fold: Folding | None = None,
+                    min_fraction: float = FLAME_MIN_FRACTION) -> dict | None:
+    """The differential flame graph: the live-bytes folded stacks of each run at its own peak
+    (analysis.peak_seq), merged by frame names into one tree {n, v: B's bytes, a: A's bytes,
+    c: children}: width by B, colour by B vs A (report.js). Nodes under `min_fraction` of B's
+    total are dropped; paths only in A count in their ancestors' `a`. None when B had nothing live."""
+    root: dict = {"n": "all", "v": 0, "a": 0, "c": {}}
+    for trace, stacks, key in ((trace_b, stacks_b, "v"), (trace_a, stacks_a, "a")):
+        seq = peak_seq(trace)
+        if seq is None:
+            continue
+        for path, value in folded_stacks(trace, "live_bytes", stacks=stacks, fold=fold, at_seq=seq).items():
+            if value <= 0:
+                continue
+            node = root
+            node[key] += value
+            for name in path:
+                node = node["c"].setdefault(name, {"n": name, "v": 0, "a": 0, "c": {}})
+                node[key] += value
+    if not root["v"]:
+        return None
+    limit = root["v"] * min_fraction
+
+    def finish(node: dict) -> dict:
+        kids = sorted((k for k in node["c"].values() if k["v"] >= limit and k["v"] > 0),
+                      key=lambda k: (-k["v"], k["n"]))
+        out = {"n": node["n"], "v": node["v"], "a": node["a"]}
+        if kids:
+            out["c"] = [finish(k) for k in kids]
+        return out
+
+    return finish(root)
+
+
+def _bars(a: int, b: int, top: int) -> str:
+    """Two bars, A over B, on the scale of the table's largest peak."""
+    def w(x: int) -> str:
+        return f"{100 * x / top:.1f}" if top else "0"
+    return (f'<div class="bar a" style="width:{w(a)}%" title="A {_e(human_bytes(a))}"></div>'
+            f'<div class="bar b" style="width:{w(b)}%" title="B {_e(human_bytes(b))}"></div>')
+
+
+def diff_locations_table(doc: dict, limit: int = TOP_SITES_TABLE) -> str:
+    """The diff's locations (sites with `by` stack): flagged first, then in the document's
+    order, with A/B peak bars on one scale, the delta, B/A, and with `per` the scaling."""
+    every, by = listed(doc)
+    rows_in = sorted(every, key=lambda x: not x.get("flagged"))[:limit]
+    per = doc.get("per")
+    top = max((max(x["a_peak_live_bytes"], x["b_peak_live_bytes"]) for x in rows_in), default=0)
+    body = []
+    for i, x in enumerate(rows_in, 1):
+        d = x["delta_bytes"]
+        cells = ["!" if x.get("flagged") else "", _e(i), _bytes(x["a_peak_live_bytes"]), _bytes(x["b_peak_live_bytes"]),
+                 _bars(x["a_peak_live_bytes"], x["b_peak_live_bytes"], top),
+                 f'<span class="{"up" if d > 0 else "down" if d < 0 else ""}">{_e(human_delta(d))}</span>',
+                 _e(ratio_text(x["ratio"], x["in"]))]
+        if per:
+            cells.append("-" if x.get("scaling") is None else _e(f"{x['scaling']:.2f}x"))
+        cells += [_bytes(x["a_live_bytes"]), _bytes(x["b_live_bytes"]),
+                  _e(f"{x.get('a_verdict') or '-'}→{x.get('b_verdict') or '-'}"),
+                  _frames_cell(x.get("frames") or []) if by == "stack" else f"<code>{_e(location_text(x))}</code>"]
+        body.append((cells, bool(x.get("flagged"))))
+    heads = ["", "#", "A peak", "B peak", "A / B", "delta", "B/A"] + (["vs linear"] if per else []) + \
+        ["A live", "B live", "verdict A→B", COLUMN_TITLES[by]]
+    numeric = {1, 2, 3, 5, 6} | ({7, 8, 9} if per else {7, 8})
+    th = "".join(f'<th class="num">{h}</th>' if i in numeric else f"<th>{h}</th>" for i, h in enumerate(heads))
+    trs = ""
+    for cells, fl in body:
+        tds = "".join(f'<td class="num">{c}</td>' if i in numeric else f'<td class="bars">{c}</td>' if i == 4
+                      else f"<td>{c}</td>" for i, c in enumerate(cells))
+        trs += ('<tr class="flagged">' if fl else "<tr>") + tds + "</tr>"
+    note = "" if len(rows_in) == len(every) else f'<p class="note">showing {len(rows_in)} of {len(every)}</p>'
+    return f'<table class="diff-locations"><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>{note}'
+
+
+def diff_waits_table(doc: dict) -> str:
+    rows = [w for w in doc.get("waits") or [] if w["a_held_bytes"] or w["b_held_bytes"] or w["a_max_threads"]
+            or w["b_max_threads"]]
+    return _table(["waiting in", "A threads", "B threads", "A held", "B held", "delta", "A max threads",
+                   "B max threads", "A off-CPU", "B off-CPU"],
+                  [[_frames_cell([w]), _e(w["a_threads"]), _e(w["b_threads"]), _bytes(w["a_held_bytes"]),
+                    _bytes(w["b_held_bytes"]), _e(human_delta(w["held_delta"])), _e(w["a_max_threads"]),
+                    _e(w["b_max_threads"]), _e(f"{w['a_wait_s']:.1f}s"), _e(f"{w['b_wait_s']:.1f}s")]
+                   for w in rows[:TOP_SITES_TABLE]], set(range(1, 10)), "diff-waits") if rows else ""
+
+
+def diff_allocators_table(doc: dict) -> str:
+    rows = doc.get("allocators") or []
+    return _table(["allocator", "A retained", "B retained", "delta", "A resident", "B resident", "A live", "B live",
+                   "A released", "B released"],
+                  [[_e(x["name"]), _bytes(x["a_retained"]), _bytes(x["b_retained"]),
+                    _e(human_delta(x["retained_delta"])), _bytes(x["a_resident"]), _bytes(x["b_resident"]),
+                    _bytes(x["a_live"]), _bytes(x["b_live"]), _bytes(x["a_released"]), _bytes(x["b_released"])]
+                   for x in rows], set(range(1, 10)), "diff-allocators") if rows else ""
+
+
+def diff_groups_table(doc: dict) -> str:
+    rows = doc.get("thread_groups") or []
+    return _table(["group", "A threads", "B threads", "A live", "B live", "A peak", "B peak", "peak delta"],
+                  [[_e(g["group"]), _e(g["a_threads"]), _e(g["b_threads"]), _bytes(g["a_live_bytes"]),
+                    _bytes(g["b_live_bytes"]), _bytes(g["a_peak_live_bytes"]), _bytes(g["b_peak_live_bytes"]),
+                    _e(human_delta(g["peak_delta_bytes"]))] for g in rows], set(range(1, 8)), "diff-groups") \
+        if rows else ""
+
+
+def to_diff_html(trace_a: Trace, trace_b: Trace, diff_doc: dict, *,
+                 stacks_a: Mapping[int, tuple[FrameInfo, ...]] | None = None,
+                 stacks_b: Mapping[int, tuple[FrameInfo, ...]] | None = None, fold: Folding | None = None,
+                 title: str | None = None) -> str:
+    """`allocscope diff --format html`: one offline page (the report page's assets): the
+    findings, both runs' memory over time on one chart (seconds since each run's start; live
+    and RSS), the locations with A/B bars and flags, a differential flame graph of each run's
+    stacks at its peak (width by B; red grew, blue shrank), held while waiting, allocators and
+    thread groups, A vs B. `diff_doc` is diff_traces(trace_a, trace_b, ...); `stacks_a/b`
+    the symbolized stacks when the caller has them (diff.Side.stacks)."""
+    stacks_a = symbolize_stacks(trace_a) if stacks_a is None else stacks_a
+    stacks_b = symbolize_stacks(trace_b) if stacks_b is None else stacks_b
+    tree = diff_flame_tree(trace_a, trace_b, stacks_a, stacks_b, fold)
+    data = {"timeline": diff_timeline_data(trace_a, trace_b),
+            "flame": {"views": {"diff": tree}, "default": "diff", "diff": True}}
+    ta, tb = diff_doc["traces"]["a"], diff_doc["traces"]["b"]
+    la, lb = _label_text(ta.get("labels")), _label_text(tb.get("labels"))
+    title = title or f"allocscope diff — {la or 'A'} vs {lb or 'B'}"
+    tot = diff_doc["totals"]
+    cards = "".join(
+        f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(human_bytes(tot["b"][key]))}</div>'
+        f'<div class="s">A {_e(human_bytes(tot["a"][key]))}, {_e(human_delta(tot["delta"][key]))}</div></div>'
+        for k, key in (("B live peak", "peak_live_bytes"), ("B RSS peak", "peak_rss_bytes"),
+                       ("B live now", "live_bytes"), ("B RSS now", "rss_bytes")))
+    cards += (f'<div class="card"><div class="k">lost events</div><div class="v">'
+              f'{_e(tot["a"]["lost_events"])} / {_e(tot["b"]["lost_events"])}</div><div class="s">A / B</div></div>')
+    per = diff_doc.get("per")
+    per_html = ""
+    if per:
+        ratio = f"{per['b']:g}/{per['a']:g} = {per['expected_ratio']:.2f}"
+        per_html = (f'<p class="note">normalized per {_e(per["label"])}: a location scaling linearly has B/A = '
+                    f'{_e(ratio)}; ! = grew more than {_e(per["flag_scaling"])}x that</p>')
+    notes = "".join(f'<p class="warn">{_e(w)}</p>' for w in diff_doc.get("warnings") or [])
+    legend = ('<p class="legend-diff note">width: bytes live in B at its peak; colour: '
+              '<span style="background:hsl(0,80%,62%)">grew in B</span>'
+              '<span style="background:hsl(0,0%,90%)">about the same</span>'
+              '<span style="background:hsl(220,80%,70%)">shrank in B</span></p>')
+    noun = NOUNS[listed(diff_doc)[1]]
+    sections = [
+        ("timeline", "Memory over time, A and B (seconds since each run's start)",
+         '<div class="chart" id="chart-timeline"></div>'),
+        ("locations", f"{noun.capitalize()} by peak live bytes, A vs B" + (" (! = grew out of proportion)"
+                                                                           if per else ""),
+         diff_locations_table(diff_doc)),
+        ("flame", "Differential flame graph: the stacks at each run's peak (click a frame to zoom)",
+         legend + '<div class="views" id="flame-views"></div><div id="flame-graph"></div>'),
+    ]
+    for sid, head, content in (("waits", "Held while waiting, A vs B (at each one's peak of memory held by blocked "
+                                         "threads)", diff_waits_table(diff_doc)),
+                               ("allocators", "What each allocator keeps, A vs B (resident in its own mappings, "
+                                              "not live = retained)", diff_allocators_table(diff_doc)),
+                               ("groups", "Thread groups (digits in names replaced by N)",
+                                diff_groups_table(diff_doc))):
+        if content:
+            sections.append((sid, head, content))
+    body = "".join(f'<section id="{sid}"><h2>{_e(h)}</h2>{content}</section>' for sid, h, content in sections)
+    ids = {sid for sid, _, _ in sections} | {"totals"}
+    return Template(_asset(DIFF_PAGE, inline=False)).substitute(
+        title=_e(title), uplot_css=_asset(UPLOT_CSS), report_css=_asset(PAGE_CSS),
+        path_a=_e(ta.get("path")), path_b=_e(tb.get("path")),
+        side_a=_e(f"{ta.get('comm') or '?'} pid {ta.get('pid')}" + (f"  [{la}]" if la else "")),
+        side_b=_e(f"{tb.get('comm') or '?'} pid {tb.get('pid')}" + (f"  [{lb}]" if lb else "")),
+        per=per_html, findings=findings_html(diff_doc.get("findings"), ids),
+        cards=cards, notes=notes, sections=body,
         data=_json_for_script(data), uplot_js=_asset(UPLOT_JS), report_js=_asset(PAGE_JS))

@@ -164,13 +164,15 @@ def captured_frames(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]]) -
 
 
 def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None,
-             fold: Folding | None = None) -> bytes:
+             fold: Folding | None = None, at_seq: int | None = None) -> bytes:
     """The trace's final state as a gzipped pprof heap profile (see the module docstring).
     `stacks` is symbolize_stacks(trace) when the caller already has it; `fold` adds wrappers
-    to fold out of the stacks (analysis.parse_fold)."""
+    to fold out of the stacks (analysis.parse_fold); `at_seq`: the state at the end of that
+    interval instead (`report --at peak`: analysis.peak_seq, the moment of the live peak, so
+    that `go tool pprof -diff_base A.pb.gz B.pb.gz` compares the two runs' peaks)."""
     if stacks is None:
         stacks = symbolize_stacks(trace)
-    sites = site_table(trace, dict(stacks), fold=fold)
+    sites = site_table(trace, dict(stacks), fold=fold, at_seq=at_seq)
     sites = sites[~sites["device"]]  # a heap profile of host memory: GPU memory is not in it
     captured = captured_frames(trace, stacks)
     names = trace.thread_names()

@@ -200,6 +200,7 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     for w in rec.get("warnings") or []:
         out.append(s.yellow(f"warning: {w}"))
     out.append("")
+    out += findings_text(doc.get("findings"), s)
     out.append(s.bold("Totals"))
     out.append(f"  live now   {human_bytes(tot['live_bytes']):>10}  in {tot['live_count']} blocks"
                f"   (heap API {human_bytes(tot['heap_live_bytes'])}, mmap/brk {human_bytes(tot['mmap_live_bytes'])})")
@@ -464,6 +465,17 @@ def gpu_text(doc: dict, s: _Style, top: int) -> list[str]:
     return out
 
 
+def findings_text(findings: list[dict] | None, s: _Style) -> list[str]:
+    """The findings block (reports.findings): one numbered sentence each, the table it comes
+    from in brackets; [] for a document without findings."""
+    if not findings:
+        return []
+    out = [s.bold("Findings")]
+    for i, f in enumerate(findings, 1):
+        out.append(f"  {i}. {f['text']}" + s.dim(f"  [{f['table']}]"))
+    return out + [""]
+
+
 def location_text(loc: dict) -> str:
     """A location's one-line name: its frame, and '(no symbol...)' when its key is an address
     (frames.key_quality; a location without line information is its whole function, which
@@ -630,6 +642,8 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
         out.append(f"normalized per {per['label']}: a {noun} scaling linearly has B/A = {per['b']:g}/{per['a']:g}"
                    f" = {per['expected_ratio']:.2f}; ! = grew more than {per['flag_scaling']:g}x that, by at least"
                    f" {per['flag_material']:.0%} of the total change")
+    if doc.get("findings"):
+        out += [""] + findings_text(doc["findings"], s)[:-1]
     out += ["", s.bold("Totals")] + _diff_totals(doc["totals"]) + [""]
     every, by = listed(doc)
     sites = sorted(every, key=lambda x: not x.get("flagged"))[:top]

@@ -137,7 +137,12 @@ def _elapsed(trace: Trace) -> dict[int, float]:
 
 
 def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], top: int = 10) -> dict:
-    """The allocscope.report/1 `waits` object (see README, "Held while waiting")."""
+    """The allocscope.report/1 `waits` object (see README, "Held while waiting"). Each
+    `by_location` entry's `kept_bytes` is the part of its `held_bytes` allocated at locations
+    whose function is not on the blocked thread's own wait stack: memory the threads allocated,
+    returned from the allocating call and kept while they wait (a thread blocked inside the
+    function that allocated, a sleep in the middle of building a buffer, is work in progress,
+    not kept); `keeping_threads`: how many of its threads kept some."""
     meta_w = trace.meta.get("waits") or {}
     wait_min_ns = int(meta_w.get("wait_min_ns", 0) or 0)
     last = trace.intervals.iloc[-1].to_dict() if len(trace.intervals) else {}
@@ -204,15 +209,22 @@ def _peak(q: int, rows: list[dict], el: dict, names: dict, locs: _Locations, top
     by_location = []
     for wloc, rs in groups.items():
         held: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+        kept: list[int] = []  # per thread: what it allocated outside the functions on its own wait stack
         for r in rs:
+            inside = {f.function for f in locs.wait(r["stack_id"])[1]}
+            kept.append(0)
             for (sid, _src), (b, n) in r["held"].items():
                 h = held[locs.alloc(sid)]
                 h[0] += b
                 h[1] += n
+                if locs.alloc(sid)[0].function not in inside:
+                    kept[-1] += b
         folded = locs.wait(rs[0]["stack_id"])[1]
         by_location.append({
             **_loc(wloc), "threads": len(rs), "holding_threads": sum(1 for r in rs if r["held_bytes"]),
-            "held_bytes": sum(r["held_bytes"] for r in rs), "longest_s": max(r["waited_ns"] for r in rs) / 1e9,
+            "held_bytes": sum(r["held_bytes"] for r in rs), "kept_bytes": sum(kept),
+            "keeping_threads": sum(1 for k in kept if k),
+            "longest_s": max(r["waited_ns"] for r in rs) / 1e9,
             "in_free": in_free(locs.stacks.get(rs[0]["stack_id"], UNKNOWN_STACK)),
             "frames": [f.as_dict() for f in folded[:8]],
             "thread_list": [{"tid": r["tid"], "name": names.get(r["tid"], "?"), "waited_s": r["waited_ns"] / 1e9,

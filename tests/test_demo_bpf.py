@@ -69,3 +69,76 @@ def test_demo_finds_the_pile_up(tmp_path):
     assert "Held while waiting" in res["report_text"] and "channel_push" in res["report_text"]
     # and `top` says it live: a block's last line names the workers waiting in channel_push
     assert any(ln.startswith("   waiting: channel_push ") for ln in top.splitlines()), top
+    _findings(res)
+    _pprof_peak_diff(res)
+
+
+def _findings(res: dict) -> None:
+    """Issue 34: the answer first. The bug run's first finding names synthesize_partition and
+    the threads blocked in channel_push with their bytes, as its tables show them; the diff's
+    names synthesize_partition as grown out of proportion to pw with its ratio; the fixed run
+    claims no pile-up."""
+    reps, diff = res["reports"], res["diff"]
+    first = reps["bug_b"]["findings"][0]
+    w = first["figures"].get("waiting")
+    assert first["kind"] == "peak" and w, reps["bug_b"]["findings"]
+    assert first["figures"]["holders"][0]["function"] == "synthesize_partition"
+    row = next(d for d in reps["bug_b"]["waits"]["peak"]["by_location"] if d["location"] == w["location"])
+    assert w["function"] == "channel_push" and w["threads"] == row["threads"] >= 4, (w, row)
+    assert w["of_function"] == "synthesize_partition" and w["of_bytes"] % (MIB8 + 32) == 0 and w["of_bytes"] >= 4 * MIB8
+    assert f"{w['threads']} threads blocked in channel_push provingd.c:" in first["text"]
+    assert "synthesize_partition provingd.c:342" in first["text"] or "synthesize_partition provingd.c:" in first["text"]
+    assert first["text"] in res["report_text"]  # printed first, above the tables
+    assert res["report_text"].index(first["text"]) < res["report_text"].index("Totals")
+    assert reps["bug_a"]["findings"][0]["figures"]["holders"][0]["function"] == "synthesize_partition"
+    # fixed: synthesize_partition still held the peak, but no blocked threads kept it
+    fixed = reps["fixed_b"]["findings"]
+    assert fixed[0]["figures"]["holders"][0]["function"] == "synthesize_partition"
+    assert all(f["kind"] != "waiting" and "waiting" not in f["figures"] and "blocked" not in f["text"]
+               for f in fixed), fixed
+    # the diff: synthesize_partition out of proportion to pw, with the ratio its row shows
+    d0 = diff["findings"][0]
+    loc = next(x for x in diff["locations"] if x["function"] == "synthesize_partition")
+    assert d0["kind"] == "out_of_proportion" and d0["figures"]["function"] == "synthesize_partition", d0
+    assert loc["flagged"] and d0["figures"]["ratio"] == loc["ratio"] > 1.5
+    assert f"{loc['ratio']:.2f}x where pw 2→3 predicts 1.50x" in d0["text"]
+    # the diff page beside the report page: both timelines, the table, the flame graph
+    page = res["diff_html"].read_text()
+    assert res["diff_html"].parent == res["html"].parent
+    assert all(x in page for x in ('id="chart-timeline"', 'class="diff-locations"', 'id="flame-graph"',
+                                   '"A live"', '"B live"', "synthesize_partition", d0["text"].split(":")[0]))
+
+
+def _pprof_flat(path) -> dict[str, int]:
+    """inuse_space by the innermost function of each sample (what `go tool pprof -top` lists as
+    flat), read with reports.pprof's protobuf reader."""
+    from reports.pprof import parse_pprof
+
+    p = parse_pprof(path.read_bytes())
+    st = p.string_table
+    idx = [st[t.type] for t in p.sample_type].index("inuse_space")
+    fn = {f.id: st[f.name] for f in p.function}
+    loc = {x.id: fn[x.line[0].function_id] for x in p.location}
+    out: dict[str, int] = {}
+    for smp in p.sample:
+        out[loc[smp.location_id[0]]] = out.get(loc[smp.location_id[0]], 0) + smp.value[idx]
+    return out
+
+
+def _pprof_peak_diff(res: dict) -> None:
+    """`report --format pprof --at peak` of each run feeds `go tool pprof -diff_base A B`: B - A
+    per function puts synthesize_partition first, by whole partitions (8 MiB + a 32-byte header)."""
+    from reports.analysis import peak_seq
+    from reports.pprof import to_pprof
+    from reports.trace import load_trace
+
+    a, b = res["traces"][0], res["traces"][1]
+    pa, pb = a.with_suffix(".peak.pb.gz"), b.with_suffix(".peak.pb.gz")
+    for trace, out in ((a, pa), (b, pb)):  # what `report --format pprof --at peak -o OUT` writes
+        t = load_trace(str(trace))
+        out.write_bytes(to_pprof(t, at_seq=peak_seq(t)))
+    fa, fb = _pprof_flat(pa), _pprof_flat(pb)
+    delta = sorted(((fb.get(k, 0) - fa.get(k, 0), k) for k in fa.keys() | fb.keys()), reverse=True)
+    assert delta[0][1] == "synthesize_partition", delta[:3]
+    assert delta[0][0] > 0 and delta[0][0] % (MIB8 + 32) == 0, delta[:3]
+    assert delta[0][0] >= 4 * (MIB8 + 32) > delta[1][0], delta[:3]

@@ -512,6 +512,9 @@ def test_tracer_memory_flat_on_busy_target(bins, tmp_path, tracers):
     assert counts["live"] <= 16 and counts["stacks"] <= 64 and counts["sites"] <= 64, counts
     rep = report(out)
     assert rep["totals"]["intervals"] >= 30
+    # A steady small heap with no problem (issue 34): the findings say so in one line, nothing else.
+    assert [f["kind"] for f in rep["findings"]] == ["no_problem"], rep["findings"]
+    assert rep["findings"][0]["text"].startswith("No problem found: ")
 
 
 # --- bad input -------------------------------------------------------------------------------------

@@ -110,7 +110,8 @@ def test_text_report_lists_locations_and_their_largest_stacks(tmp_path):
     text = render.to_text(doc)
     assert "Top 2 of 2 locations by live bytes" in text
     assert "(4 distinct stacks; --by stack lists them)" in text
-    rows = [ln for ln in text.splitlines() if SYN in ln and "80.0 MiB" in ln]
+    tables = text[text.index("\nTotals\n"):]  # below the findings, which name it too
+    rows = [ln for ln in tables.splitlines() if SYN in ln and "80.0 MiB" in ln]
     assert len(rows) == 1 and rows[0].split()[1:3] == ["80.0", "MiB"]
     assert "reached by 3 stacks:" in text
     assert "stack #1: 48.0 MiB live in 3 blocks" in text
@@ -118,6 +119,7 @@ def test_text_report_lists_locations_and_their_largest_stacks(tmp_path):
     assert "×2 (recursion)" in text
     by_stack = render.to_text(A.build_report(load_trace(tmp_path / "a.allocscope"), by="stack"))
     assert "Top 4 of 4 sites by live bytes" in by_stack
+    by_stack = by_stack[by_stack.index("\nTotals\n"):]
     assert sum(1 for ln in by_stack.splitlines() if ln.strip().startswith(tuple("1234")) and SYN in ln) == 3
 
 

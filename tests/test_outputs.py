@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 from pathlib import Path
 
@@ -306,6 +307,10 @@ def test_html_tables(page, trace, report):
     assert page.count("<tr><td") == 5 + 3 + 1 + 1  # sites, threads, flows, diff rows
     assert 'id="diff"' in page and "<b>pw=10</b>" in page and "+" in page
     assert 'id="diff"' not in to_html(trace, report)
+    # the findings on top (here one line: no problem; the diff page's test checks the links)
+    assert [f["kind"] for f in report["findings"]] == ["no_problem"]
+    assert page.index('<ol class="findings" id="findings"><li>No problem found: ') < page.index('<div class="cards">')
+    assert f'{report["findings"][0]["text"]} <span class="note">Totals</span></li></ol>' in page
 
 
 def test_html_renders_inchromium(page, tmp_path):
@@ -376,3 +381,84 @@ def test_json_is_strict_unknown_figures_are_null():
     out = to_json({"a": float("nan"), "b": [np.float64("inf"), 1.5, np.int64(3)], "c": {"d": np.nan}})
     assert _json.loads(out, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}")) == \
         {"a": None, "b": [None, 1.5, 3], "c": {"d": None}}
+
+
+# --------------------------------------------------------------------------------------------- the diff page
+def _diff_run(path: Path, pw: int, held: dict[str, int], steps: int, interval_s: float, pid: int) -> str:
+    """One run for the diff page: each function of `held` (stack malloc <- fn <- serve <- main,
+    thread 101) reaches its bytes at interval 2 and keeps them; RSS 10 MiB + live."""
+    t = SynthTrace(path, labels={"pw": str(pw)}, pid=pid, interval_s=interval_s)
+    t.thread(101, "synthd")
+    ids = {fn: t.stack(["malloc", fn, "serve", "main"]) for fn in held}
+    for step in range(1, steps + 1):
+        t.interval({(ids[fn], 101): (b * min(step, 2) // 2, min(step, 2), 0, 0) for fn, b in held.items()},
+                   rss=(10 << 20) + sum(held.values()))
+    return t.close()
+
+
+@pytest.fixture(scope="module")
+def diff_page(tmp_path_factory):
+    """pw=10 (A: 3 intervals of 1 s) vs pw=12 (B: 4 intervals of 0.5 s): `grows` 1000 -> 6000 B
+    (6.00x where pw predicts 1.20x: flagged), `shrinks` 8000 -> 2000, `same` 4000 -> 4000."""
+    from reports.diff import diff_document, summarize
+    from reports.html import to_diff_html
+
+    d = tmp_path_factory.mktemp("diffpage")
+    a = load_trace(_diff_run(d / "a.allocscope", 10, {"grows": 1000, "shrinks": 8000, "same": 4000}, 3, 1.0, 11))
+    b = load_trace(_diff_run(d / "b.allocscope", 12, {"grows": 6000, "shrinks": 2000, "same": 4000}, 4, 0.5, 12))
+    sa, sb = summarize(a), summarize(b)
+    doc = diff_document(sa, sb, per="pw")
+    return doc, to_diff_html(a, b, doc, stacks_a=sa.stacks, stacks_b=sb.stacks)
+
+
+def test_diff_page_contents(diff_page):
+    doc, page = diff_page
+    for rx in _REMOTE:
+        assert not rx.search(page), f"external reference: {rx.search(page).group(0)!r}"
+    assert page.count("<script") == 3
+    data = json.loads(re.search(r'id="allocscope-data">(.*?)</script>', page, re.DOTALL).group(1))
+    tl = data["timeline"]  # seconds since each run's start: A 1, 2, 3; B 0.5, 1, 1.5, 2
+    assert tl["t"] == [0.5, 1.0, 1.5, 2.0, 3.0]
+    assert [(s["label"], s["values"]) for s in tl["series"] if "live" in s["label"]] == [
+        ("A live", [None, 6500, None, 13000, 13000]), ("B live", [6000, 12000, 12000, 12000, None])]
+    assert [s["label"] for s in tl["series"]] == ["A live", "A RSS", "B live", "B RSS"]
+    tree = data["flame"]["views"]["diff"]  # width by B, `a`: A's bytes, each run at its own peak
+    assert (tree["v"], tree["a"]) == (12000, 13000)
+    leaves = {c["n"]: (c["v"], c["a"]) for c in tree["c"][0]["c"][0]["c"]}
+    assert leaves == {"grows": (6000, 1000), "shrinks": (2000, 8000), "same": (4000, 4000)}
+    # the locations table: `grows` flagged first, with its bars; findings on top
+    assert page.index('id="findings"') < page.index('id="locations"')
+    assert re.search(r'<tr class="flagged"><td>!</td>.*?grows', page)
+    assert doc["findings"][0]["kind"] == "out_of_proportion" and "grows" in doc["findings"][0]["text"]
+    assert page.count('class="bar a"') == 3 and 'href="#locations"' in page
+
+
+def test_diff_page_renders_in_chromium(diff_page, tmp_path):
+    exe = need_tool("chromium")
+    path = tmp_path / "diff.html"  # stays in the test's tmp_path with its screenshot
+    path.write_text(diff_page[1], encoding="utf-8")
+    dom = chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", path.as_uri()).stdout
+    assert 'data-rendered="1"' in dom, "the page script did not finish"
+    m = re.search(r'id="chart-timeline"[^>]*data-ink="(\d+)"', dom) or \
+        re.search(r'data-ink="(\d+)"[^>]*id="chart-timeline"', dom)
+    assert m and int(m.group(1)) > 5000, "the timeline was not drawn"
+    assert all(f">{s}<" in dom for s in ("A live", "A RSS", "B live", "B RSS"))  # the legend: both runs
+    flame = re.search(r'<div id="flame-graph"[^>]*data-nodes="(\d+)"[^>]*>(.*?)</div>', dom, re.DOTALL)
+    assert flame and flame.group(1) == "6"  # all, main, serve, grows, shrinks, same
+    svg = flame.group(2)
+    # colour by growth B vs A: grows +83% red, shrinks -75% blue, same grey; all -8% pale blue
+    for name, fill in (("grows", "hsl(0,80%,55%)"), ("shrinks", "hsl(220,80%,58%)"), ("same", "hsl(0,0%,90%)"),
+                       ("all", "hsl(220,80%,85%)")):
+        assert re.search(rf'<title>{name} — [^<]*</title><rect [^>]*fill="{re.escape(fill)}"', svg), (name, svg)
+    png = tmp_path / "diff.png"
+    chromium(exe, tmp_path, f"--screenshot={png}", path.as_uri())
+    try:
+        from PIL import Image, ImageStat
+    except ImportError:
+        unavailable("Pillow is not installed (a test extra: pip install -e '.[test]')")
+    with Image.open(png) as im:
+        rgb = im.convert("RGB")
+        assert ImageStat.Stat(rgb.convert("L")).var[0] > 200, "screenshot is (nearly) blank"
+        assert len(rgb.getcolors(maxcolors=1 << 20) or []) > 500
+        red = sum(n for n, (r, g, b) in rgb.getcolors(maxcolors=1 << 20) if r > 200 and g < 110 and b < 110)
+        assert red > 2000, "no red (grown) frames painted"

@@ -155,7 +155,8 @@ def test_recurse_one_site(tmp_path, procs, tracers):
     assert {t["name"] for t in loc["threads"]} == {"rec-0", "rec-1", "rec-2"}
     assert loc["n_stacks"] == len(blk["sites"]) and loc["file"].endswith("recurse.c")
     text = cli("report", str(out), check=True).stdout
-    rows = [ln for ln in text.splitlines() if "make_block recurse.c" in ln and "MiB" in ln]
+    tables = text[text.index("\nTotals\n"):]  # below the findings, which name it too
+    rows = [ln for ln in tables.splitlines() if "make_block recurse.c" in ln and "MiB" in ln]
     assert rows and rows[0].split()[1:3] == ["21.0", "MiB"], text  # 7 x 3 MiB + 4 KiB, one row
     assert f"reached by {loc['n_stacks']} stacks" in text
     assert "(recursion)" in text or "×" in text  # walk/even/odd runs collapsed when a stack is shown
@@ -184,7 +185,8 @@ def test_rustd_diff_matches_the_location(tmp_path, procs, tracers):
                    if s["in"] != "both" and "synthesize_partition" in s["frames"][0]["function"]]
     print(f"\nper stack, {len(stacks_only)} synthesize_partition sites are only in A or B; per location: none")
     text = cli("diff", str(a), str(b), "--per", "pw", check=True).stdout
-    assert sum(1 for ln in text.splitlines() if "synthesize_partition" in ln and "x" in ln and "MiB" in ln) == 1
+    tables = text[text.index("\nTotals\n"):]  # below the findings
+    assert sum(1 for ln in tables.splitlines() if "synthesize_partition" in ln and "x" in ln and "MiB" in ln) == 1
 
 
 def test_rustd_dry_run_finds_rjem(tmp_path, procs):

@@ -38,7 +38,7 @@
         label: s.label, stroke: COLORS[k % COLORS.length], width: stacked ? 1 : 2,
         fill: stacked ? alpha(COLORS[k % COLORS.length], 0.55) : undefined,
         value: (u, v, si, i) => i == null ? "-" : hb(raw[si][i]),
-        dash: s.dash ? [7, 4] : undefined, points: {show: false}, spanGaps: false,
+        dash: s.dash ? [7, 4] : undefined, points: {show: false}, spanGaps: !!s.span,
       })));
     const opts = {
       width: Math.max(320, el.clientWidth), height: 320, series: series, bands: bands,
@@ -51,7 +51,15 @@
     window.addEventListener("resize", () => u.setSize({width: Math.max(320, el.clientWidth), height: 320}));
   }
 
-  function flame(el, root, what) {
+  // Differential colouring (a diff's flame graph: width by B, each node's `a` is A's bytes):
+  // red grew, blue shrank, the deeper the more; near-white about the same.
+  function diffColor(n) {
+    const a = n.a || 0, g = (n.v - a) / Math.max(n.v, a, 1);
+    if (Math.abs(g) < 0.02) return "hsl(0,0%,90%)";
+    return "hsl(" + (g > 0 ? 0 : 220) + ",80%," + (88 - 40 * Math.abs(g)).toFixed(0) + "%)";
+  }
+
+  function flame(el, root, what, diff) {
     if (!root || !root.v) { empty(el, "no live bytes " + what); el.dataset.nodes = "0"; return; }
     (function link(n, p) { n.p = p; (n.c || []).forEach(c => link(c, n)); })(root, null);
     const NS = "http://www.w3.org/2000/svg", H = 18, total = root.v;
@@ -71,9 +79,11 @@
         if (w < 0.5) return;
         const g = document.createElementNS(NS, "g"), r = document.createElementNS(NS, "rect");
         r.setAttribute("x", x); r.setAttribute("y", d * H); r.setAttribute("width", w); r.setAttribute("height", H - 1);
-        r.setAttribute("fill", n === root ? "#c9d3e3" : color(n.n));
+        r.setAttribute("fill", diff ? diffColor(n) : n === root ? "#c9d3e3" : color(n.n));
         const t = document.createElementNS(NS, "title");
-        t.textContent = n.n + " — " + hb(n.v) + " (" + (100 * n.v / total).toFixed(2) + "%)";
+        t.textContent = n.n + " — " + (diff ? "B " + hb(n.v) + ", A " + hb(n.a || 0) + " (" +
+          (n.v >= (n.a || 0) ? "+" : "") + hb(n.v - (n.a || 0)) + ")" :
+          hb(n.v) + " (" + (100 * n.v / total).toFixed(2) + "%)");
         g.appendChild(t); g.appendChild(r);
         const chars = Math.floor((w - 6) / 7);
         if (chars >= 3) {
@@ -102,14 +112,17 @@
     function show(view) {
       el.dataset.view = view;
       buttons.forEach(b => b.setAttribute("aria-pressed", String(b.dataset.view === view)));
-      flame(el, F.views[view], view === "peak" ? "at the peak" : "at the end of the recording");
+      flame(el, F.views[view], view === "end" ? "at the end of the recording" : "at the peak", !!F.diff);
     }
     buttons.forEach(b => b.addEventListener("click", () => show(b.dataset.view)));
     show(F.default);
   }
 
-  chart(document.getElementById("chart-timeline"), D.timeline, false);
-  chart(document.getElementById("chart-sites"), D.sites, true);
-  flameViews(document.getElementById("flame-graph"), document.getElementById("flame-views"), D.flame);
+  // The report page has all three; the diff page (reports.html.to_diff_html) a timeline of both
+  // runs and the differential flame graph.
+  const el = id => document.getElementById(id);
+  if (el("chart-timeline") && D.timeline) chart(el("chart-timeline"), D.timeline, false);
+  if (el("chart-sites") && D.sites) chart(el("chart-sites"), D.sites, true);
+  if (el("flame-graph") && D.flame) flameViews(el("flame-graph"), el("flame-views"), D.flame);
   document.body.dataset.rendered = "1";
 })();
