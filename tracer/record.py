@@ -53,8 +53,8 @@ from .tables import (
     StackTable,
     ThreadTable,
     WaitTable,
-    _table,
     flow_part,
+    table_part,
 )
 from .target import Target, launch_maps, release
 from .unwind import start_unwinder
@@ -357,7 +357,7 @@ class Recorder:
                 self._census("end")
         if self.census_rows:
             rows, self.census_rows = self.census_rows, []
-            w.write_part("census", seq, _table("census", rows, seq))
+            w.write_part("census", seq, table_part("census", rows, seq))
         for name, part in (("releases", releases), ("waits", waits), ("blocked", blocked)):
             if part is not None:
                 w.write_part(name, seq, part)

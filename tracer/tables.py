@@ -28,7 +28,7 @@ SRC = L.SOURCE_NAMES
 SiteKey = tuple[int, int, str]  # (stack id, allocating tid, source)
 
 
-def _table(name: str, rows: list[tuple], seq: int) -> pa.Table:
+def table_part(name: str, rows: list[tuple], seq: int) -> pa.Table:
     """A part of table `name` from rows holding every column after `seq`, in schema order."""
     names = F.SCHEMAS[name].names
     cols = {n: [r[i - 1] for r in rows] if i else [seq] * len(rows) for i, n in enumerate(names)}
@@ -67,7 +67,7 @@ class SiteTable:
     def part(self, seq: int, changed: list[SiteKey]) -> pa.Table | None:
         if not changed:
             return None
-        return _table("sites", [(*k, *self.current[k]) for k in changed], seq)
+        return table_part("sites", [(*k, *self.current[k]) for k in changed], seq)
 
 
 class StackTable:
@@ -137,7 +137,7 @@ class ThreadTable:
         if not self.rows:
             return None
         rows, self.rows = self.rows, []
-        return _table("threads", [r[1:] for r in rows], seq)
+        return table_part("threads", [r[1:] for r in rows], seq)
 
 
 class EventLog:
@@ -160,7 +160,7 @@ class EventLog:
         if not self.rows:
             return None
         rows, self.rows = self.rows, []
-        return _table("events", rows, seq)
+        return table_part("events", rows, seq)
 
 
 def flow_part(seq: int, kernel: tuple[np.ndarray, np.ndarray], tracker: RegionTracker) -> pa.Table | None:
@@ -177,7 +177,7 @@ def flow_part(seq: int, kernel: tuple[np.ndarray, np.ndarray], tracker: RegionTr
         f[3] = max(f[3], v[3])
     if not flows:
         return None
-    return _table("flows", [(*k, *v) for k, v in sorted(flows.items())], seq)
+    return table_part("flows", [(*k, *v) for k, v in sorted(flows.items())], seq)
 
 
 class ReleaseTable:
@@ -195,7 +195,7 @@ class ReleaseTable:
                 self.last[key] = val
                 rows.append((key[0], EVT.get(key[1], str(key[1])), API.get(key[2], ""), val[0], val[1], val[2],
                              val[3], key[3]))
-        return _table("releases", rows, seq) if rows else None
+        return table_part("releases", rows, seq) if rows else None
 
     def stack_ids(self) -> set[int]:
         return {k[3] for k in self.last if k[3]}
@@ -237,8 +237,8 @@ class WaitTable:
                 self.new_stacks.add(sid)
                 self.new_tids.add(tid)
         self.blocked = blocked
-        return (_table("waits", rows, seq) if rows else None,
-                _table("blocked", blocked, seq) if blocked else None)
+        return (table_part("waits", rows, seq) if rows else None,
+                table_part("blocked", blocked, seq) if blocked else None)
 
     def take_new(self) -> tuple[set[int], set[int]]:
         """Stacks and threads first named since the last call (for the stacks and threads tables)."""
@@ -270,7 +270,7 @@ class HeapMeter:
             return -1, (time.perf_counter() - t0) * 1e3, None
         total = sum(r for sp, r in zip(spans, res) if sp[3] != "mmap")
         ms = (time.perf_counter() - t0) * 1e3
-        part = _table("heaps", [(*sp, r, est) for sp, r in zip(spans, res)], seq) if final else None
+        part = table_part("heaps", [(*sp, r, est) for sp, r in zip(spans, res)], seq) if final else None
         return total, ms, part
 
 
