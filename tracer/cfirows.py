@@ -74,7 +74,12 @@ def library_path() -> Path:
     if here.exists() and here.stat().st_mtime >= newest:
         return here
     if os.access(CFI_DIR, os.W_OK):
-        return build_library(here)
+        try:
+            return build_library(here)
+        except CfiBuildError:
+            if here.exists():  # copied without its times (cp -r), on a box without a compiler
+                return here
+            raise
     from .bpfcache import cache_dir  # noqa: PLC0415
 
     cached = Path(cache_dir()).parent / CFI_NAME

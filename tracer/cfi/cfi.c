@@ -666,8 +666,12 @@ static struct cie *cie_at(struct build *b, const struct section *sec, uint64_t o
 		return NULL;
 	c->fde_enc = 0; /* absptr unless 'R' says otherwise */
 	if (auglen && !(auglen >= 5 && !memcmp(aug, "armcc", 5))) {
-		if (aug[0] != 'z')
-			return NULL; /* "eh" and the like: not read */
+		if (aug[0] != 'z') {
+			for (uint64_t i = 0; i < auglen; i++)
+				if (aug[i] != 'S')
+					return NULL; /* "eh" and the like: not read */
+			goto augmented; /* "S" (a signal frame) alone: no augmentation data */
+		}
 		c->has_z = 1;
 		struct rd q = r;
 		i128 len = rd_leb(&q, 0);
@@ -694,6 +698,7 @@ static struct cie *cie_at(struct build *b, const struct section *sec, uint64_t o
 		if (q.bad)
 			return NULL;
 	}
+augmented:
 	c->ins = r.p;
 	c->ins_end = sec->data + e.end;
 	c->ok = 1;
