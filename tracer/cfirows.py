@@ -162,8 +162,8 @@ def native_table(path: str, fd: int | None = None):
     finally:
         lib.cfi_free(ct.byref(res))
     info = U.TableInfo(rows, fdes=int(res.fdes), sources=[name for bit, name in SOURCES if res.sources & bit])
-    types_, counts = np.unique(rows["cfa_type"], return_counts=True)
-    info.kinds = {U.CFA_NAMES.get(int(t), str(t)): int(c) for t, c in zip(types_, counts)}
+    counts = np.bincount(rows["cfa_type"], minlength=1)  # as build_table's np.unique, in O(n)
+    info.kinds = {U.CFA_NAMES.get(t, str(t)): int(c) for t, c in enumerate(counts.tolist()) if c}
     return info
 
 

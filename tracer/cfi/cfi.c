@@ -811,33 +811,35 @@ static int do_section(struct build *b, const struct section *sec, int prio) {
 	return CFI_OK;
 }
 
-/* LSD radix sort, 8 bits a pass, passes where every key has the same digit skipped */
+/* Sort the puts by (pc, priority), keeping their order among equals: an LSD radix sort (stable)
+ * over bits 30..63 of the keys, 12 bits a pass; the low 30 bits (the sequence number) are in
+ * order already. Passes where every key has the same digit are skipped. */
 static int sort_keys(uint64_t **keys, uint64_t n) {
+	enum { PASSES = 3, BITS = 12, LOW = 30 };
 	if (n < 2)
 		return 0;
 	uint64_t *a = *keys, *t = malloc(n * sizeof(uint64_t));
-	if (!t)
-		return -1;
-	static const int passes = 8;
-	uint64_t(*cnt)[256] = calloc(passes, sizeof(*cnt));
-	if (!cnt) {
+	uint64_t(*cnt)[1 << BITS] = calloc(PASSES, sizeof(*cnt));
+	if (!t || !cnt) {
 		free(t);
+		free(cnt);
 		return -1;
 	}
 	for (uint64_t i = 0; i < n; i++)
-		for (int p = 0; p < passes; p++)
-			cnt[p][(a[i] >> (8 * p)) & 255]++;
-	for (int p = 0; p < passes; p++) {
+		for (int p = 0; p < PASSES; p++)
+			cnt[p][(a[i] >> (LOW + BITS * p)) & ((1 << BITS) - 1)]++;
+	for (int p = 0; p < PASSES; p++) {
+		int shift = LOW + BITS * p;
 		uint64_t *c = cnt[p], sum = 0;
-		if (c[(a[0] >> (8 * p)) & 255] == n)
+		if (c[(a[0] >> shift) & ((1 << BITS) - 1)] == n)
 			continue;
-		for (int d = 0; d < 256; d++) {
+		for (int d = 0; d < (1 << BITS); d++) {
 			uint64_t v = c[d];
 			c[d] = sum;
 			sum += v;
 		}
 		for (uint64_t i = 0; i < n; i++)
-			t[c[(a[i] >> (8 * p)) & 255]++] = a[i];
+			t[c[(a[i] >> shift) & ((1 << BITS) - 1)]++] = a[i];
 		uint64_t *s = a;
 		a = t;
 		t = s;
