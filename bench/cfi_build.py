@@ -35,21 +35,23 @@ def frame_bytes(path: str) -> int:
                    and s["sh_type"] != "SHT_NOBITS")
 
 
-def python_table(path: str) -> tuple[float, unwind.TableInfo]:
-    t = time.perf_counter()
+def python_table(path: str) -> tuple[float, float, unwind.TableInfo]:
+    """(wall s, CPU s, table)"""
+    t, c = time.perf_counter(), time.process_time()
     with open(path, "rb") as f:
         info = unwind.build_table(ELFFile(f))
-    return time.perf_counter() - t, info
+    return time.perf_counter() - t, time.process_time() - c, info
 
 
-def native_table(path: str, rounds: int) -> tuple[float, unwind.TableInfo]:
-    best, info = float("inf"), None
+def native_table(path: str, rounds: int) -> tuple[float, float, unwind.TableInfo]:
+    """(best wall s, best CPU s, table)"""
+    wall, cpu, info = float("inf"), float("inf"), None
     for _ in range(rounds):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         info = cfirows.native_table(path)
-        best = min(best, time.perf_counter() - t)
+        wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
     assert info is not None, "the C decoder is not built (make setup)"
-    return best, info
+    return wall, cpu, info
 
 
 def main() -> None:
@@ -63,22 +65,22 @@ def main() -> None:
     if not cfirows.native_available():
         sys.exit("cfi_build: the C decoder is not available (make setup; ALLOCSCOPE_CFI unset)")
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, both decoders
-    head = ("| file | MB | CFI KiB | FDEs | rows | pyelftools s | native s | ratio | same rows |\n"
+    head = ("| file | MB | CFI KiB | FDEs | rows | pyelftools s (CPU) | native s (CPU) | ratio (CPU) | same rows |\n"
             "|---|---:|---:|---:|---:|---:|---:|---:|---|")
     lines = [head]
     print(head, flush=True)
     for path in files:
         real = os.path.realpath(path)
         mb = os.path.getsize(real) / 2**20
-        tn, nat = native_table(real, a.rounds)
+        tn, cn, nat = native_table(real, a.rounds)
         if a.skip_python_over is not None and mb > a.skip_python_over:
             tp, same, ratio = "skipped", "-", "-"
         else:
-            secs, py = python_table(real)
-            tp, ratio = f"{secs:.2f}", f"{secs / tn:.0f}x"
+            secs, cpu, py = python_table(real)
+            tp, ratio = f"{secs:.2f} ({cpu:.2f})", f"{cpu / max(cn, 1e-6):.0f}x"
             same = "yes" if (py.rows.tobytes() == nat.rows.tobytes() and py.fdes == nat.fdes) else "NO"
         line = (f"| {os.path.basename(path)} | {mb:.1f} | {frame_bytes(real) / 1024:.0f} | {nat.fdes} | "
-                f"{len(nat.rows)} | {tp} | {tn:.4f} | {ratio} | {same} |")
+                f"{len(nat.rows)} | {tp} | {tn:.4f} ({cn:.4f}) | {ratio} | {same} |")
         lines.append(line)
         print(line, flush=True)
     if a.out:

@@ -9,7 +9,7 @@ import pickle
 import random
 import shutil
 import struct
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -138,12 +138,16 @@ def test_load_rows_and_the_fallback(tmp_path, monkeypatch):
     assert C.build_rows(str(lib)).tobytes() == want.tobytes()
 
 
-def test_a_process_pool_builds(tmp_path):
+def test_parallel_builds(tmp_path):
+    """A process pool (build_rows pickles) and threads (the C call releases the GIL and keeps
+    no state) give each module its own rows."""
     assert pickle.loads(pickle.dumps(C.build_rows)) is C.build_rows
-    libs = [str(ops(tmp_path, "eh.so")), "/lib64/ld-linux-x86-64.so.2"]
+    libs = [str(ops(tmp_path, "eh.so")), "/lib64/ld-linux-x86-64.so.2", system_file("libc.so.6")]
+    want = [native(p).rows.tobytes() for p in libs]
     with ProcessPoolExecutor(2) as pool:
-        got = list(pool.map(C.build_rows, libs))
-    assert [g.tobytes() for g in got] == [native(p).rows.tobytes() for p in libs]
+        assert [g.tobytes() for g in pool.map(C.build_rows, libs)] == want
+    with ThreadPoolExecutor(4) as pool:
+        assert [g.tobytes() for g in pool.map(C.build_rows, libs * 4)] == want * 4
 
 
 def test_malformed_files_give_an_error(tmp_path):

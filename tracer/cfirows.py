@@ -17,6 +17,7 @@ import ctypes as ct
 import os
 import shutil
 import subprocess
+import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def build_library(out: Path, cc: str | None = None) -> Path:
     if not cc:
         raise CfiBuildError("no C compiler")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
+    tmp = out.with_name(out.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
     r = subprocess.run([cc, *CFI_CFLAGS, "-o", str(tmp), str(CFI_SOURCES[0])], capture_output=True, text=True)
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)
