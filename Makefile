@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup host venv agent lint demo test test-unit test-bpf bench bundle clean
+.PHONY: help setup host venv agent cfi lint demo test test-unit test-bpf bench bundle clean
 help: ## this list
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
@@ -24,7 +24,13 @@ $(AGENT): tracer/agent/agent.c tracer/agent/agent.h tracer/inject.py
 
 agent: venv $(AGENT) ## the --inject agent (freestanding C, no dependencies)
 
-setup: host venv $(AGENT) ## everything the tool needs on this box
+CFI := tracer/cfi/allocscope-cfi.so
+$(CFI): tracer/cfi/cfi.c tracer/cfirows.py
+	@$(PY) -c 'from pathlib import Path; from tracer.cfirows import build_library; build_library(Path("$@"))'
+
+cfi: venv $(CFI) ## the unwind-table decoder (plain C; without it pyelftools decodes, 100-300x slower)
+
+setup: host venv $(AGENT) $(CFI) ## everything the tool needs on this box
 	@$(PY) -m compileall -q allocscope tracer reports common >/dev/null  # bytecode now: PYTHONDONTWRITEBYTECODE boxes recompile every start
 
 demo: setup ## record the bundled demo daemon and report it
@@ -56,4 +62,4 @@ bundle: ## dist/allocscope-VERSION-x86_64.tar.xz: relocatable, BCC and kernel he
 	@bash scripts/bundle.sh
 
 clean: ## remove build products (keeps .venv)
-	rm -rf build tests/targets/bin *.egg-info .pytest_cache $(AGENT)
+	rm -rf build tests/targets/bin *.egg-info .pytest_cache $(AGENT) $(CFI)

@@ -34,16 +34,18 @@ from pathlib import Path
 
 import numpy as np
 from elftools.common.exceptions import DWARFError, ELFError
-from elftools.dwarf.callframe import CIE, FDE, RegisterRule
+from elftools.dwarf.callframe import CIE, FDE, CallFrameInstruction, RegisterRule
+from elftools.dwarf.constants import DW_CFA
 from elftools.dwarf.dwarfinfo import DebugSectionDescriptor, DwarfConfig, DWARFInfo
 from elftools.elf.elffile import ELFFile
 
 from common.elf import OpenedElf, elf_build_id, segments, vaddr_to_offset
 
 from . import layout as L
+from .cfirows import build_info
 from .procfs import Mapping
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2                 # 2: DW_CFA_def_cfa_sf scaled by the data alignment factor
 UNWIND_STEPS = 20                 # binary search steps in BPF (-DAS_UNWIND_STEPS)
 MAX_SLICE = 1 << UNWIND_STEPS     # rows one search can cover
 
@@ -117,10 +119,16 @@ def _encode(row: dict, ra_reg: int) -> tuple[int, int, int]:
 
 def _strip_args_size(entry) -> None:
     """pyelftools (0.33) cannot decode DW_CFA_GNU_args_size, which only matters to exception
-    landing pads: drop it before decoding (from the entry and its CIE)."""
+    landing pads: drop it before decoding (from the entry and its CIE). And it scales the offset
+    of DW_CFA_def_cfa_sf by the code alignment factor: give it the data alignment factor's
+    (DWARF 5, 6.4.2.2), as the native decoder (tracer/cfi/cfi.c) does."""
     for e in (entry, getattr(entry, "cie", None)):
         if e is not None and "_decode_CFI_table" not in e.__dict__:
-            e.instructions = [i for i in e.instructions if i.opcode != DW_CFA_GNU_args_size]
+            cie = e if isinstance(e, CIE) else e.cie
+            daf = cie.header["data_alignment_factor"] if isinstance(cie, CIE) else 1
+            e.instructions = [CallFrameInstruction(DW_CFA.def_cfa, [i.args[0], i.args[1] * daf])
+                              if i.opcode == DW_CFA.def_cfa_sf else i
+                              for i in e.instructions if i.opcode != DW_CFA_GNU_args_size]
 
 
 def frame_dwarfinfo(elf: ELFFile) -> tuple[DWARFInfo | None, list[str]]:
@@ -248,7 +256,7 @@ def load_rows(path: str, use_cache: bool = True) -> tuple[str, np.ndarray, bool]
                     return key, rows, True
             except (OSError, ValueError):
                 pass
-        rows = build_table(opened.elf).rows
+        rows = build_info(path, fd=opened.stream.fileno(), elf=opened.elf).rows  # native, else build_table
     if use_cache:
         _save(cpath, rows)
     return key, rows, False
