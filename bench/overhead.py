@@ -375,7 +375,8 @@ class RedisWorkload(Workload):
         total = self.requests * len(rps) / sum(self.requests / v for v in rps.values())
         ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         # the client's CPU per request: it pays the system-call tax of syscall tracepoints too
-        rps["client_us"] = 1e6 * (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / (self.requests * len(rps))
+        used = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+        rps["client_us"] = 1e6 * used / (self.requests * len(rps))
         return total, rps
 
     def run(self, cfg: str, tmp: Path) -> Trial:

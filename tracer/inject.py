@@ -398,7 +398,7 @@ def sys_lines(hooks: list[Hook], refused: dict[str, str]) -> list[str]:
     by_kind: dict[str, list[str]] = {}
     for h in hooks:
         by_kind.setdefault(h.spec.sys_kind, []).append(f"{h.spec.symbol}@{os.path.basename(h.spec.path)}")
-    lines = [f"mmap family hooked: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in by_kind.items())] if by_kind else []
+    lines = ["mmap family hooked: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in by_kind.items())] if by_kind else []
     kept = [k for k in SYS_KINDS if k not in by_kind]
     for sym, reason in refused.items():
         lines.append(f"mmap family not hooked: {sym} ({reason})")
