@@ -73,24 +73,34 @@ def redis_trial(exe: str, rdir: str, cfg: str, out: str, requests: int, r: int =
     try:
         if CONFIGS[cfg] is not None:
             tr = attach(exe, srv.pid, os.path.join(out, f"redis-{cfg}-{r}.allocscope"), CONFIGS[cfg])
+        c0, t0 = cpu_s(tr.pid) if tr else 0.0, time.monotonic()
         bench = subprocess.run([*cli, "-t", "set,get,lpush,lpop", "-n", str(requests), "-c", "50", "-r", "100000",
                             "-d", "64", "-q", "--csv"], capture_output=True, text=True, env=env, timeout=600)
         rps = [float(line.split(",")[1].strip('"')) for line in bench.stdout.splitlines()[1:] if line.count(",") >= 1]
         total = len(rps) / sum(1 / x for x in rps)
         if tr is not None:
+            # the tracer's CPU per second of the benchmark (= per interval: --interval 1)
+            detail["tracer_ms_per_s"] = round(1000 * (cpu_s(tr.pid) - c0) / (time.monotonic() - t0), 1)
             finish(tr)
             with open(os.path.join(out, f"redis-{cfg}-{r}.allocscope", "meta.json")) as f:
                 meta = json.load(f)
             inj = meta["probes"].get("inject")
             if inj:
-                detail = {"detached": inj["detached"], "hooked": len(inj["hooked"]),
-                          "stopped_ms": inj["stopped_ms"], "sampled": inj["counters"].get("sampled")}
+                detail |= {"detached": inj["detached"], "hooked": len(inj["hooked"]),
+                          "stopped_ms": inj["stopped_ms"], "sampled": inj["counters"].get("sampled"),
+                          "sys_marks": inj["counters"].get("sys_marks"), "tracepoints": inj.get("tracepoints")}
         return total, detail
     finally:
         if tr is not None and tr.poll() is None:
             tr.kill()
         srv.terminate()
         srv.wait(30)
+
+
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_names(pid: int) -> set[str]:
@@ -145,6 +155,34 @@ def c_target(exe: str, bins: str, out: str) -> list[str]:
     return lines
 
 
+def syscall_tax(exe: str, bins: str, out: str, rounds: int) -> list[str]:
+    """ns a getppid() call (bench/syscalls.c, built elsewhere as BINS/syscalls) in a process the
+    tracer does not trace, untraced and while `--inject` / residency record a sleeper, interleaved:
+    what a recording costs every other process on the box per system call."""
+    prog = os.path.join(bins, "syscalls")
+    if not os.path.exists(prog):
+        return [f"syscall tax: skipped ({prog} not built: gcc -O2 -o BINS/syscalls bench/syscalls.c)"]
+    cfgs = {"untraced": None, "inject": CONFIGS.get("inject") or ["--inject", "--sample-bytes", "524288"],
+            "residency": ["--mode", "residency"]}
+    res: dict[str, list[float]] = {c: [] for c in cfgs}
+    for r in range(rounds):
+        for cfg, flags in cfgs.items():
+            sleeper = subprocess.Popen(["sleep", "infinity"])
+            tr = attach(exe, sleeper.pid, os.path.join(out, f"tax-{cfg}-{r}.allocscope"), flags) if flags else None
+            try:
+                ns = statistics.median(float(subprocess.run([prog, "2000000"], capture_output=True, text=True,
+                                                            check=True).stdout.split()[1]) for _ in range(3))
+            finally:
+                if tr is not None:
+                    finish(tr)
+                sleeper.kill()
+                sleeper.wait()
+            res[cfg].append(ns)
+    base = statistics.median(res["untraced"])
+    return [f"syscall tax (getppid ns, another process; medians of {rounds} interleaved rounds): "
+            + ", ".join(f"{c} {statistics.median(v):.1f} ({statistics.median(v) - base:+.1f})" for c, v in res.items())]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("allocscope")
@@ -161,6 +199,8 @@ def main() -> None:
         del CONFIGS[c]
     if not a.skip_c:
         for line in c_target(a.allocscope, a.bins, a.out):
+            print(line, flush=True)
+        for line in syscall_tax(a.allocscope, a.bins, a.out, a.rounds):
             print(line, flush=True)
     res: dict[str, list[float]] = {c: [] for c in CONFIGS}
     details: dict[str, list[dict]] = {c: [] for c in CONFIGS}

@@ -32,6 +32,7 @@ import csv
 import io
 import json
 import os
+import resource
 import select
 import shlex
 import shutil
@@ -54,6 +55,7 @@ from benchlib import (
     kill_pid,
     proc_cpu,
     read_line,
+    sched_cpu,
     settle,
     stop_process,
 )
@@ -357,6 +359,7 @@ class RedisWorkload(Workload):
         raise TrialError("redis-server did not answer PING")
 
     def benchmark(self, port: int) -> tuple[float, dict]:
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         p = subprocess.run(["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-t", self.tests,
                             "-n", str(self.requests), "-c", str(self.clients), "-P", "1", "-r", str(self.keyspace),
                             "-d", str(self.datasize), "--csv"], capture_output=True, text=True, timeout=1800,
@@ -370,6 +373,10 @@ class RedisWorkload(Workload):
         if p.returncode != 0 or not rps or any(v <= 0 for v in rps.values()):
             raise TrialError(f"redis-benchmark failed: {(p.stderr.strip() or p.stdout.strip())[-120:]}")
         total = self.requests * len(rps) / sum(self.requests / v for v in rps.values())
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        # the client's CPU per request: it pays the system-call tax of syscall tracepoints too
+        used = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+        rps["client_us"] = 1e6 * used / (self.requests * len(rps))
         return total, rps
 
     def run(self, cfg: str, tmp: Path) -> Trial:
@@ -398,10 +405,15 @@ class RedisWorkload(Workload):
                 mon = tracer.monitor
             cpu0 = mon.cpu_total() if mon else 0.0
             tcpu0 = proc_cpu(srv.pid) or 0.0
+            ns0 = sched_cpu(srv.pid) or 0.0
             metric, rps = self.benchmark(port)
             cpu_work = (mon.cpu_total() - cpu0) if mon else 0.0
-            tcpu = proc_cpu(srv.pid)
-            rps = {**rps, "target_cpu": (tcpu - tcpu0) if tcpu is not None else float("nan")}
+            tcpu, ns1 = proc_cpu(srv.pid), sched_cpu(srv.pid)
+            n = self.requests * len([k for k in rps if k.isupper()])
+            rps = {**rps, "target_cpu": (tcpu - tcpu0) if tcpu is not None else float("nan"),
+                   # the server's CPU per request (schedstat, ns): what the tracer costs it in-process
+                   "target_us": 1e6 * (ns1 - ns0) / n if ns1 is not None else float("nan"),
+                   "tracer_us": 1e6 * cpu_work / n}
             if tracer is not None:
                 cpu, rss = finish_tracer(tracer)
                 rps["bpf"] = dict(LAST_BPF_STATS)
@@ -502,6 +514,24 @@ def report(w: Workload, configs: list[str], results: dict[str, list[Trial]], err
               f"{cols}  {len(ts)}/{rounds}")
         if errors[c]:
             print(f"{'':26s}   {len(errors[c])} failed: {errors[c][-1]}")
+    if isinstance(w, RedisWorkload):
+        print("CPU per request (µs; medians): server (schedstat, all threads), client (redis-benchmark, rusage), "
+              "tracer (its processes); + = over untraced")
+        base_us = {k: statistics.median(t.detail[k] for t in results["untraced"] if k in t.detail)
+                   for k in ("target_us", "client_us")} if results.get("untraced") else {}
+        for c in configs:
+            ts = results[c]
+            if not ts:
+                continue
+            cols = []
+            for k in ("target_us", "client_us", "tracer_us"):
+                vals = [t.detail[k] for t in ts if k in t.detail and t.detail[k] == t.detail[k]]
+                if not vals:
+                    continue
+                m = statistics.median(vals)
+                d = f" (+{m - base_us[k]:.2f})" if k in base_us and c != "untraced" else ""
+                cols.append(f"{k[:-3]} {m:.2f}{d}")
+            print(f"  {c:26s} " + ", ".join(cols))
     stats = {c: [t.detail["bpf"] for t in results[c] if t.detail.get("bpf")] for c in configs}
     if any(stats.values()):
         print("BPF run time per program (kernel.bpf_stats_enabled; whole recording, median of rounds):")

@@ -10,18 +10,40 @@
  * region code's branches), most of a start-up's verification. The exit hands the call over to
  * sys_unwind, which unwinds and hands it to sys_keep (tail calls on the same CPU, the state in
  * `sys_pending`), as alloc_return does with alloc_unwind and alloc_keep. */
+/* --inject: the agent hooks the mmap family in the process (tracer/agent/agent.c) and reports each
+ * call through the as_mark_sys marker (mark_sys below), so that its tracepoints can stay detached:
+ * an enabled syscall tracepoint sends every system call of every process on the machine through
+ * the kernel's slow path. sys_hooked[nr] != 0: the markers report that call, and its tracepoint
+ * programs (if attached) ignore it. Both paths share `sysargs`, so a call whose entry one path saw
+ * and whose exit the other did (the switch happening in between) is still counted once. */
+BPF_ARRAY(sys_hooked, u32, 32);
+
+static __always_inline int sys_by_agent(u32 nr)
+{
+    u32 *h = sys_hooked.lookup(&nr);
+    return h && *h;
+}
+
+/* Where a marker's stack starts: the hooked function's caller (its return address, the stack
+ * pointer after the return, its frame pointer), as at an allocator's return probe. */
+struct as_origin {
+    u64 ip, sp, bp;
+};
+
 #ifdef AS_UNWIND_DWARF
 struct as_sys_pending {
     struct as_sysargs a;
     u64 ret, now, sid, lo, hi, old;
+    u64 oip, osp, obp; /* a marker's origin (0: a tracepoint's: the stack starts at the syscall) */
     u32 tid, api, nr, pad;
 };
 BPF_PERCPU_ARRAY(sys_pending, struct as_sys_pending, 1);
 BPF_PROG_ARRAY(sys_tails, 2); /* 0: sys_unwind, 1: sys_keep (tracepoint programs, set by the tracer) */
+BPF_PROG_ARRAY(msys_tails, 2); /* the same for mark_sys: 0: msys_unwind, 1: msys_keep (uprobe programs) */
 
 /* Hand the rest of this exit to sys_unwind -> sys_keep; returns only when that failed. */
 static __always_inline void sys_handoff(void *ctx, struct as_sysargs *a, u32 nr, u64 ret, u64 lo, u64 hi,
-                                        u64 old, u32 tid, u32 api, u64 now)
+                                        u64 old, u32 tid, u32 api, u64 now, struct as_origin *o)
 {
     u32 zero = 0;
     struct as_sys_pending *p = sys_pending.lookup(&zero);
@@ -37,7 +59,15 @@ static __always_inline void sys_handoff(void *ctx, struct as_sysargs *a, u32 nr,
     p->api = api;
     p->now = now;
     p->sid = 0;
-    sys_tails.call(ctx, 0);
+    if (o) {
+        p->oip = o->ip;
+        p->osp = o->sp;
+        p->obp = o->bp;
+        msys_tails.call(ctx, 0);
+    } else {
+        p->oip = 0;
+        sys_tails.call(ctx, 0);
+    }
     count(AS_LOST_STACK_ERR, 1); /* the table is filled before the tracepoints attach */
 }
 #endif
@@ -85,17 +115,25 @@ static __always_inline void mmap_exit_sid(void *ctx, struct as_sysargs *a, u64 l
 #endif
 }
 
-static __always_inline void mmap_exit(void *ctx, struct as_sysargs *a, u64 lo, u32 tid, u32 api, u64 now)
+/* The stack of a syscall exit: from the syscall's registers (tracepoint), or from a marker's
+ * origin, the hook's caller (frame pointers: the marker's frame left out). */
+static __always_inline u64 sys_stack(void *ctx, struct as_origin *o)
+{
+    return o ? capture_stack_skip(ctx, 0, 0, 1) : capture_syscall_stack(ctx);
+}
+
+static __always_inline void mmap_exit(void *ctx, struct as_sysargs *a, u64 lo, u32 tid, u32 api, u64 now,
+                                      struct as_origin *o)
 {
     if (!mmap_source(a, api)) {
         mmap_exit_sid(ctx, a, lo, tid, api, now, 0);
         return;
     }
 #ifdef AS_UNWIND_DWARF
-    sys_handoff(ctx, a, 9, lo, 0, 0, 0, tid, api, now);
+    sys_handoff(ctx, a, 9, lo, 0, 0, 0, tid, api, now, o);
     mmap_exit_sid(ctx, a, lo, tid, api, now, 0);
 #else
-    mmap_exit_sid(ctx, a, lo, tid, api, now, capture_syscall_stack(ctx));
+    mmap_exit_sid(ctx, a, lo, tid, api, now, sys_stack(ctx, o));
 #endif
 }
 
@@ -164,7 +202,8 @@ static __always_inline void brk_grown(struct as_sysargs *a, u64 nb, u64 old, u64
     brk_event(a, nb, old, tid, api, sid);
 }
 
-static __always_inline void brk_exit(void *ctx, struct as_sysargs *a, u64 nb, u32 tid, u32 api, u64 now)
+static __always_inline void brk_exit(void *ctx, struct as_sysargs *a, u64 nb, u32 tid, u32 api, u64 now,
+                                     struct as_origin *o)
 {
     u32 k0 = 0, k1 = 1;
     u64 *cur = brk_state.lookup(&k0);
@@ -182,10 +221,10 @@ static __always_inline void brk_exit(void *ctx, struct as_sysargs *a, u64 nb, u3
             return; /* malloc growing its heap */
         *tracked = 1;
 #ifdef AS_UNWIND_DWARF
-        sys_handoff(ctx, a, 12, nb, lo, hi, old, tid, api, now); /* -> brk_grown */
+        sys_handoff(ctx, a, 12, nb, lo, hi, old, tid, api, now, o); /* -> brk_grown */
         sid = 0;
 #else
-        sid = capture_syscall_stack(ctx);
+        sid = sys_stack(ctx, o);
 #endif
         brk_grown(a, nb, old, lo, hi, tid, api, now, sid);
         return;
@@ -197,11 +236,11 @@ static __always_inline void brk_exit(void *ctx, struct as_sysargs *a, u64 nb, u3
     brk_event(a, nb, old, tid, api, 0);
 }
 
-static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
+/* A syscall of the mmap family done: `a` its arguments, `ret` its result; `o`: the marker's
+ * origin (0: a tracepoint). */
+static __always_inline void sys_done(void *ctx, u32 nr, s64 ret, struct as_sysargs *ap, struct as_origin *o)
 {
-    struct as_sysargs a = {};
-    if (!pop_sysargs(nr, &a))
-        return;
+    struct as_sysargs a = *ap;
     if (ret < 0 && ret > -4096)
         return; /* failed: nothing changed */
     u32 tid = current_tid();
@@ -209,7 +248,7 @@ static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
     u64 now = bpf_ktime_get_ns();
     switch (nr) {
     case 9: /* mmap(addr, len, prot, flags, fd) -> addr */
-        mmap_exit(ctx, &a, (u64)ret, tid, api, now);
+        mmap_exit(ctx, &a, (u64)ret, tid, api, now, o);
         break;
     case 11: /* munmap(addr, len) */
         munmap_exit(&a, tid, api, now);
@@ -218,7 +257,7 @@ static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
         mremap_exit(&a, (u64)ret, tid, api, now);
         break;
     case 12: /* brk(requested) -> new break */
-        brk_exit(ctx, &a, (u64)ret, tid, api, now);
+        brk_exit(ctx, &a, (u64)ret, tid, api, now, o);
         break;
     case 28: /* madvise(start, len, advice) */
         count_release(tid, AS_EV_MADVISE, api, a.a1, a.rss, now - a.ts_ns, 0);
@@ -226,6 +265,14 @@ static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
     default:
         break;
     }
+}
+
+static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
+{
+    struct as_sysargs a = {};
+    if (!pop_sysargs(nr, &a))
+        return;
+    sys_done(ctx, nr, ret, &a, 0);
 }
 
 #ifdef AS_UNWIND_DWARF
@@ -241,7 +288,7 @@ int sys_unwind(void *ctx)
     return 0;
 }
 
-int sys_keep(void *ctx)
+static __always_inline int sys_keep_pending(void *ctx)
 {
     u32 zero = 0;
     struct as_sys_pending *p = sys_pending.lookup(&zero);
@@ -254,11 +301,82 @@ int sys_keep(void *ctx)
         brk_grown(&a, p->ret, p->old, p->lo, p->hi, p->tid, p->api, p->now, p->sid);
     return 0;
 }
+
+int sys_keep(void *ctx)
+{
+    return sys_keep_pending(ctx);
+}
+
+/* mark_sys's: the stack from the hooked function's caller, as after a return */
+int msys_unwind(struct pt_regs *ctx)
+{
+    u32 zero = 0;
+    struct as_sys_pending *p = sys_pending.lookup(&zero);
+    if (!p)
+        return 0;
+    p->sid = capture_dwarf(p->oip, p->osp, p->obp, 0);
+    msys_tails.call(ctx, 1);
+    count(AS_LOST_STACK_ERR, 1);
+    return 0;
+}
+
+int msys_keep(struct pt_regs *ctx)
+{
+    return sys_keep_pending(ctx);
+}
 #endif
+
+/* as_mark_sys(phase, struct as_sysrec *r, fp): an mmap-family call through the agent's hook.
+ * Phase 0 (before munmap, madvise, brk): the arguments, the time and the anonymous RSS, as the
+ * entry tracepoints save them. Phase 1 (after the call): the exit's accounting, the stack from
+ * the hook's caller. mmap and mremap report after the call only (nothing is measured across
+ * them): the time is the exit's. */
+struct as_sysrec {
+    u64 nr;
+    u64 a[5];
+    u64 ret;
+};
+
+int mark_sys(struct pt_regs *ctx)
+{
+    if (!is_target())
+        return 0;
+    struct as_sysrec r = {};
+    if (bpf_probe_read_user(&r, sizeof(r), (void *)PT_REGS_PARM2(ctx)))
+        return 0;
+    u32 nr = (u32)r.nr;
+    if (!sys_by_agent(nr))
+        return 0; /* its tracepoint counts it */
+    if (PT_REGS_PARM1(ctx) == 0) {
+        save_sysargs(nr, r.a[0], r.a[1], r.a[2], 0, 0, rss_anon());
+        return 0;
+    }
+    struct as_sysargs a = {};
+    int saved = pop_sysargs(nr, &a); /* (mmap, mremap: only a tracepoint's entry, at the switch) */
+    if (nr == 9 || nr == 25) {
+        a.a0 = r.a[0];
+        a.a1 = r.a[1];
+        a.a2 = r.a[2];
+        a.a3 = r.a[3];
+        a.a4 = r.a[4];
+        a.ts_ns = bpf_ktime_get_ns();
+        a.rss = 0;
+        a.nr = nr;
+    } else if (!saved) {
+        return 0;
+    }
+    u64 fp = PT_REGS_PARM3(ctx);
+    struct as_origin o = {};
+    bpf_probe_read_user(&o.bp, sizeof(o.bp), (void *)fp);
+    bpf_probe_read_user(&o.ip, sizeof(o.ip), (void *)(fp + 8));
+    o.sp = fp + 16;
+    sys_done(ctx, nr, (s64)r.ret, &a, &o);
+    return 0;
+}
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
 {
-    if (!is_target_sys())
+    if (!is_target_sys() || sys_by_agent(9))
         return 0;
     save_sysargs(9, args->addr, args->len, args->prot, args->flags, args->fd, 0);
     return 0;
@@ -266,7 +384,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 {
-    if (!is_target_sys())
+    if (!is_target_sys() || sys_by_agent(9))
         return 0;
     syscall_exit(args, 9, args->ret);
     return 0;
@@ -274,7 +392,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 {
-    if (!is_target_sys())
+    if (!is_target_sys() || sys_by_agent(11))
         return 0;
     save_sysargs(11, args->addr, args->len, 0, 0, 0, rss_anon());
     return 0;
@@ -282,7 +400,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_munmap)
 {
-    if (!is_target_sys())
+    if (!is_target_sys() || sys_by_agent(11))
         return 0;
     syscall_exit(args, 11, args->ret);
     return 0;
@@ -290,7 +408,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_munmap)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
 {
-    if (!is_target_sys())
+    if (!is_target_sys() || sys_by_agent(25))
         return 0;
     save_sysargs(25, args->addr, args->old_len, args->new_len, args->flags, args->new_addr, 0);
     return 0;
@@ -298,7 +416,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
 {
-    if (!is_target_sys())
+    if (!is_target_sys() || sys_by_agent(25))
         return 0;
     syscall_exit(args, 25, args->ret);
     return 0;
@@ -306,7 +424,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_brk)
 {
-    if (!is_target_sys())
+    if (!is_target_sys() || sys_by_agent(12))
         return 0;
     save_sysargs(12, args->brk, 0, 0, 0, 0, rss_anon());
     return 0;
@@ -314,7 +432,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_brk)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_brk)
 {
-    if (!is_target_sys())
+    if (!is_target_sys() || sys_by_agent(12))
         return 0;
     syscall_exit(args, 12, args->ret);
     return 0;
@@ -322,7 +440,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_brk)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_madvise)
 {
-    if (!is_target_sys())
+    if (!is_target_sys() || sys_by_agent(28))
         return 0;
     int advice = args->behavior;
     /* Only advice that can release memory: DONTNEED, FREE, REMOVE, PAGEOUT,
@@ -335,7 +453,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_madvise)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_madvise)
 {
-    if (!is_target_sys())
+    if (!is_target_sys() || sys_by_agent(28))
         return 0;
     syscall_exit(args, 28, args->ret);
     return 0;

@@ -26,7 +26,8 @@ from rust_targets import build_rustd
 from support import TARGETS_SRC, attached, build, cli, fd_links, need_tool, report_json, wait_for
 
 from tracer import procfs
-from tracer.allocators import find_allocators
+from tracer.allocators import find_allocators, module_symbols
+from tracer.inject import SYS_FAMILY
 
 pytestmark = pytest.mark.bpf
 
@@ -35,11 +36,16 @@ C_FLAGS = ["-O2", "-g", "-pthread", "-Wall"]
 
 
 def entry_bytes(pid: int) -> dict[str, tuple[bytes, bytes]]:
-    """Every allocator entry point of `pid`: (its first 16 bytes in the process, in the file)."""
+    """Every allocator entry point of `pid` and libc's mmap family (mmap, munmap, mremap, madvise,
+    brk): (its first 16 bytes in the process, in the file)."""
     maps = procfs.read_maps(pid)
     out = {}
+    libc = next(m.path for m in maps if os.path.basename(m.path) == "libc.so.6")
+    syms = module_symbols(libc)
+    family = {n: syms.functions[n][0] for names, _nr in SYS_FAMILY.values() for n in names[:1]}
     with open(f"/proc/{pid}/mem", "rb") as mem:
-        for a in find_allocators(os.readlink(f"/proc/{pid}/exe"), maps):
+        for a in [*find_allocators(os.readlink(f"/proc/{pid}/exe"), maps),
+                  type("Family", (), {"path": libc, "offsets": family})]:
             for sym, off in a.offsets.items():
                 for m in maps:
                     if m.path == a.path and "x" in m.perms and m.offset <= off < m.offset + m.end - m.start:
@@ -114,7 +120,9 @@ def test_inject_c_estimates_restore_fork(tmp_path, procs, tracers, c_target):
     out = tmp_path / "c.allocscope"
     tr = start_recording(tracers, out, tgt.pid)
     hooked = patched(tgt.pid)
-    assert {"libc.so.6:malloc", "libc.so.6:free", "libc.so.6:realloc", "libc.so.6:calloc"} <= set(hooked), hooked
+    assert {"libc.so.6:malloc", "libc.so.6:free", "libc.so.6:realloc", "libc.so.6:calloc",
+            "libc.so.6:mmap", "libc.so.6:munmap", "libc.so.6:mremap", "libc.so.6:madvise",
+            "libc.so.6:brk"} <= set(hooked), hooked
     assert "allocscope-wd" in thread_names(tgt.pid)
     assert any(m.path.endswith("allocscope-agent.so") for m in procfs.read_maps(tgt.pid))
     tgt.signal(signal.SIGUSR1)
@@ -154,7 +162,8 @@ def test_inject_tracer_sigkilled(tmp_path, procs, tracers, c_target):
     tgt.expect("ready")
     before = entry_bytes(tgt.pid)
     tr = start_recording(tracers, tmp_path / "k.allocscope", tgt.pid)
-    assert patched(tgt.pid) and len(pidfds(tgt.pid)) == 1
+    assert {"libc.so.6:malloc", "libc.so.6:free", "libc.so.6:mmap", "libc.so.6:munmap", "libc.so.6:mremap",
+            "libc.so.6:madvise", "libc.so.6:brk"} <= set(patched(tgt.pid)) and len(pidfds(tgt.pid)) == 1
     t0 = time.monotonic()
     tr.send_signal(signal.SIGKILL)
     wait_for(lambda: not patched(tgt.pid), timeout=2, what="the watchdog to put the entries back", step=0.02)
@@ -250,6 +259,9 @@ def test_doctor_says_whether_inject_can_work(procs, c_target):
     p = cli("doctor", "--pid", str(tgt.pid))
     assert f"--inject: can work in pid {tgt.pid}" in p.stdout, p.stdout
     assert re.search(r"hooks in libc\.so\.6: malloc, .*free", p.stdout), p.stdout
+    family = "; ".join(f"{k}: {k}@libc.so.6" for k in ("mmap", "munmap", "mremap", "madvise", "brk"))
+    assert f"mmap family hooked: {family}" in p.stdout, p.stdout
+    assert "no syscall tracepoint under --inject" in p.stdout, p.stdout
     assert not patched(tgt.pid) and "allocscope-wd" not in thread_names(tgt.pid)  # doctor only reads
 
 

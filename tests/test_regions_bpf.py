@@ -1,6 +1,7 @@
 """The mmap family accounted in the kernel: an mmap/munmap storm (tests/targets/storm.c) is exact
 per site and thread, the common shapes send no event to the tracer, and the rare shapes are the
-only events, counted (n_slow)."""
+only events, counted (n_slow). The same through --inject's hooks (tracer/agent/agent.c, the mmap
+family): the same figures, no syscall tracepoint attached, one marker call per reported call."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -45,6 +46,7 @@ def by_function(rep: dict) -> dict[str, dict]:
 
 
 def check_storm(rep: dict, mode: str) -> None:
+    """`mode`: full, residency, inject (full through the agent's hooks)"""
     agg = by_function(rep)
     for fn, (live, alloc_bytes, allocs, frees) in EXPECTED.items():
         if mode == "residency" and fn == "storm_pair":
@@ -54,19 +56,29 @@ def check_storm(rep: dict, mode: str) -> None:
             (live, alloc_bytes, allocs, frees), (fn, a)
         assert a["threads"] == {"stormer"}, (fn, a["threads"])
         assert a["sources"] == ({"brk"} if fn == "storm_brk" else {"mmap"}), (fn, a["sources"])
-    if mode == "full":
+    if mode in ("full", "inject"):
         assert agg["storm_pair"]["peak"] == 4 * PAGE  # one block at a time, the largest 4 pages
     assert agg["storm_keep"]["peak"] == 37 * 3 * PAGE
     assert rep["totals"]["lost_events"] == 0, rep["totals"]
 
 
-@pytest.mark.parametrize("mode", ["full", "residency"])
+@pytest.mark.parametrize("mode", ["full", "residency", "inject"])
 def test_mmap_storm_accounted_in_kernel(targets, tmp_path, procs, tracers, mode):
     out = tmp_path / f"storm-{mode}.allocscope"
     record_run(procs, tracers, out, [targets["storm"], "--pairs", str(PAIRS), "--linger"],
-               record_args=("--mode", mode))
+               record_args=("--inject",) if mode == "inject" else ("--mode", mode))
     rep = report_json(out)
     check_storm(rep, mode)
+    if mode == "inject":  # every call through the hooks, none through a tracepoint
+        probes = rep["recording"]["probes"]
+        inj = probes["inject"]
+        assert inj["tracepoints"] == [] and not [x for x in probes["tracepoints"] if x.startswith("syscalls:")]
+        assert set(inj["mmap_family"]["hooked"]) == {"mmap", "munmap", "mremap", "madvise", "brk"}, inj
+        assert all(h.endswith("libc.so.6") for hs in inj["mmap_family"]["hooked"].values() for h in hs)
+        # markers: mmap 1, munmap 2, brk 2 (the storm makes no madvise); the loader's, the
+        # program's and the tracer's start-up calls before the hooks (not counted) aside
+        storm = PAIRS * 3 + 37 + 11 * 3 + 5 * (2 + 2) + 7 * 2 + 13 * 3 + 3 * 2 + 2 * 2
+        assert storm <= inj["counters"]["sys_marks"] <= storm + 20, (inj["counters"], storm)
     t = load_trace(out)
     last = t.intervals.iloc[-1]
     # Every common shape stayed in the kernel; the rare ones, and only they, reached the tracer.

@@ -47,8 +47,15 @@ HOOKS = {"malloc_enter": "as_h_malloc", "valloc_enter": "as_h_malloc", "pvalloc_
 # Entry points that may throw (operator new): an exception cannot unwind through a hook the C++
 # runtime has no unwind tables for, so these stay unhooked (their calls are not sampled).
 THROWING = {"tc_new", "tc_newarray", "mi_new"}
+# The mmap family (agent.c "the mmap family"): the names each call goes by, its system call number.
+# sbrk is glibc's __sbrk, which calls brk (__brk) for its every change of the break: hooked there.
+SYS_FAMILY = {"mmap": (("mmap", "mmap64", "__mmap", "__mmap64"), 9), "munmap": (("munmap", "__munmap"), 11),
+              "mremap": (("mremap", "__mremap"), 25), "madvise": (("madvise", "__madvise"), 28),
+              "brk": (("brk", "__brk"), 12)}
+SYS_KINDS = list(SYS_FAMILY)        # enum as_sys_kind's order
+SYS_DEFS = 4                        # definitions of one call hooked at most (AS_SYS_DEFS)
 
-AS_MAGIC, AS_VERSION, AS_MAX_HOOKS = 0x31746E6567617361, 3, 96
+AS_MAGIC, AS_VERSION, AS_MAX_HOOKS = 0x31746E6567617361, 4, 96
 STATE_LOADING, STATE_HOOKED, STATE_DETACHING, STATE_UNHOOKED = 0, 1, 2, 3
 WD_NONE, WD_RUNNING, WD_EXITED = 0, 1, 2
 THREAD_BITS, SET_BITS = 14, 17      # 16384 threads (1 MiB), 131072 buckets of 8 (8 MiB + 128 KiB)
@@ -83,7 +90,8 @@ class AsConfig(ct.Structure):
                 ("watchdog", u32), ("pid", u32), ("pidfd", s32), ("poll_ms", u32), ("sample_bytes", u64),
                 ("threads", u64), ("set", u64), ("spill", u64), ("thread_bits", u32), ("set_bits", u32),
                 ("nhooks", u32), ("pad", u32), ("hooks", AsRestore * AS_MAX_HOOKS), ("sampled", u64),
-                ("freed", u64), ("set_full", u64), ("thread_overflow", u64), ("foreign", u64)]
+                ("freed", u64), ("set_full", u64), ("thread_overflow", u64), ("foreign", u64),
+                ("sys_orig", (u64 * SYS_DEFS) * len(SYS_KINDS)), ("sys_marks", u64)]
 
 
 def _page_down(x: int) -> int:
@@ -165,7 +173,8 @@ def read_agent(path: str) -> AgentImage:
         if symtab is None or not loads:
             raise InjectError(f"{path}: not the allocscope agent (no symbols)")
         symbols = {s.name: (s["st_value"], s["st_size"]) for s in symtab.iter_symbols() if s.name}
-    need = {"as_cfg", "as_mark_alloc", "as_mark_free", "as_clone_entry", *HOOKS.values()}
+    need = {"as_cfg", "as_mark_alloc", "as_mark_free", "as_mark_sys", "as_clone_entry", *HOOKS.values(),
+            *(f"as_hs_{k}_{i}" for k in SYS_KINDS for i in range(SYS_DEFS))}
     if not need <= symbols.keys():
         raise InjectError(f"{path}: not the allocscope agent (missing {sorted(need - symbols.keys())[0]})")
     if symbols["as_cfg"][1] != ct.sizeof(AsConfig):
@@ -183,9 +192,20 @@ class HookSpec:
     path: str
     offset: int       # file offset of the function
     size: int         # st_size (0: unknown)
-    program: str      # its BPF entry program: the hook's kind
+    program: str      # its BPF entry program: the hook's kind (the mmap family: sys:KIND:DEFINITION)
     cookie: int       # enum as_api | source << 16
     source: str
+
+    @property
+    def sys_kind(self) -> str:
+        """mmap, munmap, mremap, madvise, brk: a hook of the mmap family ('' for an allocator's)."""
+        return self.program.split(":")[1] if self.program.startswith("sys:") else ""
+
+    @property
+    def hook_symbol(self) -> str:
+        if self.sys_kind:
+            return f"as_hs_{self.sys_kind}_{self.program.split(':')[2]}"
+        return HOOKS[self.program]
 
 
 def hook_specs(plans: list, cookies: dict[tuple[str, str], int]) -> tuple[list[HookSpec], dict[str, str]]:
@@ -207,6 +227,49 @@ def hook_specs(plans: list, cookies: dict[tuple[str, str], int]) -> tuple[list[H
     return specs, skipped
 
 
+def sys_specs(maps: list[procfs.Mapping], exe: str, paths: list[str]) -> tuple[list[HookSpec], dict[str, str]]:
+    """The mmap family's entry points to hook: their definitions in libc, in the executable (a
+    static libc) and in `paths` (the allocators' modules: one that brings its own mmap, as
+    gperftools' tcmalloc does), one spec per (module, address); and {name: why not} for a call
+    with more definitions than the agent has hooks for (it keeps its tracepoint)."""
+    from .allocators import code_files, file_id, module_symbols  # noqa: PLC0415
+
+    exe_id = file_id(exe) if exe else None
+    want = {file_id(p) for p in paths} - {None}
+    mods = [p for p in code_files(maps)
+            if os.path.basename(p).startswith(("libc.so", "libc-")) or file_id(p) == exe_id or file_id(p) in want]
+    specs: list[HookSpec] = []
+    skipped: dict[str, str] = {}
+    for kind, (names, _nr) in SYS_FAMILY.items():
+        defs: list[tuple[str, str, int, int]] = []
+        for path in mods:
+            syms = module_symbols(path)
+            if syms is None:
+                continue
+            seen: set[int] = set()
+            for n in names:
+                if n in syms.functions and syms.functions[n][0] not in seen:
+                    seen.add(syms.functions[n][0])
+                    defs.append((n, path, *syms.functions[n]))
+        if len(defs) > SYS_DEFS:
+            skipped[kind] = f"{len(defs)} definitions (the agent hooks {SYS_DEFS}): keeps its tracepoint"
+            continue
+        for i, (n, path, off, size) in enumerate(defs):
+            specs.append(HookSpec(n, path, off, size, f"sys:{kind}:{i}", 0, "mmap"))
+    return specs, skipped
+
+
+def sys_all_or_nothing(hooks: list, refused: dict[str, str], specs: list[HookSpec]) -> list:
+    """A call of the mmap family is hooked in every definition found or in none (then it keeps
+    its tracepoint, and no call of it is counted twice): `hooks` without the kinds that lost one,
+    each said in `refused`."""
+    lost = {sp.sys_kind for sp in specs if sp.sys_kind and sp.symbol in refused}
+    for sp in specs:
+        if sp.sys_kind in lost and sp.symbol not in refused:
+            refused[sp.symbol] = f"another definition of {sp.sys_kind} cannot be hooked: keeps its tracepoint"
+    return [h for h in hooks if h.spec.sys_kind not in lost]
+
+
 @dataclass
 class Hook:
     spec: HookSpec
@@ -217,6 +280,7 @@ class Hook:
     word: int = 0          # aligned restore word
     wide: bool = False
     slot: int = 0
+    tramp: int = 0         # the trampoline: the real function for the hook
 
 
 def _runtime_address(maps: list[procfs.Mapping], path: str, offset: int) -> tuple[int, procfs.Mapping] | None:
@@ -305,10 +369,13 @@ def can_inject(pid: int, exe: str) -> tuple[bool, list[str]]:
         mem = Memory(pid, write=False)
     except OSError as e:
         return False, [f"cannot read /proc/{pid}/mem: {e.strerror}"]
+    sspecs, sskipped = sys_specs(maps, exe, [pl.allocator.path for pl in plans])
     try:
         hooks, refused = plan_hooks(mem, maps, specs)
+        shooks, srefused = plan_hooks(mem, maps, sspecs)
     finally:
         mem.close()
+    shooks = sys_all_or_nothing(shooks, srefused, sspecs)
     refused.update(skipped)
     by_module: dict[str, list[str]] = {}
     for h in hooks:
@@ -317,11 +384,31 @@ def can_inject(pid: int, exe: str) -> tuple[bool, list[str]]:
         lines.append(f"hooks in {mod}: {', '.join(syms)}")
     for sym, reason in refused.items():
         lines.append(f"not hooked: {sym} ({reason})")
+    lines += sys_lines(shooks, {**srefused, **sskipped})
     names = {h.spec.symbol for h in hooks}
     ok = bool(hooks) and (any(n in names for n in ("malloc", "free")) or not plans or plans[0].allocator.prefix != "")
     if not ok:
         lines.insert(0, "malloc/free cannot be hooked safely here")
     return ok, lines
+
+
+def sys_lines(hooks: list[Hook], refused: dict[str, str]) -> list[str]:
+    """What `doctor --pid` says of the mmap family under --inject: where each call is hooked, and
+    which keep their syscall tracepoints (and so the tax on every system call of the machine)."""
+    by_kind: dict[str, list[str]] = {}
+    for h in hooks:
+        by_kind.setdefault(h.spec.sys_kind, []).append(f"{h.spec.symbol}@{os.path.basename(h.spec.path)}")
+    lines = ["mmap family hooked: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in by_kind.items())] if by_kind else []
+    kept = [k for k in SYS_KINDS if k not in by_kind]
+    for sym, reason in refused.items():
+        lines.append(f"mmap family not hooked: {sym} ({reason})")
+    if kept:
+        lines.append("keep their syscall tracepoints under --inject (every system call on the machine pays "
+                     f"its slow path while recording): {', '.join(kept)}")
+    else:
+        lines.append("no syscall tracepoint under --inject; not seen then: system calls made without these "
+                     "functions (ld.so mapping libraries, syscall(2), inline system calls)")
+    return lines
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -395,6 +482,7 @@ class Injection:
     detached: str = ""     # how it ended: "restored", "watchdog", "exec", "exited"
     counters: dict[str, int] = field(default_factory=dict)
     _specs: list[HookSpec] = field(default_factory=list)
+    _sys_specs: list[HookSpec] = field(default_factory=list)
     _planned: list[Hook] = field(default_factory=list)
     quiet: object = None   # quiet(tid): the probes ignore tid's system calls (0: none)
     _hooks_planned: tuple = ((), {})
@@ -434,7 +522,10 @@ class Injection:
         try:
             # the proofs before the stop (capstone over whole functions: tens of ms on redis);
             # under the stop each entry's bytes are read again and must not have changed
-            self._hooks_planned = plan_hooks(mem, maps, self._specs)
+            hooks, refused = plan_hooks(mem, maps, self._specs)
+            shooks, srefused = plan_hooks(mem, maps, self._sys_specs)
+            self._hooks_planned = (hooks + sys_all_or_nothing(shooks, srefused, self._sys_specs),
+                                   {**refused, **srefused})
             self._syscall_insn = _find_syscall_insn(mem, maps)
             with Stopped(self.pid) as st:
                 t0 = time.perf_counter()
@@ -486,8 +577,10 @@ class Injection:
             if mem.read(h.addr, len(h.orig)) != h.orig:
                 refused[h.spec.symbol] = "its bytes changed while the process was being stopped"
                 hooks.remove(h)
+        hooks = [h for h in hooks if not h.spec.sys_kind] + \
+            sys_all_or_nothing([h for h in hooks if h.spec.sys_kind], refused, self._sys_specs)
         self.refused.update(refused)
-        if not hooks:
+        if not any(not h.spec.sys_kind for h in hooks):
             raise InjectError("no allocator entry can be hooked safely: "
                               + (next(iter(refused.items()))[1] if refused else "none found"))
         if len(hooks) > AS_MAX_HOOKS:
@@ -540,6 +633,9 @@ class Injection:
                 r.page, r.page_len = _page_down(h.word), PAGE
                 m = next((m for m in perms.values() if m.start <= h.word < m.end), None)
                 r.prot = _prot(m.perms if m else "r-x")
+                if h.spec.sys_kind:
+                    _k, kind, i = h.spec.program.split(":")
+                    cfg.sys_orig[SYS_KINDS.index(kind)][int(i)] = h.tramp
             # 5. the watchdog: the tracer's pidfd, a thread on its own stack, every signal blocked
             pidfd = self._sys(st, tid, "pidfd_open", tracer_pid, 0)
             if pidfd < 0:
@@ -608,8 +704,13 @@ class Injection:
                 slot, stub, tramp = at, at + patching.SLOT_LEN, at + patching.SLOT_LEN + patching.STUB_LEN
                 code = patching.relocate(h.orig[:h.length], h.addr, tramp)
                 code += patching.rel_jump(tramp + len(code), h.addr + h.length)  # the page is within reach
-                blob = struct.pack("<QQ", tramp, h.spec.cookie) + \
-                    patching.stub(slot, self.sym(HOOKS[h.spec.program])) + code
+                hook = self.sym(h.spec.hook_symbol)
+                # the mmap family's calls take up to 6 arguments: no register carries the slot;
+                # each definition has a hook of its own, which finds its trampoline in as_cfg
+                enter = patching.abs_jump(hook).ljust(patching.STUB_LEN, b"\xcc") if h.spec.sys_kind \
+                    else patching.stub(slot, hook)
+                blob = struct.pack("<QQ", tramp, h.spec.cookie) + enter + code
+                h.tramp = tramp
                 page[i * patching.ENTRY_SPAN:i * patching.ENTRY_SPAN + len(blob)] = blob
                 h.slot = slot
                 h.jump = patching.rel_jump(h.addr, stub)
@@ -667,7 +768,8 @@ class Injection:
             return self.detached
         cfg = self.read_config()
         if cfg is not None:
-            self.counters = {k: getattr(cfg, k) for k in ("sampled", "freed", "set_full", "thread_overflow", "foreign")}
+            self.counters = {k: getattr(cfg, k) for k in ("sampled", "freed", "set_full", "thread_overflow", "foreign",
+                                                          "sys_marks")}
         mem = Memory(self.pid)
         try:
             with Stopped(self.pid) as st:
@@ -705,11 +807,25 @@ class Injection:
         except OSError:
             return False
 
-    def report(self) -> dict:
-        """recording.probes.inject"""
+    @property
+    def sys_hooked(self) -> dict[str, list[str]]:
+        """The mmap family's calls hooked: kind -> [symbol@module]"""
+        out: dict[str, list[str]] = {}
+        for h in self.hooks:
+            if h.spec.sys_kind:
+                out.setdefault(h.spec.sys_kind, []).append(f"{h.spec.symbol}@{h.spec.path}")
+        return out
+
+    def report(self, tracepoints: list[str] | None = None) -> dict:
+        """recording.probes.inject; `tracepoints`: the syscall tracepoints this recording kept (the
+        mmap-family calls not hooked)"""
         return {"agent": self.agent.path, "base": self.base,
                 "hooked": [{"symbol": h.spec.symbol, "module": h.spec.path, "source": h.spec.source,
-                            "displaced": h.length} for h in self.hooks],
+                            "displaced": h.length} for h in self.hooks if not h.spec.sys_kind],
+                "mmap_family": {"hooked": self.sys_hooked,
+                                "not_seen": "system calls made without these functions (ld.so mapping "
+                                            "libraries, syscall(2), inline system calls)"},
+                "tracepoints": list(tracepoints or []),
                 "skipped": dict(self.refused), "stopped_ms": [round(x, 2) for x in self.stopped_ms],
                 "watchdog_tid": self.watchdog_tid, "detached": self.detached, "counters": dict(self.counters)}
 
@@ -731,6 +847,12 @@ def inject(pid: int, specs: list[HookSpec], skipped: dict[str, str], sample_byte
     img = read_agent(agent_path())
     inj = Injection(pid, sample_bytes, img)
     inj._specs = specs
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        exe = ""
+    inj._sys_specs, sys_skipped = sys_specs(procfs.read_maps(pid), exe, sorted({sp.path for sp in specs}))
+    skipped = {**skipped, **sys_skipped}
     inj.refused.update(skipped)
     inj.quiet = quiet or (lambda tid: None)
     inj.load(os.getpid())

@@ -196,7 +196,7 @@ def _bcc_version(bcc) -> str:
 
 
 def _cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str],
-                preload: list[tuple[bytes, int]] = ()):
+                preload: list[tuple[bytes, int]] = (), skip_sys: bool = False):
     """A BCC module whose tables come from compiling `maps_text` (declarations only) and whose
     programs are the cached instructions (tracer/bpfcache.py), relocated to its map fds and
     `pid`, loaded as BCC's load_func loads, tracepoint programs attached as BCC's autoload does."""
@@ -253,8 +253,18 @@ def _cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str],
         list(pool.map(try_load, todo))
     fill_sys_tails(bcc, bpf)
     for b in tps:
+        if skip_sys and b.startswith(SYS_TP_PREFIX):
+            continue  # --inject: attached later, only for the mmap-family calls the agent could not hook
         bpf.attach_tracepoint(tp=b[len(b"tracepoint__"):].replace(b"__", b":"), fn_name=b)
     return bpf
+
+
+SYS_TP_PREFIX = b"tracepoint__syscalls__"
+
+
+def sys_tracepoints(kind: str) -> list[str]:
+    """The tracepoints of one mmap-family call (tracer/inject.py SYS_FAMILY kind)."""
+    return [f"syscalls:sys_{d}_{kind}" for d in ("enter", "exit")]
 
 
 SYS_TAILS = (b"sys_unwind", b"sys_keep")  # probes/syscalls.h: the stack of an mmap or brk exit (DWARF)
@@ -344,6 +354,8 @@ class Probes:
             + [("task", "task_rename"), ("sched", "sched_process_exit"), ("sched", "sched_process_exec"),
                ("sched", "sched_switch"), ("tlb", "tlb_flush")]
             + ([("kmem", "rss_stat")] if self.rss_tracepoint else [])])
+        if self.options.inject:  # the mmap family's tracepoints: only for the calls the agent cannot hook
+            self._sys_tracepoints_off()
         self._events_cb = None
         self._fault_fds: dict[int, int] = {}  # tid -> perf event fd (residency mode)
         self._addressed: list[tuple] = []  # (path, file offset, map, value): written once mapped
@@ -387,7 +399,7 @@ class Probes:
             self.bpf_cache = "hit"
         try:
             bpf = _cached_bpf(bcc, entry, self.pid, bpfcache.maps_only(text), cflags(self.pid),
-                              self._programs_needed(unwind))
+                              self._programs_needed(unwind), skip_sys=self.options.inject)
         except Exception:  # noqa: BLE001 (BCC's bare Exception): compiled as without the cache
             bpf = None
         if bpf is None or not bpfcache.same_tables(bpfcache.table_signature(bpf.module), entry["tables"]):
@@ -434,7 +446,8 @@ class Probes:
         else:
             names = [b"alloc_return"] + ([b"alloc_unwind", b"alloc_keep"] if unwind == "dwarf" else [])
             if self.options.inject:
-                names += [b"mark_alloc", b"mark_free"]
+                names += [b"mark_alloc", b"mark_free", b"mark_sys"]
+                names += [b"msys_unwind", b"msys_keep"] if unwind == "dwarf" else []
             elif self.multi:
                 names += [b"heap_entry"]
         return [(n, self._bcc.BPF.KPROBE, None, self._attach_type(n)) for n in names]
@@ -586,9 +599,56 @@ class Probes:
         v = t.Leaf()
         v.threads, v.bits = agent.tables, agent_thread_bits()
         t[ct.c_int(0)] = v
+        self._attach_sys_marker(agent)
         self.report.heap = "inject"
-        self.report.attached = [h.spec.symbol for h in agent.hooks]
+        self.report.attached = [h.spec.symbol for h in agent.hooks if not h.spec.sys_kind]
         self.report.skipped = dict(agent.refused)
+
+    def _attach_sys_marker(self, agent) -> None:
+        """--inject: the mmap-family calls the agent hooked are reported through its as_mark_sys
+        (probes/syscalls.h mark_sys) and switched over in `sys_hooked`; the others get their
+        syscall tracepoints now. `sys_tracepoints_kept`: those."""
+        from .inject import SYS_FAMILY  # noqa: PLC0415
+
+        hooked = agent.sys_hooked
+        if hooked:
+            if self.unwind == "dwarf":
+                tails = self.bpf[b"msys_tails"]
+                for i, name in enumerate((b"msys_unwind", b"msys_keep")):
+                    tails[ct.c_int(i)] = ct.c_int(self._load(name).fd)
+            self._attach("mark_sys", agent.agent.path, agent.agent.file_offset("as_mark_sys"), BPF_PROBE_ENTRY)
+            failed = self._flush()
+            if failed:
+                raise PermissionProblem(next(iter(failed.values())))
+            t = self.bpf[b"sys_hooked"]
+            for kind in hooked:
+                t[ct.c_int(SYS_FAMILY[kind][1])] = ct.c_uint32(1)
+        self.sys_tracepoints_kept = [tp for kind in SYS_FAMILY if kind not in hooked for tp in sys_tracepoints(kind)]
+        for tp in self.sys_tracepoints_kept:
+            if tp.encode() not in self.bpf.tracepoint_fds:
+                fn = b"tracepoint__" + tp.encode().replace(b":", b"__")
+                self.bpf.attach_tracepoint(tp=tp.encode(), fn_name=fn)
+        self._sys_tracepoints_off()
+        self.report.tracepoints = [tp for tp in self.report.tracepoints if not tp.startswith("syscalls:")] + \
+            self.sys_tracepoints_kept
+
+    def _sys_tracepoints_off(self) -> None:
+        """Detach the syscall tracepoints of the mmap family not kept (BCC attaches them all when it
+        compiles; the cached programs are attached without them under --inject), their closes
+        overlapped (each waits for an RCU grace period)."""
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+        kept = {tp.encode() for tp in getattr(self, "sys_tracepoints_kept", [])}
+        off = [tp for tp in list(self.bpf.tracepoint_fds) if tp.startswith(b"syscalls:") and tp not in kept]
+        if off:
+            lib = self._bcc.libbcc.lib
+            fds = [self.bpf.tracepoint_fds[tp] for tp in off]
+            with ThreadPoolExecutor(max_workers=len(off)) as pool:
+                list(pool.map(lib.bpf_close_perf_event_fd, fds))
+            for tp in off:
+                cat, name = tp.split(b":")
+                lib.bpf_detach_tracepoint(cat, name)
+                del self.bpf.tracepoint_fds[tp]
 
     def attach_more(self, plans: list, sources: dict[str, int], maps: list) -> None:
         """Allocators found after the attach (a library dlopen'd since)."""

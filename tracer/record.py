@@ -478,7 +478,8 @@ class Recorder:
                        "allocators": rep.allocators, "custom": rep.custom,
                        "returns": rep.returns, "returns_why": rep.returns_why,
                        "uprobes": rep.uprobes, "uprobes_why": rep.uprobes_why, "heap": rep.heap,
-                       **({"inject": self.injection.report()} if self.injection is not None else {})},
+                       **({"inject": self.injection.report(getattr(self.probes, "sys_tracepoints_kept", []))}
+                          if self.injection is not None else {})},
             "sources": {str(k): v for k, v in self.source_names.items() if k >= L.enum("AS_SRC_DYNAMIC")},
             "limits": {"max_live": o.max_live, "max_stacks": o.max_stacks, "max_sites": o.max_sites,
                        "max_regions": o.max_regions},

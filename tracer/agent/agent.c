@@ -48,11 +48,17 @@ __asm__(".text\n"
         "pop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n.size as_mark_alloc,.-as_mark_alloc\n"
         ".globl as_mark_free\n.hidden as_mark_free\n.type as_mark_free,@function\n.p2align 4\n"
         "as_mark_free:\n.cfi_startproc\npush %rbp\n.cfi_def_cfa_offset 16\n.cfi_offset %rbp,-16\n"
-        "pop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n.size as_mark_free,.-as_mark_free\n");
+        "pop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n.size as_mark_free,.-as_mark_free\n"
+        ".globl as_mark_sys\n.hidden as_mark_sys\n.type as_mark_sys,@function\n.p2align 4\n"
+        "as_mark_sys:\n.cfi_startproc\npush %rbp\n.cfi_def_cfa_offset 16\n.cfi_offset %rbp,-16\n"
+        "pop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n.size as_mark_sys,.-as_mark_sys\n");
 /* p, the requested size, the bytes it stands for, the slot's cookie (enum as_api | source << 16),
  * the hook's frame (caller's %rbp at [fp], return address at [fp + 8], caller's %rsp fp + 16) */
 void as_mark_alloc(u64 p, u64 size, u64 weight, u64 cookie, void *fp);
 void as_mark_free(u64 p, u64 cookie);
+/* An mmap-family call: phase 0 before the real call (munmap, madvise, brk: the probes read the
+ * anonymous RSS and the time), 1 after it; the record; the hook's frame (as as_mark_alloc's). */
+void as_mark_sys(u64 phase, const struct as_sysrec *r, void *fp);
 
 /* The watchdog's first instructions: the tracer points a stopped thread here with the clone
  * arguments in %rdi/%rsi; the new thread (on its own stack) runs as_watchdog_main and exits, the
@@ -304,6 +310,158 @@ HOOK u64 as_h_free(u64 a, u64 b, u64 c, const struct as_slot *s)
         return free_sampled(a, b, c, s);
     return ((as_fn3)s->orig)(a, b, c);
 }
+
+/* --- the mmap family --------------------------------------------------------------------
+ * mmap, munmap, mremap, madvise and brk, hooked like the allocators, so that an --inject recording
+ * needs no syscall tracepoint (enabling one sends every system call of every process on the
+ * machine through the kernel's slow path). Each hook calls the real function and tells the probes
+ * what the system call did through as_mark_sys, whose uprobe runs the same accounting as the
+ * tracepoint programs (probes/syscalls.h mark_sys): after the call for mmap and mremap (one trap),
+ * before and after it for munmap, madvise (only the advice that can release memory) and brk (the
+ * anonymous RSS given back is measured across the call). A failed call reports nothing after it.
+ * Unlike the allocator hooks these report whether or not sampling is on: the probes decide
+ * (sys_hooked) which path counts a call, the tracepoint's or this one.
+ *
+ * The arguments are taken as the kernel takes them: int arguments (prot, flags, fd, advice) have
+ * undefined upper halves in their registers. glibc's brk(addr) returns 0 or -1; the break after
+ * it is asked of the kernel (brk(0)), as the system call would have returned it. */
+
+typedef u64 (*as_fn6)(u64, u64, u64, u64, u64, u64);
+typedef u64 (*as_fnv)(u64, u64, u64, u64, ...);
+
+#define SYS_brk 12
+
+static __attribute__((always_inline)) inline void sys_mark(u64 phase, struct as_sysrec *r, u64 *ra_slot)
+{
+    __atomic_fetch_add(&as_cfg.sys_marks, 1, __ATOMIC_RELAXED);
+    as_mark_sys(phase, r, ra_slot - 1);
+    __asm__ volatile("" ::: "memory"); /* the record is read by the probe: keep its stores */
+}
+
+/* The thread's slot, claimed for the call (0: a call of the family is running already on this
+ * thread: one definition calling another, reported once, by the outer one) */
+static inline struct as_thread *sys_enter(void)
+{
+    struct as_thread *t = self();
+    if (t->sys)
+        return 0;
+    t->sys = 1;
+    return t;
+}
+
+static inline u64 sys_result(u64 r)
+{
+    return r == ~0ULL ? (u64)-22 : r; /* libc's -1 (errno set): failed; the probes skip it */
+}
+
+static __attribute__((always_inline)) inline u64 sys_mmap(u64 orig, u64 a, u64 b, u64 c, u64 d, u64 e, u64 f,
+                                                          u64 *ra_slot)
+{
+    struct as_thread *t = sys_enter();
+    if (!t)
+        return ((as_fn6)orig)(a, b, c, d, e, f);
+    u64 r = ((as_fn6)orig)(a, b, c, d, e, f);
+    if (r != ~0ULL) {
+        struct as_sysrec rec = {9, {a, b, (u32)c, (u32)d, (u64)(s64)(s32)e}, r};
+        sys_mark(1, &rec, ra_slot);
+    }
+    t->sys = 0;
+    return r;
+}
+
+static __attribute__((always_inline)) inline u64 sys_munmap(u64 orig, u64 a, u64 b, u64 *ra_slot)
+{
+    struct as_thread *t = sys_enter();
+    if (!t)
+        return ((as_fn6)orig)(a, b, 0, 0, 0, 0);
+    struct as_sysrec rec = {11, {a, b, 0, 0, 0}, 0};
+    sys_mark(0, &rec, ra_slot);
+    u64 r = ((as_fn6)orig)(a, b, 0, 0, 0, 0);
+    rec.ret = sys_result(r);
+    sys_mark(1, &rec, ra_slot);
+    t->sys = 0;
+    return r;
+}
+
+static __attribute__((always_inline)) inline u64 sys_mremap(u64 orig, u64 a, u64 b, u64 c, u64 d, u64 e,
+                                                            u64 *ra_slot)
+{
+    struct as_thread *t = sys_enter();
+    if (!t)
+        return ((as_fnv)orig)(a, b, c, d, e);
+    u64 r = ((as_fnv)orig)(a, b, c, d, e);
+    if (r != ~0ULL) {
+        struct as_sysrec rec = {25, {a, b, c, (u32)d, e}, r};
+        sys_mark(1, &rec, ra_slot);
+    }
+    t->sys = 0;
+    return r;
+}
+
+/* The advice that can release memory (the tracepoint's filter): DONTNEED, FREE, REMOVE, PAGEOUT,
+ * DONTNEED_LOCKED; any other passes straight through. */
+static inline int releasing(u32 advice)
+{
+    return advice == 4 || advice == 8 || advice == 9 || advice == 21 || advice == 24;
+}
+
+static __attribute__((always_inline)) inline u64 sys_madvise(u64 orig, u64 a, u64 b, u64 c, u64 *ra_slot)
+{
+    struct as_thread *t = releasing((u32)c) ? sys_enter() : 0;
+    if (!t)
+        return ((as_fn6)orig)(a, b, c, 0, 0, 0);
+    struct as_sysrec rec = {28, {a, b, (u32)c, 0, 0}, 0};
+    sys_mark(0, &rec, ra_slot);
+    u64 r = ((as_fn6)orig)(a, b, c, 0, 0, 0);
+    rec.ret = sys_result(r);
+    sys_mark(1, &rec, ra_slot);
+    t->sys = 0;
+    return r;
+}
+
+static __attribute__((always_inline)) inline u64 sys_brk(u64 orig, u64 a, u64 *ra_slot)
+{
+    struct as_thread *t = sys_enter();
+    if (!t)
+        return ((as_fn6)orig)(a, 0, 0, 0, 0, 0);
+    struct as_sysrec rec = {12, {a, 0, 0, 0, 0}, 0};
+    sys_mark(0, &rec, ra_slot);
+    u64 r = ((as_fn6)orig)(a, 0, 0, 0, 0, 0);
+    rec.ret = (u64)sys3(SYS_brk, 0, 0, 0); /* the break now, as the system call returns it */
+    sys_mark(1, &rec, ra_slot);
+    t->sys = 0;
+    return r;
+}
+
+/* One hook per (kind, definition): as_hs_mmap_0 .. as_hs_brk_3. The stub jumps here with every
+ * argument register as the caller set it. */
+#define SYS_ORIG(k, i) __atomic_load_n(&as_cfg.sys_orig[k][i], __ATOMIC_RELAXED)
+#define SYS_HOOKS(i)                                                                               \
+    HOOK u64 as_hs_mmap_##i(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f)                          \
+    {                                                                                          \
+        return sys_mmap(SYS_ORIG(AS_SYS_MMAP, i), a, b, c, d, e, f, RA_SLOT());                \
+    }                                                                                          \
+    HOOK u64 as_hs_munmap_##i(u64 a, u64 b)                                                    \
+    {                                                                                          \
+        return sys_munmap(SYS_ORIG(AS_SYS_MUNMAP, i), a, b, RA_SLOT());                        \
+    }                                                                                          \
+    HOOK u64 as_hs_mremap_##i(u64 a, u64 b, u64 c, u64 d, u64 e)                               \
+    {                                                                                          \
+        return sys_mremap(SYS_ORIG(AS_SYS_MREMAP, i), a, b, c, d, e, RA_SLOT());               \
+    }                                                                                          \
+    HOOK u64 as_hs_madvise_##i(u64 a, u64 b, u64 c)                                            \
+    {                                                                                          \
+        return sys_madvise(SYS_ORIG(AS_SYS_MADVISE, i), a, b, c, RA_SLOT());                   \
+    }                                                                                          \
+    HOOK u64 as_hs_brk_##i(u64 a)                                                              \
+    {                                                                                          \
+        return sys_brk(SYS_ORIG(AS_SYS_BRK, i), a, RA_SLOT());                                 \
+    }
+
+SYS_HOOKS(0)
+SYS_HOOKS(1)
+SYS_HOOKS(2)
+SYS_HOOKS(3)
 
 /* --- the watchdog ------------------------------------------------------------------------- */
 

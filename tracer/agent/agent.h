@@ -4,10 +4,17 @@
 #define AS_AGENT_H
 
 #define AS_AGENT_MAGIC 0x31746e6567617361ULL /* "asagent1" */
-#define AS_AGENT_VERSION 3
+#define AS_AGENT_VERSION 4
 #define AS_MAX_HOOKS 96
 #define AS_THREAD_PROBES 8 /* slots tried per thread key (probes/regions.h reads as many) */
 #define AS_SET_SPILL 4     /* buckets a sampled pointer may land in */
+/* The mmap family, hooked like the allocators (agent.c "the mmap family"): mmap, munmap, mremap,
+ * madvise, brk; up to AS_SYS_DEFS definitions of each (libc's, a static libc's in the executable,
+ * an allocator's own), each its own hook (these take up to 6 arguments: no register is free to
+ * carry a slot). */
+enum as_sys_kind { AS_SYS_MMAP = 0, AS_SYS_MUNMAP = 1, AS_SYS_MREMAP = 2, AS_SYS_MADVISE = 3, AS_SYS_BRK = 4,
+                   AS_SYS_KINDS = 5 };
+#define AS_SYS_DEFS 4
 
 enum as_state { AS_STATE_LOADING = 0, AS_STATE_HOOKED = 1, AS_STATE_DETACHING = 2, AS_STATE_UNHOOKED = 3 };
 enum as_watchdog { AS_WD_NONE = 0, AS_WD_RUNNING = 1, AS_WD_EXITED = 2 };
@@ -28,7 +35,18 @@ struct as_thread {
     u64 ra;    /* that return address */
     u32 api;   /* the running call (enum as_api), 0: none */
     u32 depth; /* 1 while a hooked call runs: calls made inside it pass through */
-    u64 spare[3];
+    u32 sys;   /* 1 while a hooked mmap-family call runs: one definition calling another reports once */
+    u32 spare1;
+    u64 spare[2];
+};
+
+/* What a hooked mmap-family call reports to the markers (probes/syscalls.h mark_sys reads it):
+ * the system call's number, its arguments as the kernel takes them, and its result as the
+ * system call returned it (a new address, 0, or -errno; brk: the break after the call). */
+struct as_sysrec {
+    u64 nr;
+    u64 a[5];
+    u64 ret;
 };
 
 /* What the watchdog puts back when the tracer dies: the aligned word(s) holding a patched entry. */
@@ -61,6 +79,10 @@ struct as_config {
     struct as_restore hooks[AS_MAX_HOOKS];
     /* counters (the tracer reads them at the end) */
     volatile u64 sampled, freed, set_full, thread_overflow, foreign;
+    /* the mmap family: the trampoline of each hooked definition (0: not hooked), the markers
+     * called (one per reported call: two for munmap, madvise, brk) */
+    u64 sys_orig[AS_SYS_KINDS][AS_SYS_DEFS];
+    volatile u64 sys_marks;
 };
 
 #endif
