@@ -9,7 +9,7 @@ import re
 import pytest
 from support import cli
 
-from allocscope.demo import run_demo
+from allocscope.cli.demo import run_demo
 
 pytestmark = pytest.mark.bpf
 MIB8 = 8 << 20

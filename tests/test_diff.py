@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from support import one_line_error
 from synth import SynthTrace
 
-from allocscope import cmd_diff
-from allocscope.cmd_diff import diff
+from allocscope.cli import diff as cmd_diff
+from allocscope.cli.diff import diff
 from common.errors import UsageError
 from reports import analysis as A
 from reports import diff as D

@@ -246,7 +246,7 @@ def test_cli_diff_html_and_report_at_peak(diff_paths, tmp_path):
     from click.testing import CliRunner
     from support import one_line_error
 
-    from allocscope.cli import main
+    from allocscope.cli.app import main
 
     out = tmp_path / "d.html"
     r = CliRunner().invoke(main, ["diff", *diff_paths, "--per", "pw", "--format", "html", "-o", str(out)])

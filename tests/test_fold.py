@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 from synth import SynthTrace
 
-from allocscope.cli import main
-from allocscope.cmd_diff import diff
+from allocscope.cli.app import main
+from allocscope.cli.diff import diff
 from common.errors import UsageError
 from reports import analysis as A
 from reports import render

@@ -33,8 +33,8 @@ from click.testing import CliRunner
 from support import chromium, need_tool
 from synth import SynthTrace
 
-from allocscope.cli import main
-from allocscope.cmd_diff import diff
+from allocscope.cli.app import main
+from allocscope.cli.diff import diff
 from reports import analysis as A
 from reports import render
 from reports.csvout import to_csv

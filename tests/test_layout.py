@@ -64,7 +64,7 @@ def test_reports_never_import_bcc():
     """reports/ runs anywhere: importing it (and loading a trace) must not need BCC."""
     code = ("import sys; sys.modules['bcc'] = None\n"
             "import reports.trace, reports.analysis, reports.render, reports.symbolize\n"
-            "import allocscope.cli\n"
+            "import allocscope.cli.app\n"
             "print('ok')")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.dirname(__file__)))

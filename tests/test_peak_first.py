@@ -25,7 +25,7 @@ import pytest
 from click.testing import CliRunner
 from synth import SynthTrace
 
-from allocscope.cli import main
+from allocscope.cli.app import main
 from reports import analysis as A
 from reports import render
 from reports.html import flame_data, flame_tree, site_chart_data, to_html

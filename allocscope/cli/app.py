@@ -7,11 +7,12 @@ import sys
 
 import click
 
-from allocscope.options import by_option, fold_option, probe_options, source_option, target_options, trace_options
-from allocscope.output import emit, progress
-from allocscope.recording import check_inject, early_stop, record_options, resolve_target, start_probes, summary_text
 from common.errors import AllocscopeError, Interrupted, UsageError
 from common.version import tool_version
+
+from .options import by_option, fold_option, probe_options, source_option, target_options, trace_options
+from .output import emit, progress
+from .recording import check_inject, early_stop, record_options, resolve_target, start_probes, summary_text
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -124,7 +125,7 @@ def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_sym
         raise
     status = None
     if not quiet and sys.stderr.isatty():
-        from allocscope.watch import StatusLine  # noqa: PLC0415
+        from .watch import StatusLine  # noqa: PLC0415
         status = StatusLine(sys.stderr)
     try:
         s = rec.record(target, opts, None if quiet else status.progress if status else progress, stop=stop,
@@ -266,9 +267,9 @@ def doctor(pid, pattern):
     sys.exit(0 if ok else 1)
 
 
-from allocscope.cmd_diff import diff  # noqa: E402
-from allocscope.cmd_top import top  # noqa: E402
-from allocscope.demo import demo  # noqa: E402
+from .demo import demo  # noqa: E402
+from .diff import diff  # noqa: E402
+from .top import top  # noqa: E402
 
 main.add_command(diff)
 main.add_command(top)

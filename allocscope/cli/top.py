@@ -7,11 +7,12 @@ import sys
 
 import click
 
-from allocscope.options import by_option, fold_option, probe_options, target_options, trace_options
-from allocscope.output import progress
-from allocscope.recording import check_inject, early_stop, record_options, resolve_target, start_probes, summary_text
 from common.errors import UsageError
 from tracer.options import TOP_INTERVAL
+
+from .options import by_option, fold_option, probe_options, target_options, trace_options
+from .output import progress
+from .recording import check_inject, early_stop, record_options, resolve_target, start_probes, summary_text
 
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 SORT_CHOICES = ("live", "growth", "peak", "age")
@@ -92,7 +93,7 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
 def _last_words(text: str) -> None:
     """Print what the closed view leaves on the terminal; when that fails (the terminal is
     gone), stdout is silenced: the trace is finalized all the same."""
-    from allocscope.watch import silence  # noqa: PLC0415
+    from .watch import silence  # noqa: PLC0415
 
     try:
         click.echo(text, nl=False)
@@ -102,7 +103,7 @@ def _last_words(text: str) -> None:
 
 
 def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None):
-    from allocscope.watch import record_batch  # noqa: PLC0415
+    from .watch import record_batch  # noqa: PLC0415
 
     s, printer = record_batch(target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by,
                               early=early)
@@ -110,9 +111,10 @@ def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None)
 
 
 def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None):
-    from allocscope.screen import Screen  # noqa: PLC0415
     from reports.live import LiveModel  # noqa: PLC0415
     from reports.live_render import ScreenState, mode_text, screen_text  # noqa: PLC0415
+
+    from .screen import Screen  # noqa: PLC0415
 
     state = ScreenState(target=f"pid {target.pid} ({target.comm})", sort=sort, threads=threads_view,
                         mode=mode_text(opts.mode, opts.sample_bytes, opts.fault_sample))

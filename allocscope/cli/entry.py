@@ -10,7 +10,7 @@ STOP = StopRequest().install()
 
 
 def main() -> None:
-    from allocscope.cli import main as cli_main  # noqa: PLC0415 (after the handlers)
+    from .app import main as cli_main  # noqa: PLC0415 (after the handlers)
 
     try:
         cli_main()

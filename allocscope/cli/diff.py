@@ -7,9 +7,10 @@ import sys
 
 import click
 
-from allocscope.options import by_option, fold_option, source_option
-from allocscope.output import emit, progress
 from common.errors import AllocscopeError
+
+from .options import by_option, fold_option, source_option
+from .output import emit, progress
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 SORTS = ("delta", "live", "alloc", "ratio", "excess", "device")  # reports.diff.DIFF_SORTS, without pandas

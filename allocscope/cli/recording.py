@@ -9,9 +9,9 @@ from common.errors import UsageError
 
 
 def early_stop():
-    """The StopRequest the `allocscope` command installed at its first line (allocscope/entry.py),
+    """The StopRequest the `allocscope` command installed at its first line (allocscope/cli/entry.py),
     None when the CLI runs inside another program (tests)."""
-    entry = sys.modules.get("allocscope.entry")
+    entry = sys.modules.get("allocscope.cli.entry")
     return getattr(entry, "STOP", None)
 
 

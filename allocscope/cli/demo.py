@@ -20,7 +20,7 @@ import click
 
 from common.errors import AllocscopeError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the folder holding allocscope/ and demo/
 DEMO_SRC = ROOT / "demo" / "provingd.c"
 SYNTH_SITE = "synthesize_partition"
 WAIT_SITE = "channel_push"  # where the bug's workers block, each holding its partition
@@ -120,10 +120,11 @@ class Tee:
 def top_preview(exe: Path, pw: int, partitions: int, say) -> str:
     """A few seconds of `allocscope top --batch` on the buggy daemon, launched, proving
     `partitions` partitions and exiting: what a person watching it live sees. Returns the text."""
-    from allocscope.watch import record_batch  # noqa: PLC0415
     from tracer.options import RecordOptions  # noqa: PLC0415
     from tracer.stop import StopRequest  # noqa: PLC0415
     from tracer.target import target_from_command  # noqa: PLC0415
+
+    from .watch import record_batch  # noqa: PLC0415
 
     argv = [str(exe), "--pw", str(pw), "--partitions", str(partitions), "--bug"]
     say(f"watching it live first: allocscope top --batch --interval {PREVIEW_INTERVAL:g} --top 4 -- provingd "
