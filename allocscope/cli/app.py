@@ -1,34 +1,30 @@
-"""allocscope command line. A thin adapter: the work is in tracer/ and reports/; heavy imports
-happen inside the commands so `--help` is instant."""
+"""The `allocscope` command group: every command registered on it, each in a module of its own
+(record, report, diff, top, doctor, demo). A thin adapter: the work is in tracer/ and reports/;
+heavy imports happen inside the commands so `--help` is instant."""
 from __future__ import annotations
-
-import os
-import sys
 
 import click
 
-from common.errors import AllocscopeError, Interrupted, UsageError
+from common.errors import Interrupted
 from common.version import tool_version
 
-from .options import by_option, fold_option, probe_options, source_option, target_options, trace_options
-from .output import emit, progress
-from .recording import check_inject, early_stop, record_options, resolve_target, start_probes, summary_text
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-def _fail(err: AllocscopeError) -> None:
-    click.echo(f"allocscope: {err}", err=True)
-    sys.exit(err.exit_code)
-
+from .base import CONTEXT, Command, fail, one_line_errors
+from .demo import demo
+from .diff import diff
+from .doctor import doctor
+from .record import record
+from .recording import early_stop
+from .report import report
+from .top import top
 
 RECORDING_COMMANDS = ("record", "top")  # they handle SIGINT/SIGTERM/SIGHUP themselves
 
 
-
-
 class Group(click.Group):
-    """Turns AllocscopeError into one line on stderr and its exit code."""
+    """The commands' group: the signal handling of a recording is put back for the commands that
+    do not record, and an error of the group's own is one line, like its commands' (base)."""
+
+    command_class = Command
 
     def resolve_command(self, ctx, args):
         name, cmd, rest = super().resolve_command(ctx, args)
@@ -36,19 +32,11 @@ class Group(click.Group):
         if stop is not None and name not in RECORDING_COMMANDS:
             stop.restore()  # reports and the rest: Ctrl-C interrupts them as usual
             if stop.reason is not None:
-                _fail(Interrupted(f"interrupted ({stop.reason})"))
+                fail(Interrupted(f"interrupted ({stop.reason})"))
         return name, cmd, rest
 
     def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except AllocscopeError as e:
-            _fail(e)
-        except BrokenPipeError:
-            sys.stderr.close()
-            sys.exit(1)
-
-
+        return one_line_errors(super().invoke, ctx)
 
 
 @click.group(cls=Group, context_settings=CONTEXT)
@@ -65,215 +53,8 @@ def main() -> None:
     """
 
 
-
-
-
-
-@main.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
-@target_options
-@trace_options
-@click.option("--duration", type=float, metavar="SECONDS",
-              help="Stop after this long (default: until Ctrl-C or the target exits).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress messages; the summary line only.")
-@click.option("--dry-run", is_flag=True,
-              help="Resolve the target and print every allocator found and each probe it would get "
-                   "(where, and why there); attach nothing, write nothing.")
-@probe_options
-def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_symbols, duration, quiet, dry_run,
-           **probe):
-    """Record allocations of a running process (--pid/--pgrep) or of a command it starts (-- CMD).
-
-    Probes malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign,
-    valloc, pvalloc and malloc_trim in the allocator the process really uses, and mmap, munmap,
-    mremap, brk and madvise through syscall tracepoints. Stops at --duration, Ctrl-C/SIGTERM, or
-    when the target exits; the trace is readable even if allocscope is killed. A Ctrl-C while the
-    probes are still being set up stops there: nothing is recorded (exit 130) and a trace already
-    at TRACE stays where it is. On a terminal, a status line on stderr shows the elapsed time,
-    RSS, live bytes, losses and the stack holding most (not on a pipe, not with --quiet).
-
-    \b
-    Examples:
-      allocscope record --pid 4242 -o run.allocscope --duration 30
-      allocscope record --pgrep 'provingd --pw 12' -o pw12.allocscope --label pw=12
-      allocscope record -o demo.allocscope -- ./provingd --pw 4
-    """
-    from tracer.checks import validate  # noqa: PLC0415 (no pyarrow, no BCC: see below)
-    from tracer.doctor import require_root  # noqa: PLC0415
-    from tracer.stop import StopRequest  # noqa: PLC0415
-
-    stop = early_stop() or StopRequest().install()  # a signal is honoured, never a traceback
-    stop.quiet = quiet
-    if not output and not dry_run:
-        raise UsageError("missing -o TRACE (where to write the trace)")
-    opts = record_options(output, labels, duration=duration, force=force, keep_cmdline=keep_cmdline, quiet=quiet,
-                          embed_symbols=embed_symbols, **probe)
-    check_inject(opts, command)
-    validate(opts, output=False)
-    if dry_run:
-        from tracer.dryrun import describe  # noqa: PLC0415
-
-        click.echo(describe(resolve_target(pid, pattern, command, launch=False), opts))
-        return
-    require_root()
-    validate(opts)
-    target = resolve_target(pid, pattern, command)
-    early = start_probes(target, opts)  # built in a thread while the tracer's modules load
-    try:
-        from tracer import record as rec  # noqa: PLC0415
-    except BaseException:
-        early.discard()
-        raise
-    status = None
-    if not quiet and sys.stderr.isatty():
-        from .watch import StatusLine  # noqa: PLC0415
-        status = StatusLine(sys.stderr)
-    try:
-        s = rec.record(target, opts, None if quiet else status.progress if status else progress, stop=stop,
-                       observer=status.observe if status else None, early=early)
-    finally:
-        if status is not None:
-            status.close()
-    click.echo(summary_text(s))
-
-
-
-
-@main.command(context_settings=CONTEXT)
-@click.argument("trace", type=click.Path(dir_okay=True, file_okay=True))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv", "html", "pprof", "folded"]),
-              default="text", show_default=True,
-              help="text for people; json (allocscope.report/1) for tools; csv of ranked sites; html "
-                   "(self-contained, offline); pprof (gzipped protobuf for go tool pprof / Pyroscope); "
-                   "folded stacks for flamegraph.pl / speedscope.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
-@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Sites and threads to show (text).")
-@click.option("--sort", type=click.Choice(["live", "peak", "growth", "age"]), default="live", show_default=True,
-              help="Rank sites by live bytes at the end, peak live bytes, growth (growing sites first, "
-                   "then bytes/s), or age of the oldest outstanding allocation.")
-@click.option("--metric", type=click.Choice(["live_bytes", "alloc_bytes", "live_count", "alloc_count",
-                                             "device_live_bytes"]),
-              default="live_bytes", show_default=True,
-              help="Value of each stack in --format folded (host memory; device_live_bytes: GPU memory).")
-@click.option("--at", "at", type=click.Choice(["end", "peak"]), default="end", show_default=True,
-              help="pprof and folded: the stacks live at the end, or at the moment of the live peak (for "
-                   "`go tool pprof -diff_base A.pb.gz B.pb.gz` of two runs' peaks).")
-@by_option
-@fold_option
-@source_option
-def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
-    """Outstanding bytes by location (the place in the code that asked for memory) and by
-    thread, totals and losses, from TRACE.
-
-    \b
-    Examples:
-      allocscope report run.allocscope --sort growth
-      allocscope report run.allocscope --format html -o run.html
-      allocscope report run.allocscope --format pprof -o heap.pb.gz && go tool pprof -top heap.pb.gz
-      allocscope report run.allocscope --format folded | flamegraph.pl > live.svg
-      allocscope report a.allocscope --format pprof --at peak -o A.pb.gz   # and B, then:
-        go tool pprof -top -diff_base A.pb.gz B.pb.gz
-
-    A location is the innermost frame left after folding allocator wrappers: one line of code.
-    Every stack that reaches it (a work-stealing pool reaches one call through many) is summed
-    under it, and its largest stacks are shown below it; --by stack lists each stack instead.
-
-    Every form but pprof, folded and csv opens with findings: at most 6 sentences, each with
-    its figures and the table it comes from (docs/findings.md).
-
-    The JSON form (schema allocscope.report/1) is a contract other tools read: sites (one per
-    folded stack) sorted by --sort (default: live bytes), each with frames innermost first and
-    its `location`; locations (one per place, with `stacks`: the ranks of its sites); threads,
-    arenas, trims.
-    When most of the peak was freed by the end (live at the end <= 25% of the peak), the text
-    and HTML forms show the sites that held the peak first.
-    """
-    from reports import render  # noqa: PLC0415
-    from reports.analysis import build_report, only_sources, parse_fold, parse_sources, symbolize_stacks  # noqa: PLC0415
-    from reports.trace import load_trace  # noqa: PLC0415
-
-    folding = parse_fold(fold)
-    wanted = parse_sources(sources)
-    say = progress if sys.stderr.isatty() else None
-    if at != "end" and fmt not in ("pprof", "folded"):
-        raise UsageError(f"--at {at} is for --format pprof and folded (the other formats show the peak and the end)")
-    t = only_sources(load_trace(trace, progress=say), wanted)
-    at_seq = None
-    if at == "peak":
-        from reports.analysis import peak_seq  # noqa: PLC0415
-        at_seq = peak_seq(t)
-    if fmt == "pprof":
-        from reports.pprof import to_pprof  # noqa: PLC0415
-        if output is None and sys.stdout.isatty():
-            raise UsageError("--format pprof is binary: give -o FILE (e.g. -o heap.pb.gz)")
-        emit(to_pprof(t, fold=folding, at_seq=at_seq), output)
-        return
-    if fmt == "folded":
-        from reports.folded import to_folded  # noqa: PLC0415
-        emit(to_folded(t, metric=metric, fold=folding, at_seq=at_seq), output)
-        return
-    stacks = symbolize_stacks(t, say)
-    rep = build_report(t, sort=sort, stacks=stacks, fold=folding, by=by)
-    if wanted:
-        rep["source_filter"] = wanted
-    if fmt == "json":
-        text = render.to_json(rep)
-    elif fmt == "csv":
-        from reports.csvout import to_csv  # noqa: PLC0415
-        text = to_csv(rep)
-    elif fmt == "html":
-        from reports.html import to_html  # noqa: PLC0415
-        text = to_html(t, rep, stacks=stacks, fold=folding)
-    else:
-        color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
-        text = render.to_text(rep, top=top, color=color)
-    emit(text, output)
-
-
-@main.command(context_settings=CONTEXT)
-@click.option("--pid", "-p", type=int, help="Also say what would be probed in this process.")
-@click.option("--pgrep", "pattern", metavar="PATTERN", help="Likewise, the one process matching PATTERN.")
-def doctor(pid, pattern):
-    """Check that this machine can trace: root, BPF, BCC, kernel headers, tracefs, uprobes.
-
-    Says exactly what is missing and how to fix it; exits 0 when tracing can work. With --pid or
-    --pgrep it also lists the process's allocators, each probe and its place, and whether the
-    CUDA driver (libcuda.so.1) is mapped: what `record --dry-run` prints.
-    """
-    from tracer.doctor import run_checks  # noqa: PLC0415
-
-    if pid is not None or pattern is not None:
-        from tracer.dryrun import describe  # noqa: PLC0415
-        from tracer.options import RecordOptions  # noqa: PLC0415
-
-        target = resolve_target(pid, pattern, ())
-        click.echo(describe(target, RecordOptions()))
-        from tracer.inject import can_inject  # noqa: PLC0415
-
-        ok_inject, lines = can_inject(target.pid, target.exe)
-        click.echo(f"--inject: {'can work' if ok_inject else 'cannot work'} in pid {target.pid}")
-        for line in lines:
-            click.echo(f"  {line}")
-        click.echo("")
-    ok = True
-    for check in run_checks():
-        mark = "ok  " if check.ok else "FAIL"
-        click.echo(f"[{mark}] {check.name}: {check.detail}")
-        if not check.ok:
-            ok = False
-            if check.fix:
-                click.echo(f"       fix: {check.fix}")
-    click.echo("tracing can work" if ok else "tracing cannot work until the failures above are fixed")
-    sys.exit(0 if ok else 1)
-
-
-from .demo import demo  # noqa: E402
-from .diff import diff  # noqa: E402
-from .top import top  # noqa: E402
-
-main.add_command(diff)
-main.add_command(top)
-main.add_command(demo)
+for command in (record, report, diff, top, doctor, demo):
+    main.add_command(command)
 
 if __name__ == "__main__":
     main()

@@ -20,6 +20,8 @@ import click
 
 from common.errors import AllocscopeError
 
+from .base import CONTEXT, Command
+
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding allocscope/ and demo/
 DEMO_SRC = ROOT / "demo" / "provingd.c"
 SYNTH_SITE = "synthesize_partition"
@@ -207,7 +209,7 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
             "report": rep_b, "report_text": report_text, "top_text": top_text}
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=Command, context_settings=CONTEXT)
 @click.option("--out", type=click.Path(file_okay=False), default="demo-out", show_default=True,
               help="Directory for the daemon, the traces, the report page and the diff page.")
 @click.option("--pw-a", type=click.IntRange(1, 12), default=2, show_default=True, help="Smaller pw setting.")

@@ -1,5 +1,5 @@
-"""`allocscope diff TRACE_A TRACE_B`: the command object registered by allocscope.cli with
-`main.add_command(diff)`. A thin adapter over reports.diff; heavy imports happen inside."""
+"""`allocscope diff TRACE_A TRACE_B`: compare two traces. A thin adapter over reports.diff; heavy
+imports happen inside."""
 from __future__ import annotations
 
 import os
@@ -7,28 +7,14 @@ import sys
 
 import click
 
-from common.errors import AllocscopeError
-
+from .base import CONTEXT, Command
 from .options import by_option, fold_option, source_option
 from .output import emit, progress
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 SORTS = ("delta", "live", "alloc", "ratio", "excess", "device")  # reports.diff.DIFF_SORTS, without pandas
 
 
-class OneLineErrors(click.Command):
-    """Prints an AllocscopeError as one `allocscope: ...` line and exits with its code, also when
-    the command is invoked on its own (tests, embedding) rather than through the cli group."""
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except AllocscopeError as e:
-            click.echo(f"allocscope: {e}", err=True)
-            ctx.exit(e.exit_code)
-
-
-@click.command(cls=OneLineErrors, context_settings=CONTEXT)
+@click.command(cls=Command, context_settings=CONTEXT)
 @click.argument("trace_a", type=click.Path(dir_okay=True, file_okay=True))
 @click.argument("trace_b", type=click.Path(dir_okay=True, file_okay=True))
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True,

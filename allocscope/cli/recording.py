@@ -1,6 +1,6 @@
-"""What `record` and `top` share: the target from --pid/--pgrep/-- CMD, RecordOptions from the
-command's options, the early stop request, and the line a recording ends with. Both command
-modules import this one; it imports neither."""
+"""What `record` and `top` share (and `doctor`, the target): the target from --pid/--pgrep/-- CMD,
+RecordOptions from the command's options, the early stop request, and the line a recording ends
+with. The command modules import this one; it imports none of them."""
 from __future__ import annotations
 
 import sys

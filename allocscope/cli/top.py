@@ -10,6 +10,7 @@ import click
 from common.errors import UsageError
 from tracer.options import TOP_INTERVAL
 
+from .base import CONTEXT, Command
 from .options import by_option, fold_option, probe_options, target_options, trace_options
 from .output import progress
 from .recording import check_inject, early_stop, record_options, resolve_target, start_probes, summary_text
@@ -18,7 +19,7 @@ SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 SORT_CHOICES = ("live", "growth", "peak", "age")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.command(cls=Command, context_settings=CONTEXT)
 @target_options
 @click.option("--sort", type=click.Choice(SORT_CHOICES), default="live", show_default=True,
               help="Rank sites by live bytes, growth (growing sites first, then bytes/s), peak live bytes, or "
