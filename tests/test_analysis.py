@@ -14,7 +14,7 @@ from synth import SynthTrace
 
 from common.errors import UsageError
 from reports import analysis as A
-from reports import render
+from reports.render import text as render
 from reports.trace import load_trace
 
 N = 10  # intervals, 1 s each

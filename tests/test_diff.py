@@ -1,4 +1,4 @@
-"""reports.diff and `allocscope diff` on two synthetic runs of one program, pw=10 vs pw=12.
+"""reports.analysis.diff and `allocscope diff` on two synthetic runs of one program, pw=10 vs pw=12.
 
 The runs differ in everything a real second run changes: PID, stack ids, instruction
 addresses, install directory of the binary and build directory of the sources. Ground truth
@@ -20,8 +20,8 @@ from allocscope.cli import diff as cmd_diff
 from allocscope.cli.diff import diff
 from common.errors import UsageError
 from reports import analysis as A
-from reports import diff as D
-from reports import render
+from reports.analysis import diff as D
+from reports.render import text as render
 from reports.trace import load_trace
 
 # Site -> (function, line). Frames: malloc, <function>, worker_main, start_thread.

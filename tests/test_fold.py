@@ -14,9 +14,9 @@ from allocscope.cli.app import main
 from allocscope.cli.diff import diff
 from common.errors import UsageError
 from reports import analysis as A
-from reports import render
-from reports.diff import diff_traces
-from reports.folded import to_folded
+from reports.analysis.diff import diff_traces
+from reports.render import text as render
+from reports.render.flamegraph import to_folded
 from reports.trace import load_trace
 
 EXE, LIBC = "/usr/bin/redis-server", "/lib/x86_64-linux-gnu/libc.so.6"
@@ -220,7 +220,7 @@ def test_diff_matches_sites_after_folding(tmp_path):
 
 
 def test_pprof_follows_the_fold(trace):
-    from reports.pprof import parse_pprof, to_pprof
+    from reports.render.pprof import parse_pprof, to_pprof
 
     prof = parse_pprof(to_pprof(trace, fold=A.parse_fold(["pool_get"])))
     st = prof.string_table

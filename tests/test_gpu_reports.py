@@ -36,12 +36,12 @@ from synth import SynthTrace
 from allocscope.cli.app import main
 from allocscope.cli.diff import diff
 from reports import analysis as A
-from reports import render
-from reports.csvout import to_csv
-from reports.diff import diff_traces
-from reports.folded import folded_stacks
-from reports.html import site_chart_data, timeline_data, to_html
-from reports.pprof import parse_pprof, to_pprof
+from reports.analysis.diff import diff_traces
+from reports.render import text as render
+from reports.render.csvout import to_csv
+from reports.render.flamegraph import folded_stacks
+from reports.render.html import site_chart_data, timeline_data, to_html
+from reports.render.pprof import parse_pprof, to_pprof
 from reports.trace import load_trace
 
 KIB, MIB = 1 << 10, 1 << 20

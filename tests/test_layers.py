@@ -49,7 +49,7 @@ class Tree:
         return out
 
     def name(self, path: Path) -> str:
-        """allocscope/cli.py -> allocscope.cli; tests/synth.py -> synth (tests/ and bench/ put
+        """allocscope/cli/app.py -> allocscope.cli.app; tests/synth.py -> synth (tests/ and bench/ put
         their own folder on sys.path)."""
         parts = list(path.relative_to(self.root).with_suffix("").parts)
         if parts[0] in ("tests", "bench"):
@@ -158,22 +158,23 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
         (tmp_path / d).mkdir()
         (tmp_path / d / "__init__.py").write_text("")
     planted = {
-        "tracer/record.py": "def f():\n    from reports.embedded import load\n",
+        "tracer/record.py": "def f():\n    from reports.symbolize.embedded import load\n",
         "tracer/unwind.py": "import bcc\nfrom common.elf import build_id\nfrom . import record\n",
-        "reports/analysis.py": "from tracer import procfs\nimport bcc\n",
-        "reports/pprof.py": "from common.tracefile.reader import Trace\nfrom .analysis import x\n",
+        "reports/analysis/__init__.py": "from tracer import procfs\nimport bcc\n",
+        "reports/render/pprof.py": "from common.tracefile.reader import Trace\nfrom ..analysis import x\n",
         "common/elf.py": "from ..tracer import unwind\n",
         "common/ok.py": "from .elf import build_id\nimport numpy\n",
-        "allocscope/cli.py": "import synth\nfrom bench import soak\nfrom tracer import record\n",
+        "allocscope/cli/app.py": "import synth\nfrom bench import soak\nfrom tracer import record\n",
         "tests/synth.py": "",
-        "bench/soak.py": "from reports.pprof import _hidden\nfrom tracer import unwind as U\nU._rows\n"
+        "bench/soak.py": "from reports.render.pprof import _hidden\nfrom tracer import unwind as U\nU._rows\n"
                          "import common.elf\ncommon.elf._quiet\nU.__name__\n",
     }
     for rel, text in planted.items():
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
         (tmp_path / rel).write_text(text)
     tree = Tree(tmp_path)
     assert sorted(v.split(": ", 1)[0] for v in tree.layer_violations()) == [
-        "allocscope/cli.py:1", "allocscope/cli.py:2", "common/elf.py:1", "reports/analysis.py:1",
-        "reports/analysis.py:2", "tracer/record.py:2"], tree.layer_violations()
+        "allocscope/cli/app.py:1", "allocscope/cli/app.py:2", "common/elf.py:1", "reports/analysis/__init__.py:1",
+        "reports/analysis/__init__.py:2", "tracer/record.py:2"], tree.layer_violations()
     assert sorted(v.split(": ", 1)[1] for v in tree.private_violations()) == [
-        "imports _hidden from reports.pprof", "uses common.elf._quiet", "uses tracer.unwind._rows"]
+        "imports _hidden from reports.render.pprof", "uses common.elf._quiet", "uses tracer.unwind._rows"]

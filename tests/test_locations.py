@@ -8,9 +8,9 @@ import json
 import pytest
 
 from reports import analysis as A
-from reports import render
-from reports.diff import diff_traces
-from reports.frames import FrameInfo, collapse_recursion, group_of, key_quality, location_key
+from reports.analysis.diff import diff_traces
+from reports.analysis.stacks import FrameInfo, collapse_recursion, group_of, key_quality, location_key
+from reports.render import text as render
 from reports.trace import load_trace
 from tests.synth import SynthTrace
 

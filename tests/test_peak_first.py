@@ -27,8 +27,8 @@ from synth import SynthTrace
 
 from allocscope.cli.app import main
 from reports import analysis as A
-from reports import render
-from reports.html import flame_data, flame_tree, site_chart_data, to_html
+from reports.render import text as render
+from reports.render.html import flame_data, flame_tree, site_chart_data, to_html
 from reports.trace import load_trace
 
 P = (8 << 20) + 1

@@ -5,7 +5,7 @@ records it three times — the buggy daemon at two pw settings and the
 fixed one at the larger — then prints the report of the buggy run at the larger setting (the
 daemon exits and frees its partitions, so the report leads with the sites that held the peak:
 synthesize_partition first) and the diff that points at the pile-up, writes the report page and
-the diff page, and ends with the findings (reports/findings.py) of the three reports and the
+the diff page, and ends with the findings (reports/analysis/findings.py) of the three reports and the
 diff: its conclusions are the tool's, not its own. Every file goes to one directory, named at
 the end.
 """
@@ -84,12 +84,12 @@ def daemon_counters(trace: Path) -> dict[str, int]:
 
 
 def waiting_answer(trace, where: str, what: str, waits: dict | None = None) -> dict:
-    """At the snapshot where the threads blocked in `where` held most (reports/waits.py,
+    """At the snapshot where the threads blocked in `where` held most (reports/analysis/waits.py,
     `location_peaks`): how many, the bytes they held and those allocated at `what`; the most
     threads blocked in `where` at any snapshot; the leading location of the overall peak.
     `waits`: the report's `waits` when it was built already (else computed here)."""
-    from reports.frames import symbolize_stacks  # noqa: PLC0415
-    from reports.waits import held_while_waiting  # noqa: PLC0415
+    from reports.analysis.stacks import symbolize_stacks  # noqa: PLC0415
+    from reports.analysis.waits import held_while_waiting  # noqa: PLC0415
 
     w = waits if waits is not None else held_while_waiting(trace, symbolize_stacks(trace))
     pk = w.get("peak") or {}
@@ -146,16 +146,16 @@ def site_peak(report: dict, function: str) -> int:
 
 
 def findings_lines(findings: list[dict], indent: str = "  ") -> list[str]:
-    """The findings (reports/findings.py) as the demo prints them: numbered, with their table."""
+    """The findings (reports/analysis/findings.py) as the demo prints them: numbered, with their table."""
     return [f"{indent}{i}. {f['text']}  [{f['table']}]" for i, f in enumerate(findings, 1)]
 
 
 def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int = 8) -> dict:
-    from reports import render  # noqa: PLC0415
     from reports.analysis import build_report  # noqa: PLC0415
-    from reports.diff import diff_document, summarize  # noqa: PLC0415
-    from reports.html import to_diff_html, to_html  # noqa: PLC0415
-    from reports.render import diff_to_text  # noqa: PLC0415
+    from reports.analysis.diff import diff_document, summarize  # noqa: PLC0415
+    from reports.render import text as render  # noqa: PLC0415
+    from reports.render.html import to_diff_html, to_html  # noqa: PLC0415
+    from reports.render.text import diff_to_text  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
     from tracer.doctor import require_root  # noqa: PLC0415
 
@@ -183,7 +183,7 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     html_path.write_text(to_html(tb, rep_b, diff))
     diff_path = out / f"diff-pw{pw_a}-pw{pw_b}.html"
     diff_path.write_text(to_diff_html(ta, tb, diff, stacks_a=side_a.stacks, stacks_b=side_b.stacks))
-    # The conclusions, as the reports and the diff state them (reports/findings.py).
+    # The conclusions, as the reports and the diff state them (reports/analysis/findings.py).
     runs = {"bug_a": (f"bug pw={pw_a}", bug_a), "bug_b": (f"bug pw={pw_b}", bug_b),
             "fixed_b": (f"fixed pw={pw_b}", fixed_b)}
     for key, rep in reps.items():

@@ -1,4 +1,4 @@
-"""`allocscope diff TRACE_A TRACE_B`: compare two traces. A thin adapter over reports.diff; heavy
+"""`allocscope diff TRACE_A TRACE_B`: compare two traces. A thin adapter over reports.analysis.diff; heavy
 imports happen inside."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .base import CONTEXT, Command
 from .options import by_option, fold_option, source_option
 from .output import emit, progress
 
-SORTS = ("delta", "live", "alloc", "ratio", "excess", "device")  # reports.diff.DIFF_SORTS, without pandas
+SORTS = ("delta", "live", "alloc", "ratio", "excess", "device")  # reports.analysis.diff.DIFF_SORTS, without pandas
 
 
 @click.command(cls=Command, context_settings=CONTEXT)
@@ -60,9 +60,9 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources):
     a_peak_live_bytes, b_peak_live_bytes, delta_bytes, ...), locations (the same per location,
     with its `location` key), totals, thread_groups.
     """
-    from reports import render  # noqa: PLC0415
     from reports.analysis import only_sources, parse_fold, parse_sources  # noqa: PLC0415
-    from reports.diff import diff_document, summarize  # noqa: PLC0415
+    from reports.analysis.diff import diff_document, summarize  # noqa: PLC0415
+    from reports.render import text as render  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
 
     folding = parse_fold(fold)
@@ -77,7 +77,7 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources):
     if fmt == "json":
         text = render.to_json(doc)
     elif fmt == "html":
-        from reports.html import to_diff_html  # noqa: PLC0415
+        from reports.render.html import to_diff_html  # noqa: PLC0415
         text = to_diff_html(a, b, doc, stacks_a=side_a.stacks, stacks_b=side_b.stacks, fold=folding)
     else:
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None

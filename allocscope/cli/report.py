@@ -64,8 +64,8 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
     When most of the peak was freed by the end (live at the end <= 25% of the peak), the text
     and HTML forms show the sites that held the peak first.
     """
-    from reports import render  # noqa: PLC0415
     from reports.analysis import build_report, only_sources, parse_fold, parse_sources, symbolize_stacks  # noqa: PLC0415
+    from reports.render import text as render  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
 
     folding = parse_fold(fold)
@@ -79,13 +79,13 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
         from reports.analysis import peak_seq  # noqa: PLC0415
         at_seq = peak_seq(t)
     if fmt == "pprof":
-        from reports.pprof import to_pprof  # noqa: PLC0415
+        from reports.render.pprof import to_pprof  # noqa: PLC0415
         if output is None and sys.stdout.isatty():
             raise UsageError("--format pprof is binary: give -o FILE (e.g. -o heap.pb.gz)")
         emit(to_pprof(t, fold=folding, at_seq=at_seq), output)
         return
     if fmt == "folded":
-        from reports.folded import to_folded  # noqa: PLC0415
+        from reports.render.flamegraph import to_folded  # noqa: PLC0415
         emit(to_folded(t, metric=metric, fold=folding, at_seq=at_seq), output)
         return
     stacks = symbolize_stacks(t, say)
@@ -95,10 +95,10 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
     if fmt == "json":
         text = render.to_json(rep)
     elif fmt == "csv":
-        from reports.csvout import to_csv  # noqa: PLC0415
+        from reports.render.csvout import to_csv  # noqa: PLC0415
         text = to_csv(rep)
     elif fmt == "html":
-        from reports.html import to_html  # noqa: PLC0415
+        from reports.render.html import to_html  # noqa: PLC0415
         text = to_html(t, rep, stacks=stacks, fold=folding)
     else:
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None

@@ -4,7 +4,7 @@ attributes and colours where the terminal has them, with no dependency to instal
 being debugged.
 
 One thread owns the terminal: it takes the snapshots the recorder queued, updates the model
-(reports.live), computes a view, draws it (reports.live_render), and handles the keys. The
+(reports.live.model), computes a view, draws it (reports.live.text), and handles the keys. The
 recording stays in the main thread (signals, ptrace of a launched target); the q key only asks
 it to stop (StopRequest.request), and it finalizes the trace as on Ctrl-C.
 """
@@ -19,8 +19,8 @@ import sys
 import threading
 
 from common.errors import UsageError
-from reports.live import LiveModel, LiveView
-from reports.live_render import SORTS, ScreenState, screen_lines
+from reports.live.model import LiveModel, LiveView
+from reports.live.text import SORTS, ScreenState, screen_lines
 
 KEY_POLL_MS = 100
 ENTER_KEYS = (curses.KEY_ENTER, 10, 13)

@@ -57,7 +57,7 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
       allocscope top --pid 4242 --sort growth -o run.allocscope
       allocscope top --pid 4242 --batch --interval 5 | tee memory.log
     """
-    from reports.folding import parse_fold  # noqa: PLC0415 (no pandas: see start_probes below)
+    from reports.wrappers import parse_fold  # noqa: PLC0415 (no pandas: see start_probes below)
     from tracer.checks import validate  # noqa: PLC0415
     from tracer.doctor import require_root  # noqa: PLC0415
     from tracer.stop import StopRequest  # noqa: PLC0415
@@ -112,8 +112,8 @@ def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None)
 
 
 def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None):
-    from reports.live import LiveModel  # noqa: PLC0415
-    from reports.live_render import ScreenState, mode_text, screen_text  # noqa: PLC0415
+    from reports.live.model import LiveModel  # noqa: PLC0415
+    from reports.live.text import ScreenState, mode_text, screen_text  # noqa: PLC0415
 
     from .screen import Screen  # noqa: PLC0415
 

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 
 from reports.analysis import Folding
-from reports.live import LiveModel, StatusModel
-from reports.live_render import batch_block, status_text
+from reports.live.model import LiveModel, StatusModel
+from reports.live.text import batch_block, status_text
 
 CLEAR_LINE = "\r\x1b[K"
 
@@ -86,7 +86,7 @@ class StatusLine:
 
 
 class BatchPrinter:
-    """`top --batch`: one block per snapshot on `out` (reports.live_render.batch_block), flushed.
+    """`top --batch`: one block per snapshot on `out` (reports.live.text.batch_block), flushed.
     With `iterations`, the recording is asked to stop after that many intervals (the final
     snapshot that follows is not printed). A closed `out` (the reader of the pipe went away)
     stops the recording too, quietly: the trace is still finalized."""

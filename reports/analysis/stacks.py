@@ -48,7 +48,7 @@ WRAPPER_PATTERNS = [
 
 _WRAPPER_RX = re.compile("|".join(WRAPPER_PATTERNS))
 
-from .folding import APP_WRAPPERS, DEFAULT_FOLDING, USER_FOLD, Folding, parse_fold  # noqa: E402, F401 (their home: no pandas)
+from ..wrappers import APP_WRAPPERS, DEFAULT_FOLDING, USER_FOLD, Folding, parse_fold  # noqa: E402, F401 (their home: no pandas)
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,8 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
     """stack_id -> frames innermost first, every frame symbolized (offline, pyelftools). A frame
     whose address lies in inlined code expands to the inlined functions (`inlined=True`, innermost
     first) followed by the function they were inlined into."""
-    from .embedded import load as embedded_symbols  # noqa: PLC0415
-    from .symbolize import Symbolizer  # noqa: PLC0415
+    from ..symbolize import Symbolizer  # noqa: PLC0415
+    from ..symbolize.embedded import load as embedded_symbols  # noqa: PLC0415
 
     if trace.stacks.empty:
         return {0: UNKNOWN_STACK}
@@ -89,10 +89,10 @@ def symbolize_stack_rows(st: pd.DataFrame, sym, embedded: Callable | None = None
     """symbolize_stacks for rows of the `stacks` table (`st`), with the caller's `sym` (a
     reports.symbolize.Symbolizer: it keeps every module it parsed, so a caller that symbolizes
     stacks as they come — `allocscope top` — parses each ELF file once). `embedded`: returns the
-    trace's embedded symbols (reports.embedded), called only when a module file is missing.
+    trace's embedded symbols (reports.symbolize.embedded), called only when a module file is missing.
     `resolved`: (module, offset) -> frames already looked up, kept by such a caller between
     calls (and filled here), so an address shared by many stacks is looked up once."""
-    from .symbolize import Frame, unknown_name  # noqa: PLC0415
+    from ..symbolize import Frame, unknown_name  # noqa: PLC0415
 
     if st.empty:
         return {0: UNKNOWN_STACK}

@@ -14,8 +14,8 @@ import pyarrow as pa
 from common.errors import UsageError
 from common.tracefile.reader import Trace
 
-from .frames import UNKNOWN_STACK, Folding, FrameInfo, SiteKey, fold_frames, frame_key_text, group_of, symbolize_stacks
 from .sources import CUDA_HOST_SOURCES, DEVICE_SOURCES, is_device
+from .stacks import UNKNOWN_STACK, Folding, FrameInfo, SiteKey, fold_frames, frame_key_text, group_of, symbolize_stacks
 from .timeline import (
     PEAK_FIRST_MAX_FRACTION,
     elapsed_s,
@@ -60,7 +60,7 @@ def _site_lookup(st: pd.DataFrame, column: str = "site") -> Callable[[tuple], Si
 def site_timeline(trace: Trace, stacks=None, fold: Folding | None = None, device: bool = False,
                   by: str = "stack") -> pd.DataFrame:
     """Live bytes per site over time: index = interval seq (1..n), one column per site
-    (folded frames tuple; with `by` location or function, per frames.group_of row), values =
+    (folded frames tuple; with `by` location or function, per stacks.group_of row), values =
     live host bytes at the end of that interval (with `device`: GPU memory instead)."""
     st = site_table(trace, stacks, fold=fold)
     group = {s: group_of(s, by) for s in set(st["site"])}
@@ -69,7 +69,7 @@ def site_timeline(trace: Trace, stacks=None, fold: Folding | None = None, device
 
 def oldest_ages(trace: Trace, stacks: dict[int, SiteKey], fold: Folding | None = None,
                 by: str = "stack") -> dict[SiteKey, float]:
-    """site (or location, function: `by`, see frames.group_of) -> age in seconds of its oldest
+    """site (or location, function: `by`, see stacks.group_of) -> age in seconds of its oldest
     allocation still outstanding at the end (from the final `live` table; a trace cut short
     has none, and its sites get no age)."""
     if not trace.live_rows:
@@ -115,7 +115,7 @@ def sort_sites(df: pd.DataFrame, sort: str) -> pd.DataFrame:
 def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
                fold: Folding | None = None, by: str = "stack") -> pd.DataFrame:
     """Sites ranked by `sort`. One row per site — with `by` ``location`` or ``function``, one
-    row per location or function (frames.group_of): every figure of a row is computed from the
+    row per location or function (stacks.group_of): every figure of a row is computed from the
     summed counters of its stacks, per interval, so its peak is the peak of the sum (or of one
     stack's own peak inside an interval, when higher), never a sum of peaks, and its growth and
     verdict are those of the summed series. Columns:

@@ -1,6 +1,6 @@
 """The live view of a recording in progress (`allocscope top`, `record`'s status line), built
 snapshot by snapshot from what the recorder hands its observer — never from a trace file. Pure
-data: reports.live_render formats it; the `top` command (allocscope/) draws it and reads the keys.
+data: reports.live.text formats it; the `top` command (allocscope/) draws it and reads the keys.
 
 A snapshot is duck-typed (tracer.record.Snapshot; this layer never imports the tracer): `seq`,
 `final`, `row` (the `intervals` row), `sites` ((stack id, tid, source) -> cumulative
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .analysis import (
+from ..analysis import (
     DEVICE_SOURCES,
     UNKNOWN_STACK,
     Folding,
@@ -51,7 +51,7 @@ class StackFrames:
 
     def __init__(self, symbolizer=None) -> None:
         if symbolizer is None:
-            from .symbolize import Symbolizer  # noqa: PLC0415 (pyelftools: only when watching)
+            from ..symbolize import Symbolizer  # noqa: PLC0415 (pyelftools: only when watching)
             symbolizer = Symbolizer()
         self.sym = symbolizer
         self.pending: dict[int, pd.DataFrame] = {}
@@ -142,7 +142,7 @@ class ThreadState:
 
 @dataclass
 class LiveView:
-    """What one refresh shows: computed by LiveModel.view, formatted by reports.live_render.
+    """What one refresh shows: computed by LiveModel.view, formatted by reports.live.text.
 
     row: the last `intervals` row (rss_*, live/heap/mmap/device bytes, lost_* and n_* counters);
     rss_peak_bytes: the highest RSS sampled while watching; timeline_rss / timeline_live: the
@@ -165,7 +165,7 @@ class LiveView:
     by: str = "stack"  # what a row of `sites` is: location, function or stack (LiveModel's `by`)
     # each allocator's own memory at the last snapshot: {name, source, resident, live, retained}
     allocators: list = field(default_factory=list)
-    # the threads blocked now, by where they wait (reports/waits.py's folding): {function, file,
+    # the threads blocked now, by where they wait (reports/analysis/waits.py's folding): {function, file,
     # line, threads, held_bytes (what they allocated and hold), longest_s}, most held first
     waiting: list = field(default_factory=list)
     _sorted: dict[str, list[dict]] = field(default_factory=dict, repr=False)
@@ -193,7 +193,7 @@ SITE_COLUMNS = ["site", "full_frames", "stack", "n_stacks", "live_bytes", "live_
 
 class LiveModel:
     """Sums a recording's snapshots by location (`by`: location, function or stack — frames
-    folded as reports fold them, grouped by reports.frames.group_of) and by thread. `update`
+    folded as reports fold them, grouped by reports.analysis.stacks.group_of) and by thread. `update`
     takes every snapshot in order; `view` computes what a refresh shows."""
 
     def __init__(self, fold: Folding | None = None, symbolizer=None, history: int = HISTORY_POINTS,
@@ -299,7 +299,7 @@ class LiveModel:
                                 "retained": max(0, int(r[3]) - int(r[4]))} for r in rows]
 
     def _waiting(self, blocked) -> list[dict]:
-        from .waits import fold_wait_frames  # noqa: PLC0415
+        from ..analysis.waits import fold_wait_frames  # noqa: PLC0415
 
         groups: dict[tuple, dict] = {}
         for tid, sid, _since, waited, _state in blocked:

@@ -1,4 +1,4 @@
-"""Formats of the live view (reports.live): the full screen of `allocscope top` as lines of
+"""Formats of the live view (reports.live.model): the full screen of `allocscope top` as lines of
 styled segments (allocscope/top.py draws them with curses), the `--batch` block, and
 `record`'s one-line status. No terminal here: a screen is a list of lines, each a list of
 (text, style) with style one of STYLES or ""."""
@@ -8,10 +8,10 @@ import math
 import os
 from dataclasses import dataclass
 
-from .analysis import FrameInfo
-from .folding import frame_name
-from .live import LiveView
-from .render import ASCII_SPARKS, NOUNS, SORT_TITLES, human_bytes, human_delta, human_rate, sparkline
+from ..analysis import FrameInfo
+from ..render.text import ASCII_SPARKS, NOUNS, SORT_TITLES, human_bytes, human_delta, human_rate, sparkline
+from ..wrappers import frame_name
+from .model import LiveView
 
 STYLES = ("bold", "dim", "red", "yellow", "green", "cyan", "reverse")
 SORTS = ("live", "growth", "peak", "age")  # the order the s key cycles through
@@ -104,7 +104,7 @@ def allocators_text(view: LiveView) -> str:
 
 def waiting_text(view: LiveView, n: int = 3) -> str:
     """'waiting: channel_push 8 thr holding 64.0 MiB (longest 3.2s); sem_wait 3 thr 768 B': the
-    threads blocked now by where they wait (reports/waits.py's folding) and what they hold; ''
+    threads blocked now by where they wait (reports/analysis/waits.py's folding) and what they hold; ''
     when none is blocked (or waits are not traced)."""
     if not view.waiting:
         return ""

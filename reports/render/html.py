@@ -13,11 +13,11 @@ reports.analysis.peak_first), the page leads with the peak: the site table, the 
 chart's legend and the flame graph's default view are by bytes held at the peak; otherwise by
 the report's rank and at the end.
 
-The page is reports/assets/report.html (a string.Template), report.css and report.js, filled
+The page is reports/render/assets/report.html (a string.Template), report.css and report.js, filled
 in and inlined here. Charts are drawn by uPlot 1.6.32 (npm `uplot`, MIT;
-dist/uPlot.iife.min.js, 51 KB, and uPlot.min.css, vendored in reports/assets/ with its licence)
+dist/uPlot.iife.min.js, 51 KB, and uPlot.min.css, vendored in reports/render/assets/ with its licence)
 from a JSON blob in the page; the flame graph is a small SVG renderer (report.js) of the data
-reports.folded computes. Tables are rendered here, so they read without JavaScript.
+reports.render.flamegraph computes. Tables are rendered here, so they read without JavaScript.
 
 For tests and sanity, every drawn chart gets `data-ink` (painted canvas pixels) and the flame
 graph `data-nodes` (frames drawn) and `data-view` (peak|end), once its script has run.
@@ -33,9 +33,10 @@ from typing import Any
 
 import pandas as pd
 
-from .analysis import Folding, FrameInfo, peak_seq, site_timeline, symbolize_stacks
-from .folded import folded_stacks
-from .render import (
+from ..analysis import Folding, FrameInfo, peak_seq, site_timeline, symbolize_stacks
+from ..trace import Trace
+from .flamegraph import folded_stacks
+from .text import (
     COLUMN_TITLES,
     LOCATION_FRAME_KEYS,
     NOUNS,
@@ -49,7 +50,6 @@ from .render import (
     peak_when,
     ratio_text,
 )
-from .trace import Trace
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 UPLOT_JS = "uPlot.iife.min.js"
@@ -70,7 +70,7 @@ WHEN_SEEN = {"cuda_host_live_bytes", "device_live_bytes"}
 
 
 def _asset(name: str, inline: bool = True) -> str:
-    """The text of reports/assets/NAME; one to be `inline`d in a <script> or <style> must not
+    """The text of reports/render/assets/NAME; one to be `inline`d in a <script> or <style> must not
     close it."""
     text = (ASSETS / name).read_text(encoding="utf-8")
     if inline and ("</script" in text.lower() or "</style" in text.lower()):
@@ -360,7 +360,7 @@ def flows_table(doc: dict) -> str:
 
 
 def waits_html(doc: dict) -> str:
-    """"Held while waiting" (reports/waits.py): at the peak of memory held by blocked threads,
+    """"Held while waiting" (reports/analysis/waits.py): at the peak of memory held by blocked threads,
     where they wait, how many, what they hold (by where it was allocated), then the off-CPU
     time by wait location and what giving memory back cost; '' when waits were not traced."""
     w = doc.get("waits") or {}
@@ -532,7 +532,7 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
 
 # --------------------------------------------------------------------------------------------- findings
 def findings_html(findings: list[dict] | None, sections: set[str]) -> str:
-    """The findings (reports.findings) as a list on top of the page, each linking to the
+    """The findings (reports.analysis.findings) as a list on top of the page, each linking to the
     section of its table when the page has it."""
     if not findings:
         return ""

@@ -5,7 +5,7 @@ import json
 import math
 import os
 
-from .folding import frame_name
+from ..wrappers import frame_name
 
 # the keys of a report location (or wait location) that make its frame, for frame_text
 LOCATION_FRAME_KEYS = ("function", "module", "file", "line", "call", "inside")
@@ -143,7 +143,7 @@ def listed(doc: dict) -> tuple[list[dict], str]:
 def collapsed_frames(frames: list[dict], limit: int) -> list[str]:
     """Frame lines of a stack with recursion collapsed (a repeated run printed once with ×N),
     at most `limit` entries, then a line saying how many frames are left."""
-    from .frames import collapse_recursion  # noqa: PLC0415
+    from ..analysis.stacks import collapse_recursion  # noqa: PLC0415
 
     runs = collapse_recursion(frames)
     out, shown = [], 0
@@ -338,7 +338,7 @@ def _where(d: dict) -> str:
 
 
 def waits_text(w: dict, s: _Style, top: int) -> list[str]:
-    """The "Held while waiting" section and the off-CPU table (reports/waits.py)."""
+    """The "Held while waiting" section and the off-CPU table (reports/analysis/waits.py)."""
     if not w.get("traced"):
         return []
     out = []
@@ -466,7 +466,7 @@ def gpu_text(doc: dict, s: _Style, top: int) -> list[str]:
 
 
 def findings_text(findings: list[dict] | None, s: _Style) -> list[str]:
-    """The findings block (reports.findings): one numbered sentence each, the table it comes
+    """The findings block (reports.analysis.findings): one numbered sentence each, the table it comes
     from in brackets; [] for a document without findings."""
     if not findings:
         return []
@@ -478,7 +478,7 @@ def findings_text(findings: list[dict] | None, s: _Style) -> list[str]:
 
 def location_text(loc: dict) -> str:
     """A location's one-line name: its frame, and '(no symbol...)' when its key is an address
-    (frames.key_quality; a location without line information is its whole function, which
+    (stacks.key_quality; a location without line information is its whole function, which
     the missing file:line shows)."""
     f = {k: loc.get(k) for k in LOCATION_FRAME_KEYS} if "function" in loc else loc["frames"][0]
     quality = loc.get("key_quality", "line")

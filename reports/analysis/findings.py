@@ -5,7 +5,7 @@ Findings are read from the analysis' own outputs — the allocscope.report/1 doc
 (analysis.build_report) and the allocscope.diff/1 document (diff.diff_traces) — never
 re-derived from the trace, so a finding can only say what a table of the same report shows.
 
-    >>> from reports.findings import report_findings, diff_findings
+    >>> from reports.analysis.findings import report_findings, diff_findings
     >>> report_findings(build_report(trace))     # [{kind, text, table, section, figures}, ...]
     >>> diff_findings(diff_traces(a, b, per="pw"))
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from .render import human_bytes, human_delta, human_rate
+from ..render.text import human_bytes, human_delta, human_rate
 from .residency import conf_env
 
 MAX_FINDINGS = 6
@@ -41,7 +41,7 @@ NOISY_LOSSES = {"lost_unmatched_ret": 1000, "lost_stale_entry": 1000}  # normal 
 DIFF_MIN_SHARE = 0.10      # a diff names a change >= 10% of the larger live peak
 GROUP_MIN_CHANGE = 0.25    # a thread group's peak moved by >= 25% of its larger peak (and DIFF_MIN_SHARE)
 
-# The knob that returns an allocator's retained memory, by kind (reports.residency's advice, short).
+# The knob that returns an allocator's retained memory, by kind (reports.analysis.residency's advice, short).
 KNOBS = {
     "glibc": "MALLOC_ARENA_MAX=2..4 caps the arenas, malloc_trim(0) after bursts returns free pages",
     "tcmalloc": "TCMALLOC_RELEASE_RATE=10 (default 1) returns free spans sooner",

@@ -18,8 +18,8 @@ from collections import defaultdict
 
 from common.tracefile.reader import Trace
 
-from .frames import UNKNOWN_STACK, FrameInfo, fold_frames, group_of, is_wrapper, located_extras, location_key
 from .sources import is_device
+from .stacks import UNKNOWN_STACK, FrameInfo, fold_frames, group_of, is_wrapper, located_extras, location_key
 
 # Frames of the waiting machinery, folded out of a wait stack from the innermost end: what is
 # left first is the code that decided to wait.

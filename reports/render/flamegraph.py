@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .analysis import Folding, FrameInfo, site_table
-from .trace import Trace
+from ..analysis import Folding, FrameInfo, site_table
+from ..trace import Trace
 
 METRICS = ("live_bytes", "alloc_bytes", "live_count", "alloc_count", "device_live_bytes")
 

@@ -5,7 +5,7 @@ Columns: rank, live_bytes, live_count, peak_live_bytes, alloc_bytes, alloc_count
 "a <- b" reads "a, called from b"), full_frames (the same for the stack before allocator
 wrappers were folded away), device_live_bytes, device_peak_bytes (the site's GPU memory, apart
 from the host bytes of the other columns), location (the key of the site's location, see
-reports.frames.location_key: group the rows by it to sum a place reached by several stacks).
+reports.analysis.stacks.location_key: group the rows by it to sum a place reached by several stacks).
 Frames are written as in the text report.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 
-from .render import frame_text
+from .text import frame_text
 
 COLUMNS = ["rank", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count",
            "top_frame", "frames", "full_frames", "device_live_bytes", "device_peak_bytes", "location"]

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from common.tracefile import format as F
 
-from .symbolize import demangle
+from .demangle import demangle
 
 TABLE = F.SYMBOLS
 

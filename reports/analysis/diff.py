@@ -2,14 +2,14 @@
 more memory in run B than in run A, and which grew out of proportion to a scaling label.
 
     >>> from reports.trace import load_trace
-    >>> from reports.diff import diff_traces, diff_sites, summarize
+    >>> from reports.analysis.diff import diff_traces, diff_sites, summarize
     >>> a, b = load_trace("pw10.allocscope"), load_trace("pw12.allocscope")
     >>> doc = diff_traces(a, b, per="pw")         # the allocscope.diff/1 document
     >>> diff_sites(summarize(a), summarize(b))    # the same, as a DataFrame (columns below)
 
 Sites are matched by their symbolized, folded frames, each reduced to (function, module
 basename, file basename, line): never by address or stack id, which ASLR, other builds paths
-and other PIDs change. Locations (reports.frames.group_of: the innermost frame of a site) are
+and other PIDs change. Locations (reports.analysis.stacks.group_of: the innermost frame of a site) are
 matched the same way, so a place reached through other stacks in B than in A — a work-stealing
 pool's — is one row with its whole B/A: what the text shows by default (`by`).
 
@@ -34,7 +34,7 @@ import pandas as pd
 from common.errors import UsageError
 from common.tracefile.reader import Trace
 
-from .analysis import (
+from . import (
     GROUPINGS,
     Folding,
     FrameInfo,
@@ -320,7 +320,7 @@ def diff_allocators(a: Side, b: Side) -> list[dict]:
 
 
 def diff_waits(a: Side, b: Side) -> list[dict]:
-    """Waiting and holding, A vs B, per wait location (reports/waits.py): at each side's peak of
+    """Waiting and holding, A vs B, per wait location (reports/analysis/waits.py): at each side's peak of
     held-while-waiting, the threads blocked there and the bytes they held (a_/b_threads,
     a_/b_held_bytes, held_delta; a_/b_kept_bytes: the part allocated outside the functions on
     the wait stack, see waits.held_while_waiting), the most threads blocked there at any snapshot
@@ -379,7 +379,7 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
     flag per location — per function with `by` function —, with its `location` key, function,
     module, file, line and key_quality; flags judged among locations), ordered by `sort`;
     thread_groups (see diff_thread_groups); allocators (see diff_allocators); waits (see
-    diff_waits); findings (reports.findings.diff_findings: the answer first, at most 6
+    diff_waits); findings (reports.analysis.findings.diff_findings: the answer first, at most 6
     sentences, each naming the table it comes from).
     """
     if by not in GROUPINGS:

@@ -1,4 +1,4 @@
-"""`--fold`: which application wrappers are folded out of sites. Apart from reports/frames.py
+"""`--fold`: which application wrappers are folded out of sites. Apart from reports/analysis/stacks.py
 (which imports pandas) so that `top` and `record` can check `--fold` before the heavy imports."""
 from __future__ import annotations
 
@@ -100,8 +100,8 @@ DEFAULT_FOLDING = Folding()
 
 def frame_name(function: str, where: str = "", call: str | None = None, inside: str | None = None) -> str:
     """A frame or location as people read it: the function and `where` (' file.c:12'), then the
-    CUDA call it made (' via cudaMalloc', frames.fold_frames), and for a stripped module's frames
-    kept under the code that called into them (frames.located) 'inside libcuda.so.1, called
+    CUDA call it made (' via cudaMalloc', stacks.fold_frames), and for a stripped module's frames
+    kept under the code that called into them (stacks.located) 'inside libcuda.so.1, called
     from cuCtxCreate_v2'."""
     text = f"{function}{where}" + (f" via {call}" if call else "")
     return f"inside {os.path.basename(inside)}, called from {text}" if inside else text

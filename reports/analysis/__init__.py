@@ -6,10 +6,9 @@ A *site* is the symbolized call stack with allocator and allocator-wrapper frame
 *location* is the innermost frame of a site, the place in the code that asked for memory: the
 stacks that reach it (a work-stealing pool reaches one call through many) are summed under it.
 
-This module builds the report document and re-exports the pieces, which live by concern:
-reports.frames (symbolizing, folding, locations), reports.sources, reports.timeline (series,
-growth, verdicts), reports.sites (ranked tables), reports.threads, reports.totals and
-reports.residency (arenas, the RSS split, trims and releases).
+This module builds the report document and re-exports the pieces, which live by concern in this
+package: stacks (symbolizing, folding, locations), sources, timeline (series, growth, verdicts),
+sites (ranked tables), threads, totals and residency (arenas, the RSS split, trims and releases).
 
 Python API (notebooks get exactly what `allocscope report` prints):
 
@@ -35,30 +34,6 @@ from common.errors import UsageError
 from common.tracefile.reader import Trace
 
 from .findings import report_findings
-from .frames import (  # noqa: F401
-    APP_WRAPPERS,
-    DEFAULT_FOLDING,
-    GROUPINGS,
-    UNKNOWN_STACK,
-    USER_FOLD,
-    WRAPPER_PATTERNS,
-    Folding,
-    FrameInfo,
-    SiteKey,
-    collapse_recursion,
-    fold_frames,
-    folded_wrappers,
-    frame_key_text,
-    group_of,
-    is_allocator_entry,
-    is_wrapper,
-    key_quality,
-    located_extras,
-    location_key,
-    parse_fold,
-    symbolize_stack_rows,
-    symbolize_stacks,
-)
 from .residency import (  # noqa: F401
     ARENA_COLUMNS,
     RELEASE_KINDS,
@@ -101,6 +76,30 @@ from .sources import (  # noqa: F401
     only_sources,
     parse_sources,
     source_layer,
+)
+from .stacks import (  # noqa: F401
+    APP_WRAPPERS,
+    DEFAULT_FOLDING,
+    GROUPINGS,
+    UNKNOWN_STACK,
+    USER_FOLD,
+    WRAPPER_PATTERNS,
+    Folding,
+    FrameInfo,
+    SiteKey,
+    collapse_recursion,
+    fold_frames,
+    folded_wrappers,
+    frame_key_text,
+    group_of,
+    is_allocator_entry,
+    is_wrapper,
+    key_quality,
+    located_extras,
+    location_key,
+    parse_fold,
+    symbolize_stack_rows,
+    symbolize_stacks,
 )
 from .threads import (  # noqa: F401
     THREAD_COLUMNS,
@@ -145,8 +144,8 @@ REPORT_SCHEMA = "allocscope.report/1"
 def location_dict(r, names: dict[int, str], points: list[int], site_rank: dict[SiteKey, int]) -> dict:
     """One row of rank_sites(by=location or function) as an allocscope.report/1 location: the
     keys of a site (`frames`: its largest stack, folded) and location (the stable key,
-    frames.location_key), function, module, file, line (of the location's frame), key_quality
-    (frames.key_quality: line, function or address), n_stacks and stacks (the ranks in
+    stacks.location_key), function, module, file, line (of the location's frame), key_quality
+    (stacks.key_quality: line, function or address), n_stacks and stacks (the ranks in
     `sites` of its stacks, holding most first)."""
     f = r.site[0]
     return {**site_dict(r, names, points), "location": location_key(r.site), "function": f.function,
@@ -157,7 +156,7 @@ def location_dict(r, names: dict[int, str], points: list[int], site_rank: dict[S
 def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, fold: Folding | None = None,
                  by: str = "location") -> dict:
     """The allocscope.report/1 document: what `report --format json` prints. Sites (one per
-    folded stack) and locations (one per place in the code, frames.group_of; `by` function:
+    folded stack) and locations (one per place in the code, stacks.group_of; `by` function:
     one per function) are ordered (and `rank`ed) by `sort` (see rank_sites) whatever
     `at_peak.peak_first` says (that is for the text and HTML renderers, which lead with
     `at_peak_rank` then); each site's and location's `timeline` holds its live bytes at the
@@ -165,7 +164,7 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
     function, stack) is what people-facing renderers list; the document has both lists
     whatever it is (`by` stack: locations by location). `stacks` (from symbolize_stacks) saves
     symbolizing again when the caller has them; `fold` (parse_fold) adds wrappers to fold,
-    listed in `folded`. `findings` (reports.findings.report_findings) comes first: the answer
+    listed in `folded`. `findings` (findings.report_findings) comes first: the answer
     in at most 6 sentences, each naming the table it comes from."""
     if by not in GROUPINGS:
         raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")

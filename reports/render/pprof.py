@@ -30,8 +30,8 @@ import pandas as pd
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
-from .analysis import Folding, FrameInfo, site_table, symbolize_stacks
-from .trace import Trace
+from ..analysis import Folding, FrameInfo, site_table, symbolize_stacks
+from ..trace import Trace
 
 # (name, unit) in Go's heap-profile order; the report columns they come from.
 SAMPLE_TYPES: list[tuple[str, str, str]] = [
