@@ -18,7 +18,9 @@ from test_diff import run_trace
 from reports.analysis import build_report
 from reports.analysis import findings as F
 from reports.analysis.diff import diff_traces
-from reports.render.text import diff_to_text, to_json, to_text
+from reports.render.diff_text import diff_to_text
+from reports.render.jsonout import to_json
+from reports.render.text import to_text
 from reports.trace import load_trace
 
 SRC = "/src/synthd/"

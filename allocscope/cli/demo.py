@@ -153,9 +153,10 @@ def findings_lines(findings: list[dict], indent: str = "  ") -> list[str]:
 def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int = 8) -> dict:
     from reports.analysis import build_report  # noqa: PLC0415
     from reports.analysis.diff import diff_document, summarize  # noqa: PLC0415
-    from reports.render import text as render  # noqa: PLC0415
-    from reports.render.html import to_diff_html, to_html  # noqa: PLC0415
-    from reports.render.text import diff_to_text  # noqa: PLC0415
+    from reports.render.diff_text import diff_to_text  # noqa: PLC0415
+    from reports.render.html import to_html  # noqa: PLC0415
+    from reports.render.html_diff import to_diff_html  # noqa: PLC0415
+    from reports.render.text import to_text  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
     from tracer.doctor import require_root  # noqa: PLC0415
 
@@ -176,7 +177,7 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     reps = {"bug_a": build_report(ta), "bug_b": build_report(tb), "fixed_b": build_report(tf)}
     rep_b = reps["bug_b"]
     diff = diff_document(side_a, side_b, per="pw")
-    report_text = render.to_text(rep_b, top=6)
+    report_text = to_text(rep_b, top=6)
     click.echo(report_text)
     click.echo(diff_to_text(diff, top=6))
     html_path = out / f"bug-pw{pw_b}.html"

@@ -62,7 +62,8 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources):
     """
     from reports.analysis import only_sources, parse_fold, parse_sources  # noqa: PLC0415
     from reports.analysis.diff import diff_document, summarize  # noqa: PLC0415
-    from reports.render import text as render  # noqa: PLC0415
+    from reports.render.diff_text import diff_to_text  # noqa: PLC0415
+    from reports.render.jsonout import to_json  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
 
     folding = parse_fold(fold)
@@ -75,11 +76,11 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources):
     if wanted:
         doc["source_filter"] = wanted
     if fmt == "json":
-        text = render.to_json(doc)
+        text = to_json(doc)
     elif fmt == "html":
-        from reports.render.html import to_diff_html  # noqa: PLC0415
+        from reports.render.html_diff import to_diff_html  # noqa: PLC0415
         text = to_diff_html(a, b, doc, stacks_a=side_a.stacks, stacks_b=side_b.stacks, fold=folding)
     else:
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
-        text = render.diff_to_text(doc, top=top, color=color)
+        text = diff_to_text(doc, top=top, color=color)
     emit(text, output)

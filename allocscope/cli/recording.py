@@ -71,7 +71,7 @@ def start_probes(target, opts):
 
 def summary_text(s) -> str:
     """The one line a recording ends with (tracer.record.Summary)."""
-    from reports.render.text import human_bytes  # noqa: PLC0415
+    from reports.units import human_bytes  # noqa: PLC0415
 
     where = f"wrote {s.path}" if s.path else "wrote nothing (no -o)"
     return (f"allocscope: {where}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "

@@ -65,7 +65,8 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
     and HTML forms show the sites that held the peak first.
     """
     from reports.analysis import build_report, only_sources, parse_fold, parse_sources, symbolize_stacks  # noqa: PLC0415
-    from reports.render import text as render  # noqa: PLC0415
+    from reports.render.jsonout import to_json  # noqa: PLC0415
+    from reports.render.text import to_text  # noqa: PLC0415
     from reports.trace import load_trace  # noqa: PLC0415
 
     folding = parse_fold(fold)
@@ -93,7 +94,7 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
     if wanted:
         rep["source_filter"] = wanted
     if fmt == "json":
-        text = render.to_json(rep)
+        text = to_json(rep)
     elif fmt == "csv":
         from reports.render.csvout import to_csv  # noqa: PLC0415
         text = to_csv(rep)
@@ -102,5 +103,5 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
         text = to_html(t, rep, stacks=stacks, fold=folding)
     else:
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
-        text = render.to_text(rep, top=top, color=color)
+        text = to_text(rep, top=top, color=color)
     emit(text, output)

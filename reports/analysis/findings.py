@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from ..render.text import human_bytes, human_delta, human_rate
+from ..units import human_bytes, human_delta, human_rate
 from .residency import conf_env
 
 MAX_FINDINGS = 6

@@ -9,7 +9,8 @@ import os
 from dataclasses import dataclass
 
 from ..analysis import FrameInfo
-from ..render.text import ASCII_SPARKS, NOUNS, SORT_TITLES, human_bytes, human_delta, human_rate, sparkline
+from ..render.shared import ASCII_SPARKS, NOUNS, SORT_TITLES, sparkline
+from ..units import human_bytes, human_delta, human_rate
 from ..wrappers import frame_name
 from .model import LiveView
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 
-from .text import frame_text
+from .shared import frame_text
 
 COLUMNS = ["rank", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count",
            "top_frame", "frames", "full_frames", "device_live_bytes", "device_peak_bytes", "location"]

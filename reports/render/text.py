@@ -1,163 +1,28 @@
-"""Renderers: format what reports.analysis computed. No analysis here."""
+"""The report (allocscope.report/1, reports.analysis.build_report) as text: what
+`allocscope report` prints."""
 from __future__ import annotations
 
-import json
-import math
 import os
 
-from ..wrappers import frame_name
-
-# the keys of a report location (or wait location) that make its frame, for frame_text
-LOCATION_FRAME_KEYS = ("function", "module", "file", "line", "call", "inside")
-
-_UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
-SORT_TITLES = {"live": "live bytes", "peak": "peak live bytes", "growth": "growth", "age": "oldest allocation"}
-
-
-def human_bytes(n: float | int | None) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for u in _UNITS:
-        if n < 1024 or u == _UNITS[-1]:
-            return f"{sign}{n:.0f} {u}" if u == "B" else f"{sign}{n:.1f} {u}"
-        n /= 1024
-    return f"{sign}{n:.1f} PiB"
-
-
-def to_json(doc: dict) -> str:
-    """Strict JSON: a value that is not a finite number (an unknown figure) is null, never NaN."""
-    return json.dumps(_finite(doc), indent=2, default=_json_default, allow_nan=False) + "\n"
-
-
-def _finite(o):
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    if hasattr(o, "item") and not hasattr(o, "__len__"):  # numpy scalar
-        o = o.item()
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    return o
-
-
-def _json_default(o):
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
-
-
-class _Style:
-    def __init__(self, color: bool) -> None:
-        self.color = color
-
-    def _w(self, code: str, s: str) -> str:
-        return f"\x1b[{code}m{s}\x1b[0m" if self.color else s
-
-    def bold(self, s: str) -> str:
-        return self._w("1", s)
-
-    def dim(self, s: str) -> str:
-        return self._w("2", s)
-
-    def red(self, s: str) -> str:
-        return self._w("31", s)
-
-    def yellow(self, s: str) -> str:
-        return self._w("33", s)
-
-
-def table(headers: list[str], rows: list[list[str]], align: str | None = None) -> list[str]:
-    """Aligned columns; `align` is a string of 'l'/'r' per column (default: numbers right)."""
-    widths = [len(h) for h in headers]
-    for r in rows:
-        for i, c in enumerate(r):
-            widths[i] = max(widths[i], len(c))
-    align = align or "l" * len(headers)
-    def fmt(r):
-        return "  ".join(c.rjust(widths[i]) if align[i] == "r" else c.ljust(widths[i])
-                         for i, c in enumerate(r)).rstrip()
-    return [fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
-
-
-def human_rate(n: float | None) -> str:
-    """Bytes per second with a sign: +1.5 KiB/s; '-' when unknown."""
-    if n is None:
-        return "-"
-    return ("+" if n > 0 else "") + human_bytes(n) + "/s"
-
-
-def human_delta(n: int | None) -> str:
-    """A byte delta with a sign: +1.5 KiB, -12 B, 0 B."""
-    if n is None:
-        return "-"
-    return ("+" if n > 0 else "") + human_bytes(n)
+from ..units import human_bytes, human_rate
+from .shared import (
+    COLUMN_TITLES,
+    NOUNS,
+    SORT_TITLES,
+    Style,
+    collapsed_frames,
+    findings_text,
+    folded_text,
+    frame_text,
+    listed,
+    location_text,
+    sparkline,
+    table,
+)
 
 
 def seconds(n: float | None) -> str:
     return "-" if n is None else f"{n:.1f}s"
-
-
-_SPARKS = "▁▂▃▄▅▆▇█"
-ASCII_SPARKS = "_.-=+*#@"
-
-
-def sparkline(values: list[int], lo: float | None = None, hi: float | None = None, chars: str = _SPARKS) -> str:
-    """A one-line sketch of a series, lowest value ▁, highest █ — or on the scale lo..hi when
-    given (two series drawn on one scale compare); `chars`: the ramp, lowest first."""
-    if not values:
-        return ""
-    lo = min(values) if lo is None else lo
-    hi = max(values) if hi is None else hi
-    span = (hi - lo) or 1
-    top = len(chars) - 1
-    return "".join(chars[max(0, min(top, int((v - lo) / span * top + 0.5)))] for v in values)
-
-
-def frame_text(f: dict) -> str:
-    loc = ""
-    if f.get("file"):
-        loc = f" {os.path.basename(f['file'])}:{f.get('line') or '?'}"
-    mod = os.path.basename(f.get("module") or "")
-    return frame_name(f["function"], loc, f.get("call"), f.get("inside")) + (f"  [{mod}]" if mod else "")
-
-
-NOUNS = {"location": "locations", "function": "functions", "stack": "sites"}
-COLUMN_TITLES = {"location": "location", "function": "function", "stack": "site (innermost)"}
-
-
-def listed(doc: dict) -> tuple[list[dict], str]:
-    """The rows a people-facing view of a report lists and their grouping: `locations` (by
-    location or function) unless the document is `by` stack (or predates locations)."""
-    by = doc.get("by") or "stack"
-    if by == "stack" or "locations" not in doc:
-        return doc["sites"], "stack"
-    return doc["locations"], by
-
-
-def collapsed_frames(frames: list[dict], limit: int) -> list[str]:
-    """Frame lines of a stack with recursion collapsed (a repeated run printed once with ×N),
-    at most `limit` entries, then a line saying how many frames are left."""
-    from ..analysis.stacks import collapse_recursion  # noqa: PLC0415
-
-    runs = collapse_recursion(frames)
-    out, shown = [], 0
-    for run, reps in runs[:limit]:
-        shown += len(run) * reps
-        if reps == 1:
-            out.append(frame_text(run[0]))
-        else:
-            out += [f"┌ {frame_text(run[0])}" if len(run) > 1 else f"{frame_text(run[0])}  ×{reps}"]
-            if len(run) > 1:
-                out += [f"│ {frame_text(f)}" for f in run[1:-1]] + [f"└ {frame_text(run[-1])}  ×{reps} (recursion)"]
-    if len(frames) > shown:
-        out.append(f"... {len(frames) - shown} more frames")
-    return out
 
 
 def allocators_text(doc: dict) -> str:
@@ -175,7 +40,7 @@ def allocators_text(doc: dict) -> str:
 
 
 def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int = 6) -> str:
-    s = _Style(color)
+    s = Style(color)
     t = doc["target"]
     tot = doc["totals"]
     rec = doc["recording"]
@@ -337,7 +202,7 @@ def _where(d: dict) -> str:
     return frame_text(d)
 
 
-def waits_text(w: dict, s: _Style, top: int) -> list[str]:
+def waits_text(w: dict, s: Style, top: int) -> list[str]:
     """The "Held while waiting" section and the off-CPU table (reports/analysis/waits.py)."""
     if not w.get("traced"):
         return []
@@ -375,7 +240,7 @@ def waits_text(w: dict, s: _Style, top: int) -> list[str]:
     return out + [""]
 
 
-def freeing_text(f: dict, s: _Style, top: int) -> list[str]:
+def freeing_text(f: dict, s: Style, top: int) -> list[str]:
     """What giving memory back cost: syscall time by thread and call, munmap time by the location
     that mapped the memory, purge calls."""
     rows = [r for r in f.get("by_thread") or [] if r["calls"]]
@@ -419,7 +284,7 @@ def _threads_text(threads: list[dict], key: str, n: int = 3) -> str:
     return (text + (" …" if len(held) > n else "")) or "-"
 
 
-def gpu_text(doc: dict, s: _Style, top: int) -> list[str]:
+def gpu_text(doc: dict, s: Style, top: int) -> list[str]:
     """The GPU section: GPU memory by site, CUDA host memory (pinned, managed) by site, and the
     threads that allocated GPU memory; shown when the report's `gpu.seen`."""
     gpu, tot = doc["gpu"], doc["totals"]
@@ -465,31 +330,10 @@ def gpu_text(doc: dict, s: _Style, top: int) -> list[str]:
     return out
 
 
-def findings_text(findings: list[dict] | None, s: _Style) -> list[str]:
-    """The findings block (reports.analysis.findings): one numbered sentence each, the table it comes
-    from in brackets; [] for a document without findings."""
-    if not findings:
-        return []
-    out = [s.bold("Findings")]
-    for i, f in enumerate(findings, 1):
-        out.append(f"  {i}. {f['text']}" + s.dim(f"  [{f['table']}]"))
-    return out + [""]
-
-
-def location_text(loc: dict) -> str:
-    """A location's one-line name: its frame, and '(no symbol...)' when its key is an address
-    (stacks.key_quality; a location without line information is its whole function, which
-    the missing file:line shows)."""
-    f = {k: loc.get(k) for k in LOCATION_FRAME_KEYS} if "function" in loc else loc["frames"][0]
-    quality = loc.get("key_quality", "line")
-    note = "  (no symbol: one location per address)" if quality == "address" else ""
-    return frame_text(f) + note
-
-
 STACKS_SHOWN = 3  # a location's largest stacks shown under it in the text report
 
 
-def _site_details(site: dict, s: _Style, frames_per_site: int, doc: dict | None = None) -> list[str]:
+def _site_details(site: dict, s: Style, frames_per_site: int, doc: dict | None = None) -> list[str]:
     """The timeline sketch and innermost frames of one report site, indented; for a location,
     its largest stacks (at most STACKS_SHOWN, each with its bytes, blocks and threads, its
     frames from the location outward with recursion collapsed) and how many it has."""
@@ -535,7 +379,7 @@ def peak_when(doc: dict) -> str:
     return f"{when}, live {human_bytes(p.get('live_bytes'))}{how}"
 
 
-def _at_peak_text(doc: dict, s: _Style, top: int, frames_per_site: int) -> list[str]:
+def _at_peak_text(doc: dict, s: Style, top: int, frames_per_site: int) -> list[str]:
     """The "held at the peak" table and its sites' details, shown first when most of the peak
     was freed by the end (doc["at_peak"]["peak_first"])."""
     tot, peak = doc["totals"], doc["at_peak"]
@@ -563,150 +407,3 @@ def _at_peak_text(doc: dict, s: _Style, top: int, frames_per_site: int) -> list[
         out += _site_details(x, s, frames_per_site, doc)
     out.append("")
     return out
-
-
-def folded_text(folded: list[dict]) -> str:
-    """The report's `folded` list as one line: what each wrapper pattern folded."""
-    parts = []
-    for f in folded:
-        names = ", ".join(f["functions"]) or "no frame matched"
-        src = f"--fold {f['pattern']}" if f["from"] == "--fold" else f"{f['from']} {f['pattern']}"
-        parts.append(f"{names} [{src}]")
-    return "; ".join(parts)
-
-
-DIFF_SORT_TITLES = {"delta": "|peak delta|", "live": "|live-at-end delta|", "alloc": "|allocated delta|",
-                    "ratio": "B/A ratio", "excess": "|excess over linear scaling|",
-                    "device": "|GPU memory peak delta|"}
-
-
-def ratio_text(r: float | None, present_in: str) -> str:
-    """B/A as 1.20x; 'new' for a site only in B, '-' when there is nothing to compare."""
-    if r is None:
-        return "new" if present_in == "b" else "-"
-    return f"{r:.2f}x"
-
-
-def _side_text(name: str, side: dict) -> str:
-    """'A: comm pid N [k=v ...]' from one entry of a diff document's `traces`."""
-    labels = " ".join(f"{k}={v}" for k, v in (side.get("labels") or {}).items())
-    return f"{name}: {side.get('comm') or '?'} pid {side.get('pid')}" + (f" [{labels}]" if labels else "")
-
-
-def _diff_totals(tot: dict) -> list[str]:
-    rows = []
-    for key, title in (("live_bytes", "live now"), ("peak_live_bytes", "live peak"), ("rss_bytes", "RSS now"),
-                       ("peak_rss_bytes", "RSS peak")):
-        rows.append([title, human_bytes(tot["a"][key]), human_bytes(tot["b"][key]), human_delta(tot["delta"][key])])
-    if any(tot[x].get(k) for x in ("a", "b") for k in ("device_peak_bytes", "cuda_host_bytes")):
-        for key, title in (("device_bytes", "GPU now"), ("device_peak_bytes", "GPU peak"),
-                           ("cuda_host_bytes", "CUDA host")):
-            rows.append([title, human_bytes(tot["a"].get(key, 0)), human_bytes(tot["b"].get(key, 0)),
-                         human_delta(tot["delta"].get(key, 0))])
-    rows.append(["lost", str(tot["a"]["lost_events"]), str(tot["b"]["lost_events"]),
-                 f"{tot['delta']['lost_events']:+d}"])
-    return ["  " + line for line in table(["", "A", "B", "delta"], rows, "lrrr")]
-
-
-def _diff_gpu(doc: dict, top: int) -> list[str]:
-    """The diff's GPU sites or locations (GPU memory in A or B), by |GPU peak delta|; [] when none."""
-    every, by = listed(doc)
-    sites = [x for x in every if x.get("a_device_peak_bytes") or x.get("b_device_peak_bytes")]
-    sites.sort(key=lambda x: (-abs(x["device_peak_delta_bytes"]), -x["b_device_peak_bytes"]))
-    if not sites:
-        return []
-    rows = [[human_bytes(x["a_device_peak_bytes"]), human_bytes(x["b_device_peak_bytes"]),
-             human_delta(x["device_peak_delta_bytes"]), human_bytes(x["a_device_live_bytes"]),
-             human_bytes(x["b_device_live_bytes"]), human_delta(x["device_live_delta_bytes"]),
-             location_text(x) if by != "stack" else frame_text(x["frames"][0]) if x["frames"] else "?"]
-            for x in sites[:top]]
-    return ["", f"GPU memory by {NOUNS[by][:-1]} ({min(top, len(sites))} of {len(sites)}, by |GPU peak delta|; "
-            "not in the host figures above)"] + ["  " + line for line in table(
-                ["A peak", "B peak", "delta", "A live", "B live", "live delta", COLUMN_TITLES[by]], rows, "rrrrrrl")]
-
-
-def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int = 6) -> str:
-    """The allocscope.diff/1 document as text. With a `per` label, flagged sites (grown out of
-    proportion) come first."""
-    s = _Style(color)
-    a, b, per = doc["traces"]["a"], doc["traces"]["b"], doc.get("per")
-    out = [s.bold(f"allocscope diff — {_side_text('A', a)}  vs  {_side_text('B', b)}"),
-           f"  A {a['path']}", f"  B {b['path']}"]
-    out += [s.yellow(f"warning: {w}") for w in doc.get("warnings") or []]
-    if doc.get("folded"):
-        out.append(s.dim("folded out of sites: " + folded_text(doc["folded"])))
-    if doc.get("source_filter"):
-        out.append(s.yellow("sites of sources " + ", ".join(doc["source_filter"]) + " only"))
-    if per:
-        noun = NOUNS[listed(doc)[1]][:-1]
-        out.append(f"normalized per {per['label']}: a {noun} scaling linearly has B/A = {per['b']:g}/{per['a']:g}"
-                   f" = {per['expected_ratio']:.2f}; ! = grew more than {per['flag_scaling']:g}x that, by at least"
-                   f" {per['flag_material']:.0%} of the total change")
-    if doc.get("findings"):
-        out += [""] + findings_text(doc["findings"], s)[:-1]
-    out += ["", s.bold("Totals")] + _diff_totals(doc["totals"]) + [""]
-    every, by = listed(doc)
-    sites = sorted(every, key=lambda x: not x.get("flagged"))[:top]
-    flagged = sum(1 for x in every if x.get("flagged"))
-    order = f"{flagged} flagged first, then by " if per else "by "
-    out.append(s.bold(f"Top {len(sites)} of {len(every)} {NOUNS[by]}, {order}{DIFF_SORT_TITLES[doc['sort']]}")
-               + (s.dim(f"  ({len(doc['sites'])} distinct stacks; --by stack matches those)")
-                  if by != "stack" and len(doc["sites"]) != len(every) else ""))
-    heads = ["", "#", "A peak", "B peak", "delta", "B/A"] + (["vs linear"] if per else []) + \
-        ["A live", "B live", "verdict A→B", COLUMN_TITLES[by]]
-    rows = []
-    for i, x in enumerate(sites, 1):
-        row = ["!" if x.get("flagged") else "", str(i), human_bytes(x["a_peak_live_bytes"]),
-               human_bytes(x["b_peak_live_bytes"]), human_delta(x["delta_bytes"]), ratio_text(x["ratio"], x["in"])]
-        if per:
-            row.append("-" if x.get("scaling") is None else f"{x['scaling']:.2f}x")
-        row += [human_bytes(x["a_live_bytes"]), human_bytes(x["b_live_bytes"]),
-                f"{x.get('a_verdict') or '-'}→{x.get('b_verdict') or '-'}",
-                location_text(x) if by != "stack" else frame_text(x["frames"][0]) if x["frames"] else "?"]
-        rows.append(row)
-    out += ["  " + line for line in table(heads, rows, "lrrrrr" + ("r" if per else "") + "rrll")]
-    out.append("")
-    for i, x in enumerate(sites[: min(top, 10)], 1):
-        if not x["delta_bytes"]:
-            continue
-        mark = s.red("! ") if x.get("flagged") else ""
-        out.append(mark + s.bold(f"#{i} {human_delta(x['delta_bytes'])} peak") +
-                   f"  ({human_bytes(x['a_peak_live_bytes'])} → {human_bytes(x['b_peak_live_bytes'])})")
-        if by != "stack":
-            out.append(f"    {location_text(x)}")
-            continue
-        out += [f"    {line}" for line in collapsed_frames(x["frames"], frames_per_site)]
-    gpu = _diff_gpu(doc, top)
-    if gpu:
-        out += ([] if out[-1] == "" else [""]) + [s.bold(gpu[1]), *gpu[2:]]
-    allocs = doc.get("allocators") or []
-    if allocs:
-        out += ["", s.bold("What each allocator keeps (resident in its own mappings, free = retained)")]
-        out += ["  " + line for line in table(
-            ["allocator", "A retained", "B retained", "delta", "A resident", "B resident", "A live", "B live",
-             "A before attach", "B before attach", "A released", "B released"],
-            [[x["name"], human_bytes(x["a_retained"]), human_bytes(x["b_retained"]), human_delta(x["retained_delta"]),
-              human_bytes(x["a_resident"]), human_bytes(x["b_resident"]), human_bytes(x["a_live"]),
-              human_bytes(x["b_live"]), human_bytes(x["a_live_before_attach"]), human_bytes(x["b_live_before_attach"]),
-              human_bytes(x["a_released"]), human_bytes(x["b_released"])] for x in allocs],
-            "lrrrrrrrrrrr")]
-    waits = [w for w in doc.get("waits") or [] if w["a_held_bytes"] or w["b_held_bytes"] or w["a_max_threads"]
-             or w["b_max_threads"]]
-    if waits:
-        out += ["", s.bold("Held while waiting, A vs B (at each one's peak of memory held by blocked threads)")]
-        out += ["  " + line for line in table(
-            ["waiting in", "A thr", "B thr", "A held", "B held", "delta", "A max thr", "B max thr", "A wait",
-             "B wait"],
-            [[frame_text(w), str(w["a_threads"]), str(w["b_threads"]), human_bytes(w["a_held_bytes"]),
-              human_bytes(w["b_held_bytes"]), human_delta(w["held_delta"]), str(w["a_max_threads"]),
-              str(w["b_max_threads"]), f"{w['a_wait_s']:.1f}s", f"{w['b_wait_s']:.1f}s"] for w in waits[:top]],
-            "lrrrrrrrrr")]
-    groups = doc.get("thread_groups") or []
-    if groups:
-        out += ["", s.bold("Thread groups (digits in names replaced by N)")]
-        out += ["  " + line for line in table(
-            ["group", "A thr", "B thr", "A live", "B live", "A peak", "B peak", "peak delta"],
-            [[g["group"], str(g["a_threads"]), str(g["b_threads"]), human_bytes(g["a_live_bytes"]),
-              human_bytes(g["b_live_bytes"]), human_bytes(g["a_peak_live_bytes"]), human_bytes(g["b_peak_live_bytes"]),
-              human_delta(g["peak_delta_bytes"])] for g in groups[:top]], "lrrrrrrr")]
-    return "\n".join(out) + "\n"
