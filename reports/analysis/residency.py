@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from common.pages import PAGE
 from common.tracefile.reader import Trace
 
 from .sources import DEVICE_FILE_SOURCES, REGISTER_API, SHMEM_SOURCES, live_by_source
@@ -67,7 +68,7 @@ def arena_table(trace: Trace) -> pd.DataFrame:
     # whether a range holds any heap-API block at all.
     foreign = np.zeros(n, dtype=np.int64)
     has_heap = np.zeros(n, dtype=bool)
-    page_mask = np.uint64(~(4096 - 1) & 0xFFFFFFFFFFFFFFFF)
+    page_mask = np.uint64(~(PAGE - 1) & 0xFFFFFFFFFFFFFFFF)
     # One pass over the live blocks, batch by batch, no per-row Python: the range of each block
     # (or none), then exact hash aggregates per range.
     for b in trace.live_batches(["source", "addr", "size", "tid"]):

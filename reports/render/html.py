@@ -13,12 +13,12 @@ reports.analysis.peak_first), the page leads with the peak: the site table, the 
 chart's legend and the flame graph's default view are by bytes held at the peak; otherwise by
 the report's rank and at the end.
 
-The page is assets/report.html (a string.Template), report.css and report.js, filled in and
-inlined here. Charts are drawn by uPlot 1.6.32 (npm `uplot`, MIT; dist/uPlot.iife.min.js, 51 KB,
-and uPlot.min.css, vendored in assets/ with its licence) from a JSON blob in the page; the flame
-graph is a small SVG renderer (report.js) of the data reports.render.flamegraph computes. Tables
-are rendered in Python (html_tables.py), so they read without JavaScript. The diff page is
-html_diff.py's, from the same assets.
+The page is assets/page.html around report-header.html (string.Templates), report.css and
+report.js, filled in and inlined here (`page`). Charts are drawn by uPlot 1.6.32 (npm `uplot`,
+MIT; dist/uPlot.iife.min.js, 51 KB, and uPlot.min.css, vendored in assets/ with its licence)
+from a JSON blob in the page; the flame graph is a small SVG renderer (report.js) of the data
+reports.render.flamegraph computes. Tables are rendered in Python (html_tables.py), so they
+read without JavaScript. The diff page is html_diff.py's, around diff-header.html.
 
 For tests and sanity, every drawn chart gets `data-ink` (painted canvas pixels) and the flame
 graph `data-nodes` (frames drawn) and `data-view` (peak|end), once its script has run.
@@ -66,10 +66,11 @@ UPLOT_JS = "uPlot.iife.min.js"
 UPLOT_CSS = "uPlot.min.css"
 
 
-PAGE = "report.html"     # string.Template: $title, $sections, $data... (see to_html)
+PAGE = "page.html"       # string.Template: the page around a header: $title, $header, $sections, $data...
 
 
-DIFF_PAGE = "diff.html"  # the same for to_diff_html
+REPORT_HEADER = "report-header.html"  # string.Template: the report page's header (see to_html)
+DIFF_HEADER = "diff-header.html"      # the same for to_diff_html
 
 
 PAGE_CSS = "report.css"
@@ -275,14 +276,22 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
         sections.append(("trims", "malloc_trim calls", trims_table(report_doc)))
     if diff_doc is not None:
         sections.append(("diff", f"Diff: peak live bytes per {NOUNS[listed(diff_doc)[1]][:-1]}", diff_table(diff_doc)))
+    return page(REPORT_HEADER, title, sections, data,
+                findings=findings_html(report_doc.get("findings"), {sid for sid, _, _ in sections}),
+                exe=esc(tgt.get("exe")), labels=(" &nbsp; " + esc(labels)) if labels else "",
+                allocator_kind=esc(rec.get("allocator_kind")), allocator=esc(rec.get("allocator")),
+                cuda=(f' &nbsp; CUDA driver <code>{esc(gpu["driver"])}</code> ({len(gpu.get("probed") or [])} calls '
+                      'probed)' if gpu.get("driver") else ""),
+                end_reason=esc(rec.get("end_reason") or "interrupted"), cards=cards_html,
+                decomposition=decomposition_html(report_doc), notes=notes_html)
+
+
+def page(header: str, title: str, sections: list[tuple[str, str, str]], data: dict, **fields: str) -> str:
+    """An offline page (assets/page.html, uPlot and the report's style and script inline):
+    `title`, the header asset `header` filled with `fields`, the (id, heading, HTML) `sections`
+    and `data`, the charts' JSON."""
+    filled = Template(asset(header, inline=False).rstrip("\n")).substitute(**fields)
     body = "".join(f'<section id="{sid}"><h2>{esc(h)}</h2>{content}</section>' for sid, h, content in sections)
     return Template(asset(PAGE, inline=False)).substitute(
-        title=esc(title), uplot_css=asset(UPLOT_CSS), report_css=asset(PAGE_CSS),
-        findings=findings_html(report_doc.get("findings"), {sid for sid, _, _ in sections}),
-        exe=esc(tgt.get("exe")), labels=(" &nbsp; " + esc(labels)) if labels else "",
-        allocator_kind=esc(rec.get("allocator_kind")), allocator=esc(rec.get("allocator")),
-        cuda=(f' &nbsp; CUDA driver <code>{esc(gpu["driver"])}</code> ({len(gpu.get("probed") or [])} calls probed)'
-              if gpu.get("driver") else ""),
-        end_reason=esc(rec.get("end_reason") or "interrupted"), cards=cards_html,
-        decomposition=decomposition_html(report_doc), notes=notes_html, sections=body,
+        title=esc(title), header=filled, uplot_css=asset(UPLOT_CSS), report_css=asset(PAGE_CSS), sections=body,
         data=json_for_script(data), uplot_js=asset(UPLOT_JS), report_js=asset(PAGE_JS))

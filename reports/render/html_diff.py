@@ -4,23 +4,12 @@ waits, allocators and thread groups side by side."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from string import Template
 
 from ..analysis import Folding, FrameInfo, peak_seq, symbolize_stacks
 from ..trace import Trace
 from ..units import human_bytes, human_delta
 from .flamegraph import folded_stacks
-from .html import (
-    DIFF_PAGE,
-    FLAME_MIN_FRACTION,
-    PAGE_CSS,
-    PAGE_JS,
-    UPLOT_CSS,
-    UPLOT_JS,
-    asset,
-    json_for_script,
-    json_number,
-)
+from .html import DIFF_HEADER, FLAME_MIN_FRACTION, json_number, page
 from .html_tables import (
     diff_allocators_table,
     diff_groups_table,
@@ -146,13 +135,9 @@ def to_diff_html(trace_a: Trace, trace_b: Trace, diff_doc: dict, *,
                                 diff_groups_table(diff_doc))):
         if content:
             sections.append((sid, head, content))
-    body = "".join(f'<section id="{sid}"><h2>{esc(h)}</h2>{content}</section>' for sid, h, content in sections)
     ids = {sid for sid, _, _ in sections} | {"totals"}
-    return Template(asset(DIFF_PAGE, inline=False)).substitute(
-        title=esc(title), uplot_css=asset(UPLOT_CSS), report_css=asset(PAGE_CSS),
-        path_a=esc(ta.get("path")), path_b=esc(tb.get("path")),
-        side_a=esc(f"{ta.get('comm') or '?'} pid {ta.get('pid')}" + (f"  [{la}]" if la else "")),
-        side_b=esc(f"{tb.get('comm') or '?'} pid {tb.get('pid')}" + (f"  [{lb}]" if lb else "")),
-        per=per_html, findings=findings_html(diff_doc.get("findings"), ids),
-        cards=cards, notes=notes, sections=body,
-        data=json_for_script(data), uplot_js=asset(UPLOT_JS), report_js=asset(PAGE_JS))
+    return page(DIFF_HEADER, title, sections, data,
+                path_a=esc(ta.get("path")), path_b=esc(tb.get("path")),
+                side_a=esc(f"{ta.get('comm') or '?'} pid {ta.get('pid')}" + (f"  [{la}]" if la else "")),
+                side_b=esc(f"{tb.get('comm') or '?'} pid {tb.get('pid')}" + (f"  [{lb}]" if lb else "")),
+                per=per_html, findings=findings_html(diff_doc.get("findings"), ids), cards=cards, notes=notes)
