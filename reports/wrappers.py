@@ -33,7 +33,9 @@ _OPEN, _CLOSE = "<([", ">)]"
 def _split_fold(value: str) -> list[str]:
     """'a,b' -> ['a', 'b']; a comma inside <...>, (...) or [...] belongs to the name
     (`std::map<int, int>::insert`, `f(int, long)`)."""
-    out, cur, depth = [], [], 0
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in value:
         if ch == "," and depth == 0:
             out.append("".join(cur))
@@ -84,12 +86,12 @@ class Folding:
 
     def match(self, function: str) -> tuple[str, str] | None:
         """(library or '--fold', pattern) of the first pattern matching the whole name, or None."""
-        hit = self._cache.get(function, False)
-        if hit is False:
-            hit = None
-            if self._any.match(function):
-                hit = next((src, p) for src, p, rx in self._rx if rx.match(function))
-            self._cache[function] = hit
+        if function in self._cache:
+            return self._cache[function]
+        hit = None
+        if self._any.match(function):
+            hit = next((src, p) for src, p, rx in self._rx if rx.match(function))
+        self._cache[function] = hit
         return hit
 
     def __repr__(self) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -14,14 +15,15 @@ def progress(msg: str) -> None:
 
 def emit(data: str | bytes, output: str | None) -> None:
     """Write text or bytes to `output`, or to stdout when it is None."""
-    binary = isinstance(data, bytes)
     if output:
         try:
-            with open(output, "wb" if binary else "w") as f:
-                f.write(data)
+            if isinstance(data, bytes):
+                Path(output).write_bytes(data)
+            else:
+                Path(output).write_text(data)
         except OSError as e:
             raise AllocscopeError(f"cannot write {output}: {e.strerror}") from None
-    elif binary:
+    elif isinstance(data, bytes):
         sys.stdout.buffer.write(data)
     else:
         click.echo(data, nl=not data.endswith("\n"))

@@ -196,6 +196,8 @@ class Screen:
     def _resized(self, scr) -> bool:
         """Follow the terminal's size (read each turn: a resize seen only through SIGWINCH
         would be missed when the signal goes to the recording's thread)."""
+        if sys.__stdout__ is None:
+            return False
         try:
             cols, lines = os.get_terminal_size(sys.__stdout__.fileno())
         except OSError:

@@ -113,7 +113,7 @@ def _held_at(trace: Trace, tids: set[int], seqs: list[int]) -> dict[int, dict[in
     if s.empty or not tids:
         return {q: {} for q in seqs}
     s = s[s["tid"].isin(list(tids)) & ~is_device(s["source"])].sort_values("seq")
-    cur: dict[tuple, tuple[int, int, int]] = {}
+    cur: dict[tuple, tuple[int, int]] = {}
     out: dict[int, dict[int, dict[tuple, list[int]]]] = {}
     rows = list(zip(s["seq"].tolist(), s["stack_id"].tolist(), s["tid"].tolist(), s["source"].tolist(),
                     (s["alloc_bytes"] - s["free_bytes"]).tolist(), (s["alloc_count"] - s["free_count"]).tolist()))

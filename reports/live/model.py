@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -355,7 +356,7 @@ class LiveModel:
         for s in self.sites:
             i = s.index
             by_tid = sorted(((tid, b) for tid, b in s.by_tid.items() if b), key=lambda x: (-x[1], x[0]))
-            top_tid = by_tid[0][0] if by_tid else (max(s.by_tid, key=s.by_tid.get) if s.by_tid else None)
+            top_tid = by_tid[0][0] if by_tid else (max(s.by_tid, key=lambda t: s.by_tid[t]) if s.by_tid else None)
             g, q = float(slope[i]), float(r2[i])
             age = oldest_age_bound(s.counts, s.free_count, now_t)
             rows.append({
@@ -371,7 +372,7 @@ class LiveModel:
                 "threads": by_tid,
             })
         sites = pd.DataFrame(rows, columns=SITE_COLUMNS)
-        threads = []
+        threads: list[dict[str, Any]] = []
         for tid, th in self.threads.items():
             before = self.thread_prev.get(tid, (0, 0))
             top = max(th.sites, key=lambda j: (self.sites[j].by_tid.get(tid, 0), -j)) if th.sites else None

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..analysis import FrameInfo
 from ..render.shared import ASCII_SPARKS, NOUNS, SORT_TITLES, sparkline
@@ -169,7 +171,7 @@ def status_text(elapsed_s: float, row: dict, lost: int, top: tuple[tuple[FrameIn
 COLUMN = {"location": "LOCATION", "function": "FUNCTION", "stack": "SITE"}
 
 
-def _columns(threads: bool, unicode: bool, by: str = "stack") -> list[tuple[str, int, str, object]]:
+def _columns(threads: bool, unicode: bool, by: str = "stack") -> list[tuple[str, int, str, Callable[[dict], Segment]]]:
     """(header, width, align, cell(row) -> (text, style)) of the table; the last column takes
     what is left."""
     if threads:
@@ -257,7 +259,7 @@ def _header(view: LiveView | None, state: ScreenState, width: int) -> list[Line]
     rss_line, live_line = view.timeline_rss[-n:], view.timeline_live[-n:]
     hi = max([*rss_line, *live_line, 1])
     chars = None if state.unicode else ASCII_SPARKS
-    spark = {"lo": 0, "hi": hi, **({"chars": chars} if chars else {})}
+    spark: dict[str, Any] = {"lo": 0, "hi": hi, **({"chars": chars} if chars else {})}
     waiting = waiting_text(view)
     return [title, mem, live, *([[(kept, "")]] if kept else []), *([[(waiting, "yellow")]] if waiting else []),
             [("RSS  ", "dim"), (sparkline(rss_line, **spark), "green"), (f" {human_bytes(max(0, rss))}", "dim")],

@@ -27,11 +27,11 @@ def diff_timeline_data(trace_a: Trace, trace_b: Trace) -> dict:
     """Both runs' live and RSS bytes on one chart: x = seconds since each run's own start (the
     union of both runs' interval ends), one series per run and figure, null where that run has
     no sample (drawn across: `span`). RSS samples after a target exited are gaps."""
-    def points(trace: Trace, col: str) -> dict[float, int | None]:
+    def points(trace: Trace, col: str) -> dict[float, int | float | None]:
         iv = trace.intervals
         if col not in iv or "elapsed_s" not in iv:
             return {}
-        out: dict[float, int | None] = {}
+        out: dict[float, int | float | None] = {}
         for t, v in zip(iv["elapsed_s"], iv[col]):
             n = json_number(v)
             out[round(float(t), 6)] = None if n is None or (col == "rss_bytes" and n < 0) else n

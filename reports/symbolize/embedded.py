@@ -55,7 +55,7 @@ class EmbeddedSymbols:
 def load(trace) -> EmbeddedSymbols:
     """The embedded symbols of a loaded trace (parts up to its last finished interval)."""
     pdir = os.path.join(trace.path, F.PARTS)
-    rows = []
+    rows: list[tuple[str, str, int, int, str]] = []
     try:
         names = sorted(os.listdir(pdir))
     except OSError:

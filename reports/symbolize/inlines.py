@@ -155,7 +155,8 @@ class DwarfIndex:
             child = self._visit(unit, abbrev.tag, values, die_offset, scope, entries) if walking else (None, False)
             return child, child[1]
 
-        reader.walk(unit, visit, (None, True))
+        root: tuple[Scope | None, bool] = (None, True)
+        reader.walk(unit, visit, root)
         entries.sort(key=lambda e: (e[0], e[1]))
         return _UnitScopes([e[0] for e in entries], entries, stmt[1] if stmt else None)
 
@@ -236,7 +237,8 @@ class DwarfIndex:
             part = (reader.string(unit, values[AT_NAME]) if AT_NAME in values else None) or "(anonymous namespace)"
             return (f"{prefix}::{part}" if prefix else part), True
 
-        reader.walk(unit, visit, "")
+        top: str | None = ""
+        reader.walk(unit, visit, top)
         self._qualifiers[key] = out
         return out
 
