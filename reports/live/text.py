@@ -1,5 +1,5 @@
 """Formats of the live view (reports.live.model): the full screen of `allocscope top` as lines of
-styled segments (allocscope/top.py draws them with curses), the `--batch` block, and
+styled segments (allocscope/cli/screen.py draws them with curses), the `--batch` block, and
 `record`'s one-line status. No terminal here: a screen is a list of lines, each a list of
 (text, style) with style one of STYLES or ""."""
 from __future__ import annotations
