@@ -305,85 +305,14 @@ class DieReader:
                 table = self._top_int(unit, AT_RNGLISTS_BASE, default=12 if unit.offset_size == 4 else 20)
                 pos = table + raw * unit.offset_size
                 raw = table + int.from_bytes(self._rnglists[pos:pos + unit.offset_size], self._order)
-            return self._rnglist(unit, raw, base)
-        return self._debug_ranges(unit, raw, base)
-
-    def _debug_ranges(self, unit: Unit, pos: int, base: int) -> list[tuple[int, int]]:
-        buf, size, order, out = self._ranges, unit.address_size, self._order, []
-        top = (1 << (8 * size)) - 1
-        while pos + 2 * size <= len(buf):
-            begin = int.from_bytes(buf[pos:pos + size], order)
-            end = int.from_bytes(buf[pos + size:pos + 2 * size], order)
-            pos += 2 * size
-            if begin == 0 and end == 0:
-                break
-            if begin == top:
-                base = end
-            elif end > begin:
-                out.append((base + begin, base + end))
-        return out
-
-    def _rnglist(self, unit: Unit, pos: int, base: int) -> list[tuple[int, int]]:
-        buf, size, order, out = self._rnglists, unit.address_size, self._order, []
-
-        def addrx(index: int) -> int:
-            return self.address(unit, (_FORM_ADDRX, index)) or 0
-
-        while pos < len(buf):
-            kind = buf[pos]
-            pos += 1
-            if kind == 0:  # DW_RLE_end_of_list
-                break
-            if kind == 1:  # base_addressx
-                index, pos = uleb(buf, pos)
-                base = addrx(index)
-            elif kind in (2, 3):  # startx_endx, startx_length
-                a, pos = uleb(buf, pos)
-                b, pos = uleb(buf, pos)
-                lo = addrx(a)
-                out.append((lo, addrx(b) if kind == 2 else lo + b))
-            elif kind == 4:  # offset_pair
-                a, pos = uleb(buf, pos)
-                b, pos = uleb(buf, pos)
-                out.append((base + a, base + b))
-            elif kind == 5:  # base_address
-                base = int.from_bytes(buf[pos:pos + size], order)
-                pos += size
-            elif kind == 6:  # start_end
-                lo = int.from_bytes(buf[pos:pos + size], order)
-                out.append((lo, int.from_bytes(buf[pos + size:pos + 2 * size], order)))
-                pos += 2 * size
-            elif kind == 7:  # start_length
-                lo = int.from_bytes(buf[pos:pos + size], order)
-                length, pos = uleb(buf, pos + size)
-                out.append((lo, lo + length))
-            else:
-                break
-        return [(lo, hi) for lo, hi in out if hi > lo]
+            return _rnglist(self._rnglists, raw, base, unit.address_size, self._order,
+                            lambda index: self.address(unit, (_FORM_ADDRX, index)) or 0)
+        return _debug_ranges(self._ranges, raw, base, unit.address_size, self._order)
 
     # -- address -> unit
     def arange_units(self) -> list[tuple[int, int, int]]:
         """(low, high, unit offset) from .debug_aranges."""
-        buf, order, out, pos = self._aranges, self._order, [], 0
-        while pos + 12 <= len(buf):
-            length, start, offset_size = initial_length(buf, pos, order)
-            end = start + length
-            p = start + 2  # version
-            unit_offset = int.from_bytes(buf[p:p + offset_size], order)
-            size = buf[p + offset_size]
-            p += offset_size + 2
-            tuple_size = 2 * size
-            p = pos + ((p - pos + tuple_size - 1) // tuple_size) * tuple_size  # align the tuples
-            while p + tuple_size <= end:
-                lo = int.from_bytes(buf[p:p + size], order)
-                length_ = int.from_bytes(buf[p + size:p + tuple_size], order)
-                p += tuple_size
-                if lo == 0 and length_ == 0:
-                    break
-                if length_:
-                    out.append((lo, lo + length_, unit_offset))
-            pos = end
-        return out
+        return _aranges(self._aranges, self._order)
 
     # -- walking a unit
     def walk(self, unit: Unit, visit: Callable[[int, Abbrev, dict[int, tuple[int, int]], C], tuple[C, bool]],
@@ -410,3 +339,81 @@ class DieReader:
                     pos = target
                     continue
             stack.append(child)
+
+
+def _debug_ranges(buf: bytes, pos: int, base: int, size: int, order: ByteOrder) -> list[tuple[int, int]]:
+    """A .debug_ranges list (DWARF 2-4) at `pos`: (low, high) pairs; `size`: the address size."""
+    out = []
+    top = (1 << (8 * size)) - 1
+    while pos + 2 * size <= len(buf):
+        begin = int.from_bytes(buf[pos:pos + size], order)
+        end = int.from_bytes(buf[pos + size:pos + 2 * size], order)
+        pos += 2 * size
+        if begin == 0 and end == 0:
+            break
+        if begin == top:
+            base = end
+        elif end > begin:
+            out.append((base + begin, base + end))
+    return out
+
+
+def _rnglist(buf: bytes, pos: int, base: int, size: int, order: ByteOrder,
+             addrx: Callable[[int], int]) -> list[tuple[int, int]]:
+    """A .debug_rnglists list (DWARF 5) at `pos`; `addrx`: the address at an index of .debug_addr."""
+    out: list[tuple[int, int]] = []
+    while pos < len(buf):
+        kind = buf[pos]
+        pos += 1
+        if kind == 0:  # DW_RLE_end_of_list
+            break
+        if kind == 1:  # base_addressx
+            index, pos = uleb(buf, pos)
+            base = addrx(index)
+        elif kind in (2, 3):  # startx_endx, startx_length
+            a, pos = uleb(buf, pos)
+            b, pos = uleb(buf, pos)
+            lo = addrx(a)
+            out.append((lo, addrx(b) if kind == 2 else lo + b))
+        elif kind == 4:  # offset_pair
+            a, pos = uleb(buf, pos)
+            b, pos = uleb(buf, pos)
+            out.append((base + a, base + b))
+        elif kind == 5:  # base_address
+            base = int.from_bytes(buf[pos:pos + size], order)
+            pos += size
+        elif kind == 6:  # start_end
+            lo = int.from_bytes(buf[pos:pos + size], order)
+            out.append((lo, int.from_bytes(buf[pos + size:pos + 2 * size], order)))
+            pos += 2 * size
+        elif kind == 7:  # start_length
+            lo = int.from_bytes(buf[pos:pos + size], order)
+            length, pos = uleb(buf, pos + size)
+            out.append((lo, lo + length))
+        else:
+            break
+    return [(lo, hi) for lo, hi in out if hi > lo]
+
+
+def _aranges(buf: bytes, order: ByteOrder) -> list[tuple[int, int, int]]:
+    """(low, high, unit offset) of every range of a .debug_aranges section."""
+    out, pos = [], 0
+    while pos + 12 <= len(buf):
+        length, start, offset_size = initial_length(buf, pos, order)
+        end = start + length
+        p = start + 2  # version
+        unit_offset = int.from_bytes(buf[p:p + offset_size], order)
+        size = buf[p + offset_size]
+        p += offset_size + 2
+        tuple_size = 2 * size
+        p = pos + ((p - pos + tuple_size - 1) // tuple_size) * tuple_size  # align the tuples
+        while p + tuple_size <= end:
+            lo = int.from_bytes(buf[p:p + size], order)
+            length_ = int.from_bytes(buf[p + size:p + tuple_size], order)
+            p += tuple_size
+            if lo == 0 and length_ == 0:
+                break
+            if length_:
+                out.append((lo, lo + length_, unit_offset))
+        pos = end
+    return out
