@@ -59,4 +59,4 @@ bundle: ## dist/allocscope-VERSION-x86_64.tar.xz: relocatable, BCC and kernel he
 	@bash scripts/bundle.sh
 
 clean: ## remove build products (keeps .venv)
-	rm -rf build tests/targets/bin *.egg-info .pytest_cache .mypy_cache $(AGENT)
+	rm -rf build tests/targets/bin *.egg-info .pytest_cache $(AGENT)
