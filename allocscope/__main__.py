@@ -1,3 +1,3 @@
-from allocscope.entry import main
+from allocscope.cli.entry import main
 
 main()

@@ -269,7 +269,7 @@ class DemoWorkload(SignalledProgram):
 
     def prepare(self, tmp: Path) -> None:
         sys.path.insert(0, str(ROOT))
-        from allocscope.demo import build_daemon
+        from allocscope.cli.demo import build_daemon
 
         self.exe = build_daemon(tmp)
 

@@ -82,7 +82,7 @@ def main():
                  "box's pandas (>= 2.0) and pyarrow (>= 14): pip install pandas pyarrow, or "
                  "ALLOCSCOPE_PYTHON=/path/to/python3 with them")
     sys.argv[0] = os.path.join(HERE, "bin", "allocscope")
-    from allocscope.entry import main as entry  # noqa: PLC0415
+    from allocscope.cli.entry import main as entry  # noqa: PLC0415
     sys.exit(entry())
 
 

@@ -14,7 +14,8 @@ from synth import SynthTrace
 
 from common.errors import UsageError
 from reports import analysis as A
-from reports import render
+from reports.render.jsonout import to_json
+from reports.render.text import to_text
 from reports.trace import load_trace
 
 N = 10  # intervals, 1 s each
@@ -238,11 +239,11 @@ def test_report_json_contract(trace):
     freed = doc["sites"][-1]
     assert (freed["verdict"], freed["oldest_age_s"]) == ("freed", None)
     assert set(doc["threads"][0]) >= {"tid", "name", "live_bytes", "live_count", "peak_live_bytes"}
-    render.to_json(doc)  # serializable
+    to_json(doc)  # serializable
 
 
 def test_report_text(trace):
-    text = render.to_text(A.build_report(trace, sort="age"))
+    text = to_text(A.build_report(trace, sort="age"))
     assert "locations by oldest allocation" in text
     assert "growing" in text and "transient" in text
     assert "lost_ring_full=2" in text

@@ -9,7 +9,7 @@ import re
 import pytest
 from support import cli
 
-from allocscope.demo import run_demo
+from allocscope.cli.demo import run_demo
 
 pytestmark = pytest.mark.bpf
 MIB8 = 8 << 20
@@ -63,7 +63,7 @@ def test_demo_finds_the_pile_up(tmp_path):
     # fixed: no more threads wait in channel_push than the permits allow
     assert res["waits"]["fixed"]["max_threads"] <= 3, res["waits"]["fixed"]
     # the diff fixed -> bug puts channel_push first
-    from reports.diff import diff_traces
+    from reports.analysis.diff import diff_traces
     from reports.trace import load_trace
 
     dw = diff_traces(load_trace(str(res["traces"][2])), load_trace(str(bug_b)))["waits"]
@@ -113,8 +113,8 @@ def _findings(res: dict) -> None:
 
 def _pprof_flat(path) -> dict[str, int]:
     """inuse_space by the innermost function of each sample (what `go tool pprof -top` lists as
-    flat), read with reports.pprof's protobuf reader."""
-    from reports.pprof import parse_pprof
+    flat), read with reports.render.pprof's protobuf reader."""
+    from reports.render.pprof import parse_pprof
 
     p = parse_pprof(path.read_bytes())
     st = p.string_table
@@ -131,7 +131,7 @@ def _pprof_peak_diff(res: dict) -> None:
     """`report --format pprof --at peak` of each run feeds `go tool pprof -diff_base A B`: B - A
     per function puts synthesize_partition first, by whole partitions (8 MiB + a 32-byte header)."""
     from reports.analysis import peak_seq
-    from reports.pprof import to_pprof
+    from reports.render.pprof import to_pprof
     from reports.trace import load_trace
 
     a, b = res["traces"][0], res["traces"][1]

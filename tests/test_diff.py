@@ -1,4 +1,4 @@
-"""reports.diff and `allocscope diff` on two synthetic runs of one program, pw=10 vs pw=12.
+"""reports.analysis.diff and `allocscope diff` on two synthetic runs of one program, pw=10 vs pw=12.
 
 The runs differ in everything a real second run changes: PID, stack ids, instruction
 addresses, install directory of the binary and build directory of the sources. Ground truth
@@ -16,12 +16,13 @@ from click.testing import CliRunner
 from support import one_line_error
 from synth import SynthTrace
 
-from allocscope import cmd_diff
-from allocscope.cmd_diff import diff
+from allocscope.cli import diff as cmd_diff
+from allocscope.cli.diff import diff
 from common.errors import UsageError
 from reports import analysis as A
-from reports import diff as D
-from reports import render
+from reports.analysis import diff as D
+from reports.render.diff_text import diff_to_text
+from reports.render.jsonout import to_json
 from reports.trace import load_trace
 
 # Site -> (function, line). Frames: malloc, <function>, worker_main, start_thread.
@@ -200,7 +201,7 @@ def test_json_contract(doc):
         assert {"frames", "a_peak_live_bytes", "b_peak_live_bytes", "delta_bytes"} <= set(s)
         assert s["delta_bytes"] == s["b_peak_live_bytes"] - s["a_peak_live_bytes"]
     assert doc["warnings"] == []
-    json.loads(render.to_json(doc))
+    json.loads(to_json(doc))
 
 
 def test_same_function_on_another_line_does_not_match(tmp_path):
@@ -220,7 +221,7 @@ def test_different_programs_warn(tmp_path, traces):
     doc = D.diff_traces(traces[0], load_trace(other))
     assert doc["warnings"] == [("A and B are different programs (provingd vs otherd): only sites with the same "
                                 "symbolized frames match")]
-    assert "warning: A and B are different programs" in render.diff_to_text(doc)
+    assert "warning: A and B are different programs" in diff_to_text(doc)
 
 
 def test_losses_and_incomplete_traces_warn(tmp_path, traces):
@@ -260,7 +261,7 @@ def test_dataframe_api(traces):
 
 
 def test_text(doc):
-    text = render.diff_to_text(doc, top=3)
+    text = diff_to_text(doc, top=3)
     lines = text.splitlines()
     assert lines[0] == "allocscope diff — A: provingd pid 4242 [host=lab1 pw=10]  vs  B: provingd pid 5151 " \
                        "[host=lab1 pw=12]"

@@ -69,8 +69,8 @@ def parts(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
 # --- the CLI's commands and flags -------------------------------------------------------------
 
 def cli_group() -> click.Group:
-    """The click app: allocscope.cli's `main` (the one click.Group there, wherever the commands live)."""
-    from allocscope import cli
+    """The click app: allocscope.cli.app's `main` (the one click.Group there, wherever the commands live)."""
+    from allocscope.cli import app as cli
     main = getattr(cli, "main", None)
     if isinstance(main, click.Group):
         return main

@@ -113,7 +113,7 @@ def report(out: Path) -> dict:
     """What `allocscope report --format json` prints, built in this process (no interpreter
     start per report)."""
     from reports.analysis import build_report
-    from reports.render import to_json
+    from reports.render.jsonout import to_json
     from reports.trace import load_trace
 
     return json.loads(to_json(build_report(load_trace(out))))

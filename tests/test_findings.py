@@ -1,10 +1,10 @@
-"""reports.findings: the findings on top of every report and diff, rule by rule, on synthetic
+"""reports.analysis.findings: the findings on top of every report and diff, rule by rule, on synthetic
 traces with known contents (the real demo recordings are checked in test_demo_bpf.py).
 
 Every trace here is one program (/usr/bin/synthd), 1 s intervals, threads 101 main and
 102..104 pworker-1..3. Waits and per-allocator residency are not in SynthTrace: those rules are
 checked on a synthetic report document given the `waits` / `rss_decomposition` objects the
-analysis makes (reports/waits.py, reports/residency.py), as the report carries them.
+analysis makes (reports/analysis/waits.py, reports/analysis/residency.py), as the report carries them.
 """
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ import pytest
 from synth import SynthTrace
 from test_diff import run_trace
 
-from reports import findings as F
 from reports.analysis import build_report
-from reports.diff import diff_traces
-from reports.render import diff_to_text, to_json, to_text
+from reports.analysis import findings as F
+from reports.analysis.diff import diff_traces
+from reports.render.diff_text import diff_to_text
+from reports.render.jsonout import to_json
+from reports.render.text import to_text
 from reports.trace import load_trace
 
 SRC = "/src/synthd/"
@@ -111,7 +113,7 @@ def test_peak_names_holders_until_most_is_covered(burst):
 
 
 def _waits(kept: int, threads: int, in_call: bool = False) -> dict:
-    """A report `waits` object (reports/waits.py) whose peak has one wait location: `threads`
+    """A report `waits` object (reports/analysis/waits.py) whose peak has one wait location: `threads`
     threads blocked in hand_off holding `kept` bytes of make_partition (in_call: blocked inside
     make_partition itself, so nothing is kept after the call)."""
     loc = {"location": "hand_off|synthd|w.c:77", "function": "sleep_ns" if in_call else "hand_off",
@@ -246,7 +248,7 @@ def test_cli_diff_html_and_report_at_peak(diff_paths, tmp_path):
     from click.testing import CliRunner
     from support import one_line_error
 
-    from allocscope.cli import main
+    from allocscope.cli.app import main
 
     out = tmp_path / "d.html"
     r = CliRunner().invoke(main, ["diff", *diff_paths, "--per", "pw", "--format", "html", "-o", str(out)])

@@ -10,13 +10,14 @@ import pytest
 from click.testing import CliRunner
 from synth import SynthTrace
 
-from allocscope.cli import main
-from allocscope.cmd_diff import diff
+from allocscope.cli.app import main
+from allocscope.cli.diff import diff
 from common.errors import UsageError
 from reports import analysis as A
-from reports import render
-from reports.diff import diff_traces
-from reports.folded import to_folded
+from reports.analysis.diff import diff_traces
+from reports.render.diff_text import diff_to_text
+from reports.render.flamegraph import to_folded
+from reports.render.text import to_text
 from reports.trace import load_trace
 
 EXE, LIBC = "/usr/bin/redis-server", "/lib/x86_64-linux-gnu/libc.so.6"
@@ -152,7 +153,7 @@ def test_report_sites_and_what_was_folded(trace):
         {"pattern": "pool_*", "from": "--fold", "functions": ["pool_get"]},
         {"pattern": "nosuch", "from": "--fold", "functions": []},
     ]
-    text = render.to_text(doc)
+    text = to_text(doc)
     assert ("folded out of sites: zmalloc_usable [redis zmalloc*]; ztrymalloc_usable_internal [redis ztrymalloc*]; "
             "zcalloc_usable [redis zcalloc*]; PyObject_Malloc [cpython PyObject_Malloc]; pool_get [--fold pool_*]; "
             "no frame matched [--fold nosuch]\n") in text
@@ -213,14 +214,14 @@ def test_diff_matches_sites_after_folding(tmp_path):
         ("list_append", "main"): ("a", 800, 0)}
     assert [f for f in doc["folded"] if f["from"] == "--fold"] == \
         [{"pattern": "pool_get*", "from": "--fold", "functions": ["pool_get", "pool_get_fast"]}]
-    assert "pool_get, pool_get_fast [--fold pool_get*]" in render.diff_to_text(doc)
+    assert "pool_get, pool_get_fast [--fold pool_get*]" in diff_to_text(doc)
     r = CliRunner().invoke(diff, [a.path, b.path, "--fold", "pool_get*", "--format", "json"])
     assert r.exit_code == 0, r.output
     assert sites(json.loads(r.stdout)) == sites(doc)
 
 
 def test_pprof_follows_the_fold(trace):
-    from reports.pprof import parse_pprof, to_pprof
+    from reports.render.pprof import parse_pprof, to_pprof
 
     prof = parse_pprof(to_pprof(trace, fold=A.parse_fold(["pool_get"])))
     st = prof.string_table

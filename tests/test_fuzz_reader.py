@@ -26,8 +26,9 @@ from synth import SynthTrace
 
 from common.errors import TraceFileError
 from reports.analysis import build_report, symbolize_stacks
-from reports.diff import diff_traces
-from reports.render import diff_to_text, to_text
+from reports.analysis.diff import diff_traces
+from reports.render.diff_text import diff_to_text
+from reports.render.text import to_text
 from reports.trace import load_trace
 
 EXTRA = int(os.environ.get("ALLOCSCOPE_FUZZ_EXAMPLES", "0"))

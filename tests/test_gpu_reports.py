@@ -33,15 +33,16 @@ from click.testing import CliRunner
 from support import chromium, need_tool
 from synth import SynthTrace
 
-from allocscope.cli import main
-from allocscope.cmd_diff import diff
+from allocscope.cli.app import main
+from allocscope.cli.diff import diff
 from reports import analysis as A
-from reports import render
-from reports.csvout import to_csv
-from reports.diff import diff_traces
-from reports.folded import folded_stacks
-from reports.html import site_chart_data, timeline_data, to_html
-from reports.pprof import parse_pprof, to_pprof
+from reports.analysis.diff import diff_traces
+from reports.render.csvout import to_csv
+from reports.render.diff_text import diff_to_text
+from reports.render.flamegraph import folded_stacks
+from reports.render.html import site_chart_data, timeline_data, to_html
+from reports.render.pprof import parse_pprof, to_pprof
+from reports.render.text import to_text
 from reports.trace import load_trace
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -194,14 +195,14 @@ def test_gpu_block_without_a_driver(tmp_path):
     g = doc["gpu"]
     assert (g["seen"], g["driver"], g["probed"], g["device_ranks"]) == (True, None, [], [])
     assert fn_of_rank(doc, g["host_ranks"]) == ["map_ctl"]
-    text = render.to_text(doc)
+    text = to_text(doc)
     assert "[no CUDA driver probed: mappings only]" in text and "CUDA driver" not in text.splitlines()[2]
     t2 = SynthTrace(tmp_path / "s.allocscope")
     t2.interval({(t2.stack(["mmap", "shm_ring", "main"]), 1, "shmem"): (MIB, 1, 0, 0)})
     plain = A.build_report(load_trace(t2.close()))
     assert plain["gpu"] == {"seen": False, "driver": None, "probed": [], "skipped": {}, "device_ranks": [],
                             "host_ranks": [], "device_location_ranks": [], "host_location_ranks": []}
-    assert "GPU" not in render.to_text(plain)
+    assert "GPU" not in to_text(plain)
 
 
 # --------------------------------------------------------------------------------------------- threads
@@ -248,7 +249,7 @@ def test_rss_split_is_capped_by_the_counters(tmp_path):
 
 # --------------------------------------------------------------------------------------------- text
 def test_text_report_has_a_gpu_section(report):
-    text = render.to_text(report)
+    text = to_text(report)
     lines = text.splitlines()
     assert lines[2] == f"CUDA driver {DRIVER}: 3 calls probed"
     assert "  GPU now     193.0 MiB  in 4 allocations, peak 329.0 MiB   (device memory: in no host figure)" in lines
@@ -302,7 +303,7 @@ def test_diff_sorts_by_gpu_memory_and_shows_it(trace, diff_doc, tmp_path):
     doc = diff_traces(trace, b, sort="device")
     assert [s["frames"][0]["function"] for s in doc["sites"][:3]] == ["upload_weights", "pin_buffers",
                                                                        "managed_pool"]
-    lines = render.diff_to_text(diff_doc).splitlines()
+    lines = diff_to_text(diff_doc).splitlines()
     assert [x.split()[:5] for x in lines if x.lstrip().startswith(("GPU now", "GPU peak"))] == [
         ["GPU", "now", "193.0", "MiB", "257.0"], ["GPU", "peak", "329.0", "MiB", "393.0"]]
     i = lines.index("GPU memory by location (3 of 3, by |GPU peak delta|; not in the host figures above)")
@@ -503,7 +504,7 @@ def test_cuda_locations_name_the_caller_and_the_call(tmp_path):
     sites = {(x["frames"][0]["function"], x["frames"][0].get("call")) for x in doc["sites"]}
     assert (ALLOC_BLOCK, "cudaMalloc") in sites and (ALLOC_BLOCK, None) in sites
     assert ("libcuda.so.580.159.04+0x1000", None) in sites and ("libcuda.so.580.159.04+0x1200", None) in sites
-    text = render.to_text(doc)
+    text = to_text(doc)
     assert f"{ALLOC_BLOCK} via cudaMalloc  [libc10_cuda.so]" in text
     assert f"{SLOWPATH} via cudaHostAlloc  [libtorch_cuda.so]" in text
     assert "inside libcuda.so.580.159.04, called from cuCtxCreate_v2  [libcuda.so.580.159.04]" in text

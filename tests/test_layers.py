@@ -5,6 +5,8 @@ included) of allocscope/, reports/, tracer/ and common/ points down the layers
 
 so the tracer never imports reports, reports never import the tracer or bcc, common imports
 none of them, only the tracer touches bcc, and no shipped module imports bench/ or tests/.
+Inside reports/ the sub-packages are layers too (REPORTS_LAYERS): the analysis never imports a
+renderer or the live view, the renderers never the live view.
 And nowhere (tests and bench included) does a module import another module's private
 (`_name`) names, by `from m import _x` or as `m._x`. Parsed with `ast`; nothing is imported."""
 from __future__ import annotations
@@ -23,6 +25,9 @@ ALLOWED = {
     "common": {"common"},
 }
 ONLY_TRACER = {"bcc"}  # third-party packages no other layer may import
+# reports/, bottom up: a module may import its own part of reports and those below it. `base` is
+# reports' own modules (trace.py, wrappers.py, units.py: no pandas in the last two).
+REPORTS_LAYERS = ("base", "symbolize", "analysis", "render", "live")
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class Tree:
         return out
 
     def name(self, path: Path) -> str:
-        """allocscope/cli.py -> allocscope.cli; tests/synth.py -> synth (tests/ and bench/ put
+        """allocscope/cli/app.py -> allocscope.cli.app; tests/synth.py -> synth (tests/ and bench/ put
         their own folder on sys.path)."""
         parts = list(path.relative_to(self.root).with_suffix("").parts)
         if parts[0] in ("tests", "bench"):
@@ -97,6 +102,21 @@ class Tree:
                     bad.append(f"{path.relative_to(self.root)}:{imp.line}: {src} imports {imp.module} ({dst})")
         return bad
 
+    def reports_violations(self) -> list[str]:
+        """Imports inside reports/ that point up REPORTS_LAYERS."""
+        bad = []
+        for path in self.files("reports"):
+            src = reports_part(self.name(path))
+            for imp in self.imports(path):
+                if imp.module.split(".")[0] != "reports":
+                    continue
+                targets = [imp.module, *(f"{imp.module}.{n}" for n, _ in imp.names if n != "*")]
+                dst = max((reports_part(t) for t in targets if t in self.modules or t == imp.module),
+                          key=REPORTS_LAYERS.index)
+                if REPORTS_LAYERS.index(dst) > REPORTS_LAYERS.index(src):
+                    bad.append(f"{path.relative_to(self.root)}:{imp.line}: {src} imports {imp.module} ({dst})")
+        return bad
+
     def private_violations(self) -> list[str]:
         """`from m import _x` from a first-party m, and `m._x` where m is bound to a first-party
         module by an import."""
@@ -126,6 +146,12 @@ class Tree:
         return bad
 
 
+def reports_part(module: str) -> str:
+    """reports.render.html -> render; reports.trace, reports -> base."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or len(parts) == 2 and parts[1] in REPORTS_LAYERS else "base"
+
+
 def private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -145,6 +171,12 @@ def test_imports_follow_the_layers():
     assert tree.layer_violations() == []
 
 
+def test_reports_parts_follow_their_layers():
+    tree = Tree(ROOT)
+    assert {reports_part(tree.name(p)) for p in tree.files("reports")} == set(REPORTS_LAYERS)
+    assert tree.reports_violations() == []
+
+
 def test_no_module_imports_private_names():
     assert Tree(ROOT).private_violations() == []
 
@@ -152,28 +184,34 @@ def test_no_module_imports_private_names():
 def test_the_checks_catch_what_they_are_for(tmp_path):
     """Bad imports planted in a copy of the layout are found, so the empty lists above mean
     something: tracer -> reports at function level, reports -> tracer and bcc, common -> tracer
-    through a relative import, tests/ and bench/ from shipped code; private names by `from`
-    and by attribute of an imported module."""
+    through a relative import, tests/ and bench/ from shipped code; inside reports, the analysis
+    -> a renderer and a base module -> the analysis; private names by `from` and by attribute
+    of an imported module."""
     for d in (*SHIPPED, "tests", "bench", "probes"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "__init__.py").write_text("")
     planted = {
-        "tracer/record.py": "def f():\n    from reports.embedded import load\n",
+        "tracer/record.py": "def f():\n    from reports.symbolize.embedded import load\n",
         "tracer/unwind.py": "import bcc\nfrom common.elf import build_id\nfrom . import record\n",
-        "reports/analysis.py": "from tracer import procfs\nimport bcc\n",
-        "reports/pprof.py": "from common.tracefile.reader import Trace\nfrom .analysis import x\n",
+        "reports/analysis/__init__.py": "from tracer import procfs\nimport bcc\n",
+        "reports/render/pprof.py": "from common.tracefile.reader import Trace\nfrom ..analysis import x\n",
+        "reports/analysis/sites.py": "from ..render.text import to_text\nfrom ..units import human_bytes\n",
+        "reports/wrappers.py": "from .analysis import stacks\n",
         "common/elf.py": "from ..tracer import unwind\n",
         "common/ok.py": "from .elf import build_id\nimport numpy\n",
-        "allocscope/cli.py": "import synth\nfrom bench import soak\nfrom tracer import record\n",
+        "allocscope/cli/app.py": "import synth\nfrom bench import soak\nfrom tracer import record\n",
         "tests/synth.py": "",
-        "bench/soak.py": "from reports.pprof import _hidden\nfrom tracer import unwind as U\nU._rows\n"
+        "bench/soak.py": "from reports.render.pprof import _hidden\nfrom tracer import unwind as U\nU._rows\n"
                          "import common.elf\ncommon.elf._quiet\nU.__name__\n",
     }
     for rel, text in planted.items():
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
         (tmp_path / rel).write_text(text)
     tree = Tree(tmp_path)
     assert sorted(v.split(": ", 1)[0] for v in tree.layer_violations()) == [
-        "allocscope/cli.py:1", "allocscope/cli.py:2", "common/elf.py:1", "reports/analysis.py:1",
-        "reports/analysis.py:2", "tracer/record.py:2"], tree.layer_violations()
+        "allocscope/cli/app.py:1", "allocscope/cli/app.py:2", "common/elf.py:1", "reports/analysis/__init__.py:1",
+        "reports/analysis/__init__.py:2", "tracer/record.py:2"], tree.layer_violations()
+    assert sorted(v.split(": ", 1)[0] for v in tree.reports_violations()) == [
+        "reports/analysis/sites.py:1", "reports/wrappers.py:1"], tree.reports_violations()
     assert sorted(v.split(": ", 1)[1] for v in tree.private_violations()) == [
-        "imports _hidden from reports.pprof", "uses common.elf._quiet", "uses tracer.unwind._rows"]
+        "imports _hidden from reports.render.pprof", "uses common.elf._quiet", "uses tracer.unwind._rows"]

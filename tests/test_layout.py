@@ -63,8 +63,9 @@ def test_layout_matches_bcc_maps():
 def test_reports_never_import_bcc():
     """reports/ runs anywhere: importing it (and loading a trace) must not need BCC."""
     code = ("import sys; sys.modules['bcc'] = None\n"
-            "import reports.trace, reports.analysis, reports.render, reports.symbolize\n"
-            "import allocscope.cli\n"
+            "import reports.trace, reports.analysis, reports.analysis.diff, reports.symbolize\n"
+            "import reports.render.text, reports.render.html, reports.render.pprof, reports.live.text\n"
+            "import allocscope.cli.app\n"
             "print('ok')")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.dirname(__file__)))

@@ -8,9 +8,11 @@ import json
 import pytest
 
 from reports import analysis as A
-from reports import render
-from reports.diff import diff_traces
-from reports.frames import FrameInfo, collapse_recursion, group_of, key_quality, location_key
+from reports.analysis.diff import diff_traces
+from reports.analysis.stacks import FrameInfo, collapse_recursion, group_of, key_quality, location_key
+from reports.render.diff_text import diff_to_text
+from reports.render.jsonout import to_json
+from reports.render.text import to_text
 from reports.trace import load_trace
 from tests.synth import SynthTrace
 
@@ -102,12 +104,12 @@ def test_location_is_one_row_with_the_stacks_summed(tmp_path):
     rec = next(x for x in doc["locations"] if x["function"] == "make_request_record")
     assert (rec["live_bytes"], rec["live_count"], rec["n_stacks"]) == (2000 * 1000, 2000, 1)
     assert doc["locations"][1] is rec
-    json.loads(render.to_json(doc))  # strict JSON
+    json.loads(to_json(doc))  # strict JSON
 
 
 def test_text_report_lists_locations_and_their_largest_stacks(tmp_path):
     doc = A.build_report(load_trace(_pool_trace(tmp_path / "a.allocscope", n_live=5, pw=2)))
-    text = render.to_text(doc)
+    text = to_text(doc)
     assert "Top 2 of 2 locations by live bytes" in text
     assert "(4 distinct stacks; --by stack lists them)" in text
     tables = text[text.index("\nTotals\n"):]  # below the findings, which name it too
@@ -117,7 +119,7 @@ def test_text_report_lists_locations_and_their_largest_stacks(tmp_path):
     assert "stack #1: 48.0 MiB live in 3 blocks" in text
     # recursion collapsed: helper < join_context twice shown once with x2
     assert "×2 (recursion)" in text
-    by_stack = render.to_text(A.build_report(load_trace(tmp_path / "a.allocscope"), by="stack"))
+    by_stack = to_text(A.build_report(load_trace(tmp_path / "a.allocscope"), by="stack"))
     assert "Top 4 of 4 sites by live bytes" in by_stack
     by_stack = by_stack[by_stack.index("\nTotals\n"):]
     assert sum(1 for ln in by_stack.splitlines() if ln.strip().startswith(tuple("1234")) and SYN in ln) == 3
@@ -134,7 +136,7 @@ def test_by_function_merges_lines(tmp_path):
     assert [(x["function"], x["live_bytes"], x["live_count"], x["n_stacks"]) for x in doc["locations"]] == [
         ("fill", 7300, 10, 2)]
     assert doc["locations"][0]["key_quality"] == "function"
-    assert "Top 1 of 1 functions" in render.to_text(doc)
+    assert "Top 1 of 1 functions" in to_text(doc)
 
 
 LIBX, LIBC = "/opt/vendor/libx.so.3", "/lib/x86_64-linux-gnu/libc.so.6"
@@ -149,7 +151,7 @@ def test_weak_keys_are_said_and_never_merge_addresses(tmp_path):
     doc = A.build_report(load_trace(t.close()))
     assert [(x["function"], x["key_quality"]) for x in doc["locations"]] == [
         ("libx.so.3+0x1300", "address"), ("libx.so.3+0x1200", "address")]
-    assert "(no symbol: one location per address)" in render.to_text(doc)
+    assert "(no symbol: one location per address)" in to_text(doc)
 
 
 def test_stripped_module_frames_under_their_symbolized_caller(tmp_path):
@@ -187,7 +189,7 @@ def test_stripped_module_frames_under_their_symbolized_caller(tmp_path):
     assert sorted(x["location"] for x in doc["sites"]) == sorted([keys[1]] * 3 + [keys[0]] + keys[2:])
     assert {x["frames"][0]["function"] for x in doc["sites"]} == {
         "libx.so.3+0x1200", "libx.so.3+0x1340", "synthd+0x4400", "synthd+0x5100", "synthd+0x5200"}
-    text = render.to_text(doc)
+    text = to_text(doc)
     assert "inside libx.so.3, called from x_init  [libx.so.3]" in text
     assert "inside synthd, called from serve s.c:12  [synthd]" in text
     noted = {ln.split("  [")[0].split()[-1] for ln in text.splitlines()
@@ -223,7 +225,7 @@ def test_diff_matches_locations_across_runs(tmp_path):
     assert not x["flagged"]
     assert not [y for y in locs if y["in"] != "both"]  # nothing new, nothing gone
     assert any(y["in"] != "both" for y in doc["sites"])  # while the stacks do not all match
-    text = render.diff_to_text(doc)
+    text = diff_to_text(doc)
     assert "of 2 locations" in text and " new " not in text
     assert sum(1 for ln in text.splitlines() if SYN in ln and "2.00x" in ln) == 1
 

@@ -26,10 +26,10 @@ from support import chromium, need_tool, unavailable
 from synth import SynthTrace
 
 from reports.analysis import build_report, symbolize_stacks
-from reports.csvout import to_csv
-from reports.folded import folded_stacks, to_folded
-from reports.html import flame_tree, site_chart_data, timeline_data, to_html
-from reports.pprof import DEFAULT_SAMPLE_TYPE, parse_pprof, to_pprof
+from reports.render.csvout import to_csv
+from reports.render.flamegraph import folded_stacks, to_folded
+from reports.render.html import flame_tree, site_chart_data, timeline_data, to_html
+from reports.render.pprof import DEFAULT_SAMPLE_TYPE, parse_pprof, to_pprof
 from reports.trace import Trace, load_trace
 
 SRC = "/src/synthd/"
@@ -377,7 +377,7 @@ def test_json_is_strict_unknown_figures_are_null():
 
     import numpy as np
 
-    from reports.render import to_json
+    from reports.render.jsonout import to_json
     out = to_json({"a": float("nan"), "b": [np.float64("inf"), 1.5, np.int64(3)], "c": {"d": np.nan}})
     assert _json.loads(out, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}")) == \
         {"a": None, "b": [None, 1.5, 3], "c": {"d": None}}
@@ -400,8 +400,8 @@ def _diff_run(path: Path, pw: int, held: dict[str, int], steps: int, interval_s:
 def diff_page(tmp_path_factory):
     """pw=10 (A: 3 intervals of 1 s) vs pw=12 (B: 4 intervals of 0.5 s): `grows` 1000 -> 6000 B
     (6.00x where pw predicts 1.20x: flagged), `shrinks` 8000 -> 2000, `same` 4000 -> 4000."""
-    from reports.diff import diff_document, summarize
-    from reports.html import to_diff_html
+    from reports.analysis.diff import diff_document, summarize
+    from reports.render.html_diff import to_diff_html
 
     d = tmp_path_factory.mktemp("diffpage")
     a = load_trace(_diff_run(d / "a.allocscope", 10, {"grows": 1000, "shrinks": 8000, "same": 4000}, 3, 1.0, 11))

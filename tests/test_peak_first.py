@@ -25,10 +25,10 @@ import pytest
 from click.testing import CliRunner
 from synth import SynthTrace
 
-from allocscope.cli import main
+from allocscope.cli.app import main
 from reports import analysis as A
-from reports import render
-from reports.html import flame_data, flame_tree, site_chart_data, to_html
+from reports.render.html import flame_data, flame_tree, site_chart_data, to_html
+from reports.render.text import to_text
 from reports.trace import load_trace
 
 P = (8 << 20) + 1
@@ -105,7 +105,7 @@ def test_json_keeps_its_order_and_adds_the_peak(doc):
 
 
 def test_text_leads_with_the_peak(doc):
-    text = render.to_text(doc, top=3)
+    text = to_text(doc, top=3)
     lines = text.splitlines()
     assert "live 64.0 KiB is 0.3% of the 24.1 MiB peak (<= 25%)" in text
     head = lines.index("Held at the peak (3.0s, live 24.1 MiB): top 3 of 4 locations by bytes live at that moment")
@@ -133,7 +133,7 @@ def test_text_without_a_freed_peak_is_unchanged(tmp_path):
     tr = load_trace(t.close())
     doc = A.build_report(tr)
     assert doc["at_peak"]["peak_first"] is False and doc["at_peak"]["seq"] == 1
-    text = render.to_text(doc)
+    text = to_text(doc)
     assert "Held at the peak" not in text and "Top 2 of 2 locations by live bytes\n" in text
     assert flame_data(tr, doc, A.symbolize_stacks(tr))["default"] == "end"
 
@@ -225,5 +225,5 @@ def test_peak_snapshot_row(tmp_path):
     assert doc["at_peak"]["live_bytes"] == 4 * P + 1000
     [loc] = [x for x in doc["locations"] if x["function"] == "alloc_fn"]
     assert (loc["peak_live_bytes"], loc["at_peak_bytes"], loc["at_peak_rank"], loc["n_stacks"]) == (4 * P, 4 * P, 1, 4)
-    assert "a peak snapshot within 1.0 MiB of the high-water mark" in render.to_text(doc)
+    assert "a peak snapshot within 1.0 MiB of the high-water mark" in to_text(doc)
     assert flame_data(tr, doc, A.symbolize_stacks(tr))["views"]["peak"]["v"] == 4 * P + 1000

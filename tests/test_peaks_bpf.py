@@ -71,7 +71,7 @@ def test_burst_shorter_than_interval(targets, procs, tracers, tmp_path):
     assert abs(mib * (1 << 20) - burst) <= margin, first
     # the flame graph's at-peak view holds the burst
     from reports.analysis import symbolize_stacks
-    from reports.html import flame_data
+    from reports.render.html import flame_data
     views = flame_data(t, rep, symbolize_stacks(t))
     assert views["default"] == "peak"
     assert burst - margin <= views["views"]["peak"]["v"] <= tot["peak_live_bytes"]

@@ -1,7 +1,8 @@
 """Page-exact accounting of mmap/munmap/mremap/brk replayed by tracer.regions."""
 from __future__ import annotations
 
-from tracer.regions import MAP_ANONYMOUS, PAGE, RegionTracker
+from common.pages import PAGE
+from tracer.regions import MAP_ANONYMOUS, RegionTracker
 
 ANON = MAP_ANONYMOUS | 0x02  # MAP_PRIVATE
 

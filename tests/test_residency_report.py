@@ -6,7 +6,7 @@ from synth import SynthTrace
 
 from common.tracefile import format as F
 from reports.analysis import arena_table, build_report, rss_decomposition
-from reports.render import to_text
+from reports.render.text import to_text
 from reports.trace import load_trace
 
 MiB = 1 << 20

@@ -2,7 +2,7 @@
 each allocator's advice names."""
 from __future__ import annotations
 
-from reports.residency import allocator_advice, conf_env
+from reports.analysis.residency import allocator_advice, conf_env
 from tracer.arenas import merge_ranges
 from tracer.retention import intersect_ranges, keep_purge, purge_function, subtract_ranges
 

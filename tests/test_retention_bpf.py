@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from support import CFLAGS_FP, Proc, attached, build, cli, need, record_run, report_json, wait_for
 
-from reports.diff import diff_traces
-from reports.render import diff_to_text
-from reports.residency import allocator_advice
+from reports.analysis.diff import diff_traces
+from reports.analysis.residency import allocator_advice
+from reports.render.diff_text import diff_to_text
 from reports.trace import load_trace
 
 pytestmark = pytest.mark.bpf
@@ -142,7 +142,8 @@ def test_retained_and_released_per_allocator(retain, tmp_path, tracers, name):
     # the header names the allocator serving malloc
     assert rep["rss_decomposition"]["allocators"][0]["source"] == "heap"
     # the HTML timeline carries the retention series of the allocator, per interval
-    from reports.html import allocators_table, timeline_data
+    from reports.render.html import timeline_data
+    from reports.render.html_tables import allocators_table
     series = {x["label"]: x["values"] for x in timeline_data(t, rep)["series"]}
     by_seq = dict(zip(t.intervals["seq"].astype(int), series[f"retained by {kind}"]))
     assert by_seq[seq] == retained

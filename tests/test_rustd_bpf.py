@@ -45,7 +45,7 @@ def record(procs, tracers, out: Path, argv: list, labels: tuple = ()) -> dict:
     return truth
 
 
-# Rust allocator frames a site must not keep (reports/frames.py folds them): the program's
+# Rust allocator frames a site must not keep (reports/analysis/stacks.py folds them): the program's
 # GlobalAlloc impl, the shims `__rustc::__rust_alloc`..., `<alloc::alloc::Global>::grow_impl`,
 # `<u8 as alloc::vec::spec_from_elem::SpecFromElem>`.
 RUST_ALLOC_FRAME = re.compile(r"as core::alloc::global::GlobalAlloc>::|^(__rustc::)?__r(ust|dl|g)_"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from support import ROOT, attached, need_tool, report_json, wait_for
 
-from reports.render import human_bytes, human_delta
+from reports.units import human_bytes, human_delta
 
 pytestmark = pytest.mark.bpf
 GROW, CONFIG, BURST = 3333, 2000, 1 << 20   # grower.c's sizes

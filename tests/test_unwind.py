@@ -166,7 +166,7 @@ def test_pprof_keeps_addresses_of_inlined_frames():
     import pandas as pd
 
     from reports.analysis import FrameInfo
-    from reports.pprof import captured_frames
+    from reports.render.pprof import captured_frames
 
     st = pd.DataFrame({"stack_id": [7, 7], "idx": [0, 1], "ip": [0x1010, 0x2020], "offset": [0x10, 0x20],
                        "build_id": ["ab", "ab"]})

@@ -21,9 +21,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from common.pages import PAGE, page_down, page_up
+
 from .procfs import Mapping
 
-PAGE = 4096
 HEAP_MAX = 64 << 20          # glibc HEAP_MAX_SIZE on 64-bit
 WINDOW = 512                 # pages read per sampling window (4 KiB of pagemap)
 DEFAULT_BUDGET = 1 << 20     # pages per measurement (4 GiB of address space, 8 MiB of pagemap)
@@ -38,10 +39,6 @@ class Heap:
     arena: str               # 'main' or the arena address (hex) from heap_info.ar_ptr
 
 
-def _anon(m: Mapping) -> bool:
-    return m.inode == 0 and m.path == ""
-
-
 def find_heaps(pid: int, maps: list[Mapping]) -> list[Heap]:
     """glibc heaps of the process: the brk heap and every thread-arena heap."""
     ms = sorted(maps, key=lambda m: m.start)
@@ -51,12 +48,13 @@ def find_heaps(pid: int, maps: list[Mapping]) -> list[Heap]:
             heaps.append(Heap(m.start, m.end, m.end, "main", "main"))
     candidates = []
     for i, m in enumerate(ms):
-        if not (_anon(m) and m.perms.startswith("rw") and m.start % HEAP_MAX == 0 and m.size <= HEAP_MAX):
+        if not (m.is_anonymous and m.perms.startswith("rw") and m.start % HEAP_MAX == 0 and m.size <= HEAP_MAX):
             continue
         reserved = m.end
         if i + 1 < len(ms):
             nxt = ms[i + 1]
-            if _anon(nxt) and nxt.perms.startswith("---") and nxt.start == m.end and nxt.end <= m.start + HEAP_MAX:
+            if (nxt.is_anonymous and nxt.perms.startswith("---") and nxt.start == m.end
+                    and nxt.end <= m.start + HEAP_MAX):
                 reserved = nxt.end
         if reserved != m.start + HEAP_MAX:
             continue  # not a whole 64 MiB heap reservation
@@ -242,7 +240,7 @@ class PageScan:
         return int((regions[:, 1] - regions[:, 0]).sum()), walk_end
 
     def resident(self, start: int, end: int) -> int:
-        lo, hi = start & ~(PAGE - 1), (end + PAGE - 1) & ~(PAGE - 1)
+        lo, hi = page_down(start), page_up(end)
         total = 0
         while lo < hi:
             try:

@@ -10,7 +10,7 @@ symbolized on a machine that has none of these files:
 
 `start` is a file offset (like the `offset` of `stacks`), `size` the bytes the function covers,
 `name` the raw (mangled) symbol. A module's symbols go into the part of the interval that first
-put it on a stack. File and line numbers are not embedded. reports/embedded.py reads them.
+put it on a stack. File and line numbers are not embedded. reports/symbolize/embedded.py reads them.
 """
 from __future__ import annotations
 

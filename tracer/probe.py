@@ -1,7 +1,8 @@
 """Load probes/allocscope.c with BCC, attach it to one process, read its maps.
 
-This is the only module that imports bcc. Everything it returns is plain Python or numpy, copied
-out of BCC's ctypes buffers at once (BCC reuses them).
+With tracer/doctor.py (which only checks that bcc imports), the one module that imports bcc.
+Everything it returns is plain Python or numpy, copied out of BCC's ctypes buffers at once (BCC
+reuses them).
 """
 from __future__ import annotations
 

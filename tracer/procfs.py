@@ -27,6 +27,13 @@ class Mapping:
     def is_file(self) -> bool:
         return self.inode != 0 and self.path.startswith("/")
 
+    @property
+    def is_anonymous(self) -> bool:
+        """Private or shared memory backed by no file: no inode, and no name or one given with
+        prctl(PR_SET_VMA_ANON_NAME) ('[anon:NAME]', as glibc names its arenas with the
+        glibc.mem.decorate_maps tunable). '[heap]' and '[stack]' are not."""
+        return self.inode == 0 and (self.path == "" or self.path.startswith("[anon"))
+
 
 def read_maps(pid: int) -> list[Mapping]:
     out = []

@@ -22,17 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PAGE = 4096
+from common.pages import page_down, page_up
+
 MAP_ANONYMOUS = 0x20
 MAP_FIXED = 0x10
-
-
-def page_up(n: int) -> int:
-    return (n + PAGE - 1) & ~(PAGE - 1)
-
-
-def page_down(n: int) -> int:
-    return n & ~(PAGE - 1)
 
 
 @dataclass

@@ -38,10 +38,6 @@ class Owner:
     serves_malloc: bool
 
 
-def _anon(m: procfs.Mapping) -> bool:
-    return m.inode == 0 and (m.path == "" or m.path.startswith("[anon"))
-
-
 def subtract_ranges(ranges: list[tuple[int, int]], cuts: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """`ranges` less every byte of `cuts` (both sorted, cuts merged)."""
     out: list[tuple[int, int]] = []
@@ -115,7 +111,7 @@ class AllocatorMeter:
         t0 = time.perf_counter()
         maps = procfs.read_maps(self.pid) if maps is None else maps
         self.known.update(untracked)
-        anon = merge_ranges((m.start, m.end) for m in maps if _anon(m))
+        anon = merge_ranges((m.start, m.end) for m in maps if m.is_anonymous)
         mapped = merge_ranges((m.start, m.end) for m in maps)
         # forget ranges no longer mapped at all (their munmap came while the LRU had dropped them)
         starts = [lo for lo, _hi in mapped]

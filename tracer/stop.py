@@ -1,7 +1,7 @@
 """SIGINT, SIGTERM and SIGHUP while recording: kept as a reason to stop, never a traceback.
 
 Light on purpose (no third-party import): the `allocscope` command installs one at its very
-first line (allocscope/entry.py), so a Ctrl-C that comes while Python is still importing or BCC
+first line (allocscope/cli/entry.py), so a Ctrl-C that comes while Python is still importing or BCC
 still compiling is honoured like any other.
 """
 from __future__ import annotations

@@ -8,6 +8,7 @@ a warning. Fields nobody reads are left as they are.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 # field -> expected kind; nested objects by dotted name
 _OBJECTS = ("target", "probes", "clock", "labels", "limits", "host", "tool", "sampling")
@@ -22,7 +23,7 @@ _STR_DICTS = ("labels", "probes.aliases", "probes.skipped", "probes.placement")
 
 def _get(meta: dict, dotted: str):
     parts = dotted.split(".")
-    obj = meta
+    obj: Any = meta
     for p in parts[:-1]:
         obj = obj.get(p)
         if not isinstance(obj, dict):

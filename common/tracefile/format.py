@@ -59,7 +59,7 @@ Tables (columns; `seq` is the interval number, 1-based):
              (tracer/census.py; chunk bytes, mallinfo2's units) (version 5)
   symbols    seq, build_id, module, start (file offset), size, name (mangled) — only with
              --embed-symbols: the function symbols of each module first seen on a stack in
-             that interval (tracer/embed.py writes them, reports/embedded.py reads them)
+             that interval (tracer/embed.py writes them, reports/symbolize/embedded.py reads them)
 
 A reader takes, for every table, the parts whose seq is <= the last seq that has an
 `intervals` part: every finished interval is readable after a SIGKILL of tracer or target.
@@ -116,7 +116,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 # `intervals` columns vary with the counters the probe has; its schema is inferred.
 TABLES = ["intervals", *SCHEMAS]
-# Optional, read apart from the tables above (load_trace leaves it to reports/embedded.py).
+# Optional, read apart from the tables above (load_trace leaves it to reports/symbolize/embedded.py).
 SYMBOLS = "symbols"
 SYMBOLS_SCHEMA = pa.schema([("seq", I32), ("build_id", STR), ("module", STR), ("start", U64), ("size", U64),
                             ("name", STR)])

@@ -43,7 +43,7 @@ class Trace:
     # keeps it as Arrow (`live_table`) and makes the DataFrame on first use of `live`; the
     # reports aggregate it straight from Arrow (`live_batches`) and never build it.
     # (a default factory, not a default: a class attribute `live` would hide __getattr__)
-    live: pd.DataFrame | None = field(default_factory=lambda: None, repr=False)
+    live: pd.DataFrame = field(default_factory=lambda: None, repr=False)  # None: not given (__post_init__)
     warnings: list[str] = field(default_factory=list)
     heaps: pd.DataFrame = field(default_factory=lambda: _empty("heaps"))
     releases: pd.DataFrame = field(default_factory=lambda: _empty("releases"))

@@ -4,7 +4,9 @@ frames included. Nothing here needs root or BCC. One module per specification:
     demangle.py    C++ (Itanium) and Rust (legacy, v0) names
     dwarf.py       encodings all DWARF sections share (LEB128, strings, unit lengths)
     lines.py       .debug_line line-number programs -> (file, line)
-    inlines.py     .debug_info DIEs -> inlined subroutine chains and function names
+    dies.py        .debug_info: units, abbreviations, DIEs, attribute values, ranges, aranges
+    inlines.py     DIEs -> inlined subroutine chains and function names
+    embedded.py    symbols stored in a trace (--embed-symbols), for modules not on this machine
     symbolizer.py  `Symbolizer`: per module, symbols (common.elf) + lines + inlines
 
 The ELF container, symbol tables and separate debug files are common.elf's (the tracer reads

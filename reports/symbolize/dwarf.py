@@ -1,6 +1,6 @@
 """Encodings every DWARF section shares (DWARF 2-5): LEB128 numbers, NUL-terminated strings,
 string-section lookups and unit initial lengths. Used by the line-program reader (lines.py) and
-the .debug_info reader (inlines.py)."""
+the .debug_info reader (dies.py)."""
 from __future__ import annotations
 
 from typing import Literal

@@ -1,0 +1,47 @@
+"""`allocscope doctor`: can this machine trace, and (with --pid/--pgrep) what would be probed in
+a process. A thin adapter over tracer.doctor and tracer.dryrun."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .base import CONTEXT, Command
+from .recording import resolve_target
+
+
+@click.command(cls=Command, context_settings=CONTEXT)
+@click.option("--pid", "-p", type=int, help="Also say what would be probed in this process.")
+@click.option("--pgrep", "pattern", metavar="PATTERN", help="Likewise, the one process matching PATTERN.")
+def doctor(pid, pattern):
+    """Check that this machine can trace: root, BPF, BCC, kernel headers, tracefs, uprobes.
+
+    Says exactly what is missing and how to fix it; exits 0 when tracing can work. With --pid or
+    --pgrep it also lists the process's allocators, each probe and its place, and whether the
+    CUDA driver (libcuda.so.1) is mapped: what `record --dry-run` prints.
+    """
+    from tracer.doctor import run_checks  # noqa: PLC0415
+
+    if pid is not None or pattern is not None:
+        from tracer.dryrun import describe  # noqa: PLC0415
+        from tracer.options import RecordOptions  # noqa: PLC0415
+
+        target = resolve_target(pid, pattern, ())
+        click.echo(describe(target, RecordOptions()))
+        from tracer.inject import can_inject  # noqa: PLC0415
+
+        ok_inject, lines = can_inject(target.pid, target.exe)
+        click.echo(f"--inject: {'can work' if ok_inject else 'cannot work'} in pid {target.pid}")
+        for line in lines:
+            click.echo(f"  {line}")
+        click.echo("")
+    ok = True
+    for check in run_checks():
+        mark = "ok  " if check.ok else "FAIL"
+        click.echo(f"[{mark}] {check.name}: {check.detail}")
+        if not check.ok:
+            ok = False
+            if check.fix:
+                click.echo(f"       fix: {check.fix}")
+    click.echo("tracing can work" if ok else "tracing cannot work until the failures above are fixed")
+    sys.exit(0 if ok else 1)

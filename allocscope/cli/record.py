@@ -1,0 +1,81 @@
+"""`allocscope record`: record a running process (--pid/--pgrep) or a command it starts into a
+trace. A thin adapter over tracer.record; heavy imports happen inside."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from common.errors import UsageError
+
+from .base import CONTEXT, Command
+from .options import probe_options, target_options, trace_options
+from .output import progress
+from .recording import check_inject, early_stop, record_options, resolve_target, start_probes, summary_text
+
+
+@click.command(cls=Command, context_settings={**CONTEXT, "ignore_unknown_options": False})
+@target_options
+@trace_options
+@click.option("--duration", type=float, metavar="SECONDS",
+              help="Stop after this long (default: until Ctrl-C or the target exits).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress messages; the summary line only.")
+@click.option("--dry-run", is_flag=True,
+              help="Resolve the target and print every allocator found and each probe it would get "
+                   "(where, and why there); attach nothing, write nothing.")
+@probe_options
+def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_symbols, duration, quiet, dry_run,
+           **probe):
+    """Record allocations of a running process (--pid/--pgrep) or of a command it starts (-- CMD).
+
+    Probes malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign,
+    valloc, pvalloc and malloc_trim in the allocator the process really uses, and mmap, munmap,
+    mremap, brk and madvise through syscall tracepoints. Stops at --duration, Ctrl-C/SIGTERM, or
+    when the target exits; the trace is readable even if allocscope is killed. A Ctrl-C while the
+    probes are still being set up stops there: nothing is recorded (exit 130) and a trace already
+    at TRACE stays where it is. On a terminal, a status line on stderr shows the elapsed time,
+    RSS, live bytes, losses and the stack holding most (not on a pipe, not with --quiet).
+
+    \b
+    Examples:
+      allocscope record --pid 4242 -o run.allocscope --duration 30
+      allocscope record --pgrep 'provingd --pw 12' -o pw12.allocscope --label pw=12
+      allocscope record -o demo.allocscope -- ./provingd --pw 4
+    """
+    from tracer.checks import validate  # noqa: PLC0415 (no pyarrow, no BCC: see below)
+    from tracer.doctor import require_root  # noqa: PLC0415
+    from tracer.stop import StopRequest  # noqa: PLC0415
+
+    stop = early_stop() or StopRequest().install()  # a signal is honoured, never a traceback
+    stop.quiet = quiet
+    if not output and not dry_run:
+        raise UsageError("missing -o TRACE (where to write the trace)")
+    opts = record_options(output, labels, duration=duration, force=force, keep_cmdline=keep_cmdline, quiet=quiet,
+                          embed_symbols=embed_symbols, **probe)
+    check_inject(opts, command)
+    validate(opts, output=False)
+    if dry_run:
+        from tracer.dryrun import describe  # noqa: PLC0415
+
+        click.echo(describe(resolve_target(pid, pattern, command, launch=False), opts))
+        return
+    require_root()
+    validate(opts)
+    target = resolve_target(pid, pattern, command)
+    early = start_probes(target, opts)  # built in a thread while the tracer's modules load
+    try:
+        from tracer import record as rec  # noqa: PLC0415
+    except BaseException:
+        early.discard()
+        raise
+    status = None
+    if not quiet and sys.stderr.isatty():
+        from .watch import StatusLine  # noqa: PLC0415
+        status = StatusLine(sys.stderr)
+    try:
+        s = rec.record(target, opts, None if quiet else status.progress if status else progress, stop=stop,
+                       observer=status.observe if status else None, early=early)
+    finally:
+        if status is not None:
+            status.close()
+    click.echo(summary_text(s))

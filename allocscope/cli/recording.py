@@ -1,0 +1,79 @@
+"""What `record` and `top` share (and `doctor`, the target): the target from --pid/--pgrep/-- CMD,
+RecordOptions from the command's options, the early stop request, and the line a recording ends
+with. The command modules import this one; it imports none of them."""
+from __future__ import annotations
+
+import sys
+
+from common.errors import UsageError
+
+
+def early_stop():
+    """The StopRequest the `allocscope` command installed at its first line (allocscope/cli/entry.py),
+    None when the CLI runs inside another program (tests)."""
+    entry = sys.modules.get("allocscope.cli.entry")
+    return getattr(entry, "STOP", None)
+
+
+def parse_labels(values: tuple[str, ...]) -> dict[str, str]:
+    labels = {}
+    for v in values:
+        key, sep, val = v.partition("=")
+        key = key.strip()
+        if not sep or not key or any(c.isspace() for c in key):
+            raise UsageError(f"--label wants KEY=VALUE (e.g. --label pw=12), not {v!r}")
+        labels[key] = val
+    return labels
+
+
+def resolve_target(pid: int | None, pattern: str | None, command: tuple[str, ...], launch: bool = True):
+    """The one process given by --pid, --pgrep or -- CMD (launched blocked before exec; with
+    `launch` False a command is only looked up: the dry run starts nothing)."""
+    from tracer import target as tg  # noqa: PLC0415
+
+    given = sum(x is not None and x != () for x in (pid, pattern, command or None))
+    if given == 0:
+        raise UsageError("no target: give --pid PID, --pgrep PATTERN, or -- CMD [ARGS...]")
+    if given > 1:
+        raise UsageError("give only one of --pid, --pgrep, -- CMD")
+    if pid is not None:
+        return tg.target_from_pid(pid)
+    if pattern is not None:
+        return tg.target_from_pgrep(pattern)
+    return tg.target_from_command(list(command)) if launch else tg.command_target(list(command))
+
+
+def record_options(output: str | None, labels, **kw):
+    """RecordOptions from the command's options (defaults: tracer.options.DEFAULTS); a
+    repeatable option's values (a tuple from click) become the list RecordOptions keeps."""
+    from tracer.options import INJECT_SAMPLE_BYTES, RecordOptions  # noqa: PLC0415
+
+    kw = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()}
+    if kw.get("inject") and not kw.get("sample_bytes"):
+        kw["sample_bytes"] = INJECT_SAMPLE_BYTES
+    return RecordOptions(output=output or "", labels=parse_labels(labels), **kw)
+
+
+def check_inject(opts, command) -> None:
+    """--inject attaches to a running process only: a launched command has no allocator mapped
+    yet to hook."""
+    if opts.inject and command:
+        raise UsageError("--inject hooks a running process: use --pid PID or --pgrep PATTERN, not -- CMD")
+
+
+def start_probes(target, opts):
+    """The target's probes, built from now on in a thread (tracer.early.EarlyProbes) while the
+    caller imports the rest of the tracer; hand it to tracer.record.record(early=...)."""
+    from tracer.early import EarlyProbes  # noqa: PLC0415
+
+    return EarlyProbes(target.pid, opts, target.child is not None)
+
+
+def summary_text(s) -> str:
+    """The one line a recording ends with (tracer.record.Summary)."""
+    from reports.units import human_bytes  # noqa: PLC0415
+
+    where = f"wrote {s.path}" if s.path else "wrote nothing (no -o)"
+    return (f"allocscope: {where}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "
+            f"live {human_bytes(s.live_bytes)} in {s.live_count} blocks at {s.sites} sites; "
+            f"lost {s.lost}; {human_bytes(s.bytes_written)} on disk")

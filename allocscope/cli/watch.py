@@ -1,0 +1,175 @@
+"""Watching a recording as it goes, without the full screen: `record`'s status line and
+`top --batch`'s blocks. The recorder hands every snapshot to an observer in its own thread;
+the observers here only queue it, and a thread of theirs does the work (symbolizing, ranking,
+writing), so a slow terminal or a first symbolization never delays a snapshot."""
+from __future__ import annotations
+
+import errno
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from reports.analysis import Folding
+from reports.live.model import LiveModel, StatusModel
+from reports.live.text import batch_block, status_text
+
+CLEAR_LINE = "\r\x1b[K"
+
+
+class Pump:
+    """A thread that takes the snapshots `observe` queued and hands each to `handle`, in order;
+    `close` waits until it has handled them all."""
+
+    def __init__(self, handle: Callable[[object], None], name: str) -> None:
+        self.handle = handle
+        self.queue: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def observe(self, snap) -> None:  # in the recorder's thread: costs a queue put
+        self.queue.put(snap)
+
+    def _run(self) -> None:
+        while (snap := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.handle(snap)
+                except Exception as e:  # noqa: BLE001 - raised again by close(), in the caller's thread
+                    self.error = e
+
+    def close(self, check: bool = True) -> None:
+        """Wait until every queued snapshot is handled; `check`: raise what handling raised."""
+        self.queue.put(None)
+        self.thread.join()
+        if check and self.error is not None:
+            raise self.error
+
+
+class StatusLine:
+    """`record` on a terminal: one line on `stream` (stderr), rewritten in place after every
+    snapshot — elapsed, RSS, live, lost, the stack holding most. Progress messages go above it."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.model = StatusModel()
+        self.lock = threading.Lock()
+        self.shown = False
+        self.pump = Pump(self._show, "allocscope-status")
+        self.observe = self.pump.observe
+
+    def _write(self, text: str) -> None:
+        with self.lock:
+            self.stream.write(text)
+            self.stream.flush()
+
+    def _show(self, snap) -> None:
+        self.model.update(snap)
+        width = terminal_width(self.stream) - 1
+        line = status_text(float(snap.row.get("elapsed_s", 0.0)), snap.row, self.model.lost, self.model.top(), width)
+        self._write(CLEAR_LINE + line)
+        self.shown = True
+
+    def progress(self, msg: str) -> None:
+        self._write((CLEAR_LINE if self.shown else "") + f"allocscope: {msg}\n")
+        self.shown = False
+
+    def close(self) -> None:
+        try:
+            self.pump.close()
+        finally:
+            if self.shown:
+                self._write(CLEAR_LINE)
+
+
+class BatchPrinter:
+    """`top --batch`: one block per snapshot on `out` (reports.live.text.batch_block), flushed.
+    With `iterations`, the recording is asked to stop after that many intervals (the final
+    snapshot that follows is not printed). A closed `out` (the reader of the pipe went away)
+    stops the recording too, quietly: the trace is still finalized."""
+
+    def __init__(self, out, stop, fold: Folding | None, sort: str, top: int, iterations: int | None,
+                 by: str = "location") -> None:
+        self.out = out
+        self.stop = stop
+        self.model = LiveModel(fold, by=by)
+        self.sort, self.top, self.iterations = sort, top, iterations
+        self.intervals = 0       # snapshots before the final one (counted in the recorder's thread)
+        self.printed = 0
+        self.closed = False
+        self.pump = Pump(self._print, "allocscope-batch")
+
+    def observe(self, snap) -> None:
+        if not snap.final:
+            self.intervals += 1
+            if self.iterations is not None and self.intervals >= self.iterations:
+                self.stop.request(f"{self.iterations} iterations")
+        self.pump.observe(snap)
+
+    def _print(self, snap) -> None:
+        self.model.update(snap)
+        if self.closed or (snap.final and self.iterations is not None and self.printed >= self.iterations):
+            return
+        self.write(batch_block(self.model.view(), self.sort, self.top, wall_clock(snap.row)))
+        self.printed += 1
+
+    def write(self, text: str) -> None:
+        if self.closed:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except OSError as e:
+            if not isinstance(e, BrokenPipeError) and e.errno != errno.EPIPE:
+                raise
+            self.closed = True
+            self.stop.request("stdout closed")
+            silence(self.out)
+
+
+def record_batch(target, opts, stop, out, fold: Folding | None, sort: str, top: int, iterations: int | None,
+                 progress=None, by: str = "location", early=None):
+    """`top --batch`: record `target` (tracer.record) with a BatchPrinter on `out` watching,
+    then the closing line. Returns (Summary, the printer)."""
+    from tracer import record as rec  # noqa: PLC0415
+
+    printer = BatchPrinter(out, stop, fold, sort, top, iterations, by)
+    try:
+        s = rec.record(target, opts, progress, stop=stop, observer=printer.observe, early=early)
+    except BaseException:
+        printer.pump.close(check=False)
+        raise
+    printer.pump.close()
+    printer.write(f"-- ended: {s.end_reason}\n")
+    return s, printer
+
+
+def terminal_width(stream, default: int = 100) -> int:
+    """Columns of the terminal `stream` writes to (`default` when it does not say)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or default
+    except (OSError, ValueError, AttributeError):
+        return default
+
+
+def wall_clock(row: dict) -> str:
+    """HH:MM:SS of a snapshot (its `ts_ns` is CLOCK_MONOTONIC), not of the moment it is printed."""
+    ago = (time.monotonic_ns() - int(row.get("ts_ns") or time.monotonic_ns())) / 1e9
+    return time.strftime("%H:%M:%S", time.localtime(time.time() - max(0.0, ago)))
+
+
+def silence(out) -> None:
+    """Point a closed stream's descriptor at /dev/null, so nothing — Python's last flush at exit
+    included — writes to the closed pipe again."""
+    try:
+        fd = out.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    except (OSError, ValueError):
+        pass
+    if out is sys.stdout:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
