@@ -137,6 +137,7 @@ class Recorder:
         self.purges = PurgeLog()
         self.peaks: PeakWatch | None = None       # peak snapshots (tracer/peaks.py), once the probes are live
         self.peak_changed: list[SiteKey] = []     # sites a peak snapshot wrote, for the observer
+        self.peak_stack_columns: list[dict[str, list]] = []  # the stacks columns those peak snapshots wrote
         self.census_rows: list[tuple] = []        # glibc's arenas (tracer/census.py), not written yet
         self.census_info: dict[str, dict] = {}    # meta.json `census`: how each one went
         self.census_thread: threading.Thread | None = None
@@ -282,6 +283,7 @@ class Recorder:
             if self.target.readable() and not self.exec_seen:
                 self.maps.refresh()
             cols = self.stacks.columns(self.probes.read_stacks(new_ids), self.maps.index)
+            self.peak_stack_columns.append(cols)  # the observer (top) has not seen these stacks yet
             w.write_part("stacks", seq, pa.table(cols, schema=F.SCHEMAS["stacks"]))
             if self.embedder is not None:
                 w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, cols))
@@ -371,6 +373,10 @@ class Recorder:
         if self.peak_changed:  # the observer sees every change since its last snapshot
             changed = list(dict.fromkeys(self.peak_changed + changed))
             self.peak_changed = []
+        if self.peak_stack_columns:  # stacks a peak snapshot saw first: the observer gets them now
+            parts = [*self.peak_stack_columns, *([stack_columns] if stack_columns else [])]
+            stack_columns = {k: [v for c in parts for v in c[k]] for k in parts[0]}
+            self.peak_stack_columns = []
         if self.observer is not None:
             self.observer(Snapshot(seq, final, row, self.sites.current, changed, stack_columns,
                                    dict(self.threads.names), self._allocator_text(),
