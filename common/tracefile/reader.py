@@ -141,7 +141,9 @@ def _read_part(path: str, dictionaries: list[str] | None) -> pa.Table:
         dictionaries = [c for c in dictionaries if c in names]
     pf = pq.ParquetFile(path, read_dictionary=dictionaries or None)
     groups = [pf.read_row_group(i) for i in range(pf.num_row_groups)]
-    return pa.concat_tables(groups) if groups else pf.schema_arrow.empty_table()
+    tab = pa.concat_tables(groups) if groups else pf.schema_arrow.empty_table()
+    tab.validate(full=True)  # damaged strings (invalid UTF-8) fail here, not later in pandas
+    return tab
 
 
 def _live_frame(tab: pa.Table) -> pd.DataFrame:
