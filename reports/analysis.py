@@ -134,7 +134,9 @@ from .totals import (  # noqa: F401
     advice,
     losses,
     mode_notes,
+    pending_notes,
     totals,
+    unwind_pending,
 )
 from .waits import held_while_waiting
 
@@ -183,6 +185,7 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
     meta = trace.meta
     tgt = meta.get("target") or {}
     points = timeline_points(trace.last_seq)
+    pending = unwind_pending(trace)
     return {
         "schema": REPORT_SCHEMA,
         "target": {"pid": tgt.get("pid"), "comm": tgt.get("comm"), "exe": tgt.get("exe"),
@@ -191,9 +194,10 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
                       "interval_s": meta.get("interval_s"), "allocator": (meta.get("probes") or {}).get("allocator"),
                       "allocator_kind": (meta.get("probes") or {}).get("allocator_kind"),
                       "allocators": list((meta.get("probes") or {}).get("allocators") or []),
-                      "probes": meta.get("probes"), "warnings": trace.warnings},
+                      "probes": meta.get("probes"), "warnings": trace.warnings,
+                      "unwind_pending": pending},
         "totals": tot,
-        "advice": mode_notes(trace) + advice(trace, tot) + residency_advice(arenas, dec)
+        "advice": mode_notes(trace) + advice(trace, tot) + pending_notes(pending) + residency_advice(arenas, dec)
         + allocator_advice(dec, trace),
         "sort": sort,
         "timeline_seq": [i + 1 for i in points],

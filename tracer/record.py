@@ -518,6 +518,8 @@ class Recorder:
             # The clock (and --duration) starts once the probes are live, not while BCC compiles.
             self.t0_ns = time.monotonic_ns()
             self.wall0 = time.time()
+            if self.unwinder is not None:
+                self.unwinder.t0_ns = self.t0_ns  # `unwind.pending` times are since this
             self._start_writer()
             self.threads.seen(1, self.t0_ns, procfs.thread_names(t.pid) if not launched else {})
             release(t)
@@ -536,8 +538,12 @@ class Recorder:
                 t.child.resume()
                 self.target_exit = t.child.wait(timeout=0.2)
             self.bpf_stats = self.probes.program_stats()
+            if self.unwinder is not None:
+                self.unwinder.finish()  # the last truncation counts; builds still running stopped
             self.writer.write_meta(self._meta(True))
         finally:
+            if self.unwinder is not None:
+                self.unwinder.close()
             self._uninject()
             self.probes.close()
             self.writer.close()
@@ -595,6 +601,8 @@ class Recorder:
             now = time.monotonic_ns()
             self.probes.poll_events(int(max(0, min(next_snap - now, 100_000_000) // 1_000_000)))
             self.replay_slow()
+            if self.unwinder is not None:
+                self.unwinder.tick()  # the modules stacks were cut short at: built, loaded
             now = time.monotonic_ns()
             if not t.alive():
                 self.end_reason = "target exited"
