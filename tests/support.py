@@ -131,6 +131,25 @@ def warm_targets(args: Sequence[str]) -> None:
                 pass  # gone already: the recording will say so
 
 
+RUNTIME_LIBS = ("libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2")
+_warmed_runtime = False
+
+
+def warm_runtime() -> None:
+    """The unwind tables of the C/C++ runtime libraries every target maps, once a session (see
+    warm_targets; for the tests that start the tracer some other way)."""
+    global _warmed_runtime
+    if _warmed_runtime:
+        return
+    _warmed_runtime = True
+    from tracer.unwind import warm
+
+    paths = {os.path.realpath(p) for name in RUNTIME_LIBS
+             for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64")
+             if os.path.exists(p := os.path.join(d, name))}
+    warm(sorted(paths))
+
+
 def _children() -> list[tuple[int, str]]:
     """(pid, command line) of the processes this one started."""
     out = []
