@@ -8,10 +8,12 @@ meta.json unwind.pending). Run as root:
          [--rounds 2] [--seconds 30] [--allocscope 'CMD ...'] [--root CHECKOUT] [--json FILE]
 
 Each round records the target twice for --seconds, each time with its own ALLOCSCOPE_CACHE_DIR:
-  cold  the unwind cache empty (the compiled BPF program cached: that is per box and BCC
-        version, not per binary; a first prime run fills it),
-  warm  the unwind cache filled by `allocscope doctor --pid PID --warm` (every table of the
-        process, built on every core; its time is printed too).
+  cold  first contact with these binaries: the unwind tables and the symbol-scan facts not
+        cached (the compiled BPF program is: that is per box and BCC version, not per binary;
+        a first prime run fills it),
+  warm  everything cached: the unwind tables by `allocscope doctor --pid PID --warm` (every
+        table of the process, built on every core; its time is printed too), the rest by the
+        prime run.
 --allocscope runs another allocscope (e.g. the bundle: --allocscope /opt/allocscope/bin/allocscope);
 default: this checkout's (`--root`) `python -m allocscope` with this interpreter.
 """
@@ -139,8 +141,9 @@ def main() -> None:
         for i in range(a.rounds):
             for mode in ("cold", "warm"):
                 cache = tmp / f"{mode}{i}"
-                if (prime / "bpf").exists():
-                    shutil.copytree(prime / "bpf", cache / "bpf")
+                for part in ("bpf", "files") if mode == "warm" else ("bpf",):
+                    if (prime / part).exists():  # warm: the symbol scans' facts too (tracer/filecache.py)
+                        shutil.copytree(prime / part, cache / part)
                 warm_s = warm(a, pid, cache) if mode == "warm" else None
                 r = record(a, pid, cache, a.seconds, tmp / f"{mode}{i}.allocscope")
                 s = summary(r) | {"round": i + 1, "cache": mode, "warm_s": None if warm_s is None else round(warm_s, 1)}

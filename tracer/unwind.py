@@ -19,6 +19,10 @@ array (every module a contiguous slice, each searched with at most 2^UNWIND_STEP
 modules split in several slices) and keeps the `umaps` LPM trie (target address prefix ->
 slice, load bias) in step with the target's executable mappings, dlopen'd libraries included.
 
+Building is off the probes' start (`--pid`, docs/startup.md): a module without cached rows is
+registered pending (AS_UMAP_PENDING: stacks end there, counted per module in `upending`), and
+built — in a BuildPool, one worker per core, through load_rows — once stacks cross it.
+
 Nothing here needs BCC: `Unwinder` gets the BCC table objects from tracer.probe.
 """
 from __future__ import annotations
