@@ -296,3 +296,25 @@ def test_doctor_warm_builds_every_table_of_a_process(tmp_path):
         p.kill()
         p.wait()
     support.one_line_error(support.cli("doctor", "--warm"), "--warm needs --pid", code=2)
+
+
+def test_build_all_in_the_pool(tmp_path, monkeypatch):
+    """build_all (doctor --warm, launch mode's preload): every uncached file built in the pool,
+    one line each; a file that is not ELF says why; one already cached is not built again."""
+    monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(U, "INLINE_BUDGET_BYTES", 0)  # no in-process shortcut
+    a, b = build(tmp_path, "a", "-O2"), build(tmp_path, "b", "-O1")
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(b"not an ELF file")
+    said: list[str] = []
+    pool = U.BuildPool(2)
+    try:
+        res = U.build_all([str(a), str(b), str(bad)], pool, said.append)
+    finally:
+        pool.close()
+    assert isinstance(res[str(bad)], str) and res[str(bad)].startswith("unreadable: ")
+    for exe in (a, b):
+        key, rows, secs = res[str(exe)]
+        assert np.array_equal(rows, U.load_rows(str(exe))[1]) and U.peek(str(exe))[1] is not None
+    assert sorted(s.split(":")[0] for s in said) == ["unwind table for a", "unwind table for b"], said
+    assert U.build_all([str(a)], U.BuildPool(1), said.append) == {}  # cached: nothing to build

@@ -35,7 +35,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -337,20 +337,49 @@ def _worker_init() -> None:
         pass
 
 
+# A build's peak memory per byte of CFI it decodes: pyelftools holds ~200 (libc: 149 KiB of CFI,
+# +39 MiB; chromium: 409 KiB, +86 MiB). Lower it when load_rows has a compiled builder.
+BUILD_BYTES_PER_CFI_BYTE = 256
+
+
+def mem_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 62
+
+
 class BuildPool:
     """Unwind-table builds in worker processes, one per core, started on first use. Spawned, not
-    forked: the tracer has threads (BCC's, the ring poll) that a fork would copy mid-state."""
+    forked: the tracer has threads (BCC's, the ring poll) that a fork would copy mid-state. The
+    target may be short of memory: builds running together stay within half of MemAvailable
+    (estimated from their CFI bytes); one alone always may run."""
 
     def __init__(self, workers: int | None = None, use_cache: bool = True) -> None:
         self.workers = max(1, workers or os.cpu_count() or 1)
         self.use_cache = use_cache
         self._ex: ProcessPoolExecutor | None = None
+        self._running: dict[Future, int] = {}  # build -> its estimated memory
 
-    def submit(self, path: str) -> Future:
+    def can_start(self, cfi: int) -> bool:
+        """Whether a build of `cfi` bytes of CFI may start now."""
+        self._running = {f: m for f, m in self._running.items() if not f.done()}
+        if len(self._running) >= self.workers:
+            return False
+        return not self._running or \
+            sum(self._running.values()) + cfi * BUILD_BYTES_PER_CFI_BYTE <= mem_available() // 2
+
+    def submit(self, path: str, cfi: int = 0) -> Future:
         if self._ex is None:
             self._ex = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                            initializer=_worker_init)
-        return self._ex.submit(build_module, path, self.use_cache)
+        fut = self._ex.submit(build_module, path, self.use_cache)
+        self._running[fut] = cfi * BUILD_BYTES_PER_CFI_BYTE
+        return fut
 
     def close(self) -> None:
         """Stop at once: builds still running are killed (their modules stay without rows)."""
@@ -387,19 +416,38 @@ def build_all(paths: list[str], pool: BuildPool, progress: Callable[[str], None]
             keys.add(key)
             todo[path] = (key, cfi)
     local = len(todo) <= 1 or sum(c for _k, c in todo.values()) <= 2 * INLINE_BUDGET_BYTES
-    futures = {} if local else {path: pool.submit(path) for path in todo}
+    queue = sorted(todo, key=lambda p: -todo[p][1])
+    running: dict[Future, str] = {}
     done = 0
-    for path in sorted(todo, key=lambda p: -todo[p][1]):
-        try:
-            res = build_module(path, use_cache) if local else futures[path].result()
-        except Exception as e:  # noqa: BLE001 - the worker's exception, whatever the ELF did
-            out[path] = f"{type(e).__name__}: {str(e)[:120]}"
-            continue
-        out[path] = res
-        done += 1
-        if progress is not None and (res[2] > 0.5 or not local):
-            name = os.path.basename(names.get(path, path))
-            progress(f"unwind table for {name}: {len(res[1])} rows in {res[2]:.1f} s ({done}/{len(todo)})")
+    while queue or running:
+        if local:
+            path = queue.pop(0)
+            try:
+                res = build_module(path, use_cache)
+            except Exception as e:  # noqa: BLE001 - whatever the ELF did
+                res = e
+            finished = [(path, res)]
+        else:
+            while queue and pool.can_start(todo[queue[0]][1]):
+                path = queue.pop(0)
+                running[pool.submit(path, todo[path][1])] = path
+            ready, _ = wait(running, return_when=FIRST_COMPLETED)
+            finished = []
+            for fut in ready:
+                path = running.pop(fut)
+                try:
+                    finished.append((path, fut.result()))
+                except Exception as e:  # noqa: BLE001 - the worker's exception, whatever the ELF did
+                    finished.append((path, e))
+        for path, res in finished:
+            if isinstance(res, Exception):
+                out[path] = f"{type(res).__name__}: {str(res)[:120]}"
+                continue
+            out[path] = res
+            done += 1
+            if progress is not None and (res[2] > 0.5 or not local):
+                name = os.path.basename(names.get(path, path))
+                progress(f"unwind table for {name}: {len(res[1])} rows in {res[2]:.1f} s ({done}/{len(todo)})")
     return out
 
 
@@ -602,13 +650,11 @@ class Unwinder:
         self._next_poll = now + int((POLL_FAST_S if fast else POLL_SLOW_S) * 1e9)
         self._read_hits(waiting)
         changed = self._collect(waiting)
-        busy = sum(p.future is not None for p in waiting)
         for p in sorted((p for p in waiting if p.stacks and p.future is None and p.module.pending),
                         key=lambda p: -p.stacks):
-            if busy >= self.pool.workers:
-                break
-            p.future = self.pool.submit(p.open_path)
-            busy += 1
+            if not self.pool.can_start(p.cfi_bytes):
+                break  # the most-hit waits for a worker (or memory), not overtaken
+            p.future = self.pool.submit(p.open_path, p.cfi_bytes)
         return changed
 
     def _read_hits(self, which: list[Pending]) -> None:
