@@ -217,7 +217,7 @@ def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
     from tracer.procfs import Mapping
 
     monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(U, "INLINE_CFI_BYTES", 4096)
+    monkeypatch.setattr(U, "build_costs", lambda: (4096, 32 << 10, 256))
     small = build(tmp_path, "small", "-O2")
     src = tmp_path / "big.c"
     src.write_text("\n".join(f"int f{i}(int *a, int n) {{ int s = {i}; for (int j = 0; j < n; j++) "
@@ -302,7 +302,7 @@ def test_build_all_in_the_pool(tmp_path, monkeypatch):
     """build_all (doctor --warm, launch mode's preload): every uncached file built in the pool,
     one line each; a file that is not ELF says why; one already cached is not built again."""
     monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(U, "INLINE_BUDGET_BYTES", 0)  # no in-process shortcut
+    monkeypatch.setattr(U, "build_costs", lambda: (4096, 0, 256))  # no in-process shortcut
     a, b = build(tmp_path, "a", "-O2"), build(tmp_path, "b", "-O1")
     bad = tmp_path / "bad.so"
     bad.write_bytes(b"not an ELF file")

@@ -414,9 +414,14 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
     a large library on the allocation path; the stacks that reach it before its table is built
     end there, are counted (exactly: N1) and said; once it is built (in the pool, because stacks
     crossed it) the stacks go through it to main. Modules no stack crossed are never built."""
+    from elftools.elf.elffile import ELFFile
+
     from tracer import bpfcache
+    from tracer import unwind as U
 
     lib = big_library(tmp_path / "libbig.so")
+    with open(lib, "rb") as f:  # pending whatever the decoder (never built at once)
+        assert U.cfi_bytes(ELFFile(f)) > max(U.INLINE_CFI_BYTES, U.NATIVE_INLINE_CFI_BYTES)
     cache = tmp_path / "cache"
     (cache / "unwind").mkdir(parents=True)
     bpf = bpfcache.cache_dir()  # the probes' compile cache stays warm: only the unwind tables are cold

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -288,6 +289,8 @@ def prefixes(lo: int, hi: int) -> Iterator[tuple[int, int]]:
 
 INLINE_CFI_BYTES = 4 << 10    # a module with this little CFI is built at once (milliseconds), never pending
 INLINE_BUDGET_BYTES = 32 << 10  # ... up to this much CFI in all per recording
+NATIVE_INLINE_CFI_BYTES = 64 << 10  # the same with a compiled decoder (~10 ms a MiB of CFI)
+NATIVE_INLINE_BUDGET_BYTES = 1 << 20
 POLL_FAST_S = 0.1             # `upending` read this often for the first FAST_FOR_S and while a build runs
 FAST_FOR_S = 10.0
 POLL_SLOW_S = 0.5             # ... and this often after
@@ -326,6 +329,10 @@ def build_module(path: str, use_cache: bool) -> tuple[str, np.ndarray, float]:
     return key, rows, time.perf_counter() - t0
 
 
+def _started() -> None:
+    """BuildPool.start's task: nothing (the worker is up)."""
+
+
 def _worker_init() -> None:
     """A pool worker: Ctrl-C and a hang-up are the tracer's to handle (it stops the pool), and
     the worker dies with the tracer, even a SIGKILLed one."""
@@ -338,8 +345,31 @@ def _worker_init() -> None:
 
 
 # A build's peak memory per byte of CFI it decodes: pyelftools holds ~200 (libc: 149 KiB of CFI,
-# +39 MiB; chromium: 409 KiB, +86 MiB). Lower it when load_rows has a compiled builder.
+# +39 MiB; chromium: 409 KiB, +86 MiB); the compiled decoder ~20 (+9 MiB for chromium).
 BUILD_BYTES_PER_CFI_BYTE = 256
+NATIVE_BUILD_BYTES_PER_CFI_BYTE = 32
+
+
+@lru_cache(maxsize=1)
+def native_decoder() -> bool:
+    """Whether load_rows decodes in C (tracer/cfirows.py, where that module exists and its
+    library is built): builds then take milliseconds and little memory."""
+    try:
+        from .cfirows import native_available  # noqa: PLC0415
+    except ImportError:
+        return False
+    try:
+        return bool(native_available())
+    except Exception:  # noqa: BLE001 - no decoder: pyelftools' costs
+        return False
+
+
+def build_costs() -> tuple[int, int, int]:
+    """(CFI bytes of a module built at once, CFI bytes built at once in all, memory a build
+    holds per byte of CFI) for the decoder load_rows uses."""
+    if native_decoder():
+        return NATIVE_INLINE_CFI_BYTES, NATIVE_INLINE_BUDGET_BYTES, NATIVE_BUILD_BYTES_PER_CFI_BYTE
+    return INLINE_CFI_BYTES, INLINE_BUDGET_BYTES, BUILD_BYTES_PER_CFI_BYTE
 
 
 def mem_available() -> int:
@@ -370,15 +400,22 @@ class BuildPool:
         self._running = {f: m for f, m in self._running.items() if not f.done()}
         if len(self._running) >= self.workers:
             return False
-        return not self._running or \
-            sum(self._running.values()) + cfi * BUILD_BYTES_PER_CFI_BYTE <= mem_available() // 2
+        return not self._running or sum(self._running.values()) + cfi * build_costs()[2] <= mem_available() // 2
 
-    def submit(self, path: str, cfi: int = 0) -> Future:
+    def _executor(self) -> ProcessPoolExecutor:
         if self._ex is None:
             self._ex = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                            initializer=_worker_init)
-        fut = self._ex.submit(build_module, path, self.use_cache)
-        self._running[fut] = cfi * BUILD_BYTES_PER_CFI_BYTE
+        return self._ex
+
+    def start(self, n: int) -> None:
+        """Start `n` workers now (a worker takes ~0.3 s to start: not on the first build's clock)."""
+        for _ in range(min(n, self.workers)):
+            self._executor().submit(_started)
+
+    def submit(self, path: str, cfi: int = 0) -> Future:
+        fut = self._executor().submit(build_module, path, self.use_cache)
+        self._running[fut] = cfi * build_costs()[2]
         return fut
 
     def close(self) -> None:
@@ -415,7 +452,7 @@ def build_all(paths: list[str], pool: BuildPool, progress: Callable[[str], None]
         if rows is None and key not in keys:
             keys.add(key)
             todo[path] = (key, cfi)
-    local = len(todo) <= 1 or sum(c for _k, c in todo.values()) <= 2 * INLINE_BUDGET_BYTES
+    local = len(todo) <= 1 or sum(c for _k, c in todo.values()) <= 2 * build_costs()[1]
     queue = sorted(todo, key=lambda p: -todo[p][1])
     running: dict[Future, str] = {}
     done = 0
@@ -541,7 +578,7 @@ class Unwinder:
         self._update_batch = update_batch
         self.next_row = 0
         self.next_slot = 1
-        self.inline_left = INLINE_BUDGET_BYTES
+        self.inline_cfi, self.inline_left, _ = build_costs()
         self.modules: dict[str, Module] = {}
         self.by_file: dict[tuple[str, int], str | None] = {}  # (path, inode) -> module key
         self.pending: dict[str, Pending] = {}  # key -> every module that was registered pending
@@ -578,7 +615,7 @@ class Unwinder:
             if rows is None and key in self.prebuilt:
                 rows = self.prebuilt.pop(key)
             elif rows is None:
-                if self.lazy and not cfi <= min(INLINE_CFI_BYTES, self.inline_left):
+                if self.lazy and not cfi <= min(self.inline_cfi, self.inline_left):
                     return self._pend(ident, key, m.path, path, cfi)
                 if self.lazy:
                     self.inline_left -= cfi
@@ -814,6 +851,8 @@ def start_unwinder(probes, maps: list[Mapping], launched: bool, progress=None) -
         unw.preload(maps)
     else:
         unw.update(maps)
+        if unw.pending:
+            unw.pool.start(2)  # the first builds need not wait for workers to start
     return unw
 
 
