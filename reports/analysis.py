@@ -185,7 +185,6 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
     meta = trace.meta
     tgt = meta.get("target") or {}
     points = timeline_points(trace.last_seq)
-    pending = unwind_pending(trace)
     return {
         "schema": REPORT_SCHEMA,
         "target": {"pid": tgt.get("pid"), "comm": tgt.get("comm"), "exe": tgt.get("exe"),
@@ -195,10 +194,10 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
                       "allocator_kind": (meta.get("probes") or {}).get("allocator_kind"),
                       "allocators": list((meta.get("probes") or {}).get("allocators") or []),
                       "probes": meta.get("probes"), "warnings": trace.warnings,
-                      "unwind_pending": pending},
+                      "unwind_pending": unwind_pending(trace)},
         "totals": tot,
-        "advice": mode_notes(trace) + advice(trace, tot) + pending_notes(pending) + residency_advice(arenas, dec)
-        + allocator_advice(dec, trace),
+        "advice": mode_notes(trace) + advice(trace, tot) + residency_advice(arenas, dec)
+        + allocator_advice(dec, trace) + pending_notes(unwind_pending(trace)),
         "sort": sort,
         "timeline_seq": [i + 1 for i in points],
         "at_peak": peak,
