@@ -363,7 +363,7 @@ struct as_umap {
 #define AS_UMAP_PENDING 1u
 
 /* Value of `upending` (an array by module slot): stacks cut short at that module while it was
- * pending, and when (bpf_ktime_get_ns, CLOCK_MONOTONIC). */
+ * pending, and when (bpf_ktime_get_ns, CLOCK_MONOTONIC). Slot 0: `stacks` of all modules. */
 struct as_upending {
     __u64 stacks;
     __u64 first_ns; /* 0: none yet */

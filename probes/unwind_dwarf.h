@@ -17,7 +17,7 @@
  * of a module only once stacks cross it (tracer/unwind.py: tables off the probes' start). Until
  * then its `umaps` entries carry AS_UMAP_PENDING: a pc there ends the stack (the frames so far,
  * AS_STACK_TRUNCATED, never cached), counted in AS_LOST_STACK_PENDING and per module in
- * `upending` — which the tracer polls to know what to build first. When the rows are in it
+ * `upending` (slot 0: all of them) — which the tracer polls to know what to build first. When the rows are in it
  * rewrites the entries and bumps `ugen`.
  *
  * Compile-time parameters:
@@ -131,17 +131,21 @@ static __always_inline u64 vh_mix(u32 slot, u64 w)
     return h * 0xbf58476d1ce4e5b9ULL;
 }
 
-/* A stack ends at pending module `slot`: count it there (the tracer builds the most-hit first). */
+/* A stack ends at pending module `slot`: count it there (the tracer builds the most-hit first),
+ * and in slot 0, the sum the tracer polls (it reads every slot only when that moved). */
 static __always_inline void note_pending(u32 slot)
 {
+    u32 all = 0;
     struct as_upending *p = upending.lookup(&slot);
-    if (!p)
+    struct as_upending *a = upending.lookup(&all);
+    if (!p || !a || slot == 0)
         return;
     u64 now = bpf_ktime_get_ns();
     if (p->first_ns == 0)
         p->first_ns = now; /* racing CPUs: one of their times, all within the same moment */
     p->last_ns = now;
     __sync_fetch_and_add(&p->stacks, 1);
+    __sync_fetch_and_add(&a->stacks, 1);
 }
 
 /* The row for `pc` (file offset `key` in slice `m`); type AS_CFA_NONE when none covers it. */

@@ -291,9 +291,7 @@ INLINE_CFI_BYTES = 4 << 10    # a module with this little CFI is built at once (
 INLINE_BUDGET_BYTES = 32 << 10  # ... up to this much CFI in all per recording
 NATIVE_INLINE_CFI_BYTES = 64 << 10  # the same with a compiled decoder (~10 ms a MiB of CFI)
 NATIVE_INLINE_BUDGET_BYTES = 1 << 20
-POLL_FAST_S = 0.1             # `upending` read this often for the first FAST_FOR_S and while a build runs
-FAST_FOR_S = 10.0
-POLL_SLOW_S = 0.5             # ... and this often after
+POLL_S = 0.1                  # `upending` slot 0 (every stack cut short) read this often; the rest when it moved
 
 
 def cfi_bytes(elf: ELFFile) -> int:
@@ -490,7 +488,7 @@ def build_all(paths: list[str], pool: BuildPool, progress: Callable[[str], None]
 
 # --------------------------------------------------------------------------- BPF side
 
-MODULE_SLOTS = 1024  # `upending` entries (AS_UNWIND_MODULES, probes/unwind_dwarf.h); slot 0 unused
+MODULE_SLOTS = 1024  # `upending` entries (AS_UNWIND_MODULES, probes/unwind_dwarf.h); slot 0: their sum
 UMAP_PENDING = 1     # as_umap.flags (AS_UMAP_PENDING)
 
 
@@ -589,6 +587,7 @@ class Unwinder:
         self.t0_ns = time.monotonic_ns()  # the recording's start (the recorder sets it once the probes are live)
         self._maps: list[Mapping] = []
         self._next_poll = 0
+        self._total = 0  # upending[0].stacks when last read
 
     # -- modules ---------------------------------------------------------------------------
 
@@ -675,16 +674,19 @@ class Unwinder:
 
     def tick(self, force: bool = False) -> bool:
         """Read which pending modules stacks crossed, build them (most-hit first, as many at once
-        as the pool has workers), load the ones built. Does something every POLL_FAST_S for the
-        first FAST_FOR_S and while builds run, else every POLL_SLOW_S. True when `umaps` changed."""
+        as the pool has workers and memory allows), load the ones built. At most every POLL_S:
+        one read of slot 0 (the sum) unless it moved or builds run. True when `umaps` changed."""
         waiting = [p for p in self.pending.values() if p.module.pending]
         if not waiting:
             return False
         now = time.monotonic_ns()
         if not force and now < self._next_poll:
             return False
-        fast = now - self.t0_ns < FAST_FOR_S * 1e9 or any(p.future is not None for p in waiting)
-        self._next_poll = now + int((POLL_FAST_S if fast else POLL_SLOW_S) * 1e9)
+        self._next_poll = now + int(POLL_S * 1e9)
+        total = self._read_slot(0)[0]
+        if total == self._total and not force and not any(p.future is not None for p in waiting):
+            return False
+        self._total = total
         self._read_hits(waiting)
         changed = self._collect(waiting)
         for p in sorted((p for p in waiting if p.stacks and p.future is None and p.module.pending),
@@ -694,13 +696,16 @@ class Unwinder:
             p.future = self.pool.submit(p.open_path, p.cfi_bytes)
         return changed
 
+    def _read_slot(self, slot: int) -> tuple[int, int, int]:
+        try:
+            v = self.pend_map[self.pend_map.Key(slot)]
+        except KeyError:
+            return 0, 0, 0
+        return int(v.stacks), int(v.first_ns), int(v.last_ns)
+
     def _read_hits(self, which: list[Pending]) -> None:
         for p in which:
-            try:
-                v = self.pend_map[self.pend_map.Key(p.module.slot)]
-            except KeyError:
-                continue
-            p.stacks, p.first_ns, p.last_ns = int(v.stacks), int(v.first_ns), int(v.last_ns)
+            p.stacks, p.first_ns, p.last_ns = self._read_slot(p.module.slot)
 
     def _collect(self, waiting: list[Pending]) -> bool:
         done = [p for p in waiting if p.future is not None and p.future.done()]
