@@ -61,6 +61,7 @@ enum as_counter {
     AS_LOST_RING_FULL,         /* ring buffer full: syscall/thread event dropped */
     AS_LOST_FLOW_FULL,         /* flow map full */
     AS_LOST_STACK_TRUNCATED,   /* DWARF unwinding stopped early (depth, unreadable stack, CFI rule) */
+    AS_LOST_STACK_PENDING,     /* DWARF unwinding reached a module whose rows were still being built */
     AS_LOST_COUNT,             /* marker: counters below are not losses */
     AS_CNT_FREE_UNKNOWN = 16,  /* free() of a block allocated before attach (ignored) */
     AS_CNT_FREE_NULL,          /* free(NULL) */
@@ -349,11 +350,25 @@ struct as_umap_key {
     __u8 addr[8];
 };
 
-/* Value of `umaps`: file offset = address - bias; rows [begin, begin + count) of `urows`. */
+/* Value of `umaps`: file offset = address - bias; rows [begin, begin + count) of `urows`.
+ * `module`: the module's slot in `upending` (given out by the tracer, < AS_UNWIND_MODULES).
+ * AS_UMAP_PENDING in `flags`: the module's rows are not loaded yet (the tracer builds them once
+ * stacks cross it): a stack that reaches it ends there, truncated, counted in upending[module]. */
 struct as_umap {
     __u64 bias;
     __u32 begin;
     __u32 count;
+    __u32 module;
+    __u32 flags;
+};
+#define AS_UMAP_PENDING 1u
+
+/* Value of `upending` (an array by module slot): stacks cut short at that module while it was
+ * pending, and when (bpf_ktime_get_ns, CLOCK_MONOTONIC). Slot 0: `stacks` of all modules. */
+struct as_upending {
+    __u64 stacks;
+    __u64 first_ns; /* 0: none yet */
+    __u64 last_ns;
 };
 
 #endif /* ALLOCSCOPE_H */

@@ -13,10 +13,18 @@
  * that stops early (unreadable stack, unsupported rule, 64 frames and more to go) sets
  * AS_STACK_TRUNCATED and counts AS_LOST_STACK_TRUNCATED.
  *
+ * Pending modules. The tracer registers every executable mapping at attach, but builds the rows
+ * of a module only once stacks cross it (tracer/unwind.py: tables off the probes' start). Until
+ * then its `umaps` entries carry AS_UMAP_PENDING: a pc there ends the stack (the frames so far,
+ * AS_STACK_TRUNCATED, never cached), counted in AS_LOST_STACK_PENDING and per module in
+ * `upending` (slot 0: all of them) — which the tracer polls to know what to build first. When the rows are in it
+ * rewrites the entries and bumps `ugen`.
+ *
  * Compile-time parameters:
  *   AS_UNWIND_ROWS   rows in `urows` (set by the tracer: RecordOptions.unwind_rows)
  *   AS_UNWIND_MAPS   prefixes in `umaps`              (default 65536)
  *   AS_UNWIND_STEPS  binary search steps: a slice has at most 2^steps rows (tracer/unwind.py)
+ *   AS_UNWIND_MODULES  module slots of `upending`      (default 1024; tracer/unwind.py MODULE_SLOTS)
  *   AS_SCACHE_WAYS   cached stacks per thread, a power of 2 (default 32, ~20 KiB a thread; 0: none)
  *
  * Stack cache (return probes). Unwinding is a pure function of its inputs: the registers (ip,
@@ -40,6 +48,10 @@
 #error "AS_UNWIND_STEPS: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
 
+#ifndef AS_UNWIND_MODULES
+#define AS_UNWIND_MODULES 1024
+#endif
+
 #ifndef AS_SCACHE_WAYS
 #define AS_SCACHE_WAYS 32
 #endif
@@ -48,6 +60,7 @@
 
 BPF_ARRAY(urows, struct as_urow, AS_UNWIND_ROWS);
 BPF_ARRAY(ugen, u64, 1); /* bumped by the tracer whenever `umaps` changes */
+BPF_ARRAY(upending, struct as_upending, AS_UNWIND_MODULES); /* stacks cut short, by module slot */
 
 /* Offsets from sp of the words one unwind read, by slot (2 * frame, + 1 for the saved rbp), and
  * the running state of the cache bookkeeping. Kept in a per-CPU map value, not on the BPF
@@ -100,6 +113,7 @@ BPF_F_TABLE("lpm_trie", struct as_umap_key, struct as_umap, umaps, AS_UNWIND_MAP
 #define AS_STEP_OK 0
 #define AS_STEP_END 1   /* outermost frame reached */
 #define AS_STEP_TRUNC 2 /* cannot go on */
+#define AS_STEP_PENDING 3 /* the pc is in a module whose rows are still being built */
 
 struct as_ustate {
     u64 ip, sp, bp;
@@ -115,6 +129,23 @@ static __always_inline u64 vh_mix(u32 slot, u64 w)
     u64 h = (w ^ ((u64)slot << 48)) * 0x9e3779b97f4a7c15ULL;
     h ^= h >> 29;
     return h * 0xbf58476d1ce4e5b9ULL;
+}
+
+/* A stack ends at pending module `slot`: count it there (the tracer builds the most-hit first),
+ * and in slot 0, the sum the tracer polls (it reads every slot only when that moved). */
+static __always_inline void note_pending(u32 slot)
+{
+    u32 all = 0;
+    struct as_upending *p = upending.lookup(&slot);
+    struct as_upending *a = upending.lookup(&all);
+    if (!p || !a || slot == 0)
+        return;
+    u64 now = bpf_ktime_get_ns();
+    if (p->first_ns == 0)
+        p->first_ns = now; /* racing CPUs: one of their times, all within the same moment */
+    p->last_ns = now;
+    __sync_fetch_and_add(&p->stacks, 1);
+    __sync_fetch_and_add(&a->stacks, 1);
 }
 
 /* The row for `pc` (file offset `key` in slice `m`); type AS_CFA_NONE when none covers it. */
@@ -239,8 +270,13 @@ static __always_inline int unwind_step(struct as_ustate *s, u32 i)
         key.addr[b] = (u8)(pc >> (56 - 8 * b)); /* big-endian: the trie matches from the top */
     struct as_urow row = {};
     struct as_umap *m = umaps.lookup(&key);
-    if (m)
+    if (m) {
+        if (m->flags & AS_UMAP_PENDING) {
+            note_pending(m->module);
+            return AS_STEP_PENDING;
+        }
         find_row(m, (u32)(pc - m->bias), &row);
+    }
 
     u64 cfa = 0, ra = 0;
     u8 t = row.cfa_type;
@@ -324,7 +360,7 @@ static __always_inline u64 unwind_store(u64 ip, u64 sp, u64 bp, u32 exact)
     rec->need_bp = 0;
     rec->pend_slot = AS_SLOT_NONE;
     u64 fpmask = 0;
-    u32 n = 0, flags = AS_STACK_DWARF;
+    u32 n = 0, flags = AS_STACK_DWARF, pending = 0;
     if (ip == 0) {
         count(AS_LOST_STACK_ERR, 1);
         return 0;
@@ -340,6 +376,11 @@ static __always_inline u64 unwind_store(u64 ip, u64 sp, u64 bp, u32 exact)
         int r = unwind_step(&s, i);
         if (r == AS_STEP_END)
             break;
+        if (r == AS_STEP_PENDING) {
+            flags |= AS_STACK_TRUNCATED;
+            pending = 1;
+            break;
+        }
         if (r == AS_STEP_TRUNC || i == AS_MAX_DEPTH - 1) {
             flags |= AS_STACK_TRUNCATED;
             break;
@@ -347,7 +388,9 @@ static __always_inline u64 unwind_store(u64 ip, u64 sp, u64 bp, u32 exact)
     }
     if (n < AS_MAX_DEPTH)
         st->ips[n & (AS_MAX_DEPTH - 1)] = 0; /* store_stack hashes up to the first zero */
-    if (flags & AS_STACK_TRUNCATED)
+    if (pending)
+        count(AS_LOST_STACK_PENDING, 1);
+    else if (flags & AS_STACK_TRUNCATED)
         count(AS_LOST_STACK_TRUNCATED, 1);
     st->depth = n;
     st->flags = flags;

@@ -11,7 +11,8 @@
  * hash lookup (is the incoming task a blocked target thread?) and a compare; for a target thread
  * that blocks, its user stack — the same as one of its last AS_WAIT_WAYS waits' (same ip, sp, bp:
  * an event loop, a worker blocking in the same few calls) is taken from `wait_memo`, not unwound
- * again.
+ * again. A stack cut short is not kept there: the module it stopped at may have its unwind rows
+ * by the next wait (tracer/unwind.py builds them once stacks cross it).
  *
  * Part of probes/allocscope.c: included there, in order, and inlined into it by
  * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
@@ -76,6 +77,12 @@ static __always_inline u64 wait_stack(void *ctx, u32 tid)
         }
     }
     u64 sid = capture_syscall_stack(ctx);
+#ifdef AS_UNWIND_DWARF
+    u32 zero = 0;
+    struct as_stack *st = scratch.lookup(&zero);
+    if (st && (st->flags & AS_STACK_TRUNCATED))
+        return sid; /* cut short (e.g. at a module whose rows are being built): unwound again next time */
+#endif
     struct as_wait_way *w = &m->way[m->next & (AS_WAIT_WAYS - 1)];
     w->ip = ip;
     w->sp = sp;

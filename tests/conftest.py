@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import CFLAGS_FP, IN_CI, TARGETS_SRC, Proc, bpf_problem, build, cli_bg, unavailable
+from support import CFLAGS_FP, IN_CI, TARGETS_SRC, Proc, bpf_problem, build, cli_bg, unavailable, warm_runtime
 
 
 def pytest_runtest_setup(item):
@@ -30,6 +30,7 @@ def pytest_runtest_setup(item):
         return
     problem = bpf_problem()
     if problem is None:
+        warm_runtime()  # complete stacks through libc & co from the first allocation (support.warm_targets)
         return
     if IN_CI:
         pytest.fail(f"CI=true but BPF is unavailable here: {problem}", pytrace=False)

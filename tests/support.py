@@ -3,7 +3,8 @@
 * paths and flags: ROOT, TARGETS_SRC, CFLAGS_FP, IN_CI (CI=true: what would be skipped fails);
 * `build`: compile a C/C++/Rust target; `need_tool` / `need`: a tool or file a test needs, a skip
   here and a failure under CI=true (scripts/setup-host.sh installs every one of them);
-* the CLI: `cli` (run and capture), `cli_bg` (started), `report_json`, `one_line_error`;
+* the CLI: `cli` (run and capture), `cli_bg` (started), `report_json`, `one_line_error`; both
+  warm the unwind cache of the test's own targets first (`warm_targets`);
 * processes: `Proc` (a target whose stdout lines are awaited through a reader thread),
   `wait_for`, `attached`, `record_run`;
 * frames of a JSON report: `functions`.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -102,8 +104,70 @@ def bpf_problem() -> str | None:
 
 # --------------------------------------------------------------------------- the CLI
 
+def warm_targets(args: Sequence[str]) -> None:
+    """`record`/`top` --pid/--pgrep of a process this test started: its unwind tables built into
+    the cache first, as `allocscope doctor --pid PID --warm` would (a file read a module once
+    cached). `record --pid` builds a table only once stacks cross its module, cutting those
+    stacks short meanwhile (docs/startup.md); the tests that check frames expect complete stacks
+    from the first allocation. test_unwind_bpf.py::test_lazy_tables_cold_cache records cold."""
+    if not args or args[0] not in ("record", "top"):
+        return
+    pids = []
+    for i, a in enumerate(args[:-1]):
+        if a in ("--pid", "-p") and args[i + 1].isdigit():
+            pids.append(int(args[i + 1]))
+        elif a == "--pgrep":
+            try:
+                pids += [pid for pid, cmd in _children() if re.search(args[i + 1], cmd)]
+            except re.error:
+                pass  # the CLI's error to give
+    from tracer.unwind import warm_process
+
+    for pid in pids:
+        if pid in dict(_children()):
+            try:
+                warm_process(pid, lambda _m: None)
+            except OSError:
+                pass  # gone already: the recording will say so
+
+
+RUNTIME_LIBS = ("libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2")
+_warmed_runtime = False
+
+
+def warm_runtime() -> None:
+    """The unwind tables of the C/C++ runtime libraries every target maps, once a session (see
+    warm_targets; for the tests that start the tracer some other way)."""
+    global _warmed_runtime
+    if _warmed_runtime:
+        return
+    _warmed_runtime = True
+    from tracer.unwind import warm
+
+    paths = {os.path.realpath(p) for name in RUNTIME_LIBS
+             for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64")
+             if os.path.exists(p := os.path.join(d, name))}
+    warm(sorted(paths))
+
+
+def _children() -> list[tuple[int, str]]:
+    """(pid, command line) of the processes this one started."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                out.append((int(d), Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode()))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 def cli(*args: str, timeout: float = 120, check: bool = False, **kw) -> subprocess.CompletedProcess:
     """Run `python -m allocscope ARGS` and capture text output."""
+    warm_targets(args)
     p = subprocess.run([sys.executable, "-m", "allocscope", *args], capture_output=True, text=True,
                        timeout=timeout, cwd=str(ROOT), **kw)
     if check and p.returncode != 0:
@@ -112,6 +176,7 @@ def cli(*args: str, timeout: float = 120, check: bool = False, **kw) -> subproce
 
 
 def cli_bg(*args: str) -> subprocess.Popen:
+    warm_targets(args)
     return subprocess.Popen([sys.executable, "-m", "allocscope", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
 

@@ -2,8 +2,11 @@
 LPM prefixes and slices."""
 from __future__ import annotations
 
+import os
 import random
+import re
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -149,14 +152,18 @@ def test_row_layout_matches_header(tmp_path):
              "int main(void){",
              'printf("%zu %zu %zu %zu %zu\\n", sizeof(struct as_urow), offsetof(struct as_urow, cfa_off),'
              ' offsetof(struct as_urow, cfa_type), offsetof(struct as_urow, rbp_off), sizeof(struct as_umap_key));',
-             'printf("%zu %zu\\n", sizeof(struct as_umap), offsetof(struct as_umap, count));', "return 0;}"]
+             'printf("%zu %zu %zu %zu\\n", sizeof(struct as_umap), offsetof(struct as_umap, count),'
+             ' offsetof(struct as_umap, module), offsetof(struct as_umap, flags));',
+             'printf("%zu %zu %u\\n", sizeof(struct as_upending), offsetof(struct as_upending, last_ns),'
+             ' AS_UMAP_PENDING);', "return 0;}"]
     src = tmp_path / "sz.c"
     src.write_text("\n".join(lines))
     support.build(tmp_path / "sz", src, flags=[f"-I{L.PROBES_DIR}"])
     out = subprocess.run([str(tmp_path / "sz")], capture_output=True, text=True, check=True).stdout.split()
     assert [int(x) for x in out] == [U.ROW.itemsize, U.ROW.fields["cfa_off"][1], U.ROW.fields["cfa_type"][1],
                                      U.ROW.fields["rbp_off"][1], ct.sizeof(U.UmapKey), ct.sizeof(U.Umap),
-                                     U.Umap.count.offset]
+                                     U.Umap.count.offset, U.Umap.module.offset, U.Umap.flags.offset,
+                                     ct.sizeof(U.Upending), U.Upending.last_ns.offset, U.UMAP_PENDING]
 
 
 def test_pprof_keeps_addresses_of_inlined_frames():
@@ -176,3 +183,139 @@ def test_pprof_keeps_addresses_of_inlined_frames():
     assert [(f.info.function, f.ip) for f in got] == [("Vec::with_capacity", 0x1010), ("inner", 0x1010),
                                                       ("outer", 0x2020)]
     assert FrameInfo("inner", "/m", "a.rs", 9, inlined=True) == frames[1]  # not part of equality
+
+
+class FakeTable:
+    """A BCC table stand-in: ctypes keys and values in a dict (what Unwinder reads and writes)."""
+
+    def __init__(self, key, leaf) -> None:
+        self.Key, self.Leaf, self.map_fd, self.d = key, leaf, -1, {}
+
+    def __getitem__(self, k):
+        return self.d[bytes(k)]
+
+    def __setitem__(self, k, v) -> None:
+        self.d[bytes(k)] = self.Leaf.from_buffer_copy(bytes(v))
+
+    def __delitem__(self, k) -> None:
+        del self.d[bytes(k)]
+
+
+def fake_bpf() -> dict:
+    import ctypes as ct
+    return {b"urows": FakeTable(ct.c_uint32, U.Urow), b"umaps": FakeTable(U.UmapKey, U.Umap),
+            b"ugen": FakeTable(ct.c_uint32, ct.c_uint64), b"upending": FakeTable(ct.c_uint32, U.Upending)}
+
+
+def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
+    """Unwinder without BPF: a module whose rows are not cached is registered pending (its whole
+    mapping, flag and slot, no rows); a tiny one is built at once; tick() builds the pending one
+    only once `upending` counts stacks there — in the pool — then points its entries at its rows,
+    bumps ugen, says so, and meta() tells the stacks, when, and the build."""
+    import ctypes as ct
+
+    from tracer.procfs import Mapping
+
+    monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(U, "build_costs", lambda: (4096, 32 << 10, 256))
+    small = build(tmp_path, "small", "-O2")
+    src = tmp_path / "big.c"
+    src.write_text("\n".join(f"int f{i}(int *a, int n) {{ int s = {i}; for (int j = 0; j < n; j++) "
+                             f"s += a[j] * {i % 7 + 2}{f' ^ f{i - 1}(a + 1, n - 1)' if i else ''}; return s; }}"
+                             for i in range(300)))
+    big = support.build(tmp_path / "libbig.so", src, flags=["-O2", "-shared", "-fPIC"])
+    with open(big, "rb") as f:
+        assert U.cfi_bytes(ELFFile(f)) > 4096
+    bpf, said = fake_bpf(), []
+    unw = U.Unwinder(bpf, 0, 1 << 20, said.append, workers=1)
+    maps = [Mapping(0x400000, 0x401000, "r-xp", 0x1000, 11, str(small)),
+            Mapping(0x7F0000001000, 0x7F0000003000, "r-xp", 0x1000, 12, str(big))]
+    try:
+        unw.update(maps)
+        lpm = bpf[b"umaps"].d
+        vals = {(v.flags, v.count, v.module) for v in lpm.values()}
+        slot = unw.pending[next(iter(unw.pending))].module.slot
+        assert (U.UMAP_PENDING, 0, slot) in vals and slot == 1, vals
+        assert any(v.flags == 0 and v.count > 0 for v in lpm.values())  # the small program's rows, at once
+        assert [os.path.basename(m.path) for m in unw.modules.values() if m.pending] == ["libbig.so"]
+        gen = unw.gen
+        for _ in range(3):  # no stack crossed it: nothing is built
+            assert not unw.tick(force=True)
+        assert all(p.future is None for p in unw.pending.values()) and unw.gen == gen
+        bpf[b"upending"][ct.c_uint32(slot)] = U.Upending(3, 5_000_000_000, 6_000_000_000)
+        unw.t0_ns = 4_000_000_000
+        deadline = time.monotonic() + 60
+        while not unw.tick(force=True):
+            assert time.monotonic() < deadline, "not built"
+            time.sleep(0.05)
+        assert unw.gen == gen + 1 and not any(m.pending for m in unw.modules.values())
+        assert all(v.flags == 0 and v.count > 0 for v in bpf[b"umaps"].d.values())
+        built = [x for x in said if x.startswith("unwind table for libbig")]
+        assert len(built) == 1 and re.fullmatch(r"unwind table for libbig\.so: \d+ rows in [\d.]+ s; "
+                                                r"stacks through it complete from \+[\d.]+ s", built[0]), said
+        p = unw.meta()["pending"][0]
+        assert (p["stacks"], p["first_s"], p["last_s"]) == (3, 1.0, 2.0) and p["rows"] > 300, p
+        key, rows, cached = U.load_rows(str(big))  # what the worker built is in the cache
+        assert cached and len(rows) == p["rows"]
+    finally:
+        unw.close()
+
+
+def test_pending_notes_say_how_many_where_until_when():
+    from reports.totals import pending_notes
+
+    assert pending_notes([
+        {"module": "/x/libbig.so", "stacks": 7, "built_s": 1.44, "build_s": 1.07, "rows": 50769},
+        {"module": "/x/libtorch_cuda.so", "stacks": 1, "built_s": None, "last_s": 12.3, "error": ""},
+        {"module": "/x/libodd.so", "stacks": 2, "built_s": None, "error": "ELFError: bad"},
+    ]) == [
+        "7 stacks cut short in libbig.so until +1.4 s while its unwind table was built (50769 rows in 1.1 s)",
+        "1 stack cut short in libtorch_cuda.so (last at +12.3 s): its unwind table was still being built when "
+        "the recording ended",
+        "2 stacks cut short in libodd.so: its unwind table could not be built (ELFError: bad); frame-pointer "
+        "steps there since",
+    ]
+
+
+def test_doctor_warm_builds_every_table_of_a_process(tmp_path):
+    """`doctor --pid PID --warm`: every executable file of the process into the unwind cache (a
+    line a module, a summary); again: nothing left to build. Without --pid: a one-line error."""
+    p = subprocess.Popen(["sleep", "60"])
+    env = dict(os.environ, ALLOCSCOPE_CACHE_DIR=str(tmp_path / "cache"))
+    try:
+        pid = p.pid  # sleep: itself, libc, ld.so
+        support.wait_for(lambda: "libc" in Path(f"/proc/{pid}/maps").read_text(), what="sleep mapped libc")
+        res = support.cli("doctor", "--pid", str(pid), "--warm", env=env, check=True)
+        n = len([ln for ln in Path(f"/proc/{pid}/maps").read_text().splitlines()
+                 if "x" in ln.split()[1] and len(ln.split()) >= 6 and ln.split()[5].startswith("/")])
+        files = list((tmp_path / "cache" / "unwind").glob("v*.npy"))
+        assert len(files) == n >= 3, (files, res.stderr)
+        assert re.search(rf"unwind tables of pid {pid}: {n} built, 0 cached already, 0 failed", res.stderr), res.stderr
+        again = support.cli("doctor", "--pid", str(pid), "--warm", env=env, check=True)
+        assert f"0 built, {n} cached already, 0 failed" in again.stderr, again.stderr
+    finally:
+        p.kill()
+        p.wait()
+    support.one_line_error(support.cli("doctor", "--warm"), "--warm needs --pid", code=2)
+
+
+def test_build_all_in_the_pool(tmp_path, monkeypatch):
+    """build_all (doctor --warm, launch mode's preload): every uncached file built in the pool,
+    one line each; a file that is not ELF says why; one already cached is not built again."""
+    monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(U, "build_costs", lambda: (4096, 0, 256))  # no in-process shortcut
+    a, b = build(tmp_path, "a", "-O2"), build(tmp_path, "b", "-O1")
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(b"not an ELF file")
+    said: list[str] = []
+    pool = U.BuildPool(2)
+    try:
+        res = U.build_all([str(a), str(b), str(bad)], pool, said.append)
+    finally:
+        pool.close()
+    assert isinstance(res[str(bad)], str) and res[str(bad)].startswith("unreadable: ")
+    for exe in (a, b):
+        key, rows, secs = res[str(exe)]
+        assert np.array_equal(rows, U.load_rows(str(exe))[1]) and U.peek(str(exe))[1] is not None
+    assert sorted(s.split(":")[0] for s in said) == ["unwind table for a", "unwind table for b"], said
+    assert U.build_all([str(a)], U.BuildPool(1), said.append) == {}  # cached: nothing to build

@@ -11,11 +11,14 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from support import (
+    ROOT,
     RUSTC_ELSEWHERE,
     TARGETS_SRC,
     attached,
@@ -387,3 +390,129 @@ def test_dlopen_in_launch_mode_without_delay(release_targets, tmp_path):
     fr = site_with(rep, "dl_level4")["frames"]
     assert functions(fr)[:7] == DL_CHAIN, functions(fr)
     assert functions(fr)[-1] == "_start"
+
+
+def big_library(out: Path, functions: int = 4000) -> Path:
+    """A large shared library (-O2, no frame pointers): big_entry -> big_mid -> big_leaf ->
+    malloc in C, and `functions` more in assembly, each with its own CFI (pushes and pops of two
+    registers; what makes its table big: ~140 KiB of .eh_frame, 16 000 rows). Assembled, not
+    compiled: gcc takes ~5 ms a C function."""
+    src = out.with_suffix(".c")
+    src.write_text("\n".join([
+        "#include <stdlib.h>", "#include <stdint.h>", "#define NI __attribute__((noinline, noipa))",
+        "static void *kept[4096]; static unsigned nkept; uintptr_t mix;",
+        "NI void *big_leaf(size_t size) { void *p = malloc(size); kept[nkept++ & 4095] = p; mix ^= 1; return p; }",
+        "NI void *big_mid(int k, size_t size) { void *p = big_leaf(size); mix += (uintptr_t)k; return p; }",
+        "NI void big_entry(int k, size_t size) { void *p = big_mid(k, size); mix ^= (uintptr_t)p; }"]) + "\n")
+    fill = out.with_name(out.stem + "_fill.S")
+    body = []
+    for i in range(functions):
+        body += [f".globl big_fill_{i}", f".type big_fill_{i},@function", f"big_fill_{i}:", ".cfi_startproc",
+                 "push %rbx", ".cfi_adjust_cfa_offset 8", ".cfi_offset %rbx, -16",
+                 "push %r12", ".cfi_adjust_cfa_offset 8", ".cfi_offset %r12, -24",
+                 f"lea {i}(%rdi), %rax",
+                 "pop %r12", ".cfi_adjust_cfa_offset -8", ".cfi_restore %r12",
+                 "pop %rbx", ".cfi_adjust_cfa_offset -8", ".cfi_restore %rbx",
+                 "ret", ".cfi_endproc", f".size big_fill_{i}, .-big_fill_{i}"]
+    fill.write_text("\n".join([".text", *body, '.section .note.GNU-stack,"",@progbits']) + "\n")
+    return build(out, src, fill, flags=["-O2", "-g0", "-fomit-frame-pointer", "-shared", "-fPIC"])
+
+
+def test_lazy_tables_cold_cache(release_targets, tmp_path):
+    """`record --pid` with an empty unwind cache: the probes attach without building the tables of
+    a large library on the allocation path; the stacks that reach it before its table is built
+    end there, are counted (exactly: N1) and said; once it is built (in the pool, because stacks
+    crossed it) the stacks go through it to main. Modules no stack crossed are never built."""
+    from elftools.elf.elffile import ELFFile
+
+    from tracer import bpfcache
+    from tracer import unwind as U
+
+    lib = big_library(tmp_path / "libbig.so")
+    with open(lib, "rb") as f:  # pending whatever the decoder (never built at once)
+        assert U.cfi_bytes(ELFFile(f)) > max(U.INLINE_CFI_BYTES, U.NATIVE_INLINE_CFI_BYTES)
+    cache = tmp_path / "cache"
+    (cache / "unwind").mkdir(parents=True)
+    bpf = bpfcache.cache_dir()  # the probes' compile cache stays warm: only the unwind tables are cold
+    bpf.mkdir(parents=True, exist_ok=True)
+    (cache / "bpf").symlink_to(bpf)
+    n1, n2 = 7, 5
+    tgt = Target(release_targets["lazy"], str(lib), str(n1), str(n2))
+    out = tmp_path / "lazy.allocscope"
+    env = dict(os.environ, ALLOCSCOPE_CACHE_DIR=str(cache))
+    tr = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "--pid", str(tgt.p.pid), "-o", str(out),
+                           "--interval", "0.5"], cwd=str(ROOT), env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(tr.stderr.readline, "")), daemon=True)
+    try:
+        tgt.expect("ready")
+        t0 = time.monotonic()
+        reader.start()
+        wait_for(lambda: any("recording pid" in x for x in lines) or tr.poll() is not None, timeout=60,
+                 what="probes attached")
+        live_s = time.monotonic() - t0
+        assert tr.poll() is None, "".join(lines)
+        tgt.go()
+        tgt.expect("phase1")
+        # libc.so.6 too: the wait that follows "phase1" (in read, from main) is cut short there
+        wait_for(lambda: all(any(f"unwind table for {m}" in x for x in lines) for m in ("libbig.so", "libc.so.6")),
+                 timeout=120, what="libbig.so's and libc's tables built")
+        tgt.go()
+        tgt.expect("done")
+        time.sleep(0.6)
+        tr.send_signal(signal.SIGINT)
+        assert tr.wait(120) == 0, "".join(lines)
+    finally:
+        tgt.kill()
+        if tr.poll() is None:
+            tr.kill()
+    reader.join(10)
+    built = next(x for x in lines if "unwind table for libbig.so" in x)
+    assert re.search(r"unwind table for libbig\.so: \d+ rows in [\d.]+ s; stacks through it complete from "
+                     r"\+[\d.]+ s", built), built
+
+    meta = json.loads((out / "meta.json").read_text())
+    unw = meta["unwind"]
+    assert unw["lazy"] and unw["mode"] == "dwarf", unw
+    pend = {os.path.basename(p["module"]): p for p in unw["pending"]}
+    big = pend["libbig.so"]
+    assert big["stacks"] == n1 and big["built_s"] is not None and big["rows"] > 16000 and not big["error"], big
+    assert big["first_s"] <= big["last_s"] < big["built_s"], big
+    assert "libbig.so" in unw["built"] and unw["never_crossed"] >= 0
+    # the tables of what no stack crossed were not built (only cached, tiny or crossed modules are in the cache)
+    built_keys = {p.name for p in (cache / "unwind").iterdir()}
+    assert len(built_keys) == len(unw["built"]), (built_keys, unw["built"])
+    # the probes went live before the table (truncated stacks prove it) and without waiting for it
+    assert live_s < 30, live_s
+
+    rep = report_json(out)
+    losses = rep["totals"]["losses"]
+    assert losses.get("lost_stack_pending") == sum(p["stacks"] for p in unw["pending"]), (losses, unw["pending"])
+    early = [s for s in rep["sites"] if s["live_bytes"] == n1 * 4321]
+    assert len(early) == 1 and early[0]["live_count"] == n1, [(functions(s["frames"]), s["live_bytes"])
+                                                               for s in rep["sites"]]
+    assert functions(early[0]["full_frames"]) == ["big_leaf"], early[0]["full_frames"]
+    late = [s for s in rep["sites"] if s["live_bytes"] == n2 * 1234]
+    assert len(late) == 1 and late[0]["live_count"] == n2
+    fr = functions(late[0]["full_frames"])
+    assert fr[:5] == ["big_leaf", "big_mid", "big_entry", "rounds", "main"], fr
+    assert late[0]["frames"][3]["line"] == marker_lines(TARGETS_SRC / "nofp" / "lazy.c")["Z1"]
+    note = f"{n1} stacks cut short in libbig.so until +{big['built_s']:.1f} s while its unwind table was built"
+    assert any(a.startswith(note) for a in rep["advice"]), rep["advice"]
+    assert [p["stacks"] for p in rep["recording"]["unwind_pending"]
+            if p["module"].endswith("libbig.so")] == [n1], rep["recording"]["unwind_pending"]
+    # the wait after "phase1" was cut short at libc; the one after "done" (the same place, still
+    # blocked at the end) was unwound again, complete: a stack cut short is not kept in the wait memo
+    from common.tracefile.reader import load_trace
+    from reports.frames import symbolize_stacks
+
+    trace = load_trace(str(out))
+    stacks = symbolize_stacks(trace)
+    waited = [[f.function for f in stacks[int(sid)]] for sid in set(trace.waits["stack_id"].tolist())]
+    blocked = [[f.function for f in stacks[int(sid)]] for sid in set(trace.blocked["stack_id"].tolist())]
+    assert ["read"] in waited and any(w[0] == "read" and "main" in w for w in blocked), (waited, blocked)
+    text = cli("report", str(out), check=True).stdout
+    assert note in text, text
+    html = cli("report", str(out), "--format", "html", check=True).stdout
+    assert note in html

@@ -26,7 +26,7 @@ from .bpfobjects import TRACE_UPROBE_MULTI, TRACE_UPROBE_SESSION, UPROBE_MULTI_R
 from .elfinfo import symbol_offsets
 from .kernel import char_major, file_offsets, fsbase_offset, return_probe_offsets, rss_offsets
 from .options import RecordOptions
-from .unwind import UNWIND_STEPS
+from .unwind import MODULE_SLOTS, UNWIND_STEPS
 
 BPF_PROBE_ENTRY = 0
 BPF_PROBE_RETURN = 1
@@ -62,7 +62,8 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
     flags += fsbase_offset()
     if unwind == "dwarf":
         flags += return_probe_offsets()
-        flags += ["-DAS_UNWIND_DWARF=1", f"-DAS_UNWIND_ROWS={opts.unwind_rows}", f"-DAS_UNWIND_STEPS={UNWIND_STEPS}"]
+        flags += ["-DAS_UNWIND_DWARF=1", f"-DAS_UNWIND_ROWS={opts.unwind_rows}", f"-DAS_UNWIND_STEPS={UNWIND_STEPS}",
+                  f"-DAS_UNWIND_MODULES={MODULE_SLOTS}"]
     return flags
 
 
@@ -796,13 +797,14 @@ class Probes:
         self.report.cuda = rep.as_dict()
         return self.report.cuda
 
-    def unwinder(self, progress=None):
-        """The manager of the DWARF unwind maps (tracer.unwind.Unwinder); None with frame pointers."""
+    def unwinder(self, progress=None, lazy: bool = True):
+        """The manager of the DWARF unwind maps (tracer.unwind.Unwinder); None with frame pointers.
+        `lazy`: modules without cached rows are built once stacks cross them (--pid)."""
         if self.unwind != "dwarf":
             return None
         from .unwind import Unwinder  # noqa: PLC0415
         return Unwinder(self.bpf, self.pid, self.options.unwind_rows, progress,
-                        update_batch=self._lib.update_batch)
+                        update_batch=self._lib.update_batch, lazy=lazy)
 
     def attach_faults(self) -> None:
         """Residency mode: a page-fault software perf event on every thread of the target, one

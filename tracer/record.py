@@ -611,6 +611,8 @@ class Recorder:
             # The clock (and --duration) starts once the probes are live, not while BCC compiles.
             self.t0_ns = time.monotonic_ns()
             self.wall0 = time.time()
+            if self.unwinder is not None:
+                self.unwinder.t0_ns = self.t0_ns  # `unwind.pending` times are since this
             self._start_writer()
             if self.heaps.glibc and not launched:  # the blocks from before the attach still allocated
                 self.census_thread = threading.Thread(target=self._census, args=("attach",), name="census",
@@ -633,8 +635,12 @@ class Recorder:
                 t.child.resume()
                 self.target_exit = t.child.wait(timeout=0.2)
             self.bpf_stats = self.probes.program_stats()
+            if self.unwinder is not None:
+                self.unwinder.finish()  # the last truncation counts; builds still running stopped
             self.writer.write_meta(self._meta(True))
         finally:
+            if self.unwinder is not None:
+                self.unwinder.close()
             self._uninject()
             self.probes.close()
             self.writer.close()
@@ -694,6 +700,8 @@ class Recorder:
             peak_ms = self.peaks.wait_ms(now) if self.peaks is not None else None
             self.probes.poll_events(wait_ms if peak_ms is None else min(wait_ms, peak_ms))
             self.replay_slow()
+            if self.unwinder is not None:
+                self.unwinder.tick()  # the modules stacks were cut short at: built, loaded
             now = time.monotonic_ns()
             if self.peaks is not None and self.peaks.due(now):
                 self.peaks.read()  # the live total passed its high-water mark: the sites now

@@ -19,6 +19,10 @@ array (every module a contiguous slice, each searched with at most 2^UNWIND_STEP
 modules split in several slices) and keeps the `umaps` LPM trie (target address prefix ->
 slice, load bias) in step with the target's executable mappings, dlopen'd libraries included.
 
+Building is off the probes' start (`--pid`, docs/startup.md): a module without cached rows is
+registered pending (AS_UMAP_PENDING: stacks end there, counted per module in `upending`), and
+built — in a BuildPool, one worker per core, through load_rows — once stacks cross it.
+
 Nothing here needs BCC: `Unwinder` gets the BCC table objects from tracer.probe.
 """
 from __future__ import annotations
@@ -26,10 +30,14 @@ from __future__ import annotations
 import bisect
 import ctypes as ct
 import hashlib
+import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -285,7 +293,212 @@ def prefixes(lo: int, hi: int) -> Iterator[tuple[int, int]]:
         lo += 1 << k
 
 
+# --------------------------------------------------------------------------- builds off the critical path
+
+INLINE_CFI_BYTES = 4 << 10    # a module with this little CFI is built at once (milliseconds), never pending
+INLINE_BUDGET_BYTES = 32 << 10  # ... up to this much CFI in all per recording
+NATIVE_INLINE_CFI_BYTES = 64 << 10  # the same with a compiled decoder (~10 ms a MiB of CFI)
+NATIVE_INLINE_BUDGET_BYTES = 1 << 20
+POLL_S = 0.1                  # `upending` slot 0 (every stack cut short) read this often; the rest when it moved
+
+
+def cfi_bytes(elf: ELFFile) -> int:
+    """Bytes of call-frame information (.eh_frame + .debug_frame): what a build decodes."""
+    n = 0
+    for name in (".eh_frame", ".debug_frame"):
+        sec = elf.get_section_by_name(name)
+        if sec is not None and sec["sh_type"] != "SHT_NOBITS":
+            n += sec["sh_size"]
+    return n
+
+
+def peek(path: str, use_cache: bool = True) -> tuple[str, np.ndarray | None, int]:
+    """(key, cached rows or None, CFI bytes) of the ELF file at `path`, building nothing (raises
+    OSError / ELFError). The cache file is the one load_rows reads and writes."""
+    with OpenedElf.open(path) as opened:
+        key = file_key(opened)
+        if use_cache:
+            try:
+                rows = np.load(cache_dir() / f"v{CACHE_VERSION}-{key}.npy", allow_pickle=False)
+                if rows.dtype == ROW:
+                    return key, rows, 0
+            except (OSError, ValueError):
+                pass
+        return key, None, cfi_bytes(opened.elf)
+
+
+def build_module(path: str, use_cache: bool) -> tuple[str, np.ndarray, float]:
+    """One build, in a worker process of BuildPool: load_rows (which caches what it builds).
+    (key, rows, seconds)."""
+    t0 = time.perf_counter()
+    key, rows, _cached = load_rows(path, use_cache)
+    return key, rows, time.perf_counter() - t0
+
+
+def _started() -> None:
+    """BuildPool.start's task: nothing (the worker is up)."""
+
+
+def _worker_init() -> None:
+    """A pool worker: Ctrl-C and a hang-up are the tracer's to handle (it stops the pool), and
+    the worker dies with the tracer, even a SIGKILLed one."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        ct.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+# A build's peak memory per byte of CFI it decodes: pyelftools holds ~200 (libc: 149 KiB of CFI,
+# +39 MiB; chromium: 409 KiB, +86 MiB); the compiled decoder ~20 (+9 MiB for chromium).
+BUILD_BYTES_PER_CFI_BYTE = 256
+NATIVE_BUILD_BYTES_PER_CFI_BYTE = 32
+
+
+@lru_cache(maxsize=1)
+def native_decoder() -> bool:
+    """Whether load_rows decodes in C (tracer/cfirows.py, where that module exists and its
+    library is built): builds then take milliseconds and little memory."""
+    try:
+        from .cfirows import native_available  # noqa: PLC0415
+    except ImportError:
+        return False
+    try:
+        return bool(native_available())
+    except Exception:  # noqa: BLE001 - no decoder: pyelftools' costs
+        return False
+
+
+def build_costs() -> tuple[int, int, int]:
+    """(CFI bytes of a module built at once, CFI bytes built at once in all, memory a build
+    holds per byte of CFI) for the decoder load_rows uses."""
+    if native_decoder():
+        return NATIVE_INLINE_CFI_BYTES, NATIVE_INLINE_BUDGET_BYTES, NATIVE_BUILD_BYTES_PER_CFI_BYTE
+    return INLINE_CFI_BYTES, INLINE_BUDGET_BYTES, BUILD_BYTES_PER_CFI_BYTE
+
+
+def mem_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 62
+
+
+class BuildPool:
+    """Unwind-table builds in worker processes, one per core, started on first use. Spawned, not
+    forked: the tracer has threads (BCC's, the ring poll) that a fork would copy mid-state. The
+    target may be short of memory: builds running together stay within half of MemAvailable
+    (estimated from their CFI bytes); one alone always may run."""
+
+    def __init__(self, workers: int | None = None, use_cache: bool = True) -> None:
+        self.workers = max(1, workers or os.cpu_count() or 1)
+        self.use_cache = use_cache
+        self._ex: ProcessPoolExecutor | None = None
+        self._running: dict[Future, int] = {}  # build -> its estimated memory
+
+    def can_start(self, cfi: int) -> bool:
+        """Whether a build of `cfi` bytes of CFI may start now."""
+        self._running = {f: m for f, m in self._running.items() if not f.done()}
+        if len(self._running) >= self.workers:
+            return False
+        return not self._running or sum(self._running.values()) + cfi * build_costs()[2] <= mem_available() // 2
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._ex is None:
+            self._ex = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=_worker_init)
+        return self._ex
+
+    def start(self, n: int) -> None:
+        """Start `n` workers now (a worker takes ~0.3 s to start: not on the first build's clock)."""
+        for _ in range(min(n, self.workers)):
+            self._executor().submit(_started)
+
+    def submit(self, path: str, cfi: int = 0) -> Future:
+        fut = self._executor().submit(build_module, path, self.use_cache)
+        self._running[fut] = cfi * build_costs()[2]
+        return fut
+
+    def close(self) -> None:
+        """Stop at once: builds still running are killed (their modules stay without rows)."""
+        ex, self._ex = self._ex, None
+        if ex is None:
+            return
+        procs = list((getattr(ex, "_processes", None) or {}).values())
+        ex.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(2)
+
+
+def build_all(paths: list[str], pool: BuildPool, progress: Callable[[str], None] | None = None,
+              use_cache: bool = True, names: dict[str, str] | None = None
+              ) -> dict[str, tuple[str, np.ndarray, float] | str]:
+    """Build every uncached table of `paths` (several paths of one build ID once), all at once in
+    `pool`, the biggest first; path -> (key, rows, seconds), or why it failed. A handful of small
+    modules are built here, in this process: cheaper than starting workers. `names`: what
+    progress calls a path (default its base name)."""
+    names = names or {}
+    out: dict[str, tuple[str, np.ndarray, float] | str] = {}
+    todo: dict[str, tuple[str, int]] = {}
+    keys: set[str] = set()
+    for path in paths:
+        try:
+            key, rows, cfi = peek(path, use_cache)
+        except Exception as e:  # noqa: BLE001 - any malformed ELF: said, the rest go on
+            out[path] = f"unreadable: {type(e).__name__}: {str(e)[:120]}"
+            continue
+        if rows is None and key not in keys:
+            keys.add(key)
+            todo[path] = (key, cfi)
+    local = len(todo) <= 1 or sum(c for _k, c in todo.values()) <= 2 * build_costs()[1]
+    queue = sorted(todo, key=lambda p: -todo[p][1])
+    running: dict[Future, str] = {}
+    done = 0
+    while queue or running:
+        if local:
+            path = queue.pop(0)
+            try:
+                res = build_module(path, use_cache)
+            except Exception as e:  # noqa: BLE001 - whatever the ELF did
+                res = e
+            finished = [(path, res)]
+        else:
+            while queue and pool.can_start(todo[queue[0]][1]):
+                path = queue.pop(0)
+                running[pool.submit(path, todo[path][1])] = path
+            ready, _ = wait(running, return_when=FIRST_COMPLETED)
+            finished = []
+            for fut in ready:
+                path = running.pop(fut)
+                try:
+                    finished.append((path, fut.result()))
+                except Exception as e:  # noqa: BLE001 - the worker's exception, whatever the ELF did
+                    finished.append((path, e))
+        for path, res in finished:
+            if isinstance(res, Exception):
+                out[path] = f"{type(res).__name__}: {str(res)[:120]}"
+                continue
+            out[path] = res
+            done += 1
+            if progress is not None and (res[2] > 0.5 or not local):
+                name = os.path.basename(names.get(path, path))
+                progress(f"unwind table for {name}: {len(res[1])} rows in {res[2]:.1f} s ({done}/{len(todo)})")
+    return out
+
+
 # --------------------------------------------------------------------------- BPF side
+
+MODULE_SLOTS = 1024  # `upending` entries (AS_UNWIND_MODULES, probes/unwind_dwarf.h); slot 0: their sum
+UMAP_PENDING = 1     # as_umap.flags (AS_UMAP_PENDING)
+
 
 @dataclass
 class Module:
@@ -296,6 +509,24 @@ class Module:
     slices: list[tuple[int, int, int, int]]  # (pc_lo, pc_hi, begin, count)
     cached: bool
     seconds: float
+    slot: int = 0                       # in `upending` (pending modules)
+    pending: bool = False               # registered, rows not loaded yet
+
+
+@dataclass
+class Pending:
+    """A module registered without its rows: the stacks cut short there, and its build."""
+    module: Module
+    open_path: str                      # the file to build from (/proc/PID/map_files/...)
+    cfi_bytes: int
+    stacks: int = 0                     # stacks cut short at it (upending[slot])
+    first_ns: int = 0
+    last_ns: int = 0
+    future: Future | None = None        # its build, while it runs
+    built_ns: int = 0                   # when its rows went in (CLOCK_MONOTONIC), 0: not yet
+    build_s: float = 0.0
+    rows: int = 0
+    error: str = ""
 
 
 class UmapKey(ct.Structure):
@@ -303,14 +534,19 @@ class UmapKey(ct.Structure):
 
 
 class Umap(ct.Structure):
-    _fields_ = [("bias", ct.c_uint64), ("begin", ct.c_uint32), ("count", ct.c_uint32)]
+    _fields_ = [("bias", ct.c_uint64), ("begin", ct.c_uint32), ("count", ct.c_uint32),
+                ("module", ct.c_uint32), ("flags", ct.c_uint32)]
 
 
 class Urow(ct.Structure):
     _fields_ = [("pc", ct.c_uint32), ("cfa_off", ct.c_int16), ("cfa_type", ct.c_uint8), ("rbp_off", ct.c_uint8)]
 
 
-MAP_LAYOUTS = {"urows": (ct.c_uint32, Urow), "umaps": (UmapKey, Umap)}
+class Upending(ct.Structure):
+    _fields_ = [("stacks", ct.c_uint64), ("first_ns", ct.c_uint64), ("last_ns", ct.c_uint64)]
+
+
+MAP_LAYOUTS = {"urows": (ct.c_uint32, Urow), "umaps": (UmapKey, Umap), "upending": (ct.c_uint32, Upending)}
 
 
 def slices_of(n: int, rows: np.ndarray, begin: int) -> list[tuple[int, int, int, int]]:
@@ -324,25 +560,42 @@ def slices_of(n: int, rows: np.ndarray, begin: int) -> list[tuple[int, int, int,
 
 
 class Unwinder:
-    """Keeps the BPF unwind maps in step with the target's executable mappings."""
+    """Keeps the BPF unwind maps in step with the target's executable mappings.
+
+    Lazy (`record --pid`, `top --pid`): a module whose rows are cached is loaded at once; any
+    other is registered pending (its whole mapping in `umaps`, no rows) unless its CFI is tiny.
+    tick() — called by the recorder's loop — reads `upending`, builds the modules stacks crossed
+    in a BuildPool, most-hit first, and loads them. Eager (launch mode): every module's rows are
+    loaded before the mapping is entered (preload: all at once in the pool)."""
 
     def __init__(self, bpf, pid: int, capacity: int, progress: Callable[[str], None] | None = None,
-                 use_cache: bool = True, update_batch=None) -> None:
+                 use_cache: bool = True, update_batch=None, lazy: bool = True, workers: int | None = None) -> None:
         self.pid = pid
         self.rows_map = bpf[b"urows"]
         self.lpm = bpf[b"umaps"]
         self.gen_map = bpf[b"ugen"]  # the probes' stack cache drops what it kept when this moves
+        self.pend_map = bpf[b"upending"]
         self.gen = 0
         self.capacity = capacity
         self.progress = progress or (lambda _m: None)
         self.use_cache = use_cache
+        self.lazy = lazy
+        self.pool = BuildPool(workers, use_cache)
         self._update_batch = update_batch
         self.next_row = 0
+        self.next_slot = 1
+        self.inline_cfi, self.inline_left, _ = build_costs()
         self.modules: dict[str, Module] = {}
         self.by_file: dict[tuple[str, int], str | None] = {}  # (path, inode) -> module key
+        self.pending: dict[str, Pending] = {}  # key -> every module that was registered pending
+        self.prebuilt: dict[str, np.ndarray] = {}  # preload: rows built in the pool (a cache that cannot be written)
         self.failed: dict[str, str] = {}
-        self.entries: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self.entries: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
         self.seconds = 0.0
+        self.t0_ns = time.monotonic_ns()  # the recording's start (the recorder sets it once the probes are live)
+        self._maps: list[Mapping] = []
+        self._next_poll = 0
+        self._total = 0  # upending[0].stacks when last read
 
     # -- modules ---------------------------------------------------------------------------
 
@@ -359,29 +612,55 @@ class Unwinder:
             key = self.by_file[ident]
             return self.modules.get(key) if key else None
         t0 = time.perf_counter()
+        path = self._open_path(m)
         try:
-            key, rows, cached = load_rows(self._open_path(m), self.use_cache)
+            key, rows, cfi = peek(path, self.use_cache)
+            if key in self.modules:
+                self.by_file[ident] = key
+                return self.modules[key]
+            cached = rows is not None
+            if rows is None and key in self.prebuilt:
+                rows = self.prebuilt.pop(key)
+            elif rows is None:
+                if self.lazy and not cfi <= min(self.inline_cfi, self.inline_left):
+                    return self._pend(ident, key, m.path, path, cfi)
+                if self.lazy:
+                    self.inline_left -= cfi
+                key, rows, cached = load_rows(path, self.use_cache)
         except Exception as e:  # noqa: BLE001 - any malformed ELF/CFI: that module falls back
             self.failed[m.path] = f"unreadable: {type(e).__name__}: {str(e)[:120]}"
             self.by_file[ident] = None
             return None
-        if key in self.modules:
-            self.by_file[ident] = key
-            return self.modules[key]
+        mod = self._add(key, m.path, rows, cached, time.perf_counter() - t0)
+        self.by_file[ident] = key if mod is not None else None
+        return mod
+
+    def _add(self, key: str, path: str, rows: np.ndarray, cached: bool, seconds: float) -> Module | None:
         n = len(rows)
         if self.next_row + n > self.capacity:
-            self.failed[m.path] = f"unwind row table full ({self.capacity} rows)"
-            self.by_file[ident] = None
+            self.failed[path] = f"unwind row table full ({self.capacity} rows)"
             return None
         begin = self.next_row
         if n:
             self._write_rows(begin, rows)
         self.next_row += n
-        mod = Module(key, m.path, begin, n, slices_of(n, rows, begin), cached, time.perf_counter() - t0)
+        mod = Module(key, path, begin, n, slices_of(n, rows, begin), cached, seconds)
+        self.modules[key] = mod
+        if not cached and seconds > 0.5:
+            self.progress(f"unwind tables for {os.path.basename(path)}: {n} rows in {seconds:.1f}s (cached now)")
+        return mod
+
+    def _pend(self, ident: tuple[str, int], key: str, path: str, open_path: str, cfi: int) -> Module | None:
+        """Register a module without rows: stacks reaching it end there until it is built."""
+        if self.next_slot >= MODULE_SLOTS:
+            self.failed[path] = f"more than {MODULE_SLOTS - 1} modules waiting for their unwind tables"
+            self.by_file[ident] = None
+            return None
+        mod = Module(key, path, 0, 0, [], False, 0.0, slot=self.next_slot, pending=True)
+        self.next_slot += 1
         self.modules[key] = mod
         self.by_file[ident] = key
-        if not cached and mod.seconds > 0.5:
-            self.progress(f"unwind tables for {os.path.basename(m.path)}: {n} rows in {mod.seconds:.1f}s (cached now)")
+        self.pending[key] = Pending(mod, open_path, cfi)
         return mod
 
     def _write_rows(self, begin: int, rows: np.ndarray) -> None:
@@ -399,41 +678,130 @@ class Unwinder:
             for k, (pc, off, typ, rbp) in zip(keys.tolist(), chunk.tolist()):
                 self.rows_map[self.rows_map.Key(k)] = leaf(pc, off, typ, rbp & 0xFF)
 
+    # -- pending modules -------------------------------------------------------------------
+
+    def tick(self, force: bool = False) -> bool:
+        """Read which pending modules stacks crossed, build them (most-hit first, as many at once
+        as the pool has workers and memory allows), load the ones built. At most every POLL_S:
+        one read of slot 0 (the sum) unless it moved or builds run. True when `umaps` changed."""
+        waiting = [p for p in self.pending.values() if p.module.pending]
+        if not waiting:
+            return False
+        now = time.monotonic_ns()
+        if not force and now < self._next_poll:
+            return False
+        self._next_poll = now + int(POLL_S * 1e9)
+        total = self._read_slot(0)[0]
+        if total == self._total and not force and not any(p.future is not None for p in waiting):
+            return False
+        self._total = total
+        self._read_hits(waiting)
+        changed = self._collect(waiting)
+        for p in sorted((p for p in waiting if p.stacks and p.future is None and p.module.pending),
+                        key=lambda p: -p.stacks):
+            if not self.pool.can_start(p.cfi_bytes):
+                break  # the most-hit waits for a worker (or memory), not overtaken
+            p.future = self.pool.submit(p.open_path, p.cfi_bytes)
+        return changed
+
+    def _read_slot(self, slot: int) -> tuple[int, int, int]:
+        try:
+            v = self.pend_map[self.pend_map.Key(slot)]
+        except KeyError:
+            return 0, 0, 0
+        return int(v.stacks), int(v.first_ns), int(v.last_ns)
+
+    def _read_hits(self, which: list[Pending]) -> None:
+        for p in which:
+            p.stacks, p.first_ns, p.last_ns = self._read_slot(p.module.slot)
+
+    def _collect(self, waiting: list[Pending]) -> bool:
+        done = [p for p in waiting if p.future is not None and p.future.done()]
+        for p in done:
+            fut, p.future = p.future, None
+            mod = p.module
+            try:
+                _key, rows, p.build_s = fut.result()
+            except Exception as e:  # noqa: BLE001 - whatever the ELF did to the builder: that module falls back
+                p.error = f"{type(e).__name__}: {str(e)[:120]}"
+                self.failed[mod.path] = f"unwind table not built: {p.error}"
+                mod.pending = False  # no rows: frame-pointer steps there, as for a module without CFI
+                continue
+            n = len(rows)
+            if self.next_row + n > self.capacity:
+                p.error = f"unwind row table full ({self.capacity} rows)"
+                self.failed[mod.path] = p.error
+                mod.pending = False
+                continue
+            if n:
+                self._write_rows(self.next_row, rows)
+            mod.begin, mod.count, mod.slices = self.next_row, n, slices_of(n, rows, self.next_row)
+            self.next_row += n
+            mod.seconds, mod.pending = p.build_s, False
+            p.rows = n
+        if not done:
+            return False
+        self.update(self._maps)  # the entries of the built modules now point at their rows
+        now = time.monotonic_ns()
+        for p in done:
+            if not p.error:
+                p.built_ns = now
+                self.progress(f"unwind table for {os.path.basename(p.module.path)}: {p.rows} rows in "
+                              f"{p.build_s:.1f} s; stacks through it complete from +{self._rel(now):.1f} s")
+        return True
+
+    def finish(self) -> None:
+        """Before the final metadata: the last counts (of every module that was pending), and the
+        builds still running stopped."""
+        self._read_hits(list(self.pending.values()))
+        self.close()
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def _rel(self, ns: int) -> float:
+        return max(0.0, (ns - self.t0_ns) / 1e9)
+
     # -- mappings ---------------------------------------------------------------------------
 
     def preload(self, maps: list[Mapping]) -> None:
         """Build and load the tables of these files without mapping addresses (launch mode:
-        the libraries are not mapped yet)."""
+        the libraries are not mapped yet). The uncached ones are built all at once in the pool."""
         t0 = time.perf_counter()
-        for m in maps:
-            if m.is_file and "x" in m.perms:
-                self.module(m)
+        files = [m for m in maps if m.is_file and "x" in m.perms]
+        built = build_all([self._open_path(m) for m in files], self.pool, self.progress, self.use_cache)
+        for res in built.values():
+            if not isinstance(res, str):
+                self.prebuilt[res[0]] = res[1]
+        for m in files:
+            self.module(m)
+        self.prebuilt.clear()
         self.seconds += time.perf_counter() - t0
 
     def update(self, maps: list[Mapping]) -> None:
         """Make `umaps` describe exactly the executable file mappings in `maps`."""
         t0 = time.perf_counter()
-        want: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._maps = maps
+        want: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
         for m in maps:
             if not (m.is_file and "x" in m.perms) or m.end <= m.start:
                 continue
             mod = self.module(m)
-            if mod is None or mod.count == 0:
+            if mod is None:
                 continue
             bias = (m.start - m.offset) & 0xFFFFFFFFFFFFFFFF
+            if mod.pending:  # the whole mapping: any pc in it ends the stack there, counted
+                for addr, plen in prefixes(m.start, m.end):
+                    want[(addr, plen)] = (bias, 0, 0, mod.slot, UMAP_PENDING)
+                continue
+            if mod.count == 0:
+                continue
             for lo, hi, begin, count in mod.slices:
                 a, b = max(m.start, m.start - m.offset + lo), min(m.end, m.start - m.offset + hi)
                 for addr, plen in prefixes(a, b) if a < b else ():
-                    want[(addr, plen)] = (bias, begin, count)
+                    want[(addr, plen)] = (bias, begin, count, mod.slot, 0)
         changed = False
-        for k in [k for k in self.entries if k not in want]:
-            try:
-                del self.lpm[self._key(*k)]
-            except KeyError:
-                pass
-            del self.entries[k]
-            changed = True
-        for k, v in want.items():
+        for k, v in want.items():  # new values first: a prefix changing hands is never missing
             if self.entries.get(k) != v:
                 changed = True
                 try:
@@ -442,6 +810,13 @@ class Unwinder:
                     self.failed["[umaps]"] = f"address map full ({len(self.entries)} prefixes)"
                     continue
                 self.entries[k] = v
+        for k in [k for k in self.entries if k not in want]:
+            try:
+                del self.lpm[self._key(*k)]
+            except KeyError:
+                pass
+            del self.entries[k]
+            changed = True
         if changed:
             self.gen += 1
             self.gen_map[self.gen_map.Key(0)] = self.gen_map.Leaf(self.gen)
@@ -455,25 +830,76 @@ class Unwinder:
         return key
 
     def meta(self) -> dict:
+        """meta.json `unwind` (with the probes' mode): `pending` lists every module stacks were cut
+        short at (or that was built) while its table was not loaded, most-hit first — stacks,
+        first_s / last_s (seconds since the recording's start), built_s (when its rows went in;
+        None: not by the end), build_s (the build's own seconds), rows, error."""
+        crossed = [p for p in self.pending.values() if p.stacks or p.built_ns or p.error]
         return {"modules": len(self.modules), "rows": self.next_row, "capacity": self.capacity,
                 "prefixes": len(self.entries), "seconds": round(self.seconds, 3),
-                "built": sorted(os.path.basename(m.path) for m in self.modules.values() if not m.cached),
-                "failed": dict(self.failed)}
+                "built": sorted(os.path.basename(m.path) for k, m in self.modules.items()
+                                if not (m.cached or m.pending or (k in self.pending and self.pending[k].error))),
+                "failed": dict(self.failed), "lazy": self.lazy,
+                "pending": [{"module": p.module.path, "stacks": p.stacks,
+                             "first_s": round(self._rel(p.first_ns), 3) if p.first_ns else None,
+                             "last_s": round(self._rel(p.last_ns), 3) if p.last_ns else None,
+                             "built_s": round(self._rel(p.built_ns), 3) if p.built_ns else None,
+                             "build_s": round(p.build_s, 3), "rows": p.rows, "error": p.error}
+                            for p in sorted(crossed, key=lambda p: -p.stacks)],
+                "never_crossed": sum(1 for p in self.pending.values() if p not in crossed)}
 
 
 # --------------------------------------------------------------------------- recorder glue
 
 def start_unwinder(probes, maps: list[Mapping], launched: bool, progress=None) -> Unwinder | None:
-    """Load the tables of the target's executable mappings before the probes attach. Launch
-    mode: `maps` are the files ldd resolves (not mapped yet): their rows are loaded now, their
-    addresses when the loader maps them (Recorder._refresh_maps -> Unwinder.update)."""
-    unw = probes.unwinder(progress)
+    """Register the target's executable mappings before the probes attach: cached rows are
+    loaded, any other module is left pending (built once stacks cross it: Unwinder.tick). Launch
+    mode: `maps` are the files ldd resolves (not mapped yet): their rows are built (all at once)
+    and loaded now, their addresses when the loader maps them (Recorder._refresh_maps ->
+    Unwinder.update), dlopen'd code at its mapping while the probes hold the thread."""
+    unw = probes.unwinder(progress, lazy=not launched)
     if unw is None:
         return None
     if launched:
         unw.preload(maps)
     else:
         unw.update(maps)
+        if unw.pending:
+            unw.pool.start(2)  # the first builds need not wait for workers to start
     return unw
 
 
+def warm(paths: list[str], progress: Callable[[str], None] | None = None, workers: int | None = None,
+         names: dict[str, str] | None = None) -> dict[str, tuple[str, np.ndarray, float] | str]:
+    """Fill the cache with the tables of `paths` (doctor --warm), on every core."""
+    pool = BuildPool(workers)
+    try:
+        return build_all(paths, pool, progress, names=names)
+    finally:
+        pool.close()
+
+
+def warm_process(pid: int, say: Callable[[str], None], workers: int | None = None) -> bool:
+    """doctor --warm: the tables of every executable file mapping of `pid`, built into the cache
+    on every core, one line a module built and a summary. False when some could not be built."""
+    from .procfs import read_maps  # noqa: PLC0415
+
+    seen: set[tuple[str, int]] = set()
+    paths, names = [], {}
+    for m in read_maps(pid):
+        if m.is_file and "x" in m.perms and (m.path, m.inode) not in seen:
+            seen.add((m.path, m.inode))
+            mf = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
+            paths.append(mf if os.path.exists(mf) else m.path.removesuffix(" (deleted)"))
+            names[paths[-1]] = m.path
+    t0 = time.perf_counter()
+    n = max(1, workers or os.cpu_count() or 1)
+    say(f"unwind tables of pid {pid}: {len(paths)} modules; building the uncached ones on {n} cores "
+        f"into {cache_dir()}")
+    res = warm(paths, say, workers, names)
+    bad = {p: r for p, r in res.items() if isinstance(r, str)}
+    for p, why in bad.items():
+        say(f"  not built: {names.get(p, p)}: {why}")
+    say(f"unwind tables of pid {pid}: {len(res) - len(bad)} built, {len(paths) - len(res)} cached already, "
+        f"{len(bad)} failed, in {time.perf_counter() - t0:.1f} s")
+    return not bad

@@ -13,14 +13,29 @@ from .recording import resolve_target
 @click.command(cls=Command, context_settings=CONTEXT)
 @click.option("--pid", "-p", type=int, help="Also say what would be probed in this process.")
 @click.option("--pgrep", "pattern", metavar="PATTERN", help="Likewise, the one process matching PATTERN.")
-def doctor(pid, pattern):
+@click.option("--warm", is_flag=True, help="With --pid/--pgrep: build the unwind tables of all its code now, "
+              "on every core, so a recording has complete stacks from its first second.")
+def doctor(pid, pattern, warm):
     """Check that this machine can trace: root, BPF, BCC, kernel headers, tracefs, uprobes.
 
     Says exactly what is missing and how to fix it; exits 0 when tracing can work. With --pid or
     --pgrep it also lists the process's allocators, each probe and its place, and whether the
     CUDA driver (libcuda.so.1) is mapped: what `record --dry-run` prints.
+
+    `record --pid` builds the unwind table of a module only once allocation stacks cross it
+    (stacks are cut short there meanwhile, counted and said in the report); --warm builds every
+    table of the process ahead, into the cache `record` reads (docs/startup.md).
     """
     from tracer.doctor import run_checks  # noqa: PLC0415
+
+    if warm and pid is None and pattern is None:
+        raise click.UsageError("--warm needs --pid PID or --pgrep PATTERN (whose code to build tables for)")
+    if warm:
+        from tracer.unwind import warm_process  # noqa: PLC0415
+
+        target = resolve_target(pid, pattern, ())
+        ok = warm_process(target.pid, lambda msg: click.echo(msg, err=True))
+        sys.exit(0 if ok else 1)
 
     if pid is not None or pattern is not None:
         from tracer.dryrun import describe  # noqa: PLC0415

@@ -135,7 +135,9 @@ from .totals import (  # noqa: F401
     advice,
     losses,
     mode_notes,
+    pending_notes,
     totals,
+    unwind_pending,
 )
 from .waits import held_while_waiting
 
@@ -193,10 +195,11 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
                       "interval_s": meta.get("interval_s"), "allocator": (meta.get("probes") or {}).get("allocator"),
                       "allocator_kind": (meta.get("probes") or {}).get("allocator_kind"),
                       "allocators": list((meta.get("probes") or {}).get("allocators") or []),
-                      "probes": meta.get("probes"), "warnings": trace.warnings},
+                      "probes": meta.get("probes"), "warnings": trace.warnings,
+                      "unwind_pending": unwind_pending(trace)},
         "totals": tot,
         "advice": mode_notes(trace) + advice(trace, tot) + residency_advice(arenas, dec)
-        + allocator_advice(dec, trace),
+        + allocator_advice(dec, trace) + pending_notes(unwind_pending(trace)),
         "sort": sort,
         "timeline_seq": [i + 1 for i in points],
         "at_peak": peak,

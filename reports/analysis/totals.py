@@ -2,6 +2,8 @@
 residency-mode trace carries."""
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 
 from common.tracefile.reader import Trace
@@ -22,6 +24,9 @@ LOSS_ADVICE = {
     "lost_flow_full": "the thread-flow map was full: some cross-thread frees are not in the flow table",
     "lost_stack_truncated": "some stacks were cut short (deeper than 64 frames, or code the DWARF unwinder "
                             "cannot follow): their sites show the innermost frames only",
+    "lost_stack_pending": "some stacks were cut short at a module whose unwind table was still being built "
+                          "(the lines below say which, until when); `allocscope doctor --pid PID --warm` "
+                          "before recording builds them all ahead",
 }
 
 def losses(trace: Trace) -> dict[str, int]:
@@ -91,6 +96,29 @@ def advice(trace: Trace, tot: dict) -> list[str]:
     if tot["losses"].get("lost_live_full_bytes"):
         out.append(f"{tot['losses']['lost_live_full_bytes']} bytes were allocated but not tracked (live map full)")
     return out
+
+def unwind_pending(trace: Trace) -> list[dict]:
+    """meta.json `unwind.pending`: the modules stacks were cut short at while their unwind tables
+    were being built (tracer/unwind.py), most-hit first; [] for traces without it."""
+    return [p for p in (trace.meta.get("unwind") or {}).get("pending") or [] if p.get("stacks")]
+
+
+def pending_notes(pending: list[dict]) -> list[str]:
+    """One line per module of unwind_pending: how many stacks, until when."""
+    out = []
+    for p in pending:
+        name = os.path.basename(p["module"])
+        n = f"{p['stacks']} stack{'s' if p['stacks'] != 1 else ''} cut short in {name}"
+        if p.get("built_s") is not None:
+            out.append(f"{n} until +{p['built_s']:.1f} s while its unwind table was built "
+                       f"({p.get('rows', 0)} rows in {p.get('build_s', 0):.1f} s)")
+        elif p.get("error"):
+            out.append(f"{n}: its unwind table could not be built ({p['error']}); frame-pointer steps there since")
+        else:
+            out.append(f"{n} (last at +{p.get('last_s') or 0:.1f} s): its unwind table was still being built "
+                       "when the recording ended")
+    return out
+
 
 def mode_notes(trace: Trace) -> list[str]:
     """What a sampled or residency-mode trace can and cannot answer (shown on top of reports)."""
