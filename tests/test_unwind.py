@@ -262,7 +262,7 @@ def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
 
 
 def test_pending_notes_say_how_many_where_until_when():
-    from reports.totals import pending_notes
+    from reports.analysis.totals import pending_notes
 
     assert pending_notes([
         {"module": "/x/libbig.so", "stacks": 7, "built_s": 1.44, "build_s": 1.07, "rows": 50769},

@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from common.errors import UsageError
+
 from .base import CONTEXT, Command
 from .recording import resolve_target
 
@@ -29,7 +31,7 @@ def doctor(pid, pattern, warm):
     from tracer.doctor import run_checks  # noqa: PLC0415
 
     if warm and pid is None and pattern is None:
-        raise click.UsageError("--warm needs --pid PID or --pgrep PATTERN (whose code to build tables for)")
+        raise UsageError("--warm needs --pid PID or --pgrep PATTERN (whose code to build tables for)")
     if warm:
         from tracer.unwind import warm_process  # noqa: PLC0415
 
