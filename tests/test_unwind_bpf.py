@@ -505,7 +505,7 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
     # the wait after "phase1" was cut short at libc; the one after "done" (the same place, still
     # blocked at the end) was unwound again, complete: a stack cut short is not kept in the wait memo
     from common.tracefile.reader import load_trace
-    from reports.frames import symbolize_stacks
+    from reports.analysis.stacks import symbolize_stacks
 
     trace = load_trace(str(out))
     stacks = symbolize_stacks(trace)

@@ -90,9 +90,11 @@ class Mem:
         os.close(self.fd)
 
     def read(self, addr: int, n: int) -> bytes:
+        if not 0 <= addr < 1 << 63 or n <= 0:  # a damaged pointer: no read (pread takes an off_t)
+            return b""
         try:
             return os.pread(self.fd, n, addr)
-        except OSError:
+        except (OSError, OverflowError, ValueError):
             return b""
 
     def word(self, addr: int) -> int | None:

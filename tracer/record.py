@@ -391,8 +391,8 @@ class Recorder:
 
         try:
             rows, info = run_census(self.target.pid, budget_s=self.opts.census_budget_s)
-        except OSError as e:
-            self.census_info[when] = {"error": str(e)}
+        except Exception as e:  # noqa: BLE001 - the census is an extra: a bug in it never costs the recording
+            self.census_info[when] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
             return
         self.census_info[when] = info
         self.census_rows += [(when, *c.row()) for c in rows]
