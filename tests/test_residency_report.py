@@ -47,3 +47,40 @@ def test_other_allocator_retention_not_separable(tmp_path):
     assert d["live_heap_bytes"] == 3 * MiB and d["sum_bytes"] == d["rss_bytes"] == 40 * MiB
     text = to_text(build_report(tr))
     assert "not separable" in text
+
+
+def _attached_trace(tmp_path, launched: bool):
+    """jemalloc serving malloc, no census possible: its mappings held 30 MiB resident when the
+    probes attached (blocks from before the attach, or free: nobody can tell), 50 MiB at the
+    end with 5 MiB live since the attach."""
+    t = SynthTrace(tmp_path / f"a{int(launched)}.allocscope")
+    t.meta["target"]["launched"] = launched
+    t.meta["probes"]["allocators"] = [{"kind": "jemalloc", "source": "heap", "module": "/usr/lib/libjemalloc.so.2",
+                                       "prefix": "", "serves_malloc": True}]
+    s = t.stack(["fill", "worker"])
+    for seq, (res, live) in enumerate([(30 * MiB, 0), (50 * MiB, 5 * MiB)], start=1):
+        t.interval({(s, 7): (live, 5, 0, 0)}, rss=80 * MiB)
+        t.w.write_part("allocators", seq, pa.Table.from_pylist(
+            [{"seq": seq, "source": "heap", "kind": "jemalloc", "mapped_bytes": 64 * MiB, "resident_bytes": res,
+              "live_bytes": live, "ranges": 3}], schema=F.SCHEMAS["allocators"]))
+    t.live_block(s, 7, 5 * MiB, 0.5)
+    t.close()
+    return load_trace(str(tmp_path / f"a{int(launched)}.allocscope"))
+
+
+def test_attached_without_census_never_calls_pre_attach_memory_retained(tmp_path):
+    d = rss_decomposition(_attached_trace(tmp_path, launched=False))
+    a = d["allocators"][0]
+    # what the mappings held at the attach is "before the attach or retained"; only the growth
+    # beyond it that is not live since the attach is retained
+    assert (a["live"], a["before_or_retained"], a["retained"], a["live_before_attach"]) == (5 * MiB, 30 * MiB,
+                                                                                              15 * MiB, None)
+    assert (d["retained_bytes"], d["before_or_retained_bytes"], d["live_heap_bytes"]) == (15 * MiB, 30 * MiB, 5 * MiB)
+    assert d["sum_bytes"] == d["rss_bytes"] == 80 * MiB
+    (tmp_path / "t").mkdir()
+    text = to_text(build_report(_attached_trace(tmp_path / "t", launched=False)))
+    assert "+ before the attach or retained 30.0 MiB + retained (free)" not in text  # one or the other per allocator
+    assert "jemalloc         resident   50.0 MiB = live 5.0 MiB + before the attach or retained 30.0 MiB" in text, text
+    # launched: nothing predates the attach, resident - live is retained
+    d = rss_decomposition(_attached_trace(tmp_path, launched=True))
+    assert (d["retained_bytes"], d["before_or_retained_bytes"]) == (45 * MiB, 0)

@@ -295,7 +295,7 @@ def _totals_json(a: Side, b: Side, expected: float | None) -> dict:
     return out
 
 
-ALLOCATOR_KEYS = ("resident", "live", "retained", "released", "live_before_attach")
+ALLOCATOR_KEYS = ("resident", "live", "retained", "released", "live_before_attach", "before_or_retained")
 
 
 def diff_allocators(a: Side, b: Side) -> list[dict]:

@@ -38,6 +38,7 @@ RETAINED_MIN_BYTES = 4 << 20  # ...and >= 4 MiB
 RELEASE_MIN_S = 0.05       # giving memory back took >= 50 ms in the calls...
 RELEASE_MIN_SHOOTDOWNS = 1000  # ...or caused >= 1000 remote TLB shootdowns
 NOISY_LOSSES = {"lost_unmatched_ret": 1000, "lost_stale_entry": 1000}  # normal in small numbers
+NOT_LOST = {"lost_stack_pending"}  # stacks cut short while a table was built: no event or byte lost
 DIFF_MIN_SHARE = 0.10      # a diff names a change >= 10% of the larger live peak
 GROUP_MIN_CHANGE = 0.25    # a thread group's peak moved by >= 25% of its larger peak (and DIFF_MIN_SHARE)
 
@@ -236,10 +237,11 @@ def _release_finding(doc: dict) -> dict | None:
 
 
 def material_losses(totals: dict) -> dict[str, int]:
-    """The loss counters that change the picture: all but the byte counts and those normal in
-    small numbers (NOISY_LOSSES)."""
+    """The loss counters that change the picture: all but the byte counts, those normal in
+    small numbers (NOISY_LOSSES) and the stacks cut short while an unwind table was built (their
+    bytes are all counted; the unwind notes under Totals say where and until when)."""
     return {k: v for k, v in (totals.get("losses") or {}).items()
-            if v and not k.endswith("_bytes") and v >= NOISY_LOSSES.get(k, 1)}
+            if v and not k.endswith("_bytes") and k not in NOT_LOST and v >= NOISY_LOSSES.get(k, 1)}
 
 
 def _loss_text(lost: dict[str, int]) -> str:

@@ -256,6 +256,16 @@ def _last_allocators(trace: Trace) -> pd.DataFrame:
     return a[a["seq"] == a["seq"].max()]
 
 
+def _first_resident(trace: Trace) -> dict[str, int]:
+    """{source: resident bytes of its own mappings in the first `allocators` row}: what each
+    allocator held when the probes attached."""
+    a = trace.allocators
+    if a is None or a.empty:
+        return {}
+    first = a[a["seq"] == a["seq"].min()]
+    return {str(r.source): int(r.resident_bytes) for r in first.itertuples()}
+
+
 def _allocator_modules(trace: Trace) -> dict[str, dict]:
     """{source: meta.json probes.allocators[] entry} (kind, module, prefix, serves_malloc)."""
     out = {}
@@ -339,11 +349,16 @@ def allocator_split(trace: Trace, arenas: pd.DataFrame) -> list[dict] | None:
     census, tracer/census.py; None where no census was possible); census: 'measured',
     'sampled' (the census estimated part of the heaps past its time budget) or the reason there
     is none; retained: free and resident — resident − live − live_before_attach, at least 0
-    (without a census, resident − live: what it mapped since the attach and holds free).
+    (without a census: resident − live in a launched recording, where nothing predates the
+    attach; in an attached one, the part of resident − live up to what its mappings held
+    resident at the attach is `before_or_retained` — blocks from before the attach or free
+    memory, not separable without a census — and only the rest is retained).
     None for a trace without the `allocators` table (version 2)."""
     last = _last_allocators(trace)
     if last is None or last.empty:
         return None
+    attached = (trace.meta.get("target") or {}).get("launched") is False
+    at_attach = _first_resident(trace) if attached else {}
     mods = _allocator_modules(trace)
     released, _rows = allocator_releases(trace)
     out = []
@@ -367,9 +382,17 @@ def allocator_split(trace: Trace, arenas: pd.DataFrame) -> list[dict] | None:
         else:
             ret = max(0, res - live)
             if glibc:
-                census = "no census: glibc not serving malloc here"
+                census = _no_census(trace) if src == "heap" else "no census: glibc not serving malloc here"
+        unsure = 0
+        if before is None and attached:
+            # Attached without a census: what its mappings held resident at the attach may be
+            # blocks from before it, still allocated, or free memory: "before the attach or
+            # retained", never called retained. What it holds beyond that, not live since the
+            # attach, is retained (a block from before the attach cannot grow).
+            unsure = min(ret, at_attach.get(src, 0))
+            ret -= unsure
         out.append({"name": str(r.kind), "source": src, "resident": res, "live": live, "retained": ret,
-                    "live_before_attach": before, "census": census,
+                    "before_or_retained": unsure, "live_before_attach": before, "census": census,
                     "released": int(released.get(src, 0)), "kind": m.get("kind", str(r.kind).split(":")[0]),
                     "module": m.get("module"), "serves_malloc": bool(m.get("serves_malloc", src == "heap")),
                     "mapped": int(r.mapped_bytes), "measured": True})
@@ -416,6 +439,7 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     held = sum(min(a["live"], a["resident"]) for a in allocs)
     before = sum(a["live_before_attach"] or 0 for a in allocs)
     retained = sum(a["retained"] for a in allocs)
+    unsure = sum(a.get("before_or_retained", 0) for a in allocs)
     anon = int(last["rss_anon_bytes"])
     # Live bytes beyond an allocator's measured mappings lie in mappings it made before the
     # attach (not in the kernel's LRU): live heap too, taken out of the anonymous rest.
@@ -427,8 +451,10 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     held = min(held, max(0, anon))
     before = min(before, max(0, anon - held))
     retained = min(retained, max(0, anon - held - before))
+    unsure = min(unsure, max(0, anon - held - before - retained))
     parts = {"live_heap_bytes": held, "live_before_attach_bytes": before, "retained_bytes": retained,
-             "other_anon_bytes": max(0, anon - held - before - retained),
+             "before_or_retained_bytes": unsure,
+             "other_anon_bytes": max(0, anon - held - before - retained - unsure),
              "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
     timeline = allocator_timeline(trace)
     for a in allocs:

@@ -46,7 +46,7 @@ def totals(trace: Trace) -> dict:
     """Whole-process numbers: live_bytes, live_count (tracked and outstanding at the end),
     peak_live_bytes, rss_bytes (last sample while the target was readable), peak_rss_bytes
     (highest sample), hwm_bytes (kernel VmHWM), lost_events (sum of the lost_* counters except
-    byte counts), losses (the non-zero lost_* counters), heap_live_bytes, mmap_live_bytes,
+    byte counts and lost_stack_pending), losses (the non-zero lost_* counters), heap_live_bytes, mmap_live_bytes,
     duration_s, intervals — host memory only — and, kept apart: device_bytes (GPU memory live
     at the end, `intervals.device_live_bytes`), device_peak_bytes (its highest), device_count
     (GPU allocations live at the end, from the sites), cuda_host_bytes (pinned and managed host
@@ -69,7 +69,8 @@ def totals(trace: Trace) -> dict:
         "rss_bytes": int(alive["rss_bytes"].iloc[-1]) if len(alive) else 0,
         "peak_rss_bytes": _col_max(alive, "rss_bytes"),
         "hwm_bytes": _col_max(alive, "hwm_bytes"),
-        "lost_events": int(sum(v for k, v in lost.items() if not k.endswith("_bytes"))),
+        # stacks cut short while an unwind table was built lost no event: their bytes are counted
+        "lost_events": int(sum(v for k, v in lost.items() if not k.endswith("_bytes") and k != "lost_stack_pending")),
         "losses": {k: v for k, v in lost.items() if v},
         "heap_live_bytes": int(last.get("heap_live_bytes", 0)),
         "mmap_live_bytes": int(last.get("mmap_live_bytes", 0)),

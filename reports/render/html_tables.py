@@ -241,13 +241,18 @@ def decomposition_html(doc: dict) -> str:
     parts = [("live heap since the attach", d["live_heap_bytes"])]
     if d.get("live_before_attach_known"):
         parts.append(("live before the attach", d.get("live_before_attach_bytes", 0)))
-    parts += [("retained by allocator (free)", d["retained_bytes"]), ("other anonymous", d["other_anon_bytes"]),
+    parts.append(("retained by allocator (free)", d["retained_bytes"]))
+    if d.get("before_or_retained_bytes"):
+        parts.append(("before the attach or retained", d["before_or_retained_bytes"]))
+    parts += [("other anonymous", d["other_anon_bytes"]),
               ("file", d["file_bytes"]), ("shmem", d["shmem_bytes"])]
     cells = " + ".join(f"{esc(k)} <b>{_bytes(v)}</b>" for k, v in parts)
     out = f'<p class="decomp">RSS <b>{_bytes(d["rss_bytes"])}</b> = {cells}</p>'
     if d.get("unseparated"):
-        out += (f'<p class="decomp">{esc(", ".join(d["unseparated"]))}: memory from before the attach is in other '
-                f'anonymous, {esc(d["unseparated_note"])}</p>')
+        where = "in its own mappings and in other anonymous" if d.get("before_or_retained_bytes") else \
+            "in other anonymous"
+        out += (f'<p class="decomp">{esc(", ".join(d["unseparated"]))}: memory from before the attach is {where}, '
+                f'{esc(d["unseparated_note"])}</p>')
     if d.get("shmem_attributed_bytes") or d.get("file_device_bytes"):
         def srcs(by: dict) -> str:
             return esc(", ".join(f"{k} {human_bytes(v)}" for k, v in by.items()) or "none")

@@ -86,19 +86,24 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
                     else " (allocator retention not separable for this allocator: inside other anon)")
         before = f" + live before the attach {human_bytes(dec['live_before_attach_bytes'])}" \
             if dec.get("live_before_attach_known") else ""
+        unsure = f" + before the attach or retained {human_bytes(dec['before_or_retained_bytes'])}" \
+            if dec.get("before_or_retained_bytes") else ""
         out.append(f"  RSS {human_bytes(dec['rss_bytes'])} = live heap since the attach "
-                   f"{human_bytes(dec['live_heap_bytes'])}{before}{retained}"
+                   f"{human_bytes(dec['live_heap_bytes'])}{before}{retained}{unsure}"
                    f" + other anon {human_bytes(dec['other_anon_bytes'])} + file {human_bytes(dec['file_bytes'])}"
                    f" + shmem {human_bytes(dec['shmem_bytes'])}")
         for a in dec.get("allocators") or []:  # every allocator's own mappings, measured
             pre = f" + live before the attach {human_bytes(a['live_before_attach'])}" \
                 if a.get("live_before_attach") is not None else ""
             how = f"; census {a['census']}" if a.get("live_before_attach") is not None else ""
+            rest = f" + before the attach or retained {human_bytes(a['before_or_retained'])}" \
+                if a.get("before_or_retained") else f" + retained (free) {human_bytes(a['retained'])}"
             out.append(f"    {a['name']:<16} resident {human_bytes(a['resident']):>10} = live {human_bytes(a['live'])}"
-                       f"{pre} + retained (free) {human_bytes(a['retained'])};  released {human_bytes(a['released'])}"
+                       f"{pre}{rest};  released {human_bytes(a['released'])}"
                        f"  ({a['source']}{how})")
         if dec.get("unseparated"):
-            out.append(f"    {', '.join(dec['unseparated'])}: memory from before the attach is in other anon, "
+            where = "in its own mappings and in other anon" if dec.get("before_or_retained_bytes") else "in other anon"
+            out.append(f"    {', '.join(dec['unseparated'])}: memory from before the attach is {where}, "
                        f"{dec['unseparated_note']}")
         if dec.get("shmem_attributed_bytes") or dec.get("file_device_bytes"):
             out.append(f"    shmem {human_bytes(dec['shmem_bytes'])} = {human_bytes(dec['shmem_attributed_bytes'])}"
