@@ -518,3 +518,14 @@ def test_cuda_locations_name_the_caller_and_the_call(tmp_path):
     assert f"{ALLOC_BLOCK} via cudaMalloc  [libc10_cuda.so]" in to_csv(A.build_report(load_trace(t.path), by="stack"))
     page = to_html(load_trace(t.path), doc)
     assert "inside libcuda.so.580.159.04, called from cuCtxCreate_v2" in page
+
+
+def test_findings_say_what_holds_gpu_memory(report):
+    from reports.analysis.findings import report_findings
+
+    dev = [f for f in report_findings(report) if f["kind"] == "device"]
+    assert len(dev) == 1, report_findings(report)
+    assert dev[0]["figures"] == {"device_bytes": DEVICE_LIVE, "device_peak_bytes": DEVICE_PEAK}
+    # 192 of the 193 MiB live at the end are upload_weights' (the stage's 1 MiB the rest)
+    assert dev[0]["text"].startswith("GPU: 193.0 MiB of device memory live at the end (peak 329.0 MiB), 99.5% of it "
+                                     "at upload_weights"), dev[0]["text"]

@@ -265,15 +265,35 @@ def burst(doc: dict) -> bool:
     return bool(ap.get("peak_first")) and freed >= max(BURST_MIN_BYTES, BURST_MIN_SHARE * rss)
 
 
+def _device_finding(doc: dict) -> dict | None:
+    """GPU memory (in no host figure): how much is live at the end and which location holds
+    most of it, named with the CUDA call (the Top locations table's device column)."""
+    tot = doc["totals"]
+    dev, peak = tot.get("device_bytes") or 0, tot.get("device_peak_bytes") or 0
+    if not peak:
+        return None
+    rows = sorted((x for x in doc.get("locations") or [] if x.get("device_live_bytes")),
+                  key=lambda x: -x["device_live_bytes"])
+    where = ""
+    if rows and dev:
+        top = rows[0]
+        call = f" via {top['call']}" if top.get("call") else ""
+        where = f", {_pct(top['device_live_bytes'], dev)} of it at {_where(top)}{call}"
+    text = (f"GPU: {human_bytes(dev)} of device memory live at the end (peak {human_bytes(peak)}){where}; "
+            "device memory is in no host figure.")
+    return _finding("device", text, "Top locations (device)", "locations", device_bytes=dev, device_peak_bytes=peak)
+
+
 def report_findings(doc: dict) -> list[dict]:
     """The findings of an allocscope.report/1 document, most important first (see the module
     docstring); one `no_problem` finding when nothing stands out: nothing growing, nothing
     kept by blocked threads, no allocator retention or release cost worth a line, no material
-    loss, and no burst (`burst`)."""
+    loss, no burst (`burst`) and no GPU memory."""
     wait = kept_while_waiting(doc)
     others = [f for f in (_growing_finding(doc), _retained_finding(doc), _release_finding(doc), _loss_finding(doc))
               if f]
-    if not (wait or others or burst(doc)):
+    device = _device_finding(doc)
+    if not (wait or others or burst(doc) or device):
         tot = doc["totals"]
         return [_finding("no_problem", f"No problem found: {human_bytes(tot['live_bytes'])} live at the end, peak "
                                        f"{human_bytes(tot['peak_live_bytes'])}; no burst, nothing growing, no blocked "
@@ -281,7 +301,8 @@ def report_findings(doc: dict) -> list[dict]:
                                        "that matter were lost.", "Totals", "header",
                          live_bytes=tot["live_bytes"], peak_live_bytes=tot["peak_live_bytes"])]
     peak, merged = _peak_finding(doc, wait)
-    out = [f for f in (peak, None if merged or not wait else _wait_finding(doc, wait)) if f] + others
+    out = [f for f in (peak, device, None if merged or not wait else _wait_finding(doc, wait)) if f]
+    out += others
     return out[:MAX_FINDINGS]
 
 
