@@ -150,6 +150,13 @@ def elf_build_id(elf: ELFFile) -> str | None:
 @lru_cache(maxsize=512)
 def build_id(path: str) -> str:
     """Hex GNU build ID of the ELF file at `path`, '' when it has none or is not readable."""
+    raw = RawElf.open(path)
+    if raw is not None:
+        with raw:
+            try:
+                return raw.build_id() or ""
+            except (ValueError, OSError):
+                pass
     opened = open_elf(path)
     if opened is None:
         return ""
@@ -445,8 +452,10 @@ def module_symbols(path: str, bid: str | None = None,
 
 # --------------------------------------------------------------------------- raw headers, vectorised symbols
 
-_SHT_NOBITS, _SHT_NOTE = 8, 7
-_PT_LOAD, _PT_INTERP = 1, 3
+SHT_NOBITS, _SHT_NOTE = 8, 7
+_PT_LOAD, _PT_INTERP, _PT_NOTE = 1, 3, 4
+_ET_CORE = 4
+_NT_GNU_BUILD_ID = 3
 _SHF_COMPRESSED = 0x800
 _EM_ARM = 40
 
@@ -468,9 +477,9 @@ class RawElf:
     truncated headers): callers then use pyelftools."""
 
     def __init__(self, fd: int, is64: bool, little: bool, machine: int, sections: list[RawSection],
-                 loads: list[Segment], interp: bool) -> None:
+                 loads: list[Segment], interp: bool, notes: list[tuple[int, int]]) -> None:
         self.fd, self.is64, self.little, self.machine = fd, is64, little, machine
-        self.sections, self.loads, self.interp = sections, loads, interp
+        self.sections, self.loads, self.interp, self.notes = sections, loads, interp, notes
         self.by_name = {s.name: i for i, s in enumerate(sections)}  # the last of a name, as pyelftools
 
     @classmethod
@@ -495,20 +504,21 @@ class RawElf:
         is64, little = ident[4] == 2, ident[5] == 1
         e = "<" if little else ">"
         if is64:
-            (machine, phoff, shoff, phentsize, phnum, shentsize, shnum,
-             shstrndx) = struct.unpack_from(e + "2xH4x8xQQ4x2xHHHHH", ident, 16)
+            (etype, machine, phoff, shoff, phentsize, phnum, shentsize, shnum,
+             shstrndx) = struct.unpack_from(e + "HH4x8xQQ4x2xHHHHH", ident, 16)
         else:
-            (machine, phoff, shoff, phentsize, phnum, shentsize, shnum,
-             shstrndx) = struct.unpack_from(e + "2xH4x4xII4x2xHHHHH", ident, 16)
+            (etype, machine, phoff, shoff, phentsize, phnum, shentsize, shnum,
+             shstrndx) = struct.unpack_from(e + "HH4x4xII4x2xHHHHH", ident, 16)
         shfmt = e + ("IIQQQQIIQQ" if is64 else "IIIIIIIIII")
         phfmt = e + ("IIQQQQQQ" if is64 else "IIIIIIII")
-        if shnum == 0 or shstrndx >= shnum or shentsize != struct.calcsize(shfmt):
-            return None  # no sections, or extended numbering (SHN_XINDEX): pyelftools' business
+        if shnum == 0 or shstrndx >= shnum or shentsize != struct.calcsize(shfmt) or etype == _ET_CORE:
+            return None  # no sections, extended numbering (SHN_XINDEX), a core file: pyelftools' business
         table = os.pread(fd, shnum * shentsize, shoff)
         if len(table) != shnum * shentsize:
             return None
         heads = list(struct.iter_unpack(shfmt, table))
         loads: list[Segment] = []
+        notes: list[tuple[int, int]] = []
         interp = False
         if phnum:
             if phentsize != struct.calcsize(phfmt):
@@ -523,16 +533,18 @@ class RawElf:
                     ptype, off, vaddr, _paddr, filesz, memsz, _flags, _align = p
                 if ptype == _PT_LOAD:
                     loads.append(Segment(off, filesz, vaddr, memsz))
+                elif ptype == _PT_NOTE:
+                    notes.append((off, filesz))
                 interp = interp or ptype == _PT_INTERP
         names_sec = heads[shstrndx]
-        names = os.pread(fd, names_sec[5], names_sec[4]) if names_sec[1] != _SHT_NOBITS else b""
+        names = os.pread(fd, names_sec[5], names_sec[4]) if names_sec[1] != SHT_NOBITS else b""
         sections = []
         for h in heads:
             name_off, stype, flags, addr, off, size, link = h[:7]
             end = names.find(b"\0", name_off)
             name = names[name_off: end if end >= 0 else len(names)].decode("utf-8", "replace")
             sections.append(RawSection(name, stype, flags, addr, off, size, link))
-        return cls(fd, is64, little, machine, sections, loads, interp)
+        return cls(fd, is64, little, machine, sections, loads, interp, notes)
 
     def close(self) -> None:
         os.close(self.fd)
@@ -554,6 +566,27 @@ class RawElf:
         if len(data) != sec.size:
             raise ValueError("truncated section")
         return data
+
+    def build_id(self) -> str | None:
+        """elf_build_id without pyelftools: the first GNU build-ID note of the SHT_NOTE sections,
+        else of the PT_NOTE segments (notes walked as pyelftools walks them). Raises ValueError
+        or OSError on truncated notes."""
+        ranges = [(s.offset, s.size) for s in self.sections if s.type == _SHT_NOTE] or self.notes
+        e = "<" if self.little else ">"
+        for start, size in ranges:
+            data = os.pread(self.fd, size, start)
+            if len(data) != size:
+                raise ValueError("truncated notes")
+            off = 0
+            while off + 12 < size:
+                namesz, descsz, ntype = struct.unpack_from(e + "III", data, off)  # 12 bytes are there
+                off += 12
+                name = data[off: off + namesz].split(b"\0", 1)[0] if namesz else None
+                off += (namesz + 3) & ~3
+                if ntype == _NT_GNU_BUILD_ID and name == b"GNU":
+                    return data[off: off + descsz].hex()
+                off += (descsz + 3) & ~3
+        return None
 
     @property
     def static(self) -> bool:
@@ -603,12 +636,12 @@ def _query_symbols(raw: RawElf, section_name: str, wanted: frozenset[str],
     import numpy as np  # noqa: PLC0415
 
     section = raw.section(section_name)
-    if section is None or section.type == _SHT_NOBITS:
+    if section is None or section.type == SHT_NOBITS:
         return []
     if section.link >= len(raw.sections):
         return None
     link = raw.sections[section.link]
-    if link.type == _SHT_NOBITS:
+    if link.type == SHT_NOBITS:
         return None
     e = "<" if raw.little else ">"
     if raw.is64:

@@ -109,3 +109,33 @@ def test_fast_scan_is_the_full_scan_on_code_built_to_trip_it(tmp_path, shape):
     assert sorted(a.label for a in found) == ["jemalloc:vv_", "jemalloc:zz_", "mimalloc"]
     zz = next(a for a in found if a.prefix == "zz_")
     assert sorted(zz.entries) == ["zz_dallocx", "zz_mallocx", "zz_rallocx", "zz_sdallocx"]
+
+
+def test_raw_headers_give_pyelftools_build_ids_and_cfi_sizes(tmp_path):
+    """common.elf.build_id and tracer.unwind.peek read the headers with struct: the same build
+    IDs (the unwind cache's key) and CFI sizes as pyelftools, on every real file above, on one
+    without a build ID (keyed by its identity) and one with a 20-byte sha1 ID."""
+    from common.elf import OpenedElf, elf_build_id
+    from common.elf import build_id as fast_build_id
+    from tracer.unwind import cfi_bytes, file_key, peek
+
+    src = tmp_path / "m.c"
+    src.write_text("int main(void) { return 0; }\n")
+    files = [need(p, os.path.basename(p[0])) for p, _e, _k in REAL]
+    files += [str(build(tmp_path / "noid", src, flags=["-O1", "-Wl,--build-id=none"])),
+              str(build(tmp_path / "sha1", src, flags=["-O1", "-Wl,--build-id=sha1"]))]
+    for path in files:
+        with OpenedElf.open(path) as opened:
+            want = (file_key(opened), cfi_bytes(opened.elf))
+            bid = elf_build_id(opened.elf) or ""
+        assert fast_build_id.__wrapped__(path) == bid, path
+        key, rows, cfi = peek(path, use_cache=False)
+        assert (key, cfi) == want and rows is None, path
+    assert fast_build_id.__wrapped__(files[-2]) == "" and file_key_is_noid(files[-2])
+    assert len(fast_build_id.__wrapped__(files[-1])) == 40
+
+
+def file_key_is_noid(path: str) -> bool:
+    from tracer.unwind import peek
+
+    return peek(path, use_cache=False)[0].startswith("noid-")
