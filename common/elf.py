@@ -705,11 +705,12 @@ def query_functions(path: str, wanted: Iterable[str], suffixes: Iterable[str] = 
     if raw is not None:
         with raw:
             try:
-                tables = [_query_symbols(raw, name, want, ends) for name in (".dynsym", ".symtab")]
+                found = [_query_symbols(raw, name, want, ends) for name in (".dynsym", ".symtab")]
             except (ValueError, IndexError, OSError):
-                tables = [None]
-            if all(t is not None for t in tables):
-                return FunctionQuery(_first_defined(raw.loads, tables), raw.static)
+                found = [None]
+            fast = [t for t in found if t is not None]
+            if len(fast) == 2:
+                return FunctionQuery(_first_defined(raw.loads, fast), raw.static)
     opened = open_elf(path)  # what the raw reader does not take on: pyelftools
     if opened is None:
         return None
