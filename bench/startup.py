@@ -4,6 +4,8 @@ allocate (the last module the recording's stacks were cut short at got its unwin
 meta.json unwind.pending). Run as root:
 
     sudo .venv/bin/python bench/startup.py --chromium            # a headless chromium it starts
+    sudo .venv/bin/python bench/startup.py --torch-shape          # a process mapping 3 generated libraries
+                                                                  # of 300k exported C++-named functions each
     sudo .venv/bin/python bench/startup.py --pid PID              # any running process
          [--rounds 2] [--seconds 30] [--allocscope 'CMD ...'] [--root CHECKOUT] [--json FILE]
 
@@ -43,7 +45,7 @@ def record(a, pid: int, cache: Path, seconds: float, out: Path) -> dict:
     """One recording: {live_s, lines (time, text)}, meta.json's unwind."""
     env = dict(os.environ, ALLOCSCOPE_CACHE_DIR=str(cache))
     t = time.perf_counter()
-    p = subprocess.Popen([*allocscope_cmd(a), "record", "--pid", str(pid), "-o", str(out), "--force"],
+    p = subprocess.Popen([*allocscope_cmd(a), "record", "--pid", str(pid), "-o", str(out), "--force", "--verbose"],
                          cwd=a.root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
     lines: list[tuple[float, str]] = []
     live = threading.Event()
@@ -77,6 +79,14 @@ def record(a, pid: int, cache: Path, seconds: float, out: Path) -> dict:
     return {"live_s": live_s, "lines": lines, "unwind": meta.get("unwind") or {}}
 
 
+def phase_s(r: dict, name: str) -> float | None:
+    """Seconds of one start-up phase `--verbose` printed ("allocscope: start-up: NAME 123 ms")."""
+    for _, line in r["lines"]:
+        if f"start-up: {name} " in line and line.endswith(" ms"):
+            return round(float(line.rsplit(" ", 2)[-2]) / 1000, 2)
+    return None
+
+
 def summary(r: dict) -> dict:
     """live_s; complete_s: when the last module stacks were cut short at was built (live_s when
     none was; None when one was still building at the end); worst_wait_s: the longest a crossed
@@ -92,7 +102,9 @@ def summary(r: dict) -> dict:
             "worst_wait_s": round(max(waits, default=0.0), 2), "cut": sum(p["stacks"] for p in crossed),
             "crossed": len(crossed), "built_lazily": len(built), "unbuilt": [Path(p["module"]).name for p in unbuilt],
             "never_crossed": r["unwind"].get("never_crossed", 0), "modules": r["unwind"].get("modules", 0),
-            "load": round(os.getloadavg()[0], 1),
+            "load": round(os.getloadavg()[0], 1), "scans_s": phase_s(r, "maps, allocators, symbol scans"),
+            "unwind_s": phase_s(r, "unwind tables"),
+            "probes_s": phase_s(r, "probes built (since the command knew the target)"),
             "slowest": sorted(((Path(p["module"]).name, p.get("stacks"), p.get("build_s"), p.get("built_s"))
                                for p in crossed), key=lambda x: -(x[2] or 0))[:4]}
 
@@ -115,11 +127,48 @@ def start_chromium(tmp: Path) -> subprocess.Popen:
     return p
 
 
+HOLDER = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) if (!dlopen(argv[i], RTLD_NOW)) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+    for (;;) { void *p = malloc(4096); usleep(10000); free(p); }
+}
+"""
+
+
+def start_torch_shape(tmp: Path, copies: int = 3, functions: int = 300_000) -> subprocess.Popen:
+    """The shape of libtorch_cpu & co. for the symbol scans: `copies` libraries (distinct files)
+    of `functions` exported functions with long mangled names each (.dynsym and .symtab: 600k
+    symbols, 54 MB of names a library), dlopen'd by a small program that allocates. Assembled,
+    not compiled (~10 s)."""
+    src = tmp / "fake.S"
+    with src.open("w") as f:
+        f.write(".text\n")
+        for i in range(functions):
+            n = f"_ZN2at6native12_GLOBAL__N_118structured_kernel_{i}_implENS_6TensorERKS2_RKN3c106ScalarE"
+            f.write(f".globl {n}\n.type {n},@function\n{n}:\nret\n.size {n}, .-{n}\n")
+        f.write('.section .note.GNU-stack,"",@progbits\n')
+    libs = [tmp / f"libfaketorch{i}.so" for i in range(copies)]
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(libs[0]), str(src)], check=True)
+    for lib in libs[1:]:
+        shutil.copy(libs[0], lib)
+    (tmp / "holder.c").write_text(HOLDER)
+    subprocess.run(["gcc", "-O1", "-o", str(tmp / "holder"), str(tmp / "holder.c"), "-ldl"], check=True)
+    p = subprocess.Popen([str(tmp / "holder"), *map(str, libs)], stdout=subprocess.DEVNULL, start_new_session=True)
+    time.sleep(2)
+    return p
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     who = ap.add_mutually_exclusive_group(required=True)
     who.add_argument("--pid", type=int)
     who.add_argument("--chromium", action="store_true", help="start a headless chromium and attach to it")
+    who.add_argument("--torch-shape", action="store_true",
+                     help="start a process mapping 3 generated libraries of 300k functions each")
     ap.add_argument("--root", default=str(ROOT))
     ap.add_argument("--allocscope", default="", help="the allocscope command (default: python -m allocscope)")
     ap.add_argument("--rounds", type=int, default=2)
@@ -127,7 +176,7 @@ def main() -> None:
     ap.add_argument("--json", default="", help="also write the rounds here")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="startup-"))
-    chrome = start_chromium(tmp) if a.chromium else None
+    chrome = start_chromium(tmp) if a.chromium else start_torch_shape(tmp) if a.torch_shape else None
     pid = chrome.pid if chrome else a.pid
     try:
         comm = Path(f"/proc/{pid}/comm").read_text().strip()
@@ -157,11 +206,18 @@ def main() -> None:
                       + (f"; doctor --warm took {warm_s:.1f} s" if warm_s is not None else "")
                       + f"; load {s['load']}", flush=True)
         print()
-        print(f"{'round':>5}  {'cache':5}  {'live s':>7}  {'complete s':>10}  {'worst wait s':>12}  {'cut short':>9}  "
-              f"{'crossed':>7}  {'never crossed':>13}  {'load':>5}")
+        print("scans: the maps, allocators and symbol scans (main thread); probes: BCC's build (a thread, beside\n"
+              "the scans); unwind: the tables at attach (--verbose start-up phases)")
+        print(f"{'round':>5}  {'cache':5}  {'live s':>7}  {'scans s':>7}  {'probes s':>8}  {'unwind s':>8}  "
+              f"{'complete s':>10}  {'worst wait s':>12}  {'cut short':>9}  {'crossed':>7}  {'never crossed':>13}  "
+              f"{'load':>5}")
+
+        def sec(x: float | None) -> str:
+            return "-" if x is None else f"{x:.2f}"
         for s in rows:
             comp = f"{s['complete_s']:.2f}" if s["complete_s"] is not None else "-"
-            print(f"{s['round']:>5}  {s['cache']:5}  {s['live_s']:>7.2f}  {comp:>10}  {s['worst_wait_s']:>12.2f}  "
+            print(f"{s['round']:>5}  {s['cache']:5}  {s['live_s']:>7.2f}  {sec(s['scans_s']):>7}  "
+                  f"{sec(s['probes_s']):>8}  {sec(s['unwind_s']):>8}  {comp:>10}  {s['worst_wait_s']:>12.2f}  "
                   f"{s['cut']:>9}  {s['crossed']:>7}  {s['never_crossed']:>13}  {s['load']:>5}")
         for i in range(a.rounds):
             c, w = rows[2 * i], rows[2 * i + 1]

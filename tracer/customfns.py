@@ -18,9 +18,10 @@ import os
 import re
 from dataclasses import dataclass
 
+from common.elf import query_functions
 from common.errors import TargetError, UsageError
 
-from .allocators import code_files, module_symbols
+from .allocators import code_files
 from .procfs import Mapping
 
 MAX_ARG = 5
@@ -121,10 +122,10 @@ def locate(fn: CustomFn, exe: str, maps: list[Mapping]) -> Located:
     else:
         candidates = [p for p in files if os.path.realpath(p) == exe_real] + \
             [p for p in files if os.path.realpath(p) != exe_real]
-    for path in candidates:
-        syms = module_symbols(path)
-        if syms is not None and fn.symbol in syms.functions:
-            off, size = syms.functions[fn.symbol]
+    for path in candidates:  # the one name asked, read vectorised (a C++ library has 100k+ symbols)
+        q = query_functions(path, [fn.symbol])
+        if q is not None and fn.symbol in q.functions:
+            off, size = q.functions[fn.symbol]
             return Located(fn, path, off, size)
     where = fn.module or "the executable or any module it maps"
     raise TargetError(f"{fn.spec!r}: no function {fn.symbol!r} in {where}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.elf import defined_functions, is_static, open_elf
+from common.elf import query_functions
 
 
 @dataclass
@@ -17,17 +17,13 @@ class SymbolOffsets:
 
 def symbol_offsets(path: str, names: list[str]) -> SymbolOffsets:
     """File offsets of the defined functions `names` in ELF `path` (.dynsym first, then
-    .symtab). A name the file does not define is absent from the result."""
+    .symtab). A name the file does not define is absent from the result. Read vectorised
+    (common.elf.query_functions): the CUDA driver's tables, or a C++ library's, in milliseconds."""
     res = SymbolOffsets(path)
-    opened = open_elf(path)
-    if opened is None:
+    q = query_functions(path, names)
+    if q is None:
         return res
-    with opened:
-        try:
-            res.static = is_static(opened.elf)
-            found = defined_functions(opened.elf, names)
-        except Exception:  # noqa: BLE001 - a malformed file defines nothing
-            return res
+    res.static, found = q.static, q.functions
     res.offsets = {name: off for name, (off, _size) in found.items()}
     res.sizes = {name: size for name, (_off, size) in found.items()}
     return res

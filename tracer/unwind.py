@@ -47,7 +47,7 @@ from elftools.dwarf.constants import DW_CFA
 from elftools.dwarf.dwarfinfo import DebugSectionDescriptor, DwarfConfig, DWARFInfo
 from elftools.elf.elffile import ELFFile
 
-from common.elf import OpenedElf, elf_build_id, segments, vaddr_to_offset
+from common.elf import SHT_NOBITS, OpenedElf, RawElf, elf_build_id, segments, vaddr_to_offset
 
 from . import layout as L
 from .cfirows import build_info
@@ -312,9 +312,42 @@ def cfi_bytes(elf: ELFFile) -> int:
     return n
 
 
+def _raw_peek(path: str) -> tuple[str, int] | None:
+    """(key, CFI bytes) read with struct (common.elf.RawElf: no pyelftools, ~0.3 ms a file
+    instead of ~5); None where that reader does not take the file on."""
+    raw = RawElf.open(path)
+    if raw is None:
+        return None
+    with raw:
+        try:
+            bid = raw.build_id()
+        except (ValueError, OSError):
+            return None
+        if not bid:
+            st = os.fstat(raw.fd)
+            bid = "noid-" + hashlib.sha1(f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+        n = 0
+        for name in (".eh_frame", ".debug_frame"):
+            sec = raw.section(name)
+            if sec is not None and sec.type != SHT_NOBITS:
+                n += sec.size
+        return bid, n
+
+
 def peek(path: str, use_cache: bool = True) -> tuple[str, np.ndarray | None, int]:
     """(key, cached rows or None, CFI bytes) of the ELF file at `path`, building nothing (raises
     OSError / ELFError). The cache file is the one load_rows reads and writes."""
+    fast = _raw_peek(path)
+    if fast is not None:
+        key, cfi = fast
+        if use_cache:
+            try:
+                rows = np.load(cache_dir() / f"v{CACHE_VERSION}-{key}.npy", allow_pickle=False)
+                if rows.dtype == ROW:
+                    return key, rows, 0
+            except (OSError, ValueError):
+                pass
+        return key, None, cfi
     with OpenedElf.open(path) as opened:
         key = file_key(opened)
         if use_cache:
