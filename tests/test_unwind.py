@@ -319,3 +319,25 @@ def test_build_all_in_the_pool(tmp_path, monkeypatch):
         assert np.array_equal(rows, U.load_rows(str(exe))[1]) and U.peek(str(exe))[1] is not None
     assert sorted(s.split(":")[0] for s in said) == ["unwind table for a", "unwind table for b"], said
     assert U.build_all([str(a)], U.BuildPool(1), said.append) == {}  # cached: nothing to build
+
+
+def test_cached_modules_past_half_the_table_wait_for_a_stack(tmp_path, monkeypatch):
+    """A warm cache (doctor --warm) does not fill the row table at attach: cached modules are
+    loaded while they fit in half of it, the rest wait like unbuilt ones (on the GPU box a
+    PyTorch process's cached tables passed the 2 Mi-row table and libtorch_cpu was refused)."""
+    from tracer.procfs import Mapping
+
+    monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(U, "build_costs", lambda: (4096, 32 << 10, 256))
+    libs = ["/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"]
+    rows = [len(U.load_rows(p)[1]) for p in libs]  # both cached now
+    bpf = fake_bpf()
+    unw = U.Unwinder(bpf, 0, 2 * rows[0] + 10, lambda _m: None, workers=1)  # libc fits in half, libstdc++ not
+    try:
+        unw.update([Mapping(0x7F0000000000, 0x7F0000001000, "r-xp", 0, 11, libs[0]),
+                    Mapping(0x7F1000000000, 0x7F1000001000, "r-xp", 0, 12, libs[1])])
+        loaded = {os.path.basename(m.path): (m.pending, m.count) for m in unw.modules.values()}
+        assert loaded == {"libc.so.6": (False, rows[0]), "libstdc++.so.6": (True, 0)}, loaded
+        assert not unw.failed and unw.next_row == rows[0]
+    finally:
+        unw.close()

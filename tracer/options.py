@@ -37,7 +37,8 @@ class RecordOptions:
     max_sites: int = 1 << 18      # distinct (stack, thread, source)
     max_regions: int = 1 << 16    # mmap-family allocations accounted in the kernel
     ring_pages: int = 1024        # ring buffer for the events that reach the tracer (4 MiB)
-    unwind_rows: int = 1 << 21    # capacity of the CFI row array (8 bytes a row)
+    unwind_rows: int = 1 << 23    # capacity of the CFI row array (8 bytes a row: 64 MiB; a PyTorch
+    #                               process's crossed modules need ~4.2 M, libtorch_cpu alone 2.7 M)
     residency_budget_pages: int = 1 << 18  # pagemap pages read per interval (1 GiB of heap)
     census_budget_s: float = 2.0  # glibc census (tracer/census.py) at the attach and at the end; 0: none
     # benchmarks only (hidden flags)

@@ -652,6 +652,12 @@ class Unwinder:
                 self.by_file[ident] = key
                 return self.modules[key]
             cached = rows is not None
+            if cached and self.lazy and self.next_row + len(rows) > self.capacity // 2:
+                # Warm but big: the table is kept for the modules stacks cross. Past half of it
+                # at attach, a cached module waits like an unbuilt one (loaded from the cache,
+                # in milliseconds, once a stack crosses it): a process whose every table is
+                # cached (doctor --warm) cannot fill the table with modules no stack reaches.
+                return self._pend(ident, key, m.path, path, cfi)
             if rows is None and key in self.prebuilt:
                 rows = self.prebuilt.pop(key)
             elif rows is None:
