@@ -133,14 +133,17 @@ def vaddr_to_offset(segs: list[Segment], vaddr: int, whole: bool = False, end: b
 
 def elf_build_id(elf: ELFFile) -> str | None:
     """Hex GNU build ID from the notes (SHT_NOTE sections first, PT_NOTE segments when the
-    file has no note section), None when there is none or the notes are malformed."""
+    file has no note section): the first note of type NT_GNU_BUILD_ID whose owner is "GNU"; None
+    when there is none or the notes are malformed."""
     try:
         containers: Iterable[Any] = [s for s in elf.iter_sections() if s["sh_type"] == "SHT_NOTE"]
         if not containers:
             containers = [s for s in elf.iter_segments() if s["p_type"] == "PT_NOTE"]
         for container in containers:
             for note in container.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
+                # the owner too: a SystemTap probe note (.note.stapsdt, owner "stapsdt") has type 3
+                # as well, and comes first in PyTorch's libc10_cuda.so
+                if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
                     return str(note["n_desc"]).lower()
     except Exception:  # noqa: BLE001 - malformed notes: no build ID
         return None

@@ -91,3 +91,39 @@ def test_embedder_writes_each_module_once(prog):
     assert "grow" in {r["name"] for r in rows}
     assert emb.part(8, cols).num_rows == 0  # embedded already
     assert emb.embedded == {(str(prog), bid)}
+
+
+def test_build_id_is_the_gnu_note_not_a_systemtap_one(tmp_path):
+    """PyTorch's libc10_cuda.so has a .note.stapsdt section (owner "stapsdt", type 3 like
+    NT_GNU_BUILD_ID) before its .note.gnu.build-id: the build ID is the GNU one, read the same by
+    the tracer (struct reader) and the reports (pyelftools) — on the GPU box they disagreed and
+    the report refused to symbolize the library."""
+    import struct
+
+    from elftools.elf.elffile import ELFFile
+
+    need_tool("objcopy")
+    src = tmp_path / "n.c"
+    src.write_text("int f(int x) { return x + 1; }\n")
+    plain = build(tmp_path / "plain.so", src, flags=["-O2", "-shared", "-fPIC", "-Wl,--build-id=none"])
+
+    def note(owner: bytes, ntype: int, desc: bytes) -> bytes:
+        name = owner + b"\0"
+        return struct.pack("<III", len(name), len(desc), ntype) + name.ljust(-(-len(name) // 4) * 4, b"\0") + \
+            desc.ljust(-(-len(desc) // 4) * 4, b"\0")
+
+    bid = "29dec3cf84422903fd1ea8ba24fa01f7c3de4214"
+    (tmp_path / "stap.bin").write_bytes(note(b"stapsdt", 3, bytes(range(40))))
+    (tmp_path / "gnu.bin").write_bytes(note(b"GNU", 3, bytes.fromhex(bid)))
+    lib, mid = tmp_path / "libn.so", tmp_path / "mid.so"
+    subprocess.run(["objcopy", f"--add-section=.note.stapsdt={tmp_path / 'stap.bin'}", str(plain), str(mid)],
+                   check=True)
+    subprocess.run(["objcopy", f"--add-section=.note.gnu.build-id={tmp_path / 'gnu.bin'}", str(mid), str(lib)],
+                   check=True)
+    with open(lib, "rb") as f:
+        elf = ELFFile(f)
+        notes = [s.name for s in elf.iter_sections() if s["sh_type"] == "SHT_NOTE"]
+        assert notes.index(".note.stapsdt") < notes.index(".note.gnu.build-id"), notes
+        assert E.elf_build_id(elf) == bid
+    E.build_id.cache_clear()
+    assert E.build_id(str(lib)) == bid
