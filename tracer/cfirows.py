@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import ctypes as ct
 import os
-import shutil
-import subprocess
-import threading
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 from elftools.common.exceptions import ELFError
+
+from .cbuild import CompileError, compile_c
 
 CFI_DIR = Path(__file__).resolve().parent / "cfi"
 CFI_SOURCES = (CFI_DIR / "cfi.c",)
@@ -53,18 +52,10 @@ ABI = ct.sizeof(Result) << 8 | 1
 
 def build_library(out: Path, cc: str | None = None) -> Path:
     """Compile tracer/cfi/cfi.c into `out` (plain C and libc)."""
-    cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise CfiBuildError("no C compiler")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
-    r = subprocess.run([cc, *CFI_CFLAGS, "-o", str(tmp), str(CFI_SOURCES[0])], capture_output=True, text=True)
-    if r.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        first = (r.stderr.strip().splitlines() or ["?"])[0]
-        raise CfiBuildError(f"building the CFI decoder failed: {first}")
-    os.replace(tmp, out)
-    return out
+    try:
+        return compile_c(CFI_SOURCES[0], out, CFI_CFLAGS, cc)
+    except CompileError as e:
+        raise CfiBuildError(f"building the CFI decoder failed: {e}") from None
 
 
 def library_path() -> Path:

@@ -18,9 +18,7 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
-import shutil
 import struct
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +26,7 @@ from pathlib import Path
 from common.errors import AllocscopeError
 
 from . import patching, procfs
+from .cbuild import CompileError, compile_c
 from .patching import PatchRefused
 from .ptrace import Memory, PtraceError, Stopped
 
@@ -106,18 +105,12 @@ def _page_up(x: int) -> int:
 
 def build_agent(out: Path, cc: str | None = None) -> Path:
     """Compile tracer/agent/agent.c into `out` (freestanding: no libc, no relocations)."""
-    cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise InjectError("--inject needs the agent built (make setup) or a C compiler to build it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
-    r = subprocess.run([cc, *AGENT_CFLAGS, "-o", str(tmp), str(AGENT_SOURCES[0])], capture_output=True, text=True)
-    if r.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        first = (r.stderr.strip().splitlines() or ["?"])[0]
-        raise InjectError(f"building the agent failed: {first}")
-    os.replace(tmp, out)
-    return out
+    try:
+        return compile_c(AGENT_SOURCES[0], out, AGENT_CFLAGS, cc)
+    except CompileError as e:
+        if str(e) == "no C compiler":
+            raise InjectError("--inject needs the agent built (make setup) or a C compiler to build it") from None
+        raise InjectError(f"building the agent failed: {e}") from None
 
 
 def agent_path() -> str:

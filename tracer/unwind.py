@@ -256,17 +256,12 @@ def load_rows(path: str, use_cache: bool = True) -> tuple[str, np.ndarray, bool]
     """(key, rows, from_cache) for the ELF file at `path` (raises OSError / ELFError)."""
     with OpenedElf.open(path) as opened:
         key = file_key(opened)
-        cpath = cache_dir() / f"v{CACHE_VERSION}-{key}.npy"
-        if use_cache:
-            try:
-                rows = np.load(cpath, allow_pickle=False)
-                if rows.dtype == ROW:
-                    return key, rows, True
-            except (OSError, ValueError):
-                pass
+        cached = cached_rows(key) if use_cache else None
+        if cached is not None:
+            return key, cached, True
         rows = build_info(path, fd=opened.stream.fileno(), elf=opened.elf).rows  # native, else build_table
     if use_cache:
-        _save(cpath, rows)
+        _save(cache_dir() / f"v{CACHE_VERSION}-{key}.npy", rows)
     return key, rows, False
 
 
@@ -340,24 +335,21 @@ def peek(path: str, use_cache: bool = True) -> tuple[str, np.ndarray | None, int
     fast = _raw_peek(path)
     if fast is not None:
         key, cfi = fast
-        if use_cache:
-            try:
-                rows = np.load(cache_dir() / f"v{CACHE_VERSION}-{key}.npy", allow_pickle=False)
-                if rows.dtype == ROW:
-                    return key, rows, 0
-            except (OSError, ValueError):
-                pass
-        return key, None, cfi
+        rows = cached_rows(key) if use_cache else None
+        return (key, rows, 0) if rows is not None else (key, None, cfi)
     with OpenedElf.open(path) as opened:
         key = file_key(opened)
-        if use_cache:
-            try:
-                rows = np.load(cache_dir() / f"v{CACHE_VERSION}-{key}.npy", allow_pickle=False)
-                if rows.dtype == ROW:
-                    return key, rows, 0
-            except (OSError, ValueError):
-                pass
-        return key, None, cfi_bytes(opened.elf)
+        rows = cached_rows(key) if use_cache else None
+        return (key, rows, 0) if rows is not None else (key, None, cfi_bytes(opened.elf))
+
+
+def cached_rows(key: str) -> np.ndarray | None:
+    """The cached rows of the file with this key, None when there are none (or unreadable)."""
+    try:
+        rows = np.load(cache_dir() / f"v{CACHE_VERSION}-{key}.npy", allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    return rows if rows.dtype == ROW else None
 
 
 def build_module(path: str, use_cache: bool) -> tuple[str, np.ndarray, float]:
