@@ -51,7 +51,7 @@ from . import (
     thread_group_table,
     totals,
 )
-from .findings import diff_findings
+from .diff_findings import diff_findings
 from .waits import held_while_waiting
 
 DIFF_SCHEMA = "allocscope.diff/1"
@@ -379,7 +379,7 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
     flag per location — per function with `by` function —, with its `location` key, function,
     module, file, line and key_quality; flags judged among locations), ordered by `sort`;
     thread_groups (see diff_thread_groups); allocators (see diff_allocators); waits (see
-    diff_waits); findings (reports.analysis.findings.diff_findings: the answer first, at most 6
+    diff_waits); findings (reports.analysis.diff_findings.diff_findings: the answer first, at most 6
     sentences, each naming the table it comes from).
     """
     if by not in GROUPINGS:

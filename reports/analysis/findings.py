@@ -5,9 +5,11 @@ Findings are read from the analysis' own outputs — the allocscope.report/1 doc
 (analysis.build_report) and the allocscope.diff/1 document (diff.diff_traces) — never
 re-derived from the trace, so a finding can only say what a table of the same report shows.
 
-    >>> from reports.analysis.findings import report_findings, diff_findings
+    >>> from reports.analysis.findings import report_findings
     >>> report_findings(build_report(trace))     # [{kind, text, table, section, figures}, ...]
-    >>> diff_findings(diff_traces(a, b, per="pw"))
+
+A diff's findings are diff_findings.py's (`diff_findings`), from the thresholds and sentence
+pieces here.
 
 Every finding is a dict: kind (peak, waiting, growing, retained, release_cost, losses,
 no_problem; in a diff: out_of_proportion, changed, waiting, thread_groups, retained, losses,
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from ..units import human_bytes, human_delta, human_rate
+from ..units import human_bytes, human_rate
 from .residency import conf_env
 
 MAX_FINDINGS = 6
@@ -51,11 +53,12 @@ KNOBS = {
 }
 
 
-def _finding(kind: str, text: str, table: str, section: str, **figures) -> dict:
+def finding(kind: str, text: str, table: str, section: str, **figures) -> dict:
+    """One finding as the documents hold it (see the module's docstring)."""
     return {"kind": kind, "text": text, "table": table, "section": section, "figures": figures}
 
 
-def _where(d: dict) -> str:
+def where_text(d: dict) -> str:
     """'function file:line' of a location (report row, waits entry or diff row)."""
     if "function" not in d and d.get("frames"):
         d = d["frames"][0]
@@ -63,11 +66,12 @@ def _where(d: dict) -> str:
     return str(d.get("function") or "?") + (f" {os.path.basename(f)}:{d.get('line') or '?'}" if f else "")
 
 
-def _pct(part: float, whole: float) -> str:
+def percent(part: float, whole: float) -> str:
+    """'12.5%' of `whole`, '-' when it is 0."""
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
-def _rows(doc: dict) -> tuple[list[dict], str]:
+def listed_rows(doc: dict) -> tuple[list[dict], str]:
     """The rows a report or diff lists (render.listed): its locations unless `by` stack."""
     by = doc.get("by") or "stack"
     if by == "stack" or "locations" not in doc:
@@ -75,11 +79,13 @@ def _rows(doc: dict) -> tuple[list[dict], str]:
     return doc["locations"], by
 
 
-def _list(parts: list[str]) -> str:
+def and_list(parts: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def _noun(by: str) -> str:
+def rows_noun(by: str) -> str:
+    """What the rows listed by `by` are called: 'locations', 'functions' or 'sites'."""
     return {"location": "locations", "function": "functions"}.get(by, "sites")
 
 
@@ -88,7 +94,7 @@ def peak_holders(doc: dict) -> tuple[list[dict], int, bool]:
     """(rows named as holding the memory, the total they are a share of, at the peak?): by
     bytes at the peak when the report leads with the peak (at_peak.peak_first), else by live
     bytes at the end."""
-    rows, _ = _rows(doc)
+    rows, _ = listed_rows(doc)
     first = bool((doc.get("at_peak") or {}).get("peak_first"))
     key = "at_peak_bytes" if first else "live_bytes"
     whole = int((doc.get("at_peak") or {}).get("live_bytes") or 0) if first else int(doc["totals"]["live_bytes"])
@@ -118,7 +124,7 @@ def _wait_clause(doc: dict, d: dict) -> str:
     """'at +3.5s 7 threads blocked in channel_push provingd.c:420 held 56.0 MiB'."""
     pk = doc["waits"]["peak"]
     when = f"at +{pk['elapsed_s']:.1f}s" if pk.get("elapsed_s") is not None else f"at interval {pk['seq']}"
-    return f"{when} {d['threads']} threads blocked in {_where(d)} held {human_bytes(d['held_bytes'])}"
+    return f"{when} {d['threads']} threads blocked in {where_text(d)} held {human_bytes(d['held_bytes'])}"
 
 
 def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
@@ -128,14 +134,15 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
     if not named:
         return None, False
     key = "at_peak_bytes" if first else "live_bytes"
-    parts = [f"{_where(r)} held {human_bytes(r[key])} ({_pct(r[key], whole)})" for r in named]
+    parts = [f"{where_text(r)} held {human_bytes(r[key])} ({percent(r[key], whole)})" for r in named]
     if first:
         ap = doc["at_peak"]
         when = f"{ap['elapsed_s']:.1f}s" if ap.get("elapsed_s") is not None else f"interval {ap['seq']}"
         head, table, section = f"At the peak ({when}, {human_bytes(whole)} live)", "Held at the peak", "sites"
     else:
-        head, table, section = f"At the end ({human_bytes(whole)} live)", f"Top {_noun(_rows(doc)[1])}", "sites"
-    text = f"{head}, {_list(parts)}"
+        head, section = f"At the end ({human_bytes(whole)} live)", "sites"
+        table = f"Top {rows_noun(listed_rows(doc)[1])}"
+    text = f"{head}, {and_list(parts)}"
     figures = {"total_bytes": whole, "at_peak": first,
                "holders": [{"location": r.get("location"), "function": r["frames"][0]["function"] if r.get("frames")
                             else r.get("function"), "bytes": int(r[key])} for r in named]}
@@ -154,7 +161,7 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
             table += "; Held while waiting"
             figures["waiting"] = _wait_figures(wait) | {"of_bytes": of[0]["bytes"], "of_function": of[0]["function"]}
             merged = True
-    return _finding("peak", text + ".", table, section, **figures), merged
+    return finding("peak", text + ".", table, section, **figures), merged
 
 
 def _wait_figures(d: dict) -> dict:
@@ -168,12 +175,12 @@ def _wait_finding(doc: dict, d: dict) -> dict:
     most = f", most of it from {top['function']} ({human_bytes(top['bytes'])})" if top else ""
     clause = _wait_clause(doc, d)
     text = (f"{clause[0].upper()}{clause[1:]} "
-            f"({_pct(d['kept_bytes'], peak)} of the live peak kept after the allocating call returned){most}.")
-    return _finding("waiting", text, "Held while waiting", "waits", **_wait_figures(d))
+            f"({percent(d['kept_bytes'], peak)} of the live peak kept after the allocating call returned){most}.")
+    return finding("waiting", text, "Held while waiting", "waits", **_wait_figures(d))
 
 
 def _growing_finding(doc: dict) -> dict | None:
-    rows, by = _rows(doc)
+    rows, by = listed_rows(doc)
     tot = doc["totals"]
     live, dur = int(tot.get("live_bytes") or 0), float(tot.get("duration_s") or 0)
     grow = [r for r in rows if r.get("verdict") == "growing" and (r.get("growth_bytes_per_s") or 0) > 0
@@ -182,16 +189,16 @@ def _growing_finding(doc: dict) -> dict | None:
     if not grow:
         return None
     named = grow[:GROW_MAX_NAMED]
-    parts = [f"{_where(r)} ({human_rate(r['growth_bytes_per_s'])}"
+    parts = [f"{where_text(r)} ({human_rate(r['growth_bytes_per_s'])}"
              + (f", R² {r['growth_r2']:.2f}" if r.get("growth_r2") is not None else "")
              + f", {human_bytes(r['live_bytes'])} live at the end)" for r in named]
     more = f" ({len(grow) - len(named)} more growing)" if len(grow) > len(named) else ""
     verb = "is" if len(named) == 1 else "are"
-    text = f"{_list(parts)} {verb} still growing over the last half of the recording{more}."
-    return _finding("growing", text, f"Top {_noun(by)} (verdict growing)", "sites",
-                    locations=[{"location": r.get("location"), "growth_bytes_per_s": r["growth_bytes_per_s"],
-                                "growth_r2": r.get("growth_r2"), "live_bytes": r["live_bytes"]} for r in named],
-                    growing=len(grow))
+    text = f"{and_list(parts)} {verb} still growing over the last half of the recording{more}."
+    return finding("growing", text, f"Top {rows_noun(by)} (verdict growing)", "sites",
+                   locations=[{"location": r.get("location"), "growth_bytes_per_s": r["growth_bytes_per_s"],
+                               "growth_r2": r.get("growth_r2"), "live_bytes": r["live_bytes"]} for r in named],
+                   growing=len(grow))
 
 
 def _knob(a: dict) -> str:
@@ -213,10 +220,10 @@ def _retained_finding(doc: dict) -> dict | None:
         return None
     a = max(big, key=lambda a: a["retained"])
     knob = _knob(a)
-    text = (f"{a['name']} keeps {human_bytes(a['retained'])} resident that is not live ({_pct(a['retained'], rss)} "
+    text = (f"{a['name']} keeps {human_bytes(a['retained'])} resident that is not live ({percent(a['retained'], rss)} "
             f"of RSS {human_bytes(rss)})" + (f": {knob}" if knob else "") + ".")
-    return _finding("retained", text, "Totals: RSS split (retained by allocator)", "allocators",
-                    allocator=a["name"], retained_bytes=a["retained"], rss_bytes=rss, knob=knob)
+    return finding("retained", text, "Totals: RSS split (retained by allocator)", "allocators",
+                   allocator=a["name"], retained_bytes=a["retained"], rss_bytes=rss, knob=knob)
 
 
 def _release_finding(doc: dict) -> dict | None:
@@ -233,8 +240,8 @@ def _release_finding(doc: dict) -> dict | None:
     text = f"Giving memory back took {total:.2f}s in the calls" + \
         (f" (most: {top[0]}, {top[2]:.2f}s in {top[1]} calls)" if top and top[2] else "") + \
         (f", with {shoot} remote TLB shootdowns" if shoot else "") + "."
-    return _finding("release_cost", text, "What giving memory back cost", "waits", seconds=total,
-                    remote_shootdowns=shoot)
+    return finding("release_cost", text, "What giving memory back cost", "waits", seconds=total,
+                   remote_shootdowns=shoot)
 
 
 def material_losses(totals: dict) -> dict[str, int]:
@@ -245,7 +252,8 @@ def material_losses(totals: dict) -> dict[str, int]:
             if v and not k.endswith("_bytes") and k not in NOT_LOST and v >= NOISY_LOSSES.get(k, 1)}
 
 
-def _loss_text(lost: dict[str, int]) -> str:
+def loss_text(lost: dict[str, int]) -> str:
+    """The three largest losses of material_losses: 'lost_events=12, lost_stacks=3'."""
     return ", ".join(f"{k}={v}" for k, v in sorted(lost.items(), key=lambda kv: -kv[1])[:3])
 
 
@@ -253,8 +261,8 @@ def _loss_finding(doc: dict) -> dict | None:
     lost = material_losses(doc["totals"])
     if not lost:
         return None
-    text = f"Events were lost ({_loss_text(lost)}): the figures above are lower bounds; see the advice under Totals."
-    return _finding("losses", text, "Totals: lost", "header", losses=lost)
+    text = f"Events were lost ({loss_text(lost)}): the figures above are lower bounds; see the advice under Totals."
+    return finding("losses", text, "Totals: lost", "header", losses=lost)
 
 
 def burst(doc: dict) -> bool:
@@ -279,10 +287,10 @@ def _device_finding(doc: dict) -> dict | None:
     if rows and dev:
         top = rows[0]
         call = f" via {top['call']}" if top.get("call") else ""
-        where = f", {_pct(top['device_live_bytes'], dev)} of it at {_where(top)}{call}"
+        where = f", {percent(top['device_live_bytes'], dev)} of it at {where_text(top)}{call}"
     text = (f"GPU: {human_bytes(dev)} of device memory live at the end (peak {human_bytes(peak)}){where}; "
             "device memory is in no host figure.")
-    return _finding("device", text, "Top locations (device)", "locations", device_bytes=dev, device_peak_bytes=peak)
+    return finding("device", text, "Top locations (device)", "locations", device_bytes=dev, device_peak_bytes=peak)
 
 
 def report_findings(doc: dict) -> list[dict]:
@@ -296,144 +304,13 @@ def report_findings(doc: dict) -> list[dict]:
     device = _device_finding(doc)
     if not (wait or others or burst(doc) or device):
         tot = doc["totals"]
-        return [_finding("no_problem", f"No problem found: {human_bytes(tot['live_bytes'])} live at the end, peak "
-                                       f"{human_bytes(tot['peak_live_bytes'])}; no burst, nothing growing, no blocked "
-                                       "thread kept memory, the allocators keep little that is not live and no events "
-                                       "that matter were lost.", "Totals", "header",
-                         live_bytes=tot["live_bytes"], peak_live_bytes=tot["peak_live_bytes"])]
+        return [finding("no_problem", f"No problem found: {human_bytes(tot['live_bytes'])} live at the end, peak "
+                                      f"{human_bytes(tot['peak_live_bytes'])}; no burst, nothing growing, no blocked "
+                                      "thread kept memory, the allocators keep little that is not live and no events "
+                                      "that matter were lost.", "Totals", "header",
+                        live_bytes=tot["live_bytes"], peak_live_bytes=tot["peak_live_bytes"])]
     peak, merged = _peak_finding(doc, wait)
     out = [f for f in (peak, device, None if merged or not wait else _wait_finding(doc, wait)) if f]
     out += others
     return out[:MAX_FINDINGS]
 
-
-# --------------------------------------------------------------------------------------------- diff
-def _side(doc: dict, x: str) -> str:
-    labels = doc.get(x) or {}
-    return " ".join(f"{k}={v}" for k, v in labels.items()) or x.upper()
-
-
-def _scaling_findings(doc: dict) -> list[dict]:
-    rows, by = _rows(doc)
-    per = doc["per"]
-    flagged = sorted((r for r in rows if r.get("flagged")), key=lambda r: -(r.get("excess_bytes") or 0))
-    below = ""
-    if not flagged:
-        # Nothing past the flag: the location that grew most beyond linear scaling, if it did by
-        # GREW_FASTER and by a share of the change that matters (a pile-up that a busy run of A
-        # also showed in part still stands out here), said to be below the flag.
-        total = sum(abs(r.get("delta_bytes") or 0) for r in rows) or 1
-        flagged = sorted((r for r in rows if (r.get("scaling") or 0) > GREW_FASTER and (r.get("excess_bytes") or 0) > 0
-                          and (r.get("delta_bytes") or 0) >= 0.25 * total), key=lambda r: -(r.get("excess_bytes") or 0))
-        below = ", below the flag's 1.5x"
-    out = []
-    for r in flagged[:3]:
-        ratio = "new in B" if r.get("ratio") is None else f"{r['ratio']:.2f}x"
-        lin = f"{r['scaling']:.2f}x linear scaling{below}, " if r.get("scaling") is not None else ""
-        text = (f"{_where(r)} grew out of proportion to {per['label']}: peak {human_bytes(r['a_peak_live_bytes'])} → "
-                f"{human_bytes(r['b_peak_live_bytes'])}, {ratio} where {per['label']} {per['a']:g}→{per['b']:g} "
-                f"predicts {per['expected_ratio']:.2f}x ({lin}{human_delta(r.get('excess_bytes'))} beyond it).")
-        out.append(_finding("out_of_proportion", text, f"{_noun(by).capitalize()} (! = flagged)", "locations",
-                            location=r.get("location"), function=r.get("function"), ratio=r.get("ratio"),
-                            expected_ratio=per["expected_ratio"], scaling=r.get("scaling"),
-                            a_peak_live_bytes=r["a_peak_live_bytes"], b_peak_live_bytes=r["b_peak_live_bytes"],
-                            excess_bytes=r.get("excess_bytes")))
-    return out
-
-
-def _change_findings(doc: dict) -> list[dict]:
-    rows, by = _rows(doc)
-    tot = doc["totals"]
-    big = max(tot["a"]["peak_live_bytes"], tot["b"]["peak_live_bytes"])
-    moved = [r for r in rows if big and abs(r["delta_bytes"]) >= DIFF_MIN_SHARE * big and not r.get("flagged")]
-    moved.sort(key=lambda r: -abs(r["delta_bytes"]))
-    out = []
-    for r in moved[:2]:
-        ratio = "new in B" if r.get("ratio") is None and r.get("in") == "b" else \
-            "gone in B" if r.get("in") == "a" else f"{r['ratio']:.2f}x"
-        verb = "grew" if r["delta_bytes"] > 0 else "shrank"
-        text = (f"{_where(r)}'s peak {verb} {human_bytes(r['a_peak_live_bytes'])} → "
-                f"{human_bytes(r['b_peak_live_bytes'])} ({human_delta(r['delta_bytes'])}, {ratio}; "
-                f"{_pct(abs(r['delta_bytes']), big)} of the larger live peak).")
-        out.append(_finding("changed", text, _noun(by).capitalize(), "locations", location=r.get("location"),
-                            delta_bytes=r["delta_bytes"], ratio=r.get("ratio")))
-    return out
-
-
-def _diff_wait_finding(doc: dict) -> dict | None:
-    tot = doc["totals"]
-    big = max(tot["a"]["peak_live_bytes"], tot["b"]["peak_live_bytes"])
-    rows = [w for w in doc.get("waits") or []
-            if big and max(w["a_threads"], w["b_threads"]) >= WAIT_MIN_THREADS
-            and abs(w.get("b_kept_bytes", 0) - w.get("a_kept_bytes", 0)) >= WAIT_MIN_SHARE * big]
-    if not rows:
-        return None
-    w = max(rows, key=lambda w: abs(w.get("b_kept_bytes", 0) - w.get("a_kept_bytes", 0)))
-    def thr(n: int) -> str:
-        return f"{n} thread{'' if n == 1 else 's'}"
-    text = (f"Threads blocked in {_where(w)} held {human_bytes(w['a_held_bytes'])} ({thr(w['a_threads'])}) in A "
-            f"and {human_bytes(w['b_held_bytes'])} ({thr(w['b_threads'])}) in B, at each run's peak of memory "
-            f"held while waiting ({human_delta(w['held_delta'])}).")
-    return _finding("waiting", text, "Held while waiting, A vs B", "waits", location=w["location"],
-                    a_threads=w["a_threads"], b_threads=w["b_threads"], a_held_bytes=w["a_held_bytes"],
-                    b_held_bytes=w["b_held_bytes"], held_delta=w["held_delta"])
-
-
-def _group_finding(doc: dict) -> dict | None:
-    tot = doc["totals"]
-    big = max(tot["a"]["peak_live_bytes"], tot["b"]["peak_live_bytes"])
-    moved = [g for g in doc.get("thread_groups") or []
-             if big and abs(g["peak_delta_bytes"]) >= DIFF_MIN_SHARE * big
-             and abs(g["peak_delta_bytes"]) >= GROUP_MIN_CHANGE * max(g["a_peak_live_bytes"], g["b_peak_live_bytes"])]
-    if not moved:
-        return None
-    parts = [f"{g['group']} {human_bytes(g['a_peak_live_bytes'])} → {human_bytes(g['b_peak_live_bytes'])} "
-             f"({human_delta(g['peak_delta_bytes'])}, {g['a_threads']} → {g['b_threads']} threads)" for g in moved[:2]]
-    text = f"Thread groups whose peak moved: {_list(parts)}."
-    return _finding("thread_groups", text, "Thread groups", "groups",
-                    groups=[{"group": g["group"], "peak_delta_bytes": g["peak_delta_bytes"]} for g in moved[:2]])
-
-
-def _diff_retained_finding(doc: dict) -> dict | None:
-    tot = doc["totals"]
-    rss = max(tot["a"]["rss_bytes"], tot["b"]["rss_bytes"])
-    rows = [x for x in doc.get("allocators") or []
-            if rss and abs(x["retained_delta"]) >= max(RETAINED_MIN_SHARE * rss, RETAINED_MIN_BYTES)]
-    if not rows:
-        return None
-    x = rows[0]
-    text = (f"{x['name']} keeps {human_bytes(x['a_retained'])} resident and not live in A, "
-            f"{human_bytes(x['b_retained'])} in B ({human_delta(x['retained_delta'])}).")
-    return _finding("retained", text, "What each allocator keeps", "allocators", allocator=x["name"],
-                    retained_delta=x["retained_delta"])
-
-
-def _diff_loss_finding(doc: dict) -> dict | None:
-    tot = doc["totals"]
-    sides = {x: material_losses(tot[x]) for x in ("a", "b")}
-    if not any(sides.values()):
-        return None
-    text = "; ".join(f"{x.upper()} lost events ({_loss_text(v)})" for x, v in sides.items() if v) + \
-        ": its figures are lower bounds."
-    return _finding("losses", text, "Totals: lost", "totals", **{f"{x}_losses": v for x, v in sides.items()})
-
-
-def diff_findings(doc: dict) -> list[dict]:
-    """The findings of an allocscope.diff/1 document: with `per`, the locations flagged as
-    grown out of proportion (most excess first; growth in proportion is what `per` expects),
-    without it the locations whose peak moved by >= DIFF_MIN_SHARE of the larger live peak;
-    then what blocked threads held, the thread groups
-    whose peak moved, allocator retention and losses; one `no_change` finding when none."""
-    out = _scaling_findings(doc) if doc.get("per") else _change_findings(doc)
-    out += [f for f in (_diff_wait_finding(doc), _group_finding(doc), _diff_retained_finding(doc),
-                        _diff_loss_finding(doc)) if f]
-    if not out:
-        tot = doc["totals"]
-        a, b = tot["a"]["peak_live_bytes"], tot["b"]["peak_live_bytes"]
-        noun = _noun(_rows(doc)[1])[:-1]
-        what = (f"no {noun} grew out of proportion to {doc['per']['label']}" if doc.get("per") else
-                f"no {noun} moved by {DIFF_MIN_SHARE:.0%} of the live peak")
-        return [_finding("no_change", f"No material change: live peak {human_bytes(a)} → {human_bytes(b)}; {what}, "
-                                      "no thread group's peak moved and no blocked threads kept more.", "Totals",
-                         "totals", a_peak_live_bytes=a, b_peak_live_bytes=b)]
-    return out[:MAX_FINDINGS]

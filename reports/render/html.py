@@ -17,8 +17,9 @@ The page is assets/page.html around report-header.html (string.Templates), repor
 report.js, filled in and inlined here (`page`). Charts are drawn by uPlot 1.6.32 (npm `uplot`,
 MIT; dist/uPlot.iife.min.js, 51 KB, and uPlot.min.css, vendored in assets/ with its licence)
 from a JSON blob in the page; the flame graph is a small SVG renderer (report.js) of the data
-reports.render.flamegraph computes. Tables are rendered in Python (html_tables.py), so they
-read without JavaScript. The diff page is html_diff.py's, around diff-header.html.
+reports.render.flamegraph computes. Tables are rendered in Python (html_tables.py,
+html_diff_tables.py, from html_cells.py's pieces), so they read without JavaScript. The diff page
+is html_diff.py's, around diff-header.html.
 
 For tests and sanity, every drawn chart gets `data-ink` (painted canvas pixels) and the flame
 graph `data-nodes` (frames drawn) and `data-view` (peak|end), once its script has run.
@@ -37,17 +38,15 @@ from ..analysis import Folding, FrameInfo, peak_seq, site_timeline, symbolize_st
 from ..trace import Trace
 from ..units import human_bytes
 from .flamegraph import folded_stacks
+from .html_cells import esc, findings_html, label_text
+from .html_diff_tables import diff_table
 from .html_tables import (
     allocators_table,
     arenas_table,
     decomposition_html,
-    diff_table,
-    esc,
-    findings_html,
     flame_section,
     flows_table,
     gpu_html,
-    label_text,
     ordered_sites,
     sites_heading,
     sites_table,

@@ -10,15 +10,8 @@ from ..trace import Trace
 from ..units import human_bytes, human_delta
 from .flamegraph import folded_stacks
 from .html import DIFF_HEADER, FLAME_MIN_FRACTION, json_number, page
-from .html_tables import (
-    diff_allocators_table,
-    diff_groups_table,
-    diff_locations_table,
-    diff_waits_table,
-    esc,
-    findings_html,
-    label_text,
-)
+from .html_cells import esc, findings_html, label_text
+from .html_diff_tables import diff_allocators_table, diff_groups_table, diff_locations_table, diff_waits_table
 from .shared import NOUNS, listed
 
 
