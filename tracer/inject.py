@@ -29,6 +29,7 @@ from . import patching, procfs
 from .cbuild import CompileError, compile_c
 from .patching import PatchRefused
 from .ptrace import Memory, PtraceError, Stopped
+from .purgeprobes import NOT_HOOKED
 
 AGENT_DIR = Path(__file__).resolve().parent / "agent"
 AGENT_SOURCES = (AGENT_DIR / "agent.c", AGENT_DIR / "agent.h")
@@ -211,7 +212,7 @@ def hook_specs(plans: list, cookies: dict[tuple[str, str], int]) -> tuple[list[H
             sym = pr.symbol
             base = sym[len(a.prefix):] if a.prefix and sym.startswith(a.prefix) else sym
             if pr.program not in HOOKS:
-                skipped[sym] = "not an allocation or a free"
+                skipped[sym] = NOT_HOOKED  # tracer/purgeprobes.py: probed as without --inject
             elif base in THROWING:
                 skipped[sym] = "may throw (operator new): exceptions cannot unwind through a hook"
             else:
