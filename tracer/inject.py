@@ -26,6 +26,7 @@ from pathlib import Path
 from common.errors import AllocscopeError
 
 from . import patching, procfs
+from .agentrss import tables_resident
 from .cbuild import CompileError, compile_c
 from .patching import PatchRefused
 from .ptrace import Memory, PtraceError, Stopped
@@ -821,7 +822,8 @@ class Injection:
                                             "libraries, syscall(2), inline system calls)"},
                 "tracepoints": list(tracepoints or []),
                 "skipped": dict(self.refused), "stopped_ms": [round(x, 2) for x in self.stopped_ms],
-                "watchdog_tid": self.watchdog_tid, "detached": self.detached, "counters": dict(self.counters)}
+                "watchdog_tid": self.watchdog_tid, "detached": self.detached, "counters": dict(self.counters),
+                "tables_resident_bytes": tables_resident(self.pid, self.tables)}
 
 
 def _word(b: bytes, at: int = 0) -> int:

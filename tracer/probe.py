@@ -26,7 +26,7 @@ from .bpfobjects import TRACE_UPROBE_MULTI, TRACE_UPROBE_SESSION, UPROBE_MULTI_R
 from .elfinfo import symbol_offsets
 from .kernel import char_major, file_offsets, fsbase_offset, return_probe_offsets, rss_offsets
 from .options import RecordOptions
-from .purgeprobes import purge_plans
+from .purgeprobes import NOT_HOOKED, purge_plans
 from .unwind import MODULE_SLOTS, UNWIND_STEPS
 
 BPF_PROBE_ENTRY = 0
@@ -608,7 +608,7 @@ class Probes:
         self.report.heap = "inject"
         self.report.attached = [h.spec.symbol for h in agent.hooks if not h.spec.sys_kind] + \
             [pr.symbol for pl in purges for pr in pl.probes]
-        self.report.skipped = dict(agent.refused)
+        self.report.skipped = {k: v for k, v in agent.refused.items() if v != NOT_HOOKED}  # purges: probed
 
     def _attach_sys_marker(self, agent) -> None:
         """--inject: the mmap-family calls the agent hooked are reported through its as_mark_sys
