@@ -14,6 +14,7 @@ import pytest
 from support import Proc, attached, cli, report_json, wait_for
 
 from reports.trace import load_trace
+from reports.units import human_bytes
 
 pytestmark = pytest.mark.bpf
 
@@ -26,12 +27,13 @@ def near(got: int, want: int) -> bool:
     return abs(got - want) <= max(0.05 * want, 1 << 20)
 
 
-def test_live_before_attach_and_retained(targets, tracers, tmp_path):
-    out = tmp_path / "census.allocscope"
+def _record(targets, tracers, out, *extra) -> tuple[int, ...]:
+    """census attached with `record --pid ... extra`, released, recorded to its end: its truth
+    line's figures (before, since, before_chunk, since_chunk, arena, uord, ford, hblkhd)."""
     tgt = Proc([targets["census"]])
     try:
         tgt.expect("ready")
-        tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
+        tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5", *extra)
         wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
         assert tr.poll() is None, tr.stderr.read()
         # the census at the attach runs beside the loop; its part goes with the next snapshot
@@ -39,13 +41,18 @@ def test_live_before_attach_and_retained(targets, tracers, tmp_path):
         tgt.signal(signal.SIGUSR1)
         m = TRUTH.match(tgt.expect("truth "))
         assert m
-        before, since, before_chunk, since_chunk, _arena, _uord, ford, _hblkhd = map(int, m.groups())
         tgt.expect("done")
         time.sleep(0.7)
         tr.send_signal(signal.SIGINT)
         assert tr.wait(60) == 0, tr.stderr.read()
     finally:
         tgt.kill()
+    return tuple(map(int, m.groups()))
+
+
+def test_live_before_attach_and_retained(targets, tracers, tmp_path):
+    out = tmp_path / "census.allocscope"
+    before, since, before_chunk, since_chunk, _arena, _uord, ford, _hblkhd = _record(targets, tracers, out)
     t = load_trace(out)
     census = t.meta["census"]
     assert census["attach"]["found_by"] in ("symbols", "shape") and census["attach"]["arenas"] == 5, census
@@ -86,6 +93,39 @@ def test_live_before_attach_and_retained(targets, tracers, tmp_path):
     doc = json.loads(cli("diff", str(out), str(out), "--format", "json", check=True).stdout)
     [d] = [x for x in doc["allocators"] if x["name"] == g["name"]]
     assert d["a_live_before_attach"] == d["b_live_before_attach"] == g["live_before_attach"]
+
+
+def test_residency_under_inject(targets, tracers, tmp_path):
+    """The same program under --inject (only sampled calls trap): live since the attach is an
+    estimate within its error bar; live before the attach is census − the sampled chunks, so it
+    carries the same error, opposite, plus the chunk headers of the blocks not sampled (allocscope
+    keeps a sampled block's weight, not its size); retained (resident − the census's chunks in
+    use) stays exact; other anon holds the agent's tables, and the report says how much."""
+    out = tmp_path / "census-inject.allocscope"
+    _before, since, before_chunk, since_chunk, _arena, _uord, ford, _hblkhd = \
+        _record(targets, tracers, out, "--inject", "--sample-bytes", 65536)
+    rep = report_json(out)
+    assert rep["recording"]["probes"]["heap"] == "inject"
+    dec = rep["rss_decomposition"]
+    [g] = [a for a in dec["allocators"] if a["source"] == "heap"]
+    assert g["census"] == "measured"
+    err = g["live_error"]
+    headers = since_chunk - since  # the chunk headers of the 16,001 blocks allocated since the attach
+    print(f"\n--inject: since {since} -> {g['live']} ±{err}; before {before_chunk} -> {g['live_before_attach']}; "
+          f"retained {ford} -> {g['retained']}; agent tables {dec['inject_agent_bytes']}, other anon "
+          f"{dec['other_anon_bytes']}")
+    assert 0 < err < 0.1 * since and abs(g["live"] - since) <= 1.7 * err, (g, since)
+    assert abs(g["live_before_attach"] - before_chunk) <= 1.7 * err + headers, (g, before_chunk, headers)
+    assert near(g["retained"], ford), (g, ford)
+    assert dec["sum_bytes"] == dec["rss_bytes"] and dec["live_heap_error_bytes"] == err
+    # the agent's tables are in other anon, measured: without them it is as small as without
+    # --inject (stacks and the program's own: < 1 MiB here)
+    agent = dec["inject_agent_bytes"]
+    assert 0 < agent <= dec["other_anon_bytes"] and dec["other_anon_bytes"] - agent < 1 << 20, dec
+    text = cli("report", str(out), check=True).stdout
+    assert f"live {human_bytes(g['live'])} ±{human_bytes(err)}" in text, text
+    assert f"other anon holds {human_bytes(agent)} of allocscope's --inject agent" in text, text
+    assert "malloc_trim" not in rep["recording"]["probes"]["skipped"]  # probed (a purge call)
 
 
 @pytest.mark.root

@@ -317,6 +317,7 @@ def rich_trace(path: Path, pw: str) -> str:
     flushes, live blocks, a heap; sampled, so the error bars are there too."""
     t = SynthTrace(path, labels={"pw": pw})
     t.meta["sampling"] = {"sample_bytes": 4096}
+    t.meta["probes"]["inject"] = {"tables_resident_bytes": 1 << 16}  # --inject: the agent's tables
     t.meta["waits"] = {"wait_min_ns": 1_000_000}
     t.meta["probes"]["allocators"] = [{
         "kind": "glibc", "module": "/lib/x86_64-linux-gnu/libc.so.6", "prefix": "", "source": "heap",

@@ -26,6 +26,7 @@ from rust_targets import build_rustd
 from support import TARGETS_SRC, attached, build, cli, fd_links, need_tool, report_json, wait_for
 
 from tracer import procfs
+from tracer.agentrss import tables_span
 from tracer.allocators import find_allocators, module_symbols
 from tracer.inject import SYS_FAMILY
 
@@ -104,6 +105,10 @@ def check_injected_meta(rep: dict, hooked: set[str]) -> dict:
     assert inj["detached"] == "restored", inj
     assert inj["counters"]["set_full"] == 0 and inj["counters"]["thread_overflow"] == 0, inj["counters"]
     assert all(0 < ms < 1000 for ms in inj["stopped_ms"]), inj["stopped_ms"]
+    # the agent's tables: a page of thread states at least, ~4 KiB a sampled block, all of them at most
+    assert 4096 <= inj["tables_resident_bytes"] <= tables_span(), inj["tables_resident_bytes"]
+    assert rep["rss_decomposition"]["inject_agent_bytes"] == min(inj["tables_resident_bytes"],
+                                                                  rep["rss_decomposition"]["other_anon_bytes"])
     return inj
 
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from rust_targets import RUSTD_SRC, build_rustd
-from support import attached, cli, report_json, wait_for
+from support import Proc, attached, cli, report_json, wait_for
 
 pytestmark = pytest.mark.bpf
 
@@ -82,6 +82,56 @@ def test_waits_holdings_and_freeing_costs(targets, tmp_path):
     cli("report", str(out), "--format", "html", "-o", str(html), check=True)
     page = html.read_text()
     assert '<section id="waits"><h2>Held while waiting</h2>' in page and "wait_for_gate" in page
+
+
+def test_waits_under_inject(targets, tracers, tmp_path):
+    """The same program attached with --inject (waits --signal): the waits, what the blocked
+    threads hold (each holder's 1 MiB blocks exact: >= N; its 8..24-byte pointer array sampled
+    or not: + 0 or N), the munmaps and malloc_trim, timed, against the program's own clocks."""
+    n = 65536
+    out = tmp_path / "waits-inject.allocscope"
+    tgt = Proc([targets["waits"], "--signal"])
+    try:
+        tgt.expect("ready")
+        tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.25", "--inject", "--sample-bytes", n)
+        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
+        assert tr.poll() is None, tr.stderr.read()
+        tgt.signal(signal.SIGUSR1)
+        assert tgt.p.wait(30) == 0
+        stdout = "".join(iter(lambda: tgt.lines.get(timeout=5), None))
+        time.sleep(0.4)
+        tr.send_signal(signal.SIGINT)
+        assert tr.wait(60) == 0, tr.stderr.read()
+    finally:
+        tgt.kill()
+    own = _own(stdout)
+    rep = report_json(out)
+    assert rep["recording"]["probes"]["heap"] == "inject"
+    w = rep["waits"]
+    assert w["traced"] and w["lost"] == 0
+    gate = w["peak"]["by_location"][0]
+    assert gate["function"] == "wait_for_gate" and gate["threads"] == 3
+    for t in gate["thread_list"]:
+        i = int(t["name"].split("-")[1])
+        assert t["tid"] == own["holders"][i]["tid"] and i << 20 <= t["held_bytes"] <= (i << 20) + n, (t, own)
+    assert {h["function"] for h in gate["held"]} == {"hold_buffers"}
+    off = next(d for d in w["off_cpu"] if d["function"] == "wait_for_gate")
+    by_tid = {t["tid"]: t["total_s"] for t in off["by_thread"]}
+    for h in own["holders"].values():
+        assert within(by_tid[h["tid"]], h["waited_ns"] / 1e9), (by_tid, h)
+    # freeing: the munmaps through the agent's hooks (no syscall tracepoint), timed across the call
+    fr = w["freeing"]
+    loc = next(d for d in fr["by_location"] if d["function"] == "map_regions")
+    assert loc["calls"] == 6 and loc["requested_bytes"] == own["unmap"]["bytes"]
+    assert within(loc["duration_s"], own["unmap"]["ns"] / 1e9), (loc, own["unmap"])
+    assert fr["tlb"]["local_mm_shootdown"]["flushes"] >= 6, fr["tlb"]
+    # malloc_trim keeps its uprobe (not hooked): timed, and its madvises are its own, not the
+    # program's (~400 calls on waits-main before the fix)
+    trim = next(x for x in fr["purges"] if x["function"] == "malloc_trim")
+    assert trim["tid"] == own["trim"]["tid"] and trim["thread"] == "waits-main" and trim["calls"] == 1
+    assert within(trim["duration_s"], own["trim"]["ns"] / 1e9), (trim, own["trim"])
+    assert not [r for r in fr["by_thread"] if r["thread"] == "waits-main" and r["kind"] == "madvise"], fr["by_thread"]
+    assert "malloc_trim" in rep["recording"]["probes"]["attached"]
 
 
 def test_waits_off_records_none(targets, tmp_path):

@@ -26,9 +26,11 @@ from pathlib import Path
 from common.errors import AllocscopeError
 
 from . import patching, procfs
+from .agentrss import tables_resident
 from .cbuild import CompileError, compile_c
 from .patching import PatchRefused
 from .ptrace import Memory, PtraceError, Stopped
+from .purgeprobes import NOT_HOOKED
 
 AGENT_DIR = Path(__file__).resolve().parent / "agent"
 AGENT_SOURCES = (AGENT_DIR / "agent.c", AGENT_DIR / "agent.h")
@@ -211,7 +213,7 @@ def hook_specs(plans: list, cookies: dict[tuple[str, str], int]) -> tuple[list[H
             sym = pr.symbol
             base = sym[len(a.prefix):] if a.prefix and sym.startswith(a.prefix) else sym
             if pr.program not in HOOKS:
-                skipped[sym] = "not an allocation or a free"
+                skipped[sym] = NOT_HOOKED  # tracer/purgeprobes.py: probed as without --inject
             elif base in THROWING:
                 skipped[sym] = "may throw (operator new): exceptions cannot unwind through a hook"
             else:
@@ -820,7 +822,8 @@ class Injection:
                                             "libraries, syscall(2), inline system calls)"},
                 "tracepoints": list(tracepoints or []),
                 "skipped": dict(self.refused), "stopped_ms": [round(x, 2) for x in self.stopped_ms],
-                "watchdog_tid": self.watchdog_tid, "detached": self.detached, "counters": dict(self.counters)}
+                "watchdog_tid": self.watchdog_tid, "detached": self.detached, "counters": dict(self.counters),
+                "tables_resident_bytes": tables_resident(self.pid, self.tables)}
 
 
 def _word(b: bytes, at: int = 0) -> int:

@@ -26,6 +26,7 @@ from .bpfobjects import TRACE_UPROBE_MULTI, TRACE_UPROBE_SESSION, UPROBE_MULTI_R
 from .elfinfo import symbol_offsets
 from .kernel import char_major, file_offsets, fsbase_offset, return_probe_offsets, rss_offsets
 from .options import RecordOptions
+from .purgeprobes import NOT_HOOKED, purge_plans
 from .unwind import MODULE_SLOTS, UNWIND_STEPS
 
 BPF_PROBE_ENTRY = 0
@@ -571,7 +572,7 @@ class Probes:
                 if sym not in primary.entries:
                     raise AllocscopeError(f"{primary.path} does not define {sym}; cannot trace it")
         if agent is not None:
-            self._attach_markers(agent, custom or [], sources or {}, maps or [])
+            self._attach_markers(agent, custom or [], sources or {}, maps or [], plans)
             rep.allocators = [pl.as_dict([]) for pl in plans]
             rep.custom = [{"spec": loc.fn.spec, "module": loc.path, "source": loc.fn.source}
                           for loc, _src, _off in custom or []]
@@ -587,10 +588,12 @@ class Probes:
                       for loc, _src, _off in custom or []]
         return rep
 
-    def _attach_markers(self, agent, custom: list, sources: dict[str, int], maps: list) -> None:
+    def _attach_markers(self, agent, custom: list, sources: dict[str, int], maps: list, plans: list) -> None:
         """--inject: entry probes on the agent's two markers (only sampled calls reach them), the
-        agent's thread table for agent_api, and the user's functions as usual."""
-        self._attach_plans([], custom, sources, maps)
+        agent's thread table for agent_api, and the user's functions and the allocators' purge
+        calls (tracer/purgeprobes.py) as usual."""
+        purges = purge_plans(plans)
+        self._attach_plans(purges, custom, sources, maps)
         img = agent.agent
         self._attach("mark_alloc", img.path, img.file_offset("as_mark_alloc"), BPF_PROBE_ENTRY)
         self._attach("mark_free", img.path, img.file_offset("as_mark_free"), BPF_PROBE_ENTRY)
@@ -603,8 +606,9 @@ class Probes:
         t[ct.c_int(0)] = v
         self._attach_sys_marker(agent)
         self.report.heap = "inject"
-        self.report.attached = [h.spec.symbol for h in agent.hooks if not h.spec.sys_kind]
-        self.report.skipped = dict(agent.refused)
+        self.report.attached = [h.spec.symbol for h in agent.hooks if not h.spec.sys_kind] + \
+            [pr.symbol for pl in purges for pr in pl.probes]
+        self.report.skipped = {k: v for k, v in agent.refused.items() if v != NOT_HOOKED}  # purges: probed
 
     def _attach_sys_marker(self, agent) -> None:
         """--inject: the mmap-family calls the agent hooked are reported through its as_mark_sys

@@ -9,6 +9,7 @@ import pyarrow as pa
 from common.pages import PAGE
 from common.tracefile.reader import Trace
 
+from .sampled import sampled_split
 from .sources import DEVICE_FILE_SOURCES, REGISTER_API, SHMEM_SOURCES, live_by_source
 
 ARENA_COLUMNS = ["id", "kind", "live_bytes", "resident_bytes", "retained_bytes", "threads", "heaps",
@@ -459,8 +460,10 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     timeline = allocator_timeline(trace)
     for a in allocs:
         a["timeline"] = timeline.get(a["source"], [])
+    sampled = sampled_split(trace, allocs, parts)
     return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": sum(parts.values()),
             "allocator_resident_bytes": resident, "retained_known": True, "live_outside_bytes": outside, **split,
+            **sampled,
             "live_before_attach_known": any(a["live_before_attach"] is not None for a in allocs),
             "unseparated": [a["name"] for a in allocs if a["live_before_attach"] is None],
             "unseparated_note": BEFORE_UNSEPARATED, "allocators": allocs}

@@ -100,9 +100,15 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
             how = f"; census {a['census']}" if a.get("live_before_attach") is not None else ""
             rest = f" + before the attach or retained {human_bytes(a['before_or_retained'])}" \
                 if a.get("before_or_retained") else f" + retained (free) {human_bytes(a['retained'])}"
-            out.append(f"    {a['name']:<16} resident {human_bytes(a['resident']):>10} = live {human_bytes(a['live'])}"
+            err = f" ±{human_bytes(a['live_error'])}" if a.get("live_error") else ""
+            out.append(f"    {a['name']:<16} resident {human_bytes(a['resident']):>10} = live "
+                       f"{human_bytes(a['live'])}{err}"
                        f"{pre}{rest};  released {human_bytes(a['released'])}"
                        f"  ({a['source']}{how})")
+        if dec.get("sampled_note"):
+            out.append(f"    {dec['sampled_note']}")
+        if dec.get("inject_agent_bytes") is not None:
+            out.append(f"    other anon holds {human_bytes(dec['inject_agent_bytes'])} of {dec['inject_agent_note']}")
         if dec.get("unseparated"):
             where = "in its own mappings and in other anon" if dec.get("before_or_retained_bytes") else "in other anon"
             out.append(f"    {', '.join(dec['unseparated'])}: memory from before the attach is {where}, "

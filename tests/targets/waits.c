@@ -1,7 +1,8 @@
 /* Waits test target: threads blocked while holding memory, and what freeing costs, each measured
  * by the program itself (CLOCK_MONOTONIC around the call) for tests/test_waits_bpf.py.
  *
- *   waits
+ *   waits [--signal]
+ * --signal: print "ready <pid>" and wait for SIGUSR1 first (to be attached to: --pid, --inject).
  * main ("waits-main") locks `gate`, starts three "holder-N" threads and one "unmapper", sleeps
  * HOLD_MS, unlocks, joins them, then trims.
  *   holder-N (N = 1..3): hold_buffers() mallocs N blocks of 1 MiB (touched), then
@@ -17,6 +18,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,9 +144,19 @@ __attribute__((noinline)) long trim_now(void)
     return now_ns() - t0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     pthread_setname_np(pthread_self(), "waits-main");
+    if (argc > 1 && !strcmp(argv[1], "--signal")) {
+        sigset_t usr1;
+        int sig;
+        sigemptyset(&usr1);
+        sigaddset(&usr1, SIGUSR1);
+        sigprocmask(SIG_BLOCK, &usr1, NULL);
+        printf("ready %d\n", getpid());
+        fflush(stdout);
+        sigwait(&usr1, &sig);
+    }
     pthread_mutex_lock(&gate);
     pthread_t th[HOLDERS + 1];
     for (long i = 0; i < HOLDERS; i++)
