@@ -12,9 +12,11 @@ from __future__ import annotations
 
 def tables_span() -> int:
     """Bytes of the agent's tables mapping (its thread states, set, counts and watchdog stack)."""
-    from .inject import SET_BITS, THREAD_BITS, THREAD_SLOT, WATCHDOG_STACK, _page_up  # noqa: PLC0415
+    from common.pages import page_up  # noqa: PLC0415
 
-    return _page_up((THREAD_SLOT << THREAD_BITS) + (64 << SET_BITS) + (1 << SET_BITS)) + WATCHDOG_STACK
+    from .inject import SET_BITS, THREAD_BITS, THREAD_SLOT, WATCHDOG_STACK  # noqa: PLC0415
+
+    return page_up((THREAD_SLOT << THREAD_BITS) + (64 << SET_BITS) + (1 << SET_BITS)) + WATCHDOG_STACK
 
 
 def tables_resident(pid: int, tables: int) -> int | None:
