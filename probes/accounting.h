@@ -1,7 +1,10 @@
-/* allocscope BPF program, accounting.h: the live-block table, per-(stack, thread, source) site counters, flows, totals.
+/* allocscope BPF, accounting.h: the live-block table, per-(stack, thread, source) site counters, flows,
+ * totals.
  *
- * Part of probes/allocscope.c: included there, in order, and inlined into it by
- * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+ * Declarations only (types, maps, static inline helpers): see allocscope.c. */
+#ifndef AS_ACCOUNTING_H
+#define AS_ACCOUNTING_H
+#include "common.h"
 
 /* --- accounting ---------------------------------------------------------- */
 
@@ -207,3 +210,5 @@ static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u
     if (ab > fb && ab - fb > s->peak_live_bytes)
         s->peak_live_bytes = ab - fb;
 }
+
+#endif /* AS_ACCOUNTING_H */

@@ -1,8 +1,11 @@
-/* allocscope BPF program, regions.h: memory from the kernel, accounted here: regions (the mmap family's
+/* allocscope BPF, regions.h: memory from the kernel, accounted here: regions (the mmap family's
  * allocations), their sites, releases, the break, what a mapping is tracked as.
  *
- * Part of probes/allocscope.c: included there, in order, and inlined into it by
- * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+ * Declarations only (types, maps, static inline helpers): see allocscope.c. */
+#ifndef AS_REGIONS_H
+#define AS_REGIONS_H
+#include "common.h"
+#include "accounting.h"
 
 /* --- memory from the kernel: syscall tracepoints ------------------------ */
 /* Memory the target maps outside any allocator call (and the break it moves up) is accounted
@@ -407,3 +410,5 @@ static __always_inline u32 mmap_source(struct as_sysargs *a, u32 api)
         return 0; /* code */
     return fd_source((s32)a->a4, flags);
 }
+
+#endif /* AS_REGIONS_H */

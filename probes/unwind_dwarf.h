@@ -1,7 +1,8 @@
 /* allocscope: DWARF (CFI) unwinding of the user stack inside the probe (BCC dialect).
  *
- * Included by allocscope.c when AS_UNWIND_DWARF is defined, after scratch, count() and
- * store_stack(). Layouts are in allocscope.h; tracer/unwind.py builds and loads the rows.
+ * Included by stacks.h when AS_UNWIND_DWARF is defined, after store_stack() (scratch, count():
+ * common.h). Declarations only (see allocscope.c). Layouts are in allocscope.h; tracer/unwind.py
+ * builds and loads the rows.
  *
  * Each frame: find the mapping of the pc in `umaps` (LPM trie: one lookup, no loop), binary
  * search its row slice in `urows` for the last row at or below the pc's file offset, compute
@@ -38,6 +39,8 @@
  * truncated stack, a word beyond 4 GiB of the sp) is cached. Two different word vectors of one
  * (ip, sp) can only be confused by a 64-bit hash collision.
  */
+#ifndef AS_UNWIND_DWARF_H
+#define AS_UNWIND_DWARF_H
 #ifndef AS_UNWIND_ROWS
 #error "AS_UNWIND_ROWS: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
@@ -504,3 +507,5 @@ static __always_inline u64 scache_lookup(u64 ip, u64 sp, u64 bp)
     return c->stack_id;
 }
 #endif
+
+#endif /* AS_UNWIND_DWARF_H */
