@@ -174,8 +174,7 @@ static __always_inline int dev_free(u32 tid, u64 value, u32 kind, u64 now)
  * registration in `dev_live`. */
 static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u64 ts, u64 sid, u32 src)
 {
-    struct as_live l = {.size = size, .stack_id = sid, .ts_ns = ts, .tid = tid, .api = (u16)api,
-                        .source = (u16)src};
+    struct as_live l = {.size = size, .stack_id = sid, .ts_ns = ts, .tid = tid, .api = (u16)api, .source = (u16)src};
     u32 kind = api == AS_API_CUSTOM ? AS_CUSTOM_KIND : dev_kind(api);
     int err;
     if (kind) {

@@ -18,8 +18,14 @@ BPF_TASK_STORAGE(custom_inflight, struct as_inflight);
  * first: the verifier refuses a context pointer the compiler has offset by n. */
 static __always_inline u64 arg_n(struct pt_regs *ctx, u32 n)
 {
-    u64 a[8] = {PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx),
-                PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), PT_REGS_PARM6(ctx), 0, 0};
+    u64 a[8] = {PT_REGS_PARM1(ctx),
+                PT_REGS_PARM2(ctx),
+                PT_REGS_PARM3(ctx),
+                PT_REGS_PARM4(ctx),
+                PT_REGS_PARM5(ctx),
+                PT_REGS_PARM6(ctx),
+                0,
+                0};
     return a[n & 7];
 }
 

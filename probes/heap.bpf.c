@@ -199,8 +199,8 @@ int mark_alloc(struct pt_regs *ctx)
     bpf_probe_read_user(&ra, sizeof(ra), (void *)(fp + 8));
     if (p == 0)
         return 0;
-    alloc_done_at(ctx, current_tid(), p, weight, (u32)cookie & 0xffff, bpf_ktime_get_ns(), (u32)(cookie >> 16), 0,
-                  ra, fp + 16, bp, 1);
+    alloc_done_at(ctx, current_tid(), p, weight, (u32)cookie & 0xffff, bpf_ktime_get_ns(), (u32)(cookie >> 16), 0, ra,
+                  fp + 16, bp, 1);
     return 0;
 }
 

@@ -36,8 +36,8 @@ static __always_inline u32 entry_source(struct pt_regs *ctx)
 }
 
 /* The thread's call state for the outermost call now entered (`unsampled`: as_inflight's). */
-static __always_inline void open_state(struct as_inflight *cur, u64 sp, u32 api, u64 size, u64 arg, u64 arg2,
-                                       u32 src, u32 unsampled)
+static __always_inline void open_state(struct as_inflight *cur, u64 sp, u32 api, u64 size, u64 arg, u64 arg2, u32 src,
+                                       u32 unsampled)
 {
     cur->sp = sp;
     cur->size = size;
@@ -51,8 +51,8 @@ static __always_inline void open_state(struct as_inflight *cur, u64 sp, u32 api,
     cur->unsampled = unsampled;
 }
 
-static __always_inline int enter_state(struct pt_regs *ctx, struct as_inflight *cur, u32 api, u64 size,
-                                       u64 arg, u64 arg2, u32 src)
+static __always_inline int enter_state(struct pt_regs *ctx, struct as_inflight *cur, u32 api, u64 size, u64 arg,
+                                       u64 arg2, u32 src)
 {
     u64 sp = PT_REGS_SP(ctx);
     if (!cur) {
@@ -124,11 +124,11 @@ static __always_inline void emit_trim(u32 tid, struct as_inflight *in, s64 ret, 
     e->ts_ns = in->ts_ns;
     e->addr = in->arg;
     e->len2 = now - in->ts_ns;
-    e->len = in->size;       /* anon RSS at entry */
-    e->addr2 = rss_anon();   /* anon RSS at return */
+    e->len = in->size;     /* anon RSS at entry */
+    e->addr2 = rss_anon(); /* anon RSS at return */
     e->ret = ret;
     e->in_api = AS_API_MALLOC_TRIM;
-    e->source = in->source;  /* whose purge call: malloc_trim, mallctl, MallocExtension_Release*, mi_collect */
+    e->source = in->source; /* whose purge call: malloc_trim, mallctl, MallocExtension_Release*, mi_collect */
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
     events.ringbuf_submit(e, 0);
     count(AS_CNT_EVENTS, 1);
@@ -195,8 +195,8 @@ static __always_inline int keep_pending(struct pt_regs *ctx)
 
 /* The stack of an allocation seen in alloc_return (or at a marker: ip/sp/bp are then the hook's
  * caller's, as at a return), then keep it. */
-static __always_inline void alloc_done_at(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
-                                          u64 ts, u32 src, int session, u64 ip, u64 sp, u64 bp, u32 skip)
+static __always_inline void alloc_done_at(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api, u64 ts, u32 src,
+                                          int session, u64 ip, u64 sp, u64 bp, u32 skip)
 {
 #if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
     u64 sid = scache_lookup(ip, sp, bp);
@@ -226,15 +226,13 @@ static __always_inline void alloc_done_at(struct pt_regs *ctx, u32 tid, u64 addr
 #endif
 }
 
-static __always_inline void alloc_done_in(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
-                                          u64 ts, u32 src, int session)
+static __always_inline void alloc_done_in(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api, u64 ts, u32 src,
+                                          int session)
 {
-    alloc_done_at(ctx, tid, addr, size, api, ts, src, session, PT_REGS_IP(ctx), PT_REGS_SP(ctx),
-                  PT_REGS_FP(ctx), 0);
+    alloc_done_at(ctx, tid, addr, size, api, ts, src, session, PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx), 0);
 }
 
-static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
-                                       u64 ts, u32 src)
+static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api, u64 ts, u32 src)
 {
     alloc_done_in(ctx, tid, addr, size, api, ts, src, 0);
 }
@@ -325,7 +323,7 @@ static __always_inline u64 mul_size(u64 a, u64 b)
         return a * b;
     if (ah != 0 && bh != 0)
         return 0;
-    u64 hi = ah ? ah * b : bh * a;          /* the high half times the other */
+    u64 hi = ah ? ah * b : bh * a; /* the high half times the other */
     u64 lo = ah ? (a & 0xffffffffULL) * b : (b & 0xffffffffULL) * a;
     if (hi >> 32)
         return 0;

@@ -43,12 +43,12 @@ struct as_sys_pending {
     u32 tid, api, nr, pad;
 };
 BPF_PERCPU_ARRAY(sys_pending, struct as_sys_pending, 1);
-BPF_PROG_ARRAY(sys_tails, 2); /* 0: sys_unwind, 1: sys_keep (tracepoint programs, set by the tracer) */
+BPF_PROG_ARRAY(sys_tails, 2);  /* 0: sys_unwind, 1: sys_keep (tracepoint programs, set by the tracer) */
 BPF_PROG_ARRAY(msys_tails, 2); /* the same for mark_sys: 0: msys_unwind, 1: msys_keep (uprobe programs) */
 
 /* Hand the rest of this exit to sys_unwind -> sys_keep; returns only when that failed. */
-static __always_inline void sys_handoff(void *ctx, struct as_sysargs *a, u32 nr, u64 ret, u64 lo, u64 hi,
-                                        u64 old, u32 tid, u32 api, u64 now, struct as_origin *o)
+static __always_inline void sys_handoff(void *ctx, struct as_sysargs *a, u32 nr, u64 ret, u64 lo, u64 hi, u64 old,
+                                        u32 tid, u32 api, u64 now, struct as_origin *o)
 {
     u32 zero = 0;
     struct as_sys_pending *p = sys_pending.lookup(&zero);
@@ -77,8 +77,7 @@ static __always_inline void sys_handoff(void *ctx, struct as_sysargs *a, u32 nr,
 }
 #endif
 
-static __always_inline void mmap_exit_sid(void *ctx, struct as_sysargs *a, u64 lo, u32 tid, u32 api, u64 now,
-                                          u64 sid)
+static __always_inline void mmap_exit_sid(void *ctx, struct as_sysargs *a, u64 lo, u32 tid, u32 api, u64 now, u64 sid)
 {
     u64 hi = page_up(lo + a->a1);
     u32 prot = (u32)a->a2, flags = (u32)a->a3;
@@ -197,8 +196,8 @@ static __always_inline void brk_event(struct as_sysargs *a, u64 nb, u64 old, u32
 }
 
 /* The break grown over [lo, hi) by the program (not its allocator): a region, or an event. */
-static __always_inline void brk_grown(struct as_sysargs *a, u64 nb, u64 old, u64 lo, u64 hi, u32 tid, u32 api,
-                                      u64 now, u64 sid)
+static __always_inline void brk_grown(struct as_sysargs *a, u64 nb, u64 old, u64 lo, u64 hi, u32 tid, u32 api, u64 now,
+                                      u64 sid)
 {
     if (region_new(lo, hi, sid, tid, now, AS_SRC_BRK) == 0) {
         count(AS_CNT_REGION_OPS, 1);
