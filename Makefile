@@ -36,11 +36,13 @@ setup: host venv $(AGENT) $(CFI) ## everything the tool needs on this box
 demo: setup ## record the bundled demo daemon and report it
 	@$(VENV)/bin/allocscope demo
 
-# No formatter check yet: `ruff format --check` would rewrite most files and conflict with every
-# open branch; it comes once they are merged (issue 31).
-lint: venv ## ruff, then mypy on allocscope/, reports/, common/ (both set up in pyproject.toml); a finding fails
+# No Python formatter check yet: `ruff format --check` would rewrite most files and conflict with
+# every open branch; it comes once they are merged (issue 31). The C of probes/ and tracer/ is
+# checked against .clang-format (tracer/cfi/ has its own); tests/targets, bench and demo C are not.
+lint: venv ## ruff, mypy on allocscope/, reports/, common/ (set up in pyproject.toml), clang-format on probes/ and tracer/ C; a finding fails
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy
+	@find probes tracer -name '*.[ch]' -print0 | xargs -0 clang-format --dry-run --Werror
 
 TEST_JOBS ?= 2
 # The longest files first (most work first, then the small ones fill the gaps: no worker is left

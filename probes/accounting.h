@@ -1,7 +1,10 @@
-/* allocscope BPF program, accounting.h: the live-block table, per-(stack, thread, source) site counters, flows, totals.
+/* allocscope BPF, accounting.h: the live-block table, per-(stack, thread, source) site counters, flows,
+ * totals.
  *
- * Part of probes/allocscope.c: included there, in order, and inlined into it by
- * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+ * Declarations only (types, maps, static inline helpers): see allocscope.c. */
+#ifndef AS_ACCOUNTING_H
+#define AS_ACCOUNTING_H
+#include "common.h"
 
 /* --- accounting ---------------------------------------------------------- */
 
@@ -171,8 +174,7 @@ static __always_inline int dev_free(u32 tid, u64 value, u32 kind, u64 now)
  * registration in `dev_live`. */
 static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u64 ts, u64 sid, u32 src)
 {
-    struct as_live l = {.size = size, .stack_id = sid, .ts_ns = ts, .tid = tid, .api = (u16)api,
-                        .source = (u16)src};
+    struct as_live l = {.size = size, .stack_id = sid, .ts_ns = ts, .tid = tid, .api = (u16)api, .source = (u16)src};
     u32 kind = api == AS_API_CUSTOM ? AS_CUSTOM_KIND : dev_kind(api);
     int err;
     if (kind) {
@@ -207,3 +209,5 @@ static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u
     if (ab > fb && ab - fb > s->peak_live_bytes)
         s->peak_live_bytes = ab - fb;
 }
+
+#endif /* AS_ACCOUNTING_H */

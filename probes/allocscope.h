@@ -50,47 +50,47 @@ enum as_api {
 
 /* Counters (index into the per-CPU `counters` array). Losses first. */
 enum as_counter {
-    AS_LOST_LIVE_FULL = 0,     /* live map full: allocation not tracked */
-    AS_LOST_LIVE_FULL_BYTES,   /* ... and its bytes */
-    AS_LOST_STACK_FULL,        /* stack map full: site recorded as "[stack lost]" */
-    AS_LOST_STACK_ERR,         /* bpf_get_stack failed */
-    AS_LOST_SITE_FULL,         /* site map full: bytes not attributed to a site */
-    AS_LOST_INFLIGHT_FULL,     /* per-thread entry state map full */
-    AS_LOST_UNMATCHED_RET,     /* return probe without its entry (probe went live mid-call) */
-    AS_LOST_STALE_ENTRY,       /* entry state overwritten: its return was never seen */
-    AS_LOST_RING_FULL,         /* ring buffer full: syscall/thread event dropped */
-    AS_LOST_FLOW_FULL,         /* flow map full */
-    AS_LOST_STACK_TRUNCATED,   /* DWARF unwinding stopped early (depth, unreadable stack, CFI rule) */
-    AS_LOST_STACK_PENDING,     /* DWARF unwinding reached a module whose rows were still being built */
-    AS_LOST_COUNT,             /* marker: counters below are not losses */
-    AS_CNT_FREE_UNKNOWN = 16,  /* free() of a block allocated before attach (ignored) */
-    AS_CNT_FREE_NULL,          /* free(NULL) */
-    AS_CNT_ALLOCS,             /* allocations tracked */
-    AS_CNT_FREES,              /* frees matched */
-    AS_CNT_NESTED,             /* allocator calls nested in another (counted once) */
-    AS_CNT_FAILED,             /* allocator call returned NULL / error */
-    AS_CNT_EVENTS,             /* ring events submitted */
-    AS_CNT_UNSAMPLED = 24,     /* --sample-bytes: allocations not sampled */
-    AS_CNT_FAULTS,             /* residency mode: user page faults seen (before sampling) */
-    AS_CNT_STACK_CACHED,       /* stacks taken from the per-thread stack cache (not unwound) */
-    AS_CNT_REGION_OPS,         /* mmap-family calls accounted in the kernel (no event) */
-    AS_CNT_SLOW,               /* mmap-family calls of a rare shape handed to the tracer (events) */
-    AS_CNT_FAULT_SAMPLES,      /* residency mode: sampled page faults (one in AS_FAULT_SAMPLE) */
-    AS_CNT_WAITS,              /* target threads blocking (sched_switch out, sleeping or D) */
-    AS_CNT_WAITS_SHORT,        /* ... back on-CPU sooner than the wait threshold: counted, not stacked */
-    AS_CNT_WAIT_SHORT_NS,      /* ... their time off-CPU, summed */
-    AS_CNT_WAIT_STACK_MEMO,    /* wait stacks taken from the thread's last wait (same ip, sp, bp) */
-    AS_LOST_WAIT_FULL,         /* waits map full: a long wait not attributed to a stack */
+    AS_LOST_LIVE_FULL = 0,    /* live map full: allocation not tracked */
+    AS_LOST_LIVE_FULL_BYTES,  /* ... and its bytes */
+    AS_LOST_STACK_FULL,       /* stack map full: site recorded as "[stack lost]" */
+    AS_LOST_STACK_ERR,        /* bpf_get_stack failed */
+    AS_LOST_SITE_FULL,        /* site map full: bytes not attributed to a site */
+    AS_LOST_INFLIGHT_FULL,    /* per-thread entry state map full */
+    AS_LOST_UNMATCHED_RET,    /* return probe without its entry (probe went live mid-call) */
+    AS_LOST_STALE_ENTRY,      /* entry state overwritten: its return was never seen */
+    AS_LOST_RING_FULL,        /* ring buffer full: syscall/thread event dropped */
+    AS_LOST_FLOW_FULL,        /* flow map full */
+    AS_LOST_STACK_TRUNCATED,  /* DWARF unwinding stopped early (depth, unreadable stack, CFI rule) */
+    AS_LOST_STACK_PENDING,    /* DWARF unwinding reached a module whose rows were still being built */
+    AS_LOST_COUNT,            /* marker: counters below are not losses */
+    AS_CNT_FREE_UNKNOWN = 16, /* free() of a block allocated before attach (ignored) */
+    AS_CNT_FREE_NULL,         /* free(NULL) */
+    AS_CNT_ALLOCS,            /* allocations tracked */
+    AS_CNT_FREES,             /* frees matched */
+    AS_CNT_NESTED,            /* allocator calls nested in another (counted once) */
+    AS_CNT_FAILED,            /* allocator call returned NULL / error */
+    AS_CNT_EVENTS,            /* ring events submitted */
+    AS_CNT_UNSAMPLED = 24,    /* --sample-bytes: allocations not sampled */
+    AS_CNT_FAULTS,            /* residency mode: user page faults seen (before sampling) */
+    AS_CNT_STACK_CACHED,      /* stacks taken from the per-thread stack cache (not unwound) */
+    AS_CNT_REGION_OPS,        /* mmap-family calls accounted in the kernel (no event) */
+    AS_CNT_SLOW,              /* mmap-family calls of a rare shape handed to the tracer (events) */
+    AS_CNT_FAULT_SAMPLES,     /* residency mode: sampled page faults (one in AS_FAULT_SAMPLE) */
+    AS_CNT_WAITS,             /* target threads blocking (sched_switch out, sleeping or D) */
+    AS_CNT_WAITS_SHORT,       /* ... back on-CPU sooner than the wait threshold: counted, not stacked */
+    AS_CNT_WAIT_SHORT_NS,     /* ... their time off-CPU, summed */
+    AS_CNT_WAIT_STACK_MEMO,   /* wait stacks taken from the thread's last wait (same ip, sp, bp) */
+    AS_LOST_WAIT_FULL,        /* waits map full: a long wait not attributed to a stack */
     AS_CNT_MAX = 40,
 };
 
 /* What a tracked allocation is (as_site_key.source, as_region.source). */
 enum as_source {
-    AS_SRC_HEAP = 0,  /* an allocator call (malloc family) */
-    AS_SRC_MMAP = 1,  /* an anonymous private mapping made outside any allocator call */
-    AS_SRC_BRK = 2,   /* the break moved up outside any allocator call */
-    AS_SRC_FAULT = 3, /* residency mode: sampled first touches (fault_sites) */
-    AS_SRC_SHMEM = 4, /* a shared mapping: MAP_SHARED|MAP_ANONYMOUS, memfd, tmpfs (/dev/shm) */
+    AS_SRC_HEAP = 0,         /* an allocator call (malloc family) */
+    AS_SRC_MMAP = 1,         /* an anonymous private mapping made outside any allocator call */
+    AS_SRC_BRK = 2,          /* the break moved up outside any allocator call */
+    AS_SRC_FAULT = 3,        /* residency mode: sampled first touches (fault_sites) */
+    AS_SRC_SHMEM = 4,        /* a shared mapping: MAP_SHARED|MAP_ANONYMOUS, memfd, tmpfs (/dev/shm) */
     AS_SRC_CUDA_PINNED = 5,  /* pinned host memory: cuMemHostAlloc..., or a map of /dev/nvidiactl */
     AS_SRC_CUDA_MANAGED = 6, /* cuMemAllocManaged, or a map of /dev/nvidia-uvm */
     AS_SRC_DEVICE = 7,       /* a map of another device file (/dev/dri, /dev/kfd, ...) */
@@ -111,12 +111,12 @@ enum as_event_type {
     AS_EV_MREMAP = 3,
     AS_EV_BRK = 4,
     AS_EV_MADVISE = 5,
-    AS_EV_TRIM = 6,         /* malloc_trim: ts = start, len2 = duration ns, ret = return value */
-    AS_EV_THREAD_NAME = 7,  /* comm of tid changed (comm = new name) */
-    AS_EV_THREAD_EXIT = 8,  /* tid exited (comm = last name) */
-    AS_EV_EXEC = 9,         /* the process exec'd another program */
-    AS_EV_CODE = 10,        /* a file mapped executable (a library loaded): the tracer reads the maps */
-    AS_EV_PEAK = 11,        /* live total past the wake threshold: addr = total, len = threshold */
+    AS_EV_TRIM = 6,        /* malloc_trim: ts = start, len2 = duration ns, ret = return value */
+    AS_EV_THREAD_NAME = 7, /* comm of tid changed (comm = new name) */
+    AS_EV_THREAD_EXIT = 8, /* tid exited (comm = last name) */
+    AS_EV_EXEC = 9,        /* the process exec'd another program */
+    AS_EV_CODE = 10,       /* a file mapped executable (a library loaded): the tracer reads the maps */
+    AS_EV_PEAK = 11,       /* live total past the wake threshold: addr = total, len = threshold */
 };
 /* AS_EV_MMAP .. AS_EV_BRK are the rare shapes the kernel side does not account itself (a
  * partial munmap, MAP_FIXED, an mremap it cannot follow, brk shrinking tracked pages): the
@@ -154,7 +154,7 @@ struct as_site_key {
 struct as_site {
     __u64 alloc_bytes;
     __u64 alloc_count;
-    __u64 free_bytes;  /* frees of blocks this (stack, tid) allocated, by any thread */
+    __u64 free_bytes; /* frees of blocks this (stack, tid) allocated, by any thread */
     __u64 free_count;
     __u64 peak_live_bytes; /* max of alloc_bytes - free_bytes seen at an allocation */
 };
@@ -163,7 +163,7 @@ struct as_site {
  * (a device pointer, a cuMemCreate handle, a cuMemHostRegister'd range: another key space). */
 struct as_dev_key {
     __u64 value;
-    __u32 kind;  /* enum as_api of the allocating call */
+    __u32 kind; /* enum as_api of the allocating call */
     __u32 pad;
 };
 
@@ -182,17 +182,17 @@ struct as_flow {
 
 /* Value of `inflight`: a thread between an allocator entry and its return. */
 struct as_inflight {
-    __u64 sp;    /* user sp at the outermost entry; its return has sp + 8 */
-    __u64 size;  /* requested bytes (0 for free/trim); cuMemAllocPitch: Height */
-    __u64 arg;   /* realloc: old pointer; posix_memalign: memptr; CUDA: the out pointer or handle */
-    __u64 arg2;  /* cuMemAllocPitch: pPitch */
-    __u64 ts_ns; /* entry time */
-    __u32 api;   /* enum as_api */
-    __u16 nest;  /* allocator calls made deeper on the stack inside this one */
-    __u16 tail;  /* allocator functions tail-jumped to from this one (same sp) */
-    __u32 source; /* the allocator (or --alloc-fn) the outermost call belongs to */
+    __u64 sp;        /* user sp at the outermost entry; its return has sp + 8 */
+    __u64 size;      /* requested bytes (0 for free/trim); cuMemAllocPitch: Height */
+    __u64 arg;       /* realloc: old pointer; posix_memalign: memptr; CUDA: the out pointer or handle */
+    __u64 arg2;      /* cuMemAllocPitch: pPitch */
+    __u64 ts_ns;     /* entry time */
+    __u32 api;       /* enum as_api */
+    __u16 nest;      /* allocator calls made deeper on the stack inside this one */
+    __u16 tail;      /* allocator functions tail-jumped to from this one (same sp) */
+    __u32 source;    /* the allocator (or --alloc-fn) the outermost call belongs to */
     __u32 unsampled; /* uprobe session, sampled mode: AS_CALL_FREES_ONLY, AS_CALL_UNWATCHED (below) */
-    __u64 ra;    /* AS_CALL_UNWATCHED: the return address at entry (the word at sp) */
+    __u64 ra;        /* AS_CALL_UNWATCHED: the return address at entry (the word at sp) */
 };
 /* as_inflight.unsampled: 0, a sampled call (its return closes the state). AS_CALL_FREES_ONLY: an
  * unsampled realloc whose return frees its tracked old block. AS_CALL_UNWATCHED: an unsampled
@@ -215,8 +215,8 @@ struct as_custom {
 /* Value of `sysargs`: a thread between a syscall's entry and exit. */
 struct as_sysargs {
     __u64 a0, a1, a2, a3, a4;
-    __u64 ts_ns;  /* entry time */
-    __s64 rss;    /* anon RSS (bytes) at entry: munmap, madvise, brk */
+    __u64 ts_ns; /* entry time */
+    __s64 rss;   /* anon RSS (bytes) at entry: munmap, madvise, brk */
     __u32 nr;
     __u32 pad;
 };
@@ -227,7 +227,7 @@ struct as_sysargs {
 struct as_region {
     __u64 end;
     __u64 stack_id;
-    __u64 ts_ns;  /* when it was mapped (syscall exit) */
+    __u64 ts_ns; /* when it was mapped (syscall exit) */
     __u32 tid;
     __u32 source; /* enum as_source */
 };
@@ -237,8 +237,8 @@ struct as_region {
  * anonymous RSS between the syscall's entry and exit. Cumulative. */
 struct as_release_key {
     __u32 tid;
-    __u16 kind; /* enum as_event_type: AS_EV_MUNMAP, AS_EV_MADVISE, AS_EV_BRK */
-    __u16 api;  /* enum as_api of the allocator call, AS_API_NONE outside one */
+    __u16 kind;     /* enum as_event_type: AS_EV_MUNMAP, AS_EV_MADVISE, AS_EV_BRK */
+    __u16 api;      /* enum as_api of the allocator call, AS_API_NONE outside one */
     __u64 stack_id; /* munmap of a region mapped outside the allocators: the stack that mapped it
                      * (its first region); 0 otherwise */
 };
@@ -297,13 +297,13 @@ struct as_wait_memo {
 
 /* Ring event. */
 struct as_event {
-    __u32 type;   /* enum as_event_type */
+    __u32 type; /* enum as_event_type */
     __u32 tid;
     __u64 ts_ns;
-    __u64 addr;   /* mmap/munmap/code: start; mremap: old; brk: new break; trim: pad arg */
-    __u64 len;    /* length; mremap: old length; brk: the break before; trim: anon RSS at entry */
-    __u64 addr2;  /* mremap: new address; trim: anon RSS at return */
-    __u64 len2;   /* mremap: new length; trim: duration ns */
+    __u64 addr;  /* mmap/munmap/code: start; mremap: old; brk: new break; trim: pad arg */
+    __u64 len;   /* length; mremap: old length; brk: the break before; trim: anon RSS at entry */
+    __u64 addr2; /* mremap: new address; trim: anon RSS at return */
+    __u64 len2;  /* mremap: new length; trim: duration ns */
     __u64 stack_id;
     __s64 ret;    /* syscall / malloc_trim return value */
     __u32 flags;  /* mmap/mremap flags; madvise: advice */
@@ -319,8 +319,9 @@ struct as_event {
  * User space turns .eh_frame/.debug_frame of every executable mapping into rows (`urows`, one
  * contiguous slice per module sorted by file offset) and maps address ranges of the target to
  * slices (`umaps`, an LPM trie). */
-#define AS_STACK_DWARF 2u     /* unwound with CFI rows: `extra` bit i set = frame i was found
-                                 by a frame-pointer step (no row covered frame i-1) */
+/* unwound with CFI rows: `extra` bit i set = frame i was found by a frame-pointer step (no row
+ * covered frame i-1) */
+#define AS_STACK_DWARF 2u
 #define AS_STACK_TRUNCATED 4u /* unwinding stopped before the outermost frame */
 
 /* How a row finds the CFA (as_urow.cfa_type). */
@@ -337,10 +338,10 @@ enum as_cfa {
 
 /* One unwind row, valid from file offset `pc` up to the next row's. Return address at CFA - 8. */
 struct as_urow {
-    __u32 pc;       /* file offset in the module */
-    __s16 cfa_off;  /* in units of 8 bytes (AS_CFA_PLT: the rip & 15 threshold) */
-    __u8 cfa_type;  /* enum as_cfa */
-    __u8 rbp_off;   /* signed (BCC has no s8): caller's rbp saved at CFA + 8 * (s8)rbp_off;
+    __u32 pc;      /* file offset in the module */
+    __s16 cfa_off; /* in units of 8 bytes (AS_CFA_PLT: the rip & 15 threshold) */
+    __u8 cfa_type; /* enum as_cfa */
+    __u8 rbp_off;  /* signed (BCC has no s8): caller's rbp saved at CFA + 8 * (s8)rbp_off;
                        0: rbp unchanged */
 };
 

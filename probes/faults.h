@@ -1,7 +1,11 @@
-/* allocscope BPF program, faults.h: residency mode: sampled first touches (page-fault perf events).
+/* allocscope BPF, faults.h: residency mode: sampled first touches (page-fault perf events).
  *
- * Part of probes/allocscope.c: included there, in order, and inlined into it by
- * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+ * Declarations only (types, maps, static inline helpers): see allocscope.c. */
+#ifndef AS_FAULTS_H
+#define AS_FAULTS_H
+#include "common.h"
+#include "stacks.h"
+#include "heap.h"
 
 /* --- residency mode: sampled first touches ---------------------------------------------------
  * With AS_FAULTS (allocscope record --mode residency) no allocator probe is attached: memory is
@@ -50,59 +54,7 @@ static __always_inline void fault_regs(u64 *ip, u64 *sp, u64 *bp)
 
 #if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
 BPF_PROG_ARRAY(ftails, 2); /* 0: fault_unwind, 1: fault_keep (perf-event programs) */
-
-int fault_sample(struct bpf_perf_event_data *ctx)
-{
-    if (!is_target())
-        return 0;
-    count(AS_CNT_FAULT_SAMPLES, 1);
-    u64 ip = 0, sp = 0, bp = 0;
-    fault_regs(&ip, &sp, &bp);
-    u64 sid = scache_lookup(ip, sp, bp);
-    if (sid) {
-        fault_charge(sid);
-        return 0;
-    }
-    ftails.call(ctx, 0);
-    fault_charge(0); /* cannot happen once `ftails` is filled: counted as a lost stack */
-    count(AS_LOST_STACK_ERR, 1);
-    return 0;
-}
-
-int fault_unwind(struct bpf_perf_event_data *ctx)
-{
-    u32 zero = 0;
-    struct as_pending *p = pending.lookup(&zero);
-    if (!p)
-        return 0;
-    u64 ip = 0, sp = 0, bp = 0;
-    fault_regs(&ip, &sp, &bp);
-    p->sid = unwind_store(ip, sp, bp, 1);
-    ftails.call(ctx, 1);
-    fault_charge(p->sid);
-    return 0;
-}
-
-int fault_keep(struct bpf_perf_event_data *ctx)
-{
-    u32 zero = 0;
-    struct as_pending *p = pending.lookup(&zero);
-    if (!p)
-        return 0;
-    u64 ip = 0, sp = 0, bp = 0;
-    fault_regs(&ip, &sp, &bp);
-    scache_fill(ip, sp, bp, p->sid);
-    fault_charge(p->sid);
-    return 0;
-}
-#else
-int fault_sample(struct bpf_perf_event_data *ctx)
-{
-    if (!is_target())
-        return 0;
-    count(AS_CNT_FAULT_SAMPLES, 1);
-    fault_charge(capture_syscall_stack(ctx));
-    return 0;
-}
 #endif
 #endif
+
+#endif /* AS_FAULTS_H */

@@ -1,8 +1,13 @@
-/* allocscope BPF program, heap.h: the heap API: entry/return pairing (per-thread call state), the return
- * program that records an allocation, the entry probes named after the symbols.
+/* allocscope BPF, heap.h: the heap API: entry/return pairing (per-thread call state), what an
+ * allocation's return records.
  *
- * Part of probes/allocscope.c: included there, in order, and inlined into it by
- * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+ * Declarations only (types, maps, static inline helpers): see allocscope.c. */
+#ifndef AS_HEAP_H
+#define AS_HEAP_H
+#include "common.h"
+#include "stacks.h"
+#include "rss.h"
+#include "accounting.h"
 
 /* --- entry/return pairing -------------------------------------------------
  * One entry state per thread. An allocator entry deeper on the same stack
@@ -31,8 +36,8 @@ static __always_inline u32 entry_source(struct pt_regs *ctx)
 }
 
 /* The thread's call state for the outermost call now entered (`unsampled`: as_inflight's). */
-static __always_inline void open_state(struct as_inflight *cur, u64 sp, u32 api, u64 size, u64 arg, u64 arg2,
-                                       u32 src, u32 unsampled)
+static __always_inline void open_state(struct as_inflight *cur, u64 sp, u32 api, u64 size, u64 arg, u64 arg2, u32 src,
+                                       u32 unsampled)
 {
     cur->sp = sp;
     cur->size = size;
@@ -46,8 +51,8 @@ static __always_inline void open_state(struct as_inflight *cur, u64 sp, u32 api,
     cur->unsampled = unsampled;
 }
 
-static __always_inline int enter_state(struct pt_regs *ctx, struct as_inflight *cur, u32 api, u64 size,
-                                       u64 arg, u64 arg2, u32 src)
+static __always_inline int enter_state(struct pt_regs *ctx, struct as_inflight *cur, u32 api, u64 size, u64 arg,
+                                       u64 arg2, u32 src)
 {
     u64 sp = PT_REGS_SP(ctx);
     if (!cur) {
@@ -119,11 +124,11 @@ static __always_inline void emit_trim(u32 tid, struct as_inflight *in, s64 ret, 
     e->ts_ns = in->ts_ns;
     e->addr = in->arg;
     e->len2 = now - in->ts_ns;
-    e->len = in->size;       /* anon RSS at entry */
-    e->addr2 = rss_anon();   /* anon RSS at return */
+    e->len = in->size;     /* anon RSS at entry */
+    e->addr2 = rss_anon(); /* anon RSS at return */
     e->ret = ret;
     e->in_api = AS_API_MALLOC_TRIM;
-    e->source = in->source;  /* whose purge call: malloc_trim, mallctl, MallocExtension_Release*, mi_collect */
+    e->source = in->source; /* whose purge call: malloc_trim, mallctl, MallocExtension_Release*, mi_collect */
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
     events.ringbuf_submit(e, 0);
     count(AS_CNT_EVENTS, 1);
@@ -186,33 +191,12 @@ static __always_inline int keep_pending(struct pt_regs *ctx)
     return 0;
 }
 
-int alloc_unwind(struct pt_regs *ctx)
-{
-    return unwind_pending(ctx, 0);
-}
-
-int alloc_keep(struct pt_regs *ctx)
-{
-    return keep_pending(ctx);
-}
-
-#ifdef AS_SESSION
-int salloc_unwind(struct pt_regs *ctx)
-{
-    return unwind_pending(ctx, 1);
-}
-
-int salloc_keep(struct pt_regs *ctx)
-{
-    return keep_pending(ctx);
-}
-#endif
 #endif
 
 /* The stack of an allocation seen in alloc_return (or at a marker: ip/sp/bp are then the hook's
  * caller's, as at a return), then keep it. */
-static __always_inline void alloc_done_at(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
-                                          u64 ts, u32 src, int session, u64 ip, u64 sp, u64 bp, u32 skip)
+static __always_inline void alloc_done_at(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api, u64 ts, u32 src,
+                                          int session, u64 ip, u64 sp, u64 bp, u32 skip)
 {
 #if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
     u64 sid = scache_lookup(ip, sp, bp);
@@ -242,15 +226,13 @@ static __always_inline void alloc_done_at(struct pt_regs *ctx, u32 tid, u64 addr
 #endif
 }
 
-static __always_inline void alloc_done_in(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
-                                          u64 ts, u32 src, int session)
+static __always_inline void alloc_done_in(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api, u64 ts, u32 src,
+                                          int session)
 {
-    alloc_done_at(ctx, tid, addr, size, api, ts, src, session, PT_REGS_IP(ctx), PT_REGS_SP(ctx),
-                  PT_REGS_FP(ctx), 0);
+    alloc_done_at(ctx, tid, addr, size, api, ts, src, session, PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx), 0);
 }
 
-static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api,
-                                       u64 ts, u32 src)
+static __always_inline void alloc_done(struct pt_regs *ctx, u32 tid, u64 addr, u64 size, u32 api, u64 ts, u32 src)
 {
     alloc_done_in(ctx, tid, addr, size, api, ts, src, 0);
 }
@@ -332,14 +314,6 @@ static __always_inline int alloc_leave(struct pt_regs *ctx, int session)
     return 0;
 }
 
-/* The one return probe of every allocator function (classic uprobes). */
-int alloc_return(struct pt_regs *ctx)
-{
-    return alloc_leave(ctx, 0);
-}
-
-/* --- entry probes (named after the symbol) ------------------------------- */
-
 /* a * b, or 0 when it overflows (the call then fails). Written without a
  * division or 128-bit multiply, which BPF lacks. */
 static __always_inline u64 mul_size(u64 a, u64 b)
@@ -349,7 +323,7 @@ static __always_inline u64 mul_size(u64 a, u64 b)
         return a * b;
     if (ah != 0 && bh != 0)
         return 0;
-    u64 hi = ah ? ah * b : bh * a;          /* the high half times the other */
+    u64 hi = ah ? ah * b : bh * a; /* the high half times the other */
     u64 lo = ah ? (a & 0xffffffffULL) * b : (b & 0xffffffffULL) * a;
     if (hi >> 32)
         return 0;
@@ -414,176 +388,4 @@ static __always_inline int api_enter(struct pt_regs *ctx, u32 api)
     return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, 0, entry_source(ctx));
 }
 
-int malloc_enter(struct pt_regs *ctx)
-{
-    return api_enter(ctx, AS_API_MALLOC);
-}
-
-int calloc_enter(struct pt_regs *ctx)
-{
-    return api_enter(ctx, AS_API_CALLOC);
-}
-
-int realloc_enter(struct pt_regs *ctx)
-{
-    return api_enter(ctx, AS_API_REALLOC);
-}
-
-int reallocarray_enter(struct pt_regs *ctx)
-{
-    return api_enter(ctx, AS_API_REALLOCARRAY);
-}
-
-int posix_memalign_enter(struct pt_regs *ctx)
-{
-    return api_enter(ctx, AS_API_POSIX_MEMALIGN);
-}
-
-int aligned_alloc_enter(struct pt_regs *ctx)
-{
-    return api_enter(ctx, AS_API_ALIGNED_ALLOC);
-}
-
-int memalign_enter(struct pt_regs *ctx)
-{
-    return api_enter(ctx, AS_API_MEMALIGN);
-}
-
-int valloc_enter(struct pt_regs *ctx)
-{
-    return api_enter(ctx, AS_API_VALLOC);
-}
-
-int pvalloc_enter(struct pt_regs *ctx)
-{
-    return api_enter(ctx, AS_API_PVALLOC);
-}
-
-int malloc_trim_enter(struct pt_regs *ctx)
-{
-    return api_enter(ctx, AS_API_MALLOC_TRIM);
-}
-
-int free_enter(struct pt_regs *ctx)
-{
-    if (is_target())
-        free_arg1(ctx);
-    return 0;
-}
-
-/* --- uprobe_multi links (kernel 6.6+) -------------------------------------
- * Attached through links (tracer/probe.py), one program serves every heap function of a module:
- * the cookie of each probed address is enum as_api | source << 16. A link detaches all its
- * probes with one wait where a perf event per probe waits once each (seconds at exit). */
-
-/* The entry of every heap function of a module (returns: alloc_return, on a return link). */
-int heap_entry(struct pt_regs *ctx)
-{
-    if (!is_target())
-        return 0;
-    u64 cookie = bpf_get_attach_cookie(ctx);
-    u32 api = (u32)cookie & 0xffff, src = (u32)(cookie >> 16);
-    if (api == AS_API_FREE) {
-        free_arg1(ctx);
-        return 0;
-    }
-    u64 size = 0, arg = 0;
-    if (!heap_args(ctx, api, &size, &arg))
-        return 0;
-    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, 0, src);
-}
-
-#ifdef AS_SESSION
-/* --- uprobe session (kernel 6.13+; sampled mode) --------------------------
- * One program for the entry and the return of every heap function, attached through a
- * uprobe_multi link per module (tracer/probe.py): the cookie of each probed address says which
- * call it is (enum as_api | source << 16). The entry decides whether the call is sampled and
- * returns 1 when its return is not needed — the kernel then sets no return probe for that call
- * (no trap): an unsampled allocation costs one trap, not two. Nested and tail-jumped calls skip
- * their return as well (the outermost call counts them once). On the return, the probed
- * address (bpf_get_func_ip) differs from the instruction pointer (the caller's). */
-int heap_session(struct pt_regs *ctx)
-{
-#ifdef AS_FLOOR
-    return 0; /* the trap floor keeps every return probe: the three traps of classic probes */
-#endif
-    if (PT_REGS_IP(ctx) != bpf_get_func_ip(ctx))
-        return alloc_leave(ctx, 1);
-    if (!is_target())
-        return 1;
-    u64 cookie = bpf_get_attach_cookie(ctx);
-    u32 api = (u32)cookie & 0xffff, src = (u32)(cookie >> 16);
-    u64 size = 0, arg = 0;
-    if (api == AS_API_FREE) {
-        free_arg1(ctx);
-        return 1;
-    }
-    if (!heap_args(ctx, api, &size, &arg))
-        return 1;
-    struct as_inflight *cur = thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE);
-    if (!cur) {
-        count(AS_LOST_INFLIGHT_FULL, 1);
-        return 1;
-    }
-    u64 sp = PT_REGS_SP(ctx);
-    if (cur->sp && cur->unsampled != AS_CALL_UNWATCHED) {
-        /* A call whose return is watched is open: this one is nested in it (deeper) or
-         * tail-jumped to from it (same sp), counted once by the outer call; no return needed. */
-        if (sp <= cur->sp) {
-            count(AS_CNT_NESTED, 1);
-            return 1;
-        }
-        count(AS_LOST_STALE_ENTRY, 1);
-    }
-    /* An unwatched (unsampled) call's state is simply replaced: a call nested in it gets its own
-     * chance to be sampled, the outer one having had none counted. */
-    u32 unsampled = 0;
-#ifdef AS_SAMPLE_BYTES
-    if (api != AS_API_MALLOC_TRIM && !sample_keep(size)) {
-        /* Not sampled. A realloc still needs its return when its old block is tracked (the
-         * return frees it, unless the call fails); any other call does not. */
-        count(AS_CNT_UNSAMPLED, 1);
-        if (!((api == AS_API_REALLOC || api == AS_API_REALLOCARRAY) && arg && live.lookup(&arg))) {
-            /* The state stays, unwatched, so that the mmap or brk this call may make is known
-             * to be the allocator's (current_api), not the program's. */
-            u64 ra = 0;
-            bpf_probe_read_user(&ra, sizeof(ra), (void *)sp);
-            open_state(cur, sp, api, size, arg, 0, src, AS_CALL_UNWATCHED);
-            cur->ra = ra;
-            return 1;
-        }
-        unsampled = AS_CALL_FREES_ONLY;
-    }
-#endif
-    open_state(cur, sp, api, size, arg, 0, src, unsampled);
-    return 0;
-}
-#endif
-
-/* --- the in-process sampler's markers (--inject; tracer/agent/agent.c) ------------------------
- * The agent decided in the process that this block is sampled: as_mark_alloc(p, size, weight,
- * cookie, fp) is called from the hook, fp its frame (the caller's %rbp at [fp], the return address
- * at [fp + 8], the caller's %rsp fp + 16): the stack starts at the hook's caller, exactly as at an
- * allocator's return probe. weight: the bytes the block stands for (max(size, N)). */
-int mark_alloc(struct pt_regs *ctx)
-{
-    if (!is_target())
-        return 0;
-    u64 p = PT_REGS_PARM1(ctx), weight = PT_REGS_PARM3(ctx), cookie = PT_REGS_PARM4(ctx);
-    u64 fp = PT_REGS_PARM5(ctx), bp = 0, ra = 0;
-    bpf_probe_read_user(&bp, sizeof(bp), (void *)fp);
-    bpf_probe_read_user(&ra, sizeof(ra), (void *)(fp + 8));
-    if (p == 0)
-        return 0;
-    alloc_done_at(ctx, current_tid(), p, weight, (u32)cookie & 0xffff, bpf_ktime_get_ns(), (u32)(cookie >> 16), 0,
-                  ra, fp + 16, bp, 1);
-    return 0;
-}
-
-/* as_mark_free(p, cookie): a sampled block's free (the agent found it in its set) */
-int mark_free(struct pt_regs *ctx)
-{
-    if (is_target())
-        free_arg1(ctx);
-    return 0;
-}
+#endif /* AS_HEAP_H */

@@ -1,8 +1,11 @@
-/* allocscope BPF program, regions.h: memory from the kernel, accounted here: regions (the mmap family's
+/* allocscope BPF, regions.h: memory from the kernel, accounted here: regions (the mmap family's
  * allocations), their sites, releases, the break, what a mapping is tracked as.
  *
- * Part of probes/allocscope.c: included there, in order, and inlined into it by
- * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+ * Declarations only (types, maps, static inline helpers): see allocscope.c. */
+#ifndef AS_REGIONS_H
+#define AS_REGIONS_H
+#include "common.h"
+#include "accounting.h"
 
 /* --- memory from the kernel: syscall tracepoints ------------------------ */
 /* Memory the target maps outside any allocator call (and the break it moves up) is accounted
@@ -19,7 +22,7 @@
 #ifndef AS_MAX_REGIONS
 #error "AS_MAX_REGIONS: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
-#define AS_UNMAP_STEPS 8   /* regions one munmap may free here, back to back */
+#define AS_UNMAP_STEPS 8 /* regions one munmap may free here, back to back */
 #define AS_MAP_FIXED 0x10
 #define AS_MAP_ANONYMOUS 0x20
 #ifndef AS_UVM_MAJOR
@@ -52,8 +55,8 @@ static __always_inline u64 page_up(u64 n)
 static __always_inline void save_sysargs(u32 nr, u64 a0, u64 a1, u64 a2, u64 a3, u64 a4, s64 rss)
 {
     u32 tid = current_tid();
-    struct as_sysargs a = {.a0 = a0, .a1 = a1, .a2 = a2, .a3 = a3, .a4 = a4,
-                           .ts_ns = bpf_ktime_get_ns(), .rss = rss, .nr = nr};
+    struct as_sysargs a = {
+        .a0 = a0, .a1 = a1, .a2 = a2, .a3 = a3, .a4 = a4, .ts_ns = bpf_ktime_get_ns(), .rss = rss, .nr = nr};
     sysargs.update(&tid, &a);
 }
 
@@ -252,7 +255,8 @@ static __always_inline u64 unmap_regions(u64 lo, u64 hi, u32 tid, u64 now, u64 *
         struct as_region c = *r;
         if (*sid == 0)
             *sid = c.stack_id; /* what the time of this munmap is charged to */
-        if (c.end > hi) { /* its head: the rest stays, keyed by its new start */
+        if (c.end > hi) {
+            /* its head: the rest stays, keyed by its new start */
             u64 key = hi;
             if (regions.insert(&key, &c) != 0)
                 break;
@@ -407,3 +411,5 @@ static __always_inline u32 mmap_source(struct as_sysargs *a, u32 api)
         return 0; /* code */
     return fd_source((s32)a->a4, flags);
 }
+
+#endif /* AS_REGIONS_H */

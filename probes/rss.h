@@ -1,7 +1,9 @@
-/* allocscope BPF program, rss.h: resident memory: the kernel's RSS counters of the target's mm.
+/* allocscope BPF, rss.h: resident memory: the kernel's RSS counters of the target's mm.
  *
- * Part of probes/allocscope.c: included there, in order, and inlined into it by
- * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+ * Declarations only (types, maps, static inline helpers): see allocscope.c. */
+#ifndef AS_RSS_H
+#define AS_RSS_H
+#include "common.h"
 
 /* --- resident memory: the kernel's RSS counters of the target's mm --------- */
 /* Releases (malloc_trim, munmap, madvise, brk) are measured as the drop of the target's anonymous
@@ -32,25 +34,6 @@ static __always_inline s64 rss_anon(void)
     s64 *v = rss.lookup(&k);
     return v ? *v : 0;
 }
-
-TRACEPOINT_PROBE(kmem, rss_stat)
-{
-    u32 zero = 0;
-    u32 *mm = rss_mm.lookup(&zero);
-    if (!mm)
-        return 0;
-    if (*mm == 0) {
-        if (!args->curr || !is_target())
-            return 0;
-        *mm = args->mm_id;
-    } else if (args->mm_id != *mm) {
-        return 0;
-    }
-    u32 m = (u32)args->member;
-    if (m >= 4)
-        return 0;
-    s64 v = args->size;
-    rss.update(&m, &v);
-    return 0;
-}
 #endif
+
+#endif /* AS_RSS_H */

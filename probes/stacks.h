@@ -1,8 +1,10 @@
-/* allocscope BPF program, stacks.h: capture_stack(), the one place a user stack is walked (frame pointers, or the
+/* allocscope BPF, stacks.h: capture_stack(), the one place a user stack is walked (frame pointers, or the
  * DWARF unwinder of unwind_dwarf.h).
  *
- * Part of probes/allocscope.c: included there, in order, and inlined into it by
- * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+ * Declarations only (types, maps, static inline helpers): see allocscope.c. */
+#ifndef AS_STACKS_H
+#define AS_STACKS_H
+#include "common.h"
 
 /* --- stacks ------------------------------------------------------------ */
 
@@ -87,3 +89,5 @@ static __always_inline u64 capture_syscall_stack(void *ctx)
         bpf_probe_read_user(&word, sizeof(word), (void *)sp);
     return capture_stack(ctx, AS_STACK_SYSCALL, word);
 }
+
+#endif /* AS_STACKS_H */

@@ -1,8 +1,13 @@
-/* allocscope BPF program, syscalls.h: the syscall tracepoints of the mmap family, brk and madvise:
- * each exit dispatched to its accounting (regions.h) or, for the rare shapes, an event.
+/* allocscope BPF, syscalls.h: the syscall exits of the mmap family, brk and madvise: each dispatched
+ * to its accounting (regions.h) or, for the rare shapes, an event.
  *
- * Part of probes/allocscope.c: included there, in order, and inlined into it by
- * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+ * Declarations only (types, maps, static inline helpers): see allocscope.c. */
+#ifndef AS_SYSCALLS_H
+#define AS_SYSCALLS_H
+#include "common.h"
+#include "stacks.h"
+#include "rss.h"
+#include "regions.h"
 
 /* The exits that keep a region need the caller's stack. With the DWARF unwinder the stack is
  * taken by another program: the unwinder inlined beside the region code made the verifier take
@@ -38,12 +43,12 @@ struct as_sys_pending {
     u32 tid, api, nr, pad;
 };
 BPF_PERCPU_ARRAY(sys_pending, struct as_sys_pending, 1);
-BPF_PROG_ARRAY(sys_tails, 2); /* 0: sys_unwind, 1: sys_keep (tracepoint programs, set by the tracer) */
+BPF_PROG_ARRAY(sys_tails, 2);  /* 0: sys_unwind, 1: sys_keep (tracepoint programs, set by the tracer) */
 BPF_PROG_ARRAY(msys_tails, 2); /* the same for mark_sys: 0: msys_unwind, 1: msys_keep (uprobe programs) */
 
 /* Hand the rest of this exit to sys_unwind -> sys_keep; returns only when that failed. */
-static __always_inline void sys_handoff(void *ctx, struct as_sysargs *a, u32 nr, u64 ret, u64 lo, u64 hi,
-                                        u64 old, u32 tid, u32 api, u64 now, struct as_origin *o)
+static __always_inline void sys_handoff(void *ctx, struct as_sysargs *a, u32 nr, u64 ret, u64 lo, u64 hi, u64 old,
+                                        u32 tid, u32 api, u64 now, struct as_origin *o)
 {
     u32 zero = 0;
     struct as_sys_pending *p = sys_pending.lookup(&zero);
@@ -72,8 +77,7 @@ static __always_inline void sys_handoff(void *ctx, struct as_sysargs *a, u32 nr,
 }
 #endif
 
-static __always_inline void mmap_exit_sid(void *ctx, struct as_sysargs *a, u64 lo, u32 tid, u32 api, u64 now,
-                                          u64 sid)
+static __always_inline void mmap_exit_sid(void *ctx, struct as_sysargs *a, u64 lo, u32 tid, u32 api, u64 now, u64 sid)
 {
     u64 hi = page_up(lo + a->a1);
     u32 prot = (u32)a->a2, flags = (u32)a->a3;
@@ -192,8 +196,8 @@ static __always_inline void brk_event(struct as_sysargs *a, u64 nb, u64 old, u32
 }
 
 /* The break grown over [lo, hi) by the program (not its allocator): a region, or an event. */
-static __always_inline void brk_grown(struct as_sysargs *a, u64 nb, u64 old, u64 lo, u64 hi, u32 tid, u32 api,
-                                      u64 now, u64 sid)
+static __always_inline void brk_grown(struct as_sysargs *a, u64 nb, u64 old, u64 lo, u64 hi, u32 tid, u32 api, u64 now,
+                                      u64 sid)
 {
     if (region_new(lo, hi, sid, tid, now, AS_SRC_BRK) == 0) {
         count(AS_CNT_REGION_OPS, 1);
@@ -276,18 +280,6 @@ static __always_inline void syscall_exit(void *ctx, u32 nr, s64 ret)
 }
 
 #ifdef AS_UNWIND_DWARF
-int sys_unwind(void *ctx)
-{
-    u32 zero = 0;
-    struct as_sys_pending *p = sys_pending.lookup(&zero);
-    if (!p)
-        return 0;
-    p->sid = capture_syscall_stack(ctx);
-    sys_tails.call(ctx, 1);
-    count(AS_LOST_STACK_ERR, 1);
-    return 0;
-}
-
 static __always_inline int sys_keep_pending(void *ctx)
 {
     u32 zero = 0;
@@ -301,160 +293,13 @@ static __always_inline int sys_keep_pending(void *ctx)
         brk_grown(&a, p->ret, p->old, p->lo, p->hi, p->tid, p->api, p->now, p->sid);
     return 0;
 }
-
-int sys_keep(void *ctx)
-{
-    return sys_keep_pending(ctx);
-}
-
-/* mark_sys's: the stack from the hooked function's caller, as after a return */
-int msys_unwind(struct pt_regs *ctx)
-{
-    u32 zero = 0;
-    struct as_sys_pending *p = sys_pending.lookup(&zero);
-    if (!p)
-        return 0;
-    p->sid = capture_dwarf(p->oip, p->osp, p->obp, 0);
-    msys_tails.call(ctx, 1);
-    count(AS_LOST_STACK_ERR, 1);
-    return 0;
-}
-
-int msys_keep(struct pt_regs *ctx)
-{
-    return sys_keep_pending(ctx);
-}
 #endif
 
-/* as_mark_sys(phase, struct as_sysrec *r, fp): an mmap-family call through the agent's hook.
- * Phase 0 (before munmap, madvise, brk): the arguments, the time and the anonymous RSS, as the
- * entry tracepoints save them. Phase 1 (after the call): the exit's accounting, the stack from
- * the hook's caller. mmap and mremap report after the call only (nothing is measured across
- * them): the time is the exit's. */
+/* What as_mark_sys's second argument points at (mark_sys, syscalls.bpf.c). */
 struct as_sysrec {
     u64 nr;
     u64 a[5];
     u64 ret;
 };
 
-int mark_sys(struct pt_regs *ctx)
-{
-    if (!is_target())
-        return 0;
-    struct as_sysrec r = {};
-    if (bpf_probe_read_user(&r, sizeof(r), (void *)PT_REGS_PARM2(ctx)))
-        return 0;
-    u32 nr = (u32)r.nr;
-    if (!sys_by_agent(nr))
-        return 0; /* its tracepoint counts it */
-    if (PT_REGS_PARM1(ctx) == 0) {
-        save_sysargs(nr, r.a[0], r.a[1], r.a[2], 0, 0, rss_anon());
-        return 0;
-    }
-    struct as_sysargs a = {};
-    int saved = pop_sysargs(nr, &a); /* (mmap, mremap: only a tracepoint's entry, at the switch) */
-    if (nr == 9 || nr == 25) {
-        a.a0 = r.a[0];
-        a.a1 = r.a[1];
-        a.a2 = r.a[2];
-        a.a3 = r.a[3];
-        a.a4 = r.a[4];
-        a.ts_ns = bpf_ktime_get_ns();
-        a.rss = 0;
-        a.nr = nr;
-    } else if (!saved) {
-        return 0;
-    }
-    u64 fp = PT_REGS_PARM3(ctx);
-    struct as_origin o = {};
-    bpf_probe_read_user(&o.bp, sizeof(o.bp), (void *)fp);
-    bpf_probe_read_user(&o.ip, sizeof(o.ip), (void *)(fp + 8));
-    o.sp = fp + 16;
-    sys_done(ctx, nr, (s64)r.ret, &a, &o);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
-{
-    if (!is_target_sys() || sys_by_agent(9))
-        return 0;
-    save_sysargs(9, args->addr, args->len, args->prot, args->flags, args->fd, 0);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
-{
-    if (!is_target_sys() || sys_by_agent(9))
-        return 0;
-    syscall_exit(args, 9, args->ret);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
-{
-    if (!is_target_sys() || sys_by_agent(11))
-        return 0;
-    save_sysargs(11, args->addr, args->len, 0, 0, 0, rss_anon());
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_munmap)
-{
-    if (!is_target_sys() || sys_by_agent(11))
-        return 0;
-    syscall_exit(args, 11, args->ret);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
-{
-    if (!is_target_sys() || sys_by_agent(25))
-        return 0;
-    save_sysargs(25, args->addr, args->old_len, args->new_len, args->flags, args->new_addr, 0);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
-{
-    if (!is_target_sys() || sys_by_agent(25))
-        return 0;
-    syscall_exit(args, 25, args->ret);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_brk)
-{
-    if (!is_target_sys() || sys_by_agent(12))
-        return 0;
-    save_sysargs(12, args->brk, 0, 0, 0, 0, rss_anon());
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_brk)
-{
-    if (!is_target_sys() || sys_by_agent(12))
-        return 0;
-    syscall_exit(args, 12, args->ret);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_madvise)
-{
-    if (!is_target_sys() || sys_by_agent(28))
-        return 0;
-    int advice = args->behavior;
-    /* Only advice that can release memory: DONTNEED, FREE, REMOVE, PAGEOUT,
-     * DONTNEED_LOCKED. */
-    if (advice != 4 && advice != 8 && advice != 9 && advice != 21 && advice != 24)
-        return 0;
-    save_sysargs(28, args->start, args->len_in, advice, 0, 0, rss_anon());
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_madvise)
-{
-    if (!is_target_sys() || sys_by_agent(28))
-        return 0;
-    syscall_exit(args, 28, args->ret);
-    return 0;
-}
+#endif /* AS_SYSCALLS_H */

@@ -1,7 +1,8 @@
 /* allocscope: DWARF (CFI) unwinding of the user stack inside the probe (BCC dialect).
  *
- * Included by allocscope.c when AS_UNWIND_DWARF is defined, after scratch, count() and
- * store_stack(). Layouts are in allocscope.h; tracer/unwind.py builds and loads the rows.
+ * Included by stacks.h when AS_UNWIND_DWARF is defined, after store_stack() (scratch, count():
+ * common.h). Declarations only (see allocscope.c). Layouts are in allocscope.h; tracer/unwind.py
+ * builds and loads the rows.
  *
  * Each frame: find the mapping of the pc in `umaps` (LPM trie: one lookup, no loop), binary
  * search its row slice in `urows` for the last row at or below the pc's file offset, compute
@@ -38,6 +39,8 @@
  * truncated stack, a word beyond 4 GiB of the sp) is cached. Two different word vectors of one
  * (ip, sp) can only be confused by a 64-bit hash collision.
  */
+#ifndef AS_UNWIND_DWARF_H
+#define AS_UNWIND_DWARF_H
 #ifndef AS_UNWIND_ROWS
 #error "AS_UNWIND_ROWS: set by the tracer (tracer/probe.py, probe_cflags)"
 #endif
@@ -59,7 +62,7 @@
 #define AS_SLOT_NONE 0xffffffffu
 
 BPF_ARRAY(urows, struct as_urow, AS_UNWIND_ROWS);
-BPF_ARRAY(ugen, u64, 1); /* bumped by the tracer whenever `umaps` changes */
+BPF_ARRAY(ugen, u64, 1);                                    /* bumped by the tracer whenever `umaps` changes */
 BPF_ARRAY(upending, struct as_upending, AS_UNWIND_MODULES); /* stacks cut short, by module slot */
 
 /* Offsets from sp of the words one unwind read, by slot (2 * frame, + 1 for the saved rbp), and
@@ -82,13 +85,13 @@ BPF_PERCPU_ARRAY(uslots, struct as_slots, 1);
 
 #if AS_SCACHE_WAYS > 0
 struct as_scache {
-    u64 ip, sp, bp;  /* registers at the return probe; bp compared only when need_bp */
-    u64 gen;         /* `ugen` when cached */
+    u64 ip, sp, bp; /* registers at the return probe; bp compared only when need_bp */
+    u64 gen;        /* `ugen` when cached */
     u64 stack_id;
-    u64 vhash;       /* sum over used slots of vh_mix(slot, word at sp + off) */
-    u32 nslots;      /* 0: empty */
+    u64 vhash;  /* sum over used slots of vh_mix(slot, word at sp + off) */
+    u32 nslots; /* 0: empty */
     u32 need_bp;
-    u32 span;        /* bytes from sp covering every slot's word; > AS_SCACHE_SPAN: read each */
+    u32 span; /* bytes from sp covering every slot's word; > AS_SCACHE_SPAN: read each */
     u32 pad;
     struct as_slots s;
 };
@@ -111,15 +114,16 @@ BPF_F_TABLE("lpm_trie", struct as_umap_key, struct as_umap, umaps, AS_UNWIND_MAP
 
 /* Outcome of one step. */
 #define AS_STEP_OK 0
-#define AS_STEP_END 1   /* outermost frame reached */
-#define AS_STEP_TRUNC 2 /* cannot go on */
+#define AS_STEP_END 1     /* outermost frame reached */
+#define AS_STEP_TRUNC 2   /* cannot go on */
 #define AS_STEP_PENDING 3 /* the pc is in a module whose rows are still being built */
 
 struct as_ustate {
     u64 ip, sp, bp;
-    u32 exact; /* ip is the pc of the frame (frame 0 of a syscall, interrupted code), not a
-                  return address: look its own row up, not the call's (ip - 1) */
-    u32 fp;    /* this frame was found by a frame-pointer step */
+    /* exact: ip is the pc of the frame (frame 0 of a syscall, interrupted code), not a return
+     * address: look its own row up, not the call's (ip - 1) */
+    u32 exact;
+    u32 fp;               /* this frame was found by a frame-pointer step */
     struct as_slots *rec; /* the stack cache's bookkeeping */
     u64 sp0;
 };
@@ -299,14 +303,15 @@ static __always_inline int unwind_step(struct as_ustate *s, u32 i)
         s->ip = nip;
         s->sp = nsp;
         set_bp(s, nbp, 1); /* not cached anyway */
-        s->exact = 1; /* the interrupted instruction itself */
+        s->exact = 1;      /* the interrupted instruction itself */
         s->fp = 0;
         return nip ? AS_STEP_OK : AS_STEP_END;
     } else if (t == AS_CFA_STOP) {
         return AS_STEP_END;
     } else if (t != AS_CFA_NONE) {
         return AS_STEP_TRUNC; /* AS_CFA_UNSUPPORTED */
-    } else { /* no row: frame-pointer step */
+    } else {
+        /* no row: frame-pointer step */
         u64 obp = s->bp, nbp = 0;
         use_bp(s);
         if (obp == 0)
@@ -409,8 +414,7 @@ static __always_inline u64 capture_dwarf(u64 ip, u64 sp, u64 bp, u32 exact)
 #if AS_SCACHE_WAYS > 0
 static __always_inline struct as_scache *scache_way(u64 ip, u64 sp, u64 create)
 {
-    struct as_scache_set *set = scache.task_storage_get(
-        (struct task_struct *)bpf_get_current_task_btf(), 0, create);
+    struct as_scache_set *set = scache.task_storage_get((struct task_struct *)bpf_get_current_task_btf(), 0, create);
     if (!set)
         return 0;
     u64 k = (ip ^ (sp << 7)) * 0x9e3779b97f4a7c15ULL;
@@ -504,3 +508,5 @@ static __always_inline u64 scache_lookup(u64 ip, u64 sp, u64 bp)
     return c->stack_id;
 }
 #endif
+
+#endif /* AS_UNWIND_DWARF_H */

@@ -1,4 +1,4 @@
-/* allocscope BPF program, waits.h: off-CPU time of the target's threads by user stack
+/* allocscope BPF, waits.h: off-CPU time of the target's threads by user stack
  * (sched:sched_switch), so the reports can join memory to waiting: who holds what while blocked.
  *
  * A target thread that blocks (switched out sleeping, S, or uninterruptible, D; a preempted
@@ -14,8 +14,11 @@
  * again. A stack cut short is not kept there: the module it stopped at may have its unwind rows
  * by the next wait (tracer/unwind.py builds them once stacks cross it).
  *
- * Part of probes/allocscope.c: included there, in order, and inlined into it by
- * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+ * Declarations only (types, maps, static inline helpers): see allocscope.c. */
+#ifndef AS_WAITS_H
+#define AS_WAITS_H
+#include "common.h"
+#include "stacks.h"
 
 #define AS_MAX_WAITS 16384
 
@@ -92,45 +95,4 @@ static __always_inline u64 wait_stack(void *ctx, u32 tid)
     return sid;
 }
 
-TRACEPOINT_PROBE(sched, sched_switch)
-{
-    u32 next = (u32)args->next_pid;
-    struct as_offcpu *o = offcpu.lookup(&next);
-    if (o) { /* a blocked target thread runs again */
-        wait_ended(next, o, bpf_ktime_get_ns());
-        offcpu.delete(&next);
-    }
-    if (!is_target())
-        return 0;
-    long state = args->prev_state;
-    if (state != 1 && state != 2)
-        return 0; /* preempted (still runnable), stopped, traced, exiting: not a wait */
-    u32 zero = 0;
-    u64 *min = wait_cfg.lookup(&zero);
-    if (!min || *min == 0)
-        return 0;
-    struct as_offcpu w = {.ts_ns = bpf_ktime_get_ns(), .state = (u32)state};
-    u32 tid = current_tid();
-    count(AS_CNT_WAITS, 1);
-    w.stack_id = wait_stack(args, tid);
-    offcpu.update(&tid, &w);
-    return 0;
-}
-
-/* What unmapping costs the other CPUs: TLB flushes by reason (0 task switch, 1 remote shootdown
- * received, 2 local shootdown, 3 local mm shootdown, 4 remote IPI sent, 5 remote wrong CPU). */
-TRACEPOINT_PROBE(tlb, tlb_flush)
-{
-    if (!is_target())
-        return 0;
-    u32 reason = (u32)args->reason;
-    struct as_tlb *t = tlb_flushes.lookup(&reason);
-    if (!t)
-        return 0;
-    t->flushes += 1;
-    if (args->pages == (unsigned long)-1)
-        t->full += 1;
-    else
-        t->pages += args->pages;
-    return 0;
-}
+#endif /* AS_WAITS_H */

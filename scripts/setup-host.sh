@@ -21,11 +21,11 @@ fi
 # full-screen `allocscope top` test (tests/test_top_bpf.py drives it in a real terminal); the
 # crates of tests/targets/rustd (tests/test_rustd_bpf.py, built offline from
 # /usr/share/cargo/registry): librust-rayon-dev, librust-tokio-dev, librust-jemalloc-sys-dev, and
-# cargo (Debian's, unless one is there).
+# cargo (Debian's, unless one is there). clang-format: `make lint` checks the C of probes/ and tracer/.
 pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev libc6-dbg binutils dwz
       chromium fonts-dejavu-core bpfcc-tools redis-server redis-tools libjemalloc2
       libtcmalloc-minimal4 libgoogle-perftools4 libmimalloc2.0 tmux
-      librust-rayon-dev librust-tokio-dev librust-jemalloc-sys-dev)
+      librust-rayon-dev librust-tokio-dev librust-jemalloc-sys-dev clang-format)
 if ! command -v rustc >/dev/null && [ ! -x "$HOME/.cargo/bin/rustc" ] && [ ! -x /usr/local/cargo/bin/rustc ]; then
   pkgs+=(rustc)
 fi

@@ -122,17 +122,20 @@ def session_choice(opts: RecordOptions, release: str | None = None) -> tuple[boo
 
 
 def bpf_text() -> bytes:
-    """probes/allocscope.c with its local includes other than allocscope.h inlined, recursively
-    (each file once): BCC rewrites map calls (`map.lookup(...)`) only in the main file, and the
-    parts of the program by concern (probes/heap.h, regions.h, ...; unwind_dwarf.h) have some."""
+    """probes/allocscope.c with its local includes other than allocscope.h inlined, recursively,
+    each file at its first include (a later one is dropped): BCC rewrites map calls
+    (`map.lookup(...)`) only in the main file, and the units (probes/heap.bpf.c, ...) and
+    headers (heap.h, regions.h, ...) have some."""
     seen: set[str] = set()
 
     def expand(path) -> str:
         def inline(m: re.Match) -> str:
             name = m.group(1)
             part = L.PROBES_DIR / name
-            if name == L.HEADER.name or not part.is_file() or name in seen:
+            if name == L.HEADER.name or not part.is_file():
                 return m.group(0)
+            if name in seen:
+                return f"/* {name}: above */"
             seen.add(name)
             return f"/* ---- {name} ---- */\n{expand(part)}\n/* ---- end of {name} ---- */"
         return re.sub(r'^#include "([\w.]+)"[ \t]*$', inline, path.read_text(), flags=re.M)
@@ -270,7 +273,7 @@ def sys_tracepoints(kind: str) -> list[str]:
     return [f"syscalls:sys_{d}_{kind}" for d in ("enter", "exit")]
 
 
-SYS_TAILS = (b"sys_unwind", b"sys_keep")  # probes/syscalls.h: the stack of an mmap or brk exit (DWARF)
+SYS_TAILS = (b"sys_unwind", b"sys_keep")  # probes/syscalls.bpf.c: the stack of an mmap or brk exit (DWARF)
 
 
 def fill_sys_tails(bcc, bpf) -> None:
@@ -612,7 +615,7 @@ class Probes:
 
     def _attach_sys_marker(self, agent) -> None:
         """--inject: the mmap-family calls the agent hooked are reported through its as_mark_sys
-        (probes/syscalls.h mark_sys) and switched over in `sys_hooked`; the others get their
+        (probes/syscalls.bpf.c mark_sys) and switched over in `sys_hooked`; the others get their
         syscall tracepoints now. `sys_tracepoints_kept`: those."""
         from .inject import SYS_FAMILY  # noqa: PLC0415
 

@@ -239,9 +239,8 @@ static inline int maybe_sampled(u64 p)
 
 /* The sampled call (out of line): the real call, the old block of a realloc freed, the new block
  * kept. `ra_slot`: where the caller's return address is. */
-__attribute__((noinline)) static u64 call_sampled(u64 a, u64 b, u64 c, const struct as_slot *s,
-                                                  struct as_thread *t, u64 size, u32 kind, int keep_new,
-                                                  u64 *ra_slot)
+__attribute__((noinline)) static u64 call_sampled(u64 a, u64 b, u64 c, const struct as_slot *s, struct as_thread *t,
+                                                  u64 size, u32 kind, int keep_new, u64 *ra_slot)
 {
     u64 r = ((as_fn3)s->orig)(a, b, c);
     t->api = 0;
@@ -259,28 +258,28 @@ __attribute__((noinline)) static u64 call_sampled(u64 a, u64 b, u64 c, const str
 }
 
 /* An allocation of a size known before the call. */
-#define ALLOC_HOOK(name, SIZE, KIND)                                                             \
-    HOOK u64 name(u64 a, u64 b, u64 c, const struct as_slot *s)                                \
-    {                                                                                          \
-        as_fn3 f = (as_fn3)s->orig;                                                            \
-        if (unlikely(!as_cfg.enabled))                                                         \
-            return f(a, b, c);                                                                 \
-        struct as_thread *t = self();                                                          \
-        if (unlikely(t->depth))                                                                \
-            return f(a, b, c);                                                                 \
-        u64 *ra_slot = RA_SLOT();                                                              \
-        u64 size = (SIZE);                                                                     \
-        int k = keep(t, size);                                                                 \
-        t->depth = 1;                                                                          \
-        t->sp = (u64)ra_slot;                                                                  \
-        t->ra = *ra_slot;                                                                      \
-        t->api = API(s);                                                                       \
-        if (unlikely(k) || (KIND == 1 && maybe_sampled(a)))                                    \
-            return call_sampled(a, b, c, s, t, size, KIND, k, ra_slot);                        \
-        u64 r = f(a, b, c);                                                                    \
-        t->api = 0;                                                                            \
-        t->depth = 0;                                                                          \
-        return r;                                                                              \
+#define ALLOC_HOOK(name, SIZE, KIND)                                    \
+    HOOK u64 name(u64 a, u64 b, u64 c, const struct as_slot *s)         \
+    {                                                                   \
+        as_fn3 f = (as_fn3)s->orig;                                     \
+        if (unlikely(!as_cfg.enabled))                                  \
+            return f(a, b, c);                                          \
+        struct as_thread *t = self();                                   \
+        if (unlikely(t->depth))                                         \
+            return f(a, b, c);                                          \
+        u64 *ra_slot = RA_SLOT();                                       \
+        u64 size = (SIZE);                                              \
+        int k = keep(t, size);                                          \
+        t->depth = 1;                                                   \
+        t->sp = (u64)ra_slot;                                           \
+        t->ra = *ra_slot;                                               \
+        t->api = API(s);                                                \
+        if (unlikely(k) || (KIND == 1 && maybe_sampled(a)))             \
+            return call_sampled(a, b, c, s, t, size, KIND, k, ra_slot); \
+        u64 r = f(a, b, c);                                             \
+        t->api = 0;                                                     \
+        t->depth = 0;                                                   \
+        return r;                                                       \
     }
 
 static inline u64 mul_or_max(u64 a, u64 b)
@@ -289,12 +288,12 @@ static inline u64 mul_or_max(u64 a, u64 b)
     return __builtin_mul_overflow(a, b, &r) ? ~0ULL : r;
 }
 
-ALLOC_HOOK(as_h_malloc, a, 0)                   /* malloc, valloc, pvalloc, mallocx, mi_malloc_aligned */
-ALLOC_HOOK(as_h_calloc, mul_or_max(a, b), 0)    /* calloc, mi_mallocn */
-ALLOC_HOOK(as_h_aligned, b, 0)                  /* aligned_alloc, memalign (alignment, size) */
-ALLOC_HOOK(as_h_realloc, b, 1)                  /* realloc(p, size[, flags]) */
+ALLOC_HOOK(as_h_malloc, a, 0)                /* malloc, valloc, pvalloc, mallocx, mi_malloc_aligned */
+ALLOC_HOOK(as_h_calloc, mul_or_max(a, b), 0) /* calloc, mi_mallocn */
+ALLOC_HOOK(as_h_aligned, b, 0)               /* aligned_alloc, memalign (alignment, size) */
+ALLOC_HOOK(as_h_realloc, b, 1)               /* realloc(p, size[, flags]) */
 ALLOC_HOOK(as_h_reallocarray, mul_or_max(b, c), 1)
-ALLOC_HOOK(as_h_posix_memalign, c, 2)           /* posix_memalign(&p, alignment, size) */
+ALLOC_HOOK(as_h_posix_memalign, c, 2) /* posix_memalign(&p, alignment, size) */
 
 __attribute__((noinline)) static u64 free_sampled(u64 a, u64 b, u64 c, const struct as_slot *s)
 {
@@ -383,8 +382,7 @@ static __attribute__((always_inline)) inline u64 sys_munmap(u64 orig, u64 a, u64
     return r;
 }
 
-static __attribute__((always_inline)) inline u64 sys_mremap(u64 orig, u64 a, u64 b, u64 c, u64 d, u64 e,
-                                                            u64 *ra_slot)
+static __attribute__((always_inline)) inline u64 sys_mremap(u64 orig, u64 a, u64 b, u64 c, u64 d, u64 e, u64 *ra_slot)
 {
     struct as_thread *t = sys_enter();
     if (!t)
@@ -436,26 +434,26 @@ static __attribute__((always_inline)) inline u64 sys_brk(u64 orig, u64 a, u64 *r
 /* One hook per (kind, definition): as_hs_mmap_0 .. as_hs_brk_3. The stub jumps here with every
  * argument register as the caller set it. */
 #define SYS_ORIG(k, i) __atomic_load_n(&as_cfg.sys_orig[k][i], __ATOMIC_RELAXED)
-#define SYS_HOOKS(i)                                                                               \
-    HOOK u64 as_hs_mmap_##i(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f)                          \
-    {                                                                                          \
-        return sys_mmap(SYS_ORIG(AS_SYS_MMAP, i), a, b, c, d, e, f, RA_SLOT());                \
-    }                                                                                          \
-    HOOK u64 as_hs_munmap_##i(u64 a, u64 b)                                                    \
-    {                                                                                          \
-        return sys_munmap(SYS_ORIG(AS_SYS_MUNMAP, i), a, b, RA_SLOT());                        \
-    }                                                                                          \
-    HOOK u64 as_hs_mremap_##i(u64 a, u64 b, u64 c, u64 d, u64 e)                               \
-    {                                                                                          \
-        return sys_mremap(SYS_ORIG(AS_SYS_MREMAP, i), a, b, c, d, e, RA_SLOT());               \
-    }                                                                                          \
-    HOOK u64 as_hs_madvise_##i(u64 a, u64 b, u64 c)                                            \
-    {                                                                                          \
-        return sys_madvise(SYS_ORIG(AS_SYS_MADVISE, i), a, b, c, RA_SLOT());                   \
-    }                                                                                          \
-    HOOK u64 as_hs_brk_##i(u64 a)                                                              \
-    {                                                                                          \
-        return sys_brk(SYS_ORIG(AS_SYS_BRK, i), a, RA_SLOT());                                 \
+#define SYS_HOOKS(i)                                                             \
+    HOOK u64 as_hs_mmap_##i(u64 a, u64 b, u64 c, u64 d, u64 e, u64 f)            \
+    {                                                                            \
+        return sys_mmap(SYS_ORIG(AS_SYS_MMAP, i), a, b, c, d, e, f, RA_SLOT());  \
+    }                                                                            \
+    HOOK u64 as_hs_munmap_##i(u64 a, u64 b)                                      \
+    {                                                                            \
+        return sys_munmap(SYS_ORIG(AS_SYS_MUNMAP, i), a, b, RA_SLOT());          \
+    }                                                                            \
+    HOOK u64 as_hs_mremap_##i(u64 a, u64 b, u64 c, u64 d, u64 e)                 \
+    {                                                                            \
+        return sys_mremap(SYS_ORIG(AS_SYS_MREMAP, i), a, b, c, d, e, RA_SLOT()); \
+    }                                                                            \
+    HOOK u64 as_hs_madvise_##i(u64 a, u64 b, u64 c)                              \
+    {                                                                            \
+        return sys_madvise(SYS_ORIG(AS_SYS_MADVISE, i), a, b, c, RA_SLOT());     \
+    }                                                                            \
+    HOOK u64 as_hs_brk_##i(u64 a)                                                \
+    {                                                                            \
+        return sys_brk(SYS_ORIG(AS_SYS_BRK, i), a, RA_SLOT());                   \
     }
 
 SYS_HOOKS(0)

@@ -12,8 +12,14 @@
  * madvise, brk; up to AS_SYS_DEFS definitions of each (libc's, a static libc's in the executable,
  * an allocator's own), each its own hook (these take up to 6 arguments: no register is free to
  * carry a slot). */
-enum as_sys_kind { AS_SYS_MMAP = 0, AS_SYS_MUNMAP = 1, AS_SYS_MREMAP = 2, AS_SYS_MADVISE = 3, AS_SYS_BRK = 4,
-                   AS_SYS_KINDS = 5 };
+enum as_sys_kind {
+    AS_SYS_MMAP = 0,
+    AS_SYS_MUNMAP = 1,
+    AS_SYS_MREMAP = 2,
+    AS_SYS_MADVISE = 3,
+    AS_SYS_BRK = 4,
+    AS_SYS_KINDS = 5
+};
 #define AS_SYS_DEFS 4
 
 enum as_state { AS_STATE_LOADING = 0, AS_STATE_HOOKED = 1, AS_STATE_DETACHING = 2, AS_STATE_UNHOOKED = 3 };
@@ -51,13 +57,13 @@ struct as_sysrec {
 
 /* What the watchdog puts back when the tracer dies: the aligned word(s) holding a patched entry. */
 struct as_restore {
-    u64 word_addr;            /* 8-aligned (16-aligned when wide) */
+    u64 word_addr; /* 8-aligned (16-aligned when wide) */
     u64 orig_word, patched_word;
-    u64 orig_hi, patched_hi;  /* wide: the second word */
-    u64 page, page_len;       /* for mprotect */
-    u32 prot;                 /* the page's protection to restore */
-    u32 wide;                 /* 1: a 16-byte compare-and-swap */
-    u32 done;                 /* 1: restored, 2: could not make the page writable */
+    u64 orig_hi, patched_hi; /* wide: the second word */
+    u64 page, page_len;      /* for mprotect */
+    u32 prot;                /* the page's protection to restore */
+    u32 wide;                /* 1: a 16-byte compare-and-swap */
+    u32 done;                /* 1: restored, 2: could not make the page writable */
     u32 pad;
 };
 
@@ -67,13 +73,13 @@ struct as_config {
     volatile u32 enabled; /* 0: every hook passes straight through */
     volatile u32 state;   /* enum as_state */
     volatile u32 watchdog;
-    u32 pid;              /* the target (a fork's child has another) */
-    s32 pidfd;            /* the tracer's pidfd, in the target */
+    u32 pid;   /* the target (a fork's child has another) */
+    s32 pidfd; /* the tracer's pidfd, in the target */
     u32 poll_ms;
     u64 sample_bytes;
-    u64 threads;          /* struct as_thread[1 << thread_bits] */
-    u64 set;              /* u64[8 << set_bits] */
-    u64 spill;            /* u8[1 << set_bits]: pointers homed in each bucket */
+    u64 threads; /* struct as_thread[1 << thread_bits] */
+    u64 set;     /* u64[8 << set_bits] */
+    u64 spill;   /* u8[1 << set_bits]: pointers homed in each bucket */
     u32 thread_bits, set_bits;
     u32 nhooks, pad;
     struct as_restore hooks[AS_MAX_HOOKS];

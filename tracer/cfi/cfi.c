@@ -42,8 +42,8 @@ struct cfi_row {
 struct cfi_result {
 	struct cfi_row *rows; /* malloc'd; cfi_free() */
 	uint64_t nrows;
-	uint64_t fdes;     /* FDEs decoded */
-	uint32_t sources;  /* 1: .eh_frame, 2: .debug_frame (sections with contents) */
+	uint64_t fdes;    /* FDEs decoded */
+	uint32_t sources; /* 1: .eh_frame, 2: .debug_frame (sections with contents) */
 	uint32_t reserved;
 	char error[240];
 };
@@ -55,8 +55,8 @@ enum { T_NONE, T_RSP, T_RBP, T_PLT, T_SIGNAL, T_STOP, T_UNSUPPORTED, T_COUNT };
 #define REG_RBP 6
 #define REG_RSP 7
 #define RBP_UNKNOWN (-128)
-#define MAX_STACK 64   /* DW_CFA_remember_state depth */
-#define MAX_BIG 16     /* register numbers >= 512 that one row may hold */
+#define MAX_STACK 64 /* DW_CFA_remember_state depth */
+#define MAX_BIG 16   /* register numbers >= 512 that one row may hold */
 
 /* --------------------------------------------------------------------- bounded reads */
 
@@ -138,15 +138,15 @@ struct rule {
 
 struct state {
 	i128 pc;
-	int cfa_expr;         /* DW_CFA_def_cfa_expression */
-	int cfa_reg_none;     /* pyelftools' CFARule(reg=None) */
-	int cfa_off_none;     /* CFARule(offset=None): def_cfa_register after an expression */
+	int cfa_expr;     /* DW_CFA_def_cfa_expression */
+	int cfa_reg_none; /* pyelftools' CFARule(reg=None) */
+	int cfa_off_none; /* CFARule(offset=None): def_cfa_register after an expression */
 	i128 cfa_reg, cfa_off;
 	const uint8_t *cfa_e;
 	uint64_t cfa_elen;
-	struct rule ra, rbp;  /* the rules of the return address register and of rbp */
-	uint64_t present[8];  /* registers 0..511 with a rule */
-	i128 big[MAX_BIG];    /* and above */
+	struct rule ra, rbp; /* the rules of the return address register and of rbp */
+	uint64_t present[8]; /* registers 0..511 with a rule */
+	i128 big[MAX_BIG];   /* and above */
 	int nbig, nregs;
 };
 
@@ -205,8 +205,8 @@ struct cie {
 	int has_z, fde_enc;
 	i128 caf, daf, ra_reg;
 	const uint8_t *ins, *ins_end;
-	int decoded;      /* 0: not yet, 1: done, -1: its program is malformed */
-	int has_last;     /* its decoded table has a row: the FDEs start from it */
+	int decoded;  /* 0: not yet, 1: done, -1: its program is malformed */
+	int has_last; /* its decoded table has a row: the FDEs start from it */
 	struct state last;
 };
 
@@ -320,12 +320,12 @@ static uint32_t encode(const struct build *b, const struct state *s) {
 /* a pointer in a DW_EH_PE encoding (low nibble: the format); 0 ok, -1 unknown format */
 static int rd_ptr(struct rd *r, int enc, i128 *out) {
 	switch (enc & 0x0f) {
-	case 0x00: *out = (i128)rd_n(r, 8); break;            /* absptr (ELF64) */
-	case 0x01: *out = rd_leb(r, 0); break;                /* uleb128 */
+	case 0x00: *out = (i128)rd_n(r, 8); break; /* absptr (ELF64) */
+	case 0x01: *out = rd_leb(r, 0); break;     /* uleb128 */
 	case 0x02: *out = (i128)rd_n(r, 2); break;
 	case 0x03: *out = (i128)rd_n(r, 4); break;
 	case 0x04: *out = (i128)rd_n(r, 8); break;
-	case 0x09: *out = rd_leb(r, 1); break;                /* sleb128 */
+	case 0x09: *out = rd_leb(r, 1); break; /* sleb128 */
 	case 0x0a: *out = (int16_t)rd_n(r, 2); break;
 	case 0x0b: *out = (int32_t)rd_n(r, 4); break;
 	case 0x0c: *out = (int64_t)rd_n(r, 8); break;
@@ -341,9 +341,17 @@ static int rd_addr(const struct build *b, const struct section *sec, struct rd *
 		return -1; /* omitted or indirect: no code address */
 	switch (enc & 0x70) {
 	case 0x00: break;
-	case 0x10: *out += (i128)sec->addr + field; break;    /* pcrel */
-	case 0x20: if (!b->has_text) return -1; *out += b->text_addr; break;  /* textrel */
-	case 0x30: if (!b->has_got) return -1; *out += b->got_addr; break;    /* datarel */
+	case 0x10: *out += (i128)sec->addr + field; break; /* pcrel */
+	case 0x20:
+		if (!b->has_text)
+			return -1;
+		*out += b->text_addr;
+		break; /* textrel */
+	case 0x30:
+		if (!b->has_got)
+			return -1;
+		*out += b->got_addr;
+		break; /* datarel */
 	default: return -1;
 	}
 	return 0;
@@ -387,15 +395,15 @@ static int run(struct build *b, const struct section *sec, struct cie *cie, int 
 			cie->has_last = 1;                                                             \
 		}                                                                                      \
 	} while (0)
-#define SET(reg, typ, a, e, l)                                                \
-	do {                                                                  \
-		struct rule rl_ = {(typ), (a), (e), (l)};                     \
-		if (st_add(cur, (reg)))                                       \
-			return -1;                                            \
-		if ((reg) == ra_reg)                                          \
-			cur->ra = rl_;                                        \
-		if ((reg) == REG_RBP)                                         \
-			cur->rbp = rl_;                                       \
+#define SET(reg, typ, a, e, l)                            \
+	do {                                              \
+		struct rule rl_ = {(typ), (a), (e), (l)}; \
+		if (st_add(cur, (reg)))                   \
+			return -1;                        \
+		if ((reg) == ra_reg)                      \
+			cur->ra = rl_;                    \
+		if ((reg) == REG_RBP)                     \
+			cur->rbp = rl_;                   \
 	} while (0)
 
 	while (r.p < r.end) {
@@ -413,14 +421,11 @@ static int run(struct build *b, const struct section *sec, struct cie *cie, int 
 				return -1;
 			SET((i128)(op & 0x3f), R_OFFSET, sat_mul(x, cie->daf), NULL, 0);
 			continue;
-		case 0xc0: /* restore */
-			reg = op & 0x3f;
-			goto restore;
+		case 0xc0: /* restore */ reg = op & 0x3f; goto restore;
 		}
 		switch (op) {
 		case 0x00: /* nop */
-		case 0x2d: /* GNU_window_save / AARCH64_negate_ra_state */
-			break;
+		case 0x2d: /* GNU_window_save / AARCH64_negate_ra_state */ break;
 		case 0x01: /* set_loc */
 			if (sec->eh) {
 				if (rd_addr(b, sec, &r, cie->fde_enc, &x))
@@ -433,14 +438,18 @@ static int run(struct build *b, const struct section *sec, struct cie *cie, int 
 			EMIT();
 			cur->pc = sat(x);
 			break;
-		case 0x02: case 0x03: case 0x04: /* advance_loc1/2/4 */
+		case 0x02:
+		case 0x03:
+		case 0x04: /* advance_loc1/2/4 */
 			x = (i128)rd_n(&r, op == 0x02 ? 1 : op == 0x03 ? 2 : 4);
 			if (r.bad)
 				return -1;
 			EMIT();
 			cur->pc = sat(cur->pc + sat_mul(x, cie->caf));
 			break;
-		case 0x05: case 0x11: case 0x2f: /* offset_extended, offset_extended_sf, GNU_negative_offset_extended */
+		case 0x05:
+		case 0x11:
+		case 0x2f: /* offset_extended, offset_extended_sf, GNU_negative_offset_extended */
 			reg = rd_leb(&r, 0);
 			x = rd_leb(&r, op == 0x11);
 			if (r.bad)
@@ -448,7 +457,8 @@ static int run(struct build *b, const struct section *sec, struct cie *cie, int 
 			x = sat_mul(x, cie->daf);
 			SET(reg, R_OFFSET, op == 0x2f ? -x : x, NULL, 0);
 			break;
-		case 0x14: case 0x15: /* val_offset, val_offset_sf */
+		case 0x14:
+		case 0x15: /* val_offset, val_offset_sf */
 			reg = rd_leb(&r, 0);
 			x = rd_leb(&r, op == 0x15);
 			if (r.bad)
@@ -477,7 +487,8 @@ static int run(struct build *b, const struct section *sec, struct cie *cie, int 
 					cur->rbp.type = R_NONE;
 			}
 			break;
-		case 0x07: case 0x08: /* undefined, same_value */
+		case 0x07:
+		case 0x08: /* undefined, same_value */
 			reg = rd_leb(&r, 0);
 			if (r.bad)
 				return -1;
@@ -502,7 +513,8 @@ static int run(struct build *b, const struct section *sec, struct cie *cie, int 
 			*cur = b->stack[--depth];
 			cur->pc = x;
 			break;
-		case 0x0c: case 0x12: /* def_cfa, def_cfa_sf */
+		case 0x0c:
+		case 0x12: /* def_cfa, def_cfa_sf */
 			reg = rd_leb(&r, 0);
 			x = rd_leb(&r, op == 0x12);
 			if (r.bad)
@@ -519,7 +531,8 @@ static int run(struct build *b, const struct section *sec, struct cie *cie, int 
 			cur->cfa_expr = cur->cfa_reg_none = 0;
 			cur->cfa_reg = reg;
 			break;
-		case 0x0e: case 0x13: /* def_cfa_offset, def_cfa_offset_sf: the register stays (None after an expression) */
+		case 0x0e:
+		case 0x13: /* def_cfa_offset, def_cfa_offset_sf: the register stays (None after an expression) */
 			x = rd_leb(&r, op == 0x13);
 			if (r.bad)
 				return -1;
@@ -537,7 +550,8 @@ static int run(struct build *b, const struct section *sec, struct cie *cie, int 
 			cur->cfa_e = blk;
 			cur->cfa_elen = (uint64_t)x;
 			break;
-		case 0x10: case 0x16: /* expression, val_expression */
+		case 0x10:
+		case 0x16: /* expression, val_expression */
 			reg = rd_leb(&r, 0);
 			x = rd_leb(&r, 0);
 			if (r.bad || x < 0 || x > r.end - r.p)
@@ -551,8 +565,7 @@ static int run(struct build *b, const struct section *sec, struct cie *cie, int 
 			if (r.bad)
 				return -1;
 			break;
-		default:
-			return -1;
+		default: return -1;
 		}
 	}
 	if (r.bad)
@@ -670,7 +683,7 @@ static struct cie *cie_at(struct build *b, const struct section *sec, uint64_t o
 			for (uint64_t i = 0; i < auglen; i++)
 				if (aug[i] != 'S')
 					return NULL; /* "eh" and the like: not read */
-			goto augmented; /* "S" (a signal frame) alone: no augmentation data */
+			goto augmented;              /* "S" (a signal frame) alone: no augmentation data */
 		}
 		c->has_z = 1;
 		struct rd q = r;
@@ -1096,8 +1109,8 @@ API int cfi_build_fd(int fd, const uint8_t *debug_frame, uint64_t debug_frame_le
 	return build_fd(fd, (uint64_t)st.st_size, debug_frame, debug_frame_len, types, res);
 }
 
-API int cfi_build_path(const char *path, const uint8_t *debug_frame, uint64_t debug_frame_len,
-		       const uint8_t *types, struct cfi_result *res) {
+API int cfi_build_path(const char *path, const uint8_t *debug_frame, uint64_t debug_frame_len, const uint8_t *types,
+		       struct cfi_result *res) {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		memset(res, 0, sizeof(*res));

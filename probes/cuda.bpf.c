@@ -1,7 +1,7 @@
-/* allocscope BPF program, cuda.h: the CUDA driver API (libcuda.so.1): its own call state and entry probes.
+/* allocscope BPF, cuda.bpf.c: the CUDA driver API (libcuda.so.1): its return and entry probes.
  *
- * Part of probes/allocscope.c: included there, in order, and inlined into it by
- * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+ * A unit of the program (its entry points): see allocscope.c. */
+#include "heap.h"
 
 /* --- the CUDA driver API (libcuda.so.1) ---------------------------------------------------
  * Out-pointer calls: the address or handle is read from *dptr when the call returns

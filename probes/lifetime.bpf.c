@@ -1,7 +1,9 @@
-/* allocscope BPF program, lifetime.h: threads and process lifetime: renames, exits, exec.
+/* allocscope BPF, lifetime.bpf.c: threads and process lifetime: renames, exits, exec.
  *
- * Part of probes/allocscope.c: included there, in order, and inlined into it by
- * tracer/probe.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */
+ * A unit of the program (its entry points): see allocscope.c. */
+#include "common.h"
+#include "regions.h"
+#include "waits.h"
 
 /* --- threads and process lifetime ----------------------------------------- */
 
