@@ -5,8 +5,8 @@
     python3 bench/inject_floor.py --build-bins BINS          # here: gcc + cargo, for another box
 
 ALLOCSCOPE: the allocscope to run (.venv/bin/allocscope here, BUNDLE/bin/allocscope on another
-box). OUT.md: where the markdown results go. BINS: `syscalls` (bench/syscalls.c), `pair`
-(bench/pair.c) and `rustd` (tests/targets/rustd, its `--serve` mode), built by --build-bins
+box). OUT.md: where the markdown results go. BINS: `syscalls` (bench/syscalls.c), `switch`
+(bench/switch.c), `pair` (bench/pair.c) and `rustd` (tests/targets/rustd, its `--serve` mode), built by --build-bins
 (default: built into the work directory when gcc and cargo are here). --redis-dir: the folder of
 redis-server and redis-benchmark, put on their LD_LIBRARY_PATH (default: where PATH has them).
 
@@ -70,46 +70,54 @@ NO_SAMPLING = str(1 << 40)  # --sample-bytes: a 32-byte block is kept once in 3e
 # CPUs
 
 
-def physical_cpus() -> list[int]:
-    """One logical CPU per physical core among those we may run on (the first sibling)."""
-    seen, out = set(), []
+def cpu_order() -> tuple[list[int], int]:
+    """The CPUs we may run on, one per physical core first (the first sibling of each), then the
+    other siblings; and how many physical cores there are."""
+    firsts, rest, seen = [], [], set()
     for c in sorted(os.sched_getaffinity(0)):
         try:
             base = f"/sys/devices/system/cpu/cpu{c}/topology"
             key = (Path(base, "physical_package_id").read_text().strip(), Path(base, "core_id").read_text().strip())
         except OSError:
             key = ("?", str(c))
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out
+        (rest if key in seen else firsts).append(c)
+        seen.add(key)
+    return firsts + rest, len(firsts)
+
+
+def physical_cpus() -> list[int]:
+    order, n = cpu_order()
+    return order[:n]
 
 
 class Layout:
     """Which CPUs the server, the load generator, the tracer and the unrelated process get."""
 
     def __init__(self, rustd_threads: int | None) -> None:
-        cores = physical_cpus()
-        n = len(cores)
+        order, cores = cpu_order()
+        n = len(order)
         self.shared = ""
-        if n >= 8:  # leave core 0 to the box (interrupts, our own Python)
-            free = cores[1:]
+        if n >= 8:  # leave CPU 0 to the box (interrupts, this script)
+            free = [c for c in order if c != 0]
             self.redis, self.client, self.tracer, self.other = [free[0]], free[1:3], free[3:5], [free[5]]
             rest = free[6:]
-            self.rustd_threads = rustd_threads or min(8, max(2, len(rest)))
-            self.rustd = rest[:self.rustd_threads] if len(rest) >= self.rustd_threads else rest or [free[0]]
+            self.rustd_threads = rustd_threads or min(8, len(rest))
+            self.rustd = rest[:self.rustd_threads]
+            if cores < 6 + 1 + min(len(self.rustd), self.rustd_threads):
+                self.shared = (f"{cores} physical cores for {n} CPUs: rustd's workers (and, past the first "
+                               f"{cores - 1}, the roles above) run on hyperthread siblings of one another")
         elif n >= 4:
-            self.redis, self.client, self.tracer, self.other = [cores[1]], [cores[2]], [cores[3]], [cores[0]]
-            self.rustd = [cores[1], cores[2]]
+            self.redis, self.client, self.tracer, self.other = [order[1]], [order[2]], [order[3]], [order[0]]
+            self.rustd = [order[1], order[2]]
             self.rustd_threads = rustd_threads or 4
-            self.shared = (f"rustd's workers share CPUs {cores[1]},{cores[2]} with nothing but the redis "
-                           f"server/client of other trials; the unrelated process and our Python share CPU {cores[0]}")
+            self.shared = (f"rustd's workers on CPUs {order[1]},{order[2]}; the unrelated process and this script "
+                           f"share CPU {order[0]}")
         else:
-            last, first = cores[-1], cores[0]
+            last, first = order[-1], order[0]
             self.redis, self.rustd = [last], [last]
             self.client = self.tracer = self.other = [first]
             self.rustd_threads = rustd_threads or 4
-            self.shared = (f"only {n} core(s): the server (redis, or rustd's {self.rustd_threads} workers) on CPU "
+            self.shared = (f"only {n} CPU(s): the server (redis, or rustd's {self.rustd_threads} workers) on CPU "
                            f"{last}; the load generator, the tracer, the unrelated process and this script share "
                            f"CPU {first}")
 
@@ -453,7 +461,7 @@ class Bench:
 def build_bins(d: Path) -> None:
     """syscalls and pair with gcc, rustd with cargo (tests/rust_targets.py), into d."""
     d.mkdir(parents=True, exist_ok=True)
-    for name, flags in (("syscalls", []), ("pair", [])):
+    for name, flags in (("syscalls", []), ("pair", []), ("switch", ["-pthread"])):
         subprocess.run(["gcc", "-O2", *flags, "-o", str(d / name), str(HERE / f"{name}.c")], check=True)
     p = subprocess.run([sys.executable, "-c", "from rust_targets import build_rustd; print(build_rustd())"],
                        cwd=ROOT / "tests", capture_output=True, text=True, check=False)
@@ -550,10 +558,23 @@ def estimates_section(b: Bench, results: dict[str, dict]) -> list[bool]:
     return oks
 
 
+def switch_ns(b: Bench, n: int) -> float:
+    """ns a hand-off of bench/switch.c (two threads on one CPU: every hand-off is a context switch)."""
+    p = subprocess.Popen(pinned(b.cpus.other, [str(b.bins / "switch"), str(n)]), stdout=subprocess.PIPE, text=True)
+    try:
+        read_line(p, "ready", timeout=30)
+        p.send_signal(signal.SIGUSR1)
+        f = read_line(p, "elapsed", timeout=120).split()
+        return 1e9 * float(f[1]) / float(f[3])
+    finally:
+        stop_process(p, signal.SIGKILL, 30)
+
+
 def syscall_tax(b: Bench, rounds: int, calls: int, best: int) -> list[str]:
     prog = b.bins / "syscalls"
     cfgs = {"untraced": None, "inject": ["--inject"], "residency (control)": ["--mode", "residency"]}
     res: dict[str, list[float]] = {c: [] for c in cfgs}
+    sw: dict[str, list[float]] = {c: [] for c in cfgs}
     for r in range(rounds):
         order = list(cfgs)[r % 3:] + list(cfgs)[:r % 3]
         for c in order:
@@ -565,9 +586,10 @@ def syscall_tax(b: Bench, rounds: int, calls: int, best: int) -> list[str]:
                 if cfgs[c] is not None:
                     MODES["_tax"] = cfgs[c]
                     tr = Tracer(b, "_tax", srv.pid, f"tax-{r}")
-                ns = min(float(subprocess.run(pinned(b.cpus.other, [str(prog), str(calls)]), capture_output=True,
-                                              text=True, check=True).stdout.split()[1]) for _ in range(best))
-                res[c].append(ns)
+                res[c].append(min(float(subprocess.run(pinned(b.cpus.other, [str(prog), str(calls)]),
+                                                       capture_output=True, text=True,
+                                                       check=True).stdout.split()[1]) for _ in range(best)))
+                sw[c].append(min(switch_ns(b, calls // 10) for _ in range(3)))
                 if tr is not None:
                     tr.finish()
                     tr = None
@@ -577,25 +599,32 @@ def syscall_tax(b: Bench, rounds: int, calls: int, best: int) -> list[str]:
                 if tr is not None:
                     tr.kill()
                 stop_process(srv, signal.SIGKILL, 30)
-            print(f"  syscall tax round {r + 1} {c}: {res[c][-1] if res[c] else '-'} ns", flush=True)
-    base = res["untraced"]
-    b.say(f"\n### Syscall tax on an unrelated process\n\ngetppid() loop ({calls:,} calls, the fastest of {best} "
-          f"loops a trial) on CPU {','.join(map(str, b.cpus.other))}, while `rustd --serve 1` runs untraced / "
-          f"under an injected recording / under residency mode (which attaches the syscall tracepoints: the "
-          f"control that shows the measurement can see a tax); {rounds} interleaved rounds.\n")
-    b.say("| configuration | ns a call (median, min–max) | added ns (median of per-round differences) |")
-    b.say("|---|---|---|")
+            print(f"  tax round {r + 1} {c}: getppid {res[c][-1] if res[c] else '-'} ns, "
+                  f"hand-off {sw[c][-1] if sw[c] else '-'} ns", flush=True)
+    b.say(f"\n### Syscall and context-switch tax on an unrelated process\n\nOn CPU "
+          f"{','.join(map(str, b.cpus.other))}: a getppid() loop ({calls:,} calls, the fastest of {best} loops a "
+          f"trial) and bench/switch.c (two threads handing a token over, {calls // 10:,} hand-offs, each a "
+          f"context switch; the fastest of 3), while `rustd --serve 1` runs untraced / under an injected "
+          f"recording / under residency mode (which attaches the syscall tracepoints: the control that shows "
+          f"the measurement can see a tax); {rounds} interleaved rounds.\n")
+    b.say("| configuration | getppid ns (median, min–max) | added ns | hand-off ns (median, min–max) | added ns |")
+    b.say("|---|---|---|---|---|")
     out = []
-    for c, v in res.items():
+    for c in cfgs:
+        v, w = res[c], sw[c]
         if not v:
-            b.say(f"| {c} | n/a | |")
+            b.say(f"| {c} | n/a | | | |")
             continue
-        diffs = [x - y for x, y in zip(v, base)]
-        b.say(f"| {c} | {statistics.median(v):.1f} ({min(v):.1f}–{max(v):.1f}) | {statistics.median(diffs):+.1f} |")
-        out.append(f"{c} {statistics.median(diffs):+.1f} ns")
-    noise = (max(base) - min(base)) if len(base) > 1 else float("nan")
-    b.say(f"\nUntraced spread over rounds (the noise): {noise:.1f} ns.")
-    return out + [f"noise {noise:.1f} ns"]
+        d1 = statistics.median(x - y for x, y in zip(v, res["untraced"]))
+        d2 = statistics.median(x - y for x, y in zip(w, sw["untraced"])) if w and sw["untraced"] else float("nan")
+        b.say(f"| {c} | {statistics.median(v):.1f} ({min(v):.1f}–{max(v):.1f}) | {d1:+.1f} | "
+              f"{statistics.median(w):.0f} ({min(w):.0f}–{max(w):.0f}) | {d2:+.0f} |")
+        out.append(f"{c}: getppid {d1:+.1f} ns, hand-off {d2:+.0f} ns")
+    base, sbase = res["untraced"], sw["untraced"]
+    noise = (f"getppid {max(base) - min(base):.1f} ns, hand-off {max(sbase) - min(sbase):.0f} ns"
+             if len(base) > 1 and len(sbase) > 1 else "one round: unknown")
+    b.say(f"\nUntraced spread over rounds (the noise): {noise}.")
+    return [*out, f"untraced spread {noise}"]
 
 
 def pair_cost(b: Bench, cycles: int, batches: int) -> dict[str, float]:
@@ -693,8 +722,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=100000, help="redis-benchmark -n per test")
     ap.add_argument("--seconds", type=float, default=5.0, help="rustd's measured window")
-    ap.add_argument("--rustd-threads", type=int, help="default: 8 on >= 14 cores, 4 otherwise")
+    ap.add_argument("--rustd-threads", type=int, help="default: 8 on >= 8 CPUs (or fewer), else 4")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
+    ap.add_argument("--define", action="append", default=[], metavar="NAME=ARGS",
+                    help="an ad-hoc allocscope mode: NAME records with the `record` arguments ARGS, e.g. "
+                         "inject-nowait='--inject --wait-min 0' (repeatable; add NAME to --modes)")
     ap.add_argument("--workloads", default="redis,rustd")
     ap.add_argument("--tax-rounds", type=int, default=5)
     ap.add_argument("--tax-calls", type=int, default=1000000)
@@ -712,6 +744,9 @@ def main() -> None:
         ap.error("ALLOCSCOPE and OUT.md are needed (or --build-bins DIR)")
     if os.geteuid() != 0:
         sys.exit("bench/inject_floor.py: run as root (it attaches BPF probes and injects)")
+    for d in a.define:
+        name, _, extra = d.partition("=")
+        MODES[name.strip()] = extra.split()
     skip = set(filter(None, a.skip.split(",")))
     a.no_estimates = a.no_estimates or "estimates" in skip
     modes = [m for m in a.modes.split(",") if m in MODES]
@@ -728,8 +763,8 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M")
     b.say(f"## `--inject` at the in-process floor — {started}\n")
     b.say(f"Command: `{' '.join(sys.argv)}`\n")
-    b.say(f"Machine: {os.cpu_count()} CPUs ({len(physical_cpus())} cores usable), kernel {platform.release()}, "
-          f"load average at the start {' '.join(load0)}. CPUs: {b.cpus.describe()}.")
+    b.say(f"Machine: {os.cpu_count()} CPUs ({len(physical_cpus())} physical cores usable), kernel "
+          f"{platform.release()}, load average at the start {' '.join(load0)}. CPUs: {b.cpus.describe()}.")
     if heaptrack_note:
         b.say(heaptrack_note)
     results: dict[str, dict] = {}
