@@ -212,6 +212,7 @@ static __always_inline int is_trampoline(u64 word)
 
 #include "stacks.h"
 #include "rss.h"
+#include "changes.h"
 #include "accounting.h"
 #include "heap.h"
 #include "cuda.h"

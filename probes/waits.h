@@ -50,6 +50,7 @@ static __always_inline void wait_ended(u32 tid, struct as_offcpu *o, u64 now)
     __sync_fetch_and_add(&w->total_ns, d);
     if (d > w->max_ns)
         w->max_ns = d; /* one thread per key: no race with itself */
+    map_dirty(AS_DIRTY_WAITS);
 }
 
 static __always_inline u64 wait_stack(void *ctx, u32 tid)
