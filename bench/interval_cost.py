@@ -6,8 +6,9 @@ sites and K of them changing per interval, for two checkouts side by side (befor
                                                 [--changing 10,1000] [--seconds 12] [--out FILE]
     sudo .venv/bin/python bench/interval_cost.py --redis REDIS_DIR [--seconds 20]   # redis under load
 
-Each trial launches bench/sites.c (N sites: one block of 4 KiB at each of N distinct stacks,
-K of them freed and allocated again every interval), attaches `record --pid PID --inject
+Each trial launches bench/sites.c (frame pointers, recorded with --unwind fp; N sites: one
+block of 4 KiB at each of N distinct stacks, K of them freed and allocated again every
+interval), attaches `record --pid PID --inject
 --sample-bytes 4096` (every block sampled: the sites are exact) run in-process by a child
 python whose sys.path starts with the checkout, times each step of Recorder.snapshot with the
 thread's CPU clock (time.thread_time_ns, inclusive of the steps it calls) and the whole
@@ -180,8 +181,8 @@ def seq_now(trace: Path) -> int:
 
 def build_sites(out: Path) -> Path:
     exe = out / "sites"
-    subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", str(exe), str(HERE / "sites.c")],
-                   check=True)
+    subprocess.run(["gcc", "-O1", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-o", str(exe),
+                    str(HERE / "sites.c")], check=True)
     return exe
 
 
@@ -216,7 +217,9 @@ def sites_trial(root: Path, exe: Path, n: int, k: int, seconds: float, tmp: Path
             assert line.startswith("live"), line
             live_at[0] = time.monotonic() + 1.5  # the snapshot after this one sees the N sites appear
 
-        res = run_child(root, tgt.pid, trace, seconds, 4096, go)
+        # frame-pointer stacks: with DWARF unwinding a site's first block and its later ones were
+        # seen at two stacks here (the first pass's unwound before the module's rows were whole)
+        res = run_child(root, tgt.pid, trace, seconds, 4096, go, extra={"unwind": "fp"})
         # steady: after the snapshot that saw the N sites (and their stacks) appear
         seen = [s["_t"] for s in res["snaps"] if s.get("StackTable.columns", 0) > 0]
         return summarize(res, max([live_at[0], *seen])) | {"sites": res["sites"]}
