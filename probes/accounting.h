@@ -5,6 +5,7 @@
 #ifndef AS_ACCOUNTING_H
 #define AS_ACCOUNTING_H
 #include "common.h"
+#include "changes.h"
 
 /* --- accounting ---------------------------------------------------------- */
 
@@ -100,13 +101,14 @@ static __always_inline void flow_add(u32 alloc_tid, u32 tid, u64 bytes, u64 cnt,
         }
     }
     __sync_fetch_and_add(&f->bytes, bytes);
-    if (!cnt)
-        return;
-    u64 wait = now > alloc_ts ? now - alloc_ts : 0;
-    __sync_fetch_and_add(&f->count, 1);
-    __sync_fetch_and_add(&f->wait_ns_sum, wait);
-    if (wait > f->wait_ns_max)
-        f->wait_ns_max = wait;
+    if (cnt) {
+        u64 wait = now > alloc_ts ? now - alloc_ts : 0;
+        __sync_fetch_and_add(&f->count, 1);
+        __sync_fetch_and_add(&f->wait_ns_sum, wait);
+        if (wait > f->wait_ns_max)
+            f->wait_ns_max = wait;
+    }
+    map_dirty(AS_DIRTY_FLOWS); /* after the change: the tracer reads the map once it moved */
 }
 
 /* The site of (stack, thread, source), created empty when new; 0 when the map is full. */
@@ -135,6 +137,7 @@ static __always_inline void charge_free(struct as_live *c, u32 tid, u64 now)
     if (s) {
         __sync_fetch_and_add(&s->free_bytes, c->size);
         __sync_fetch_and_add(&s->free_count, 1);
+        site_changed(c->stack_id, c->tid, src, s);
     }
     flow_add(c->tid, tid, c->size, 1, c->ts_ns, now);
 }
@@ -208,6 +211,7 @@ static __always_inline void record_alloc(u32 tid, u64 addr, u64 size, u32 api, u
     u64 fb = s->free_bytes;
     if (ab > fb && ab - fb > s->peak_live_bytes)
         s->peak_live_bytes = ab - fb;
+    site_changed(sid, tid, src, s);
 }
 
 #endif /* AS_ACCOUNTING_H */

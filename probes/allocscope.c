@@ -36,6 +36,7 @@
  *   common.h         the maps every part uses, the target gate, counters
  *   stacks.h         capture_stack(); unwind_dwarf.h, the DWARF unwinder it uses
  *   rss.h            the target's RSS counters
+ *   changes.h        which sites changed since the tracer's last read (tracer/sitechanges.py)
  *   accounting.h     live blocks, site counters, flows, totals
  *   heap.h           the heap API's call state: entry/return pairing, alloc_done
  *   customfns.h      --alloc-fn / --free-fn: their specs and call state

@@ -157,6 +157,15 @@ struct as_site {
     __u64 free_bytes; /* frees of blocks this (stack, tid) allocated, by any thread */
     __u64 free_count;
     __u64 peak_live_bytes; /* max of alloc_bytes - free_bytes seen at an allocation */
+    __u64 gen; /* the generation its key was last named in (changes.h); not a counter */
+};
+
+/* Value of `site_chg` (changes.h): a site key named in generation `gen`. */
+struct as_change {
+    __u64 stack_id;
+    __u32 tid;
+    __u32 source;
+    __u64 gen; /* written last: the slot holds a key of this generation */
 };
 
 /* Key of `dev_live`: GPU memory and pinned registrations, which are no new host addresses

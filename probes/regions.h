@@ -197,6 +197,7 @@ static __always_inline void region_grew(u64 sid, u32 tid, u32 source, u64 bytes,
         fb += *ext;
     if (ab > fb && ab - fb > s->peak_live_bytes)
         s->peak_live_bytes = ab - fb;
+    site_changed(sid, tid, source, s);
 }
 
 /* `bytes` of region `c` given back by thread `tid`; `last`: the region is gone. */
@@ -209,6 +210,7 @@ static __always_inline void region_freed(struct as_region *c, u64 bytes, u32 las
         __sync_fetch_and_add(&s->free_bytes, bytes);
         if (last)
             __sync_fetch_and_add(&s->free_count, 1);
+        site_changed(c->stack_id, c->tid, c->source, s);
     }
     flow_add(c->tid, tid, bytes, last, c->ts_ns, now);
 }
@@ -322,6 +324,7 @@ static __always_inline void count_release(u32 tid, u32 kind, u32 api, u64 len, s
     __sync_fetch_and_add(&r->requested_bytes, len);
     __sync_fetch_and_add(&r->released_bytes, before - rss_anon());
     __sync_fetch_and_add(&r->ns, ns);
+    map_dirty(AS_DIRTY_RELEASES);
 }
 
 /* A rare shape for the tracer: the event, timed at the syscall's entry (regions it takes over

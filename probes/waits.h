@@ -18,6 +18,7 @@
 #ifndef AS_WAITS_H
 #define AS_WAITS_H
 #include "common.h"
+#include "changes.h"
 #include "stacks.h"
 
 #define AS_MAX_WAITS 16384
@@ -53,6 +54,7 @@ static __always_inline void wait_ended(u32 tid, struct as_offcpu *o, u64 now)
     __sync_fetch_and_add(&w->total_ns, d);
     if (d > w->max_ns)
         w->max_ns = d; /* one thread per key: no race with itself */
+    map_dirty(AS_DIRTY_WAITS);
 }
 
 static __always_inline u64 wait_stack(void *ctx, u32 tid)

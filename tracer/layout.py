@@ -87,7 +87,14 @@ class SiteKey(ct.Structure):
 class Site(ct.Structure):
     _fields_ = [("alloc_bytes", ct.c_uint64), ("alloc_count", ct.c_uint64),
                 ("free_bytes", ct.c_uint64), ("free_count", ct.c_uint64),
-                ("peak_live_bytes", ct.c_uint64)]
+                ("peak_live_bytes", ct.c_uint64), ("gen", ct.c_uint64)]
+
+
+SITE_COUNTERS = ("alloc_bytes", "alloc_count", "free_bytes", "free_count", "peak_live_bytes")  # not `gen`
+
+
+class Change(ct.Structure):  # probes/changes.h: a site key named in a generation
+    _fields_ = [("stack_id", ct.c_uint64), ("tid", ct.c_uint32), ("source", ct.c_uint32), ("gen", ct.c_uint64)]
 
 
 class DevKey(ct.Structure):
@@ -177,6 +184,7 @@ MAP_LAYOUTS = {
     "live": (ct.c_uint64, Live),
     "stacks": (ct.c_uint64, Stack),
     "sites": (SiteKey, Site),
+    "site_chg": (ct.c_uint32, Change),
     "flows": (FlowKey, Flow),
     "sysargs": (ct.c_uint32, Sysargs),
     "regions": (ct.c_uint64, Region),

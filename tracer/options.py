@@ -44,6 +44,7 @@ class RecordOptions:
     # benchmarks only (hidden flags)
     probe_floor: bool = False     # every probe attached, every program returning at once
     rss_tracepoint: bool = False  # RSS kept by a kmem:rss_stat program instead of read when needed
+    site_changes: int = 1 << 16   # changed site keys named per interval (probes/changes.h); 0: whole-map reads
 
 
 DEFAULTS = RecordOptions()

@@ -52,6 +52,7 @@ class PeakWatch:
 
     def __init__(self, probes, rss=None) -> None:
         self.probes = probes
+        self.read_sites = probes.read_sites  # tracer/sitechanges.py: what changed since the interval
         self.rss = rss or (lambda: {})
         self.hwm = 0                 # the highest live total read at a wake
         self.woken = False
@@ -87,7 +88,7 @@ class PeakWatch:
         """Read the per-stack counters now; keep them when the highest since the last flush;
         re-arm the wake above what was read."""
         t0 = time.monotonic_ns()
-        sites = self.probes.read_sites()
+        sites = self.read_sites()
         totals = self.probes.read_totals()
         counters = self.probes.read_counters()
         t1 = time.monotonic_ns()

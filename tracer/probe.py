@@ -1011,7 +1011,8 @@ class Probes:
         return np.concatenate(keys_out), np.concatenate(vals_out)
 
     def read_sites(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._read_batch("sites", L.SiteKey, L.Site)
+        keys, vals = self._read_batch("sites", L.SiteKey, L.Site)
+        return keys, vals[list(L.SITE_COUNTERS)]  # as_site.gen is no counter (changes.h)
 
     def read_live(self) -> tuple[np.ndarray, np.ndarray]:
         return self._read_batch("live", ct.c_uint64, L.Live)
@@ -1029,7 +1030,8 @@ class Probes:
         """Residency mode: sampled first touches per (stack, thread), as `sites`."""
         if self.options.mode != "residency":
             return np.empty(0, dtype=np.dtype(L.SiteKey)), np.empty(0, dtype=np.dtype(L.Site))
-        return self._read_batch("fault_sites", L.SiteKey, L.Site)
+        keys, vals = self._read_batch("fault_sites", L.SiteKey, L.Site)
+        return keys, vals[list(L.SITE_COUNTERS)]
 
     def read_flows(self) -> tuple[np.ndarray, np.ndarray]:
         return self._read_batch("flows", L.FlowKey, L.Flow)

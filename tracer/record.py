@@ -41,7 +41,8 @@ from .maps import MapsWatcher
 from .options import DEFAULTS, RecordOptions
 from .peaks import PeakReading, PeakWatch
 from .regions import RegionTracker, SlowPath
-from .retention import AllocatorMeter, Owner, PurgeLog, allocator_part, keep_purge, live_by_source, purge_function
+from .retention import AllocatorMeter, Owner, PurgeLog, allocator_part, keep_purge, purge_function
+from .sitechanges import SiteReader
 from .stop import StopRequest
 from .tables import (
     EventLog,
@@ -53,7 +54,6 @@ from .tables import (
     StackTable,
     ThreadTable,
     WaitTable,
-    flow_part,
     table_part,
 )
 from .target import Target, launch_maps, release
@@ -127,6 +127,7 @@ class Recorder:
         self.slow: SlowPath | None = None
         self.slow_events: list[L.Event] = []      # queued by on_event, replayed after each poll
         self.sites = SiteTable()
+        self.site_reader = SiteReader(opts.site_changes, opts.mode != "residency")  # issue 33: reads what changed
         self.stacks = StackTable()
         self.threads = ThreadTable()
         self.events = EventLog()
@@ -273,7 +274,7 @@ class Recorder:
         the stacks they name first, an `intervals` row marked peak_snapshot 1."""
         self.seq += 1
         seq, w = self.seq, self.writer
-        changed = self.sites.update([p.sites], self.tracker, self.source_names)
+        changed = self.site_reader.apply_peak(self.sites, p.sites, self.tracker, self.source_names)
         self.peak_changed += changed
         part = self.sites.part(seq, changed)
         if part is not None:
@@ -323,13 +324,12 @@ class Recorder:
             w.write_part("maps", seq, part)
         # sites: the kernel side plus what the rare-shape tracker allocated and freed
         self.replay_slow()
-        changed = self.sites.update([self.probes.read_sites(), self.probes.read_fault_sites()], self.tracker,
-                                    self.source_names)
+        changed = self.site_reader.update(self.sites, self.tracker, self.source_names, final)
         part = self.sites.part(seq, changed)
         if part is not None:
             w.write_part("sites", seq, part)
-        releases = self.releases.part(seq, self.probes.read_releases())
-        waits, blocked = self.waits.parts(seq, self.probes.read_waits(), self.probes.read_offcpu(), now) \
+        releases = self.releases.part(seq, self.site_reader.releases(final))
+        waits, blocked = self.waits.parts(seq, self.site_reader.waits(final), self.probes.read_offcpu(), now) \
             if self.waits.wait_min_ns else (None, None)
         wait_stacks, wait_tids = self.waits.take_new()
         # stacks first seen now (sites, events, waits and releases may name them)
@@ -344,10 +344,10 @@ class Recorder:
             if self.embedder is not None:  # symbol tables of the modules on these stacks
                 w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, stack_columns))
         if readable:  # names of allocating threads not seen yet
-            self.threads.look_up(self.target.pid, {k[1] for k in self.sites.current} | self.events.tids() | wait_tids,
-                                 seq, now)
+            self.threads.look_up(self.target.pid, self.site_reader.tids(self.sites.current, self.threads.names)
+                                 | self.events.tids() | wait_tids, seq, now)
         for name, part in (("threads", self.threads.part(seq)), ("events", self.events.part(seq)),
-                           ("flows", flow_part(seq, self.probes.read_flows(), self.tracker))):
+                           ("flows", self.site_reader.flows(seq, self.tracker, final))):
             if part is not None:
                 w.write_part(name, seq, part)
         if final:
@@ -451,7 +451,7 @@ class Recorder:
         regions += [(r[0], r[0] + r[1]) for r in self.tracker.live()]
         try:
             rows, ms = self.retention.measure(self.probes.read_untracked(), regions,
-                                              live_by_source(self.sites.current))
+                                              self.site_reader.live_by_source(self.sites.current))
         except OSError:
             return 0.0
         self.writer.write_part("allocators", seq, allocator_part(seq, rows))
@@ -496,6 +496,8 @@ class Recorder:
             "waits": {"wait_min_ns": self.waits.wait_min_ns},
             **({"peaks": self.peaks.meta()} if self.peaks is not None else {}),
             **({"census": self.census_info} if self.census_info else {}),
+            "interval_reads": {"site_changes": self.site_reader.capacity if self.site_reader.enabled else 0,
+                               **self.site_reader.stats.as_dict()},
         }
         if complete:
             meta.update({"end_reason": self.end_reason, "intervals": self.seq,
@@ -602,6 +604,7 @@ class Recorder:
             self._attach_cuda(maps)
             self._phase("attach")
             self.peaks = PeakWatch(self.probes, lambda: procfs.rss(t.pid))
+            self.site_reader.start(self.probes, self.peaks)
             self.peaks.arm()
             self._phase("live")
             self._check_stop("attaching the probes")
@@ -642,6 +645,7 @@ class Recorder:
             if self.unwinder is not None:
                 self.unwinder.close()
             self._uninject()
+            self.site_reader.close()
             self.probes.close()
             self.writer.close()
             release(t)

@@ -130,6 +130,9 @@ def probe_options(f=None, *, interval: float = DEFAULTS.interval):
         click.option("--rss-tracepoint", is_flag=True, hidden=True,
                      help="Benchmarks: keep the RSS counter with the kmem:rss_stat tracepoint instead of "
                           "reading it."),
+        click.option("--site-changes", type=click.IntRange(min=0), default=DEFAULTS.site_changes, hidden=True,
+                     help="Tests and benchmarks: changed sites named per interval before a whole-map read "
+                          "(tracer/sitechanges.py); 0: the whole map every interval."),
     ]):
         f = opt(f)
     return f
