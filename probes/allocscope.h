@@ -157,7 +157,7 @@ struct as_site {
     __u64 free_bytes; /* frees of blocks this (stack, tid) allocated, by any thread */
     __u64 free_count;
     __u64 peak_live_bytes; /* max of alloc_bytes - free_bytes seen at an allocation */
-    __u64 gen; /* the generation its key was last named in (changes.h); not a counter */
+    __u64 gen;             /* the generation its key was last named in (changes.h); not a counter */
 };
 
 /* Value of `site_chg` (changes.h): a site key named in generation `gen`. */
