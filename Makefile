@@ -18,15 +18,15 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## .venv/ with allocscope and its PyPI deps (BCC from Debian)
 
-AGENT := tracer/agent/allocscope-agent.so
-$(AGENT): tracer/agent/agent.c tracer/agent/agent.h tracer/inject.py
-	@$(PY) -c 'from pathlib import Path; from tracer.inject import build_agent; build_agent(Path("$@"))'
+AGENT := tracer/inject/agent/allocscope-agent.so
+$(AGENT): tracer/inject/agent/agent.c tracer/inject/agent/agent.h tracer/inject/injection.py
+	@$(PY) -c 'from pathlib import Path; from tracer.inject.injection import build_agent; build_agent(Path("$@"))'
 
 agent: venv $(AGENT) ## the --inject agent (freestanding C, no dependencies)
 
-CFI := tracer/cfi/allocscope-cfi.so
-$(CFI): tracer/cfi/cfi.c tracer/cfirows.py
-	@$(PY) -c 'from pathlib import Path; from tracer.cfirows import build_library; build_library(Path("$@"))'
+CFI := tracer/unwind/cfi/allocscope-cfi.so
+$(CFI): tracer/unwind/cfi/cfi.c tracer/unwind/native.py
+	@$(PY) -c 'from pathlib import Path; from tracer.unwind.native import build_library; build_library(Path("$@"))'
 
 cfi: venv $(CFI) ## the unwind-table decoder (plain C; without it pyelftools decodes, 100-300x slower)
 

@@ -1,4 +1,4 @@
-"""tracer/cfirows.py + tracer/cfi/cfi.c without BPF: the C decoder's unwind rows are pyelftools'
+"""tracer/unwind/native.py + tracer/unwind/cfi/cfi.c without BPF: the C decoder's unwind rows are pyelftools'
 `build_table` rows byte for byte (system libraries, .debug_frame-only and compressed builds, a
 lazy PLT, every CFA opcode in tests/targets/cfi_ops.S), what pyelftools cannot read comes out
 right, and malformed files give an error, never a crash."""
@@ -17,9 +17,9 @@ import pytest
 import support
 from elftools.elf.elffile import ELFFile
 
-from tracer import cfirows as C
-from tracer import unwind as U
-from tracer.elfinfo import symbol_offsets
+from tracer.bpf.symbols import symbol_offsets
+from tracer.unwind import native as C
+from tracer.unwind import tables as U
 
 TARGETS = Path(__file__).resolve().parent / "targets"
 OPS = TARGETS / "cfi_ops.S"

@@ -9,9 +9,10 @@ import subprocess
 import pytest
 from support import cli, one_line_error
 
-from tracer import inject, patching
-from tracer.patching import PatchRefused
-from tracer.procfs import Mapping
+from tracer.inject import injection as inject
+from tracer.inject import patching
+from tracer.inject.patching import PatchRefused
+from tracer.process.procfs import Mapping
 
 
 def test_agent_is_freestanding():

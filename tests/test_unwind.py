@@ -1,4 +1,4 @@
-"""tracer/unwind.py without BPF: CFI rows of compiled programs and system libraries, the cache,
+"""tracer/unwind/tables.py without BPF: CFI rows of compiled programs and system libraries, the cache,
 LPM prefixes and slices."""
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import support
 from elftools.elf.elffile import ELFFile
 
 from common.elf import segments, vaddr_to_offset
-from tracer import unwind as U
-from tracer.elfinfo import symbol_offsets
+from tracer.bpf.symbols import symbol_offsets
+from tracer.unwind import tables as U
 
 SRC = r"""
 #include <stdlib.h>
@@ -147,7 +147,7 @@ def test_row_layout_matches_header(tmp_path):
     """The numpy row and the ctypes classes agree with allocscope.h (what BPF reads)."""
     import ctypes as ct
 
-    from tracer import layout as L
+    from tracer.base import layout as L
     lines = ['#include <stdio.h>', '#include <stddef.h>', '#include <linux/types.h>', '#include "allocscope.h"',
              "int main(void){",
              'printf("%zu %zu %zu %zu %zu\\n", sizeof(struct as_urow), offsetof(struct as_urow, cfa_off),'
@@ -214,7 +214,7 @@ def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
     bumps ugen, says so, and meta() tells the stacks, when, and the build."""
     import ctypes as ct
 
-    from tracer.procfs import Mapping
+    from tracer.process.procfs import Mapping
 
     monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(U, "build_costs", lambda: (4096, 32 << 10, 256))
@@ -325,7 +325,7 @@ def test_cached_modules_past_half_the_table_wait_for_a_stack(tmp_path, monkeypat
     """A warm cache (doctor --warm) does not fill the row table at attach: cached modules are
     loaded while they fit in half of it, the rest wait like unbuilt ones (on the GPU box a
     PyTorch process's cached tables passed the 2 Mi-row table and libtorch_cpu was refused)."""
-    from tracer.procfs import Mapping
+    from tracer.process.procfs import Mapping
 
     monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(U, "build_costs", lambda: (4096, 32 << 10, 256))

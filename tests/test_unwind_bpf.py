@@ -263,12 +263,12 @@ def test_cxx_release_chain(release_targets, run_target):
 
 
 def test_unwind_maps_match_bcc():
-    """urows/umaps as BCC derives them from allocscope.h agree with tracer/unwind.py."""
+    """urows/umaps as BCC derives them from allocscope.h agree with tracer/unwind/tables.py."""
     import ctypes as ct
 
-    from tracer import unwind as U
-    from tracer.options import RecordOptions
-    from tracer.probe import Probes
+    from tracer.base.options import RecordOptions
+    from tracer.bpf.probes import Probes
+    from tracer.unwind import tables as U
 
     p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
                                          unwind_rows=4096))
@@ -315,8 +315,8 @@ def test_embedded_symbols_when_binary_is_gone(release_targets, run_target, tmp_p
 def test_falls_back_to_frame_pointers_when_the_unwinder_cannot_load():
     """A DWARF program the kernel refuses (here: a row array too big to allocate) still traces,
     with frame pointers, and says why."""
-    from tracer.options import RecordOptions
-    from tracer.probe import Probes
+    from tracer.base.options import RecordOptions
+    from tracer.bpf.probes import Probes
 
     p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
                                          unwind_rows=(1 << 32) - 1))
@@ -425,8 +425,8 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
     crossed it) the stacks go through it to main. Modules no stack crossed are never built."""
     from elftools.elf.elffile import ELFFile
 
-    from tracer import bpfcache
-    from tracer import unwind as U
+    from tracer.bpf import cache as bpfcache
+    from tracer.unwind import tables as U
 
     lib = big_library(tmp_path / "libbig.so")
     with open(lib, "rb") as f:  # pending whatever the decoder (never built at once)

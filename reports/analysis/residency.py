@@ -18,7 +18,7 @@ BEFORE_UNSEPARATED = "allocated before the attach or retained: not separable wit
 
 
 def census_end(trace: Trace, when: str = "end") -> dict[str, dict]:
-    """{arena id: its `census` row (tracer/census.py) taken `when` ('attach' | 'end')}; {} for a
+    """{arena id: its `census` row (tracer/allocators/census.py) taken `when` ('attach' | 'end')}; {} for a
     trace without one (another allocator, the census off, a trace before version 5)."""
     c = trace.census
     if c is None or c.empty:
@@ -45,7 +45,7 @@ def arena_table(trace: Trace) -> pd.DataFrame:
     allocated the live blocks), heaps (glibc heaps in the arena), size_bytes (mapped read-write),
     estimated (residency sampled, not read page by page, or a chunk range shared with CUDA host
     memory whose pages were taken off), live_before_bytes (glibc's census at the end,
-    tracer/census.py: chunks in use that are no block the probes saw allocated — blocks from
+    tracer/allocators/census.py: chunks in use that are no block the probes saw allocated — blocks from
     before the attach still allocated, chunk bytes; None without a census), free_bytes (the
     census's free chunks: bins, fastbins, tcaches, top; None without), census_sampled (the
     census walked part of it and estimated the rest). The tracer measures every live block outside glibc's
@@ -346,7 +346,7 @@ def allocator_split(trace: Trace, arenas: pd.DataFrame) -> list[dict] | None:
     resident bytes (the last `allocators` row; glibc serving malloc: the arena table's heaps and
     chunks, measured with the final live table); live: its sites' live bytes (allocated since
     the attach); live_before_attach: blocks from before the attach still allocated (glibc's
-    census, tracer/census.py; None where no census was possible); census: 'measured',
+    census, tracer/allocators/census.py; None where no census was possible); census: 'measured',
     'sampled' (the census estimated part of the heaps past its time budget) or the reason there
     is none; retained: free and resident — resident − live − live_before_attach, at least 0
     (without a census: resident − live in a launched recording, where nothing predates the
@@ -412,7 +412,7 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
                       by_source: dict[str, int] | None = None) -> dict | None:
     """RSS at the end split as: live heap (allocated since the attach, held by the program,
     resident) + live before the attach (blocks allocated before the attach and still allocated:
-    glibc's census, tracer/census.py) + retained by the allocators (free and resident in their
+    glibc's census, tracer/allocators/census.py) + retained by the allocators (free and resident in their
     own mappings) + other anonymous (stacks, the program's own mmaps, what allocators without a
     census mapped before the attach: BEFORE_UNSEPARATED) + file-backed + shared memory.
     live_before_attach_bytes = Σ the allocators' live_before_attach (0 where none was measured;
