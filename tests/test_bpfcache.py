@@ -8,7 +8,7 @@ import re
 
 from tracer.base import layout as L
 from tracer.bpf import cache as C
-from tracer.bpf import probes as probe
+from tracer.bpf import source as probe
 
 SRC = b"""#include <uapi/linux/ptrace.h>
 #include <linux/sched.h>

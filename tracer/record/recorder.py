@@ -222,7 +222,7 @@ class Recorder:
 
     def _still_ours(self) -> bool:
         """False once the probes saw the target exec or exit: /proc/PID is another program."""
-        if self.probes is not None and self.probes.target_gone():
+        if self.probes is not None and self.probes.maps.target_gone():
             self.exec_seen = self.exec_seen or self.target.alive()
             return False
         return True
@@ -231,7 +231,7 @@ class Recorder:
         if self.unwinder is not None:
             self.unwinder.update(maps)  # dlopen'd code gets its unwind tables
         if self.attach_report is not None:
-            self.probes.update_addresses(maps)  # modules mapped since: their entries' addresses
+            self.probes.uprobes.update_addresses(maps)  # modules mapped since: their entries' addresses
             self._attach_new_allocators(maps)
         self._attach_cuda(maps)  # the CUDA driver dlopen'd since
 
@@ -256,7 +256,7 @@ class Recorder:
             a.source = f"heap:{a.label}"
             plans.append(plan_allocator(a))
         sources = {pl.allocator.source: self._source_id(pl.allocator.source) for pl in plans}
-        self.probes.attach_more(plans, sources, maps)
+        self.probes.uprobes.attach_more(plans, sources, maps)
         self.plans += plans
         if self.retention is not None:
             self.retention.owners += [Owner(pl.allocator.source, pl.allocator.kind, pl.allocator.label, False)
@@ -290,7 +290,7 @@ class Recorder:
         if new_ids:
             if self.target.readable() and not self.exec_seen:
                 self.maps.refresh()
-            cols = self.stacks.columns(self.probes.read_stacks(new_ids), self.maps.index)
+            cols = self.stacks.columns(self.probes.maps.read_stacks(new_ids), self.maps.index)
             self.peak_stack_columns.append(cols)  # the observer (top) has not seen these stacks yet
             w.write_part("stacks", seq, pa.table(cols, schema=F.SCHEMAS["stacks"]))
             if self.embedder is not None:
@@ -331,13 +331,13 @@ class Recorder:
             w.write_part("maps", seq, part)
         # sites: the kernel side plus what the rare-shape tracker allocated and freed
         self.replay_slow()
-        changed = self.sites.update([self.probes.read_sites(), self.probes.read_fault_sites()], self.tracker,
+        changed = self.sites.update([self.probes.maps.read_sites(), self.probes.maps.read_fault_sites()], self.tracker,
                                     self.source_names)
         part = self.sites.part(seq, changed)
         if part is not None:
             w.write_part("sites", seq, part)
-        releases = self.releases.part(seq, self.probes.read_releases())
-        waits, blocked = self.waits.parts(seq, self.probes.read_waits(), self.probes.read_offcpu(), now) \
+        releases = self.releases.part(seq, self.probes.maps.read_releases())
+        waits, blocked = self.waits.parts(seq, self.probes.maps.read_waits(), self.probes.maps.read_offcpu(), now) \
             if self.waits.wait_min_ns else (None, None)
         wait_stacks, wait_tids = self.waits.take_new()
         # stacks first seen now (sites, events, waits and releases may name them)
@@ -347,7 +347,7 @@ class Recorder:
         if new_ids:
             if readable:
                 self.maps.refresh()
-            stack_columns = self.stacks.columns(self.probes.read_stacks(new_ids), self.maps.index)
+            stack_columns = self.stacks.columns(self.probes.maps.read_stacks(new_ids), self.maps.index)
             w.write_part("stacks", seq, pa.table(stack_columns, schema=F.SCHEMAS["stacks"]))
             if self.embedder is not None:  # symbol tables of the modules on these stacks
                 w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, stack_columns))
@@ -355,12 +355,13 @@ class Recorder:
             self.threads.look_up(self.target.pid, {k[1] for k in self.sites.current} | self.events.tids() | wait_tids,
                                  seq, now)
         for name, part in (("threads", self.threads.part(seq)), ("events", self.events.part(seq)),
-                           ("flows", flow_part(seq, self.probes.read_flows(), self.tracker))):
+                           ("flows", flow_part(seq, self.probes.maps.read_flows(), self.tracker))):
             if part is not None:
                 w.write_part(name, seq, part)
         if final:
             live_pid = self.target.pid if readable and self.heaps.glibc else None
-            self.heaps.live_blocks = LiveTable(self.probes, self.tracker, self.source_names).write(w, seq, live_pid)
+            live = LiveTable(self.probes.maps, self.tracker, self.source_names)
+            self.heaps.live_blocks = live.write(w, seq, live_pid)
             if self.census_thread is not None:
                 self.census_thread.join()
             if live_pid is not None:
@@ -412,16 +413,16 @@ class Recorder:
 
     def _counters(self, counters: dict[str, int]) -> dict[str, int]:
         """The `intervals` counters from the kernel's (read_counters)."""
-        counters.update(self.probes.read_tlb())
+        counters.update(self.probes.maps.read_tlb())
         counters["n_attach_window_returns"] = self.attach_window_returns
         counters["lost_unmatched_ret"] -= self.attach_window_returns
         if self.opts.mode == "residency":
-            counters["n_faults"] = self.probes.fault_count()
+            counters["n_faults"] = self.probes.faults.count()
         return counters
 
     def _interval_row(self, seq: int, now: int, alive: bool, readable: bool, final: bool) -> dict:
-        counters = self._counters(self.probes.read_counters())
-        heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = self.probes.read_totals()
+        counters = self._counters(self.probes.maps.read_counters())
+        heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = self.probes.maps.read_totals()
         heap_count = counters["n_allocs"] - counters["n_frees"]
         mm_live = reg_bytes - self.slow.taken_bytes + self.tracker.live_bytes()
         mm_count = reg_count - self.slow.taken_count + self.tracker.live_count()
@@ -454,11 +455,11 @@ class Recorder:
         """Each allocator's resident, mapped and live bytes (the `allocators` part); its ms."""
         if self.retention is None:
             return 0.0
-        keys, vals = self.probes.read_regions()
+        keys, vals = self.probes.maps.read_regions()
         regions = [(s, v[0]) for s, v in zip(keys.tolist(), vals.tolist())]
         regions += [(r[0], r[0] + r[1]) for r in self.tracker.live()]
         try:
-            rows, ms = self.retention.measure(self.probes.read_untracked(), regions,
+            rows, ms = self.retention.measure(self.probes.maps.read_untracked(), regions,
                                               live_by_source(self.sites.current))
         except OSError:
             return 0.0
@@ -593,29 +594,29 @@ class Recorder:
                 maps = procfs.read_maps(t.pid)  # with the agent's mappings: there before the attach
                 self.maps.seed(maps)
                 self._phase(f"inject the agent (threads stopped {self.injection.stopped_ms[0]:.1f} ms)")
-            self.probes.open_events(self.on_event)
+            self.probes.maps.open_events(self.on_event)
             self.unwinder = start_unwinder(self.probes, maps, launched, self.progress)
             self._phase("unwind tables")
             pandas.join()
             self._phase("import pandas (the rest, in a thread since the start)")
             if launched and self.unwinder is not None:
                 t.child.on_exec = self.maps.now  # exe and ld.so are mapped: their unwind tables
-                t.child.on_hold = lambda: (self.probes.drain_events(), self.maps.now())
-            self.slow = SlowPath(self.probes, self.tracker, SRC)
+                t.child.on_hold = lambda: (self.probes.maps.drain_events(), self.maps.now())
+            self.slow = SlowPath(self.probes.maps, self.tracker, SRC)
             self.probes.seed(procfs.rss(t.pid) if not launched else {}, brk)
             self._check_stop("loading the unwind tables")
-            self.attach_report = self.probes.attach(self.plans, custom, sources, maps, agent=self.injection)
+            self.attach_report = self.probes.uprobes.attach(self.plans, custom, sources, maps, agent=self.injection)
             if self.injection is not None:
                 self.injection.enable()
             self._attach_cuda(maps)
             self._phase("attach")
-            self.peaks = PeakWatch(self.probes, lambda: procfs.rss(t.pid))
+            self.peaks = PeakWatch(self.probes.maps, lambda: procfs.rss(t.pid))
             self.peaks.arm()
             self._phase("live")
             self._check_stop("attaching the probes")
             # Returns seen while probes were being attached belong to calls that began before
             # the attach: like pre-attach allocations, they are not losses.
-            self.attach_window_returns = self.probes.read_counters()["lost_unmatched_ret"]
+            self.attach_window_returns = self.probes.maps.read_counters()["lost_unmatched_ret"]
             # The clock (and --duration) starts once the probes are live, not while BCC compiles.
             self.t0_ns = time.monotonic_ns()
             self.wall0 = time.time()
@@ -634,7 +635,7 @@ class Recorder:
             self.end_reason = self.end_reason or self.stop.reason
             if self.injection is not None:
                 self.injection.enable(False)  # no new samples: the last snapshot sees all there are
-            self.probes.drain_events()
+            self.probes.maps.drain_events()
             t_final = time.perf_counter()
             self.snapshot(final=True)
             self.final_snapshot_s = time.perf_counter() - t_final
@@ -661,7 +662,7 @@ class Recorder:
     def _inject(self, sources: dict[str, int]):
         """--inject: the agent into the target, its hooks on every allocator entry that takes one
         safely, sampling still off (on once the markers' probes are attached)."""
-        from ..bpf.probes import heap_cookie  # noqa: PLC0415
+        from ..bpf.attach import heap_cookie  # noqa: PLC0415
         from ..inject.injection import hook_specs, inject  # noqa: PLC0415
 
         cookies = {(pl.allocator.path, pr.symbol): heap_cookie(pr.program, sources.get(pl.allocator.source))
@@ -706,7 +707,7 @@ class Recorder:
             now = time.monotonic_ns()
             wait_ms = int(max(0, min(next_snap - now, 100_000_000) // 1_000_000))
             peak_ms = self.peaks.wait_ms(now) if self.peaks is not None else None
-            self.probes.poll_events(wait_ms if peak_ms is None else min(wait_ms, peak_ms))
+            self.probes.maps.poll_events(wait_ms if peak_ms is None else min(wait_ms, peak_ms))
             self.replay_slow()
             if self.unwinder is not None:
                 self.unwinder.tick()  # the modules stacks were cut short at: built, loaded
