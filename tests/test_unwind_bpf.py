@@ -425,7 +425,7 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
     crossed it) the stacks go through it to main. Modules no stack crossed are never built."""
     from elftools.elf.elffile import ELFFile
 
-    from tracer.bpf import cache as bpfcache
+    from tracer.base.cachedir import cache_dir
     from tracer.unwind import tables as U
 
     lib = big_library(tmp_path / "libbig.so")
@@ -433,7 +433,7 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
         assert U.cfi_bytes(ELFFile(f)) > max(U.INLINE_CFI_BYTES, U.NATIVE_INLINE_CFI_BYTES)
     cache = tmp_path / "cache"
     (cache / "unwind").mkdir(parents=True)
-    bpf = bpfcache.cache_dir()  # the probes' compile cache stays warm: only the unwind tables are cold
+    bpf = cache_dir("bpf")  # the probes' compile cache stays warm: only the unwind tables are cold
     bpf.mkdir(parents=True, exist_ok=True)
     (cache / "bpf").symlink_to(bpf)
     n1, n2 = 7, 5

@@ -16,11 +16,11 @@ import json
 import os
 from pathlib import Path
 
-from ..bpf import cache as bpfcache
+from ..base.cachedir import cache_dir, enabled, read_private, write_private
 
 
 def _dir() -> Path:
-    return bpfcache.cache_dir().parent / "files"
+    return cache_dir("files")
 
 
 def _key(kind: str, path: str, extra: str) -> str | None:
@@ -34,18 +34,18 @@ def _key(kind: str, path: str, extra: str) -> str | None:
 
 def get(kind: str, path: str, extra: str = ""):
     """The fact stored for this file as it is now, or None."""
-    if not bpfcache.enabled():
+    if not enabled():
         return None
     key = _key(kind, path, extra)
     if key is None:
         return None
-    return bpfcache.read_private(_dir() / f"{key}.json")
+    return read_private(_dir() / f"{key}.json")
 
 
 def put(kind: str, path: str, value, extra: str = "") -> None:
-    if not bpfcache.enabled():
+    if not enabled():
         return
     key = _key(kind, path, extra)
     if key is None:
         return
-    bpfcache.write_private(_dir(), f"{key}.json", json.dumps(value))
+    write_private(_dir(), f"{key}.json", json.dumps(value))

@@ -34,7 +34,8 @@ import json
 import os
 import re
 import struct
-from pathlib import Path
+
+from ..base.cachedir import cache_dir, read_private, write_private
 
 CACHE_FORMAT = 1
 TGID_SENTINEL = 0x7A110C5D  # > PID_MAX_LIMIT (4194304): no process has it
@@ -73,18 +74,6 @@ def libbcc():
             setattr(lib, "as_" + name, f)
         _LIB = lib
     return _LIB
-
-
-def enabled() -> bool:
-    return os.environ.get("ALLOCSCOPE_BPF_CACHE", "1") not in ("0", "", "off", "no")
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("ALLOCSCOPE_CACHE_DIR")
-    if env:
-        return Path(env) / "bpf"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "allocscope" / "bpf"
 
 
 # Compile-time parameters that only size maps (BPF_*(..., SIZE) declarations in probes/): the
@@ -306,42 +295,11 @@ def relocate(entry: dict, name: str, pid: int, table_fd) -> bytes:
     return bytes(code)
 
 
-def trusted(path: Path) -> bool:
-    """Only what this user wrote, and nobody else may write: root loads these instructions into
-    the kernel, and `sudo` may leave HOME at another user's home."""
-    st = path.stat()
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
-
-
 def load(key: str) -> dict | None:
-    entry = read_private(cache_dir() / f"{key}.json")
+    entry = read_private(cache_dir("bpf") / f"{key}.json")
     return entry if isinstance(entry, dict) and entry.get("format") == CACHE_FORMAT else None
 
 
-def read_private(path: Path):
-    """The JSON at `path`, when this user wrote it and nobody else may write it or its directory;
-    else (or unreadable) None."""
-    try:
-        if not (trusted(path.parent) and trusted(path)):
-            return None
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
 
 def save(key: str, entry: dict) -> None:
-    write_private(cache_dir(), f"{key}.json", json.dumps(entry))
-
-
-def write_private(d: Path, name: str, text: str) -> None:
-    """`text` as d/name, made atomically (a temporary file renamed), readable by this user only;
-    nothing when it cannot be written (a read-only home: no cache, same recording)."""
-    try:
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = d / f".{name}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, d / name)
-    except OSError:
-        pass
+    write_private(cache_dir("bpf"), f"{key}.json", json.dumps(entry))

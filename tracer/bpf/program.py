@@ -13,6 +13,7 @@ import time
 from common.errors import PermissionProblem
 
 from ..base import layout as L
+from ..base.cachedir import enabled
 from ..base.options import RecordOptions
 from . import bcc_lean as bcclight
 from . import cache as bpfcache
@@ -230,7 +231,7 @@ class Program:
                     "-Wno-macro-redefined", *flags]
 
         t = time.perf_counter()
-        if not bpfcache.enabled():
+        if not enabled():
             self.bpf_cache = "off"
             with bcclight.light(bcc):
                 bpf = bcc.BPF(text=text, cflags=cflags(self.pid))

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.errors import AllocscopeError
+from common.pages import PAGE, page_down, page_up
 
+from ..base.cachedir import cache_dir
 from ..base.cc import CompileError, compile_c
 from ..process import procfs
 from . import patching
@@ -68,7 +70,6 @@ SYS = {"mmap": 9, "mprotect": 10, "munmap": 11, "rt_sigprocmask": 14, "close": 3
 PROT_R, PROT_W, PROT_X = 1, 2, 4
 MAP_PRIVATE, MAP_FIXED, MAP_ANON, MAP_NORESERVE, MAP_FIXED_NOREPLACE = 0x02, 0x10, 0x20, 0x4000, 0x100000
 CLONE_FLAGS = 0x100 | 0x200 | 0x400 | 0x800 | 0x10000 | 0x40000  # VM FS FILES SIGHAND THREAD SYSVSEM
-PAGE = 4096
 
 
 class InjectError(AllocscopeError):
@@ -94,14 +95,6 @@ class AsConfig(ct.Structure):
                 ("sys_orig", (u64 * SYS_DEFS) * len(SYS_KINDS)), ("sys_marks", u64)]
 
 
-def _page_down(x: int) -> int:
-    return x & ~(PAGE - 1)
-
-
-def _page_up(x: int) -> int:
-    return (x + PAGE - 1) & ~(PAGE - 1)
-
-
 # --- the agent's file ------------------------------------------------------------------------
 
 def build_agent(out: Path, cc: str | None = None) -> Path:
@@ -123,9 +116,8 @@ def agent_path() -> str:
         return str(here)
     if os.access(AGENT_DIR, os.W_OK):
         return str(build_agent(here))
-    from ..bpf.cache import cache_dir  # noqa: PLC0415
 
-    cached = Path(cache_dir()) / AGENT_NAME
+    cached = cache_dir("bpf") / AGENT_NAME
     if cached.exists() and cached.stat().st_mtime >= newest:
         return str(cached)
     return str(build_agent(cached))
@@ -139,7 +131,7 @@ class AgentImage:
 
     @property
     def span(self) -> int:
-        return _page_up(max(v + m for v, m, _f, _o, _p in self.loads))
+        return page_up(max(v + m for v, m, _f, _o, _p in self.loads))
 
     def file_offset(self, name: str) -> int:
         va = self.symbols[name][0]
@@ -443,7 +435,7 @@ def near_gap(maps: list[procfs.Mapping], lo: int, hi: int, size: int, taken: lis
         if s - prev_end >= size + 2 * PAGE:
             g0, g1 = prev_end + PAGE, s - PAGE
             if g1 <= lo:
-                cand = _page_down(g1 - size)
+                cand = page_down(g1 - size)
                 if lo - cand < reach and cand >= g0:
                     below.append(cand)
             elif g0 >= hi:
@@ -589,9 +581,9 @@ class Injection:
             try:
                 base = self._mmap(st, tid, 0, self.agent.span, 0, MAP_PRIVATE | MAP_ANON)
                 for v, _mz, fz, off, prot in self.agent.loads:
-                    at = base + _page_down(v)
-                    got = self._mmap(st, tid, at, _page_up(v + fz) - _page_down(v), prot,
-                                     MAP_PRIVATE | MAP_FIXED, fd, _page_down(off))
+                    at = base + page_down(v)
+                    got = self._mmap(st, tid, at, page_up(v + fz) - page_down(v), prot,
+                                     MAP_PRIVATE | MAP_FIXED, fd, page_down(off))
                     if got != at:
                         raise InjectError("the agent's segments did not map where asked")
                 self.base = base
@@ -599,7 +591,7 @@ class Injection:
                 self._sys(st, tid, "close", fd)
             # 2. tables (thread states, sampled-pointer set, spill flags) and the watchdog's stack
             tsize = (THREAD_SLOT << THREAD_BITS) + (64 << SET_BITS) + (1 << SET_BITS)
-            self.tables = self._mmap(st, tid, 0, _page_up(tsize) + WATCHDOG_STACK, PROT_R | PROT_W,
+            self.tables = self._mmap(st, tid, 0, page_up(tsize) + WATCHDOG_STACK, PROT_R | PROT_W,
                                      MAP_PRIVATE | MAP_ANON | MAP_NORESERVE)
             # 3. a stub page near each module: slot, stub and trampoline per hooked function
             self._place_stubs(st, mem, tid, maps, hooks)
@@ -624,7 +616,7 @@ class Injection:
                 r.orig_word, r.patched_word = _word(orig), _word(patched)
                 if h.wide:
                     r.orig_hi, r.patched_hi = _word(orig, 8), _word(patched, 8)
-                r.page, r.page_len = _page_down(h.word), PAGE
+                r.page, r.page_len = page_down(h.word), PAGE
                 m = next((m for m in perms.values() if m.start <= h.word < m.end), None)
                 r.prot = _prot(m.perms if m else "r-x")
                 if h.spec.sys_kind:
@@ -640,7 +632,7 @@ class Injection:
             self._sys(st, tid, "rt_sigprocmask", 0, scratch + 256, scratch + 264, 8)
             r = st.regs[tid].copy()
             r.rip, r.rdi = self.sym("as_clone_entry"), CLONE_FLAGS
-            r.rsi = self.tables + _page_up(tsize) + WATCHDOG_STACK - 64
+            r.rsi = self.tables + page_up(tsize) + WATCHDOG_STACK - 64
             out = st.run_until_trap(tid, r, step=False)
             self._sys(st, tid, "rt_sigprocmask", 2, scratch + 264, 0, 8)
             child = out.rax - (1 << 64) if out.rax >= 1 << 63 else out.rax
@@ -685,7 +677,7 @@ class Injection:
             mods = [m for m in maps if m.path == path] or \
                    [m for m in maps if m.start <= hs[0].addr < m.end]
             lo, hi = min(m.start for m in mods), max(m.end for m in mods)
-            size = _page_up(len(hs) * patching.ENTRY_SPAN)
+            size = page_up(len(hs) * patching.ENTRY_SPAN)
             want = near_gap(maps, lo, hi, size, taken)
             got = self._mmap(st, tid, want, size, PROT_R | PROT_X, MAP_PRIVATE | MAP_ANON | MAP_FIXED_NOREPLACE)
             if got != want:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from elftools.common.exceptions import ELFError
 
+from ..base.cachedir import cache_dir
 from ..base.cc import CompileError, compile_c
 
 CFI_DIR = Path(__file__).resolve().parent / "cfi"
@@ -72,9 +73,8 @@ def library_path() -> Path:
             if here.exists():  # copied without its times (cp -r), on a box without a compiler
                 return here
             raise
-    from ..bpf.cache import cache_dir  # noqa: PLC0415
 
-    cached = Path(cache_dir()).parent / CFI_NAME
+    cached = cache_dir("bpf").parent / CFI_NAME
     if cached.exists() and cached.stat().st_mtime >= newest:
         return cached
     return build_library(cached)

@@ -50,6 +50,7 @@ from elftools.elf.elffile import ELFFile
 from common.elf import SHT_NOBITS, OpenedElf, RawElf, elf_build_id, segments, vaddr_to_offset
 
 from ..base import layout as L
+from ..base.cachedir import cache_dir
 from ..process.procfs import Mapping
 from .native import build_info
 
@@ -235,14 +236,6 @@ def _overlaps(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
 
 # --------------------------------------------------------------------------- cache
 
-def cache_dir() -> Path:
-    env = os.environ.get("ALLOCSCOPE_CACHE_DIR")
-    if env:
-        return Path(env) / "unwind"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "allocscope" / "unwind"
-
-
 def file_key(opened: OpenedElf) -> str:
     """Build ID, or a digest of the file's identity when it has none."""
     bid = elf_build_id(opened.elf)
@@ -261,7 +254,7 @@ def load_rows(path: str, use_cache: bool = True) -> tuple[str, np.ndarray, bool]
             return key, cached, True
         rows = build_info(path, fd=opened.stream.fileno(), elf=opened.elf).rows  # native, else build_table
     if use_cache:
-        _save(cache_dir() / f"v{CACHE_VERSION}-{key}.npy", rows)
+        _save(cache_dir("unwind") / f"v{CACHE_VERSION}-{key}.npy", rows)
     return key, rows, False
 
 
@@ -346,7 +339,7 @@ def peek(path: str, use_cache: bool = True) -> tuple[str, np.ndarray | None, int
 def cached_rows(key: str) -> np.ndarray | None:
     """The cached rows of the file with this key, None when there are none (or unreadable)."""
     try:
-        rows = np.load(cache_dir() / f"v{CACHE_VERSION}-{key}.npy", allow_pickle=False)
+        rows = np.load(cache_dir("unwind") / f"v{CACHE_VERSION}-{key}.npy", allow_pickle=False)
     except (OSError, ValueError):
         return None
     return rows if rows.dtype == ROW else None
@@ -926,7 +919,7 @@ def warm_process(pid: int, say: Callable[[str], None], workers: int | None = Non
     t0 = time.perf_counter()
     n = max(1, workers or os.cpu_count() or 1)
     say(f"unwind tables of pid {pid}: {len(paths)} modules; building the uncached ones on {n} cores "
-        f"into {cache_dir()}")
+        f"into {cache_dir('unwind')}")
     res = warm(paths, say, workers, names)
     bad = {p: r for p, r in res.items() if isinstance(r, str)}
     for p, why in bad.items():
