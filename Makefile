@@ -19,8 +19,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP) ## .venv/ with allocscope and its PyPI deps (BCC from Debian)
 
 AGENT := tracer/inject/agent/allocscope-agent.so
-$(AGENT): tracer/inject/agent/agent.c tracer/inject/agent/agent.h tracer/inject/injection.py
-	@$(PY) -c 'from pathlib import Path; from tracer.inject.injection import build_agent; build_agent(Path("$@"))'
+$(AGENT): tracer/inject/agent/agent.c tracer/inject/agent/agent.h tracer/inject/agent.py
+	@$(PY) -c 'from pathlib import Path; from tracer.inject.agent import build_agent; build_agent(Path("$@"))'
 
 agent: venv $(AGENT) ## the --inject agent (freestanding C, no dependencies)
 

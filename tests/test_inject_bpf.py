@@ -26,7 +26,7 @@ from rust_targets import build_rustd
 from support import TARGETS_SRC, attached, build, cli, fd_links, need_tool, report_json, wait_for
 
 from tracer.allocators.discovery import find_allocators, module_symbols
-from tracer.inject.injection import SYS_FAMILY
+from tracer.inject.agent import SYS_FAMILY
 from tracer.process import procfs
 
 pytestmark = pytest.mark.bpf

@@ -45,7 +45,7 @@ def doctor(pid, pattern, warm):
 
         target = resolve_target(pid, pattern, ())
         click.echo(describe(target, RecordOptions()))
-        from tracer.inject.injection import can_inject  # noqa: PLC0415
+        from tracer.inject.preflight import can_inject  # noqa: PLC0415
 
         ok_inject, lines = can_inject(target.pid, target.exe)
         click.echo(f"--inject: {'can work' if ok_inject else 'cannot work'} in pid {target.pid}")

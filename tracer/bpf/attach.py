@@ -26,7 +26,7 @@ def _arg(n: int | None) -> int:
 
 
 def agent_thread_bits() -> int:
-    from ..inject.injection import THREAD_BITS  # noqa: PLC0415
+    from ..inject.agent import THREAD_BITS  # noqa: PLC0415
 
     return THREAD_BITS
 
@@ -186,7 +186,7 @@ class Uprobes:
         """--inject: the mmap-family calls the agent hooked are reported through its as_mark_sys
         (probes/syscalls.h mark_sys) and switched over in `sys_hooked`; the others get their
         syscall tracepoints now. `sys_tracepoints_kept`: those."""
-        from ..inject.injection import SYS_FAMILY  # noqa: PLC0415
+        from ..inject.agent import SYS_FAMILY  # noqa: PLC0415
 
         hooked = agent.sys_hooked
         if hooked:

@@ -663,7 +663,8 @@ class Recorder:
         """--inject: the agent into the target, its hooks on every allocator entry that takes one
         safely, sampling still off (on once the markers' probes are attached)."""
         from ..bpf.attach import heap_cookie  # noqa: PLC0415
-        from ..inject.injection import hook_specs, inject  # noqa: PLC0415
+        from ..inject.hooks import hook_specs  # noqa: PLC0415
+        from ..inject.injection import inject  # noqa: PLC0415
 
         cookies = {(pl.allocator.path, pr.symbol): heap_cookie(pr.program, sources.get(pl.allocator.source))
                    for pl in self.plans for pr in pl.probes}
