@@ -1,4 +1,4 @@
-"""Unwind-table building, pyelftools (tracer/unwind/tables.py `build_table`) vs the C decoder
+"""Unwind-table building, pyelftools (tracer/unwind/rows.py `build_table`) vs the C decoder
 (tracer/unwind/cfi/cfi.c through tracer/unwind/native.py), side by side on one core, and whether their rows
 are the same bytes. No root needed:
 
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from elftools.elf.elffile import ELFFile
 
 from tracer.unwind import native as cfirows
-from tracer.unwind import tables as unwind
+from tracer.unwind import rows as unwind
 
 DEFAULTS = ["/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
             "/usr/lib/chromium/chromium", "/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1",

@@ -121,7 +121,7 @@ def warm_targets(args: Sequence[str]) -> None:
                 pids += [pid for pid, cmd in _children() if re.search(args[i + 1], cmd)]
             except re.error:
                 pass  # the CLI's error to give
-    from tracer.unwind.tables import warm_process
+    from tracer.unwind.unwinder import warm_process
 
     for pid in pids:
         if pid in dict(_children()):
@@ -142,7 +142,7 @@ def warm_runtime() -> None:
     if _warmed_runtime:
         return
     _warmed_runtime = True
-    from tracer.unwind.tables import warm
+    from tracer.unwind.unwinder import warm
 
     paths = {os.path.realpath(p) for name in RUNTIME_LIBS
              for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64")

@@ -263,18 +263,18 @@ def test_cxx_release_chain(release_targets, run_target):
 
 
 def test_unwind_maps_match_bcc():
-    """urows/umaps as BCC derives them from allocscope.h agree with tracer/unwind/tables.py."""
+    """urows/umaps as BCC derives them from allocscope.h agree with tracer/unwind/unwinder.py."""
     import ctypes as ct
 
     from tracer.base.options import RecordOptions
     from tracer.bpf.probes import Probes
-    from tracer.unwind import tables as U
+    from tracer.unwind import unwinder as UW
 
     p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
                                          unwind_rows=4096))
     try:
         assert p.unwind == "dwarf", p.unwind_error
-        for name, (key, val) in U.MAP_LAYOUTS.items():
+        for name, (key, val) in UW.MAP_LAYOUTS.items():
             t = p.bpf[name.encode()]
             assert ct.sizeof(t.Key) == ct.sizeof(key) and ct.sizeof(t.Leaf) == ct.sizeof(val), name
     finally:
@@ -426,11 +426,11 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
     from elftools.elf.elffile import ELFFile
 
     from tracer.base.cachedir import cache_dir
-    from tracer.unwind import tables as U
+    from tracer.unwind import building as UB
 
     lib = big_library(tmp_path / "libbig.so")
     with open(lib, "rb") as f:  # pending whatever the decoder (never built at once)
-        assert U.cfi_bytes(ELFFile(f)) > max(U.INLINE_CFI_BYTES, U.NATIVE_INLINE_CFI_BYTES)
+        assert UB.cfi_bytes(ELFFile(f)) > max(UB.INLINE_CFI_BYTES, UB.NATIVE_INLINE_CFI_BYTES)
     cache = tmp_path / "cache"
     (cache / "unwind").mkdir(parents=True)
     bpf = cache_dir("bpf")  # the probes' compile cache stays warm: only the unwind tables are cold

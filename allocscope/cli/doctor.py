@@ -33,7 +33,7 @@ def doctor(pid, pattern, warm):
     if warm and pid is None and pattern is None:
         raise UsageError("--warm needs --pid PID or --pgrep PATTERN (whose code to build tables for)")
     if warm:
-        from tracer.unwind.tables import warm_process  # noqa: PLC0415
+        from tracer.unwind.unwinder import warm_process  # noqa: PLC0415
 
         target = resolve_target(pid, pattern, ())
         ok = warm_process(target.pid, lambda msg: click.echo(msg, err=True))

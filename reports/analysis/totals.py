@@ -100,7 +100,7 @@ def advice(trace: Trace, tot: dict) -> list[str]:
 
 def unwind_pending(trace: Trace) -> list[dict]:
     """meta.json `unwind.pending`: the modules stacks were cut short at while their unwind tables
-    were being built (tracer/unwind/tables.py), most-hit first; [] for traces without it."""
+    were being built (tracer/unwind/unwinder.py), most-hit first; [] for traces without it."""
     return [p for p in (trace.meta.get("unwind") or {}).get("pending") or [] if p.get("stacks")]
 
 

@@ -62,11 +62,11 @@ class Probes:
         return attach_cuda(self.uprobes, path)
 
     def unwinder(self, progress=None, lazy: bool = True):
-        """The manager of the DWARF unwind maps (tracer.unwind.tables.Unwinder); None with frame pointers.
+        """The manager of the DWARF unwind maps (tracer.unwind.unwinder.Unwinder); None with frame pointers.
         `lazy`: modules without cached rows are built once stacks cross them (--pid)."""
         if self.unwind != "dwarf":
             return None
-        from ..unwind.tables import Unwinder  # noqa: PLC0415
+        from ..unwind.unwinder import Unwinder  # noqa: PLC0415
         return Unwinder(self.bpf, self.pid, self.options.unwind_rows, progress,
                         update_batch=self.program.lib.update_batch, lazy=lazy)
 

@@ -10,7 +10,8 @@ from common.errors import AllocscopeError
 
 from ..base import layout as L
 from ..base.options import RecordOptions
-from ..unwind.tables import MODULE_SLOTS, UNWIND_STEPS
+from ..unwind.rows import UNWIND_STEPS
+from ..unwind.unwinder import MODULE_SLOTS
 from .kernel_btf import char_major, file_offsets, fsbase_offset, return_probe_offsets, rss_offsets
 
 

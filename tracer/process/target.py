@@ -82,7 +82,7 @@ PTRACE_GETSIGINFO, SI_KERNEL = 0x4202, 0x80
 def held_by_probe(pid: int) -> bool:
     """The ptrace-stopped `pid` stopped for a SIGSTOP sent by BPF (bpf_send_signal_thread: si_code
     SI_KERNEL), not by a user's kill (SI_USER): launch mode holds the loader at each code mapping
-    until its unwind rows are loaded (tracer/unwind/tables.py)."""
+    until its unwind rows are loaded (tracer/unwind/)."""
     info = (ct.c_int32 * 32)()  # siginfo_t: 128 bytes; si_signo, si_errno, si_code
     if _ptrace(PTRACE_GETSIGINFO, pid, 0, ct.addressof(info)) != 0:
         return False

@@ -35,7 +35,7 @@ from ..base.options import DEFAULTS, RecordOptions
 from ..process import procfs
 from ..process.mappings import MapsWatcher
 from ..process.target import Target, launch_maps, release
-from ..unwind.tables import start_unwinder
+from ..unwind.unwinder import start_unwinder
 from .events import RingEvents
 from .injecting import inject_agent, uninject
 from .meta import trace_meta

@@ -18,7 +18,7 @@ from ..allocators.arenas import Pagemap, chunk_ranges, find_heaps, outside_heaps
 from ..base import layout as L
 from ..process import procfs
 from ..process.mappings import MapIndex
-from ..unwind.tables import STACK_DWARF
+from ..unwind.rows import STACK_DWARF
 from .regions import RegionTracker
 
 API = L.API_NAMES

@@ -1,6 +1,6 @@
 """Unwind rows from a compiled decoder: tracer/unwind/cfi/cfi.c through ctypes, pyelftools as fallback.
 
-`build_rows(path)` gives the rows of tracer/unwind/tables.py `build_table` for an ELF file (the same
+`build_rows(path)` gives the rows of tracer/unwind/rows.py `build_table` for an ELF file (the same
 bytes: tests/test_cfi_native.py compares them), decoded in C in milliseconds where pyelftools
 takes seconds to minutes. The library is built by `make setup` into tracer/unwind/cfi/ (or, when that
 is stale and not writable, into the cache directory on first use); without a C compiler, or
@@ -106,7 +106,7 @@ def native_available() -> bool:
 # --------------------------------------------------------------------------- building rows
 
 def _types() -> bytes:
-    from . import tables as U  # noqa: PLC0415 - unwind imports this module
+    from . import rows as U  # noqa: PLC0415 - rows import this module's callers
 
     return bytes([U.CFA_NONE, U.CFA_RSP, U.CFA_RBP, U.CFA_PLT, U.CFA_SIGNAL, U.CFA_STOP, U.CFA_UNSUPPORTED])
 
@@ -124,7 +124,7 @@ def native_table(path: str, fd: int | None = None):
     """`TableInfo` from the C decoder; None when the decoder is not there or does not read this
     kind of file. Raises CfiError for a malformed file. `fd`: the file already open (read with
     pread, its offset untouched)."""
-    from . import tables as U  # noqa: PLC0415 - unwind imports this module
+    from . import rows as U  # noqa: PLC0415 - rows import this module's callers
 
     if not native_available():
         return None
@@ -162,7 +162,7 @@ def native_table(path: str, fd: int | None = None):
 def build_info(path: str, fd: int | None = None, elf=None):
     """`TableInfo` of the ELF file at `path`: the C decoder's, else pyelftools' `build_table`
     (on `elf` when the caller has it open). Raises OSError / ELFError."""
-    from . import tables as U  # noqa: PLC0415 - unwind imports this module
+    from . import rows as U  # noqa: PLC0415 - rows import this module's callers
 
     info = native_table(path, fd)
     if info is not None:
@@ -176,6 +176,6 @@ def build_info(path: str, fd: int | None = None, elf=None):
 
 
 def build_rows(path: str) -> np.ndarray:
-    """The unwind rows (dtype tracer.unwind.tables.ROW) of the ELF file at `path`, not cached. A
+    """The unwind rows (dtype tracer.unwind.rows.ROW) of the ELF file at `path`, not cached. A
     module-level function of a path: fit for a process pool. Raises OSError / ELFError."""
     return build_info(path).rows

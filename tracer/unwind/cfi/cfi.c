@@ -1,6 +1,6 @@
 /* .eh_frame / .debug_frame -> the in-kernel unwinder's rows (tracer/unwind/native.py loads this).
  *
- * The same rows as tracer/unwind/tables.py `build_table` (pyelftools), decoded in C: one pass over the
+ * The same rows as tracer/unwind/rows.py `build_table` (pyelftools), decoded in C: one pass over the
  * call-frame sections of an mmap'd ELF file, every CFA program run, each row encoded as
  *
  *     pc (u32 file offset) | cfa_off (s16, x8 bytes) | cfa_type (u8) | rbp_off (s8, x8 bytes)
@@ -276,7 +276,7 @@ static const uint8_t PLT_TAIL[] = {0x2A, 0x33, 0x24, 0x22};
 static const uint8_t SIGNAL_CFA[] = {0x77, 0xA0, 0x01, 0x06};
 static const uint8_t SIGNAL_RA[] = {0x77, 0xA8, 0x01};
 
-/* tracer/unwind/tables.py `_encode`, rule for rule */
+/* tracer/unwind/rows.py `_encode`, rule for rule */
 static uint32_t encode(const struct build *b, const struct state *s) {
 	const uint8_t *t = b->types;
 	const struct rule *ra = &s->ra;
@@ -712,7 +712,7 @@ static int cmp_range(const void *x, const void *y) {
 	return a[1] < b[1] ? -1 : a[1] > b[1];
 }
 
-/* tracer/unwind/tables.py `_overlaps`, as written (it looks at two neighbours) */
+/* tracer/unwind/rows.py `_overlaps`, as written (it looks at two neighbours) */
 static int overlaps(const struct build *b, i128 start, i128 end) {
 	uint64_t lo = 0, hi = b->ncovered; /* first index with range start > start */
 	while (lo < hi) {
