@@ -234,7 +234,7 @@ class PageScan:
         walk_end = PM_SCAN_ARG.unpack_from(self.arg, 0)[4]
         if n <= 0:
             return 0, walk_end
-        regions = np.frombuffer(self.buf, dtype="<u8", count=3 * n).reshape(n, 3).astype(np.int64)
+        regions = np.frombuffer(memoryview(self.buf), dtype="<u8", count=3 * n).reshape(n, 3).astype(np.int64)
         if n == SCAN_REGIONS:  # the vector filled: walk_end may be the start of the PMD it was in,
             walk_end = max(walk_end, int(regions[-1, 1]))  # before runs it already reported
         return int((regions[:, 1] - regions[:, 0]).sum()), walk_end

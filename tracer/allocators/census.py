@@ -174,7 +174,7 @@ def arena_by_shape(data: bytes, base: int, lo: int, hi: int) -> int | None:
             if idx[-1] >= n:
                 continue
             if (empty[idx] | full[idx]).all() and empty[idx].sum() >= 32:
-                cand = base + 8 * start - AR_BINS
+                cand = base + 8 * int(start) - AR_BINS
                 if best is None or cand == best:
                     best = cand
                     break
@@ -280,11 +280,11 @@ def walk_heap(mem: Mem, first: int, end: int, top: int, deadline: float) -> _Wal
             break
         if i == 0:  # one chunk larger than the window: its next header read alone
             s = sz & ~7
-            nsz = mem.word(pos + s + 8)
-            if nsz is None or pos + s > stop:
+            word = mem.word(pos + s + 8)
+            if word is None or pos + s > stop:
                 w.complete = False
                 break
-            if nsz & PREV_INUSE:
+            if word & PREV_INUSE:
                 w.in_use += s
             else:
                 w.free += s

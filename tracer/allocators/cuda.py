@@ -8,7 +8,7 @@ is always a shared library: probing the driver sees all of them.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..process.procfs import Mapping
 
@@ -44,9 +44,9 @@ SONAME = "libcuda.so.1"
 class CudaReport:
     """What was probed in the driver: meta.json `probes.cuda`."""
     module: str = ""
-    attached: list[str] | None = None
-    skipped: dict[str, str] | None = None
-    placement: dict[str, str] | None = None
+    attached: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    placement: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"module": self.module, "attached": self.attached or [], "skipped": self.skipped or {},

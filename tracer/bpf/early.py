@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .probes import Probes
 
 
 class EarlyProbes:
@@ -17,7 +21,7 @@ class EarlyProbes:
         self.pid, self.opts, self.launched = pid, opts, launched
         self.t_start = time.perf_counter()
         self.seconds = 0.0
-        self._probes = None
+        self._probes: Probes | None = None
         self._error: BaseException | None = None
         self._taken = False
         self._thread = threading.Thread(target=self._build, name="build probes", daemon=True)

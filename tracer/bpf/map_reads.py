@@ -8,6 +8,7 @@ import errno
 import os
 import queue
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,7 +24,7 @@ class MapReader:
     def __init__(self, program: Program) -> None:
         self.program = program
         self.options = program.options
-        self._events_cb = None
+        self._events_cb: Callable | None = None  # kept alive while BCC holds it
 
     @property
     def bpf(self):

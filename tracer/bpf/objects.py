@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
+from typing import Any
 
 _libc = ct.CDLL(None, use_errno=True)
 NR_BPF = 321
@@ -178,7 +179,8 @@ def _batch_count(fd: int, key_size: int, value_size: int) -> int | None:
     chunk = 4096
     token_in, token_out = (ct.c_uint8 * 8)(), (ct.c_uint8 * 8)()
     first, n = True, 0
-    keys = values = None
+    keys: Any = None  # ctypes arrays, made for the chunk size in use
+    values: Any = None
     while True:
         if keys is None:  # buffers made once per chunk size, reused batch after batch
             keys = (ct.c_uint8 * (max(key_size, 1) * chunk))()

@@ -9,6 +9,8 @@ import ctypes as ct
 import errno
 import os
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from common.errors import PermissionProblem
 
@@ -62,7 +64,7 @@ def _bcc_version(bcc) -> str:
 
 
 def cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str],
-                preload: list[tuple[bytes, int]] = (), skip_sys: bool = False):
+                preload: Sequence[tuple] = (), skip_sys: bool = False):
     """A BCC module whose tables come from compiling `maps_text` (declarations only) and whose
     programs are the cached instructions (tracer/bpf/cache.py), relocated to its map fds and
     `pid`, loaded as BCC's load_func loads, tracepoint programs attached as BCC's autoload does."""
@@ -181,7 +183,7 @@ class Program:
         self.multi, self.multi_why = links_choice(self.options)
         self.session, self.session_why = session_choice(self.options)
         self.classic_loaded = False  # alloc_return and `tails` (classic return probes) loaded
-        self.fault_prog = None  # residency mode: fault_sample, loaded
+        self.fault_prog: Any = None  # residency mode: fault_sample, loaded (a BCC function)
         self.unwind = self.options.unwind  # "fp" when the verifier refused the DWARF unwinder
         self.unwind_error = ""  # why DWARF unwinding fell back to frame pointers, if it did
         self.rss_tracepoint = self.options.rss_tracepoint
@@ -277,7 +279,7 @@ class Program:
         """Compile with the sentinel pid, without loading anything, and take the cache entry."""
         bcc = self.bcc
 
-        class Compiled(bcc.BPF):
+        class Compiled(bcc.BPF):  # type: ignore[name-defined]  # BCC's, imported at run time
             def _trace_autoload(self) -> None:
                 pass  # nothing is loaded from this module: its pid is the sentinel
 
@@ -293,7 +295,7 @@ class Program:
         if bpf is not None:
             bpf.cleanup()
 
-    def _programs_needed(self, unwind: str) -> list[tuple[bytes, int]]:
+    def _programs_needed(self, unwind: str) -> list[tuple]:
         """(program, type) that _load_allocator_programs loads, to verify them in parallel."""
         if self.options.mode == "residency":
             names = [b"fault_sample"] + ([b"fault_unwind", b"fault_keep"] if unwind == "dwarf" else [])

@@ -49,7 +49,7 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
 
 def _kernel_below(release: str, version: tuple[int, int]) -> bool:
     m = re.match(r"(\d+)\.(\d+)", release)
-    return bool(m) and (int(m.group(1)), int(m.group(2))) < version
+    return m is not None and (int(m.group(1)), int(m.group(2))) < version
 
 
 def links_choice(opts: RecordOptions, release: str | None = None) -> tuple[bool, str]:

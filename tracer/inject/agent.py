@@ -121,6 +121,7 @@ class AgentImage:
 
 def read_agent(path: str) -> AgentImage:
     from elftools.elf.elffile import ELFFile  # noqa: PLC0415
+    from elftools.elf.sections import SymbolTableSection  # noqa: PLC0415
 
     with open(path, "rb") as f:
         elf = ELFFile(f)
@@ -134,7 +135,7 @@ def read_agent(path: str) -> AgentImage:
                 raise InjectError(f"{path}: a segment with .bss (the loader maps file bytes only)")
             loads.append((seg["p_vaddr"], seg["p_memsz"], seg["p_filesz"], seg["p_offset"], prot))
         symtab = elf.get_section_by_name(".symtab")
-        if symtab is None or not loads:
+        if not isinstance(symtab, SymbolTableSection) or not loads:
             raise InjectError(f"{path}: not the allocscope agent (no symbols)")
         symbols = {s.name: (s["st_value"], s["st_size"]) for s in symtab.iter_symbols() if s.name}
     need = {"as_cfg", "as_mark_alloc", "as_mark_free", "as_mark_sys", "as_clone_entry", *HOOKS.values(),

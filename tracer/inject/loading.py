@@ -83,7 +83,7 @@ def near_gap(maps: list[procfs.Mapping], lo: int, hi: int, size: int, taken: lis
     raise InjectError("no free address range within reach of the allocator's code for the hook stubs")
 
 
-def _word(b: bytes, at: int = 0) -> int:
+def _word(b: bytes | bytearray, at: int = 0) -> int:
     return struct.unpack_from("<Q", b, at)[0]
 
 
@@ -139,7 +139,7 @@ class AgentLoader:
             self.inj.quiet(0)
 
     def _load_as(self, st: Stopped, mem: Memory, maps, tracer_pid: int, tid: int) -> None:
-        self._mapped: list[tuple[int, int]] = []
+        self._mapped = []
         try:
             self._load_in(st, mem, maps, tracer_pid, tid)
         except BaseException:

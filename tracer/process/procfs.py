@@ -97,7 +97,7 @@ def comm(pid: int, tid: int | None = None) -> str:
 
 
 def thread_names(pid: int) -> dict[int, str]:
-    out = {}
+    out: dict[int, str] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:

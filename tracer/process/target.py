@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from common.errors import TargetError, UsageError
@@ -100,8 +101,9 @@ class Child:
         self.returncode: int | None = None
         self.exiting = False
         self.traced = True
-        self.on_exec = None  # called at the exec stop, before the program runs
-        self.on_hold = None  # called when the probes stop it at a code mapping (DWARF unwinding)
+        self.on_exec: Callable[[], None] | None = None  # called at the exec stop, before the program runs
+        # called when the probes stop it at a code mapping (DWARF unwinding)
+        self.on_hold: Callable[[], None] | None = None
 
     def after_release(self) -> None:
         """Wait for the exec stop, ask for the exit stop, let it run."""

@@ -20,6 +20,7 @@ makes about 800 wakes (log growth of 1 %), a sawtooth under its old high none.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +53,7 @@ class PeakWatch:
 
     def __init__(self, probes, rss=None) -> None:
         self.probes = probes
-        self.rss = rss or (lambda: {})
+        self.rss: Callable[[], dict[str, int]] = rss or (lambda: {})
         self.hwm = 0                 # the highest live total read at a wake
         self.woken = False
         self.next_read_ns = 0

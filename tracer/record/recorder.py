@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.errors import AllocscopeError, Interrupted, TargetError
 from common.tracefile.writer import NullWriter, TraceWriter, prepare_output
@@ -35,7 +36,7 @@ from ..base.options import DEFAULTS, RecordOptions
 from ..process import procfs
 from ..process.mappings import MapsWatcher
 from ..process.target import Target, launch_maps, release
-from ..unwind.unwinder import start_unwinder
+from ..unwind.unwinder import Unwinder, start_unwinder
 from .events import RingEvents
 from .injecting import inject_agent, uninject
 from .meta import trace_meta
@@ -44,6 +45,11 @@ from .regions import RegionTracker, SlowPath
 from .signals import StopRequest
 from .snapshot import Snapshot, Snapshots
 from .validate import validate
+
+if TYPE_CHECKING:
+    from ..bpf.attach import AttachReport
+    from ..bpf.probes import Probes
+    from ..inject.injection import Injection
 
 SRC = L.SOURCE_NAMES
 @dataclass
@@ -73,10 +79,10 @@ class Recorder:
         self.observer = observer
         self.end_reason: str | None = None  # target exited / duration / exec; signals: stop.reason
         # the kernel side and the trace, set up by run()
-        self.probes = None
-        self.unwinder = None
-        self.attach_report = None
-        self.writer = NullWriter()
+        self.probes: Probes | None = None
+        self.unwinder: Unwinder | None = None
+        self.attach_report: AttachReport | None = None
+        self.writer: NullWriter | TraceWriter = NullWriter()
         self.t0_ns = time.monotonic_ns()
         self.wall0 = time.time()
         self.seq = 0
@@ -97,7 +103,7 @@ class Recorder:
         self.final_snapshot_s = 0.0
         self.target_exit: int | None = None
         self.bpf_stats: dict = {}
-        self.injection = None  # --inject: tracer.inject.injection.Injection (the agent in the target)
+        self.injection: Injection | None = None  # --inject: tracer.inject.injection.Injection (the agent in the target)
         self.phases: list[tuple[str, float]] = []  # start-up: (phase, seconds), in order (--verbose prints them)
         self._phase_t0 = self._phase_t = time.perf_counter()
 
@@ -113,7 +119,7 @@ class Recorder:
     def _maps_changed(self, maps: list[procfs.Mapping]) -> None:
         if self.unwinder is not None:
             self.unwinder.update(maps)  # dlopen'd code gets its unwind tables
-        if self.attach_report is not None:
+        if self.attach_report is not None and self.probes is not None:
             self.probes.uprobes.update_addresses(maps)  # modules mapped since: their entries' addresses
             self._attach_new_allocators(maps)
         self._attach_cuda(maps)  # the CUDA driver dlopen'd since
@@ -132,7 +138,7 @@ class Recorder:
         probed = {(file_id(pl.allocator.path), pl.allocator.prefix) for pl in self.plans}
         new = [a for path in code_files(maps)
                for a in allocators_in(path, False) if (file_id(a.path), a.prefix) not in probed]
-        if not new or self.opts.mode == "residency":
+        if not new or self.opts.mode == "residency" or self.probes is None:
             return
         plans = []
         for a in new:
@@ -149,7 +155,7 @@ class Recorder:
 
     def _attach_cuda(self, maps: list[procfs.Mapping]) -> None:
         """Probe the CUDA driver's allocation calls once the target maps libcuda.so.1."""
-        if self.cuda_module is not None or self.attach_report is None:
+        if self.cuda_module is not None or self.attach_report is None or self.probes is None:
             return
         path = find_driver(maps)
         if path is not None:
@@ -222,9 +228,10 @@ class Recorder:
         self._check_stop("starting")
         early, self.early = self.early, None
         t_wait = time.perf_counter()
-        self.probes = early.result()
+        probes: Probes = early.result()
+        self.probes = probes
         waited = time.perf_counter() - t_wait
-        for name, secs in [*self.probes.timings.items(), ("probes built (since the command knew the target)",
+        for name, secs in [*probes.timings.items(), ("probes built (since the command knew the target)",
                                                          early.seconds), ("waited for them here", waited)]:
             self.phases.append((name, secs))
             if self.opts.verbose:
@@ -233,34 +240,38 @@ class Recorder:
         try:
             self._check_stop("compiling the probes")
             if self.opts.inject:
-                self.injection = inject_agent(self, sources)
-                self.snapshots.waits.ignore_tids = {self.injection.watchdog_tid}  # its poll is not the program's wait
+                inj = self.injection = inject_agent(self, sources)
+                self.snapshots.waits.ignore_tids = {inj.watchdog_tid}  # its poll is not the program's wait
                 maps = procfs.read_maps(t.pid)  # with the agent's mappings: there before the attach
                 self.maps.seed(maps)
-                self._phase(f"inject the agent (threads stopped {self.injection.stopped_ms[0]:.1f} ms)")
-            self.probes.maps.open_events(self.ring.on_event)
-            self.unwinder = start_unwinder(self.probes, maps, launched, self.progress)
+                self._phase(f"inject the agent (threads stopped {inj.stopped_ms[0]:.1f} ms)")
+            probes.maps.open_events(self.ring.on_event)
+            self.unwinder = start_unwinder(probes, maps, launched, self.progress)
             self._phase("unwind tables")
             pandas.join()
             self._phase("import pandas (the rest, in a thread since the start)")
-            if launched and self.unwinder is not None:
+            if t.child is not None and self.unwinder is not None:  # launched
                 t.child.on_exec = self.maps.now  # exe and ld.so are mapped: their unwind tables
-                t.child.on_hold = lambda: (self.probes.maps.drain_events(), self.maps.now())
-            self.slow = SlowPath(self.probes.maps, self.tracker, SRC)
-            self.probes.seed(procfs.rss(t.pid) if not launched else {}, brk)
+
+                def hold() -> None:
+                    probes.maps.drain_events()
+                    self.maps.now()
+                t.child.on_hold = hold
+            self.slow = SlowPath(probes.maps, self.tracker, SRC)
+            probes.seed(procfs.rss(t.pid) if not launched else {}, brk)
             self._check_stop("loading the unwind tables")
-            self.attach_report = self.probes.uprobes.attach(self.plans, custom, sources, maps, agent=self.injection)
+            self.attach_report = probes.uprobes.attach(self.plans, custom, sources, maps, agent=self.injection)
             if self.injection is not None:
                 self.injection.enable()
             self._attach_cuda(maps)
             self._phase("attach")
-            self.peaks = PeakWatch(self.probes.maps, lambda: procfs.rss(t.pid))
+            self.peaks = PeakWatch(probes.maps, lambda: procfs.rss(t.pid))
             self.peaks.arm()
             self._phase("live")
             self._check_stop("attaching the probes")
             # Returns seen while probes were being attached belong to calls that began before
             # the attach: like pre-attach allocations, they are not losses.
-            self.attach_window_returns = self.probes.maps.read_counters()["lost_unmatched_ret"]
+            self.attach_window_returns = probes.maps.read_counters()["lost_unmatched_ret"]
             # The clock (and --duration) starts once the probes are live, not while BCC compiles.
             self.t0_ns = time.monotonic_ns()
             self.wall0 = time.time()
@@ -275,20 +286,20 @@ class Recorder:
             self.snapshots.threads.seen(1, self.t0_ns, procfs.thread_names(t.pid) if not launched else {})
             release(t)
             self.progress(f"recording pid {t.pid} ({t.comm}); allocator {alloc.kind} {alloc.path}; Ctrl-C to stop")
-            self._loop()
+            self._loop(probes)
             self.stop.finalizing = True
             self.end_reason = self.end_reason or self.stop.reason
             if self.injection is not None:
                 self.injection.enable(False)  # no new samples: the last snapshot sees all there are
-            self.probes.maps.drain_events()
+            probes.maps.drain_events()
             t_final = time.perf_counter()
             self.snapshots.snapshot(final=True)
             self.final_snapshot_s = time.perf_counter() - t_final
             uninject(self)
-            if launched:
+            if t.child is not None:  # launched
                 t.child.resume()
                 self.target_exit = t.child.wait(timeout=0.2)
-            self.bpf_stats = self.probes.program_stats()
+            self.bpf_stats = probes.program_stats()
             if self.unwinder is not None:
                 self.unwinder.finish()  # the last truncation counts; builds still running stopped
             self.writer.write_meta(trace_meta(self, True))
@@ -296,7 +307,7 @@ class Recorder:
             if self.unwinder is not None:
                 self.unwinder.close()
             uninject(self)
-            self.probes.close()
+            probes.close()
             self.writer.close()
             release(t)
         row = self.snapshots.last_row
@@ -305,7 +316,7 @@ class Recorder:
                        row["live_bytes"], row["live_count"], len(self.snapshots.sites.current), lost,
                        self.writer.bytes_written)
 
-    def _loop(self) -> None:
+    def _loop(self, probes: Probes) -> None:
         """Poll events, snapshot every interval, until a reason to stop."""
         t = self.target
         interval_ns = int(self.opts.interval * 1e9)
@@ -316,7 +327,7 @@ class Recorder:
             now = time.monotonic_ns()
             wait_ms = int(max(0, min(next_snap - now, 100_000_000) // 1_000_000))
             peak_ms = self.peaks.wait_ms(now) if self.peaks is not None else None
-            self.probes.maps.poll_events(wait_ms if peak_ms is None else min(wait_ms, peak_ms))
+            probes.maps.poll_events(wait_ms if peak_ms is None else min(wait_ms, peak_ms))
             self.ring.replay_slow()
             if self.unwinder is not None:
                 self.unwinder.tick()  # the modules stacks were cut short at: built, loaded
@@ -356,7 +367,7 @@ def record(target: Target, opts: RecordOptions, progress=None, stop: StopRequest
     the recording and the previous handlers are restored after. `early`: the probes the caller
     started building (tracer.bpf.early.EarlyProbes), else they are built here."""
     own = stop is None
-    if own:
+    if stop is None:
         stop = StopRequest(quiet=opts.quiet).install()
     rec = None
     try:

@@ -245,7 +245,7 @@ class SlowPath:
         self.replayed = 0
         self._snap_ns = -1  # the kernel side's regions, as read at this time
         self._starts = np.empty(0, np.uint64)
-        self._vals = None
+        self._vals: np.ndarray = np.empty(0)  # their Region values, once read
         self._gone: set[int] = set()
         self._untracked: dict[int, int] = {}
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from elftools.elf.elffile import ELFFile
@@ -268,6 +269,8 @@ def build_all(paths: list[str], pool: BuildPool, progress: Callable[[str], None]
     local = len(todo) <= 1 or sum(c for _k, c in todo.values()) <= 2 * build_costs()[1]
     queue = sorted(todo, key=lambda p: -todo[p][1])
     running: dict[Future, str] = {}
+    res: Any
+    finished: list[tuple[str, Any]]
     done = 0
     while queue or running:
         if local:

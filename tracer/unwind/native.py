@@ -17,6 +17,7 @@ import ctypes as ct
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from elftools.common.exceptions import ELFError
@@ -90,7 +91,7 @@ def library() -> ct.CDLL | None:
     lib.cfi_abi.restype = ct.c_uint32
     if lib.cfi_abi() != ABI:
         return None
-    args = [ct.c_void_p, ct.c_uint64, ct.c_void_p, ct.POINTER(Result)]
+    args: list[Any] = [ct.c_void_p, ct.c_uint64, ct.c_void_p, ct.POINTER(Result)]
     lib.cfi_build_fd.argtypes = [ct.c_int, *args]
     lib.cfi_build_path.argtypes = [ct.c_char_p, *args]
     lib.cfi_build_fd.restype = lib.cfi_build_path.restype = ct.c_int
@@ -129,6 +130,8 @@ def native_table(path: str, fd: int | None = None):
     if not native_available():
         return None
     lib = library()
+    if lib is None:
+        return None
     types = _types()
     res = Result()
     dbg: bytes | None = None

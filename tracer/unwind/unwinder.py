@@ -145,7 +145,7 @@ class Unwinder:
                 self.by_file[ident] = key
                 return self.modules[key]
             cached = rows is not None
-            if cached and self.lazy and self.next_row + len(rows) > self.capacity // 2:
+            if rows is not None and self.lazy and self.next_row + len(rows) > self.capacity // 2:
                 # Warm but big: the table is kept for the modules stacks cross. Past half of it
                 # at attach, a cached module waits like an unbuilt one (loaded from the cache,
                 # in milliseconds, once a stack crosses it): a process whose every table is
@@ -248,9 +248,9 @@ class Unwinder:
             p.stacks, p.first_ns, p.last_ns = self._read_slot(p.module.slot)
 
     def _collect(self, waiting: list[Pending]) -> bool:
-        done = [p for p in waiting if p.future is not None and p.future.done()]
-        for p in done:
-            fut, p.future = p.future, None
+        done = [(p, p.future) for p in waiting if p.future is not None and p.future.done()]
+        for p, fut in done:
+            p.future = None
             mod = p.module
             try:
                 _key, rows, p.build_s = fut.result()
@@ -275,7 +275,7 @@ class Unwinder:
             return False
         self.update(self._maps)  # the entries of the built modules now point at their rows
         now = time.monotonic_ns()
-        for p in done:
+        for p, _fut in done:
             if not p.error:
                 p.built_ns = now
                 self.progress(f"unwind table for {os.path.basename(p.module.path)}: {p.rows} rows in "
