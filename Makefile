@@ -38,7 +38,7 @@ demo: setup ## record the bundled demo daemon and report it
 
 # No formatter check yet: `ruff format --check` would rewrite most files and conflict with every
 # open branch; it comes once they are merged (issue 31).
-lint: venv ## ruff, then mypy on allocscope/, reports/, common/ (both set up in pyproject.toml); a finding fails
+lint: venv ## ruff, then mypy on allocscope/, reports/, common/, tracer/ (both set up in pyproject.toml); a finding fails
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy
 

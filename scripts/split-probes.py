@@ -50,7 +50,7 @@ def main() -> int:
             body.pop()
         head = [f"/* allocscope BPF program, {name}: {what}", " *",
                 " * Part of probes/allocscope.c: included there, in order, and inlined into it by",
-                " * tracer/bpf/probes.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */",
+                " * tracer/bpf/source.py bpf_text (BCC rewrites map calls only in the main file). Layouts: allocscope.h. */",
                 ""]
         (PROBES / name).write_text("\n".join(head + body) + "\n")
     main_part += [""] + [f'#include "{name}"' for _, name, _ in starts]

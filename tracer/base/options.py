@@ -2,7 +2,7 @@
 
 The CLI's `record` and `top` options take their defaults from `DEFAULTS`, and the probes'
 compile-time parameters (-DAS_MAX_LIVE=... for probes/allocscope.c, which has no defaults of its
-own for them) are derived from it in tracer/bpf/probes.py.
+own for them) are derived from it in tracer/bpf/source.py.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The probes built while the rest of the tracer loads.
 
-Building the probes (tracer/bpf/probes.py: BCC's maps-only compile, the verifier) is ~1 s of native
+Building the probes (tracer/bpf/program.py: BCC's maps-only compile, the verifier) is ~1 s of native
 code that releases the GIL; importing the tracer (pyarrow, numpy, capstone) and scanning the
 target's allocators is ~0.5 s of Python. `EarlyProbes(target, opts)`, started by the CLI as
 soon as the target is known, does the first in a thread while the main thread does the second;

@@ -1,4 +1,5 @@
-"""The tests' one bpf(2) layer (ctypes, as root): the BPF objects one tracer process holds, and
+"""bpf(2) through ctypes, as root: what BCC's Python does not offer the tracer (uprobe_multi links,
+kernel 6.6+; a program's run time and count), and the BPF objects one tracer process holds and
 the programs loaded on the machine, read from outside, so tests and bench/soak.py can watch a
 running `allocscope record` without touching it:
 

@@ -131,7 +131,7 @@ SYS_TP_PREFIX = b"tracepoint__syscalls__"
 
 
 def sys_tracepoints(kind: str) -> list[str]:
-    """The tracepoints of one mmap-family call (tracer/inject/injection.py SYS_FAMILY kind)."""
+    """The tracepoints of one mmap-family call (tracer/inject/agent.py SYS_FAMILY kind)."""
     return [f"syscalls:sys_{d}_{kind}" for d in ("enter", "exit")]
 
 

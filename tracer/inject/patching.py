@@ -1,4 +1,4 @@
-"""The machine code of --inject's hooks (tracer/inject/injection.py): which entry instructions a 5-byte jump
+"""The machine code of --inject's hooks (tracer/inject/): which entry instructions a 5-byte jump
 displaces, the trampoline that replays them, and the stub that enters a hook.
 
 An entry may be patched when its first instructions (at least 5 bytes) can run elsewhere: no

@@ -1,4 +1,4 @@
-"""ptrace for --inject (tracer/inject/injection.py): stop every thread of a process, run system calls and
+"""ptrace for --inject (tracer/inject/): stop every thread of a process, run system calls and
 small code in one of them, write its memory, and let them all go again — no gdb.
 
 Everything a stopped process is given back: each thread's registers as they were, a signal that

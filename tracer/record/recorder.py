@@ -103,7 +103,7 @@ class Recorder:
         self.final_snapshot_s = 0.0
         self.target_exit: int | None = None
         self.bpf_stats: dict = {}
-        self.injection: Injection | None = None  # --inject: tracer.inject.injection.Injection (the agent in the target)
+        self.injection: Injection | None = None  # --inject: the agent in the target
         self.phases: list[tuple[str, float]] = []  # start-up: (phase, seconds), in order (--verbose prints them)
         self._phase_t0 = self._phase_t = time.perf_counter()
 

@@ -24,7 +24,7 @@ registered pending (AS_UMAP_PENDING: stacks end there, counted per module in `up
 built — in a BuildPool, one worker per core, through load_rows — once stacks cross it.
 
 The rest: the cache and the builds (tracer/unwind/building.py), the maps (tracer/unwind/unwinder.py).
-Nothing here needs BCC: `Unwinder` gets the BCC table objects from tracer.bpf.probes.
+Nothing here needs BCC: `Unwinder` gets the BCC table objects from tracer.bpf.
 """
 from __future__ import annotations
 

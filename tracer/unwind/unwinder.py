@@ -2,7 +2,7 @@
 each), the `umaps` LPM trie (address prefix -> slice, load bias) kept in step with the target's
 executable mappings, and the modules pending (`upending`: stacks cut short there) until built
 (tracer/unwind/building.py). Nothing here needs BCC: `Unwinder` gets the BCC table objects from
-tracer.bpf.probes."""
+tracer/bpf/."""
 from __future__ import annotations
 
 import ctypes as ct
@@ -387,7 +387,7 @@ def start_unwinder(probes, maps: list[Mapping], launched: bool, progress=None) -
     """Register the target's executable mappings before the probes attach: cached rows are
     loaded, any other module is left pending (built once stacks cross it: Unwinder.tick). Launch
     mode: `maps` are the files ldd resolves (not mapped yet): their rows are built (all at once)
-    and loaded now, their addresses when the loader maps them (Recorder._refresh_maps ->
+    and loaded now, their addresses when the loader maps them (Recorder._maps_changed ->
     Unwinder.update), dlopen'd code at its mapping while the probes hold the thread."""
     unw = probes.unwinder(progress, lazy=not launched)
     if unw is None:

@@ -1,5 +1,5 @@
 /* allocscope's in-process sampler: the code `allocscope record|top --inject` maps into a running
- * process (tracer/inject/injection.py), so that only the sampled allocator calls trap.
+ * process (tracer/inject/), so that only the sampled allocator calls trap.
  *
  * Freestanding: no libc, no relocations, no thread-local storage, no allocation. The tracer maps
  * the file itself (mmap of its segments through injected system calls: no dlopen, no loader lock

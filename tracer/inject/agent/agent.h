@@ -1,4 +1,4 @@
-/* allocscope agent: the layout the tracer (tracer/inject/injection.py, ctypes mirror) and the agent share.
+/* allocscope agent: the layout the tracer (tracer/inject/agent.py, ctypes mirror) and the agent share.
  * Bump AS_AGENT_VERSION with any change here. */
 #ifndef AS_AGENT_H
 #define AS_AGENT_H
