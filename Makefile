@@ -18,15 +18,15 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## .venv/ with allocscope and its PyPI deps (BCC from Debian)
 
-AGENT := tracer/agent/allocscope-agent.so
-$(AGENT): tracer/agent/agent.c tracer/agent/agent.h tracer/inject.py
-	@$(PY) -c 'from pathlib import Path; from tracer.inject import build_agent; build_agent(Path("$@"))'
+AGENT := tracer/inject/agent/allocscope-agent.so
+$(AGENT): tracer/inject/agent/agent.c tracer/inject/agent/agent.h tracer/inject/agent.py
+	@$(PY) -c 'from pathlib import Path; from tracer.inject.agent import build_agent; build_agent(Path("$@"))'
 
 agent: venv $(AGENT) ## the --inject agent (freestanding C, no dependencies)
 
-CFI := tracer/cfi/allocscope-cfi.so
-$(CFI): tracer/cfi/cfi.c tracer/cfirows.py
-	@$(PY) -c 'from pathlib import Path; from tracer.cfirows import build_library; build_library(Path("$@"))'
+CFI := tracer/unwind/cfi/allocscope-cfi.so
+$(CFI): tracer/unwind/cfi/cfi.c tracer/unwind/native.py
+	@$(PY) -c 'from pathlib import Path; from tracer.unwind.native import build_library; build_library(Path("$@"))'
 
 cfi: venv $(CFI) ## the unwind-table decoder (plain C; without it pyelftools decodes, 100-300x slower)
 
@@ -36,10 +36,9 @@ setup: host venv $(AGENT) $(CFI) ## everything the tool needs on this box
 demo: setup ## record the bundled demo daemon and report it
 	@$(VENV)/bin/allocscope demo
 
-# No Python formatter check yet: `ruff format --check` would rewrite most files and conflict with
-# every open branch; it comes once they are merged (issue 31). The C of probes/ and tracer/ is
-# checked against .clang-format (tracer/cfi/ has its own); tests/targets, bench and demo C are not.
-lint: venv ## ruff, mypy on allocscope/, reports/, common/ (set up in pyproject.toml), clang-format on probes/ and tracer/ C; a finding fails
+# The formatter: `ruff format --check` (Python) and clang-format (the C of probes/ and tracer/;
+# tracer/unwind/cfi/ keeps its own style file); tests/targets, bench and demo C are not formatted.
+lint: venv ## ruff (lint and format check), mypy on allocscope/, reports/, common/, tracer/ (pyproject.toml), clang-format on probes/ and tracer/ C; a finding fails
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy
 	@find probes tracer -name '*.[ch]' -print0 | xargs -0 clang-format --dry-run --Werror

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cost of the glibc census (tracer/census.py) on a heap of millions of chunks (issue #32): a
+"""Cost of the glibc census (tracer/allocators/census.py) on a heap of millions of chunks (issue #32): a
 target (bench/manychunks.c) holding N small blocks in 4 arenas, a third of them freed; the census
 run with the default time budget and with a small one (sampled beyond it), side by side.
 
@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=3)
     ap.add_argument("--budget", type=float, nargs="+", default=[2.0, 0.25])
     args = ap.parse_args()
-    from tracer.census import run_census
+    from tracer.allocators.census import run_census
 
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "manychunks"

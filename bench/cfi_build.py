@@ -1,5 +1,5 @@
-"""Unwind-table building, pyelftools (tracer/unwind.py `build_table`) vs the C decoder
-(tracer/cfi/cfi.c through tracer/cfirows.py), side by side on one core, and whether their rows
+"""Unwind-table building, pyelftools (tracer/unwind/rows.py `build_table`) vs the C decoder
+(tracer/unwind/cfi/cfi.c through tracer/unwind/native.py), side by side on one core, and whether their rows
 are the same bytes. No root needed:
 
     .venv/bin/python bench/cfi_build.py [FILE ...] [--rounds 3] [--skip-python-over MB] [--out FILE.md]
@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from elftools.elf.elffile import ELFFile
 
-from tracer import cfirows, unwind
+from tracer.unwind import native as cfirows
+from tracer.unwind import rows as unwind
 
 DEFAULTS = ["/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
             "/usr/lib/chromium/chromium", "/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1",

@@ -224,7 +224,7 @@ def main() -> None:
 
 CFI_PROG = r"""
 import os, sys, time
-from tracer import cfirows
+from tracer.unwind import native as cfirows
 for p in sys.argv[1:]:
     t = time.perf_counter()
     try:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from benchlib import TrialError, attach_allocscope, kill_pid, proc_cpu, read_line, stop_process
 
-from tracer.bpfobjects import program_stats_of
+from tracer.bpf.objects import program_stats_of
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -53,7 +53,7 @@ def main() -> None:
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root")
-    from tracer.arenas import Pagemap, PageScan
+    from tracer.allocators.arenas import Pagemap, PageScan
 
     with tempfile.TemporaryDirectory() as td:
         exe = Path(td) / "sparsemap"

@@ -8,7 +8,7 @@ only (no TCP port at all); redis-benchmark runs in a loop with bounded request c
 bounded key space (-r), so redis' own live set stops growing after warm-up. Every --sample
 seconds the script records, from outside the tracer: its RSS and CPU time, the entry counts of
 its BPF maps (live, stacks, sites, flows, sysargs; read by map id through
-/proc/PID/fdinfo, see tracer/bpfobjects.py) and the size of the trace so far. At the end it prints
+/proc/PID/fdinfo, see tracer/bpf/objects.py) and the size of the trace so far. At the end it prints
 the samples, a summary (RSS after warm-up: first/last/max and slope; largest map counts; trace
 MB per hour) and writes it as JSON with --json. Exit status 0 when the tracer ran and finished
 the trace, 1 otherwise; bounds are asserted by tests/test_soak_bpf.py, not here.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from benchlib import cpu_seconds, dir_bytes, slope_per_hour
 
-from tracer.bpfobjects import map_counts, rss_bytes
+from tracer.bpf.objects import map_counts, rss_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -191,7 +191,7 @@ def main() -> None:
             for mode in ("cold", "warm"):
                 cache = tmp / f"{mode}{i}"
                 for part in ("bpf", "files") if mode == "warm" else ("bpf",):
-                    if (prime / part).exists():  # warm: the symbol scans' facts too (tracer/filecache.py)
+                    if (prime / part).exists():  # warm: the symbol scans' facts too (tracer/allocators/facts.py)
                         shutil.copytree(prime / part, cache / part)
                 warm_s = warm(a, pid, cache) if mode == "warm" else None
                 r = record(a, pid, cache, a.seconds, tmp / f"{mode}{i}.allocscope")

@@ -11,7 +11,7 @@
 
 /* The high-water wake (totals[7], set by the tracer): once the live total (heap API + regions
  * + CUDA host memory, the reports' `live_bytes`) passes it, one AS_EV_PEAK event wakes the tracer,
- * which reads the per-stack counters at once (a peak snapshot, tracer/peaks.py) and sets the next
+ * which reads the per-stack counters at once (a peak snapshot, tracer/record/peaks.py) and sets the next
  * threshold: its reading + the margin. 0: disarmed (between a wake and the tracer's re-arm, which
  * bounds the rate to one wake per read). Racy like the peak: two CPUs may both wake it. */
 static __always_inline void peak_watch(void)

@@ -7,8 +7,8 @@
  * per malloc leaves the kernel. Rare events (mmap family, brk, madvise,
  * malloc_trim, thread names, exit, exec) go through the `events` ring buffer.
  *
- * Compile-time parameters (cflags -D..., all set by tracer/probe.py probe_cflags from the
- * recording's options, tracer/options.py, where their defaults live):
+ * Compile-time parameters (cflags -D..., all set by tracer/bpf/source.py probe_cflags from the
+ * recording's options, tracer/base/options.py, where their defaults live):
  *   AS_TGID         process to trace
  *   AS_MAX_LIVE     outstanding allocations tracked
  *   AS_MAX_STACKS   distinct stacks
@@ -17,7 +17,7 @@
  *   AS_RING_PAGES   ring buffer size in pages
  *   AS_PAGE_SIZE    the target's page size
  *   AS_WAIT_EXEC    launch mode: ignore everything until the target's exec
- *   AS_OFF_*        kernel struct offsets from the running kernel's BTF (tracer/kernel.py)
+ *   AS_OFF_*        kernel struct offsets from the running kernel's BTF (tracer/bpf/kernel_btf.py)
  *   AS_SAMPLE_BYTES, AS_FAULTS + AS_FAULT_SAMPLE, AS_UNWIND_DWARF, AS_FLOOR: modes
  *
  * Stacks: user stacks are captured in return probes, where the first frame
@@ -27,16 +27,16 @@
  * caller frame; the tracer decides whether it is one. capture_stack() is the
  * only place that walks a stack: a DWARF unwinder plugs in there.
  *
- * Files. BCC compiles one source text: tracer/probe.py bpf_text() inlines this file's local
+ * Files. BCC compiles one source text: tracer/bpf/source.py bpf_text() inlines this file's local
  * includes, recursively, each file once at its first include (BCC rewrites map calls only in
  * its main file); allocscope.h alone stays an #include. The units below hold the programs (the
  * entry points), in this order; the headers they include hold only declarations (types,
  * constants, maps, static inline helpers), and a header includes what it uses, outside any #if.
- *   allocscope.h     every layout shared with the tracer (tracer/layout.py reads it)
+ *   allocscope.h     every layout shared with the tracer (tracer/base/layout.py reads it)
  *   common.h         the maps every part uses, the target gate, counters
  *   stacks.h         capture_stack(); unwind_dwarf.h, the DWARF unwinder it uses
  *   rss.h            the target's RSS counters
- *   changes.h        which sites changed since the tracer's last read (tracer/sitechanges.py)
+ *   changes.h        which sites changed since the tracer's last read (tracer/record/sitechanges.py)
  *   accounting.h     live blocks, site counters, flows, totals
  *   heap.h           the heap API's call state: entry/return pairing, alloc_done
  *   customfns.h      --alloc-fn / --free-fn: their specs and call state

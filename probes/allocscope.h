@@ -1,7 +1,7 @@
 /* allocscope: layouts shared by the BPF program (allocscope.c) and the tracer.
  *
  * This header is the single source of truth for every map key/value and ring
- * event. tracer/layout.py mirrors it with ctypes, and tests/test_layout.py
+ * event. tracer/base/layout.py mirrors it with ctypes, and tests/test_layout.py
  * checks that the mirror's sizes equal the ctypes classes BCC derives from
  * this file. Change both together and bump TRACE_FORMAT_VERSION when a
  * change reaches the trace files.
@@ -120,7 +120,7 @@ enum as_event_type {
 };
 /* AS_EV_MMAP .. AS_EV_BRK are the rare shapes the kernel side does not account itself (a
  * partial munmap, MAP_FIXED, an mremap it cannot follow, brk shrinking tracked pages): the
- * tracer replays them (tracer/regions.py) after taking the regions they touch out of the
+ * tracer replays them (tracer/record/regions.py) after taking the regions they touch out of the
  * `regions` map. Their ts_ns is the syscall's entry time. */
 
 /* Stack flags. */
@@ -324,7 +324,7 @@ struct as_event {
     char comm[16];
 };
 
-/* --- DWARF unwinding (probes/unwind_dwarf.h, tracer/unwind.py) ----------------------------
+/* --- DWARF unwinding (probes/unwind_dwarf.h, tracer/unwind/unwinder.py) ----------------------------
  * User space turns .eh_frame/.debug_frame of every executable mapping into rows (`urows`, one
  * contiguous slice per module sorted by file offset) and maps address ranges of the target to
  * slices (`umaps`, an LPM trie). */

@@ -1,8 +1,8 @@
 /* allocscope BPF program, changes.h: which sites changed since the tracer's last read (issue 33).
  *
  * A header (declarations only: maps, static inline helpers), included by accounting.h and
- * waits.h; inlined into probes/allocscope.c by tracer/probe.py bpf_text. Layouts: allocscope.h.
- * The tracer's half: tracer/sitechanges.py.
+ * waits.h; inlined into probes/allocscope.c by tracer/bpf/source.py bpf_text. Layouts: allocscope.h.
+ * The tracer's half: tracer/record/sitechanges.py.
  *
  * Every interval the tracer needs the sites that changed, not all of them: with 100k live sites
  * and a handful changing, reading and comparing the whole `sites` map is nearly all of its work.

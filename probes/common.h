@@ -16,19 +16,19 @@
 #error "AS_TGID must be defined"
 #endif
 #ifndef AS_MAX_LIVE
-#error "AS_MAX_LIVE: set by the tracer (tracer/probe.py, probe_cflags)"
+#error "AS_MAX_LIVE: set by the tracer (tracer/bpf/source.py, probe_cflags)"
 #endif
 #ifndef AS_MAX_STACKS
-#error "AS_MAX_STACKS: set by the tracer (tracer/probe.py, probe_cflags)"
+#error "AS_MAX_STACKS: set by the tracer (tracer/bpf/source.py, probe_cflags)"
 #endif
 #ifndef AS_MAX_SITES
-#error "AS_MAX_SITES: set by the tracer (tracer/probe.py, probe_cflags)"
+#error "AS_MAX_SITES: set by the tracer (tracer/bpf/source.py, probe_cflags)"
 #endif
 #ifndef AS_RING_PAGES
-#error "AS_RING_PAGES: set by the tracer (tracer/probe.py, probe_cflags)"
+#error "AS_RING_PAGES: set by the tracer (tracer/bpf/source.py, probe_cflags)"
 #endif
 #ifndef AS_PAGE_SIZE
-#error "AS_PAGE_SIZE: set by the tracer (tracer/probe.py, probe_cflags)"
+#error "AS_PAGE_SIZE: set by the tracer (tracer/bpf/source.py, probe_cflags)"
 #endif
 #define AS_MAX_THREADS 32768
 
@@ -63,7 +63,7 @@ static __always_inline int target_gone(void)
 }
 
 /* --inject: the thread running the tracer's injected system calls while the agent is loaded
- * (tracer/inject.py): its mmaps are the tracer's, not the program's (is_target_sys). Compiled
+ * (tracer/inject/injection.py): its mmaps are the tracer's, not the program's (is_target_sys). Compiled
  * in every variant so that an --inject recording shares the compiled program with a sampled one. */
 BPF_ARRAY(quiet_tid, u32, 1);
 

@@ -19,7 +19,7 @@
 #ifdef AS_FAULTS
 #include <uapi/linux/bpf_perf_event.h>
 #ifndef AS_FAULT_SAMPLE
-#error "AS_FAULT_SAMPLE: set by the tracer (tracer/probe.py, probe_cflags)"
+#error "AS_FAULT_SAMPLE: set by the tracer (tracer/bpf/source.py, probe_cflags)"
 #endif
 BPF_F_TABLE("hash", struct as_site_key, struct as_site, fault_sites, AS_MAX_SITES, BPF_F_NO_PREALLOC);
 

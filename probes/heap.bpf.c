@@ -96,7 +96,7 @@ int free_enter(struct pt_regs *ctx)
 }
 
 /* --- uprobe_multi links (kernel 6.6+) -------------------------------------
- * Attached through links (tracer/probe.py), one program serves every heap function of a module:
+ * Attached through links (tracer/bpf/attach.py), one program serves every heap function of a module:
  * the cookie of each probed address is enum as_api | source << 16. A link detaches all its
  * probes with one wait where a perf event per probe waits once each (seconds at exit). */
 
@@ -120,7 +120,7 @@ int heap_entry(struct pt_regs *ctx)
 #ifdef AS_SESSION
 /* --- uprobe session (kernel 6.13+; sampled mode) --------------------------
  * One program for the entry and the return of every heap function, attached through a
- * uprobe_multi link per module (tracer/probe.py): the cookie of each probed address says which
+ * uprobe_multi link per module (tracer/bpf/attach.py): the cookie of each probed address says which
  * call it is (enum as_api | source << 16). The entry decides whether the call is sampled and
  * returns 1 when its return is not needed — the kernel then sets no return probe for that call
  * (no trap): an unsampled allocation costs one trap, not two. Nested and tail-jumped calls skip
@@ -184,7 +184,7 @@ int heap_session(struct pt_regs *ctx)
 }
 #endif
 
-/* --- the in-process sampler's markers (--inject; tracer/agent/agent.c) ------------------------
+/* --- the in-process sampler's markers (--inject; tracer/inject/agent/agent.c) ------------------------
  * The agent decided in the process that this block is sampled: as_mark_alloc(p, size, weight,
  * cookie, fp) is called from the hook, fp its frame (the caller's %rbp at [fp], the return address
  * at [fp + 8], the caller's %rsp fp + 16): the stack starts at the hook's caller, exactly as at an

@@ -15,12 +15,12 @@
  * flows and the totals in place. The rare shapes (a munmap that does not start at a region, a
  * MAP_FIXED mapping, an mremap to a fixed address, the break shrinking over tracked pages, a
  * full map) go to the tracer as events (counted: n_slow); it takes the regions they touch out
- * of the map and replays them page-exact (tracer/regions.py). Syscalls made inside allocator
+ * of the map and replays them page-exact (tracer/record/regions.py). Syscalls made inside allocator
  * calls (glibc's mmapped chunks, heap trimming) belong to that call and are never regions.
  * Every release (munmap, madvise, brk down) is measured by the anonymous RSS it gave back and
  * summed per (thread, kind, allocator call) in `releases`. */
 #ifndef AS_MAX_REGIONS
-#error "AS_MAX_REGIONS: set by the tracer (tracer/probe.py, probe_cflags)"
+#error "AS_MAX_REGIONS: set by the tracer (tracer/bpf/source.py, probe_cflags)"
 #endif
 #define AS_UNMAP_STEPS 8 /* regions one munmap may free here, back to back */
 #define AS_MAP_FIXED 0x10
@@ -81,7 +81,7 @@ static __always_inline void submit(struct as_event *e)
     count(AS_CNT_EVENTS, 1);
 }
 
-/* --inject: the agent's per-thread table (tracer/agent/agent.h struct as_thread, keyed by the
+/* --inject: the agent's per-thread table (tracer/inject/agent/agent.h struct as_thread, keyed by the
  * thread pointer): while a hook's real call runs, the thread's slot names the call. Filled by the
  * tracer once the agent is loaded; threads[0] = 0 until then. */
 struct as_agent_cfg {
@@ -348,7 +348,7 @@ static __always_inline struct as_event *slow_event(u32 type, u32 tid, struct as_
  * hugetlbfs), a device (/dev/nvidiactl: major 195 minor 255, nvidia-uvm's dynamic major
  * AS_UVM_MAJOR, /dev/zero and the other mem devices 1), or 0: a regular file, not
  * tracked. /dev/nvidia0.. (major 195, minor < 255: doorbells, register windows) are `device`.
- * Read through the fd table at offsets from the kernel's BTF (tracer/kernel.py). */
+ * Read through the fd table at offsets from the kernel's BTF (tracer/bpf/kernel_btf.py). */
 static __always_inline u32 fd_source(s32 fd, u32 flags)
 {
     u64 task = bpf_get_current_task(), files = 0, fdt = 0, fds = 0, file = 0, inode = 0, sb = 0;

@@ -9,7 +9,7 @@
 /* Releases (malloc_trim, munmap, madvise, brk) are measured as the drop of the target's anonymous
  * RSS between their entry and return, so the bytes they really gave back are known, not summed
  * from lengths. The counter is read when needed: mm->rss_stat[MM_ANONPAGES] of the current task,
- * at offsets the tracer found in the running kernel's BTF (tracer/kernel.py) — the same value the
+ * at offsets the tracer found in the running kernel's BTF (tracer/bpf/kernel_btf.py) — the same value the
  * kernel's kmem:rss_stat tracepoint reports (percpu_counter's global count). With
  * AS_RSS_TRACEPOINT instead (a kernel whose BTF lacks the layout) a program on that tracepoint
  * keeps a copy current, at the price of one BPF run per RSS change of every process. */

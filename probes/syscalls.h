@@ -15,7 +15,7 @@
  * region code's branches), most of a start-up's verification. The exit hands the call over to
  * sys_unwind, which unwinds and hands it to sys_keep (tail calls on the same CPU, the state in
  * `sys_pending`), as alloc_return does with alloc_unwind and alloc_keep. */
-/* --inject: the agent hooks the mmap family in the process (tracer/agent/agent.c) and reports each
+/* --inject: the agent hooks the mmap family in the process (tracer/inject/agent/agent.c) and reports each
  * call through the as_mark_sys marker (mark_sys below), so that its tracepoints can stay detached:
  * an enabled syscall tracepoint sends every system call of every process on the machine through
  * the kernel's slow path. sys_hooked[nr] != 0: the markers report that call, and its tracepoint
@@ -113,7 +113,7 @@ static __always_inline void mmap_exit_sid(void *ctx, struct as_sysargs *a, u64 l
 #if defined(AS_UNWIND_DWARF) && defined(AS_WAIT_EXEC)
     /* Launch mode: hold the main thread at each file mapped executable (the loader mapping a
      * library) until the tracer has mapped its unwind rows: the tracer is its ptrace parent, sees
-     * the stop, loads, and resumes it with the signal suppressed (tracer/unwind.py). */
+     * the stop, loads, and resumes it with the signal suppressed (tracer/unwind/unwinder.py). */
     if (code && fd >= 0 && tid == AS_TGID)
         bpf_send_signal_thread(19 /* SIGSTOP */);
 #endif

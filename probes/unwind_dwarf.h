@@ -1,7 +1,7 @@
 /* allocscope: DWARF (CFI) unwinding of the user stack inside the probe (BCC dialect).
  *
  * Included by stacks.h when AS_UNWIND_DWARF is defined, after store_stack() (scratch, count():
- * common.h). Declarations only (see allocscope.c). Layouts are in allocscope.h; tracer/unwind.py
+ * common.h). Declarations only (see allocscope.c). Layouts are in allocscope.h; tracer/unwind/unwinder.py
  * builds and loads the rows.
  *
  * Each frame: find the mapping of the pc in `umaps` (LPM trie: one lookup, no loop), binary
@@ -15,7 +15,7 @@
  * AS_STACK_TRUNCATED and counts AS_LOST_STACK_TRUNCATED.
  *
  * Pending modules. The tracer registers every executable mapping at attach, but builds the rows
- * of a module only once stacks cross it (tracer/unwind.py: tables off the probes' start). Until
+ * of a module only once stacks cross it (tracer/unwind/unwinder.py: tables off the probes' start). Until
  * then its `umaps` entries carry AS_UMAP_PENDING: a pc there ends the stack (the frames so far,
  * AS_STACK_TRUNCATED, never cached), counted in AS_LOST_STACK_PENDING and per module in
  * `upending` (slot 0: all of them) — which the tracer polls to know what to build first. When the rows are in it
@@ -24,8 +24,8 @@
  * Compile-time parameters:
  *   AS_UNWIND_ROWS   rows in `urows` (set by the tracer: RecordOptions.unwind_rows)
  *   AS_UNWIND_MAPS   prefixes in `umaps`              (default 65536)
- *   AS_UNWIND_STEPS  binary search steps: a slice has at most 2^steps rows (tracer/unwind.py)
- *   AS_UNWIND_MODULES  module slots of `upending`      (default 1024; tracer/unwind.py MODULE_SLOTS)
+ *   AS_UNWIND_STEPS  binary search steps: a slice has at most 2^steps rows (tracer/unwind/unwinder.py)
+ *   AS_UNWIND_MODULES  module slots of `upending`      (default 1024; tracer/unwind/unwinder.py MODULE_SLOTS)
  *   AS_SCACHE_WAYS   cached stacks per thread, a power of 2 (default 32, ~20 KiB a thread; 0: none)
  *
  * Stack cache (return probes). Unwinding is a pure function of its inputs: the registers (ip,
@@ -42,13 +42,13 @@
 #ifndef AS_UNWIND_DWARF_H
 #define AS_UNWIND_DWARF_H
 #ifndef AS_UNWIND_ROWS
-#error "AS_UNWIND_ROWS: set by the tracer (tracer/probe.py, probe_cflags)"
+#error "AS_UNWIND_ROWS: set by the tracer (tracer/bpf/source.py, probe_cflags)"
 #endif
 #ifndef AS_UNWIND_MAPS
 #define AS_UNWIND_MAPS 65536
 #endif
 #ifndef AS_UNWIND_STEPS
-#error "AS_UNWIND_STEPS: set by the tracer (tracer/probe.py, probe_cflags)"
+#error "AS_UNWIND_STEPS: set by the tracer (tracer/bpf/source.py, probe_cflags)"
 #endif
 
 #ifndef AS_UNWIND_MODULES

@@ -12,7 +12,7 @@
  * that blocks, its user stack — the same as one of its last AS_WAIT_WAYS waits' (same ip, sp, bp:
  * an event loop, a worker blocking in the same few calls) is taken from `wait_memo`, not unwound
  * again. A stack cut short is not kept there: the module it stopped at may have its unwind rows
- * by the next wait (tracer/unwind.py builds them once stacks cross it).
+ * by the next wait (tracer/unwind/unwinder.py builds them once stacks cross it).
  *
  * Declarations only (types, maps, static inline helpers): see allocscope.c. */
 #ifndef AS_WAITS_H

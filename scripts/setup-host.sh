@@ -11,7 +11,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # 1. Debian packages. python3-bpfcc = BCC's Python bindings (NOT the PyPI 'bcc').
-# libc6-dbg: main_arena's address for the glibc census (tracer/census.py; without it, found by
+# libc6-dbg: main_arena's address for the glibc census (tracer/allocators/census.py; without it, found by
 # shape, tests/test_census_bpf.py checks both); chromium + fonts: the HTML report's render test; bpfcc-tools: memleak for bench/ comparisons;
 # redis-server + redis-tools: the soak (bench/soak.py, tests/test_soak_bpf.py). What tests need
 # and would otherwise skip (a failure under CI=true, tests/support.py): binutils (nm, objdump,

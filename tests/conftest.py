@@ -5,7 +5,7 @@
   skip — except when CI=true, where a missing BPF capability fails the run. `root` tests (no
   BPF, but root) likewise.
 
-Helpers live in support.py; the bpf(2) layer in tracer/bpfobjects.py.
+Helpers live in support.py; the bpf(2) layer in tracer/bpf/objects.py.
 """
 from __future__ import annotations
 

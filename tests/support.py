@@ -1,4 +1,4 @@
-"""What the tests share (fixtures are in conftest.py, the bpf(2) layer in tracer/bpfobjects.py):
+"""What the tests share (fixtures are in conftest.py, the bpf(2) layer in tracer/bpf/objects.py):
 
 * paths and flags: ROOT, TARGETS_SRC, CFLAGS_FP, IN_CI (CI=true: what would be skipped fails);
 * `build`: compile a C/C++/Rust target; `need_tool` / `need`: a tool or file a test needs, a skip
@@ -121,7 +121,7 @@ def warm_targets(args: Sequence[str]) -> None:
                 pids += [pid for pid, cmd in _children() if re.search(args[i + 1], cmd)]
             except re.error:
                 pass  # the CLI's error to give
-    from tracer.unwind import warm_process
+    from tracer.unwind.unwinder import warm_process
 
     for pid in pids:
         if pid in dict(_children()):
@@ -142,7 +142,7 @@ def warm_runtime() -> None:
     if _warmed_runtime:
         return
     _warmed_runtime = True
-    from tracer.unwind import warm
+    from tracer.unwind.unwinder import warm
 
     paths = {os.path.realpath(p) for name in RUNTIME_LIBS
              for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64")

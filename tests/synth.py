@@ -137,7 +137,7 @@ class SynthTrace:
         free_bytes, free_count)} cumulative; keys not given keep their previous values.
         lost: cumulative lost_* counters to set in this interval's row. rss: RSS in all, of
         which `shmem` is RssShmem, `file` RssFile and the rest RssAnon. peak_snapshot: the row
-        is a peak snapshot (tracer/peaks.py), meta.json gets the margin."""
+        is a peak snapshot (tracer/record/peaks.py), meta.json gets the margin."""
         self.seq += 1
         seq = self.seq
         for k, v in sites.items():

@@ -14,7 +14,7 @@ import pytest
 from support import CFLAGS_FP, build, need, record_run, report_json
 
 from reports.trace import load_trace
-from tracer.allocators import STANDARD
+from tracer.allocators.discovery import STANDARD
 
 pytestmark = pytest.mark.bpf
 

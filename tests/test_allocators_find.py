@@ -1,4 +1,4 @@
-"""Finding a prefixed jemalloc from its symbols alone (tracer/allocators.py; no BPF): a Rust
+"""Finding a prefixed jemalloc from its symbols alone (tracer/allocators/discovery.py; no BPF): a Rust
 global allocator that calls only the *allocx family lets the linker drop `_rjem_malloc` and
 `_rjem_free` — such an executable still has a `_rjem_` jemalloc, probed through mallocx,
 rallocx and sdallocx."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from support import build
 
-from tracer.allocators import allocators_in
+from tracer.allocators.discovery import allocators_in
 
 ALLOCX_ONLY = r"""
 #include <stddef.h>

@@ -1,6 +1,6 @@
 """The allocator scan's vectorised symbol query (common.elf.query_functions, through
-tracer.allocators.scan_symbols) against the full read (read_symbols over every entry of .dynsym
-and .symtab, tracer.allocators.module_symbols): the same allocators, entry points, offsets and
+tracer.allocators.discovery.scan_symbols) against the full read (read_symbols over every entry of .dynsym
+and .symtab, tracer.allocators.discovery.module_symbols): the same allocators, entry points, offsets and
 sizes, on the real allocators of this box and on a generated library built to trip a filter
 that looks only at names' ends (tail-merged strings, versioned .symtab names, look-alikes, a
 prefixed jemalloc with only its *allocx family)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import build, need
 
-from tracer.allocators import SCAN_NAMES, SCAN_SUFFIXES, module_symbols, scan_allocators, scan_symbols
+from tracer.allocators.discovery import SCAN_NAMES, SCAN_SUFFIXES, module_symbols, scan_allocators, scan_symbols
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 # file, is it the executable, the allocators the scan finds there (kind[:prefix])
@@ -112,12 +112,12 @@ def test_fast_scan_is_the_full_scan_on_code_built_to_trip_it(tmp_path, shape):
 
 
 def test_raw_headers_give_pyelftools_build_ids_and_cfi_sizes(tmp_path):
-    """common.elf.build_id and tracer.unwind.peek read the headers with struct: the same build
+    """common.elf.build_id and tracer.unwind.building.peek read the headers with struct: the same build
     IDs (the unwind cache's key) and CFI sizes as pyelftools, on every real file above, on one
     without a build ID (keyed by its identity) and one with a 20-byte sha1 ID."""
     from common.elf import OpenedElf, elf_build_id
     from common.elf import build_id as fast_build_id
-    from tracer.unwind import cfi_bytes, file_key, peek
+    from tracer.unwind.building import cfi_bytes, file_key, peek
 
     src = tmp_path / "m.c"
     src.write_text("int main(void) { return 0; }\n")
@@ -136,6 +136,6 @@ def test_raw_headers_give_pyelftools_build_ids_and_cfi_sizes(tmp_path):
 
 
 def file_key_is_noid(path: str) -> bool:
-    from tracer.unwind import peek
+    from tracer.unwind.building import peek
 
     return peek(path, use_cache=False)[0].startswith("noid-")

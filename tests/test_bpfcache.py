@@ -1,4 +1,4 @@
-"""The cache of compiled BPF programs (tracer/bpfcache.py), without BPF: the declarations-only
+"""The cache of compiled BPF programs (tracer/bpf/cache.py), without BPF: the declarations-only
 source, the relocation of map fds and of the pid, the key, what is trusted."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import base64
 import os
 import re
 
-from tracer import bpfcache as C
-from tracer import layout as L
-from tracer import probe
+from tracer.base import layout as L
+from tracer.bpf import cache as C
+from tracer.bpf import source as probe
 
 SRC = b"""#include <uapi/linux/ptrace.h>
 #include <linux/sched.h>

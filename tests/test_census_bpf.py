@@ -1,5 +1,5 @@
 """Live before the attach, measured (issue #32): glibc's arenas read from outside at the attach
-and at the end (tracer/census.py). tests/targets/census.c allocates ~186 MiB before the attach
+and at the end (tracer/allocators/census.py). tests/targets/census.c allocates ~186 MiB before the attach
 in 5 arenas (4 thread arenas, the main one, two mmapped chunks), frees half of it after, and
 allocates ~36 MiB more; its own counts (chunk bytes: malloc_usable_size + 8) and mallinfo2()
 are the truth for live before the attach, live since, and retained (free, resident)."""
@@ -132,8 +132,8 @@ def test_residency_under_inject(targets, tracers, tmp_path):
 def test_main_arena_by_shape(targets, monkeypatch):
     """Without libc's symbols (no libc6-dbg), main_arena is found by the shape of its bins in
     libc's writable data: the same address, and the same census."""
-    from tracer import census as C
-    from tracer.procfs import read_maps
+    from tracer.allocators import census as C
+    from tracer.process.procfs import read_maps
 
     tgt = Proc([targets["census"]])
     try:

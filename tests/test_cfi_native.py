@@ -1,4 +1,4 @@
-"""tracer/cfirows.py + tracer/cfi/cfi.c without BPF: the C decoder's unwind rows are pyelftools'
+"""tracer/unwind/native.py + tracer/unwind/cfi/cfi.c without BPF: the C decoder's unwind rows are pyelftools'
 `build_table` rows byte for byte (system libraries, .debug_frame-only and compressed builds, a
 lazy PLT, every CFA opcode in tests/targets/cfi_ops.S), what pyelftools cannot read comes out
 right, and malformed files give an error, never a crash."""
@@ -17,9 +17,10 @@ import pytest
 import support
 from elftools.elf.elffile import ELFFile
 
-from tracer import cfirows as C
-from tracer import unwind as U
-from tracer.elfinfo import symbol_offsets
+from tracer.bpf.symbols import symbol_offsets
+from tracer.unwind import building as UB
+from tracer.unwind import native as C
+from tracer.unwind import rows as UR
 
 TARGETS = Path(__file__).resolve().parent / "targets"
 OPS = TARGETS / "cfi_ops.S"
@@ -31,20 +32,20 @@ def system_file(name: str) -> str:
     return hits[0]
 
 
-def python_table(path: Path | str) -> U.TableInfo:
+def python_table(path: Path | str) -> UR.TableInfo:
     with open(path, "rb") as f:
-        return U.build_table(ELFFile(f))
+        return UR.build_table(ELFFile(f))
 
 
-def native(path: Path | str) -> U.TableInfo:
+def native(path: Path | str) -> UR.TableInfo:
     info = C.native_table(str(path))
     assert info is not None, "the native decoder is built by make setup"
     return info
 
 
-def assert_same(path: Path | str) -> U.TableInfo:
+def assert_same(path: Path | str) -> UR.TableInfo:
     a, b = native(path), python_table(path)
-    assert a.rows.dtype == b.rows.dtype == U.ROW
+    assert a.rows.dtype == b.rows.dtype == UR.ROW
     assert a.rows.tobytes() == b.rows.tobytes(), f"{path}: {len(a.rows)} vs {len(b.rows)} rows"
     assert (a.fdes, a.sources, a.kinds) == (b.fdes, b.sources, b.kinds)
     return a
@@ -54,14 +55,14 @@ def ops(tmp: Path, name: str, *flags: str) -> Path:
     return support.build(tmp / name, OPS, flags=["-shared", "-nostdlib", *flags])
 
 
-def rows_of(info: U.TableInfo) -> list[tuple[int, str, int, int]]:
-    return [(int(r["pc"]), U.CFA_NAMES[int(r["cfa_type"])], int(r["cfa_off"]), int(r["rbp_off"])) for r in info.rows]
+def rows_of(info: UR.TableInfo) -> list[tuple[int, str, int, int]]:
+    return [(int(r["pc"]), UR.CFA_NAMES[int(r["cfa_type"])], int(r["cfa_off"]), int(r["rbp_off"])) for r in info.rows]
 
 
-def rule_at(info: U.TableInfo, off: int) -> tuple[str, int, int]:
+def rule_at(info: UR.TableInfo, off: int) -> tuple[str, int, int]:
     """(type, cfa_off, rbp_off) of the row covering file offset `off`."""
     r = info.rows[int(np.searchsorted(info.rows["pc"], off, side="right")) - 1]
-    return U.CFA_NAMES[int(r["cfa_type"])], int(r["cfa_off"]), int(r["rbp_off"])
+    return UR.CFA_NAMES[int(r["cfa_type"])], int(r["cfa_off"]), int(r["rbp_off"])
 
 
 def test_system_libraries_match_pyelftools():
@@ -130,7 +131,7 @@ def test_load_rows_and_the_fallback(tmp_path, monkeypatch):
     monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     lib = ops(tmp_path, "eh.so")
     want = native(lib).rows
-    _, rows, cached = U.load_rows(str(lib), use_cache=False)
+    _, rows, cached = UB.load_rows(str(lib), use_cache=False)
     assert not cached and rows.tobytes() == want.tobytes()
     assert C.build_rows(str(lib)).tobytes() == want.tobytes()
     monkeypatch.setenv("ALLOCSCOPE_CFI", "python")

@@ -9,8 +9,8 @@ import pytest
 from support import CFLAGS_FP, build, cli, one_line_error
 
 from common.errors import UsageError
-from tracer.customfns import CustomFn, parse
-from tracer.elfinfo import symbol_offsets
+from tracer.allocators.custom import CustomFn, parse
+from tracer.bpf.symbols import symbol_offsets
 
 HERE = Path(__file__).resolve().parent / "targets" / "allocators"
 

@@ -1,4 +1,4 @@
-"""common/elf.py against binutils' view of a small program, and tracer/embed.py's symbols parts.
+"""common/elf.py against binutils' view of a small program, and tracer/record/embed_symbols.py's symbols parts.
 No root."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from support import build, need_tool
 
 from common import elf as E
 from common.tracefile.format import SYMBOLS_SCHEMA
-from tracer.embed import SymbolEmbedder
+from tracer.record.embed_symbols import SymbolEmbedder
 
 SRC = r"""
 #include <stdlib.h>

@@ -33,7 +33,7 @@ from support import (
     wait_for,
 )
 
-from tracer.bpfobjects import map_counts, prog_exists, rss_bytes, tracer_objects
+from tracer.bpf.objects import map_counts, prog_exists, rss_bytes, tracer_objects
 
 pytestmark = pytest.mark.bpf
 
@@ -398,8 +398,8 @@ def test_output_directory_read_only(tmp_path):
 def _record_api(pid: int, out: Path, **opts) -> subprocess.Popen:
     """The tracer through its Python API (RecordOptions knobs the CLI does not expose)."""
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-            "from tracer.record import RecordOptions, record\n"
-            "from tracer.target import target_from_pid\n"
+            "from tracer.record.recorder import RecordOptions, record\n"
+            "from tracer.process.target import target_from_pid\n"
             f"s = record(target_from_pid({pid:d}), RecordOptions(output={str(out)!r}, interval=0.5, quiet=True, "
             f"**{opts!r}))\n"
             "print('ended', s.end_reason, s.lost)\n")

@@ -15,7 +15,7 @@ from support import ROOT, cli, one_line_error
 from synth import SynthTrace
 
 from common.errors import TargetError
-from tracer import procfs
+from tracer.process import procfs
 
 # --- pid reuse and our own pid ------------------------------------------------------------------
 
@@ -45,7 +45,7 @@ def test_is_alive_false_for_a_zombie():
 
 
 def test_target_alive_uses_the_guard():
-    from tracer.target import Target
+    from tracer.process.target import Target
 
     p = subprocess.Popen(["sleep", "30"])
     try:
@@ -72,7 +72,7 @@ def test_record_refuses_its_own_pid_via_pgrep_ancestors():
 # --- the signal handler ---------------------------------------------------------------------------
 
 def test_signal_handler_never_raises_and_keeps_the_first_reason(capsys):
-    from tracer.record import StopRequest
+    from tracer.record.recorder import StopRequest
 
     r = StopRequest()
     r.handle(signal.SIGINT, None)

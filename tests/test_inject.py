@@ -9,15 +9,15 @@ import subprocess
 import pytest
 from support import cli, one_line_error
 
-from tracer import inject, patching
-from tracer.patching import PatchRefused
-from tracer.procfs import Mapping
+from tracer.inject import agent, loading, patching
+from tracer.inject.patching import PatchRefused
+from tracer.process.procfs import Mapping
 
 
 def test_agent_is_freestanding():
-    path = inject.agent_path()
-    img = inject.read_agent(path)       # no .bss, every symbol the tracer needs, as_cfg's size
-    assert img.symbols["as_cfg"][1] == ct.sizeof(inject.AsConfig)
+    path = agent.agent_path()
+    img = agent.read_agent(path)       # no .bss, every symbol the tracer needs, as_cfg's size
+    assert img.symbols["as_cfg"][1] == ct.sizeof(agent.AsConfig)
     rel = subprocess.run(["readelf", "-rW", path], capture_output=True, text=True, check=True).stdout
     assert "There are no relocations in this file." in rel, rel   # the loader applies none
     undef = subprocess.run(["nm", "-u", path], capture_output=True, text=True, check=True).stdout
@@ -76,7 +76,7 @@ def test_restore_word_alignment():
 def test_stubs_go_below_the_module():
     maps = [Mapping(0x555500000000, 0x555500010000, "r-xp", 0, 7, "/bin/x"),
             Mapping(0x555500010000, 0x555500020000, "rw-p", 0, 0, "[heap]")]
-    at = inject.near_gap(maps, 0x555500000000, 0x555500010000, 4096, [])
+    at = loading.near_gap(maps, 0x555500000000, 0x555500010000, 4096, [])
     assert at + 4096 <= 0x555500000000 - 4096 and 0x555500000000 - at < 1 << 30
 
 

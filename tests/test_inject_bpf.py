@@ -25,10 +25,10 @@ import pytest
 from rust_targets import build_rustd
 from support import TARGETS_SRC, attached, build, cli, fd_links, need_tool, report_json, wait_for
 
-from tracer import procfs
-from tracer.agentrss import tables_span
-from tracer.allocators import find_allocators, module_symbols
-from tracer.inject import SYS_FAMILY
+from tracer.allocators.discovery import find_allocators, module_symbols
+from tracer.inject.agent import SYS_FAMILY
+from tracer.inject.agentrss import tables_span
+from tracer.process import procfs
 
 pytestmark = pytest.mark.bpf
 

@@ -6,7 +6,9 @@ included) of allocscope/, reports/, tracer/ and common/ points down the layers
 so the tracer never imports reports, reports never import the tracer or bcc, common imports
 none of them, only the tracer touches bcc, and no shipped module imports bench/ or tests/.
 Inside reports/ the sub-packages are layers too (REPORTS_LAYERS): the analysis never imports a
-renderer or the live view, the renderers never the live view.
+renderer or the live view, the renderers never the live view. So are tracer/'s (TRACER_LAYERS):
+the process readers import no allocator code, nothing below record/ imports the recording, and
+the BPF side (bpf/) is the only one above the allocators, the unwinder and --inject it attaches.
 And nowhere (tests and bench included) does a module import another module's private
 (`_name`) names, by `from m import _x` or as `m._x`. Parsed with `ast`; nothing is imported."""
 from __future__ import annotations
@@ -28,6 +30,10 @@ ONLY_TRACER = {"bcc"}  # third-party packages no other layer may import
 # reports/, bottom up: a module may import its own part of reports and those below it. `base` is
 # reports' own modules (trace.py, wrappers.py, units.py: no pandas in the last two).
 REPORTS_LAYERS = ("base", "symbolize", "analysis", "render", "live")
+# tracer/, bottom up: a module may import its own sub-package and those below it. `base` is
+# tracer/base/ (options, the program's layout, the cache folder, the C compiler); `entry` the
+# modules of tracer/ itself (doctor.py, dryrun.py), which may import any of them.
+TRACER_LAYERS = ("base", "process", "allocators", "inject", "unwind", "bpf", "record", "entry")
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,22 @@ class Tree:
                     bad.append(f"{path.relative_to(self.root)}:{imp.line}: {src} imports {imp.module} ({dst})")
         return bad
 
+    def tracer_violations(self) -> list[str]:
+        """Imports inside tracer/ that point up TRACER_LAYERS."""
+        bad = []
+        for path in self.files("tracer"):
+            src = tracer_part(self.name(path))
+            for imp in self.imports(path):
+                if imp.module.split(".")[0] != "tracer":
+                    continue
+                names = [f"{imp.module}.{n}" for n, _ in imp.names if n != "*"]
+                # `from tracer import doctor` imports tracer.doctor; `from tracer.bpf import x`, tracer.bpf's part
+                targets = names if imp.module == "tracer" and names else [imp.module, *names]
+                dst = max((tracer_part(t) for t in targets), key=TRACER_LAYERS.index)
+                if TRACER_LAYERS.index(dst) > TRACER_LAYERS.index(src):
+                    bad.append(f"{path.relative_to(self.root)}:{imp.line}: {src} imports {imp.module} ({dst})")
+        return bad
+
     def private_violations(self) -> list[str]:
         """`from m import _x` from a first-party m, and `m._x` where m is bound to a first-party
         module by an import."""
@@ -152,6 +174,12 @@ def reports_part(module: str) -> str:
     return parts[1] if len(parts) > 2 or len(parts) == 2 and parts[1] in REPORTS_LAYERS else "base"
 
 
+def tracer_part(module: str) -> str:
+    """tracer.bpf.probes, tracer.bpf -> bpf; tracer.doctor, tracer -> entry."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in TRACER_LAYERS else "entry"
+
+
 def private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -177,6 +205,12 @@ def test_reports_parts_follow_their_layers():
     assert tree.reports_violations() == []
 
 
+def test_tracer_parts_follow_their_layers():
+    tree = Tree(ROOT)
+    assert {tracer_part(tree.name(p)) for p in tree.files("tracer")} == set(TRACER_LAYERS)
+    assert tree.tracer_violations() == []
+
+
 def test_no_module_imports_private_names():
     assert Tree(ROOT).private_violations() == []
 
@@ -185,14 +219,18 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     """Bad imports planted in a copy of the layout are found, so the empty lists above mean
     something: tracer -> reports at function level, reports -> tracer and bcc, common -> tracer
     through a relative import, tests/ and bench/ from shipped code; inside reports, the analysis
-    -> a renderer and a base module -> the analysis; private names by `from` and by attribute
-    of an imported module."""
+    -> a renderer and a base module -> the analysis; inside tracer, the process readers -> the
+    recording and the allocators -> the BPF side at function level; private names by `from` and
+    by attribute of an imported module."""
     for d in (*SHIPPED, "tests", "bench", "probes"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "__init__.py").write_text("")
     planted = {
-        "tracer/record.py": "def f():\n    from reports.symbolize.embedded import load\n",
-        "tracer/unwind.py": "import bcc\nfrom common.elf import build_id\nfrom . import record\n",
+        "tracer/record/recorder.py": "def f():\n    from reports.symbolize.embedded import load\n",
+        "tracer/unwind/rows.py": "import bcc\nfrom common.elf import build_id\nfrom ..process import procfs\n",
+        "tracer/process/procfs.py": "from ..record.recorder import record\nfrom ..base import layout\n",
+        "tracer/allocators/arenas.py": "def f():\n    from tracer.bpf import probes\n",
+        "tracer/doctor.py": "from .bpf.probes import Probes\nfrom tracer import dryrun\n",
         "reports/analysis/__init__.py": "from tracer import procfs\nimport bcc\n",
         "reports/render/pprof.py": "from common.tracefile.reader import Trace\nfrom ..analysis import x\n",
         "reports/analysis/sites.py": "from ..render.text import to_text\nfrom ..units import human_bytes\n",
@@ -201,17 +239,19 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
         "common/ok.py": "from .elf import build_id\nimport numpy\n",
         "allocscope/cli/app.py": "import synth\nfrom bench import soak\nfrom tracer import record\n",
         "tests/synth.py": "",
-        "bench/soak.py": "from reports.render.pprof import _hidden\nfrom tracer import unwind as U\nU._rows\n"
+        "bench/soak.py": "from reports.render.pprof import _hidden\nfrom tracer.unwind import rows as U\nU._rows\n"
                          "import common.elf\ncommon.elf._quiet\nU.__name__\n",
     }
     for rel, text in planted.items():
-        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     tree = Tree(tmp_path)
     assert sorted(v.split(": ", 1)[0] for v in tree.layer_violations()) == [
         "allocscope/cli/app.py:1", "allocscope/cli/app.py:2", "common/elf.py:1", "reports/analysis/__init__.py:1",
-        "reports/analysis/__init__.py:2", "tracer/record.py:2"], tree.layer_violations()
+        "reports/analysis/__init__.py:2", "tracer/record/recorder.py:2"], tree.layer_violations()
     assert sorted(v.split(": ", 1)[0] for v in tree.reports_violations()) == [
         "reports/analysis/sites.py:1", "reports/wrappers.py:1"], tree.reports_violations()
     assert sorted(v.split(": ", 1)[1] for v in tree.private_violations()) == [
-        "imports _hidden from reports.render.pprof", "uses common.elf._quiet", "uses tracer.unwind._rows"]
+        "imports _hidden from reports.render.pprof", "uses common.elf._quiet", "uses tracer.unwind.rows._rows"]
+    assert sorted(v.split(": ", 1)[0] for v in tree.tracer_violations()) == [
+        "tracer/allocators/arenas.py:2", "tracer/process/procfs.py:1"], tree.tracer_violations()

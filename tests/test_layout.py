@@ -1,4 +1,4 @@
-"""probes/allocscope.h is mirrored once in tracer/layout.py: sizes and offsets must agree with
+"""probes/allocscope.h is mirrored once in tracer/base/layout.py: sizes and offsets must agree with
 the ctypes classes BCC derives from the header itself."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 from support import build
 
-from tracer import layout as L
+from tracer.base import layout as L
 
 
 def test_enums_parsed_from_header():
@@ -47,8 +47,8 @@ def test_event_layout_matches_c_compiler(tmp_path):
 
 @pytest.mark.bpf
 def test_layout_matches_bcc_maps():
-    from tracer.options import RecordOptions
-    from tracer.probe import Probes
+    from tracer.base.options import RecordOptions
+    from tracer.bpf.probes import Probes
 
     p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16))
     try:

@@ -16,7 +16,7 @@ from allocscope.cli.watch import BatchPrinter, StatusLine
 from reports.live.model import AGE_POINTS, LiveModel, StatusModel, oldest_age_bound
 from reports.live.text import ScreenState, batch_block, screen_lines, screen_text, status_text
 from reports.symbolize import Frame
-from tracer.stop import StopRequest
+from tracer.record.signals import StopRequest
 
 APP = "/opt/app/bin/grower"
 # file offset -> (function, file, line): what the fake symbolizer answers
@@ -400,7 +400,7 @@ def test_target_gone_rss_unknown():
 def test_allocators_line_in_the_header_and_batch_block():
     model, feed = LiveModel(symbolizer=FakeSymbolizer()), Feed()
     snap = feed.step(1.0, {(GROW, T_GROW, "heap"): (3 << 20, 3, 0, 0, 3 << 20)})
-    # (source, label, mapped, resident, live, ranges), as tracer/retention.py measures them
+    # (source, label, mapped, resident, live, ranges), as tracer/allocators/retention.py measures them
     snap.allocators = (("heap", "jemalloc:_rjem_", 96 << 20, 80 << 20, 48 << 20, 12),
                        ("heap:glibc", "glibc", 8 << 20, 2 << 20, 1 << 20, 3))
     model.update(snap)

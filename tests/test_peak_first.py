@@ -209,7 +209,7 @@ def test_html_order_without_a_freed_peak(trace, stacks, doc):
 
 
 def test_peak_snapshot_row(tmp_path):
-    """A peak snapshot (tracer/peaks.py) between two interval snapshots: the reports take the
+    """A peak snapshot (tracer/record/peaks.py) between two interval snapshots: the reports take the
     peak there (at_peak, the location's peak, the flame graph), and it is no interval."""
     t = SynthTrace(tmp_path / "snap.allocscope")
     a = [t.stack(["malloc", "alloc_fn", f"caller{i}", "start_thread"]) for i in range(4)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from support import build, need
 
-from tracer.elfinfo import symbol_offsets
-from tracer.placement import ENTRY_READS, place_entry, place_probe
+from tracer.allocators.placement import ENTRY_READS, place_entry, place_probe
+from tracer.bpf.symbols import symbol_offsets
 
 ASM = r"""
     .text

@@ -14,7 +14,7 @@ from collections import defaultdict
 import pytest
 from support import attached, cli, functions, report_json, wait_for
 
-from tracer.bpfobjects import prog_exists, prog_names, tracer_objects
+from tracer.bpf.objects import prog_exists, prog_names, tracer_objects
 
 pytestmark = pytest.mark.bpf
 
@@ -180,8 +180,8 @@ def _raw_uprobe_counter(pid: int):
     (ref_ctr_offset 0), counting calls of `pid`."""
     from bcc import BPF
 
-    from tracer.elfinfo import symbol_offsets
-    from tracer.procfs import read_maps
+    from tracer.bpf.symbols import symbol_offsets
+    from tracer.process.procfs import read_maps
 
     libc = next(m.path for m in read_maps(pid) if "libc.so" in m.path)
     off = symbol_offsets(libc, ["malloc"]).offsets["malloc"]

@@ -1,8 +1,8 @@
-"""Page-exact accounting of mmap/munmap/mremap/brk replayed by tracer.regions."""
+"""Page-exact accounting of mmap/munmap/mremap/brk replayed by tracer.record.regions."""
 from __future__ import annotations
 
 from common.pages import PAGE
-from tracer.regions import MAP_ANONYMOUS, RegionTracker
+from tracer.record.regions import MAP_ANONYMOUS, RegionTracker
 
 ANON = MAP_ANONYMOUS | 0x02  # MAP_PRIVATE
 

@@ -1,6 +1,6 @@
 """The mmap family accounted in the kernel: an mmap/munmap storm (tests/targets/storm.c) is exact
 per site and thread, the common shapes send no event to the tracer, and the rare shapes are the
-only events, counted (n_slow). The same through --inject's hooks (tracer/agent/agent.c, the mmap
+only events, counted (n_slow). The same through --inject's hooks (tracer/inject/agent/agent.c, the mmap
 family): the same figures, no syscall tracepoint attached, one marker call per reported call."""
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The range arithmetic of tracer/retention.py (which allocator owns which bytes) and the knob
+"""The range arithmetic of tracer/allocators/retention.py (which allocator owns which bytes) and the knob
 each allocator's advice names."""
 from __future__ import annotations
 
 from reports.analysis.residency import allocator_advice, conf_env
-from tracer.arenas import merge_ranges
-from tracer.retention import intersect_ranges, keep_purge, purge_function, subtract_ranges
+from tracer.allocators.arenas import merge_ranges
+from tracer.allocators.retention import intersect_ranges, keep_purge, purge_function, subtract_ranges
 
 
 def test_ranges():

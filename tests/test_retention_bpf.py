@@ -176,7 +176,7 @@ def test_pagemap_scan_counts_like_pagemap(tmp_path):
     the last run it reported: counted twice before)."""
     import mmap
 
-    from tracer.arenas import SCAN_REGIONS, Pagemap, PageScan
+    from tracer.allocators.arenas import SCAN_REGIONS, Pagemap, PageScan
 
     if not PageScan.available(os.getpid()):
         pytest.skip("this kernel has no PAGEMAP_SCAN (Linux 6.7+)")

@@ -1,4 +1,4 @@
-"""Per-interval site reads of what changed (issue 33, tracer/sitechanges.py, probes/changes.h).
+"""Per-interval site reads of what changed (issue 33, tracer/record/sitechanges.py, probes/changes.h).
 
 One recording of tests/targets/sitechurn.c under --inject (every 4 KiB block sampled: the
 counters are exact) with a buffer of 32 named keys per interval: 300 sites appear at once (an

@@ -1,4 +1,4 @@
-"""tracer/unwind.py without BPF: CFI rows of compiled programs and system libraries, the cache,
+"""tracer/unwind/ without BPF: CFI rows of compiled programs and system libraries, the cache,
 LPM prefixes and slices."""
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import support
 from elftools.elf.elffile import ELFFile
 
 from common.elf import segments, vaddr_to_offset
-from tracer import unwind as U
-from tracer.elfinfo import symbol_offsets
+from tracer.bpf.symbols import symbol_offsets
+from tracer.unwind import building as UB
+from tracer.unwind import rows as UR
+from tracer.unwind import unwinder as UW
 
 SRC = r"""
 #include <stdlib.h>
@@ -34,9 +36,9 @@ def build(tmp: Path, name: str, *flags: str) -> Path:
     return support.build(tmp / name, src, flags=[*flags, "-fcf-protection=none"])
 
 
-def table(path: Path | str) -> U.TableInfo:
+def table(path: Path | str) -> UR.TableInfo:
     with open(path, "rb") as f:
-        return U.build_table(ELFFile(f))
+        return UR.build_table(ELFFile(f))
 
 
 def row_at(rows: np.ndarray, off: int) -> tuple[int, int, int]:
@@ -54,10 +56,10 @@ def test_rows_of_a_no_frame_pointer_build(tmp_path):
     assert np.all(np.diff(rows["pc"].astype(np.int64)) > 0), "sorted, one row per pc"
     offs = symbol_offsets(str(exe), ["leaf", "mid", "_start"]).offsets
     # first instruction: CFA = rsp + 8, rbp untouched; after `sub $8,%rsp`: rsp + 16
-    assert row_at(rows, offs["mid"]) == (U.CFA_RSP, 1, 0)
-    assert row_at(rows, offs["mid"] + 4) == (U.CFA_RSP, 2, 0)
+    assert row_at(rows, offs["mid"]) == (UR.CFA_RSP, 1, 0)
+    assert row_at(rows, offs["mid"] + 4) == (UR.CFA_RSP, 2, 0)
     # _start: return address undefined, the end of the stack
-    assert row_at(rows, offs["_start"] + 4)[0] == U.CFA_STOP
+    assert row_at(rows, offs["_start"] + 4)[0] == UR.CFA_STOP
     # consecutive rows never repeat a rule
     enc = list(zip(rows["cfa_type"].tolist(), rows["cfa_off"].tolist(), rows["rbp_off"].tolist()))
     assert all(a != b for a, b in zip(enc, enc[1:]))
@@ -68,9 +70,9 @@ def test_rows_of_a_frame_pointer_build(tmp_path):
     rows = table(exe).rows
     off = symbol_offsets(str(exe), ["mid"]).offsets["mid"]
     # push %rbp; mov %rsp,%rbp: then CFA = rbp + 16, caller's rbp at CFA - 16
-    assert row_at(rows, off) == (U.CFA_RSP, 1, 0)
-    assert row_at(rows, off + 1) == (U.CFA_RSP, 2, -2)
-    assert row_at(rows, off + 4) == (U.CFA_RBP, 2, -2)
+    assert row_at(rows, off) == (UR.CFA_RSP, 1, 0)
+    assert row_at(rows, off + 1) == (UR.CFA_RSP, 2, -2)
+    assert row_at(rows, off + 4) == (UR.CFA_RBP, 2, -2)
 
 
 def test_gaps_between_functions_fall_back(tmp_path):
@@ -78,17 +80,17 @@ def test_gaps_between_functions_fall_back(tmp_path):
     exe = build(tmp_path, "gaps", "-O2", "-fomit-frame-pointer")
     with open(exe, "rb") as f:
         elf = ELFFile(f)
-        di, _ = U.frame_dwarfinfo(elf)
+        di, _ = UR.frame_dwarfinfo(elf)
         segs = segments(elf)
-        fdes = [e for e in di.EH_CFI_entries() if isinstance(e, U.FDE)]
+        fdes = [e for e in di.EH_CFI_entries() if isinstance(e, UR.FDE)]
         starts = {vaddr_to_offset(segs, e.header["initial_location"], whole=True) for e in fdes}
-        rows = U.build_table(elf).rows
+        rows = UR.build_table(elf).rows
     pcs = dict(zip(rows["pc"].tolist(), rows["cfa_type"].tolist()))
     for e in fdes:
         end = vaddr_to_offset(segs, e.header["initial_location"] + e.header["address_range"],
                               whole=True, end=True)
         if end not in starts:
-            assert pcs.get(end) == U.CFA_NONE, hex(end)
+            assert pcs.get(end) == UR.CFA_NONE, hex(end)
 
 
 def test_system_libraries():
@@ -104,19 +106,19 @@ def test_system_libraries():
     if cxx:
         with open(cxx[0], "rb") as f:
             elf = ELFFile(f)
-            di, _ = U.frame_dwarfinfo(elf)
-            n = sum(isinstance(e, U.FDE) for e in di.EH_CFI_entries())
-            assert U.build_table(elf).fdes == n
+            di, _ = UR.frame_dwarfinfo(elf)
+            n = sum(isinstance(e, UR.FDE) for e in di.EH_CFI_entries())
+            assert UR.build_table(elf).fdes == n
 
 
 def test_cache_roundtrip(tmp_path, monkeypatch):
     monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     exe = build(tmp_path, "cached", "-O2", "-Wl,--build-id")
-    key, rows, cached = U.load_rows(str(exe))
+    key, rows, cached = UB.load_rows(str(exe))
     assert not cached and len(key) == 40
-    assert (tmp_path / "cache" / "unwind" / f"v{U.CACHE_VERSION}-{key}.npy").exists()
-    key2, rows2, cached2 = U.load_rows(str(exe))
-    assert cached2 and key2 == key and np.array_equal(rows, rows2) and rows2.dtype == U.ROW
+    assert (tmp_path / "cache" / "unwind" / f"v{UR.CACHE_VERSION}-{key}.npy").exists()
+    key2, rows2, cached2 = UB.load_rows(str(exe))
+    assert cached2 and key2 == key and np.array_equal(rows, rows2) and rows2.dtype == UR.ROW
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -127,7 +129,7 @@ def test_prefixes_cover_exactly(seed):
         hi = lo + rnd.randrange(1, 1 << rnd.randrange(1, 34))
         covered = lo
         n = 0
-        for addr, plen in U.prefixes(lo, hi):
+        for addr, plen in UB.prefixes(lo, hi):
             size = 1 << (64 - plen)
             assert addr == covered and addr % size == 0
             covered += size
@@ -136,10 +138,10 @@ def test_prefixes_cover_exactly(seed):
 
 
 def test_big_modules_are_split(monkeypatch):
-    monkeypatch.setattr(U, "MAX_SLICE", 4)
-    rows = np.zeros(10, dtype=U.ROW)
+    monkeypatch.setattr(UW, "MAX_SLICE", 4)
+    rows = np.zeros(10, dtype=UR.ROW)
     rows["pc"] = np.arange(10) * 16
-    sl = U.slices_of(10, rows, 100)
+    sl = UW.slices_of(10, rows, 100)
     assert sl == [(0, 64, 100, 4), (64, 128, 104, 4), (128, 1 << 32, 108, 2)]
 
 
@@ -147,7 +149,7 @@ def test_row_layout_matches_header(tmp_path):
     """The numpy row and the ctypes classes agree with allocscope.h (what BPF reads)."""
     import ctypes as ct
 
-    from tracer import layout as L
+    from tracer.base import layout as L
     lines = ['#include <stdio.h>', '#include <stddef.h>', '#include <linux/types.h>', '#include "allocscope.h"',
              "int main(void){",
              'printf("%zu %zu %zu %zu %zu\\n", sizeof(struct as_urow), offsetof(struct as_urow, cfa_off),'
@@ -160,10 +162,10 @@ def test_row_layout_matches_header(tmp_path):
     src.write_text("\n".join(lines))
     support.build(tmp_path / "sz", src, flags=[f"-I{L.PROBES_DIR}"])
     out = subprocess.run([str(tmp_path / "sz")], capture_output=True, text=True, check=True).stdout.split()
-    assert [int(x) for x in out] == [U.ROW.itemsize, U.ROW.fields["cfa_off"][1], U.ROW.fields["cfa_type"][1],
-                                     U.ROW.fields["rbp_off"][1], ct.sizeof(U.UmapKey), ct.sizeof(U.Umap),
-                                     U.Umap.count.offset, U.Umap.module.offset, U.Umap.flags.offset,
-                                     ct.sizeof(U.Upending), U.Upending.last_ns.offset, U.UMAP_PENDING]
+    assert [int(x) for x in out] == [UR.ROW.itemsize, UR.ROW.fields["cfa_off"][1], UR.ROW.fields["cfa_type"][1],
+                                     UR.ROW.fields["rbp_off"][1], ct.sizeof(UW.UmapKey), ct.sizeof(UW.Umap),
+                                     UW.Umap.count.offset, UW.Umap.module.offset, UW.Umap.flags.offset,
+                                     ct.sizeof(UW.Upending), UW.Upending.last_ns.offset, UW.UMAP_PENDING]
 
 
 def test_pprof_keeps_addresses_of_inlined_frames():
@@ -203,8 +205,8 @@ class FakeTable:
 
 def fake_bpf() -> dict:
     import ctypes as ct
-    return {b"urows": FakeTable(ct.c_uint32, U.Urow), b"umaps": FakeTable(U.UmapKey, U.Umap),
-            b"ugen": FakeTable(ct.c_uint32, ct.c_uint64), b"upending": FakeTable(ct.c_uint32, U.Upending)}
+    return {b"urows": FakeTable(ct.c_uint32, UW.Urow), b"umaps": FakeTable(UW.UmapKey, UW.Umap),
+            b"ugen": FakeTable(ct.c_uint32, ct.c_uint64), b"upending": FakeTable(ct.c_uint32, UW.Upending)}
 
 
 def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
@@ -214,10 +216,10 @@ def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
     bumps ugen, says so, and meta() tells the stacks, when, and the build."""
     import ctypes as ct
 
-    from tracer.procfs import Mapping
+    from tracer.process.procfs import Mapping
 
     monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(U, "build_costs", lambda: (4096, 32 << 10, 256))
+    monkeypatch.setattr(UB, "build_costs", lambda: (4096, 32 << 10, 256))
     small = build(tmp_path, "small", "-O2")
     src = tmp_path / "big.c"
     src.write_text("\n".join(f"int f{i}(int *a, int n) {{ int s = {i}; for (int j = 0; j < n; j++) "
@@ -225,9 +227,9 @@ def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
                              for i in range(300)))
     big = support.build(tmp_path / "libbig.so", src, flags=["-O2", "-shared", "-fPIC"])
     with open(big, "rb") as f:
-        assert U.cfi_bytes(ELFFile(f)) > 4096
+        assert UB.cfi_bytes(ELFFile(f)) > 4096
     bpf, said = fake_bpf(), []
-    unw = U.Unwinder(bpf, 0, 1 << 20, said.append, workers=1)
+    unw = UW.Unwinder(bpf, 0, 1 << 20, said.append, workers=1)
     maps = [Mapping(0x400000, 0x401000, "r-xp", 0x1000, 11, str(small)),
             Mapping(0x7F0000001000, 0x7F0000003000, "r-xp", 0x1000, 12, str(big))]
     try:
@@ -235,14 +237,14 @@ def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
         lpm = bpf[b"umaps"].d
         vals = {(v.flags, v.count, v.module) for v in lpm.values()}
         slot = unw.pending[next(iter(unw.pending))].module.slot
-        assert (U.UMAP_PENDING, 0, slot) in vals and slot == 1, vals
+        assert (UW.UMAP_PENDING, 0, slot) in vals and slot == 1, vals
         assert any(v.flags == 0 and v.count > 0 for v in lpm.values())  # the small program's rows, at once
         assert [os.path.basename(m.path) for m in unw.modules.values() if m.pending] == ["libbig.so"]
         gen = unw.gen
         for _ in range(3):  # no stack crossed it: nothing is built
             assert not unw.tick(force=True)
         assert all(p.future is None for p in unw.pending.values()) and unw.gen == gen
-        bpf[b"upending"][ct.c_uint32(slot)] = U.Upending(3, 5_000_000_000, 6_000_000_000)
+        bpf[b"upending"][ct.c_uint32(slot)] = UW.Upending(3, 5_000_000_000, 6_000_000_000)
         unw.t0_ns = 4_000_000_000
         deadline = time.monotonic() + 60
         while not unw.tick(force=True):
@@ -255,7 +257,7 @@ def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
                                                 r"stacks through it complete from \+[\d.]+ s", built[0]), said
         p = unw.meta()["pending"][0]
         assert (p["stacks"], p["first_s"], p["last_s"]) == (3, 1.0, 2.0) and p["rows"] > 300, p
-        key, rows, cached = U.load_rows(str(big))  # what the worker built is in the cache
+        key, rows, cached = UB.load_rows(str(big))  # what the worker built is in the cache
         assert cached and len(rows) == p["rows"]
     finally:
         unw.close()
@@ -303,36 +305,36 @@ def test_build_all_in_the_pool(tmp_path, monkeypatch):
     """build_all (doctor --warm, launch mode's preload): every uncached file built in the pool,
     one line each; a file that is not ELF says why; one already cached is not built again."""
     monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(U, "build_costs", lambda: (4096, 0, 256))  # no in-process shortcut
+    monkeypatch.setattr(UB, "build_costs", lambda: (4096, 0, 256))  # no in-process shortcut
     a, b = build(tmp_path, "a", "-O2"), build(tmp_path, "b", "-O1")
     bad = tmp_path / "bad.so"
     bad.write_bytes(b"not an ELF file")
     said: list[str] = []
-    pool = U.BuildPool(2)
+    pool = UB.BuildPool(2)
     try:
-        res = U.build_all([str(a), str(b), str(bad)], pool, said.append)
+        res = UB.build_all([str(a), str(b), str(bad)], pool, said.append)
     finally:
         pool.close()
     assert isinstance(res[str(bad)], str) and res[str(bad)].startswith("unreadable: ")
     for exe in (a, b):
         key, rows, secs = res[str(exe)]
-        assert np.array_equal(rows, U.load_rows(str(exe))[1]) and U.peek(str(exe))[1] is not None
+        assert np.array_equal(rows, UB.load_rows(str(exe))[1]) and UB.peek(str(exe))[1] is not None
     assert sorted(s.split(":")[0] for s in said) == ["unwind table for a", "unwind table for b"], said
-    assert U.build_all([str(a)], U.BuildPool(1), said.append) == {}  # cached: nothing to build
+    assert UB.build_all([str(a)], UB.BuildPool(1), said.append) == {}  # cached: nothing to build
 
 
 def test_cached_modules_past_half_the_table_wait_for_a_stack(tmp_path, monkeypatch):
     """A warm cache (doctor --warm) does not fill the row table at attach: cached modules are
     loaded while they fit in half of it, the rest wait like unbuilt ones (on the GPU box a
     PyTorch process's cached tables passed the 2 Mi-row table and libtorch_cpu was refused)."""
-    from tracer.procfs import Mapping
+    from tracer.process.procfs import Mapping
 
     monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(U, "build_costs", lambda: (4096, 32 << 10, 256))
+    monkeypatch.setattr(UB, "build_costs", lambda: (4096, 32 << 10, 256))
     libs = ["/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"]
-    rows = [len(U.load_rows(p)[1]) for p in libs]  # both cached now
+    rows = [len(UB.load_rows(p)[1]) for p in libs]  # both cached now
     bpf = fake_bpf()
-    unw = U.Unwinder(bpf, 0, 2 * rows[0] + 10, lambda _m: None, workers=1)  # libc fits in half, libstdc++ not
+    unw = UW.Unwinder(bpf, 0, 2 * rows[0] + 10, lambda _m: None, workers=1)  # libc fits in half, libstdc++ not
     try:
         unw.update([Mapping(0x7F0000000000, 0x7F0000001000, "r-xp", 0, 11, libs[0]),
                     Mapping(0x7F1000000000, 0x7F1000001000, "r-xp", 0, 12, libs[1])])

@@ -263,18 +263,18 @@ def test_cxx_release_chain(release_targets, run_target):
 
 
 def test_unwind_maps_match_bcc():
-    """urows/umaps as BCC derives them from allocscope.h agree with tracer/unwind.py."""
+    """urows/umaps as BCC derives them from allocscope.h agree with tracer/unwind/unwinder.py."""
     import ctypes as ct
 
-    from tracer import unwind as U
-    from tracer.options import RecordOptions
-    from tracer.probe import Probes
+    from tracer.base.options import RecordOptions
+    from tracer.bpf.probes import Probes
+    from tracer.unwind import unwinder as UW
 
     p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
                                          unwind_rows=4096))
     try:
         assert p.unwind == "dwarf", p.unwind_error
-        for name, (key, val) in U.MAP_LAYOUTS.items():
+        for name, (key, val) in UW.MAP_LAYOUTS.items():
             t = p.bpf[name.encode()]
             assert ct.sizeof(t.Key) == ct.sizeof(key) and ct.sizeof(t.Leaf) == ct.sizeof(val), name
     finally:
@@ -315,8 +315,8 @@ def test_embedded_symbols_when_binary_is_gone(release_targets, run_target, tmp_p
 def test_falls_back_to_frame_pointers_when_the_unwinder_cannot_load():
     """A DWARF program the kernel refuses (here: a row array too big to allocate) still traces,
     with frame pointers, and says why."""
-    from tracer.options import RecordOptions
-    from tracer.probe import Probes
+    from tracer.base.options import RecordOptions
+    from tracer.bpf.probes import Probes
 
     p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
                                          unwind_rows=(1 << 32) - 1))
@@ -425,15 +425,15 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
     crossed it) the stacks go through it to main. Modules no stack crossed are never built."""
     from elftools.elf.elffile import ELFFile
 
-    from tracer import bpfcache
-    from tracer import unwind as U
+    from tracer.base.cachedir import cache_dir
+    from tracer.unwind import building as UB
 
     lib = big_library(tmp_path / "libbig.so")
     with open(lib, "rb") as f:  # pending whatever the decoder (never built at once)
-        assert U.cfi_bytes(ELFFile(f)) > max(U.INLINE_CFI_BYTES, U.NATIVE_INLINE_CFI_BYTES)
+        assert UB.cfi_bytes(ELFFile(f)) > max(UB.INLINE_CFI_BYTES, UB.NATIVE_INLINE_CFI_BYTES)
     cache = tmp_path / "cache"
     (cache / "unwind").mkdir(parents=True)
-    bpf = bpfcache.cache_dir()  # the probes' compile cache stays warm: only the unwind tables are cold
+    bpf = cache_dir("bpf")  # the probes' compile cache stays warm: only the unwind tables are cold
     bpf.mkdir(parents=True, exist_ok=True)
     (cache / "bpf").symlink_to(bpf)
     n1, n2 = 7, 5

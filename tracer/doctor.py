@@ -109,7 +109,7 @@ def check_tracepoints() -> Check:
 
 def _libc_malloc() -> tuple[str, int] | None:
     """(path, file offset) of this process's libc `malloc`: something to probe harmlessly."""
-    from .elfinfo import symbol_offsets  # noqa: PLC0415
+    from .bpf.symbols import symbol_offsets  # noqa: PLC0415
 
     try:
         with open("/proc/self/maps") as f:
@@ -126,7 +126,7 @@ def _libc_malloc() -> tuple[str, int] | None:
 def _probe_link(attach_type: int) -> str:
     """'' when a uprobe_multi link of `attach_type` (a 2-instruction program that returns 0, on
     our own libc malloc, this process only) can be made and closed here, else why not."""
-    from .bpfobjects import uprobe_multi_link  # noqa: PLC0415
+    from .bpf.objects import uprobe_multi_link  # noqa: PLC0415
 
     target = _libc_malloc()
     if target is None:
@@ -157,7 +157,7 @@ def check_uprobe_links() -> Check:
     """uprobe_multi links (6.6+) and uprobe sessions (6.13+): faster exits and, for sampled
     recordings, no return trap on unsampled calls. Without them perf events and classic return
     probes serve (never a failure)."""
-    from .bpfobjects import TRACE_UPROBE_MULTI, TRACE_UPROBE_SESSION  # noqa: PLC0415
+    from .bpf.objects import TRACE_UPROBE_MULTI, TRACE_UPROBE_SESSION  # noqa: PLC0415
 
     multi, session = _probe_link(TRACE_UPROBE_MULTI), _probe_link(TRACE_UPROBE_SESSION)
     if not multi and not session:
@@ -187,8 +187,8 @@ def run_checks() -> list[Check]:
 def check_compile() -> Check:
     """Compile and load the real probe program against our own pid (no attach)."""
     try:
-        from .options import RecordOptions  # noqa: PLC0415
-        from .probe import Probes  # noqa: PLC0415
+        from .base.options import RecordOptions  # noqa: PLC0415
+        from .bpf.probes import Probes  # noqa: PLC0415
 
         p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
                                               unwind_rows=4096))

@@ -7,12 +7,12 @@ import os
 
 from common.errors import TargetError
 
-from . import procfs
-from .allocators import find_allocators, plan_allocator
-from .cuda import CUDA_FUNCS, find_driver
-from .customfns import locate, parse_all
-from .options import RecordOptions
-from .target import Target, launch_maps
+from .allocators.cuda import CUDA_FUNCS, find_driver
+from .allocators.custom import locate, parse_all
+from .allocators.discovery import find_allocators, plan_allocator
+from .base.options import RecordOptions
+from .process import procfs
+from .process.target import Target, launch_maps
 
 
 def describe(target: Target, opts: RecordOptions) -> str:

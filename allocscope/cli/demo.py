@@ -42,9 +42,9 @@ def build_daemon(out: Path) -> Path:
 
 
 def record_run(exe: Path, out: Path, pw: int, bug: bool, partitions: int, say) -> Path:
-    from tracer import record as rec  # noqa: PLC0415
-    from tracer.options import RecordOptions  # noqa: PLC0415
-    from tracer.target import target_from_command  # noqa: PLC0415
+    from tracer.base.options import RecordOptions  # noqa: PLC0415
+    from tracer.process.target import target_from_command  # noqa: PLC0415
+    from tracer.record import recorder as rec  # noqa: PLC0415
 
     name = f"{'bug' if bug else 'fixed'}-pw{pw}.allocscope"
     trace = out / name
@@ -122,9 +122,9 @@ class Tee:
 def top_preview(exe: Path, pw: int, partitions: int, say) -> str:
     """A few seconds of `allocscope top --batch` on the buggy daemon, launched, proving
     `partitions` partitions and exiting: what a person watching it live sees. Returns the text."""
-    from tracer.options import RecordOptions  # noqa: PLC0415
-    from tracer.stop import StopRequest  # noqa: PLC0415
-    from tracer.target import target_from_command  # noqa: PLC0415
+    from tracer.base.options import RecordOptions  # noqa: PLC0415
+    from tracer.process.target import target_from_command  # noqa: PLC0415
+    from tracer.record.signals import StopRequest  # noqa: PLC0415
 
     from .watch import record_batch  # noqa: PLC0415
 

@@ -33,19 +33,19 @@ def doctor(pid, pattern, warm):
     if warm and pid is None and pattern is None:
         raise UsageError("--warm needs --pid PID or --pgrep PATTERN (whose code to build tables for)")
     if warm:
-        from tracer.unwind import warm_process  # noqa: PLC0415
+        from tracer.unwind.unwinder import warm_process  # noqa: PLC0415
 
         target = resolve_target(pid, pattern, ())
         ok = warm_process(target.pid, lambda msg: click.echo(msg, err=True))
         sys.exit(0 if ok else 1)
 
     if pid is not None or pattern is not None:
+        from tracer.base.options import RecordOptions  # noqa: PLC0415
         from tracer.dryrun import describe  # noqa: PLC0415
-        from tracer.options import RecordOptions  # noqa: PLC0415
 
         target = resolve_target(pid, pattern, ())
         click.echo(describe(target, RecordOptions()))
-        from tracer.inject import can_inject  # noqa: PLC0415
+        from tracer.inject.preflight import can_inject  # noqa: PLC0415
 
         ok_inject, lines = can_inject(target.pid, target.exe)
         click.echo(f"--inject: {'can work' if ok_inject else 'cannot work'} in pid {target.pid}")

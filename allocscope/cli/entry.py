@@ -4,7 +4,7 @@ exit 130) and never Python's KeyboardInterrupt. Commands that do not record put 
 handlers back (allocscope/cli.py)."""
 from __future__ import annotations
 
-from tracer.stop import StopRequest
+from tracer.record.signals import StopRequest
 
 STOP = StopRequest().install()
 

@@ -1,11 +1,11 @@
 """Options shared by several commands (record and top; report, diff and top): declared once
-here. Defaults come from tracer.options.DEFAULTS, the one place they are written. No heavy
+here. Defaults come from tracer.base.options.DEFAULTS, the one place they are written. No heavy
 imports: `--help` stays instant."""
 from __future__ import annotations
 
 import click
 
-from tracer.options import DEFAULTS
+from tracer.base.options import DEFAULTS
 
 FOLD_HELP = ("Also fold these functions out of sites, like the built-in wrappers (zmalloc*, "
              "PyObject_Malloc, g_malloc*, CRYPTO_malloc, xmalloc...): the site starts at the frame "
@@ -32,7 +32,7 @@ def fold_option(f):
 
 
 def target_options(f):
-    """--pid / --pgrep / -- CMD: which process (resolved by tracer.target)."""
+    """--pid / --pgrep / -- CMD: which process (resolved by tracer.process.target)."""
     for opt in reversed([
         click.option("--pid", "-p", type=int, help="Attach to this running process."),
         click.option("--pgrep", "pattern", metavar="PATTERN",
@@ -132,7 +132,7 @@ def probe_options(f=None, *, interval: float = DEFAULTS.interval):
                           "reading it."),
         click.option("--site-changes", type=click.IntRange(min=0), default=DEFAULTS.site_changes, hidden=True,
                      help="Tests and benchmarks: changed sites named per interval before a whole-map read "
-                          "(tracer/sitechanges.py); 0: the whole map every interval."),
+                          "(tracer/record/sitechanges.py); 0: the whole map every interval."),
     ]):
         f = opt(f)
     return f

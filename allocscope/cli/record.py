@@ -1,5 +1,5 @@
 """`allocscope record`: record a running process (--pid/--pgrep) or a command it starts into a
-trace. A thin adapter over tracer.record; heavy imports happen inside."""
+trace. A thin adapter over tracer.record.recorder; heavy imports happen inside."""
 from __future__ import annotations
 
 import sys
@@ -42,9 +42,9 @@ def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_sym
       allocscope record --pgrep 'provingd --pw 12' -o pw12.allocscope --label pw=12
       allocscope record -o demo.allocscope -- ./provingd --pw 4
     """
-    from tracer.checks import validate  # noqa: PLC0415 (no pyarrow, no BCC: see below)
     from tracer.doctor import require_root  # noqa: PLC0415
-    from tracer.stop import StopRequest  # noqa: PLC0415
+    from tracer.record.signals import StopRequest  # noqa: PLC0415
+    from tracer.record.validate import validate  # noqa: PLC0415 (no pyarrow, no BCC: see below)
 
     stop = early_stop() or StopRequest().install()  # a signal is honoured, never a traceback
     stop.quiet = quiet
@@ -64,7 +64,7 @@ def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_sym
     target = resolve_target(pid, pattern, command)
     early = start_probes(target, opts)  # built in a thread while the tracer's modules load
     try:
-        from tracer import record as rec  # noqa: PLC0415
+        from tracer.record import recorder as rec  # noqa: PLC0415
     except BaseException:
         early.discard()
         raise

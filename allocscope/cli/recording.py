@@ -29,7 +29,7 @@ def parse_labels(values: tuple[str, ...]) -> dict[str, str]:
 def resolve_target(pid: int | None, pattern: str | None, command: tuple[str, ...], launch: bool = True):
     """The one process given by --pid, --pgrep or -- CMD (launched blocked before exec; with
     `launch` False a command is only looked up: the dry run starts nothing)."""
-    from tracer import target as tg  # noqa: PLC0415
+    from tracer.process import target as tg  # noqa: PLC0415
 
     given = sum(x is not None and x != () for x in (pid, pattern, command or None))
     if given == 0:
@@ -44,9 +44,9 @@ def resolve_target(pid: int | None, pattern: str | None, command: tuple[str, ...
 
 
 def record_options(output: str | None, labels, **kw):
-    """RecordOptions from the command's options (defaults: tracer.options.DEFAULTS); a
+    """RecordOptions from the command's options (defaults: tracer.base.options.DEFAULTS); a
     repeatable option's values (a tuple from click) become the list RecordOptions keeps."""
-    from tracer.options import INJECT_SAMPLE_BYTES, RecordOptions  # noqa: PLC0415
+    from tracer.base.options import INJECT_SAMPLE_BYTES, RecordOptions  # noqa: PLC0415
 
     kw = {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()}
     if kw.get("inject") and not kw.get("sample_bytes"):
@@ -62,15 +62,15 @@ def check_inject(opts, command) -> None:
 
 
 def start_probes(target, opts):
-    """The target's probes, built from now on in a thread (tracer.early.EarlyProbes) while the
-    caller imports the rest of the tracer; hand it to tracer.record.record(early=...)."""
-    from tracer.early import EarlyProbes  # noqa: PLC0415
+    """The target's probes, built from now on in a thread (tracer.bpf.early.EarlyProbes) while the
+    caller imports the rest of the tracer; hand it to tracer.record.recorder.record(early=...)."""
+    from tracer.bpf.early import EarlyProbes  # noqa: PLC0415
 
     return EarlyProbes(target.pid, opts, target.child is not None)
 
 
 def summary_text(s) -> str:
-    """The one line a recording ends with (tracer.record.Summary)."""
+    """The one line a recording ends with (tracer.record.recorder.Summary)."""
     from reports.units import human_bytes  # noqa: PLC0415
 
     where = f"wrote {s.path}" if s.path else "wrote nothing (no -o)"

@@ -1,5 +1,5 @@
 """`allocscope top`: a live view of a process's memory by site and thread while it is recorded
-(full screen, or `--batch` blocks on stdout). The recording is `record`'s own (tracer.record),
+(full screen, or `--batch` blocks on stdout). The recording is `record`'s own (tracer.record.recorder),
 writing nothing without -o and the same trace as `record` with it."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import click
 
 from common.errors import UsageError
-from tracer.options import TOP_INTERVAL
+from tracer.base.options import TOP_INTERVAL
 
 from .base import CONTEXT, Command
 from .options import by_option, fold_option, probe_options, target_options, trace_options
@@ -58,9 +58,9 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
       allocscope top --pid 4242 --batch --interval 5 | tee memory.log
     """
     from reports.wrappers import parse_fold  # noqa: PLC0415 (no pandas: see start_probes below)
-    from tracer.checks import validate  # noqa: PLC0415
     from tracer.doctor import require_root  # noqa: PLC0415
-    from tracer.stop import StopRequest  # noqa: PLC0415
+    from tracer.record.signals import StopRequest  # noqa: PLC0415
+    from tracer.record.validate import validate  # noqa: PLC0415
 
     stop = early_stop() or StopRequest().install()
     if iterations is not None and not batch:
@@ -79,7 +79,7 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
     target = resolve_target(pid, pattern, command)
     early = start_probes(target, opts)  # built in a thread while the tracer and the reports load
     try:
-        from tracer import record as rec  # noqa: PLC0415
+        from tracer.record import recorder as rec  # noqa: PLC0415
     except BaseException:
         early.discard()
         raise

@@ -132,9 +132,9 @@ class BatchPrinter:
 
 def record_batch(target, opts, stop, out, fold: Folding | None, sort: str, top: int, iterations: int | None,
                  progress=None, by: str = "location", early=None):
-    """`top --batch`: record `target` (tracer.record) with a BatchPrinter on `out` watching,
+    """`top --batch`: record `target` (tracer.record.recorder) with a BatchPrinter on `out` watching,
     then the closing line. Returns (Summary, the printer)."""
-    from tracer import record as rec  # noqa: PLC0415
+    from tracer.record import recorder as rec  # noqa: PLC0415
 
     printer = BatchPrinter(out, stop, fold, sort, top, iterations, by)
     try:

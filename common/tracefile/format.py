@@ -56,10 +56,10 @@ Tables (columns; `seq` is the interval number, 1-based):
              tcache_bytes, top_bytes, resident_bytes (mmapped chunks; -1 else), chunks (walked),
              walked_bytes, sampled (1: part estimated past the time budget), tcache_estimated,
              ms — glibc's arenas read from outside at the attach and at the end
-             (tracer/census.py; chunk bytes, mallinfo2's units) (version 5)
+             (tracer/allocators/census.py; chunk bytes, mallinfo2's units) (version 5)
   symbols    seq, build_id, module, start (file offset), size, name (mangled) — only with
              --embed-symbols: the function symbols of each module first seen on a stack in
-             that interval (tracer/embed.py writes them, reports/symbolize/embedded.py reads them)
+             that interval (tracer/record/embed_symbols.py writes them, reports/symbolize/embedded.py reads them)
 
 A reader takes, for every table, the parts whose seq is <= the last seq that has an
 `intervals` part: every finished interval is readable after a SIGKILL of tracer or target.

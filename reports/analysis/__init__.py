@@ -34,19 +34,16 @@ from common.errors import UsageError
 from common.tracefile.reader import Trace
 
 from .findings import report_findings
+from .releases import RELEASE_KINDS, release_table, releases_by_thread, trims  # noqa: F401
 from .residency import (  # noqa: F401
     ARENA_COLUMNS,
-    RELEASE_KINDS,
     allocator_advice,
     allocator_releases,
     arena_table,
     live_bytes_by_api,
-    release_table,
-    releases_by_thread,
     residency_advice,
     rss_decomposition,
     shared_split,
-    trims,
 )
 from .sites import (  # noqa: F401
     DEVICE_SITE_KEYS,

@@ -1,5 +1,5 @@
-"""What is resident and why: allocator arenas, the RSS split, malloc_trim calls and the
-memory releases by thread."""
+"""What is resident and why: allocator arenas, the RSS split, each allocator's retained memory and
+the advice for it (malloc_trim calls and the releases by thread: reports/analysis/releases.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +19,7 @@ BEFORE_UNSEPARATED = "allocated before the attach or retained: not separable wit
 
 
 def census_end(trace: Trace, when: str = "end") -> dict[str, dict]:
-    """{arena id: its `census` row (tracer/census.py) taken `when` ('attach' | 'end')}; {} for a
+    """{arena id: its `census` row (tracer/allocators/census.py) taken `when` ('attach' | 'end')}; {} for a
     trace without one (another allocator, the census off, a trace before version 5)."""
     c = trace.census
     if c is None or c.empty:
@@ -46,7 +46,7 @@ def arena_table(trace: Trace) -> pd.DataFrame:
     allocated the live blocks), heaps (glibc heaps in the arena), size_bytes (mapped read-write),
     estimated (residency sampled, not read page by page, or a chunk range shared with CUDA host
     memory whose pages were taken off), live_before_bytes (glibc's census at the end,
-    tracer/census.py: chunks in use that are no block the probes saw allocated — blocks from
+    tracer/allocators/census.py: chunks in use that are no block the probes saw allocated — blocks from
     before the attach still allocated, chunk bytes; None without a census), free_bytes (the
     census's free chunks: bins, fastbins, tcaches, top; None without), census_sampled (the
     census walked part of it and estimated the rest). The tracer measures every live block outside glibc's
@@ -347,7 +347,7 @@ def allocator_split(trace: Trace, arenas: pd.DataFrame) -> list[dict] | None:
     resident bytes (the last `allocators` row; glibc serving malloc: the arena table's heaps and
     chunks, measured with the final live table); live: its sites' live bytes (allocated since
     the attach); live_before_attach: blocks from before the attach still allocated (glibc's
-    census, tracer/census.py; None where no census was possible); census: 'measured',
+    census, tracer/allocators/census.py; None where no census was possible); census: 'measured',
     'sampled' (the census estimated part of the heaps past its time budget) or the reason there
     is none; retained: free and resident — resident − live − live_before_attach, at least 0
     (without a census: resident − live in a launched recording, where nothing predates the
@@ -413,7 +413,7 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
                       by_source: dict[str, int] | None = None) -> dict | None:
     """RSS at the end split as: live heap (allocated since the attach, held by the program,
     resident) + live before the attach (blocks allocated before the attach and still allocated:
-    glibc's census, tracer/census.py) + retained by the allocators (free and resident in their
+    glibc's census, tracer/allocators/census.py) + retained by the allocators (free and resident in their
     own mappings) + other anonymous (stacks, the program's own mmaps, what allocators without a
     census mapped before the attach: BEFORE_UNSEPARATED) + file-backed + shared memory.
     live_before_attach_bytes = Σ the allocators' live_before_attach (0 where none was measured;
@@ -534,75 +534,3 @@ def residency_advice(arenas: pd.DataFrame, dec: dict | None) -> list[str]:
                       f"{dec['shmem_unattributed_bytes'] >> 20} MiB mapped before the attach or not traced"
                       if "shmem_attributed_bytes" in dec else ""))
     return out
-
-def _trace_t0(trace: Trace) -> int:
-    return int((trace.meta.get("clock") or {}).get("monotonic_ns", 0))
-
-def trims(trace: Trace) -> list[dict]:
-    """malloc_trim calls in time order: time (s from start), tid, thread, duration_s, returned
-    (glibc's return value), released_bytes — the drop of the target's anonymous RSS between the
-    call's entry and return, measured from the kernel's RSS counters (kmem:rss_stat), not the
-    sum of the ranges glibc madvised (it madvises released ranges again and still returns 1) —
-    and rss_before_bytes / rss_after_bytes."""
-    ev = trace.events
-    if ev.empty:
-        return []
-    names = trace.thread_names()
-    t0 = _trace_t0(trace)
-    out = []
-    for r in ev[ev["type"] == "trim"].sort_values("ts_ns").itertuples():
-        out.append({"time": (int(r.ts_ns) - t0) / 1e9, "tid": int(r.tid), "thread": names.get(int(r.tid), "?"),
-                    "duration_s": int(r.len2) / 1e9, "returned": int(r.ret),
-                    "released_bytes": int(r.released_bytes),
-                    "rss_before_bytes": int(r.len), "rss_after_bytes": int(r.addr2)})
-    return out
-
-RELEASE_KINDS = ("madvise", "munmap", "brk")
-
-def release_table(trace: Trace) -> pd.DataFrame:
-    """Memory handed back to the kernel outside malloc_trim, one row per syscall: time_s, tid,
-    thread, kind (madvise|munmap|brk), in_api (allocator call it ran inside, '' if none),
-    requested_bytes (length asked for), released_bytes (measured drop of anonymous RSS)."""
-    ev = trace.events
-    cols = ["time_s", "tid", "thread", "kind", "in_api", "requested_bytes", "released_bytes"]
-    if ev.empty:
-        return pd.DataFrame(columns=cols)
-    ev = ev[ev["type"].isin(RELEASE_KINDS) & (ev["in_api"] != "malloc_trim")]
-    names = trace.thread_names()
-    t0 = _trace_t0(trace)
-    df = pd.DataFrame({
-        "time_s": (ev["ts_ns"].astype("int64") - t0) / 1e9, "tid": ev["tid"].astype(int),
-        "thread": [names.get(int(t), "?") for t in ev["tid"]], "kind": ev["type"], "in_api": ev["in_api"],
-        "requested_bytes": ev["len"].astype("int64").where(ev["type"] != "brk", 0),
-        "released_bytes": ev["released_bytes"].astype("int64")})
-    return df.sort_values("time_s").reset_index(drop=True)[cols]
-
-def releases_by_thread(trace: Trace) -> list[dict]:
-    """Per (thread, kind): calls and measured bytes released, largest first. Version 2 traces
-    have them summed in the kernel (`releases`); version 1 traces, one event per syscall."""
-    rel = trace.releases
-    if not rel.empty:
-        last = rel.sort_values("seq").drop_duplicates(["tid", "kind", "in_api", "stack_id"], keep="last")
-        last = last[last["in_api"] != "malloc_trim"]
-        names = trace.thread_names()
-        df = pd.DataFrame({"tid": last["tid"].astype(int), "thread": [names.get(int(t), "?") for t in last["tid"]],
-                           "kind": last["kind"], "calls": last["calls"].astype("int64"),
-                           "released_bytes": last["released_bytes"].astype("int64"),
-                           "requested_bytes": last["requested_bytes"].astype("int64"),
-                           "duration_ns": last["duration_ns"].astype("int64")})
-        g = df.groupby(["tid", "thread", "kind"]).agg(calls=("calls", "sum"), released_bytes=("released_bytes", "sum"),
-                                                      requested_bytes=("requested_bytes", "sum"),
-                                                      duration_ns=("duration_ns", "sum")).reset_index()
-    else:
-        df = release_table(trace)
-        if df.empty:
-            return []
-        g = df.groupby(["tid", "thread", "kind"]).agg(calls=("released_bytes", "size"),
-                                                      released_bytes=("released_bytes", "sum"),
-                                                      requested_bytes=("requested_bytes", "sum")).reset_index()
-        g["duration_ns"] = 0
-    g = g.sort_values("released_bytes", ascending=False)
-    return [{"tid": int(r.tid), "thread": r.thread, "kind": r.kind, "calls": int(r.calls),
-             "released_bytes": int(r.released_bytes), "requested_bytes": int(r.requested_bytes),
-             "duration_s": int(r.duration_ns) / 1e9}
-            for r in g.itertuples()]

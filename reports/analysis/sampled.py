@@ -8,7 +8,7 @@ glibc with its census, `live_before_attach` (the census's chunks in use − the 
 blocks seen), which also counts the chunk headers of the blocks not sampled (8–23 bytes each:
 allocscope keeps a sampled block's weight, not its size); glibc's `retained` is then
 (nearly) exact: resident − the census's chunks in use. Under --inject, "other anonymous" also
-holds the agent's tables (tracer/agentrss.py), measured at the end.
+holds the agent's tables (tracer/inject/agentrss.py), measured at the end.
 """
 from __future__ import annotations
 

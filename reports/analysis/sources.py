@@ -11,7 +11,7 @@ import pandas as pd
 from common.errors import UsageError
 from common.tracefile.reader import Trace
 
-# What the trace's `source` names (tracer/layout.py SOURCE_NAMES; tests/test_layout.py checks these
+# What the trace's `source` names (tracer/base/layout.py SOURCE_NAMES; tests/test_layout.py checks these
 # against it) are, as far as the figures go. GPU memory is never host memory: it is kept out of
 # every host figure (live, peak, threads, RSS) and reported in device_* figures of its own.
 DEVICE_SOURCES = frozenset({"cuda-device"})

@@ -138,7 +138,7 @@ def growth_table(timeline: pd.DataFrame, elapsed: pd.Series) -> pd.DataFrame:
                          "window_s": float(x[-1] - x[0]), "window_points": w}, index=timeline.columns)
 
 def peak_rows(iv: pd.DataFrame) -> np.ndarray:
-    """Boolean mask of the `intervals` rows that are peak snapshots (tracer/peaks.py: the
+    """Boolean mask of the `intervals` rows that are peak snapshots (tracer/record/peaks.py: the
     per-stack counters read when the live total passed its high-water mark, between two interval
     snapshots); all False in a trace made before them."""
     if "peak_snapshot" not in iv:
@@ -146,11 +146,11 @@ def peak_rows(iv: pd.DataFrame) -> np.ndarray:
     return (iv["peak_snapshot"].fillna(0).to_numpy() == 1)
 
 
-PEAK_MARGIN_FRACTION, PEAK_MARGIN_MIN_BYTES = 0.01, 1 << 20  # tracer/peaks.py, when meta.json has none
+PEAK_MARGIN_FRACTION, PEAK_MARGIN_MIN_BYTES = 0.01, 1 << 20  # tracer/record/peaks.py, when meta.json has none
 
 
 def peak_margin(trace: Trace, hwm: int) -> int:
-    """The margin of the peak snapshots (tracer/peaks.py): a peak snapshot's live total is within
+    """The margin of the peak snapshots (tracer/record/peaks.py): a peak snapshot's live total is within
     it of the high-water mark `hwm`; 0 for a trace made before them (the peak is then a sample of
     the interval snapshots)."""
     p = trace.meta.get("peaks")

@@ -52,7 +52,7 @@ def totals(trace: Trace) -> dict:
     (GPU allocations live at the end, from the sites), cuda_host_bytes (pinned and managed host
     memory made through the CUDA driver API at the end, `intervals.cuda_host_live_bytes`; part of
     live_bytes), live_by_source (`live_by_source`). 0 for a trace made before GPU memory was
-    traced. peak_snapshots: the intervals rows that are peak snapshots (tracer/peaks.py), not
+    traced. peak_snapshots: the intervals rows that are peak snapshots (tracer/record/peaks.py), not
     counted in `intervals`; peak_margin_bytes: their margin (0: a trace without them)."""
     iv = trace.intervals
     alive = iv[iv["rss_bytes"] >= 0] if "rss_bytes" in iv else iv.iloc[0:0]
@@ -100,7 +100,7 @@ def advice(trace: Trace, tot: dict) -> list[str]:
 
 def unwind_pending(trace: Trace) -> list[dict]:
     """meta.json `unwind.pending`: the modules stacks were cut short at while their unwind tables
-    were being built (tracer/unwind.py), most-hit first; [] for traces without it."""
+    were being built (tracer/unwind/unwinder.py), most-hit first; [] for traces without it."""
     return [p for p in (trace.meta.get("unwind") or {}).get("pending") or [] if p.get("stacks")]
 
 

@@ -2,7 +2,7 @@
 snapshot by snapshot from what the recorder hands its observer — never from a trace file. Pure
 data: reports.live.text formats it; the `top` command (allocscope/) draws it and reads the keys.
 
-A snapshot is duck-typed (tracer.record.Snapshot; this layer never imports the tracer): `seq`,
+A snapshot is duck-typed (tracer.record.recorder.Snapshot; this layer never imports the tracer): `seq`,
 `final`, `row` (the `intervals` row), `sites` ((stack id, tid, source) -> cumulative
 (alloc_bytes, alloc_count, free_bytes, free_count, peak_live_bytes)), `changed` (the keys that
 changed), `stack_columns` (the `stacks` columns of stacks first seen now), `names` (tid ->

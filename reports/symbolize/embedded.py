@@ -1,6 +1,6 @@
 """Symbol tables carried inside a trace (`allocscope record --embed-symbols`): the reading side.
 
-tracer/embed.py stores, for every module that appears on a stack, its function symbols in
+tracer/record/embed_symbols.py stores, for every module that appears on a stack, its function symbols in
 `symbols` parts (seq, build_id, module, start = file offset, size, name = raw symbol). Reports
 use them only for frames the module files cannot resolve (file missing, or another build on
 disk); they demangle the names. File and line numbers are not embedded.

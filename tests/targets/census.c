@@ -1,4 +1,4 @@
-/* Memory from before the attach, in several glibc arenas, for the census (tracer/census.py).
+/* Memory from before the attach, in several glibc arenas, for the census (tracer/allocators/census.py).
  *
  *   census   4 worker threads (each its own arena) and the main thread allocate before the
  *            attach: every worker PRE_BLOCKS blocks of PRE_BYTES, main MAIN_BLOCKS of PRE_BYTES,

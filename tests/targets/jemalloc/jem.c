@@ -1,6 +1,6 @@
 /* Known allocations through jemalloc (linked against Debian's libjemalloc.so.2, as redis is),
  * whose malloc and free begin with instructions the kernel single-steps: allocscope moves their
- * probes onto emulated branches behind them (tracer/placement.py); every call must still count.
+ * probes onto emulated branches behind them (tracer/allocators/placement.py); every call must still count.
  *   jem --wait-signal   print "ready <pid>", wait for SIGUSR1, work, print "done", wait on stdin
  * Keeps: jem_leak 700 x 333 B, jem_calloc 9 x (13 x 41) B, jem_realloc 4 blocks of 100 B grown
  * to 5000 B; jem_churn makes 5000 malloc/free pairs (nothing kept); free(NULL) 100 times.

@@ -1,0 +1,225 @@
+"""The process being recorded: found by pid or pattern, or launched (-- CMD) and held.
+
+A --pid target is never stopped, signalled or written to. A launched command is forked blocked
+before exec (the probes attach to its pid first), then traced with ptrace for two reasons only:
+to hold it for a moment at exit, while its memory map still exists, and (DWARF unwinding) at
+each code mapping until that library's unwind rows are loaded.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from common.errors import TargetError, UsageError
+
+from . import procfs
+
+
+@dataclass
+class Target:
+    pid: int
+    start: int                      # /proc start time: guards against pid reuse
+    exe: str
+    comm: str
+    child: Child | None = None
+    release_fd: int = -1            # launch mode: write a byte to let the child exec
+    argv: list[str] = field(default_factory=list)
+
+    def alive(self) -> bool:
+        if self.child is not None and (self.child.poll() is not None or self.child.exiting):
+            return False
+        return procfs.is_alive(self.pid, self.start)
+
+    def readable(self) -> bool:
+        """/proc/PID/maps still describes the target (alive, or held at exit)."""
+        if self.child is not None and self.child.exiting:
+            return True
+        return self.alive()
+
+
+def target_from_pid(pid: int) -> Target:
+    procfs.check_target(pid)
+    try:
+        return Target(pid, procfs.starttime(pid), procfs.exe(pid), procfs.comm(pid))
+    except OSError:
+        raise TargetError(f"process {pid} exited before it could be traced") from None
+
+
+def target_from_pgrep(pattern: str) -> Target:
+    found = procfs.pgrep(pattern)
+    if not found:
+        raise TargetError(f"--pgrep {pattern!r} matches no process")
+    if len(found) > 1:
+        listing = "; ".join(f"{pid}: {line[:60]}" for pid, line in found[:8])
+        more = f" (+{len(found) - 8} more)" if len(found) > 8 else ""
+        raise TargetError(f"--pgrep {pattern!r} matches {len(found)} processes, give one with --pid: "
+                          f"{listing}{more}")
+    return target_from_pid(found[0][0])
+
+
+_libc = None
+
+
+def _ptrace(req: int, pid: int, addr: int = 0, data: int = 0) -> int:
+    global _libc
+    if _libc is None:
+        _libc = ct.CDLL(None, use_errno=True)
+        _libc.ptrace.argtypes = [ct.c_long, ct.c_long, ct.c_void_p, ct.c_void_p]
+        _libc.ptrace.restype = ct.c_long
+    return _libc.ptrace(req, pid, addr, data)
+
+
+PTRACE_TRACEME, PTRACE_CONT, PTRACE_DETACH, PTRACE_SETOPTIONS = 0, 7, 17, 0x4200
+PTRACE_O_TRACEEXIT, PTRACE_O_EXITKILL, PTRACE_EVENT_EXIT = 0x40, 0x100000, 6
+PTRACE_GETSIGINFO, SI_KERNEL = 0x4202, 0x80
+
+
+def held_by_probe(pid: int) -> bool:
+    """The ptrace-stopped `pid` stopped for a SIGSTOP sent by BPF (bpf_send_signal_thread: si_code
+    SI_KERNEL), not by a user's kill (SI_USER): launch mode holds the loader at each code mapping
+    until its unwind rows are loaded (tracer/unwind/)."""
+    info = (ct.c_int32 * 32)()  # siginfo_t: 128 bytes; si_signo, si_errno, si_code
+    if _ptrace(PTRACE_GETSIGINFO, pid, 0, ct.addressof(info)) != 0:
+        return False
+    return info[2] == SI_KERNEL
+
+
+class Child:
+    """A command we launched. It is forked blocked before exec until released, and traced with
+    ptrace for one reason only: to hold it for a moment at exit (PTRACE_EVENT_EXIT), while its
+    memory map still exists, so the tracer can read /proc/PID/maps of a short-lived program.
+    Signals it receives are passed through unchanged."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.exiting = False
+        self.traced = True
+        self.on_exec: Callable[[], None] | None = None  # called at the exec stop, before the program runs
+        # called when the probes stop it at a code mapping (DWARF unwinding)
+        self.on_hold: Callable[[], None] | None = None
+
+    def after_release(self) -> None:
+        """Wait for the exec stop, ask for the exit stop, let it run."""
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            self.returncode = -1
+            return
+        if os.WIFSTOPPED(status):
+            if self.on_exec is not None:
+                self.on_exec()
+            _ptrace(PTRACE_SETOPTIONS, self.pid, 0, PTRACE_O_TRACEEXIT | PTRACE_O_EXITKILL)
+            _ptrace(PTRACE_CONT, self.pid, 0, 0)
+        else:
+            self.returncode = os.waitstatus_to_exitcode(status)  # exec failed
+
+    def poll(self) -> int | None:
+        while self.returncode is None and not self.exiting:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -1
+                break
+            if not pid:
+                break
+            if os.WIFSTOPPED(status):
+                if status >> 16 == PTRACE_EVENT_EXIT:
+                    self.exiting = True  # held: maps still readable until resume()
+                else:
+                    sig = os.WSTOPSIG(status)
+                    if sig == signal.SIGSTOP and self.on_hold is not None and held_by_probe(self.pid):
+                        self.on_hold()  # held at a code mapping: map its unwind rows first
+                        sig = 0
+                    _ptrace(PTRACE_CONT, self.pid, 0, 0 if sig == signal.SIGTRAP else sig)
+                continue
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def resume(self) -> None:
+        if self.traced and self.returncode is None:
+            _ptrace(PTRACE_DETACH, self.pid, 0, 0)
+            self.traced = False
+            self.exiting = False
+
+    def wait(self, timeout: float) -> int | None:
+        self.resume()
+        end = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < end:
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.wait(5)
+
+
+def _command_exe(argv: list[str]) -> str:
+    if not argv:
+        raise UsageError("no command given after --")
+    exe = shutil.which(argv[0])
+    if exe is None:
+        raise TargetError(f"command not found or not executable: {argv[0]}")
+    return exe
+
+
+def command_target(argv: list[str]) -> Target:
+    """A command looked up but not started (record --dry-run): pid 0."""
+    exe = _command_exe(argv)
+    return Target(0, 0, os.path.realpath(exe), os.path.basename(argv[0])[:15], argv=list(argv))
+
+
+def target_from_command(argv: list[str]) -> Target:
+    """Fork argv stopped before exec; the probes attach to its pid, then release() lets it
+    exec, so it is traced from its first allocation."""
+    exe = _command_exe(argv)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: wait for the go byte, then exec; never returns into Python
+        try:
+            os.close(w)
+            if os.read(r, 1) == b"g":
+                os.close(r)
+                _ptrace(PTRACE_TRACEME, 0)
+                os.execv(exe, argv)
+        except BaseException:  # noqa: BLE001 (the forked child must end in _exit, whatever happened)
+            pass
+        os._exit(127)
+    os.close(r)
+    return Target(pid, procfs.starttime(pid), os.path.realpath(exe), os.path.basename(argv[0])[:15],
+                  child=Child(pid), release_fd=w, argv=list(argv))
+
+
+def release(target: Target) -> None:
+    if target.release_fd >= 0:
+        os.write(target.release_fd, b"g")
+        os.close(target.release_fd)
+        target.release_fd = -1
+        if target.child is not None:
+            target.child.after_release()
+
+
+def launch_maps(target: Target) -> list[procfs.Mapping]:
+    """Mappings the launched program will have: its executable and the libraries the dynamic
+    loader resolves for it (the child has not exec'd yet, so its own maps are ours)."""
+    maps = [procfs.Mapping(0, 0, "r-xp", 0, 1, target.exe)]
+    try:
+        out = subprocess.run(["ldd", target.exe], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    for line in out.splitlines():
+        parts = line.split("=>")
+        path = (parts[1] if len(parts) > 1 else parts[0]).strip().split(" (")[0].strip()
+        if path.startswith("/"):
+            maps.append(procfs.Mapping(0, 0, "r-xp", 0, 1, path))
+    return maps

@@ -1,0 +1,402 @@
+"""The recording: set the probes up, poll their events, snapshot every interval, finalize.
+
+Everything the reports need to symbolize later is written as the recording goes: for every
+stack, each frame's module path, build ID and file offset, resolved against /proc/PID/maps as it
+was when the stack was first seen; the maps themselves whenever they change. The tables are
+made by the small writers of tracer/record/trace_tables.py; the target is found or launched by
+tracer/process/target.py; the options and their defaults are tracer/base/options.py.
+
+Signals: from the moment a recording starts setting up, SIGINT, SIGTERM and SIGHUP are
+honoured. One that arrives while the probes are being compiled and attached stops the setup,
+detaches what was attached and raises Interrupted (nothing recorded, a trace already at the
+output path left where it was); one that arrives later ends the recording with a complete trace.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from common.errors import AllocscopeError, Interrupted, TargetError
+from common.tracefile.writer import NullWriter, TraceWriter, prepare_output
+
+from ..allocators.cuda import find_driver
+from ..allocators.custom import CustomFn, Located, locate, parse_all
+from ..allocators.discovery import Plan, allocators_in, code_files, file_id, find_allocators, plan_allocator
+from ..allocators.retention import (
+    AllocatorMeter,
+    Owner,
+)
+from ..base import layout as L
+from ..base.options import DEFAULTS, RecordOptions
+from ..process import procfs
+from ..process.mappings import MapsWatcher
+from ..process.target import Target, launch_maps, release
+from ..unwind.unwinder import Unwinder, start_unwinder
+from .events import RingEvents
+from .injecting import inject_agent, uninject
+from .meta import trace_meta
+from .peaks import PeakWatch
+from .regions import RegionTracker, SlowPath
+from .signals import StopRequest
+from .snapshot import Snapshot, Snapshots
+from .validate import validate
+
+if TYPE_CHECKING:
+    from ..bpf.attach import AttachReport
+    from ..bpf.probes import Probes
+    from ..inject.injection import Injection
+
+SRC = L.SOURCE_NAMES
+@dataclass
+class Summary:
+    path: str
+    seconds: float
+    intervals: int
+    end_reason: str
+    live_bytes: int
+    live_count: int
+    sites: int
+    lost: int
+    bytes_written: int
+
+
+class Recorder:
+    """One recording of one target. run() sets the probes up, records until the target exits,
+    --duration passes or a signal comes, writes the final snapshot and returns a Summary."""
+
+    def __init__(self, target: Target, opts: RecordOptions, progress=None, stop: StopRequest | None = None,
+                 observer: Callable[[Snapshot], None] | None = None, early=None) -> None:
+        self.early = early  # tracer.bpf.early.EarlyProbes: the probes being built since the CLI knew the target
+        self.target = target
+        self.opts = opts
+        self.progress = progress or (lambda msg: None)
+        self.stop = stop or StopRequest(quiet=opts.quiet)
+        self.observer = observer
+        self.end_reason: str | None = None  # target exited / duration / exec; signals: stop.reason
+        # the kernel side and the trace, set up by run()
+        self.probes: Probes | None = None
+        self.unwinder: Unwinder | None = None
+        self.attach_report: AttachReport | None = None
+        self.writer: NullWriter | TraceWriter = NullWriter()
+        self.t0_ns = time.monotonic_ns()
+        self.wall0 = time.time()
+        self.seq = 0
+        # what the tracer keeps between snapshots
+        self.maps = MapsWatcher(target.pid, on_change=self._maps_changed, still_ours=self._still_ours)
+        self.tracker = RegionTracker()            # regions taken over from the kernel side (rare shapes)
+        self.slow: SlowPath | None = None
+        self.ring = RingEvents(self)              # the ring's events, as they come
+        self.retention: AllocatorMeter | None = None  # each allocator's own mappings, every interval
+        self.snapshots = Snapshots(self, target, opts)  # the trace tables' writers, every interval
+        self.peaks: PeakWatch | None = None       # peak snapshots (tracer/record/peaks.py), once the probes are live
+        self.cuda_module: str | None = None       # the libcuda.so.1 probed, once the target maps it
+        self.source_names: dict[int, str] = dict(SRC)  # + the ids given out below (meta.json `sources`)
+        self.plans: list[Plan] = []               # the allocators probed (the one serving malloc first)
+        self.custom_fns: list[CustomFn] = parse_all(opts.alloc_fns, opts.free_fns)
+        self.exec_seen = False
+        self.attach_window_returns = 0
+        self.final_snapshot_s = 0.0
+        self.target_exit: int | None = None
+        self.bpf_stats: dict = {}
+        self.injection: Injection | None = None  # --inject: the agent in the target
+        self.phases: list[tuple[str, float]] = []  # start-up: (phase, seconds), in order (--verbose prints them)
+        self._phase_t0 = self._phase_t = time.perf_counter()
+
+    # --- maps ---------------------------------------------------------------------------------
+
+    def _still_ours(self) -> bool:
+        """False once the probes saw the target exec or exit: /proc/PID is another program."""
+        if self.probes is not None and self.probes.maps.target_gone():
+            self.exec_seen = self.exec_seen or self.target.alive()
+            return False
+        return True
+
+    def _maps_changed(self, maps: list[procfs.Mapping]) -> None:
+        if self.unwinder is not None:
+            self.unwinder.update(maps)  # dlopen'd code gets its unwind tables
+        if self.attach_report is not None and self.probes is not None:
+            self.probes.uprobes.update_addresses(maps)  # modules mapped since: their entries' addresses
+            self._attach_new_allocators(maps)
+        self._attach_cuda(maps)  # the CUDA driver dlopen'd since
+
+    def _source_id(self, name: str) -> int:
+        for sid, n in self.source_names.items():
+            if n == name:
+                return sid
+        sid = max(L.enum("AS_SRC_DYNAMIC") - 1, *self.source_names) + 1
+        self.source_names[sid] = name
+        return sid
+
+    def _attach_new_allocators(self, maps: list[procfs.Mapping]) -> None:
+        """Allocators in modules mapped since the attach (dlopen): probed too, each with its own
+        source (heap:KIND[:PREFIX])."""
+        probed = {(file_id(pl.allocator.path), pl.allocator.prefix) for pl in self.plans}
+        new = [a for path in code_files(maps)
+               for a in allocators_in(path, False) if (file_id(a.path), a.prefix) not in probed]
+        if not new or self.opts.mode == "residency" or self.probes is None:
+            return
+        plans = []
+        for a in new:
+            a.source = f"heap:{a.label}"
+            plans.append(plan_allocator(a))
+        sources = {pl.allocator.source: self._source_id(pl.allocator.source) for pl in plans}
+        self.probes.uprobes.attach_more(plans, sources, maps)
+        self.plans += plans
+        if self.retention is not None:
+            self.retention.owners += [Owner(pl.allocator.source, pl.allocator.kind, pl.allocator.label, False)
+                                      for pl in plans]
+        self.progress("allocators loaded since: " + ", ".join(f"{pl.allocator.label} in {pl.allocator.path}"
+                                                            for pl in plans))
+
+    def _attach_cuda(self, maps: list[procfs.Mapping]) -> None:
+        """Probe the CUDA driver's allocation calls once the target maps libcuda.so.1."""
+        if self.cuda_module is not None or self.attach_report is None or self.probes is None:
+            return
+        path = find_driver(maps)
+        if path is not None:
+            self.cuda_module = path
+            cuda = self.probes.attach_cuda(path)
+            self.progress(f"CUDA driver {path}: {len(cuda.get('attached', []))} calls probed")
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def _check_stop(self, step: str) -> None:
+        """During set-up: a signal ends it here, with nothing recorded."""
+        if self.stop.reason is not None:
+            kept = f"; {self.opts.output} was left as it was" if self.opts.output and \
+                os.path.lexists(self.opts.output) else ""
+            raise Interrupted(f"interrupted ({self.stop.reason}) while {step}: the probes were detached and "
+                              f"nothing was recorded{kept}")
+
+    def _start_writer(self) -> None:
+        """The trace, once the probes are live: only now is an old trace moved to TRACE.old."""
+        if self.opts.output:
+            prepare_output(self.opts.output, self.opts.force)
+            self.writer = TraceWriter(self.opts.output)
+        self.writer.write_meta(trace_meta(self, False))
+
+    def _phase(self, name: str) -> None:
+        """End the start-up phase running now (`name`: what it was); --verbose prints it."""
+        now = time.perf_counter()
+        self.phases.append((name, now - self._phase_t))
+        self._phase_t = now
+        if self.opts.verbose:
+            ms = process_age_ms() if name == "live" else 1000 * self.phases[-1][1]
+            self.progress(f"start-up: {name} {ms:.0f} ms" + (" since the process started" if name == "live" else ""))
+
+    def run(self) -> Summary:
+        self._phase_t0 = self._phase_t = time.perf_counter()
+        if self.opts.verbose:
+            self.progress(f"start-up: before the recorder (interpreter, CLI, target) {process_age_ms():.0f} ms")
+        # pyarrow imports pandas when it builds its first table (~0.3-0.6 s of CPU): import it
+        # before the probes attach, not inside the first interval of the recording — in a thread,
+        # while BCC builds the probes (libbcc runs without the GIL), joined before the attach.
+        pandas = threading.Thread(target=_import_pandas, name="import pandas", daemon=True)
+        pandas.start()
+        if self.early is None:  # built here, beside the scans below
+            from ..bpf.early import EarlyProbes  # noqa: PLC0415
+
+            self.early = EarlyProbes(self.target.pid, self.opts, self.target.child is not None)
+        self._phase("start building the probes (in a thread)")
+        t = self.target
+        launched = t.child is not None
+        maps = launch_maps(t) if launched else procfs.read_maps(t.pid)
+        allocators = find_allocators(t.exe, maps)
+        if not allocators or not allocators[0].serves_malloc:
+            raise TargetError(f"no malloc/free found in {t.exe} or its libraries "
+                              "(statically linked and stripped?); nothing to probe")
+        alloc = allocators[0]
+        self.snapshots.heaps.glibc = alloc.kind == "glibc"
+        if self.opts.mode != "residency":
+            self.retention = AllocatorMeter(t.pid, self.opts.residency_budget_pages,
+                                            [Owner(a.source, a.kind, a.label, a.serves_malloc) for a in allocators])
+        located = [locate(fn, t.exe, maps) for fn in self.custom_fns]
+        self.plans = [plan_allocator(a) for a in allocators]
+        sources = {a.source: self._source_id(a.source) for a in allocators[1:]}
+        custom = [(loc, self._source_id(loc.fn.source), _place_custom(loc)) for loc in located]
+        brk = None
+        if not launched:
+            self.maps.seed(maps)
+            heap = next((m for m in maps if m.path == "[heap]"), None)
+            brk = heap.end if heap else None
+        self._phase("maps, allocators, symbol scans")
+        self._check_stop("starting")
+        early, self.early = self.early, None
+        t_wait = time.perf_counter()
+        probes: Probes = early.result()
+        self.probes = probes
+        waited = time.perf_counter() - t_wait
+        for name, secs in [*probes.timings.items(), ("probes built (since the command knew the target)",
+                                                         early.seconds), ("waited for them here", waited)]:
+            self.phases.append((name, secs))
+            if self.opts.verbose:
+                self.progress(f"start-up: {name} {1000 * secs:.0f} ms")
+        self._phase_t = time.perf_counter()
+        try:
+            self._check_stop("compiling the probes")
+            if self.opts.inject:
+                inj = self.injection = inject_agent(self, sources)
+                self.snapshots.waits.ignore_tids = {inj.watchdog_tid}  # its poll is not the program's wait
+                maps = procfs.read_maps(t.pid)  # with the agent's mappings: there before the attach
+                self.maps.seed(maps)
+                self._phase(f"inject the agent (threads stopped {inj.stopped_ms[0]:.1f} ms)")
+            probes.maps.open_events(self.ring.on_event)
+            self.unwinder = start_unwinder(probes, maps, launched, self.progress)
+            self._phase("unwind tables")
+            pandas.join()
+            self._phase("import pandas (the rest, in a thread since the start)")
+            if t.child is not None and self.unwinder is not None:  # launched
+                t.child.on_exec = self.maps.now  # exe and ld.so are mapped: their unwind tables
+
+                def hold() -> None:
+                    probes.maps.drain_events()
+                    self.maps.now()
+                t.child.on_hold = hold
+            self.slow = SlowPath(probes.maps, self.tracker, SRC)
+            probes.seed(procfs.rss(t.pid) if not launched else {}, brk)
+            self._check_stop("loading the unwind tables")
+            self.attach_report = probes.uprobes.attach(self.plans, custom, sources, maps, agent=self.injection)
+            if self.injection is not None:
+                self.injection.enable()
+            self._attach_cuda(maps)
+            self._phase("attach")
+            self.peaks = PeakWatch(probes.maps, lambda: procfs.rss(t.pid))
+            self.snapshots.site_reader.start(probes.maps, self.peaks)
+            self.peaks.arm()
+            self._phase("live")
+            self._check_stop("attaching the probes")
+            # Returns seen while probes were being attached belong to calls that began before
+            # the attach: like pre-attach allocations, they are not losses.
+            self.attach_window_returns = probes.maps.read_counters()["lost_unmatched_ret"]
+            # The clock (and --duration) starts once the probes are live, not while BCC compiles.
+            self.t0_ns = time.monotonic_ns()
+            self.wall0 = time.time()
+            if self.unwinder is not None:
+                self.unwinder.t0_ns = self.t0_ns  # `unwind.pending` times are since this
+            self._start_writer()
+            snaps = self.snapshots
+            if snaps.heaps.glibc and not launched:  # the blocks from before the attach still allocated
+                snaps.census_thread = threading.Thread(target=snaps.census, args=("attach",), name="census",
+                                                       daemon=True)
+                snaps.census_thread.start()  # beside the loop: the ring keeps being drained
+            self.snapshots.threads.seen(1, self.t0_ns, procfs.thread_names(t.pid) if not launched else {})
+            release(t)
+            self.progress(f"recording pid {t.pid} ({t.comm}); allocator {alloc.kind} {alloc.path}; Ctrl-C to stop")
+            self._loop(probes)
+            self.stop.finalizing = True
+            self.end_reason = self.end_reason or self.stop.reason
+            if self.injection is not None:
+                self.injection.enable(False)  # no new samples: the last snapshot sees all there are
+            probes.maps.drain_events()
+            t_final = time.perf_counter()
+            self.snapshots.snapshot(final=True)
+            self.final_snapshot_s = time.perf_counter() - t_final
+            uninject(self)
+            if t.child is not None:  # launched
+                t.child.resume()
+                self.target_exit = t.child.wait(timeout=0.2)
+            self.bpf_stats = probes.program_stats()
+            if self.unwinder is not None:
+                self.unwinder.finish()  # the last truncation counts; builds still running stopped
+            self.writer.write_meta(trace_meta(self, True))
+        finally:
+            if self.unwinder is not None:
+                self.unwinder.close()
+            uninject(self)
+            self.snapshots.site_reader.close()
+            probes.close()
+            self.writer.close()
+            release(t)
+        row = self.snapshots.last_row
+        lost = sum(v for k, v in row.items() if k.startswith("lost_"))
+        return Summary(self.opts.output, (time.monotonic_ns() - self.t0_ns) / 1e9, self.seq, self.end_reason or "",
+                       row["live_bytes"], row["live_count"], len(self.snapshots.sites.current), lost,
+                       self.writer.bytes_written)
+
+    def _loop(self, probes: Probes) -> None:
+        """Poll events, snapshot every interval, until a reason to stop."""
+        t = self.target
+        interval_ns = int(self.opts.interval * 1e9)
+        deadline = self.t0_ns + int(self.opts.duration * 1e9) if self.opts.duration else None
+        first = self.opts.first_snapshot_s
+        next_snap = self.t0_ns + (interval_ns if first is None else int(min(first, self.opts.interval) * 1e9))
+        while self.end_reason is None and self.stop.reason is None:
+            now = time.monotonic_ns()
+            wait_ms = int(max(0, min(next_snap - now, 100_000_000) // 1_000_000))
+            peak_ms = self.peaks.wait_ms(now) if self.peaks is not None else None
+            probes.maps.poll_events(wait_ms if peak_ms is None else min(wait_ms, peak_ms))
+            self.ring.replay_slow()
+            if self.unwinder is not None:
+                self.unwinder.tick()  # the modules stacks were cut short at: built, loaded
+            now = time.monotonic_ns()
+            if self.peaks is not None and self.peaks.due(now):
+                self.peaks.read()  # the live total passed its high-water mark: the sites now
+                now = time.monotonic_ns()
+            if not t.alive():
+                self.end_reason = "target exited"
+            elif deadline is not None and now >= deadline:
+                self.end_reason = "duration"
+            elif now >= next_snap:
+                self.snapshots.snapshot()
+                next_snap += interval_ns
+                if next_snap < now:  # the snapshot took longer than an interval
+                    next_snap = now + interval_ns
+
+
+def _import_pandas() -> None:
+    import pandas  # noqa: F401, PLC0415
+
+
+def process_age_ms() -> float:
+    """How long this process has run (its start time in /proc: 10 ms resolution)."""
+    try:
+        start = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        up = float(Path("/proc/uptime").read_text().split()[0])
+        return 1000 * (up - start / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def record(target: Target, opts: RecordOptions, progress=None, stop: StopRequest | None = None,
+           observer: Callable[[Snapshot], None] | None = None, early=None) -> Summary:
+    """Record `target` (tracer.process.target) until it exits, opts.duration passes or a signal comes.
+    `stop`: the caller's installed StopRequest (the CLI's); without one, one is installed for
+    the recording and the previous handlers are restored after. `early`: the probes the caller
+    started building (tracer.bpf.early.EarlyProbes), else they are built here."""
+    own = stop is None
+    if stop is None:
+        stop = StopRequest(quiet=opts.quiet).install()
+    rec = None
+    try:
+        validate(opts)
+        rec = Recorder(target, opts, progress, stop, observer, early=early)
+        return rec.run()
+    except BaseException:
+        left = rec.early if rec is not None else early
+        if left is not None:
+            left.discard()  # the recording never took the probes: free them
+        if target.child is not None and target.child.poll() is None and target.release_fd >= 0:
+            target.child.kill()  # never leave a launched child blocked before exec
+        raise
+    finally:
+        if target.release_fd >= 0:
+            os.close(target.release_fd)
+            target.release_fd = -1
+        if own:
+            stop.restore()
+
+
+__all__ = ["DEFAULTS", "AllocscopeError", "RecordOptions", "Recorder", "Snapshot", "StopRequest", "Summary",
+           "record", "validate"]
+
+
+def _place_custom(loc: Located) -> int:
+    """The probe offset of a user's function (placed like the allocator's)."""
+    from ..allocators.placement import ARG_REGS, place_probe  # noqa: PLC0415 (capstone)
+
+    return place_probe(loc.path, loc.offset, loc.size, tuple(ARG_REGS[a] for a in loc.fn.reads())).offset

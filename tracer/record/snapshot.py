@@ -1,0 +1,271 @@
+"""Each interval's snapshot of a recording: the trace tables' new parts (sites, stacks, threads,
+events, flows, releases, waits, census, purges, the `intervals` row; the live blocks at the end),
+a peak snapshot when the kernel side woke the tracer at a new high, and what an observer
+(allocscope top) is handed. The table writers are tracer/record/trace_tables.py."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from common.tracefile import format as F
+
+from ..allocators.retention import PurgeLog, allocator_part
+from ..base.options import RecordOptions
+from ..process import procfs
+from ..process.target import Target
+from .embed_symbols import SymbolEmbedder
+from .peaks import PeakReading
+from .sitechanges import SiteReader
+from .trace_tables import (
+    EventLog,
+    HeapMeter,
+    LiveTable,
+    ReleaseTable,
+    SiteKey,
+    SiteTable,
+    StackTable,
+    ThreadTable,
+    WaitTable,
+    table_part,
+)
+
+
+@dataclass
+class Snapshot:
+    """What an observer (allocscope top) is handed after each interval."""
+    seq: int
+    final: bool
+    row: dict                                # the `intervals` row
+    sites: dict[SiteKey, tuple]              # cumulative (alloc_bytes, alloc_count, free_bytes, free_count, peak)
+    changed: list[SiteKey]                   # the sites that changed in this interval
+    stack_columns: dict[str, list] | None    # the `stacks` columns of stacks first seen now
+    names: dict[int, str]                    # thread names
+    allocator: str = ""                      # what is probed: "glibc /lib/.../libc.so.6", "+ CUDA driver"
+    # each allocator's own mappings at this interval: (source, label, mapped, resident, live, ranges)
+    allocators: tuple = ()
+    # the threads blocked at least --wait-min now: (tid, stack_id, since_ns, waited_ns, state)
+    blocked: tuple = ()
+
+
+class Snapshots:
+    """The snapshot writer of one recording (Recorder.snapshots), with the state its tables keep
+    between snapshots."""
+
+    def __init__(self, rec, target: Target, opts: RecordOptions) -> None:
+        self.rec = rec  # the Recorder: the probes, the maps, the writer, the target's state
+        self.sites = SiteTable()
+        self.site_reader = SiteReader(opts.site_changes, opts.mode != "residency")  # issue 33: reads what changed
+        self.stacks = StackTable()
+        self.threads = ThreadTable()
+        self.events = EventLog()
+        self.releases = ReleaseTable()
+        self.waits = WaitTable(max(0, round(opts.wait_min_ms * 1e6)))
+        self.heaps = HeapMeter(target.pid, opts.residency_budget_pages, glibc=False)
+        self.purges = PurgeLog()
+        self.peak_changed: list[SiteKey] = []     # sites a peak snapshot wrote, for the observer
+        self.peak_stack_columns: list[dict[str, list]] = []  # the stacks columns those peak snapshots wrote
+        self.census_rows: list[tuple] = []        # glibc's arenas (tracer/allocators/census.py), not written yet
+        self.census_info: dict[str, dict] = {}    # meta.json `census`: how each one went
+        self.census_thread: threading.Thread | None = None
+        self.embedder = SymbolEmbedder() if opts.embed_symbols else None
+        self.last_row: dict = {}
+        self.last_rss: dict[str, int] = {}
+
+    def _peak_snapshot(self, p: PeakReading) -> None:
+        """A peak snapshot (tracer/record/peaks.py) as its own interval: the sites as read at the wake,
+        the stacks they name first, an `intervals` row marked peak_snapshot 1."""
+        rec = self.rec
+        rec.seq += 1
+        seq, w = rec.seq, rec.writer
+        changed = self.site_reader.apply_peak(self.sites, p.sites, rec.tracker, rec.source_names)
+        self.peak_changed += changed
+        part = self.sites.part(seq, changed)
+        if part is not None:
+            w.write_part("sites", seq, part)
+        new_ids = self.stacks.new_ids({k[0] for k in changed})
+        if new_ids:
+            if rec.target.readable() and not rec.exec_seen:
+                rec.maps.refresh()
+            cols = self.stacks.columns(rec.probes.maps.read_stacks(new_ids), rec.maps.index)
+            self.peak_stack_columns.append(cols)  # the observer (top) has not seen these stacks yet
+            w.write_part("stacks", seq, pa.table(cols, schema=F.SCHEMAS["stacks"]))
+            if self.embedder is not None:
+                w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, cols))
+        heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = p.totals[:7]
+        counters = self._counters(dict(p.counters))
+        mm_live = reg_bytes - rec.slow.taken_bytes + rec.tracker.live_bytes()
+        mem = p.rss
+        row = {"seq": seq, "ts_ns": p.ts_ns, "elapsed_s": (p.ts_ns - rec.t0_ns) / 1e9,
+               **{k: mem.get(k, -1) for k in ("rss_bytes", "rss_anon_bytes", "rss_file_bytes", "rss_shmem_bytes",
+                                               "hwm_bytes")},
+               "heap_live_bytes": heap_live, "heap_peak_bytes": heap_peak, "mmap_live_bytes": mm_live,
+               "cuda_host_live_bytes": cuda_host, "device_live_bytes": dev_live, "device_peak_bytes": dev_peak,
+               "live_bytes": heap_live + mm_live + cuda_host,
+               "live_count": counters["n_allocs"] - counters["n_frees"] + reg_count - rec.slow.taken_count
+               + rec.tracker.live_count(),
+               "target_alive": 1, "arena_resident_bytes": -1, "residency_ms": p.read_ns / 1e6,
+               "measured_ns": p.ts_ns, "peak_snapshot": 1}
+        row.update(counters)
+        w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
+
+    def snapshot(self, final: bool = False) -> None:
+        rec = self.rec
+        if rec.peaks is not None:
+            if rec.peaks.woken:
+                rec.peaks.read()  # a wake not served yet: its reading is of now, still the high
+            p = rec.peaks.take()
+            if p is not None:
+                self._peak_snapshot(p)
+        rec.seq += 1
+        seq = rec.seq
+        now = time.monotonic_ns()
+        w = rec.writer
+        alive = rec.target.alive()
+        readable = rec.target.readable() and not rec.exec_seen  # after exec: another program's maps
+
+        part = rec.maps.part(seq, readable)
+        if part is not None:
+            w.write_part("maps", seq, part)
+        # sites: the kernel side plus what the rare-shape tracker allocated and freed
+        rec.ring.replay_slow()
+        changed = self.site_reader.update(self.sites, rec.tracker, rec.source_names, final)
+        part = self.sites.part(seq, changed)
+        if part is not None:
+            w.write_part("sites", seq, part)
+        releases = self.releases.part(seq, self.site_reader.releases(final))
+        waits, blocked = self.waits.parts(seq, self.site_reader.waits(final), rec.probes.maps.read_offcpu(), now) \
+            if self.waits.wait_min_ns else (None, None)
+        wait_stacks, wait_tids = self.waits.take_new()
+        # stacks first seen now (sites, events, waits and releases may name them)
+        stack_columns = None
+        new_ids = self.stacks.new_ids({k[0] for k in changed} | self.events.stack_ids() | wait_stacks |
+                                      self.releases.stack_ids())
+        if new_ids:
+            if readable:
+                rec.maps.refresh()
+            stack_columns = self.stacks.columns(rec.probes.maps.read_stacks(new_ids), rec.maps.index)
+            w.write_part("stacks", seq, pa.table(stack_columns, schema=F.SCHEMAS["stacks"]))
+            if self.embedder is not None:  # symbol tables of the modules on these stacks
+                w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, stack_columns))
+        if readable:  # names of allocating threads not seen yet
+            self.threads.look_up(rec.target.pid, self.site_reader.tids(self.sites.current, self.threads.names)
+                                 | self.events.tids() | wait_tids, seq, now)
+        for name, part in (("threads", self.threads.part(seq)), ("events", self.events.part(seq)),
+                           ("flows", self.site_reader.flows(seq, rec.tracker, final))):
+            if part is not None:
+                w.write_part(name, seq, part)
+        if final:
+            live_pid = rec.target.pid if readable and self.heaps.glibc else None
+            live = LiveTable(rec.probes.maps, rec.tracker, rec.source_names)
+            self.heaps.live_blocks = live.write(w, seq, live_pid)
+            if self.census_thread is not None:
+                self.census_thread.join()
+            if live_pid is not None:
+                self.census("end")
+        if self.census_rows:
+            rows, self.census_rows = self.census_rows, []
+            w.write_part("census", seq, table_part("census", rows, seq))
+        for name, part in (("releases", releases), ("waits", waits), ("blocked", blocked)):
+            if part is not None:
+                w.write_part(name, seq, part)
+        part = self.purges.part(seq)
+        if part is not None:
+            w.write_part("purges", seq, part)
+        row = self._interval_row(seq, now, alive, readable, final)
+        w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
+        if rec.peaks is not None:
+            rec.peaks.take(row["live_bytes"])  # a slow rise re-arms the wake from this snapshot's live
+        if self.peak_changed:  # the observer sees every change since its last snapshot
+            changed = list(dict.fromkeys(self.peak_changed + changed))
+            self.peak_changed = []
+        if self.peak_stack_columns:  # stacks a peak snapshot saw first: the observer gets them now
+            parts = [*self.peak_stack_columns, *([stack_columns] if stack_columns else [])]
+            stack_columns = {k: [v for c in parts for v in c[k]] for k in parts[0]}
+            self.peak_stack_columns = []
+        if rec.observer is not None:
+            rec.observer(Snapshot(seq, final, row, self.sites.current, changed, stack_columns,
+                                   dict(self.threads.names), self._allocator_text(),
+                                   tuple(rec.retention.last) if rec.retention is not None else (),
+                                   tuple(self.waits.blocked)))
+
+    def census(self, when: str) -> None:
+        """glibc's arenas read from outside (tracer/allocators/census.py): the rows go with the next snapshot."""
+        rec = self.rec
+        if not rec.opts.census_budget_s or rec.opts.mode == "residency":
+            return
+        from ..allocators.census import run_census  # noqa: PLC0415
+
+        try:
+            rows, info = run_census(rec.target.pid, budget_s=rec.opts.census_budget_s)
+        except Exception as e:  # noqa: BLE001 - the census is an extra: a bug in it never costs the recording
+            self.census_info[when] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+            return
+        self.census_info[when] = info
+        self.census_rows += [(when, *c.row()) for c in rows]
+
+    def _allocator_text(self) -> str:
+        rec = self.rec
+        rep = rec.attach_report
+        text = f"{rep.allocator_kind} {rep.allocator}" if rep is not None else ""
+        return text + (" + CUDA driver" if rec.cuda_module else "")
+
+    def _counters(self, counters: dict[str, int]) -> dict[str, int]:
+        """The `intervals` counters from the kernel's (read_counters)."""
+        rec = self.rec
+        counters.update(rec.probes.maps.read_tlb())
+        counters["n_attach_window_returns"] = rec.attach_window_returns
+        counters["lost_unmatched_ret"] -= rec.attach_window_returns
+        if rec.opts.mode == "residency":
+            counters["n_faults"] = rec.probes.faults.count()
+        return counters
+
+    def _interval_row(self, seq: int, now: int, alive: bool, readable: bool, final: bool) -> dict:
+        rec = self.rec
+        counters = self._counters(rec.probes.maps.read_counters())
+        heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = rec.probes.maps.read_totals()
+        heap_count = counters["n_allocs"] - counters["n_frees"]
+        mm_live = reg_bytes - rec.slow.taken_bytes + rec.tracker.live_bytes()
+        mm_count = reg_count - rec.slow.taken_count + rec.tracker.live_count()
+        try:
+            mem = procfs.rss(rec.target.pid) if readable else {}
+        except OSError:
+            mem = {}
+        self.last_rss = mem or self.last_rss
+        arena_res, res_ms = -1, 0.0
+        if readable:
+            arena_res, res_ms, part = self.heaps.measure(seq, final)
+            if part is not None:
+                rec.writer.write_part("heaps", seq, part)
+            res_ms += self._measure_allocators(seq)
+        measured = time.monotonic_ns()  # the residency figures are of this instant, not of `now`
+        row = {"seq": seq, "ts_ns": now, "elapsed_s": (now - rec.t0_ns) / 1e9,
+               "rss_bytes": mem.get("rss_bytes", -1), "rss_anon_bytes": mem.get("rss_anon_bytes", -1),
+               "rss_file_bytes": mem.get("rss_file_bytes", -1), "rss_shmem_bytes": mem.get("rss_shmem_bytes", -1),
+               "hwm_bytes": mem.get("hwm_bytes", -1),
+               "heap_live_bytes": heap_live, "heap_peak_bytes": heap_peak, "mmap_live_bytes": mm_live,
+               "cuda_host_live_bytes": cuda_host, "device_live_bytes": dev_live, "device_peak_bytes": dev_peak,
+               "live_bytes": heap_live + mm_live + cuda_host, "live_count": heap_count + mm_count,
+               "target_alive": int(alive), "arena_resident_bytes": arena_res, "residency_ms": res_ms,
+               "measured_ns": measured if readable else now, "peak_snapshot": 0}
+        row.update(counters)
+        self.last_row = row
+        return row
+
+    def _measure_allocators(self, seq: int) -> float:
+        """Each allocator's resident, mapped and live bytes (the `allocators` part); its ms."""
+        rec = self.rec
+        if rec.retention is None:
+            return 0.0
+        keys, vals = rec.probes.maps.read_regions()
+        regions = [(s, v[0]) for s, v in zip(keys.tolist(), vals.tolist())]
+        regions += [(r[0], r[0] + r[1]) for r in rec.tracker.live()]
+        try:
+            rows, ms = rec.retention.measure(rec.probes.maps.read_untracked(), regions,
+                                              self.site_reader.live_by_source(self.sites.current))
+        except OSError:
+            return 0.0
+        rec.writer.write_part("allocators", seq, allocator_part(seq, rows))
+        return ms
