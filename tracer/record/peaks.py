@@ -13,7 +13,7 @@ with its `sites` part, just before the next interval snapshot (record.py `_peak_
 Margin: max(1 % of the high-water mark, 1 MiB) — the composition written is that of a moment
 whose live total is within the margin of the highest (the last wake came at most one margin
 below it). Rate: one read per wake, the wake disarmed until the read is done, and reads spaced
-at least max(MIN_GAP_NS, 4 x the last read's time) apart (a wake inside the gap is served at its
+at least max(MIN_GAP_NS, 4 x the last read's CPU time) apart (a wake inside the gap is served at its
 end): the tracer spends at most about a fifth of its time on them, and a ramp from 0 to 100 GiB
 makes about 800 wakes (log growth of 1 %), a sawtooth under its old high none.
 """
@@ -88,11 +88,11 @@ class PeakWatch:
     def read(self) -> None:
         """Read the per-stack counters now; keep them when the highest since the last flush;
         re-arm the wake above what was read."""
-        t0 = time.monotonic_ns()
+        t0, c0 = time.monotonic_ns(), time.thread_time_ns()
         sites = self.read_sites()
         totals = self.probes.read_totals()
         counters = self.probes.read_counters()
-        t1 = time.monotonic_ns()
+        t1, c1 = time.monotonic_ns(), time.thread_time_ns()
         try:
             rss = self.rss()
         except OSError:
@@ -105,7 +105,10 @@ class PeakWatch:
         self.read_ns += t1 - t0
         self.max_read_ns = max(self.max_read_ns, t1 - t0)
         self.woken = False
-        self.next_read_ns = t1 + max(MIN_GAP_NS, 4 * (t1 - t0))
+        # the gap bounds the reads' CPU (a fifth at most): it follows the read's CPU time, not its
+        # wall time, which a busy box stretches while the tracer waits for a core (a 100 ms peak
+        # was missed when a descheduled read pushed the next one past it)
+        self.next_read_ns = t1 + max(MIN_GAP_NS, 4 * (c1 - c0))
         self.arm()
 
     def take(self, regular_live: int | None = None) -> PeakReading | None:
