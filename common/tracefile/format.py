@@ -5,6 +5,7 @@ by the tracer, read by reports.
       meta.json                   format, version, target, labels, probes, clock; `complete` last
       parts/<table>-<seq>.parquet one Parquet file per table per interval, written under a
                                   temporary name and renamed, so a file that exists is whole
+                                  (codec and encodings vary: small parts are plain, writer.py)
 
 Tables (columns; `seq` is the interval number, 1-based):
   intervals  seq, ts_ns, elapsed_s, rss_bytes, rss_anon_bytes, rss_file_bytes, rss_shmem_bytes,

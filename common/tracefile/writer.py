@@ -1,5 +1,23 @@
-"""Crash-safe trace writer: every part is written under a temporary name, fsynced and renamed;
-meta.json is rewritten the same way and says `complete: true` only after the last part.
+"""Crash-safe trace writer: every part is written whole under a temporary name and renamed into
+place, so a file that exists is whole; meta.json is rewritten the same way and says
+`complete: true` only after the last part.
+
+What survives what:
+  - a killed tracer or target (SIGKILL included) never corrupts a trace: a part's rename happens
+    after its last byte is written, and the kernel keeps what was written when a process dies; a
+    reader takes every interval up to the last `intervals` part.
+  - a power loss or OS crash: parts are fsynced in batches, by a thread of their own, at the end
+    of an interval at most every `sync_s` seconds (SYNC_S), then their directory; meta.json is
+    fsynced (after every part before it) each time it is written. After a power loss the
+    intervals up to the last finished batch are on disk whole; those of the last seconds may
+    be missing or empty, which the reader skips with a warning. An fsync per part in the
+    tracer's loop cost more wall time than everything else the writer does.
+
+Small parts (under SMALL_PART_BYTES in memory: most parts of an interval hold a few rows) are
+written uncompressed, without dictionary pages, statistics or the Arrow schema (the Parquet
+types read back as the same Arrow types): zstd and dictionary pages made them larger, and a
+fresh zstd context per column chunk was a tenth of the tracer's CPU. Readers read whatever
+codec the Parquet footer names.
 
 Files are created 0600 inside a 0700 directory, never through a symlink, and the writer never
 replaces a path that is not an allocscope trace.
@@ -10,6 +28,8 @@ import errno
 import io
 import json
 import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,11 +39,23 @@ from common.errors import OutputError
 from . import format as F
 from .paths import check_output, is_trace_dir, prepare_output  # noqa: F401 (their home: no pyarrow)
 
-SMALL_PART_BYTES = 64 << 10  # parts under this (in memory) are not compressed
+SYNC_S = 5.0  # seconds between batched fsyncs of the parts (power-loss durability; 0: every part)
+SMALL_PART_BYTES = 64 << 10  # parts under this (Arrow bytes) are written plain
+SMALL_PART_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False,
+                      "store_schema": False}
+
+
+def parquet_options(table: str, nbytes: int | None, small_part_bytes: int = SMALL_PART_BYTES) -> dict:
+    """pyarrow write options of a part of `table` holding `nbytes` of Arrow data (None: a
+    streamed part, of a size not known before it is written)."""
+    if nbytes is not None and nbytes < small_part_bytes:
+        return SMALL_PART_OPTIONS
+    return {"compression": "zstd", **F.PARQUET_OPTIONS.get(table, {})}
 
 
 class TraceWriter:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, sync_s: float = SYNC_S, small_part_bytes: int = SMALL_PART_BYTES,
+                 clock=time.monotonic) -> None:
         self.path = path
         try:
             os.mkdir(path, 0o700)
@@ -36,11 +68,25 @@ class TraceWriter:
         except OSError as e:
             raise OutputError(f"cannot create trace directory {path}: {e.strerror}") from None
         self.bytes_written = 0
+        self.sync_s = sync_s
+        self.small_part_bytes = small_part_bytes
+        self._clock = clock
+        self._synced_at = clock()
+        self._unsynced: list[str] = []  # parts renamed into place, not handed to the fsync thread yet
+        self._pool: ThreadPoolExecutor | None = None  # the fsync thread, started with the first batch
+        self._batch: Future | None = None  # the batch it is fsyncing
+        self.syncs = 0  # batches fsynced (tests, bench)
 
-    def _atomic(self, dirfd: int, name: str, fill) -> int:
-        """Create `name` under a temporary name, fill(fd) it, fsync and rename it into place:
-        a file that exists is whole. fill returns False to write nothing (the temporary file is
-        removed). Returns the bytes written."""
+    def _fail(self, name: str, e: OSError) -> OutputError:
+        if e.errno == errno.ENOSPC or "No space left" in str(e):
+            return OutputError(f"disk full while writing {self.path}; the intervals already written are kept")
+        return OutputError(f"cannot write {self.path}/{name}: {e.strerror or e}")
+
+    def _atomic(self, dirfd: int, name: str, fill, sync: bool) -> int:
+        """Create `name` under a temporary name, fill(fd) it and rename it into place: a file that
+        exists is whole. With `sync` the file is fsynced before the rename and the directory
+        after it. fill returns False to write nothing (the temporary file is removed). Returns
+        the bytes written."""
         tmp = f".{name}.tmp"
         try:
             try:
@@ -52,7 +98,7 @@ class TraceWriter:
             try:
                 keep = fill(fd) is not False
                 size = os.fstat(fd).st_size
-                if keep:
+                if keep and sync:
                     os.fsync(fd)
             finally:
                 os.close(fd)
@@ -60,15 +106,14 @@ class TraceWriter:
                 os.unlink(tmp, dir_fd=dirfd)
                 return 0
             os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            if sync:
+                os.fsync(dirfd)
         except OSError as e:  # pyarrow's ArrowIOError is an OSError too
             try:
                 os.unlink(tmp, dir_fd=dirfd)
             except OSError:
                 pass
-            if e.errno == errno.ENOSPC or "No space left" in str(e):
-                raise OutputError(f"disk full while writing {self.path}; "
-                                  "the intervals already written are kept") from None
-            raise OutputError(f"cannot write {self.path}/{name}: {e.strerror or e}") from None
+            raise self._fail(name, e) from None
         except BaseException:  # e.g. the source of a streamed part failed: no temporary file left
             try:
                 os.unlink(tmp, dir_fd=dirfd)
@@ -78,48 +123,108 @@ class TraceWriter:
         self.bytes_written += size
         return size
 
-    def _atomic_write(self, dirfd: int, name: str, data: bytes) -> None:
+    def _atomic_write(self, dirfd: int, name: str, data, sync: bool) -> int:
         def fill(fd: int) -> None:
             view = memoryview(data)
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
-        self._atomic(dirfd, name, fill)
+        return self._atomic(dirfd, name, fill, sync)
+
+    def _part_written(self, table: str, name: str, size: int) -> None:
+        if size and self.sync_s > 0:
+            self._unsynced.append(name)
+        # A batch ends with an interval (its `intervals` part is its last): a batch is whole intervals.
+        if table == "intervals" and self._clock() - self._synced_at >= self.sync_s:
+            self._synced_at = self._clock()
+            self._wait_batch()  # one batch in flight at most: a slow disk slows the writer, no queue grows
+            names, self._unsynced = self._unsynced, []
+            if names:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="trace-fsync")
+                self._batch = self._pool.submit(self._fsync, names)
+
+    def _wait_batch(self) -> None:
+        """Wait for the batch being fsynced; its error (OutputError) is raised here."""
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            batch.result()
 
     def write_part(self, table: str, seq: int, data: pa.Table) -> None:
         if data.num_rows == 0 and table != "intervals":
             return
         buf = io.BytesIO()
-        # A part of a few rows (every interval's `intervals` row, 70 columns) gains nothing from zstd
-        # and its per-column compressor costs ~3 ms: small parts are written uncompressed.
-        comp = "zstd" if data.nbytes >= SMALL_PART_BYTES else "none"
-        pq.write_table(data, buf, compression=comp, **F.PARQUET_OPTIONS.get(table, {}))
-        self._atomic_write(self._partsfd, F.part_name(table, seq), buf.getvalue())
+        pq.write_table(data, buf, **parquet_options(table, data.get_total_buffer_size(), self.small_part_bytes))
+        name = F.part_name(table, seq)
+        self._part_written(table, name, self._atomic_write(self._partsfd, name, buf.getbuffer(), self.sync_s <= 0))
 
     def write_part_batches(self, table: str, seq: int, schema: pa.Schema, batches) -> int:
         """Stream record batches (an iterable, consumed once) into one part, one row group per
-        batch, so a table of millions of rows is never held whole in memory. Same guarantees as
-        write_part: temporary name, fsync, rename; nothing is written when there are no rows.
-        Returns the rows written."""
+        batch, so a table of millions of rows is never held whole in memory (zstd: such a part
+        is large). Same guarantees as write_part: temporary name, rename; nothing is written
+        when there are no rows. Returns the rows written."""
         rows = 0
 
         def fill(fd: int) -> bool:
             nonlocal rows
             with os.fdopen(fd, "wb", buffering=1 << 20, closefd=False) as f, \
-                    pq.ParquetWriter(f, schema, compression="zstd", **F.PARQUET_OPTIONS.get(table, {})) as pw:
+                    pq.ParquetWriter(f, schema, **parquet_options(table, None)) as pw:
                 for b in batches:
                     if b.num_rows:
                         pw.write_batch(b)
                         rows += b.num_rows
             return rows > 0 or table == "intervals"
-        self._atomic(self._partsfd, F.part_name(table, seq), fill)
+        name = F.part_name(table, seq)
+        self._part_written(table, name, self._atomic(self._partsfd, name, fill, self.sync_s <= 0))
         return rows
 
+    def sync(self) -> None:
+        """fsync every part written so far, then their directory; returns when they are on disk."""
+        self._wait_batch()
+        names, self._unsynced = self._unsynced, []
+        self._synced_at = self._clock()
+        self._fsync(names)
+
+    def _fsync(self, names: list[str]) -> None:
+        """fsync these parts, then their directory (on the fsync thread, or inline)."""
+        if not names:
+            return
+        for name in names:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._partsfd)
+            except FileNotFoundError:  # removed by someone else: nothing to keep
+                continue
+            except OSError as e:
+                raise self._fail(name, e) from None
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                raise self._fail(name, e) from None
+            finally:
+                os.close(fd)
+        try:
+            os.fsync(self._partsfd)
+        except OSError as e:
+            raise self._fail(F.PARTS, e) from None
+        self.syncs += 1
+
     def write_meta(self, meta: dict) -> None:
+        """Rewrite meta.json, fsynced, after fsyncing every part before it: `complete: true`
+        on disk means every part is."""
+        self.sync()
         data = json.dumps(meta, indent=1, sort_keys=True, default=str).encode()
-        self._atomic_write(self._dirfd, F.META, data)
+        self._atomic_write(self._dirfd, F.META, data, True)
 
     def close(self) -> None:
+        if getattr(self, "_partsfd", -1) >= 0:
+            try:  # an interrupted recording: its last parts get their fsync too, where it can
+                self.sync()
+            except OutputError:
+                pass
+            finally:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=True)
+                    self._pool = None
         for fd in (getattr(self, "_partsfd", -1), getattr(self, "_dirfd", -1)):
             if fd >= 0:
                 os.close(fd)
@@ -141,6 +246,9 @@ class NullWriter:
     def write_part_batches(self, table: str, seq: int, schema, batches) -> None:
         for _ in batches:  # still consumed: the batches read the kernel's maps
             pass
+
+    def sync(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -1,0 +1,181 @@
+"""The trace writer's cost cuts (issue 33) keep what the trace promises: small parts plain and
+read back with the exact schemas, large ones zstd; parts fsynced in batches of whole intervals
+off the loop, every part before a meta.json; a SIGKILLed writer leaves a trace readable up to
+its last complete interval; an fsync that fails ends the recording with a one-line error."""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from common.errors import OutputError
+from common.tracefile import format as F
+from common.tracefile import writer as W
+from common.tracefile.conform import INTERVAL_COLUMNS
+from common.tracefile.reader import load_trace
+from common.tracefile.writer import SMALL_PART_BYTES, TraceWriter
+
+META = {"format": F.FORMAT, "version": F.VERSION, "complete": False}
+
+
+class Clock:
+    t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def sites(seq: int, n: int) -> pa.Table:
+    i = np.arange(n)
+    return pa.table({"seq": np.full(n, seq, np.int32), "stack_id": (i + 1).astype(np.uint64),
+                     "tid": np.full(n, 7, np.uint32), "source": ["heap"] * n, "alloc_bytes": i * 16,
+                     "alloc_count": i, "free_bytes": i * 8, "free_count": i // 2, "peak_live_bytes": i * 16},
+                    schema=F.SCHEMAS["sites"])
+
+
+def interval(seq: int) -> pa.Table:
+    row = {c: [0] for c in INTERVAL_COLUMNS}
+    return pa.table({**row, "seq": [seq], "ts_ns": [seq * 10**9], "elapsed_s": [float(seq)], "live_bytes": [seq * 100]})
+
+
+def write_interval(w: TraceWriter, seq: int, n_sites: int = 3) -> None:
+    w.write_part("sites", seq, sites(seq, n_sites))
+    w.write_part("intervals", seq, interval(seq))
+
+
+def test_small_parts_plain_large_parts_zstd_both_read_back_exactly(tmp_path):
+    path = tmp_path / "p.allocscope"
+    w = TraceWriter(str(path))
+    w.write_meta(META)
+    small, large = sites(1, 3), sites(2, 20000)
+    assert small.get_total_buffer_size() < SMALL_PART_BYTES <= large.get_total_buffer_size()
+    w.write_part("sites", 1, small)
+    w.write_part("intervals", 1, interval(1))
+    w.write_part("sites", 2, large)
+    w.write_part("intervals", 2, interval(2))
+    w.write_meta({**META, "complete": True})
+    w.close()
+    parts = path / F.PARTS
+    f1, f2 = pq.ParquetFile(parts / F.part_name("sites", 1)), pq.ParquetFile(parts / F.part_name("sites", 2))
+    c1, c2 = f1.metadata.row_group(0).column(3), f2.metadata.row_group(0).column(3)  # `source`
+    assert (c1.compression, c1.has_dictionary_page, c1.is_stats_set) == ("UNCOMPRESSED", False, False)
+    assert f1.metadata.metadata is None or b"ARROW:schema" not in f1.metadata.metadata
+    assert (c2.compression, c2.has_dictionary_page) == ("ZSTD", True)
+    assert f1.read().schema.equals(F.SCHEMAS["sites"]) and f2.read().schema.equals(F.SCHEMAS["sites"])
+    t = load_trace(str(path))
+    assert t.warnings == [] and t.complete
+    assert len(t.sites) == 20003 and t.sites["alloc_bytes"].sum() == (0 + 16 + 32) + 16 * 19999 * 20000 // 2
+    assert t.intervals["live_bytes"].tolist() == [100, 200]
+    for table, schema in F.SCHEMAS.items():  # every table's types survive without the stored schema
+        buf = pa.BufferOutputStream()
+        pq.write_table(schema.empty_table(), buf, **W.parquet_options(table, 0))
+        assert pq.read_table(pa.BufferReader(buf.getvalue())).schema.equals(schema), table
+
+
+@pytest.fixture
+def fsyncs(monkeypatch):
+    """The names fsynced, in order ('parts/' for the parts directory, '.' for the trace's)."""
+    seen: list[str] = []
+    real = os.fsync
+
+    def fsync(fd):
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        seen.append(os.path.basename(target) + ("/" if os.path.isdir(target) else ""))
+        real(fd)
+    monkeypatch.setattr(W.os, "fsync", fsync)
+    return seen
+
+
+def test_fsyncs_batched_whole_intervals_and_every_part_before_meta(tmp_path, fsyncs):
+    clock = Clock()
+    path = tmp_path / "s.allocscope"
+    w = TraceWriter(str(path), sync_s=5.0, clock=clock)
+    w.write_meta(META)
+    assert fsyncs == [".meta.json.tmp", "s.allocscope/"]
+    fsyncs.clear()
+    for seq in range(1, 6):  # intervals 1..5 at t = 0..4 s: none fsynced in the loop
+        write_interval(w, seq)
+        clock.t += 1.0
+    assert fsyncs == []
+    write_interval(w, 6)  # t = 5 s: intervals 1..6 go to the fsync thread as one batch
+    w._wait_batch()
+    assert fsyncs == [F.part_name(t, s) for s in range(1, 7) for t in ("sites", "intervals")] + ["parts/"]
+    assert w.syncs == 1
+    fsyncs.clear()
+    write_interval(w, 7)
+    w.write_part("sites", 8, sites(8, 2))  # an interval cut short: its parts are synced before meta too
+    w.write_meta({**META, "complete": True})
+    assert fsyncs == [F.part_name("sites", 7), F.part_name("intervals", 7), F.part_name("sites", 8), "parts/",
+                      ".meta.json.tmp", "s.allocscope/"]
+    w.close()
+    assert sorted(os.listdir(path / F.PARTS)) == sorted(
+        [F.part_name(t, s) for s in range(1, 8) for t in ("sites", "intervals")] + [F.part_name("sites", 8)])
+
+
+def test_sync_s_zero_fsyncs_every_part_before_its_rename(tmp_path, fsyncs):
+    w = TraceWriter(str(tmp_path / "z.allocscope"), sync_s=0)
+    write_interval(w, 1)
+    assert fsyncs == [f".{F.part_name('sites', 1)}.tmp", "parts/", f".{F.part_name('intervals', 1)}.tmp", "parts/"]
+    w.close()
+    assert w._pool is None  # no fsync thread
+
+
+def test_failed_fsync_is_a_one_line_error(tmp_path, monkeypatch):
+    clock = Clock()
+    w = TraceWriter(str(tmp_path / "e.allocscope"), sync_s=1.0, clock=clock)
+    w.write_meta(META)
+
+    def fsync(fd):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(W.os, "fsync", fsync)
+    clock.t = 1.0
+    write_interval(w, 1)  # handed to the fsync thread, which fails
+    with pytest.raises(OutputError, match=r"cannot write .*e\.allocscope/sites-000001\.parquet: Input/output error"):
+        w.write_meta({**META, "complete": True})
+    w.close()
+
+
+def test_sigkilled_writer_leaves_every_finished_interval(tmp_path):
+    """A writer killed at a random point (no fsync yet for the last seconds' parts) leaves a trace
+    that reads up to its last `intervals` part, every table whole, no warning but 'incomplete'."""
+    path = tmp_path / "k.allocscope"
+    pid = os.fork()
+    if pid == 0:  # the child writes intervals as fast as it can until killed
+        try:
+            w = TraceWriter(str(path))
+            w.write_meta(META)
+            seq = 0
+            while True:
+                seq += 1
+                w.write_part("sites", seq, sites(seq, 1 + seq % 50))
+                w.write_part("threads", seq, pa.table({"seq": [seq], "ts_ns": [seq], "tid": [7], "name": ["t"],
+                                                       "event": ["seen"]}, schema=F.SCHEMAS["threads"]))
+                w.write_part("intervals", seq, interval(seq))
+        finally:
+            os._exit(1)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if sum(n.startswith("intervals-") for n in os.listdir(path / F.PARTS)) >= 30:
+                    break
+            except FileNotFoundError:
+                pass
+            time.sleep(0.01)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    t = load_trace(str(path))
+    last = t.last_seq
+    assert last >= 30
+    assert t.warnings == [f"trace is incomplete (recording was interrupted); read up to interval {last}"]
+    assert t.intervals["seq"].tolist() == list(range(1, last + 1))
+    assert sorted(set(t.sites["seq"])) == list(range(1, last + 1))
+    assert len(t.sites) == sum(1 + s % 50 for s in range(1, last + 1))
+    assert t.threads["seq"].tolist() == list(range(1, last + 1))
