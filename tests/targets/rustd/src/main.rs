@@ -129,10 +129,12 @@ struct Args {
     mb: usize,
     records: usize,
     gpu_ms: usize,
+    serve: usize,
+    work: usize,
 }
 
 fn parse_args() -> Args {
-    let mut a = Args { partitions: 16, hold: 3, mb: 16, records: 2000, gpu_ms: 0 };
+    let mut a = Args { partitions: 16, hold: 3, mb: 16, records: 2000, gpu_ms: 0, serve: 0, work: 1 };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
     while let Some(flag) = it.next() {
@@ -143,6 +145,8 @@ fn parse_args() -> Args {
             "--mb" => &mut a.mb,
             "--records" => &mut a.records,
             "--gpu-ms" => &mut a.gpu_ms,
+            "--serve" => &mut a.serve,
+            "--work" => &mut a.work,
             _ => usage(flag),
         };
         *slot = val.unwrap_or_else(|| usage(flag));
@@ -154,7 +158,7 @@ fn parse_args() -> Args {
 }
 
 fn usage(what: &str) -> ! {
-    eprintln!("rustd: bad argument {what}\nusage: rustd --partitions N --hold H [--mb 16] [--records 2000] [--gpu-ms 0]");
+    eprintln!("rustd: bad argument {what}\nusage: rustd --partitions N --hold H [--mb 16] [--records 2000] [--gpu-ms 0] | --serve THREADS [--work 1]");
     std::process::exit(2)
 }
 
@@ -192,6 +196,9 @@ struct GpuDone {
 fn main() {
     let args = parse_args();
     let sigs = block_signals();
+    if args.serve > 0 {
+        serve::run(args.serve, args.work, &sigs);
+    }
     let (mb, hold, records, gpu_ms) = (args.mb, args.hold, args.records, args.gpu_ms as u64);
 
     let pool = rayon::ThreadPoolBuilder::new()
@@ -280,4 +287,133 @@ fn main() {
     wait_signal(&sigs);
     drop(kept);
     std::process::exit(0);
+}
+
+// --------------------------------------------------------------------------- --serve: a daemon under load
+
+/// `rustd --serve T [--work W]` (bench/inject_floor.py): a malloc-heavy multithreaded daemon
+/// with its own counters, for overhead runs. T threads `worker-<i>` serve requests until SIGTERM
+/// or SIGINT: each request allocates its body (256..2303 bytes) in `make_request`, digests it W
+/// times over (the CPU work; at W = 1, the default, the allocator is ~3 % of the time), formats a
+/// reply (`format!`), and replaces one slot of the thread's cache of CACHE_SLOTS entries with a
+/// fresh `cache_entry` whose size the slot fixes (512 + (slot % 16) * 256 bytes): once every slot
+/// has been filled the cache holds the same bytes in T * CACHE_SLOTS blocks, however many
+/// requests came and went. Prints `ready <pid>`; on SIGUSR1 it prints
+/// `stats {"requests":..,"cache_bytes":..,"cache_entries":..}`: requests served so far over all
+/// threads, the cache's live bytes and blocks (all allocated in `cache_entry`: the truth for that
+/// site's estimate).
+mod serve {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::thread;
+
+    pub const CACHE_SLOTS: usize = 2048;
+
+    pub fn entry_size(slot: usize) -> usize {
+        512 + (slot % 16) * 256
+    }
+
+    #[repr(align(64))]
+    struct Counter {
+        requests: AtomicU64,
+        cache_bytes: AtomicU64,
+        cache_entries: AtomicU64,
+    }
+
+    #[inline(never)]
+    fn make_request(seed: u64) -> Vec<u8> {
+        let n = 256 + (seed as usize % 2048);
+        let mut v = Vec::with_capacity(n);
+        let mut x = seed | 1;
+        for _ in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            v.push(x as u8);
+        }
+        v
+    }
+
+    #[inline(never)]
+    fn digest(body: &[u8], rounds: usize) -> u64 {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for r in 0..rounds {
+            for &b in body {
+                h = (h ^ b as u64 ^ r as u64).wrapping_mul(0x100_0000_01b3);
+            }
+        }
+        h
+    }
+
+    #[inline(never)]
+    fn cache_entry(slot: usize, h: u64) -> Box<[u8]> {
+        let mut e = vec![0u8; entry_size(slot)].into_boxed_slice();
+        e[0] = h as u8;
+        e
+    }
+
+    fn worker(id: usize, work: usize, c: Arc<Counter>, stop: Arc<AtomicBool>) {
+        let mut cache: Vec<Option<Box<[u8]>>> = (0..CACHE_SLOTS).map(|_| None).collect();
+        let mut seed = (id as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mut i = 0usize;
+        let mut sink = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let body = make_request(seed >> 20);
+            let h = digest(&body, work);
+            let reply = format!("{id}:{i}:{h:016x}:{}", body.len());
+            sink ^= reply.len() as u64;
+            let slot = i % CACHE_SLOTS;
+            if cache[slot].replace(cache_entry(slot, h)).is_none() {
+                c.cache_entries.fetch_add(1, Ordering::Relaxed);
+                c.cache_bytes.fetch_add(entry_size(slot) as u64, Ordering::Relaxed);
+            }
+            i += 1;
+            c.requests.fetch_add(1, Ordering::Relaxed);
+        }
+        std::hint::black_box(sink);
+    }
+
+    pub fn run(threads: usize, work: usize, sigs: &libc::sigset_t) -> ! {
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters: Vec<Arc<Counter>> = (0..threads)
+            .map(|_| {
+                Arc::new(Counter {
+                    requests: AtomicU64::new(0),
+                    cache_bytes: AtomicU64::new(0),
+                    cache_entries: AtomicU64::new(0),
+                })
+            })
+            .collect();
+        let handles: Vec<_> = counters
+            .iter()
+            .enumerate()
+            .map(|(id, c)| {
+                let (c, stop) = (c.clone(), stop.clone());
+                thread::Builder::new()
+                    .name(format!("worker-{id}"))
+                    .spawn(move || worker(id, work, c, stop))
+                    .unwrap()
+            })
+            .collect();
+        super::say(&format!("ready {}", std::process::id()));
+        loop {
+            let sig = super::wait_signal(sigs);
+            let sum = |f: fn(&Counter) -> &AtomicU64| counters.iter().map(|c| f(c).load(Ordering::Relaxed)).sum::<u64>();
+            if sig == libc::SIGUSR1 {
+                super::say(&format!(
+                    "stats {{\"requests\":{},\"cache_bytes\":{},\"cache_entries\":{}}}",
+                    sum(|c| &c.requests),
+                    sum(|c| &c.cache_bytes),
+                    sum(|c| &c.cache_entries)
+                ));
+                continue;
+            }
+            stop.store(true, Ordering::Relaxed);
+            for h in handles {
+                h.join().unwrap();
+            }
+            std::process::exit(0);
+        }
+    }
 }
