@@ -7,7 +7,7 @@ import struct
 import subprocess
 
 import pytest
-from support import cli, one_line_error
+from support import TARGETS_SRC, build, cli, one_line_error
 
 from tracer.inject import agent, loading, patching
 from tracer.inject.patching import PatchRefused
@@ -26,6 +26,22 @@ def test_agent_is_freestanding():
         for marker in ("as_mark_alloc", "as_mark_free"):
             f.seek(img.file_offset(marker))
             assert f.read(1) == b"\x55", marker    # push %rbp: an instruction uprobes emulate
+
+
+def test_agent_set_is_exact(tmp_path):
+    """The free check (the filter of page counts, then the set's counts) finds every sampled
+    block and reports no other: tests/targets/agent_set.c, the agent's hooks called directly."""
+    exe = build(tmp_path / "agent_set", TARGETS_SRC / "agent_set.c",
+                flags=["-O2", "-mcx16", f"-I{agent.AGENT_DIR}"])
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    phases = [dict(kv.split("=") for kv in line.split()[1:]) for line in r.stdout.splitlines()]
+    assert r.returncode == 0 and len(phases) == 2, r.stdout + r.stderr
+    saturated, real = phases
+    # every block sampled, 256 page counts: all stuck at 255, and still every free found
+    assert saturated["sampled"] == saturated["freed"] == "600000" and saturated["stuck"] == "256"
+    assert 100000 < int(real["sampled"]) == int(real["freed"]) < 200000
+    for p in phases:
+        assert p["wrong"] == p["left"] == p["counts"] == p["odd"] == p["set_full"] == "0", p
 
 
 def test_glibc_free_prologue_is_relocated():

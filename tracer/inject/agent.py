@@ -36,11 +36,14 @@ SYS_FAMILY = {"mmap": (("mmap", "mmap64", "__mmap", "__mmap64"), 9), "munmap": (
 SYS_KINDS = list(SYS_FAMILY)        # enum as_sys_kind's order
 SYS_DEFS = 4                        # definitions of one call hooked at most (AS_SYS_DEFS)
 
-AS_MAGIC, AS_VERSION, AS_MAX_HOOKS = 0x31746E6567617361, 4, 96
+AS_MAGIC, AS_VERSION, AS_MAX_HOOKS = 0x31746E6567617361, 5, 96
 STATE_LOADING, STATE_HOOKED, STATE_DETACHING, STATE_UNHOOKED = 0, 1, 2, 3
 WD_NONE, WD_RUNNING, WD_EXITED = 0, 1, 2
 THREAD_BITS, SET_BITS = 14, 17      # 16384 threads (1 MiB), 131072 buckets of 8 (8 MiB + 128 KiB)
 THREAD_SLOT = 64                    # struct as_thread
+FILTER_BITS = 14                    # 16 KiB of page counts in front of the set's (agent.c "the filter")
+# the tables: thread states | set | its counts | the filter (then the watchdog's stack)
+TABLES_BYTES = (THREAD_SLOT << THREAD_BITS) + (64 << SET_BITS) + (1 << SET_BITS) + (1 << FILTER_BITS)
 WATCHDOG_POLL_MS = 100
 WATCHDOG_STACK = 64 << 10
 
@@ -69,7 +72,8 @@ class AsConfig(ct.Structure):
     _fields_ = [("magic", u64), ("version", u32), ("size", u32), ("enabled", u32), ("state", u32),
                 ("watchdog", u32), ("pid", u32), ("pidfd", s32), ("poll_ms", u32), ("sample_bytes", u64),
                 ("threads", u64), ("set", u64), ("spill", u64), ("thread_bits", u32), ("set_bits", u32),
-                ("nhooks", u32), ("pad", u32), ("hooks", AsRestore * AS_MAX_HOOKS), ("sampled", u64),
+                ("nhooks", u32), ("filter_bits", u32), ("filter", u64), ("hooks", AsRestore * AS_MAX_HOOKS),
+                ("sampled", u64),
                 ("freed", u64), ("set_full", u64), ("thread_overflow", u64), ("foreign", u64),
                 ("sys_orig", (u64 * SYS_DEFS) * len(SYS_KINDS)), ("sys_marks", u64)]
 

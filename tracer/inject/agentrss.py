@@ -1,9 +1,10 @@
 """--inject: what allocscope's agent itself keeps resident in the target.
 
 The agent's tables (tracer/inject/agent.py: the thread states, 1 MiB; the set of sampled pointers, 8 MiB
-of buckets a pointer lands in by its hash, and 128 KiB of counts; the watchdog's stack) are an
-anonymous mapping made with MAP_NORESERVE: only the pages touched are resident, ~4 KiB for each
-sampled block (live or since freed) until every page of the set has been, ~9.2 MiB at most. Those
+of buckets a pointer lands in by its hash, and 128 KiB of counts; 16 KiB of page counts in front of
+them; the watchdog's stack) are an anonymous mapping made with MAP_NORESERVE: only the pages touched
+are resident, ~4 KiB for each sampled block (live or since freed) until every page of the set has
+been, ~9.2 MiB at most. Those
 pages are in the target's RssAnon, so the report's "other anonymous" holds them; this measures
 them (pagemap, once, when the meta is written at the end), so that the report can say how much.
 """
@@ -14,9 +15,9 @@ def tables_span() -> int:
     """Bytes of the agent's tables mapping (its thread states, set, counts and watchdog stack)."""
     from common.pages import page_up  # noqa: PLC0415
 
-    from .agent import SET_BITS, THREAD_BITS, THREAD_SLOT, WATCHDOG_STACK  # noqa: PLC0415
+    from .agent import TABLES_BYTES, WATCHDOG_STACK  # noqa: PLC0415
 
-    return page_up((THREAD_SLOT << THREAD_BITS) + (64 << SET_BITS) + (1 << SET_BITS)) + WATCHDOG_STACK
+    return page_up(TABLES_BYTES) + WATCHDOG_STACK
 
 
 def tables_resident(pid: int, tables: int) -> int | None:

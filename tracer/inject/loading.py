@@ -18,6 +18,7 @@ from .agent import (
     AS_MAX_HOOKS,
     AS_VERSION,
     CLONE_FLAGS,
+    FILTER_BITS,
     MAP_ANON,
     MAP_FIXED,
     MAP_FIXED_NOREPLACE,
@@ -30,6 +31,7 @@ from .agent import (
     STATE_DETACHING,
     STATE_HOOKED,
     SYS_KINDS,
+    TABLES_BYTES,
     THREAD_BITS,
     THREAD_SLOT,
     WATCHDOG_POLL_MS,
@@ -197,8 +199,8 @@ class AgentLoader:
                 self.inj.base = base
             finally:
                 self.inj.syscall(st, tid, "close", fd)
-            # 2. tables (thread states, sampled-pointer set, spill flags) and the watchdog's stack
-            tsize = (THREAD_SLOT << THREAD_BITS) + (64 << SET_BITS) + (1 << SET_BITS)
+            # 2. tables (thread states, sampled-pointer set, its counts, the filter) and the watchdog's stack
+            tsize = TABLES_BYTES
             self.inj.tables = self._mmap(st, tid, 0, page_up(tsize) + WATCHDOG_STACK, PROT_R | PROT_W,
                                      MAP_PRIVATE | MAP_ANON | MAP_NORESERVE)
             # 3. a stub page near each module: slot, stub and trampoline per hooked function
@@ -212,6 +214,7 @@ class AgentLoader:
             cfg.threads, cfg.thread_bits, cfg.set_bits = self.inj.tables, THREAD_BITS, SET_BITS
             cfg.set = self.inj.tables + (THREAD_SLOT << THREAD_BITS)
             cfg.spill = cfg.set + (64 << SET_BITS)
+            cfg.filter, cfg.filter_bits = cfg.spill + (1 << SET_BITS), FILTER_BITS
             cfg.nhooks = len(hooks)
             perms = {m.start: m for m in maps}
             for i, h in enumerate(hooks):

@@ -143,12 +143,38 @@ static inline int keep(struct as_thread *t, u64 size)
 
 /* --- the set of sampled blocks ------------------------------------------------------------
  * Buckets of 8 pointers; a pointer whose home bucket is full lands in one of the next 3. One
- * byte per home bucket counts the pointers homed there (wherever they landed): a free of an
- * unsampled block — nearly every free — reads that byte of a 128 KiB array and stops. */
+ * byte per home bucket counts the pointers homed there (wherever they landed).
+ *
+ * The filter: a free of an unsampled block (nearly every free) must stop after reading memory
+ * that is in L1. The counts above are indexed by a scattering hash of the pointer (the set must
+ * spread its pointers), 128 KiB that a free lands in at random: under a real workload nearly every
+ * free missed L1, often L2. So in front of them, u8[1 << filter_bits] (16 KiB) counts the sampled
+ * pointers in each 4 KiB page of address space: the 64 pages of a 256 KiB region share one line
+ * (placed by a hash of the region, so that glibc's 64 MiB-aligned arenas do not collide), and
+ * frees of neighbouring blocks read the same few lines. A count is exact until it reaches 255,
+ * where it stays ("look in the set" for good); a page that shares its count with another is only
+ * a trip to the second level. Nothing is missed: a pointer's page count is raised before the
+ * pointer is in the set and lowered after it left it. */
 
 static inline u64 bucket_of(u64 p)
 {
     return ((p >> 4) * GOLDEN) >> (64 - as_cfg.set_bits);
+}
+
+static inline u8 *filter_of(u64 p)
+{
+    u64 line = ((p >> (AS_FILTER_PAGE + AS_FILTER_LINE)) * GOLDEN) >> (64 + AS_FILTER_LINE - as_cfg.filter_bits);
+    return (u8 *)as_cfg.filter + (line << AS_FILTER_LINE) + ((p >> AS_FILTER_PAGE) & ((1 << AS_FILTER_LINE) - 1));
+}
+
+/* +1 (d = 1) or -1 (d = 255) on a page's count, unless it stuck at 255. 0: it is stuck (+1). */
+static int filter_add(u8 *f, u8 d)
+{
+    u8 c = __atomic_load_n(f, __ATOMIC_RELAXED);
+    while (c != 255)
+        if (__atomic_compare_exchange_n(f, &c, (u8)(c + d), 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return 1;
+    return 0;
 }
 
 static int set_insert(u64 p)
@@ -158,7 +184,9 @@ static int set_insert(u64 p)
     u64 nb = 1ULL << as_cfg.set_bits, h = bucket_of(p);
     if (__atomic_load_n(&count[h], __ATOMIC_RELAXED) == 255)
         return 0;
-    __atomic_fetch_add(&count[h], 1, __ATOMIC_ACQ_REL); /* before the pointer can be looked for */
+    u8 *f = filter_of(p);
+    int counted = filter_add(f, 1);                     /* before the pointer can be looked for */
+    __atomic_fetch_add(&count[h], 1, __ATOMIC_ACQ_REL); /* likewise */
     for (u32 j = 0; j < AS_SET_SPILL; j++) {
         u64 *b = &set[((h + j) & (nb - 1)) * 8];
         for (u32 i = 0; i < 8; i++)
@@ -166,6 +194,8 @@ static int set_insert(u64 p)
                 return 1;
     }
     __atomic_fetch_sub(&count[h], 1, __ATOMIC_ACQ_REL);
+    if (counted)
+        filter_add(f, 255);
     return 0;
 }
 
@@ -182,6 +212,7 @@ static inline int set_remove(u64 p)
         for (u32 i = 0; i < 8; i++)
             if (__atomic_load_n(&b[i], __ATOMIC_RELAXED) == p && __sync_bool_compare_and_swap(&b[i], p, 0)) {
                 __atomic_fetch_sub(&count[h], 1, __ATOMIC_ACQ_REL);
+                filter_add(filter_of(p), 255);
                 return 1;
             }
     }
@@ -221,10 +252,10 @@ static __attribute__((always_inline)) inline void unsampled_free(u64 p, const st
 
 #define API(s) ((u32)(s)->cookie & 0xffff)
 
-/* 1 when `p` may be in the set (its home bucket holds some pointer) */
+/* 1 when `p` may be in the set: its page's count (in L1, mostly), then its home bucket's */
 static inline int maybe_sampled(u64 p)
 {
-    return p && ((u8 *)as_cfg.spill)[bucket_of(p)];
+    return p && *filter_of(p) && ((u8 *)as_cfg.spill)[bucket_of(p)];
 }
 
 
@@ -302,7 +333,7 @@ __attribute__((noinline)) static u64 free_sampled(u64 a, u64 b, u64 c, const str
 }
 
 /* free(p), sdallocx(p, size, flags), dallocx(p, flags), mi_free_size...: p first. The common
- * case (not a sampled block) is one byte read, then a tail jump to the real free. */
+ * case (not a sampled block) is one byte read (the filter's), then a tail jump to the real free. */
 HOOK u64 as_h_free(u64 a, u64 b, u64 c, const struct as_slot *s)
 {
     if (likely(as_cfg.enabled) && unlikely(maybe_sampled(a)))

@@ -4,10 +4,12 @@
 #define AS_AGENT_H
 
 #define AS_AGENT_MAGIC 0x31746e6567617361ULL /* "asagent1" */
-#define AS_AGENT_VERSION 4
+#define AS_AGENT_VERSION 5
 #define AS_MAX_HOOKS 96
 #define AS_THREAD_PROBES 8 /* slots tried per thread key (probes/regions.h reads as many) */
 #define AS_SET_SPILL 4     /* buckets a sampled pointer may land in */
+#define AS_FILTER_PAGE 12  /* the filter's granule: one count per 4 KiB page of address space */
+#define AS_FILTER_LINE 6   /* 64 counts a line: the pages of a 256 KiB region share one */
 /* The mmap family, hooked like the allocators (agent.c "the mmap family"): mmap, munmap, mremap,
  * madvise, brk; up to AS_SYS_DEFS definitions of each (libc's, a static libc's in the executable,
  * an allocator's own), each its own hook (these take up to 6 arguments: no register is free to
@@ -81,7 +83,8 @@ struct as_config {
     u64 set;     /* u64[8 << set_bits] */
     u64 spill;   /* u8[1 << set_bits]: pointers homed in each bucket */
     u32 thread_bits, set_bits;
-    u32 nhooks, pad;
+    u32 nhooks, filter_bits;
+    u64 filter; /* u8[1 << filter_bits]: sampled pointers in each page (agent.c "the filter") */
     struct as_restore hooks[AS_MAX_HOOKS];
     /* counters (the tracer reads them at the end) */
     volatile u64 sampled, freed, set_full, thread_overflow, foreign;
