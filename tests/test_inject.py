@@ -30,8 +30,8 @@ def test_agent_is_freestanding():
 
 def test_agent_set_is_exact(tmp_path):
     """The free check (the filter of page counts, then the set's counts) finds every sampled
-    block and reports no other: tests/targets/agent_set.c, the agent's hooks called directly."""
-    exe = build(tmp_path / "agent_set", TARGETS_SRC / "agent_set.c",
+    block and reports no other: tests/targets/agent/agent_set.c, the agent's hooks called directly."""
+    exe = build(tmp_path / "agent_set", TARGETS_SRC / "agent" / "agent_set.c",
                 flags=["-O2", "-mcx16", f"-I{agent.AGENT_DIR}"])
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     phases = [dict(kv.split("=") for kv in line.split()[1:]) for line in r.stdout.splitlines()]
