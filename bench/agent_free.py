@@ -22,6 +22,7 @@ of the pool's live (unsampled, nearly all) blocks pass the first level of the ch
     .venv/bin/python bench/agent_free.py [--before REV] [--rounds 5] [--pool 1000000] [--out FILE]
 (no root needed)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,9 +36,24 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-CFLAGS = ["-O2", "-fPIC", "-ffreestanding", "-fno-builtin", "-fno-stack-protector", "-fno-omit-frame-pointer",
-          "-fcf-protection=none", "-fvisibility=hidden", "-mgeneral-regs-only", "-mcx16",
-          "-fasynchronous-unwind-tables", "-fno-jump-tables", "-Wall", "-Wextra", "-Werror", "-c"]
+CFLAGS = [
+    "-O2",
+    "-fPIC",
+    "-ffreestanding",
+    "-fno-builtin",
+    "-fno-stack-protector",
+    "-fno-omit-frame-pointer",
+    "-fcf-protection=none",
+    "-fvisibility=hidden",
+    "-mgeneral-regs-only",
+    "-mcx16",
+    "-fasynchronous-unwind-tables",
+    "-fno-jump-tables",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-c",
+]
 MODES = ("plain", "before", "after")
 
 
@@ -87,10 +103,17 @@ def attributed(exe: Path, args: list[str], calls: dict[str, int], freq: int, td:
     """perf record of one process: CPU ns per call of each hook (its samples / freq / its calls),
     by symbol (b_as_h_free, a_as_h_free, ...; free_sampled, the out-of-line path, with its free)."""
     data = td / "perf.data"
-    subprocess.run(["perf", "record", "-q", "-F", str(freq), "-o", str(data), "--", str(exe), *args],
-                   check=True, capture_output=True)
-    rep = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "-n", "--sort", "sym"], check=True,
-                         capture_output=True, text=True).stdout
+    subprocess.run(
+        ["perf", "record", "-q", "-F", str(freq), "-o", str(data), "--", str(exe), *args],
+        check=True,
+        capture_output=True,
+    )
+    rep = subprocess.run(
+        ["perf", "report", "-i", str(data), "--stdio", "-n", "--sort", "sym"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     samples: dict[str, int] = {}
     for line in rep.splitlines():
         w = line.split()
@@ -127,13 +150,24 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as td:
         exe = build(a.before, Path(td))
         base = ["--pool", str(a.pool), "--ops", str(a.ops), "--batches", str(a.batches)]
-        patterns = {"churn": ["--pattern", "churn", *base],
-                    "churn+work": ["--pattern", "churn", *base, "--work-kib", str(a.work_kib),
-                                   "--work-lines", str(a.work_lines)],
-                    "pair": ["--pattern", "pair", "--ops", "2000000", "--batches", str(max(3, a.batches // 3))]}
+        patterns = {
+            "churn": ["--pattern", "churn", *base],
+            "churn+work": [
+                "--pattern",
+                "churn",
+                *base,
+                "--work-kib",
+                str(a.work_kib),
+                "--work-lines",
+                str(a.work_lines),
+            ],
+            "pair": ["--pattern", "pair", "--ops", "2000000", "--batches", str(max(3, a.batches // 3))],
+        }
         say(f"Command: `bench/agent_free.py {' '.join(sys.argv[1:])}`\n")
-        say(f"Machine: {os.cpu_count()} CPUs, load average at the start {load()}. "
-            f"before: the agent at {a.before}; after: the working tree's.\n")
+        say(
+            f"Machine: {os.cpu_count()} CPUs, load average at the start {load()}. "
+            f"before: the agent at {a.before}; after: the working tree's.\n"
+        )
         res: dict[tuple[str, str], list[float]] = {}
         t0 = time.monotonic()
         for _r in range(a.rounds):
@@ -141,47 +175,66 @@ def main() -> int:
                 ns, _lv = trial(exe, ["--mode", "all", *args])
                 for m in MODES:
                     res.setdefault((pat, m), []).extend(ns[m])
-        say(f"### ns per op: {a.rounds} process(es) a pattern, each running the three modes (a pool each) in "
-            f"turns of {a.ops:,} ops x {a.batches}; the median batch (min–max)\n")
-        say(f"churn: pool of {a.pool:,} live blocks a mode, one op = free a random one + malloc its replacement; "
+        say(
+            f"### ns per op: {a.rounds} process(es) a pattern, each running the three modes (a pool each) in "
+            f"turns of {a.ops:,} ops x {a.batches}; the median batch (min–max)\n"
+        )
+        say(
+            f"churn: pool of {a.pool:,} live blocks a mode, one op = free a random one + malloc its replacement; "
             f"churn+work: and {a.work_lines} random lines of a {a.work_kib} KiB buffer read per op; "
             "pair: malloc(32) + free (batches of 2,000,000). Default sampling (512 KiB). The hooks are called "
-            "through one more direct call than in a patched process (no stub's jump).\n")
-        say("| pattern | plain | hooked, before | hooked, after | before over plain | after over plain | "
-            "after − before (paired by turn: median) |")
+            "through one more direct call than in a patched process (no stub's jump).\n"
+        )
+        say(
+            "| pattern | plain | hooked, before | hooked, after | before over plain | after over plain | "
+            "after − before (paired by turn: median) |"
+        )
         say("|---|---|---|---|---|---|---|")
         for pat in patterns:
             med = {m: statistics.median(res[(pat, m)]) for m in MODES}
             rng = {m: f"{min(res[(pat, m)]):.1f}–{max(res[(pat, m)]):.1f}" for m in MODES}
             paired = statistics.median(x - y for x, y in zip(res[(pat, "after")], res[(pat, "before")], strict=True))
-            say(f"| {pat} | {med['plain']:.2f} ({rng['plain']}) | {med['before']:.2f} ({rng['before']}) | "
+            say(
+                f"| {pat} | {med['plain']:.2f} ({rng['plain']}) | {med['before']:.2f} ({rng['before']}) | "
                 f"{med['after']:.2f} ({rng['after']}) | {med['before'] - med['plain']:+.2f} | "
-                f"{med['after'] - med['plain']:+.2f} | {paired:+.2f} |")
+                f"{med['after'] - med['plain']:+.2f} | {paired:+.2f} |"
+            )
         if a.perf_freq:
             say("\n### CPU ns per hooked call, attributed by perf (one process a pattern, the three modes in turns)\n")
-            say(f"perf record -F {a.perf_freq} (cpu-clock) of the process; a hook's samples / frequency / its calls "
+            say(
+                f"perf record -F {a.perf_freq} (cpu-clock) of the process; a hook's samples / frequency / its calls "
                 f"(per mode: {2 * a.pool + a.batches * a.ops:,} frees, {3 * a.pool + a.batches * a.ops:,} mallocs, "
                 "filling and warm-up included; pair: one of each a pair); free: as_h_free with its out-of-line "
                 "path (free_sampled). "
-                "The same process, so the same noise, for both versions.\n")
-            say("| pattern | free hook, before | free hook, after | malloc hook, before | malloc hook, after | "
-                "samples (free b / a) |")
+                "The same process, so the same noise, for both versions.\n"
+            )
+            say(
+                "| pattern | free hook, before | free hook, after | malloc hook, before | malloc hook, after | "
+                "samples (free b / a) |"
+            )
             say("|---|---|---|---|---|---|")
             churned = {"free": 2 * a.pool + a.batches * a.ops, "malloc": 3 * a.pool + a.batches * a.ops}
             paired = {"free": 2000000 * max(3, a.batches // 3), "malloc": 2000000 * max(3, a.batches // 3)}
             for pat in patterns:
-                at = attributed(exe, ["--mode", "all", *patterns[pat]], paired if pat == "pair" else churned,
-                                a.perf_freq, Path(td))
-                say(f"| {pat} | {at['b_free']:.2f} | {at['a_free']:.2f} | {at['b_malloc']:.2f} | "
-                    f"{at['a_malloc']:.2f} | {at['b_free_samples']} / {at['a_free_samples']} |")
+                at = attributed(
+                    exe, ["--mode", "all", *patterns[pat]], paired if pat == "pair" else churned, a.perf_freq, Path(td)
+                )
+                say(
+                    f"| {pat} | {at['b_free']:.2f} | {at['a_free']:.2f} | {at['b_malloc']:.2f} | "
+                    f"{at['a_malloc']:.2f} | {at['b_free_samples']} / {at['a_free_samples']} |"
+                )
         if not a.skip_fp:
             say("\n### False positives of the free check vs live sampled blocks\n")
-            say(f"The pool ({a.pool:,} live blocks, ~450 B mean) after the churn; a block 'passes' a level when "
+            say(
+                f"The pool ({a.pool:,} live blocks, ~450 B mean) after the churn; a block 'passes' a level when "
                 "the check reads non-zero there (a sampled block passes both by construction). "
                 "before: one level (the bucket's count, hashed pointer); after: the filter (page counts), "
-                "then the bucket's count. ns per op: churn, one trial each.\n")
-            say("| --sample-bytes | live sampled (before / after) | before: pass | after: pass the filter | "
-                "after: pass both | ns/op before | ns/op after |")
+                "then the bucket's count. ns per op: churn, one trial each.\n"
+            )
+            say(
+                "| --sample-bytes | live sampled (before / after) | before: pass | after: pass the filter | "
+                "after: pass both | ns/op before | ns/op after |"
+            )
             say("|---|---|---|---|---|---|---|")
             for sb in (4 << 20, 512 << 10, 48 << 10, 4096):
                 args = ["--pattern", "churn", *base, "--batches", "2", "--sample-bytes", str(sb)]
@@ -189,9 +242,11 @@ def main() -> int:
                 na, lva = trial(exe, ["--mode", "after", *args])
                 lb, la = lv["before"], lva["after"]
                 pool = max(1, lb["pool"])
-                say(f"| {sb:,} | {lb['live_sampled']:,} / {la['live_sampled']:,} | {lb['first'] / pool:.2%} | "
+                say(
+                    f"| {sb:,} | {lb['live_sampled']:,} / {la['live_sampled']:,} | {lb['first'] / pool:.2%} | "
                     f"{la['first'] / pool:.2%} | {la['both'] / pool:.2%} | {statistics.median(nb['before']):.1f} | "
-                    f"{statistics.median(na['after']):.1f} |")
+                    f"{statistics.median(na['after']):.1f} |"
+                )
         say(f"\nLoad average at the end: {load()}; {time.monotonic() - t0:.0f} s.")
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")

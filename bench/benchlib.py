@@ -1,6 +1,7 @@
 """What the bench/ scripts share: processes (their output lines, CPU time, peak RSS, children),
 a tracer's CPU and memory watched from outside, stopping processes, a few measurements. Nothing
 here imports tests/ (the scripts import each other not at all, only this)."""
+
 from __future__ import annotations
 
 import os
@@ -164,13 +165,19 @@ def settle(mon: TracerMonitor, quiet: float = 0.05, window: float = 0.5, limit: 
         last = now
 
 
-def attach_allocscope(pid: int, out: Path, args: list[str], python: str | Path, cwd: str | Path,
-                      timeout: float = 300) -> tuple[subprocess.Popen, TracerMonitor]:
+def attach_allocscope(
+    pid: int, out: Path, args: list[str], python: str | Path, cwd: str | Path, timeout: float = 300
+) -> tuple[subprocess.Popen, TracerMonitor]:
     """`allocscope record -q --pid PID -o OUT ARGS` run by `python` in checkout `cwd`; returns once
     it has attached, written its first snapshot (maps, build IDs: start-up work too) and gone
     idle. Raises TrialError with its last line of stderr when it fails or does not attach."""
-    proc = subprocess.Popen([str(python), "-m", "allocscope", "record", "-q", "--pid", str(pid), "-o", str(out),
-                             *args], cwd=str(cwd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(python), "-m", "allocscope", "record", "-q", "--pid", str(pid), "-o", str(out), *args],
+        cwd=str(cwd),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     mon = TracerMonitor(proc.pid, {pid})
     end = time.monotonic() + timeout
     while not (out / "parts" / "intervals-000001.parquet").exists():

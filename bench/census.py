@@ -5,6 +5,7 @@ run with the default time budget and with a small one (sampled beyond it), side 
 
     sudo .venv/bin/python bench/census.py [--chunks 4000000] [--threads 3] [--budget 2.0 0.25]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,10 +46,12 @@ def main() -> None:
                 full = full or (in_use, free)
                 same = full == (in_use, free)
                 err = "" if same else f"; in use {100 * (in_use - full[0]) / full[0]:+.2f}% vs the first run"
-                print(f"budget {budget:.2f} s: {s:.3f} s, {info['chunks']:,} chunks walked "
-                      f"({info['chunks'] / s / 1e6:.2f} M/s), {walked >> 20} of {system >> 20} MiB walked, "
-                      f"sampled {info['sampled']}; in use {in_use >> 20} MiB, free {free >> 20} MiB "
-                      f"({len(heap)} arenas){err}")
+                print(
+                    f"budget {budget:.2f} s: {s:.3f} s, {info['chunks']:,} chunks walked "
+                    f"({info['chunks'] / s / 1e6:.2f} M/s), {walked >> 20} of {system >> 20} MiB walked, "
+                    f"sampled {info['sampled']}; in use {in_use >> 20} MiB, free {free >> 20} MiB "
+                    f"({len(heap)} arenas){err}"
+                )
         finally:
             p.kill()
             p.wait()

@@ -8,6 +8,7 @@ Without FILEs: libc, libstdc++, chromium's executable, and the biggest .eh_frame
 (libLLVM) where present. Native: best of --rounds; pyelftools: one round (files bigger than
 --skip-python-over MB are not given to it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,16 +25,23 @@ from elftools.elf.elffile import ELFFile
 from tracer.unwind import native as cfirows
 from tracer.unwind import rows as unwind
 
-DEFAULTS = ["/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
-            "/usr/lib/chromium/chromium", "/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1",
-            *sorted(glob.glob("/root/.rustup/toolchains/stable-*/lib/libLLVM.so*"))[:1]]
+DEFAULTS = [
+    "/usr/lib/x86_64-linux-gnu/libc.so.6",
+    "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+    "/usr/lib/chromium/chromium",
+    "/usr/lib/x86_64-linux-gnu/libLLVM-15.so.1",
+    *sorted(glob.glob("/root/.rustup/toolchains/stable-*/lib/libLLVM.so*"))[:1],
+]
 
 
 def frame_bytes(path: str) -> int:
     with open(path, "rb") as f:
         elf = ELFFile(f)
-        return sum(s["sh_size"] for s in elf.iter_sections() if s.name in (".eh_frame", ".debug_frame")
-                   and s["sh_type"] != "SHT_NOBITS")
+        return sum(
+            s["sh_size"]
+            for s in elf.iter_sections()
+            if s.name in (".eh_frame", ".debug_frame") and s["sh_type"] != "SHT_NOBITS"
+        )
 
 
 def python_table(path: str) -> tuple[float, float, unwind.TableInfo]:
@@ -66,8 +74,10 @@ def main() -> None:
     if not cfirows.native_available():
         sys.exit("cfi_build: the C decoder is not available (make setup; ALLOCSCOPE_CFI unset)")
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, both decoders
-    head = ("| file | MB | CFI KiB | FDEs | rows | pyelftools s (CPU) | native s (CPU) | ratio (CPU) | same rows |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    head = (
+        "| file | MB | CFI KiB | FDEs | rows | pyelftools s (CPU) | native s (CPU) | ratio (CPU) | same rows |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|"
+    )
     lines = [head]
     print(head, flush=True)
     for path in files:
@@ -80,8 +90,10 @@ def main() -> None:
             secs, cpu, py = python_table(real)
             tp, ratio = f"{secs:.2f} ({cpu:.2f})", f"{cpu / max(cn, 1e-6):.0f}x"
             same = "yes" if (py.rows.tobytes() == nat.rows.tobytes() and py.fdes == nat.fdes) else "NO"
-        line = (f"| {os.path.basename(path)} | {mb:.1f} | {frame_bytes(real) / 1024:.0f} | {nat.fdes} | "
-                f"{len(nat.rows)} | {tp} | {tn:.4f} ({cn:.4f}) | {ratio} | {same} |")
+        line = (
+            f"| {os.path.basename(path)} | {mb:.1f} | {frame_bytes(real) / 1024:.0f} | {nat.fdes} | "
+            f"{len(nat.rows)} | {tp} | {tn:.4f} ({cn:.4f}) | {ratio} | {same} |"
+        )
         lines.append(line)
         print(line, flush=True)
     if a.out:

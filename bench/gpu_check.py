@@ -4,6 +4,7 @@ small C target, a CUDA driver-API program with known sizes (bench/gpu_driver.c),
 tensors and pin_memory() (compared with torch.cuda.memory_reserved() and cuMemGetInfo), and the
 demo daemon with 16 workers; prints a results table (expected vs measured). DIR holds gpu_small,
 gpu_driver and provingd built elsewhere when the box has no compiler (bench/README.md)."""
+
 from __future__ import annotations
 
 import argparse
@@ -71,12 +72,18 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu-check"))
     ap.add_argument("--dest", default="/tmp/allocscope-bundle")
     ap.add_argument("--skip", default="", help="comma list of: small,driver,torch,bigscale,scale")
-    ap.add_argument("--big-args", default="--pw 16 --workers 16 --partitions 48 --partition-mb 2560 --chunk-kb 20 "
-                    "--synth-ms 0 --gpu-ms 100 --bug",
-                    help="bigscale: provingd's arguments (16 workers, 2.5 GiB partitions of 20 KiB chunks: "
-                         "~120 GiB touched, 65+ GiB and ~3.5 M live blocks at the peak)")
-    ap.add_argument("--big-record-args", default="--max-live 8388608",
-                    help="bigscale: allocscope record's extra arguments (the live map must hold the peak)")
+    ap.add_argument(
+        "--big-args",
+        default="--pw 16 --workers 16 --partitions 48 --partition-mb 2560 --chunk-kb 20 "
+        "--synth-ms 0 --gpu-ms 100 --bug",
+        help="bigscale: provingd's arguments (16 workers, 2.5 GiB partitions of 20 KiB chunks: "
+        "~120 GiB touched, 65+ GiB and ~3.5 M live blocks at the peak)",
+    )
+    ap.add_argument(
+        "--big-record-args",
+        default="--max-live 8388608",
+        help="bigscale: allocscope record's extra arguments (the live map must hold the peak)",
+    )
     a = ap.parse_args()
     skip = set(a.skip.split(","))
     os.makedirs(a.out, exist_ok=True)
@@ -119,12 +126,14 @@ def main():
             host = 2 * 3 * MIB + 2 * (7 * MIB + 4099) + 16 * MIB
             row("driver: CUDA host live (AllocHost, HostAlloc, Managed)", host, tot.get("cuda_host_bytes"))
             agg = by_function(rep)
-            for fn, key, want in (("dev_alloc", "device_live_bytes", 192 * MIB),
-                                  ("dev_create", "device_live_bytes", 2 * MIB),
-                                  ("dev_async", "device_live_bytes", 0),
-                                  ("dev_async_ptsz", "device_live_bytes", MIB),
-                                  ("host_pinned", "live_bytes", 6 * MIB + 2 * (7 * MIB + 4099)),
-                                  ("host_managed", "live_bytes", 16 * MIB)):
+            for fn, key, want in (
+                ("dev_alloc", "device_live_bytes", 192 * MIB),
+                ("dev_create", "device_live_bytes", 2 * MIB),
+                ("dev_async", "device_live_bytes", 0),
+                ("dev_async_ptsz", "device_live_bytes", MIB),
+                ("host_pinned", "live_bytes", 6 * MIB + 2 * (7 * MIB + 4099)),
+                ("host_managed", "live_bytes", 16 * MIB),
+            ):
                 row(f"driver: {fn} {key}", want, agg.get(fn, {}).get(key, 0))
             mg = [ln for ln in p.stdout.splitlines() if ln.startswith("memgetinfo_delta")]
             row("driver: cuMemGetInfo free delta (info)", "-", mg[0].split()[1] if mg else "?", True)
@@ -192,16 +201,17 @@ def big_scale(exe, out, provingd, big_args, record_args=""):
 
     def run(traced):
         summ = os.path.join(out, f"big-{'traced' if traced else 'untraced'}.summary")
-        tgt = subprocess.Popen([*args, "--summary", summ], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               text=True)
+        tgt = subprocess.Popen([*args, "--summary", summ], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = tgt.stdout.readline()
         if not line.startswith("ready"):
             return None
         tr, trace, cpu0 = None, os.path.join(out, "bigscale.allocscope"), None
         if traced:
-            tr = subprocess.Popen([exe, "record", "--pid", str(tgt.pid), "-o", trace, "--interval", "1",
-                                   *record_args.split()],
-                                  stderr=subprocess.PIPE, text=True)
+            tr = subprocess.Popen(
+                [exe, "record", "--pid", str(tgt.pid), "-o", trace, "--interval", "1", *record_args.split()],
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for ln in tr.stderr:
                 if "recording pid" in ln:
                     break
@@ -221,9 +231,13 @@ def big_scale(exe, out, provingd, big_args, record_args=""):
         if tr:
             t = time.monotonic()
             err = tr.communicate(timeout=600)[1]
-            res.update(stop_s=time.monotonic() - t, rc=tr.returncode, err=err[-600:],
-                       tracer_cpu=(cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
-                       trace=trace)
+            res.update(
+                stop_s=time.monotonic() - t,
+                rc=tr.returncode,
+                err=err[-600:],
+                tracer_cpu=(cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
+                trace=trace,
+            )
         return res
 
     base = run(False)
@@ -233,11 +247,19 @@ def big_scale(exe, out, provingd, big_args, record_args=""):
         return
     print(base["summary"], "\n", traced["summary"], "\n", traced.get("err"), file=sys.stderr)
     row("bigscale: provingd " + big_args, "-", f"untraced {base['elapsed']:.1f}s ({base['summary'][-60:]})", True)
-    row("bigscale: traced work (kept)", "-", f"{traced['elapsed']:.1f}s ({base['elapsed'] / traced['elapsed']:.1%})",
-        True)
+    row(
+        "bigscale: traced work (kept)",
+        "-",
+        f"{traced['elapsed']:.1f}s ({base['elapsed'] / traced['elapsed']:.1%})",
+        True,
+    )
     if traced.get("tracer_cpu") is not None:
-        row("bigscale: tracer CPU over the work", "-",
-            f"{traced['tracer_cpu']:.1f}s = {100 * traced['tracer_cpu'] / traced['wall']:.0f}% of one core", True)
+        row(
+            "bigscale: tracer CPU over the work",
+            "-",
+            f"{traced['tracer_cpu']:.1f}s = {100 * traced['tracer_cpu'] / traced['wall']:.0f}% of one core",
+            True,
+        )
     row("bigscale: tracer stop (final snapshot, detach)", "-", f"{traced['stop_s']:.1f}s rc {traced['rc']}", True)
     t = time.monotonic()
     rep = report(exe, traced["trace"], out, "bigscale") if traced["rc"] == 0 else None
@@ -251,8 +273,13 @@ def big_scale(exe, out, provingd, big_args, record_args=""):
     row("bigscale: peak live", "-", f"{tot.get('peak_live_bytes', 0) / (1 << 30):.1f} GiB", True)
     import pandas as pd
 
-    iv = pd.concat([pd.read_parquet(os.path.join(traced["trace"], "parts", f))
-                    for f in os.listdir(os.path.join(traced["trace"], "parts")) if f.startswith("intervals-")])
+    iv = pd.concat(
+        [
+            pd.read_parquet(os.path.join(traced["trace"], "parts", f))
+            for f in os.listdir(os.path.join(traced["trace"], "parts"))
+            if f.startswith("intervals-")
+        ]
+    )
     row("bigscale: peak live blocks", ">= 1000000", int(iv["live_count"].max()), int(iv["live_count"].max()) >= 10**6)
     row("bigscale: peak RSS sampled", "-", f"{tot.get('peak_rss_bytes', 0) / (1 << 30):.1f} GiB", True)
     row("bigscale: trace size, report time", "-", f"{size / (1 << 20):.1f} MiB, report {rep_s:.1f}s", True)
@@ -308,8 +335,11 @@ def torch_check(exe, out):
             row(f"{label}: start", "ready", line.strip() or f"rc {tgt.wait()}")
             continue
         trace = os.path.join(out, name + ".allocscope")
-        tr = subprocess.Popen([exe, "record", "--pid", str(tgt.pid), "-o", trace, "--unwind", "fp",
-                               "--interval", "0.5"], stderr=subprocess.PIPE, text=True)
+        tr = subprocess.Popen(
+            [exe, "record", "--pid", str(tgt.pid), "-o", trace, "--unwind", "fp", "--interval", "0.5"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         err = []
         t = time.monotonic()
         while time.monotonic() - t < 180:
@@ -341,11 +371,19 @@ def torch_check(exe, out):
         row(f"{label}: CUDA host (pin_memory 64M+5M, info)", "-", tot.get("cuda_host_bytes"), True)
         rd = info.get("rss_delta") or {}
         # pin_memory() copies a 69 MiB CPU tensor (anon) into pinned pages: which RSS counter takes them
-        row(f"{label}: RSS deltas across pin_memory (anon/file/shmem, info)", "-",
-            f"{rd.get('RssAnon')}/{rd.get('RssFile')}/{rd.get('RssShmem')}", True)
+        row(
+            f"{label}: RSS deltas across pin_memory (anon/file/shmem, info)",
+            "-",
+            f"{rd.get('RssAnon')}/{rd.get('RssFile')}/{rd.get('RssShmem')}",
+            True,
+        )
         dec = rep.get("rss_decomposition") or {}
-        row(f"{label}: report shmem attributed to cuda-pinned (info)", "-",
-            f"{(dec.get('shmem_sources') or {}).get('cuda-pinned', 0)} of shmem {dec.get('shmem_bytes')}", True)
+        row(
+            f"{label}: report shmem attributed to cuda-pinned (info)",
+            "-",
+            f"{(dec.get('shmem_sources') or {}).get('cuda-pinned', 0)} of shmem {dec.get('shmem_bytes')}",
+            True,
+        )
         row(f"{label}: device count", "-", tot.get("device_count"), True)
         row(f"{label}: torch/cuda", "-", f"{info.get('torch')} cu{info.get('cuda')}", True)
 

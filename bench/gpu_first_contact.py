@@ -12,6 +12,7 @@ meets it: python3 bench/gpu_first_contact.py BUNDLE.tar.xz [--bins DIR] [--out D
 5. The driver-API program (bench/gpu_driver.c, built elsewhere: --bins): its top locations and how
    many rows the driver's own memory takes.
 Prints a results table and writes it to OUT/first_contact.txt."""
+
 from __future__ import annotations
 
 import argparse
@@ -95,8 +96,11 @@ def libs_of(pid: int) -> list[str]:
 
 def first_contact_naming(exe: str, tgt, out: str) -> None:
     trace = os.path.join(out, "torch_named.allocscope")
-    tr = subprocess.Popen([exe, "record", "--pid", str(tgt.pid), "-o", trace, "--force", "--interval", "0.5"],
-                          stderr=subprocess.PIPE, text=True)
+    tr = subprocess.Popen(
+        [exe, "record", "--pid", str(tgt.pid), "-o", trace, "--force", "--interval", "0.5"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     err = []
     for ln in tr.stderr:
         err.append(ln)
@@ -202,8 +206,23 @@ def main() -> None:
             row("native tables of the 8 biggest", "\n  " + res.replace("\n", "\n  "))
         if "startup" not in skip:
             js = os.path.join(a.out, "startup.json")
-            s = sh([sys.executable, os.path.join(HERE, "startup.py"), "--pid", str(tgt.pid), "--allocscope", exe,
-                    "--rounds", str(a.rounds), "--seconds", str(a.seconds), "--json", js], timeout=900)
+            s = sh(
+                [
+                    sys.executable,
+                    os.path.join(HERE, "startup.py"),
+                    "--pid",
+                    str(tgt.pid),
+                    "--allocscope",
+                    exe,
+                    "--rounds",
+                    str(a.rounds),
+                    "--seconds",
+                    str(a.seconds),
+                    "--json",
+                    js,
+                ],
+                timeout=900,
+            )
             with open(os.path.join(a.out, "startup.txt"), "w") as f:
                 f.write(s.stdout + s.stderr)
             row("startup (bench/startup.py)", f"rc {s.returncode}\n" + s.stdout[-2500:])

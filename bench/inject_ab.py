@@ -10,6 +10,7 @@ on the last CPU, the tracer on the first (as bench/inject_floor.py lays them out
     sudo .venv/bin/python bench/inject_ab.py --before /path/to/other/checkout [--rounds 5] [--seconds 4]
 (--before: a tree of the other revision, e.g. `git archive REV | tar -x -C DIR`; run with this venv)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,12 @@ def stats(p: subprocess.Popen) -> dict:
 
 def hook_shares(data: Path) -> dict[str, float]:
     """Share of the process's perf samples in each of the agent's hooks (as_h_*)."""
-    rep = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "-n", "--sort", "sym"], check=True,
-                         capture_output=True, text=True).stdout
+    rep = subprocess.run(
+        ["perf", "report", "-i", str(data), "--stdio", "-n", "--sort", "sym"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     total, out = 0, {}
     for line in rep.splitlines():
         w = line.split()
@@ -49,10 +54,23 @@ def hook_shares(data: Path) -> dict[str, float]:
     return {k: v / max(1, total) for k, v in out.items()}
 
 
-def trial(rustd: str, threads: int, root: Path | None, seconds: float, cpus: tuple[int, int], tmp: Path,
-          name: str, extra: list[str], perf: bool) -> dict:
-    p = subprocess.Popen(["taskset", "-c", str(cpus[1]), rustd, "--serve", str(threads)], stdout=subprocess.PIPE,
-                         text=True, start_new_session=True)
+def trial(
+    rustd: str,
+    threads: int,
+    root: Path | None,
+    seconds: float,
+    cpus: tuple[int, int],
+    tmp: Path,
+    name: str,
+    extra: list[str],
+    perf: bool,
+) -> dict:
+    p = subprocess.Popen(
+        ["taskset", "-c", str(cpus[1]), rustd, "--serve", str(threads)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     tr = mon = None
     try:
         read_line(p, "ready", timeout=30)
@@ -63,9 +81,24 @@ def trial(rustd: str, threads: int, root: Path | None, seconds: float, cpus: tup
         s0, c0, t0 = stats(p), sched_cpu(p.pid), time.monotonic()
         rec = None
         if perf and root is not None:
-            rec = subprocess.Popen(["perf", "record", "-q", "-F", "1999", "-p", str(p.pid), "-o",
-                                    str(tmp / f"{name}.perf"), "--", "sleep", str(seconds)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            rec = subprocess.Popen(
+                [
+                    "perf",
+                    "record",
+                    "-q",
+                    "-F",
+                    "1999",
+                    "-p",
+                    str(p.pid),
+                    "-o",
+                    str(tmp / f"{name}.perf"),
+                    "--",
+                    "sleep",
+                    str(seconds),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         time.sleep(seconds)
         s1, c1, t1 = stats(p), sched_cpu(p.pid), time.monotonic()
         n = s1["requests"] - s0["requests"]
@@ -94,6 +127,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.rustd is None:
         from rust_targets import build_rustd
+
         a.rustd = str(build_rustd())
     n = os.cpu_count() or 1
     cpus = (0, n - 1)
@@ -108,14 +142,17 @@ def main() -> int:
         lines.append(s)
 
     say(f"Command: `bench/inject_ab.py {' '.join(sys.argv[1:])}`\n")
-    say(f"Machine: {n} CPUs, load average at the start {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
-        f"rustd --serve {a.threads} on CPU {cpus[1]}, the tracer on CPU {cpus[0]}.\n")
+    say(
+        f"Machine: {n} CPUs, load average at the start {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+        f"rustd --serve {a.threads} on CPU {cpus[1]}, the tracer on CPU {cpus[0]}.\n"
+    )
     with tempfile.TemporaryDirectory() as td:
         for r in range(a.rounds):
             order = list(configs) if r % 2 == 0 else list(configs)[::-1]
             for c in order:
-                res[c].append(trial(a.rustd, a.threads, configs[c], a.seconds, cpus, Path(td), f"{c}-{r}", extra,
-                                    a.perf))
+                res[c].append(
+                    trial(a.rustd, a.threads, configs[c], a.seconds, cpus, Path(td), f"{c}-{r}", extra, a.perf)
+                )
                 print(f"  round {r} {c}: {res[c][-1]}", flush=True)
     say(f"{a.rounds} rounds; per round the ratio to that round's untraced trial, then the median (min–max).\n")
     say("| config | req/s (median) | throughput kept | CPU µs / request | CPU / request vs untraced |")
@@ -123,12 +160,16 @@ def main() -> int:
     for c in configs:
         kept = [x["rps"] / u["rps"] for x, u in zip(res[c], res["untraced"], strict=True)]
         cpu = [x["cpu_us"] / u["cpu_us"] for x, u in zip(res[c], res["untraced"], strict=True)]
-        say(f"| {c} | {statistics.median(x['rps'] for x in res[c]):,.0f} | {statistics.median(kept):.1%} "
+        say(
+            f"| {c} | {statistics.median(x['rps'] for x in res[c]):,.0f} | {statistics.median(kept):.1%} "
             f"({min(kept):.1%}–{max(kept):.1%}) | {statistics.median(x['cpu_us'] for x in res[c]):.3f} | "
-            f"{statistics.median(cpu):.1%} ({min(cpu):.1%}–{max(cpu):.1%}) |")
+            f"{statistics.median(cpu):.1%} ({min(cpu):.1%}–{max(cpu):.1%}) |"
+        )
     if a.perf:
-        say("\nThe agent's hooks, share of rustd's perf samples (perf record -F 1999 -p, the measured seconds; "
-            "median over rounds, min–max; perf runs on CPU 0, its sampling interrupts cost both inject rows alike):\n")
+        say(
+            "\nThe agent's hooks, share of rustd's perf samples (perf record -F 1999 -p, the measured seconds; "
+            "median over rounds, min–max; perf runs on CPU 0, its sampling interrupts cost both inject rows alike):\n"
+        )
         say("| config | as_h_free | as_h_malloc | as_h_realloc |")
         say("|---|---|---|---|")
         for c in ("inject-before", "inject-after"):

@@ -10,6 +10,7 @@ ALLOCSCOPE: the bundle's bin/allocscope. REDIS_DIR: redis-server, redis-benchmar
 libraries the box may lack (put on LD_LIBRARY_PATH). BINS: `inject` (tests/targets/inject.c)
 built elsewhere (the box needs no compiler). Needs root.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,13 @@ import subprocess
 import sys
 import time
 
-CONFIGS = {"untraced": None, "inject": ["--inject", "--sample-bytes", "524288"],
-           "sampled": ["--sample-bytes", "65536"], "residency": ["--mode", "residency"],
-           "floor-residency": ["--probe-floor", "--mode", "residency"]}
+CONFIGS = {
+    "untraced": None,
+    "inject": ["--inject", "--sample-bytes", "524288"],
+    "sampled": ["--sample-bytes", "65536"],
+    "residency": ["--mode", "residency"],
+    "floor-residency": ["--probe-floor", "--mode", "residency"],
+}
 
 
 def free_port() -> int:
@@ -34,8 +39,12 @@ def free_port() -> int:
 
 
 def attach(exe: str, pid: int, out: str, extra: list[str]) -> subprocess.Popen:
-    tr = subprocess.Popen([exe, "record", "-q", "--pid", str(pid), "-o", out, "--force", *extra],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    tr = subprocess.Popen(
+        [exe, "record", "-q", "--pid", str(pid), "-o", out, "--force", *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     end = time.monotonic() + 300
     while not os.path.exists(os.path.join(out, "parts", "intervals-000001.parquet")):
         if tr.poll() is not None or time.monotonic() > end:
@@ -56,8 +65,11 @@ def finish(tr: subprocess.Popen) -> None:
 def redis_trial(exe: str, rdir: str, cfg: str, out: str, requests: int, r: int = 0) -> tuple[float, dict]:
     env = {**os.environ, "LD_LIBRARY_PATH": rdir}
     port = free_port()
-    srv = subprocess.Popen([os.path.join(rdir, "redis-server"), "--port", str(port), "--save", "",
-                            "--appendonly", "no"], stdout=subprocess.DEVNULL, env=env)
+    srv = subprocess.Popen(
+        [os.path.join(rdir, "redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        env=env,
+    )
     cli = [os.path.join(rdir, "redis-benchmark"), "-p", str(port)]
     for _ in range(400):  # a PING over TCP (redis-benchmark can hang on a server not yet listening)
         try:
@@ -74,8 +86,27 @@ def redis_trial(exe: str, rdir: str, cfg: str, out: str, requests: int, r: int =
         if CONFIGS[cfg] is not None:
             tr = attach(exe, srv.pid, os.path.join(out, f"redis-{cfg}-{r}.allocscope"), CONFIGS[cfg])
         c0, t0 = cpu_s(tr.pid) if tr else 0.0, time.monotonic()
-        bench = subprocess.run([*cli, "-t", "set,get,lpush,lpop", "-n", str(requests), "-c", "50", "-r", "100000",
-                            "-d", "64", "-q", "--csv"], capture_output=True, text=True, env=env, timeout=600)
+        bench = subprocess.run(
+            [
+                *cli,
+                "-t",
+                "set,get,lpush,lpop",
+                "-n",
+                str(requests),
+                "-c",
+                "50",
+                "-r",
+                "100000",
+                "-d",
+                "64",
+                "-q",
+                "--csv",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         rps = [float(line.split(",")[1].strip('"')) for line in bench.stdout.splitlines()[1:] if line.count(",") >= 1]
         total = len(rps) / sum(1 / x for x in rps)
         if tr is not None:
@@ -86,9 +117,14 @@ def redis_trial(exe: str, rdir: str, cfg: str, out: str, requests: int, r: int =
                 meta = json.load(f)
             inj = meta["probes"].get("inject")
             if inj:
-                detail |= {"detached": inj["detached"], "hooked": len(inj["hooked"]),
-                          "stopped_ms": inj["stopped_ms"], "sampled": inj["counters"].get("sampled"),
-                          "sys_marks": inj["counters"].get("sys_marks"), "tracepoints": inj.get("tracepoints")}
+                detail |= {
+                    "detached": inj["detached"],
+                    "hooked": len(inj["hooked"]),
+                    "stopped_ms": inj["stopped_ms"],
+                    "sampled": inj["counters"].get("sampled"),
+                    "sys_marks": inj["counters"].get("sys_marks"),
+                    "tracepoints": inj.get("tracepoints"),
+                }
         return total, detail
     finally:
         if tr is not None and tr.poll() is None:
@@ -125,19 +161,26 @@ def c_target(exe: str, bins: str, out: str) -> list[str]:
     assert tgt.stdout.readline().strip() == "held"
     time.sleep(1)
     finish(tr)
-    rep = json.loads(subprocess.run([exe, "report", trace, "--format", "json"], capture_output=True, text=True,
-                                    check=True).stdout)
+    rep = json.loads(
+        subprocess.run([exe, "report", trace, "--format", "json"], capture_output=True, text=True, check=True).stdout
+    )
     locs = {x["function"]: x for x in rep["locations"]}
     large, small = locs["hold_large"], locs["hold_small"]
     inj = rep["recording"]["probes"]["inject"]
     truth = 4000 * 4096
-    lines.append(f"C target: watchdog thread while recording {wd}; hooked {len(inj['hooked'])}; stopped "
-                 f"{inj['stopped_ms']} ms; detached {inj['detached']}")
-    lines.append(f"  hold_large {large['live_bytes']} B in {large['live_count']} (truth {24 << 20} in 24): "
-                 f"{'exact' if (large['live_bytes'], large['live_count']) == (24 << 20, 24) else 'WRONG'}")
+    lines.append(
+        f"C target: watchdog thread while recording {wd}; hooked {len(inj['hooked'])}; stopped "
+        f"{inj['stopped_ms']} ms; detached {inj['detached']}"
+    )
+    lines.append(
+        f"  hold_large {large['live_bytes']} B in {large['live_count']} (truth {24 << 20} in 24): "
+        f"{'exact' if (large['live_bytes'], large['live_count']) == (24 << 20, 24) else 'WRONG'}"
+    )
     err = small["live_bytes_error"]
-    lines.append(f"  hold_small {small['live_bytes']} B ± {err} (truth {truth}): "
-                 f"{'within' if abs(small['live_bytes'] - truth) <= 1.7 * err else 'OUTSIDE'} 1.7x the 95% bound")
+    lines.append(
+        f"  hold_small {small['live_bytes']} B ± {err} (truth {truth}): "
+        f"{'within' if abs(small['live_bytes'] - truth) <= 1.7 * err else 'OUTSIDE'} 1.7x the 95% bound"
+    )
     # SIGKILL of allocscope: the agent's watchdog puts the entries back
     tr = attach(exe, tgt.pid, os.path.join(out, "c-kill.allocscope"), ["--inject"])
     t0 = time.monotonic()
@@ -150,8 +193,9 @@ def c_target(exe: str, bins: str, out: str) -> list[str]:
     tgt.send_signal(signal.SIGTERM)
     bye = tgt.stdout.readline().strip()
     rc = tgt.wait(20)
-    lines.append(f"  allocscope SIGKILLed: watchdog done after {gone:.2f} s; target serving {serving}; "
-                 f"exit {rc} ({bye})")
+    lines.append(
+        f"  allocscope SIGKILLed: watchdog done after {gone:.2f} s; target serving {serving}; exit {rc} ({bye})"
+    )
     return lines
 
 
@@ -162,16 +206,23 @@ def syscall_tax(exe: str, bins: str, out: str, rounds: int) -> list[str]:
     prog = os.path.join(bins, "syscalls")
     if not os.path.exists(prog):
         return [f"syscall tax: skipped ({prog} not built: gcc -O2 -o BINS/syscalls bench/syscalls.c)"]
-    cfgs = {"untraced": None, "inject": CONFIGS.get("inject") or ["--inject", "--sample-bytes", "524288"],
-            "residency": ["--mode", "residency"]}
+    cfgs = {
+        "untraced": None,
+        "inject": CONFIGS.get("inject") or ["--inject", "--sample-bytes", "524288"],
+        "residency": ["--mode", "residency"],
+    }
     res: dict[str, list[float]] = {c: [] for c in cfgs}
     for r in range(rounds):
         for cfg, flags in cfgs.items():
             sleeper = subprocess.Popen(["sleep", "infinity"])
             tr = attach(exe, sleeper.pid, os.path.join(out, f"tax-{cfg}-{r}.allocscope"), flags) if flags else None
             try:
-                ns = statistics.median(float(subprocess.run([prog, "2000000"], capture_output=True, text=True,
-                                                            check=True).stdout.split()[1]) for _ in range(3))
+                ns = statistics.median(
+                    float(
+                        subprocess.run([prog, "2000000"], capture_output=True, text=True, check=True).stdout.split()[1]
+                    )
+                    for _ in range(3)
+                )
             finally:
                 if tr is not None:
                     finish(tr)
@@ -179,8 +230,10 @@ def syscall_tax(exe: str, bins: str, out: str, rounds: int) -> list[str]:
                 sleeper.wait()
             res[cfg].append(ns)
     base = statistics.median(res["untraced"])
-    return [f"syscall tax (getppid ns, another process; medians of {rounds} interleaved rounds): "
-            + ", ".join(f"{c} {statistics.median(v):.1f} ({statistics.median(v) - base:+.1f})" for c, v in res.items())]
+    return [
+        f"syscall tax (getppid ns, another process; medians of {rounds} interleaved rounds): "
+        + ", ".join(f"{c} {statistics.median(v):.1f} ({statistics.median(v) - base:+.1f})" for c, v in res.items())
+    ]
 
 
 def main() -> None:
@@ -215,8 +268,10 @@ def main() -> None:
             details[cfg].append(d)
             print(f"round {r + 1} {cfg:16s} {v:10,.0f} requests/s {d or ''}", flush=True)
     base = statistics.median(res["untraced"]) if res["untraced"] else 0
-    print(f"\nredis on {os.cpu_count()} CPUs, medians of {a.rounds} interleaved rounds "
-          f"(set,get,lpush,lpop -n {a.requests} -c 50 -d 64):")
+    print(
+        f"\nredis on {os.cpu_count()} CPUs, medians of {a.rounds} interleaved rounds "
+        f"(set,get,lpush,lpop -n {a.requests} -c 50 -d 64):"
+    )
     for cfg, vals in res.items():
         if vals:
             m = statistics.median(vals)

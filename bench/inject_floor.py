@@ -33,6 +33,7 @@ the default sampling and with sampling off in effect), and a SIGKILL of allocsco
 injected recording of each daemon (every code byte back, checked against a snapshot of the
 modules' text taken before the attach; the daemon still serving). Needs root.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -102,31 +103,40 @@ class Layout:
             self.redis, self.client, self.tracer, self.other = [free[0]], free[1:3], free[3:5], [free[5]]
             rest = free[6:]
             self.rustd_threads = rustd_threads or min(8, len(rest))
-            self.rustd = rest[:self.rustd_threads]
+            self.rustd = rest[: self.rustd_threads]
             if cores < 6 + 1 + min(len(self.rustd), self.rustd_threads):
-                self.shared = (f"{cores} physical cores for {n} CPUs: rustd's workers (and, past the first "
-                               f"{cores - 1}, the roles above) run on hyperthread siblings of one another")
+                self.shared = (
+                    f"{cores} physical cores for {n} CPUs: rustd's workers (and, past the first "
+                    f"{cores - 1}, the roles above) run on hyperthread siblings of one another"
+                )
         elif n >= 4:
             self.redis, self.client, self.tracer, self.other = [order[1]], [order[2]], [order[3]], [order[0]]
             self.rustd = [order[1], order[2]]
             self.rustd_threads = rustd_threads or 4
-            self.shared = (f"rustd's workers on CPUs {order[1]},{order[2]}; the unrelated process and this script "
-                           f"share CPU {order[0]}")
+            self.shared = (
+                f"rustd's workers on CPUs {order[1]},{order[2]}; the unrelated process and this script "
+                f"share CPU {order[0]}"
+            )
         else:
             last, first = order[-1], order[0]
             self.redis, self.rustd = [last], [last]
             self.client = self.tracer = self.other = [first]
             self.rustd_threads = rustd_threads or 4
-            self.shared = (f"only {n} CPU(s): the server (redis, or rustd's {self.rustd_threads} workers) on CPU "
-                           f"{last}; the load generator, the tracer, the unrelated process and this script share "
-                           f"CPU {first}")
+            self.shared = (
+                f"only {n} CPU(s): the server (redis, or rustd's {self.rustd_threads} workers) on CPU "
+                f"{last}; the load generator, the tracer, the unrelated process and this script share "
+                f"CPU {first}"
+            )
 
     def describe(self) -> str:
         def f(c: list[int]) -> str:
             return ",".join(map(str, c))
-        return (f"redis-server on CPU {f(self.redis)}, redis-benchmark on {f(self.client)}, the tracer on "
-                f"{f(self.tracer)}, rustd ({self.rustd_threads} workers) on {f(self.rustd)}, the unrelated "
-                f"process on {f(self.other)}" + (f"; {self.shared}" if self.shared else ""))
+
+        return (
+            f"redis-server on CPU {f(self.redis)}, redis-benchmark on {f(self.client)}, the tracer on "
+            f"{f(self.tracer)}, rustd ({self.rustd_threads} workers) on {f(self.rustd)}, the unrelated "
+            f"process on {f(self.other)}" + (f"; {self.shared}" if self.shared else "")
+        )
 
 
 def pinned(cpus: list[int], argv: list[str]) -> list[str]:
@@ -148,10 +158,13 @@ class Tracer:
         self.mode, self.pid, self.trace = mode, pid, None
         self.log: list[str] = []
         if mode == "heaptrack":
-            self.proc = subprocess.Popen(pinned(bench.cpus.tracer, ["heaptrack", "-o", str(bench.work / name),
-                                                                    "-p", str(pid)]),
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                pinned(bench.cpus.tracer, ["heaptrack", "-o", str(bench.work / name), "-p", str(pid)]),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
             self.mon = TracerMonitor(self.proc.pid, {pid})
             try:
                 read_line(self.proc, "injection finished", timeout=180, keep=self.log)
@@ -161,10 +174,15 @@ class Tracer:
             threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
         else:
             self.trace = bench.work / f"{name}.allocscope"
-            self.proc = subprocess.Popen(pinned(bench.cpus.tracer, [bench.exe, "record", "-q", "--pid", str(pid),
-                                                                    "-o", str(self.trace), "--force",
-                                                                    *MODES[mode]]),
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            self.proc = subprocess.Popen(
+                pinned(
+                    bench.cpus.tracer,
+                    [bench.exe, "record", "-q", "--pid", str(pid), "-o", str(self.trace), "--force", *MODES[mode]],
+                ),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             self.mon = TracerMonitor(self.proc.pid, {pid})
             end = time.monotonic() + 300
             while not (self.trace / "parts" / "intervals-000001.parquet").exists():
@@ -193,7 +211,8 @@ class Tracer:
             return {}
         inj = (meta.get("probes") or {}).get("inject") or {}
         return {k: inj[k] for k in ("detached", "stopped_ms", "tracepoints") if k in inj} | (
-            {"hooked": len(inj["hooked"]), "sampled": inj.get("counters", {}).get("sampled")} if inj else {})
+            {"hooked": len(inj["hooked"]), "sampled": inj.get("counters", {}).get("sampled")} if inj else {}
+        )
 
     def after_target_exit(self) -> None:
         if self.mode == "heaptrack":
@@ -233,7 +252,7 @@ def redis_cmd(port: int, cmd: str) -> bytes:
                 break
             data += chunk
             if data.startswith(b"$"):
-                n = int(data[1:data.index(b"\r\n")])
+                n = int(data[1 : data.index(b"\r\n")])
                 if len(data) >= data.index(b"\r\n") + 2 + n + 2:
                     break
             elif data.endswith(b"\r\n"):
@@ -257,18 +276,37 @@ class Redis:
         self.tests = "set,get,lpush"
 
     def header(self) -> str:
-        return (f"redis-server (one CPU) loaded by redis-benchmark -t {self.tests} -n {self.requests} -c 50 -r 100000 "
-                f"-d 64 (a first pass of n/4 as the warm-up); requests/s over the three tests")
+        return (
+            f"redis-server (one CPU) loaded by redis-benchmark -t {self.tests} -n {self.requests} -c 50 -r 100000 "
+            f"-d 64 (a first pass of n/4 as the warm-up); requests/s over the three tests"
+        )
 
     def start(self) -> tuple[subprocess.Popen, int]:
         port = free_port()
         d = self.b.work / f"redis-{port}"
         d.mkdir(exist_ok=True)
-        srv = subprocess.Popen(pinned(self.b.cpus.redis, [os.path.join(self.b.redis_dir, "redis-server"), "--port",
-                                                          str(port), "--bind", "127.0.0.1", "--save", "",
-                                                          "--appendonly", "no", "--dir", str(d)]),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env,
-                               start_new_session=True)
+        srv = subprocess.Popen(
+            pinned(
+                self.b.cpus.redis,
+                [
+                    os.path.join(self.b.redis_dir, "redis-server"),
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(d),
+                ],
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
         end = time.monotonic() + 30
         while time.monotonic() < end:
             if srv.poll() is not None:
@@ -283,10 +321,34 @@ class Redis:
         raise TrialError("redis-server did not answer PING")
 
     def load(self, port: int, n: int) -> dict[str, float]:
-        p = subprocess.run(pinned(self.b.cpus.client, [os.path.join(self.b.redis_dir, "redis-benchmark"), "-h",
-                                                       "127.0.0.1", "-p", str(port), "-t", self.tests, "-n", str(n),
-                                                       "-c", "50", "-r", "100000", "-d", "64", "--csv"]),
-                           capture_output=True, text=True, env=self.env, timeout=1800, check=False)
+        p = subprocess.run(
+            pinned(
+                self.b.cpus.client,
+                [
+                    os.path.join(self.b.redis_dir, "redis-benchmark"),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-t",
+                    self.tests,
+                    "-n",
+                    str(n),
+                    "-c",
+                    "50",
+                    "-r",
+                    "100000",
+                    "-d",
+                    "64",
+                    "--csv",
+                ],
+            ),
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=1800,
+            check=False,
+        )
         rps = {}
         for line in p.stdout.splitlines()[1:]:
             f = [x.strip('"') for x in line.split(",")]
@@ -310,8 +372,12 @@ class Redis:
             rps = self.load(port, self.requests)
             c1, t1, tc1 = sched_cpu(srv.pid), time.monotonic(), tr.cpu() if tr else 0.0
             n = self.requests * len(rps)
-            res = {"metric": n / sum(self.requests / v for v in rps.values()), "per_test": rps,
-                   "cpu_us": 1e6 * (c1 - c0) / n, "tracer_ms_per_s": 1000 * (tc1 - tc0) / (t1 - t0)}
+            res = {
+                "metric": n / sum(self.requests / v for v in rps.values()),
+                "per_test": rps,
+                "cpu_us": 1e6 * (c1 - c0) / n,
+                "tracer_ms_per_s": 1000 * (tc1 - tc0) / (t1 - t0),
+            }
             if mode in ESTIMATED:
                 res["truth"] = used_memory(port) - used0
             if tr is not None:
@@ -335,13 +401,18 @@ class Rustd:
         self.b, self.seconds = b, seconds
 
     def header(self) -> str:
-        return (f"rustd --serve {self.b.cpus.rustd_threads} (tests/targets/rustd: jemalloc linked in as _rjem_*, "
-                f"allocator ~3 % of its CPU), 1 s warm-up, requests/s from its own counter over {self.seconds:g} s")
+        return (
+            f"rustd --serve {self.b.cpus.rustd_threads} (tests/targets/rustd: jemalloc linked in as _rjem_*, "
+            f"allocator ~3 % of its CPU), 1 s warm-up, requests/s from its own counter over {self.seconds:g} s"
+        )
 
     def start(self) -> tuple[subprocess.Popen, int]:
-        p = subprocess.Popen(pinned(self.b.cpus.rustd, [str(self.b.bins / "rustd"), "--serve",
-                                                        str(self.b.cpus.rustd_threads)]),
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+        p = subprocess.Popen(
+            pinned(self.b.cpus.rustd, [str(self.b.bins / "rustd"), "--serve", str(self.b.cpus.rustd_threads)]),
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         read_line(p, "ready", timeout=30)
         return p, p.pid
 
@@ -361,8 +432,11 @@ class Rustd:
             time.sleep(self.seconds)
             s1, c1, t1, tc1 = self.stats(srv), sched_cpu(pid), time.monotonic(), tr.cpu() if tr else 0.0
             n = s1["requests"] - s0["requests"]
-            res = {"metric": n / (t1 - t0), "cpu_us": 1e6 * (c1 - c0) / n,
-                   "tracer_ms_per_s": 1000 * (tc1 - tc0) / (t1 - t0)}
+            res = {
+                "metric": n / (t1 - t0),
+                "cpu_us": 1e6 * (c1 - c0) / n,
+                "tracer_ms_per_s": 1000 * (tc1 - tc0) / (t1 - t0),
+            }
             if mode in ESTIMATED:
                 res["truth"] = s1["cache_bytes"]
             if tr is not None:
@@ -444,8 +518,13 @@ class Bench:
         self.lines.append(line)
 
     def estimate(self, trace: Path, function: str | None) -> dict:
-        p = subprocess.run([self.exe, "report", str(trace), "--format", "json"], capture_output=True, text=True,
-                           timeout=600, check=False)
+        p = subprocess.run(
+            [self.exe, "report", str(trace), "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         if p.returncode != 0:
             return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:120]}
         rep = json.loads(p.stdout)
@@ -454,8 +533,11 @@ class Bench:
             err = t.get("live_bytes_error") or sum(x.get("live_bytes_error", 0) ** 2 for x in rep["locations"]) ** 0.5
             return {"live": t["live_bytes"], "err": err}
         locs = [x for x in rep["locations"] if x["function"].split("(")[0].endswith(function)]
-        return {"live": sum(x["live_bytes"] for x in locs),
-                "err": sum(x.get("live_bytes_error", 0) ** 2 for x in locs) ** 0.5, "sites": len(locs)}
+        return {
+            "live": sum(x["live_bytes"] for x in locs),
+            "err": sum(x.get("live_bytes_error", 0) ** 2 for x in locs) ** 0.5,
+            "sites": len(locs),
+        }
 
 
 def build_bins(d: Path) -> None:
@@ -463,8 +545,13 @@ def build_bins(d: Path) -> None:
     d.mkdir(parents=True, exist_ok=True)
     for name, flags in (("syscalls", []), ("pair", []), ("switch", ["-pthread"])):
         subprocess.run(["gcc", "-O2", *flags, "-o", str(d / name), str(HERE / f"{name}.c")], check=True)
-    p = subprocess.run([sys.executable, "-c", "from rust_targets import build_rustd; print(build_rustd())"],
-                       cwd=ROOT / "tests", capture_output=True, text=True, check=False)
+    p = subprocess.run(
+        [sys.executable, "-c", "from rust_targets import build_rustd; print(build_rustd())"],
+        cwd=ROOT / "tests",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if p.returncode != 0:
         raise SystemExit(f"bench/inject_floor.py: building rustd failed: {p.stderr.strip()[-300:]}")
     shutil.copy2(p.stdout.strip().splitlines()[-1], d / "rustd")
@@ -485,7 +572,7 @@ def interleaved(b: Bench, wl, modes: list[str], rounds: int) -> dict:
     except TrialError as e:
         b.say(f"{wl.name}: the warm-up trial failed: {e}")
     for r in range(rounds):
-        order = modes[r % len(modes):] + modes[:r % len(modes)]
+        order = modes[r % len(modes) :] + modes[: r % len(modes)]
         row = {}
         for m in order:
             try:
@@ -495,8 +582,11 @@ def interleaved(b: Bench, wl, modes: list[str], rounds: int) -> dict:
                 print(f"  {wl.name} round {r + 1} {m}: failed: {e}", flush=True)
                 continue
             d = row[m]
-            print(f"  {wl.name} round {r + 1} {m:10s} {d['metric']:12,.0f}/s  cpu {d['cpu_us']:.2f} us/req  "
-                  f"tracer {d['tracer_ms_per_s']:.1f} ms/s {d.get('meta') or ''}", flush=True)
+            print(
+                f"  {wl.name} round {r + 1} {m:10s} {d['metric']:12,.0f}/s  cpu {d['cpu_us']:.2f} us/req  "
+                f"tracer {d['tracer_ms_per_s']:.1f} ms/s {d.get('meta') or ''}",
+                flush=True,
+            )
         base = row.get("untraced")
         for m, d in row.items():
             if base:
@@ -505,11 +595,15 @@ def interleaved(b: Bench, wl, modes: list[str], rounds: int) -> dict:
                 if "per_test" in d:
                     d["test_kept"] = {k: v / base["per_test"][k] for k, v in d["per_test"].items()}
             res[m].append(d)
-    b.say(f"\n### {wl.name}\n\n{wl.header()}. {rounds} rounds; each figure: the median over rounds of "
-          "the ratio to the untraced trial of the same round (min–max).\n")
+    b.say(
+        f"\n### {wl.name}\n\n{wl.header()}. {rounds} rounds; each figure: the median over rounds of "
+        "the ratio to the untraced trial of the same round (min–max).\n"
+    )
     tests = ["SET", "GET", "LPUSH"] if wl.name == "redis" else []
-    b.say("| mode | req/s (median) | throughput kept | server CPU per request (µs) | CPU/request vs untraced | "
-          "tracer CPU (ms per 1 s interval) | " + "".join(f"{t} kept | " for t in tests) + "rounds |")
+    b.say(
+        "| mode | req/s (median) | throughput kept | server CPU per request (µs) | CPU/request vs untraced | "
+        "tracer CPU (ms per 1 s interval) | " + "".join(f"{t} kept | " for t in tests) + "rounds |"
+    )
     b.say("|---" * (7 + len(tests)) + "|")
     for m in modes:
         ts = res[m]
@@ -519,24 +613,31 @@ def interleaved(b: Bench, wl, modes: list[str], rounds: int) -> dict:
         kept = [t["kept"] for t in ts if "kept" in t]
         cr = [t["cpu_ratio"] for t in ts if "cpu_ratio" in t]
         cols = "".join(f"{spread([t['test_kept'][k] for t in ts if 'test_kept' in t])} | " for k in tests)
-        b.say(f"| {m} | {statistics.median(t['metric'] for t in ts):,.0f} | {spread(kept)} | "
-              f"{statistics.median(t['cpu_us'] for t in ts):.2f} | {spread(cr)} | "
-              f"{statistics.median(t['tracer_ms_per_s'] for t in ts):.1f} | {cols}{len(ts)}/{rounds}"
-              + (f" ({len(errors[m])} failed: {errors[m][-1][:80]})" if errors[m] else "") + " |")
+        b.say(
+            f"| {m} | {statistics.median(t['metric'] for t in ts):,.0f} | {spread(kept)} | "
+            f"{statistics.median(t['cpu_us'] for t in ts):.2f} | {spread(cr)} | "
+            f"{statistics.median(t['tracer_ms_per_s'] for t in ts):.1f} | {cols}{len(ts)}/{rounds}"
+            + (f" ({len(errors[m])} failed: {errors[m][-1][:80]})" if errors[m] else "")
+            + " |"
+        )
     if wl.name == "rustd" and "heaptrack" in modes:
-        b.say("\n(heaptrack -p hooks the PLT/GOT of malloc & co.: rustd's jemalloc is linked in and called "
-              "directly as _rjem_*, so heaptrack sees none of its allocations; its row is the cost of being "
-              "attached, not of tracing.)")
+        b.say(
+            "\n(heaptrack -p hooks the PLT/GOT of malloc & co.: rustd's jemalloc is linked in and called "
+            "directly as _rjem_*, so heaptrack sees none of its allocations; its row is the cost of being "
+            "attached, not of tracing.)"
+        )
     return res
 
 
 def estimates_section(b: Bench, results: dict[str, dict]) -> list[bool]:
     b.say("\n### Estimates against the targets' own counters\n")
-    b.say("redis: INFO used_memory grown from the attach to the end (jemalloc size classes: the estimate is of "
-          "requested bytes, so ~0.8–1.0x) vs the recording's live bytes (report --format json: totals.live_bytes, "
-          "± totals.live_bytes_error, the 95 % bound); rustd: its cache bytes (every block from `cache_entry`) vs "
-          "that site's live_bytes ± live_bytes_error. Within: the test suite's criterion (1.7x the 95 % bound; "
-          "redis 0.8–1.02x used_memory ± that).\n")
+    b.say(
+        "redis: INFO used_memory grown from the attach to the end (jemalloc size classes: the estimate is of "
+        "requested bytes, so ~0.8–1.0x) vs the recording's live bytes (report --format json: totals.live_bytes, "
+        "± totals.live_bytes_error, the 95 % bound); rustd: its cache bytes (every block from `cache_entry`) vs "
+        "that site's live_bytes ± live_bytes_error. Within: the test suite's criterion (1.7x the 95 % bound; "
+        "redis 0.8–1.02x used_memory ± that).\n"
+    )
     b.say("| target | mode | round | truth (B) | estimate (B) | ± 95 % (B) | estimate / truth | within |")
     b.say("|---|---|---|---|---|---|---|---|")
     oks = []
@@ -550,11 +651,16 @@ def estimates_section(b: Bench, results: dict[str, dict]) -> list[bool]:
                     b.say(f"| {wl} | {m} | {r + 1} | {t['truth']:,} | report failed: {e['error']} | | | |")
                     continue
                 truth, live, err = t["truth"], e["live"], e["err"]
-                ok = (0.80 * truth - 1.7 * err <= live <= 1.02 * truth + 1.7 * err) if wl == "redis" \
+                ok = (
+                    (0.80 * truth - 1.7 * err <= live <= 1.02 * truth + 1.7 * err)
+                    if wl == "redis"
                     else abs(live - truth) <= 1.7 * err
+                )
                 oks.append(ok)
-                b.say(f"| {wl} | {m} | {r + 1} | {truth:,} | {live:,} | {err:,.0f} | "
-                      f"{live / truth if truth else float('nan'):.3f} | {'yes' if ok else 'NO'} |")
+                b.say(
+                    f"| {wl} | {m} | {r + 1} | {truth:,} | {live:,} | {err:,.0f} | "
+                    f"{live / truth if truth else float('nan'):.3f} | {'yes' if ok else 'NO'} |"
+                )
     return oks
 
 
@@ -576,19 +682,33 @@ def syscall_tax(b: Bench, rounds: int, calls: int, best: int) -> list[str]:
     res: dict[str, list[float]] = {c: [] for c in cfgs}
     sw: dict[str, list[float]] = {c: [] for c in cfgs}
     for r in range(rounds):
-        order = list(cfgs)[r % 3:] + list(cfgs)[:r % 3]
+        order = list(cfgs)[r % 3 :] + list(cfgs)[: r % 3]
         for c in order:
-            srv = subprocess.Popen(pinned(b.cpus.rustd, [str(b.bins / "rustd"), "--serve", "1"]),
-                                   stdout=subprocess.PIPE, text=True, start_new_session=True)
+            srv = subprocess.Popen(
+                pinned(b.cpus.rustd, [str(b.bins / "rustd"), "--serve", "1"]),
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
             tr = None
             try:
                 read_line(srv, "ready", timeout=30)
                 if cfgs[c] is not None:
                     MODES["_tax"] = cfgs[c]
                     tr = Tracer(b, "_tax", srv.pid, f"tax-{r}")
-                res[c].append(min(float(subprocess.run(pinned(b.cpus.other, [str(prog), str(calls)]),
-                                                       capture_output=True, text=True,
-                                                       check=True).stdout.split()[1]) for _ in range(best)))
+                res[c].append(
+                    min(
+                        float(
+                            subprocess.run(
+                                pinned(b.cpus.other, [str(prog), str(calls)]),
+                                capture_output=True,
+                                text=True,
+                                check=True,
+                            ).stdout.split()[1]
+                        )
+                        for _ in range(best)
+                    )
+                )
                 sw[c].append(min(switch_ns(b, calls // 10) for _ in range(3)))
                 if tr is not None:
                     tr.finish()
@@ -599,14 +719,19 @@ def syscall_tax(b: Bench, rounds: int, calls: int, best: int) -> list[str]:
                 if tr is not None:
                     tr.kill()
                 stop_process(srv, signal.SIGKILL, 30)
-            print(f"  tax round {r + 1} {c}: getppid {res[c][-1] if res[c] else '-'} ns, "
-                  f"hand-off {sw[c][-1] if sw[c] else '-'} ns", flush=True)
-    b.say(f"\n### Syscall and context-switch tax on an unrelated process\n\nOn CPU "
-          f"{','.join(map(str, b.cpus.other))}: a getppid() loop ({calls:,} calls, the fastest of {best} loops a "
-          f"trial) and bench/switch.c (two threads handing a token over, {calls // 10:,} hand-offs, each a "
-          f"context switch; the fastest of 3), while `rustd --serve 1` runs untraced / under an injected "
-          f"recording / under residency mode (which attaches the syscall tracepoints: the control that shows "
-          f"the measurement can see a tax); {rounds} interleaved rounds.\n")
+            print(
+                f"  tax round {r + 1} {c}: getppid {res[c][-1] if res[c] else '-'} ns, "
+                f"hand-off {sw[c][-1] if sw[c] else '-'} ns",
+                flush=True,
+            )
+    b.say(
+        f"\n### Syscall and context-switch tax on an unrelated process\n\nOn CPU "
+        f"{','.join(map(str, b.cpus.other))}: a getppid() loop ({calls:,} calls, the fastest of {best} loops a "
+        f"trial) and bench/switch.c (two threads handing a token over, {calls // 10:,} hand-offs, each a "
+        f"context switch; the fastest of 3), while `rustd --serve 1` runs untraced / under an injected "
+        f"recording / under residency mode (which attaches the syscall tracepoints: the control that shows "
+        f"the measurement can see a tax); {rounds} interleaved rounds.\n"
+    )
     b.say("| configuration | getppid ns (median, min–max) | added ns | hand-off ns (median, min–max) | added ns |")
     b.say("|---|---|---|---|---|")
     out = []
@@ -617,12 +742,17 @@ def syscall_tax(b: Bench, rounds: int, calls: int, best: int) -> list[str]:
             continue
         d1 = statistics.median(x - y for x, y in zip(v, res["untraced"]))
         d2 = statistics.median(x - y for x, y in zip(w, sw["untraced"])) if w and sw["untraced"] else float("nan")
-        b.say(f"| {c} | {statistics.median(v):.1f} ({min(v):.1f}–{max(v):.1f}) | {d1:+.1f} | "
-              f"{statistics.median(w):.0f} ({min(w):.0f}–{max(w):.0f}) | {d2:+.0f} |")
+        b.say(
+            f"| {c} | {statistics.median(v):.1f} ({min(v):.1f}–{max(v):.1f}) | {d1:+.1f} | "
+            f"{statistics.median(w):.0f} ({min(w):.0f}–{max(w):.0f}) | {d2:+.0f} |"
+        )
         out.append(f"{c}: getppid {d1:+.1f} ns, hand-off {d2:+.0f} ns")
     base, sbase = res["untraced"], sw["untraced"]
-    noise = (f"getppid {max(base) - min(base):.1f} ns, hand-off {max(sbase) - min(sbase):.0f} ns"
-             if len(base) > 1 and len(sbase) > 1 else "one round: unknown")
+    noise = (
+        f"getppid {max(base) - min(base):.1f} ns, hand-off {max(sbase) - min(sbase):.0f} ns"
+        if len(base) > 1 and len(sbase) > 1
+        else "one round: unknown"
+    )
     b.say(f"\nUntraced spread over rounds (the noise): {noise}.")
     return [*out, f"untraced spread {noise}"]
 
@@ -630,8 +760,9 @@ def syscall_tax(b: Bench, rounds: int, calls: int, best: int) -> list[str]:
 def pair_cost(b: Bench, cycles: int, batches: int) -> dict[str, float]:
     """One process: plain batches, then hooked (default sampling / sampling off in effect),
     then plain again, ...; medians of the batches of each phase."""
-    p = subprocess.Popen(pinned(b.cpus.redis, [str(b.bins / "pair")]), stdout=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        pinned(b.cpus.redis, [str(b.bins / "pair")]), stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     phases: dict[str, list[float]] = {"plain": [], "inject": [], "inject-unsampled": []}
     try:
         read_line(p, "ready", timeout=30)
@@ -641,7 +772,7 @@ def pair_cost(b: Bench, cycles: int, batches: int) -> dict[str, float]:
             return [float(read_line(p, "ns", timeout=60).split()[1]) for _ in range(n)]
 
         for c in range(cycles):
-            for ph in (["inject", "inject-unsampled"] if c % 2 == 0 else ["inject-unsampled", "inject"]):
+            for ph in ["inject", "inject-unsampled"] if c % 2 == 0 else ["inject-unsampled", "inject"]:
                 phases["plain"].append(statistics.median(take(batches)))
                 MODES["_pair"] = ["--inject"] + (["--sample-bytes", NO_SAMPLING] if ph == "inject-unsampled" else [])
                 tr = Tracer(b, "_pair", p.pid, f"pair-{c}-{ph}")
@@ -653,9 +784,11 @@ def pair_cost(b: Bench, cycles: int, batches: int) -> dict[str, float]:
     finally:
         stop_process(p, signal.SIGKILL, 30)
     med = {k: statistics.median(v) for k, v in phases.items() if v}
-    b.say(f"\n### malloc(32)+free pair, plain vs hooked\n\nbench/pair.c (glibc malloc), one process on CPU "
-          f"{','.join(map(str, b.cpus.redis))}: {batches} batches of 2,000,000 pairs per phase, plain and hooked "
-          f"alternately ({cycles} cycles); per phase the median batch, then the median over phases.\n")
+    b.say(
+        f"\n### malloc(32)+free pair, plain vs hooked\n\nbench/pair.c (glibc malloc), one process on CPU "
+        f"{','.join(map(str, b.cpus.redis))}: {batches} batches of 2,000,000 pairs per phase, plain and hooked "
+        f"alternately ({cycles} cycles); per phase the median batch, then the median over phases.\n"
+    )
     b.say("| phase | ns a pair (median; phases min–max) | over plain |")
     b.say("|---|---|---|")
     for k, v in phases.items():
@@ -695,10 +828,12 @@ def sigkill_check(b: Bench, wl) -> str:
             serving = Rustd.stats(srv)["requests"] > s0["requests"]
         stop_process(srv, signal.SIGTERM, 60)
         rc = srv.returncode
-        return (f"{wl.name}: patched while recording: {', '.join(hooked) or 'NOTHING'} (watchdog thread "
-                f"{'up' if wd else 'MISSING'}); allocscope SIGKILLed: every code byte back after {took:.2f} s"
-                f"{'' if not left else ' — NOT restored: ' + ', '.join(left)}; serving afterwards: "
-                f"{'yes' if serving else 'NO'}; exit {rc} on SIGTERM")
+        return (
+            f"{wl.name}: patched while recording: {', '.join(hooked) or 'NOTHING'} (watchdog thread "
+            f"{'up' if wd else 'MISSING'}); allocscope SIGKILLed: every code byte back after {took:.2f} s"
+            f"{'' if not left else ' — NOT restored: ' + ', '.join(left)}; serving afterwards: "
+            f"{'yes' if serving else 'NO'}; exit {rc} on SIGTERM"
+        )
     except (TrialError, OSError, subprocess.CalledProcessError) as e:
         return f"{wl.name}: SIGKILL check failed: {e}"
     finally:
@@ -724,9 +859,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0, help="rustd's measured window")
     ap.add_argument("--rustd-threads", type=int, help="default: 8 on >= 8 CPUs (or fewer), else 4")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
-    ap.add_argument("--define", action="append", default=[], metavar="NAME=ARGS",
-                    help="an ad-hoc allocscope mode: NAME records with the `record` arguments ARGS, e.g. "
-                         "inject-nowait='--inject --wait-min 0' (repeatable; add NAME to --modes)")
+    ap.add_argument(
+        "--define",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="an ad-hoc allocscope mode: NAME records with the `record` arguments ARGS, e.g. "
+        "inject-nowait='--inject --wait-min 0' (repeatable; add NAME to --modes)",
+    )
     ap.add_argument("--workloads", default="redis,rustd")
     ap.add_argument("--tax-rounds", type=int, default=5)
     ap.add_argument("--tax-calls", type=int, default=1000000)
@@ -763,8 +903,10 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M")
     b.say(f"## `--inject` at the in-process floor — {started}\n")
     b.say(f"Command: `{' '.join(sys.argv)}`\n")
-    b.say(f"Machine: {os.cpu_count()} CPUs ({len(physical_cpus())} physical cores usable), kernel "
-          f"{platform.release()}, load average at the start {' '.join(load0)}. CPUs: {b.cpus.describe()}.")
+    b.say(
+        f"Machine: {os.cpu_count()} CPUs ({len(physical_cpus())} physical cores usable), kernel "
+        f"{platform.release()}, load average at the start {' '.join(load0)}. CPUs: {b.cpus.describe()}."
+    )
     if heaptrack_note:
         b.say(heaptrack_note)
     results: dict[str, dict] = {}
@@ -787,15 +929,19 @@ def main() -> None:
             cpu = [t["cpu_ratio"] for t in res.get("inject", []) if "cpu_ratio" in t]
             if kept:
                 k = statistics.median(kept)
-                b.say(f"* {name}: `--inject` keeps {k * 100:.1f} % of the throughput (goal >= 98 %: "
-                      f"{'met' if k >= 0.98 else 'NOT met'}); its CPU per request {statistics.median(cpu) * 100:.1f} % "
-                      "of untraced")
+                b.say(
+                    f"* {name}: `--inject` keeps {k * 100:.1f} % of the throughput (goal >= 98 %: "
+                    f"{'met' if k >= 0.98 else 'NOT met'}); its CPU per request {statistics.median(cpu) * 100:.1f} % "
+                    "of untraced"
+                )
                 summary.append(f"{name} inject {k * 100:.1f} %")
         if pair:
             d = pair.get("inject-unsampled", float("nan")) - pair["plain"]
-            b.say(f"* the unsampled hooked pair: {d:+.2f} ns over the plain pair (goal <= 10 ns: "
-                  f"{'met' if d <= 10 else 'NOT met'}); with the default sampling "
-                  f"{pair.get('inject', float('nan')) - pair['plain']:+.2f} ns")
+            b.say(
+                f"* the unsampled hooked pair: {d:+.2f} ns over the plain pair (goal <= 10 ns: "
+                f"{'met' if d <= 10 else 'NOT met'}); with the default sampling "
+                f"{pair.get('inject', float('nan')) - pair['plain']:+.2f} ns"
+            )
         if tax:
             b.say(f"* syscall tax on an unrelated process: {'; '.join(tax)}")
         if oks:

@@ -21,6 +21,7 @@ DIR: a checkout (default before: none; after: this one) whose tracer/agent and t
 are built (make setup). A DIR of an older commit is made with
 `git archive COMMIT | tar -x -C DIR` and the two .so copied in.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -117,6 +118,7 @@ def _child(args) -> None:
                     cur["_cpu1"] = _proc_cpu_ns()
                     snaps.append(cur)
                     cur = None
+
         timed.__wrapped__ = fn
         return timed
 
@@ -136,9 +138,18 @@ def _child(args) -> None:
     from tracer.record import record
     from tracer.target import target_from_pid
 
-    opts = RecordOptions(output=args.trace, duration=args.seconds, interval=args.interval, quiet=True, force=True,
-                         inject=True, sample_bytes=args.sample_bytes, max_stacks=args.max_stacks,
-                         max_sites=args.max_sites, **json.loads(args.extra))
+    opts = RecordOptions(
+        output=args.trace,
+        duration=args.seconds,
+        interval=args.interval,
+        quiet=True,
+        force=True,
+        inject=True,
+        sample_bytes=args.sample_bytes,
+        max_stacks=args.max_stacks,
+        max_sites=args.max_sites,
+        **json.loads(args.extra),
+    )
     s = record(target_from_pid(args.pid), opts)
     Path(args.json).write_text(json.dumps({"snaps": snaps, "intervals": s.intervals, "sites": s.sites}))
 
@@ -151,15 +162,46 @@ def _proc_cpu_ns() -> int:
 # the parent: targets, trials, tables
 
 
-def run_child(root: Path, pid: int, trace: Path, seconds: float, sample_bytes: int, on_first=None,
-              extra: dict | None = None, interval: float = 1.0, max_stacks: int = 1 << 18) -> dict:
+def run_child(
+    root: Path,
+    pid: int,
+    trace: Path,
+    seconds: float,
+    sample_bytes: int,
+    on_first=None,
+    extra: dict | None = None,
+    interval: float = 1.0,
+    max_stacks: int = 1 << 18,
+) -> dict:
     js = trace.with_suffix(".json")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "_child", "--root", str(root), "--pid", str(pid),
-           "--trace", str(trace), "--json", str(js), "--seconds", str(seconds), "--sample-bytes", str(sample_bytes),
-           "--interval", str(interval), "--max-stacks", str(max_stacks), "--max-sites", str(1 << 19),
-           "--extra", json.dumps(extra or {})]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": str(root)})
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "_child",
+        "--root",
+        str(root),
+        "--pid",
+        str(pid),
+        "--trace",
+        str(trace),
+        "--json",
+        str(js),
+        "--seconds",
+        str(seconds),
+        "--sample-bytes",
+        str(sample_bytes),
+        "--interval",
+        str(interval),
+        "--max-stacks",
+        str(max_stacks),
+        "--max-sites",
+        str(1 << 19),
+        "--extra",
+        json.dumps(extra or {}),
+    ]
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)}
+    )
     first = trace / "parts" / "intervals-000001.parquet"
     end = time.monotonic() + 300
     while not first.exists():
@@ -181,8 +223,19 @@ def seq_now(trace: Path) -> int:
 
 def build_sites(out: Path) -> Path:
     exe = out / "sites"
-    subprocess.run(["gcc", "-O1", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-o", str(exe),
-                    str(HERE / "sites.c")], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-fno-optimize-sibling-calls",
+            "-o",
+            str(exe),
+            str(HERE / "sites.c"),
+        ],
+        check=True,
+    )
     return exe
 
 
@@ -237,8 +290,11 @@ def free_port() -> int:
 def redis_trial(root: Path, rdir: Path, seconds: float, tmp: Path, tag: str) -> dict:
     env = {**os.environ, "LD_LIBRARY_PATH": str(rdir)}
     port = free_port()
-    srv = subprocess.Popen([str(rdir / "redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
-                           stdout=subprocess.DEVNULL, env=env)
+    srv = subprocess.Popen(
+        [str(rdir / "redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        env=env,
+    )
     load = None
     try:
         for _ in range(400):
@@ -255,9 +311,28 @@ def redis_trial(root: Path, rdir: Path, seconds: float, tmp: Path, tag: str) -> 
 
         def go():
             nonlocal load
-            load = subprocess.Popen([str(rdir / "redis-benchmark"), "-p", str(port), "-t", "set,get,lpush,lpop",
-                                     "-n", "100000000", "-c", "50", "-r", "100000", "-d", "64", "-q", "-l"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            load = subprocess.Popen(
+                [
+                    str(rdir / "redis-benchmark"),
+                    "-p",
+                    str(port),
+                    "-t",
+                    "set,get,lpush,lpop",
+                    "-n",
+                    "100000000",
+                    "-c",
+                    "50",
+                    "-r",
+                    "100000",
+                    "-d",
+                    "64",
+                    "-q",
+                    "-l",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+            )
             started[0] = time.monotonic() + 2.5
 
         res = run_child(root, srv.pid, trace, seconds, 524288, go)
@@ -270,13 +345,38 @@ def redis_trial(root: Path, rdir: Path, seconds: float, tmp: Path, tag: str) -> 
         srv.wait()
 
 
-MAIN_STEPS = ["Recorder.snapshot", "MapsWatcher.part", "SiteReader.update", "SiteReader._drain",
-              "SiteReader._look_up", "Probes.read_sites", "SiteTable.update", "SiteReader.flows",
-              "SiteTable.part", "Probes.read_releases", "ReleaseTable.part", "Probes.read_waits", "Probes.read_offcpu",
-              "WaitTable.parts", "Probes.read_flows", "flow_part", "Probes.read_stacks", "StackTable.columns",
-              "ThreadTable.look_up", "Recorder._interval_row", "Probes.read_counters", "Probes.read_tlb",
-              "Probes.read_totals", "rss", "HeapMeter.measure", "Recorder._measure_allocators",
-              "AllocatorMeter.measure", "live_by_source", "read_maps", "TraceWriter.write_part"]
+MAIN_STEPS = [
+    "Recorder.snapshot",
+    "MapsWatcher.part",
+    "SiteReader.update",
+    "SiteReader._drain",
+    "SiteReader._look_up",
+    "Probes.read_sites",
+    "SiteTable.update",
+    "SiteReader.flows",
+    "SiteTable.part",
+    "Probes.read_releases",
+    "ReleaseTable.part",
+    "Probes.read_waits",
+    "Probes.read_offcpu",
+    "WaitTable.parts",
+    "Probes.read_flows",
+    "flow_part",
+    "Probes.read_stacks",
+    "StackTable.columns",
+    "ThreadTable.look_up",
+    "Recorder._interval_row",
+    "Probes.read_counters",
+    "Probes.read_tlb",
+    "Probes.read_totals",
+    "rss",
+    "HeapMeter.measure",
+    "Recorder._measure_allocators",
+    "AllocatorMeter.measure",
+    "live_by_source",
+    "read_maps",
+    "TraceWriter.write_part",
+]
 
 
 def table(rows: list[tuple[str, dict]]) -> str:
@@ -286,8 +386,11 @@ def table(rows: list[tuple[str, dict]]) -> str:
     lines = [head, "|---|" + "---:|" * len(rows)]
     steps += sorted({k for _, r in rows for k in r if k.startswith("write_part ")})
     for s in ["process"] + steps + ["final"]:
-        label = {"process": "**tracer process CPU per interval (all threads)**",
-                 "final": "final snapshot (once)", "Recorder.snapshot": "**Recorder.snapshot**"}.get(s, s)
+        label = {
+            "process": "**tracer process CPU per interval (all threads)**",
+            "final": "final snapshot (once)",
+            "Recorder.snapshot": "**Recorder.snapshot**",
+        }.get(s, s)
         lines.append(f"| {label} | " + " | ".join(f"{r.get(s, 0):.2f}" for _, r in rows) + " |")
     lines.append("| steady intervals measured | " + " | ".join(str(r.get("n", 0)) for _, r in rows) + " |")
     return "\n".join(lines)
@@ -317,8 +420,11 @@ def main() -> None:
         _child(args)
         return
     roots = [(n, p.resolve()) for n, p in (("before", args.before), ("after", args.after)) if p is not None]
-    lines = [f"# Tracer CPU per interval ({time.strftime('%Y-%m-%d')}, {os.uname().release}, "
-             f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})", ""]
+    lines = [
+        f"# Tracer CPU per interval ({time.strftime('%Y-%m-%d')}, {os.uname().release}, "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})",
+        "",
+    ]
     with tempfile.TemporaryDirectory(prefix="interval-cost-") as d:
         tmp = Path(d)
         if args.redis:
@@ -337,8 +443,11 @@ def main() -> None:
                     for name, root in roots:
                         r = sites_trial(root, exe, n, k, args.seconds, tmp, name)
                         rows.append((f"{name}: N={n} K={k}", r))
-                        print(f"{rows[-1][0]}: process {r.get('process', 0):.2f} ms/interval, snapshot "
-                              f"{r.get('Recorder.snapshot', 0):.2f} ms, sites {r['sites']}", flush=True)
+                        print(
+                            f"{rows[-1][0]}: process {r.get('process', 0):.2f} ms/interval, snapshot "
+                            f"{r.get('Recorder.snapshot', 0):.2f} ms, sites {r['sites']}",
+                            flush=True,
+                        )
                     lines += [f"## N={n} live sites, K={k} changing per interval", "", table(rows), ""]
     text = "\n".join(lines)
     print(text)

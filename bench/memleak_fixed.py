@@ -9,6 +9,7 @@ probes and their cost are unchanged.
 
     bench/memleak_fixed.py [memleak-bpfcc arguments...]
 """
+
 import ctypes as ct
 import runpy
 import shutil

@@ -25,6 +25,7 @@ At the end, whether each goal of issue #6 is met.
 
     sudo .venv/bin/python bench/overhead.py [--workload loop|redis|demo|all] [--rounds 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,12 +78,20 @@ ALLOCSCOPE_CONFIGS = {
 }
 # not run unless named in --configs: the anonymous RSS kept by a kmem:rss_stat program (the way
 # before 2026-12) instead of read at each release's entry and exit
-EXTRA_CONFIGS = {"allocscope-rsstp": ["--rss-tracepoint"], "allocscope-residency-rsstp": ["--mode", "residency",
-                                                                                            "--rss-tracepoint"]}
+EXTRA_CONFIGS = {
+    "allocscope-rsstp": ["--rss-tracepoint"],
+    "allocscope-residency-rsstp": ["--mode", "residency", "--rss-tracepoint"],
+}
 # which floor each mode is measured against
-FLOOR_OF = {"allocscope": "floor", "allocscope-fp": "floor", "allocscope-sampled": "floor",
-            "allocscope-inject": "floor", "allocscope-rsstp": "floor", "allocscope-residency": "floor-residency",
-            "allocscope-residency-rsstp": "floor-residency"}
+FLOOR_OF = {
+    "allocscope": "floor",
+    "allocscope-fp": "floor",
+    "allocscope-sampled": "floor",
+    "allocscope-inject": "floor",
+    "allocscope-rsstp": "floor",
+    "allocscope-residency": "floor-residency",
+    "allocscope-residency-rsstp": "floor-residency",
+}
 MEMLEAK_CONFIGS = {"memleak": [], "memleak-combined": ["--combined-only"], "memleak-s10": ["-s", "10"]}
 MEMLEAK_INTERVAL = "5"  # memleak-bpfcc's own default report interval
 MEMLEAK_NO_ATTACH = "see its output (bench/memleak_fixed.py runs it with ref_ctr_offset 0)"
@@ -111,16 +120,29 @@ def start_attach_tracer(cfg: str, pid: int, tmp: Path, alloc_obj: str | None = N
         if alloc_obj and not (exported(alloc_obj, "mmap") and exported(alloc_obj, "munmap")):
             # memleak -O OBJ probes malloc..free *and* mmap/munmap in OBJ, none of them optional;
             # without -O it probes libc, whose malloc this process does not call.
-            raise TrialError(f"memleak-bpfcc cannot probe {Path(alloc_obj).name}: its -O needs mmap and munmap "
-                             "in the allocator object (jemalloc exports neither), and its default (libc) "
-                             "would see none of this process' allocations")
+            raise TrialError(
+                f"memleak-bpfcc cannot probe {Path(alloc_obj).name}: its -O needs mmap and munmap "
+                "in the allocator object (jemalloc exports neither), and its default (libc) "
+                "would see none of this process' allocations"
+            )
         obj = ["-O", alloc_obj] if alloc_obj else []
         # bench/memleak_fixed.py: memleak-bpfcc itself, with python3-bpfcc's garbage ref_ctr_offset
         # replaced by 0, so that it attaches beside any other uprobe on malloc
-        proc = subprocess.Popen([sys.executable, str(HERE / "memleak_fixed.py"), "-p", str(pid), *obj,
-                                 *MEMLEAK_CONFIGS[cfg], MEMLEAK_INTERVAL],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "memleak_fixed.py"),
+                "-p",
+                str(pid),
+                *obj,
+                *MEMLEAK_CONFIGS[cfg],
+                MEMLEAK_INTERVAL,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         t = Tracer(proc, TracerMonitor(proc.pid, {pid}))
         # memleak prints "Attaching" before it compiles and attaches; its first periodic report
         # ("[time] Top N stacks ...") proves the probes are live.
@@ -194,8 +216,7 @@ class SignalledProgram(Workload):
         argv = self.argv()
         if heaptrack:
             argv = ["heaptrack", "-o", str(tmp / f"heaptrack-{time.monotonic_ns()}"), *argv]
-        prog = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        prog = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         mon = TracerMonitor(prog.pid) if heaptrack else None
         tracer = None
         pid = None
@@ -246,8 +267,10 @@ class LoopWorkload(SignalledProgram):
 
     def prepare(self, tmp: Path) -> None:
         self.exe = tmp / "malloc_loop"
-        subprocess.run(["gcc", "-O2", "-pthread", "-fno-omit-frame-pointer", "-o", str(self.exe),
-                        str(HERE / "malloc_loop.c")], check=True)
+        subprocess.run(
+            ["gcc", "-O2", "-pthread", "-fno-omit-frame-pointer", "-o", str(self.exe), str(HERE / "malloc_loop.c")],
+            check=True,
+        )
 
     def argv(self) -> list[str]:
         return [str(self.exe), "--wait-signal", "--iters", str(self.iters), "--threads", str(self.threads)]
@@ -257,8 +280,10 @@ class LoopWorkload(SignalledProgram):
 
     def header(self) -> str:
         calls = 2 * self.iters * self.threads
-        return (f"malloc-heavy loop: {self.threads} threads x {self.iters} iterations ({calls} malloc+free "
-                f"calls, 10 size classes 16 B..16 KiB), seconds of work after SIGUSR1")
+        return (
+            f"malloc-heavy loop: {self.threads} threads x {self.iters} iterations ({calls} malloc+free "
+            f"calls, 10 size classes 16 B..16 KiB), seconds of work after SIGUSR1"
+        )
 
 
 class DemoWorkload(SignalledProgram):
@@ -296,8 +321,10 @@ class DemoWorkload(SignalledProgram):
 
     def header(self) -> str:
         mb = self.extra[self.extra.index("--partition-mb") + 1] if "--partition-mb" in self.extra else "8"
-        return (f"demo daemon (demo/provingd.c {' '.join(self.extra)} --partitions {self.partitions}, "
-                f"{mb} MiB mmapped partitions), partitions/s from SIGUSR1 to its summary")
+        return (
+            f"demo daemon (demo/provingd.c {' '.join(self.extra)} --partitions {self.partitions}, "
+            f"{mb} MiB mmapped partitions), partitions/s from SIGUSR1 to its summary"
+        )
 
 
 def free_port() -> int:
@@ -332,17 +359,36 @@ class RedisWorkload(Workload):
                 raise SystemExit(f"{exe} not found: apt-get install redis-server redis-tools (make setup)")
 
     def header(self) -> str:
-        return (f"redis-server {redis_version()} on 127.0.0.1, redis-benchmark -t {self.tests} -n {self.requests} "
-                f"-c {self.clients} -P 1 -r {self.keyspace} -d {self.datasize}; requests/s over all tests "
-                f"(total requests / total time)")
+        return (
+            f"redis-server {redis_version()} on 127.0.0.1, redis-benchmark -t {self.tests} -n {self.requests} "
+            f"-c {self.clients} -P 1 -r {self.keyspace} -d {self.datasize}; requests/s over all tests "
+            f"(total requests / total time)"
+        )
 
     def start_server(self, tmp: Path) -> tuple[subprocess.Popen, int]:
         port = free_port()
         d = tmp / f"redis-{port}"
         d.mkdir(exist_ok=True)
-        srv = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--dir", str(d), "--protected-mode", "yes"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        srv = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(d),
+                "--protected-mode",
+                "yes",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         end = time.monotonic() + 30
         while time.monotonic() < end:
             if srv.poll() is not None:
@@ -360,10 +406,32 @@ class RedisWorkload(Workload):
 
     def benchmark(self, port: int) -> tuple[float, dict]:
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        p = subprocess.run(["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-t", self.tests,
-                            "-n", str(self.requests), "-c", str(self.clients), "-P", "1", "-r", str(self.keyspace),
-                            "-d", str(self.datasize), "--csv"], capture_output=True, text=True, timeout=1800,
-                           check=False)
+        p = subprocess.run(
+            [
+                "redis-benchmark",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-t",
+                self.tests,
+                "-n",
+                str(self.requests),
+                "-c",
+                str(self.clients),
+                "-P",
+                "1",
+                "-r",
+                str(self.keyspace),
+                "-d",
+                str(self.datasize),
+                "--csv",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=False,
+        )
         rps = {}
         for row in csv.DictReader(io.StringIO(p.stdout)):
             try:
@@ -386,16 +454,21 @@ class RedisWorkload(Workload):
         ht = None
         try:
             if cfg == "heaptrack":
-                ht = subprocess.Popen(["heaptrack", "-o", str(tmp / f"heaptrack-redis-{port}"), "-p", str(srv.pid)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      start_new_session=True)
+                ht = subprocess.Popen(
+                    ["heaptrack", "-o", str(tmp / f"heaptrack-redis-{port}"), "-p", str(srv.pid)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
                 mon = TracerMonitor(ht.pid, {srv.pid})
                 log: list[str] = []
                 try:
                     read_line(ht, "injection finished", timeout=120, keep=log)
                 except TrialError:
-                    raise TrialError("heaptrack -p (gdb injection) failed: "
-                                     + (log[-1][:100] if log else "no output")) from None
+                    raise TrialError(
+                        "heaptrack -p (gdb injection) failed: " + (log[-1][:100] if log else "no output")
+                    ) from None
                 if srv.poll() is not None:
                     raise TrialError("redis-server died during heaptrack's gdb injection")
                 threading.Thread(target=lambda: [None for _ in ht.stdout], daemon=True).start()
@@ -410,10 +483,13 @@ class RedisWorkload(Workload):
             cpu_work = (mon.cpu_total() - cpu0) if mon else 0.0
             tcpu, ns1 = proc_cpu(srv.pid), sched_cpu(srv.pid)
             n = self.requests * len([k for k in rps if k.isupper()])
-            rps = {**rps, "target_cpu": (tcpu - tcpu0) if tcpu is not None else float("nan"),
-                   # the server's CPU per request (schedstat, ns): what the tracer costs it in-process
-                   "target_us": 1e6 * (ns1 - ns0) / n if ns1 is not None else float("nan"),
-                   "tracer_us": 1e6 * cpu_work / n}
+            rps = {
+                **rps,
+                "target_cpu": (tcpu - tcpu0) if tcpu is not None else float("nan"),
+                # the server's CPU per request (schedstat, ns): what the tracer costs it in-process
+                "target_us": 1e6 * (ns1 - ns0) / n if ns1 is not None else float("nan"),
+                "tracer_us": 1e6 * cpu_work / n,
+            }
             if tracer is not None:
                 cpu, rss = finish_tracer(tracer)
                 rps["bpf"] = dict(LAST_BPF_STATS)
@@ -462,8 +538,9 @@ def cost(w: Workload, m: float, base: float) -> float:
     return base / m - 1 if w.higher_is_better else m / base - 1
 
 
-def report(w: Workload, configs: list[str], results: dict[str, list[Trial]], errors: dict[str, list[str]],
-           rounds: int) -> dict[str, dict]:
+def report(
+    w: Workload, configs: list[str], results: dict[str, list[Trial]], errors: dict[str, list[str]], rounds: int
+) -> dict[str, dict]:
     """Prints the table; returns per configuration that ran: median metric, cost, tracer CPU
     during the work, and that CPU as a share of the target's."""
     med: dict[str, dict] = {}
@@ -473,24 +550,34 @@ def report(w: Workload, configs: list[str], results: dict[str, list[Trial]], err
             continue
         tcpu = [t.detail.get("target_cpu", float("nan")) for t in ts]
         share = [t.cpu_work / x for t, x in zip(ts, tcpu) if x == x and x > 0]
-        med[c] = {"metric": statistics.median(t.metric for t in ts),
-                  "cpu_work": statistics.median(t.cpu_work for t in ts),
-                  "cpu_share": statistics.median(share) if share else float("nan")}
+        med[c] = {
+            "metric": statistics.median(t.metric for t in ts),
+            "cpu_work": statistics.median(t.cpu_work for t in ts),
+            "cpu_share": statistics.median(share) if share else float("nan"),
+        }
     base = med.get("untraced", {}).get("metric")
     for m in med.values():
         m["cost"] = cost(w, m["metric"], base) if base else float("nan")
     ratio_head = "kept" if w.higher_is_better else "slowdown"
-    print(f"\n{w.header()}\n{rounds} interleaved rounds, medians; cost = time added per unit of work "
-          f"(untraced = 0); x floor = cost / the cost of its trap floor (the same probes, programs "
-          f"returning at once); tracer CPU = its processes' CPU seconds during the work (and as a share "
-          f"of the target's CPU then), total = start-up and shutdown too; peak RSS = VmHWM")
+    print(
+        f"\n{w.header()}\n{rounds} interleaved rounds, medians; cost = time added per unit of work "
+        f"(untraced = 0); x floor = cost / the cost of its trap floor (the same probes, programs "
+        f"returning at once); tracer CPU = its processes' CPU seconds during the work (and as a share "
+        f"of the target's CPU then), total = start-up and shutdown too; peak RSS = VmHWM"
+    )
     tests = [x.upper() for x in w.tests.split(",")] if isinstance(w, RedisWorkload) else []
-    head = (f"{'configuration':26s} {w.unit:>13s} {ratio_head:>9s} {'x floor':>8s} {'CPU work s':>10s} "
-            f"{'% target':>8s} {'CPU total s':>11s} {'peak MiB':>8s}" + "".join(f" {k + ' kept':>10s}" for k in tests)
-            + "  runs")
+    head = (
+        f"{'configuration':26s} {w.unit:>13s} {ratio_head:>9s} {'x floor':>8s} {'CPU work s':>10s} "
+        f"{'% target':>8s} {'CPU total s':>11s} {'peak MiB':>8s}"
+        + "".join(f" {k + ' kept':>10s}" for k in tests)
+        + "  runs"
+    )
     print(head)
-    base_detail = {k: statistics.median(t.detail[k] for t in results["untraced"] if k in t.detail)
-                   for k in tests} if results.get("untraced") else {}
+    base_detail = (
+        {k: statistics.median(t.detail[k] for t in results["untraced"] if k in t.detail) for k in tests}
+        if results.get("untraced")
+        else {}
+    )
     for c in configs:
         ts = results[c]
         if not ts:
@@ -498,27 +585,44 @@ def report(w: Workload, configs: list[str], results: dict[str, list[Trial]], err
             print(f"{c:26s} {'n/a':>13s}   {why}")
             continue
         m = med[c]
-        r = (f"{m['metric'] / base * 100:8.1f}%" if w.higher_is_better else f"{m['metric'] / base:8.2f}x") \
-            if base else f"{'-':>9s}"
+        r = (
+            (f"{m['metric'] / base * 100:8.1f}%" if w.higher_is_better else f"{m['metric'] / base:8.2f}x")
+            if base
+            else f"{'-':>9s}"
+        )
         fl = med.get(FLOOR_OF.get(c, ""))
         xf = f"{m['cost'] / fl['cost']:7.2f}x" if fl and fl["cost"] > 0 else f"{'-':>8s}"
-        share = f"{m['cpu_share'] * 100:7.1f}%" if m["cpu_share"] == m["cpu_share"] and c != "untraced" \
-            else f"{'-':>8s}"
+        share = (
+            f"{m['cpu_share'] * 100:7.1f}%" if m["cpu_share"] == m["cpu_share"] and c != "untraced" else f"{'-':>8s}"
+        )
         cols = ""
         for k in tests:
             vals = [t.detail[k] for t in ts if k in t.detail]
-            cols += (f" {statistics.median(vals) / base_detail[k] * 100:9.1f}%" if vals and base_detail.get(k)
-                     else f" {'-':>10s}")
-        print(f"{c:26s} {fmt_metric(m['metric'], w.unit):>13s} {r} {xf} {m['cpu_work']:10.2f} {share} "
-              f"{statistics.median(t.cpu_total for t in ts):11.2f} {statistics.median(t.rss_mib for t in ts):8.0f}"
-              f"{cols}  {len(ts)}/{rounds}")
+            cols += (
+                f" {statistics.median(vals) / base_detail[k] * 100:9.1f}%"
+                if vals and base_detail.get(k)
+                else f" {'-':>10s}"
+            )
+        print(
+            f"{c:26s} {fmt_metric(m['metric'], w.unit):>13s} {r} {xf} {m['cpu_work']:10.2f} {share} "
+            f"{statistics.median(t.cpu_total for t in ts):11.2f} {statistics.median(t.rss_mib for t in ts):8.0f}"
+            f"{cols}  {len(ts)}/{rounds}"
+        )
         if errors[c]:
             print(f"{'':26s}   {len(errors[c])} failed: {errors[c][-1]}")
     if isinstance(w, RedisWorkload):
-        print("CPU per request (µs; medians): server (schedstat, all threads), client (redis-benchmark, rusage), "
-              "tracer (its processes); + = over untraced")
-        base_us = {k: statistics.median(t.detail[k] for t in results["untraced"] if k in t.detail)
-                   for k in ("target_us", "client_us")} if results.get("untraced") else {}
+        print(
+            "CPU per request (µs; medians): server (schedstat, all threads), client (redis-benchmark, rusage), "
+            "tracer (its processes); + = over untraced"
+        )
+        base_us = (
+            {
+                k: statistics.median(t.detail[k] for t in results["untraced"] if k in t.detail)
+                for k in ("target_us", "client_us")
+            }
+            if results.get("untraced")
+            else {}
+        )
         for c in configs:
             ts = results[c]
             if not ts:
@@ -567,8 +671,12 @@ def check_goals(w: Workload, med: dict[str, dict]) -> None:
 
     if w.name == "loop":
         a, m = slowdown("allocscope"), slowdown("memleak")
-        goal("full <= 1/5 of memleak's slowdown", a if m else None, bool(a and m and a <= m / 5),
-             f"allocscope {a or 0:.1f}x vs memleak {m or 0:.1f}x / 5 = {(m or 0) / 5:.1f}x")
+        goal(
+            "full <= 1/5 of memleak's slowdown",
+            a if m else None,
+            bool(a and m and a <= m / 5),
+            f"allocscope {a or 0:.1f}x vs memleak {m or 0:.1f}x / 5 = {(m or 0) / 5:.1f}x",
+        )
         r = slowdown("allocscope-residency")
         goal("residency <= 1.05x", r, bool(r and r <= 1.05), f"{r or 0:.3f}x")
     elif w.name == "redis":
@@ -581,19 +689,30 @@ def check_goals(w: Workload, med: dict[str, dict]) -> None:
         k = kept("allocscope-residency")
         goal("residency keeps >= 97 %", k, bool(k and k >= 97), f"{k or 0:.1f} %")
         k, m = kept("allocscope"), kept("memleak")
-        goal("full keeps >= 95 % and >= memleak", k, bool(k and k >= 95 and (m is None or k >= m)),
-             f"{k or 0:.1f} % (memleak {'-' if m is None else f'{m:.1f} %'})")
+        goal(
+            "full keeps >= 95 % and >= memleak",
+            k,
+            bool(k and k >= 95 and (m is None or k >= m)),
+            f"{k or 0:.1f} % (memleak {'-' if m is None else f'{m:.1f} %'})",
+        )
         sh = med.get("allocscope-residency", {}).get("cpu_share")
-        goal("residency: tracer CPU during the work <= 3 % of the daemon's", sh if sh == sh else None,
-             bool(sh is not None and sh == sh and sh <= 0.03), f"{(sh or 0) * 100:.1f} %")
+        goal(
+            "residency: tracer CPU during the work <= 3 % of the daemon's",
+            sh if sh == sh else None,
+            bool(sh is not None and sh == sh and sh <= 0.03),
+            f"{(sh or 0) * 100:.1f} %",
+        )
     print("goals (issue #11):")
     print("\n".join(lines))
     lines.clear()
     k, h = kept("allocscope-inject"), kept("heaptrack")
     if w.name == "redis":
-        goal("--inject --sample-bytes 524288 keeps >= 95 % and >= heaptrack -p", k,
-             bool(k and k >= 95 and (h is None or k >= h)),
-             f"{k or 0:.1f} % (heaptrack -p {'-' if h is None else f'{h:.1f} %'})")
+        goal(
+            "--inject --sample-bytes 524288 keeps >= 95 % and >= heaptrack -p",
+            k,
+            bool(k and k >= 95 and (h is None or k >= h)),
+            f"{k or 0:.1f} % (heaptrack -p {'-' if h is None else f'{h:.1f} %'})",
+        )
     elif w.name == "loop":
         s = slowdown("allocscope-inject")
         x = xfloor("allocscope-inject")
@@ -621,23 +740,40 @@ def main() -> None:
     ap.add_argument("--keyspace", type=int, default=100000, help="redis: random key space (-r)")
     ap.add_argument("--datasize", type=int, default=64, help="redis: value size in bytes (-d)")
     ap.add_argument("--partitions", type=int, default=200, help="demo: partitions to prove")
-    ap.add_argument("--demo-args", default="--synth-ms 0 --gpu-ms 0 --pw 3",
-                    help="demo: further provingd flags (the paced daemon of `allocscope demo`: '')")
-    ap.add_argument("--large-args", default="--synth-ms 0 --gpu-ms 0 --pw 4 --workers 16 --partition-mb 128",
-                    help="demo-large: provingd flags of the mission-scale daemon")
+    ap.add_argument(
+        "--demo-args",
+        default="--synth-ms 0 --gpu-ms 0 --pw 3",
+        help="demo: further provingd flags (the paced daemon of `allocscope demo`: '')",
+    )
+    ap.add_argument(
+        "--large-args",
+        default="--synth-ms 0 --gpu-ms 0 --pw 4 --workers 16 --partition-mb 128",
+        help="demo-large: provingd flags of the mission-scale daemon",
+    )
     ap.add_argument("--large-partitions", type=int, default=24, help="demo-large: partitions to prove")
-    ap.add_argument("--bpf-stats", action="store_true",
-                    help="turn on kernel.bpf_stats_enabled for the run and print BPF run time per program")
-    ap.add_argument("--define", action="append", default=[], metavar="NAME=ARGS",
-                    help="an ad-hoc allocscope configuration: NAME (allocscope-... or floor-...) recording with "
-                         "the `record` arguments ARGS, e.g. allocscope-res-i10='--mode residency --interval 10'; "
-                         "repeatable; run when named in --configs (or always without --configs); priced against "
-                         "floor-residency when ARGS has --mode residency, else floor")
+    ap.add_argument(
+        "--bpf-stats",
+        action="store_true",
+        help="turn on kernel.bpf_stats_enabled for the run and print BPF run time per program",
+    )
+    ap.add_argument(
+        "--define",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="an ad-hoc allocscope configuration: NAME (allocscope-... or floor-...) recording with "
+        "the `record` arguments ARGS, e.g. allocscope-res-i10='--mode residency --interval 10'; "
+        "repeatable; run when named in --configs (or always without --configs); priced against "
+        "floor-residency when ARGS has --mode residency, else floor",
+    )
     ap.add_argument("--no-memleak", action="store_true")
     ap.add_argument("--no-heaptrack", action="store_true")
-    ap.add_argument("--unwind", action="store_true",
-                    help="instead: DWARF vs frame-pointer unwinding cost per allocation on a no-frame-pointer "
-                         "build at stack depth 8 and 32 (bench/unwind_cost.py)")
+    ap.add_argument(
+        "--unwind",
+        action="store_true",
+        help="instead: DWARF vs frame-pointer unwinding cost per allocation on a no-frame-pointer "
+        "build at stack depth 8 and 32 (bench/unwind_cost.py)",
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/overhead.py: run as root (it attaches BPF probes)")
@@ -704,8 +840,11 @@ def main() -> None:
 
 def run_all(args, workloads: list[Workload], configs: list[str], skipped: dict[str, str]) -> None:
 
-    print(f"bench/overhead.py {time.strftime('%Y-%m-%d %H:%M %Z')}, {os.uname().nodename}, kernel "
-          f"{os.uname().release}, {os.cpu_count()} CPUs", flush=True)
+    print(
+        f"bench/overhead.py {time.strftime('%Y-%m-%d %H:%M %Z')}, {os.uname().nodename}, kernel "
+        f"{os.uname().release}, {os.cpu_count()} CPUs",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="allocscope-overhead-") as td:
         tmp = Path(td)
         for w in workloads:
@@ -721,9 +860,12 @@ def run_all(args, workloads: list[Workload], configs: list[str], skipped: dict[s
                         print(f"{w.name} round {r + 1}/{args.rounds} {c:21s} FAILED: {e}", file=sys.stderr)
                         continue
                     results[c].append(t)
-                    print(f"{w.name} round {r + 1}/{args.rounds} {c:21s} {fmt_metric(t.metric, w.unit):>12s} "
-                          f"{w.unit}  tracer CPU {t.cpu_work:.2f}/{t.cpu_total:.2f} s, peak {t.rss_mib:.0f} MiB",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"{w.name} round {r + 1}/{args.rounds} {c:21s} {fmt_metric(t.metric, w.unit):>12s} "
+                        f"{w.unit}  tracer CPU {t.cpu_work:.2f}/{t.cpu_total:.2f} s, peak {t.rss_mib:.0f} MiB",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     for f in tmp.glob("bench-*.allocscope"):  # traces are not kept
                         shutil.rmtree(f, ignore_errors=True)
                     for f in tmp.glob("heaptrack-*"):

@@ -14,6 +14,7 @@ as the kernel keeps them: 15 characters) before and after the work. Prints the t
 during the work against the daemon's, the hottest functions of the tracer (own and cumulative
 samples) and the BPF time per program.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,20 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WORKLOADS = {
     "demo": ["--synth-ms", "0", "--gpu-ms", "0", "--pw", "3", "--partitions", "200"],
-    "demo-large": ["--synth-ms", "0", "--gpu-ms", "0", "--pw", "4", "--workers", "16", "--partition-mb", "128",
-                   "--partitions", "24"],
+    "demo-large": [
+        "--synth-ms",
+        "0",
+        "--gpu-ms",
+        "0",
+        "--pw",
+        "4",
+        "--workers",
+        "16",
+        "--partition-mb",
+        "128",
+        "--partitions",
+        "24",
+    ],
 }
 
 
@@ -55,9 +68,15 @@ def pyspy_summary(raw: Path, top: int) -> tuple[int, list[tuple[str, int]], list
         own[frames[-1]] += k
         for f in set(frames):
             cum[f] += k
-    return total, own.most_common(top), [(f, c) for f, c in cum.most_common(top + 12)
-                                          if not f.startswith(("<module>", "Command.", "Group.", "Context.",
-                                                               "main ", "_run_code", "_run_module"))][:top]
+    return (
+        total,
+        own.most_common(top),
+        [
+            (f, c)
+            for f, c in cum.most_common(top + 12)
+            if not f.startswith(("<module>", "Command.", "Group.", "Context.", "main ", "_run_code", "_run_module"))
+        ][:top],
+    )
 
 
 def main() -> None:
@@ -79,16 +98,34 @@ def main() -> None:
         sys.exit("py-spy missing: make bench installs it (pip install py-spy)")
     stats_was = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
     Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
-    rev = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %s"], capture_output=True,
-                         text=True, check=False).stdout.strip()[:70]
+    rev = subprocess.run(
+        ["git", "-C", str(root), "log", "-1", "--format=%h %s"], capture_output=True, text=True, check=False
+    ).stdout.strip()[:70]
     try:
         with tempfile.TemporaryDirectory(prefix="allocscope-profile-") as td:
             tmp = Path(td)
             exe = tmp / "provingd"
-            subprocess.run(["gcc", "-std=c11", "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", str(exe),
-                            str(ROOT / "demo" / "provingd.c")], check=True)
-            prog = subprocess.Popen([str(exe), "--wait-signal", *WORKLOADS[args.workload]], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
+            subprocess.run(
+                [
+                    "gcc",
+                    "-std=c11",
+                    "-O2",
+                    "-g",
+                    "-fno-omit-frame-pointer",
+                    "-pthread",
+                    "-o",
+                    str(exe),
+                    str(ROOT / "demo" / "provingd.c"),
+                ],
+                check=True,
+            )
+            prog = subprocess.Popen(
+                [str(exe), "--wait-signal", *WORKLOADS[args.workload]],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
             pid = int(read_line(prog, "ready", timeout=60).split()[1])
             out = tmp / "p.allocscope"
             try:
@@ -100,9 +137,23 @@ def main() -> None:
                 before = program_stats_of(tracer.pid)
                 cpu0, tcpu0 = mon.cpu_total(), proc_cpu(pid) or 0.0
                 raw = tmp / "pyspy.txt"
-                spy = subprocess.Popen([pyspy, "record", "-p", str(tracer.pid), "-r", str(args.rate), "-f", "raw", "-o",
-                                        str(raw), "--nonblocking"], stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
+                spy = subprocess.Popen(
+                    [
+                        pyspy,
+                        "record",
+                        "-p",
+                        str(tracer.pid),
+                        "-r",
+                        str(args.rate),
+                        "-f",
+                        "raw",
+                        "-o",
+                        str(raw),
+                        "--nonblocking",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 time.sleep(1.0)  # py-spy attached
                 t0 = time.monotonic()
                 os.kill(pid, signal.SIGUSR1)
@@ -121,14 +172,20 @@ def main() -> None:
                 if prog.poll() is None:
                     kill_pid(pid)
                     prog.wait()
-            print(f"bench/profile.py {time.strftime('%Y-%m-%d %H:%M %Z')}: {root} ({rev}), --mode {args.mode}, "
-                  f"{args.workload} ({' '.join(WORKLOADS[args.workload])})")
-            print(f"work {secs:.2f} s; daemon CPU {tcpu - tcpu0:.2f} s; tracer CPU {cpu:.3f} s "
-                  f"({cpu / max(tcpu - tcpu0, 1e-9) * 100:.1f} % of the daemon's)")
+            print(
+                f"bench/profile.py {time.strftime('%Y-%m-%d %H:%M %Z')}: {root} ({rev}), --mode {args.mode}, "
+                f"{args.workload} ({' '.join(WORKLOADS[args.workload])})"
+            )
+            print(
+                f"work {secs:.2f} s; daemon CPU {tcpu - tcpu0:.2f} s; tracer CPU {cpu:.3f} s "
+                f"({cpu / max(tcpu - tcpu0, 1e-9) * 100:.1f} % of the daemon's)"
+            )
             if raw.exists():
                 total, own, cum = pyspy_summary(raw, args.top)
-                print(f"\ntracer (py-spy, {args.rate}/s, {total} samples during the work; by py-spy's default a "
-                      "thread it sees waiting is not sampled):")
+                print(
+                    f"\ntracer (py-spy, {args.rate}/s, {total} samples during the work; by py-spy's default a "
+                    "thread it sees waiting is not sampled):"
+                )
                 print("  own samples  function")
                 for f, c in own:
                     print(f"  {c:>11}  {f}")

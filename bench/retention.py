@@ -9,6 +9,7 @@ worst case for PAGEMAP_SCAN's output).
 
     sudo .venv/bin/python bench/retention.py [--gib 24] [--touch 4] [--reps 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,11 +59,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as td:
         exe = Path(td) / "sparsemap"
         subprocess.run(["gcc", "-O2", "-o", str(exe), str(HERE / "sparsemap.c")], check=True)
-        print(f"{'shape':>7} {'mapped GiB':>10} {'resident GiB':>12} {'PAGEMAP_SCAN ms':>15} {'ioctls':>6} "
-              f"{'pagemap pread ms':>16} {'smaps ms':>9}")
+        print(
+            f"{'shape':>7} {'mapped GiB':>10} {'resident GiB':>12} {'PAGEMAP_SCAN ms':>15} {'ioctls':>6} "
+            f"{'pagemap pread ms':>16} {'smaps ms':>9}"
+        )
         for shape, stride in (("dense", 1), ("sparse", 6)):
-            p = subprocess.Popen([str(exe), str(args.gib), str(stride), str(args.touch)], stdout=subprocess.PIPE,
-                                 text=True)
+            p = subprocess.Popen(
+                [str(exe), str(args.gib), str(stride), str(args.touch)], stdout=subprocess.PIPE, text=True
+            )
             try:
                 _r, pid, lo, hi = p.stdout.readline().split()
                 pid, lo, hi = int(pid), int(lo), int(hi)
@@ -73,8 +77,10 @@ def main() -> None:
                     pread_ms, pread = timed(lambda lo=lo, hi=hi: pm.resident(lo, hi), args.reps)
                 smaps_ms, smaps = timed(lambda pid=pid, lo=lo: smaps_rss(pid, lo), args.reps)
                 assert scan == pread == smaps, (scan, pread, smaps)
-                print(f"{shape:>7} {(hi - lo) / 2**30:>10.1f} {scan / 2**30:>12.2f} {scan_ms:>15.1f} {calls:>6} "
-                      f"{pread_ms:>16.1f} {smaps_ms:>9.1f}")
+                print(
+                    f"{shape:>7} {(hi - lo) / 2**30:>10.1f} {scan / 2**30:>12.2f} {scan_ms:>15.1f} {calls:>6} "
+                    f"{pread_ms:>16.1f} {smaps_ms:>9.1f}"
+                )
             finally:
                 p.kill()
                 p.wait()

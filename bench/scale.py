@@ -10,6 +10,7 @@
 
     sudo .venv/bin/python bench/scale.py [--n 10000000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,10 +40,29 @@ def main() -> None:
         gen = subprocess.Popen([str(exe), str(args.n)], stdout=subprocess.PIPE, text=True)
         pid = gen.stdout.readline().split()[1]
         out = Path(args.keep or td) / "scale.allocscope"
-        tr = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "-q",
-                               "--pid", pid, "-o", str(out), "--max-live", str(int(args.n * 1.25) + 65536),
-                               "--interval", "2", "--unwind", "fp"],
-                              cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        tr = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "allocscope",
+                "record",
+                "-q",
+                "--pid",
+                pid,
+                "-o",
+                str(out),
+                "--max-live",
+                str(int(args.n * 1.25) + 65536),
+                "--interval",
+                "2",
+                "--unwind",
+                "fp",
+            ],
+            cwd=str(ROOT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         while not (out / "meta.json").exists():
             time.sleep(0.1)
         t0 = time.monotonic()
@@ -51,7 +71,7 @@ def main() -> None:
         t_alloc = time.monotonic() - t0
         time.sleep(2.5)
         steady_kb = _status_kb(tr.pid, "VmRSS")  # recording, before the final snapshot
-        start_kb = _status_kb(tr.pid, "VmHWM")   # peak so far: BCC/LLVM compiling the probes
+        start_kb = _status_kb(tr.pid, "VmHWM")  # peak so far: BCC/LLVM compiling the probes
         try:  # reset VmHWM: from here on it is the peak of finishing the trace
             with open(f"/proc/{tr.pid}/clear_refs", "w") as f:
                 f.write("5")
@@ -74,26 +94,39 @@ def main() -> None:
         snap = meta["final_snapshot_s"]
         per_m = snap / (args.n / 1e6)
         print(f"live allocations made after attach: {args.n} in {t_alloc:.1f}s (traced)")
-        print(f"report: live_count {doc['totals']['live_count']}, lost_events {doc['totals']['lost_events']}, "
-              f"losses {doc['totals']['losses']}; trace on disk {size / 2**20:.0f} MiB")
-        print(f"(a) final snapshot (live map read in batches + streamed Parquet write): {snap:.2f}s "
-              f"= {per_m:.2f}s per 1 M live blocks (goal < 1 s per 1 M: {'met' if per_m < 1 else 'NOT met'})")
+        print(
+            f"report: live_count {doc['totals']['live_count']}, lost_events {doc['totals']['lost_events']}, "
+            f"losses {doc['totals']['losses']}; trace on disk {size / 2**20:.0f} MiB"
+        )
+        print(
+            f"(a) final snapshot (live map read in batches + streamed Parquet write): {snap:.2f}s "
+            f"= {per_m:.2f}s per 1 M live blocks (goal < 1 s per 1 M: {'met' if per_m < 1 else 'NOT met'})"
+        )
         best = min(t_report, t_report2)
         goal_b = "met" if best < 10 else "NOT met"
-        print(f"(b) report --format json on {args.n} live rows: {t_report:.1f}s right after the tracer exited, "
-              f"{t_report2:.1f}s run again; its peak RSS {max(report_kb, report_kb2) / 1024:.0f} MiB "
-              f"(goal < 10 s on 10 M rows: {goal_b if args.n >= 10_000_000 else 'run --n 10000000'})")
-        print(f"(c) tracer RSS: {steady_kb / 1024:.0f} MiB recording (start-up peak {start_kb / 1024:.0f} MiB), "
-              f"peak {tracer_kb / 1024:.0f} MiB while finishing: the final snapshot added "
-              f"{(tracer_kb - steady_kb) / 1024:.0f} MiB for {args.n} live blocks; peak over the whole run "
-              f"{max(start_kb, tracer_kb) / 1024:.0f} MiB")
+        print(
+            f"(b) report --format json on {args.n} live rows: {t_report:.1f}s right after the tracer exited, "
+            f"{t_report2:.1f}s run again; its peak RSS {max(report_kb, report_kb2) / 1024:.0f} MiB "
+            f"(goal < 10 s on 10 M rows: {goal_b if args.n >= 10_000_000 else 'run --n 10000000'})"
+        )
+        print(
+            f"(c) tracer RSS: {steady_kb / 1024:.0f} MiB recording (start-up peak {start_kb / 1024:.0f} MiB), "
+            f"peak {tracer_kb / 1024:.0f} MiB while finishing: the final snapshot added "
+            f"{(tracer_kb - steady_kb) / 1024:.0f} MiB for {args.n} live blocks; peak over the whole run "
+            f"{max(start_kb, tracer_kb) / 1024:.0f} MiB"
+        )
 
 
 def _report(trace: Path) -> tuple[float, int, dict]:
     """`allocscope report TRACE --format json`: (seconds, peak RSS in KiB, the document)."""
     t1 = time.monotonic()
-    rep = subprocess.Popen([sys.executable, "-m", "allocscope", "report", str(trace), "--format", "json"],
-                           cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rep = subprocess.Popen(
+        [sys.executable, "-m", "allocscope", "report", str(trace), "--format", "json"],
+        cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     kb = 0
     reader = _Reader(rep.stdout)
     while rep.poll() is None:
@@ -129,6 +162,7 @@ class _Reader:
 
     def join(self) -> None:
         self._t.join()
+
 
 if __name__ == "__main__":
     main()

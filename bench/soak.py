@@ -13,6 +13,7 @@ the samples, a summary (RSS after warm-up: first/last/max and slope; largest map
 MB per hour) and writes it as JSON with --json. Exit status 0 when the tracer ran and finished
 the trace, 1 otherwise; bounds are asserted by tests/test_soak_bpf.py, not here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,12 @@ def ensure_redis() -> None:
     if shutil.which("redis-server") and shutil.which("redis-benchmark"):
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "install", "-y", "-q", "redis-server", "redis-tools"], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", "redis-server", "redis-tools"],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     if not (shutil.which("redis-server") and shutil.which("redis-benchmark")):
         raise RuntimeError("redis-server/redis-benchmark still missing after apt-get install")
 
@@ -70,8 +75,25 @@ class Load(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             self.proc = subprocess.Popen(
-                ["redis-benchmark", "-s", self.sock, "-q", "-n", str(self.requests), "-r", str(self.keyspace),
-                 "-c", "8", "-d", "128", "-t", BENCH_TESTS], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                [
+                    "redis-benchmark",
+                    "-s",
+                    self.sock,
+                    "-q",
+                    "-n",
+                    str(self.requests),
+                    "-r",
+                    str(self.keyspace),
+                    "-c",
+                    "8",
+                    "-d",
+                    "128",
+                    "-t",
+                    BENCH_TESTS,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             self.proc.wait()
             self.rounds += 1
 
@@ -82,14 +104,31 @@ class Load(threading.Thread):
         self.join(30)
 
 
-def soak(duration: float, sample: float, warmup: float, requests: int, keyspace: int, workdir: Path,
-         progress=print) -> dict:
+def soak(
+    duration: float, sample: float, warmup: float, requests: int, keyspace: int, workdir: Path, progress=print
+) -> dict:
     ensure_redis()
     sock = str(workdir / "redis.sock")
     trace = workdir / "soak.allocscope"
-    redis = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
-                              "--save", "", "--appendonly", "no", "--dir", str(workdir)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            "0",
+            "--unixsocket",
+            sock,
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     tracer = None
     load = None
     try:
@@ -98,9 +137,25 @@ def soak(duration: float, sample: float, warmup: float, requests: int, keyspace:
             if redis.poll() is not None or time.monotonic() > end:
                 raise RuntimeError("redis-server did not start")
             time.sleep(0.05)
-        tracer = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "--pid", str(redis.pid),
-                                   "-o", str(trace), "--interval", "1", "-q"],
-                                  cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        tracer = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "allocscope",
+                "record",
+                "--pid",
+                str(redis.pid),
+                "-o",
+                str(trace),
+                "--interval",
+                "1",
+                "-q",
+            ],
+            cwd=str(ROOT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         end = time.monotonic() + 120
         while not (trace / "parts" / "intervals-000001.parquet").exists():
             if tracer.poll() is not None or time.monotonic() > end:
@@ -110,18 +165,30 @@ def soak(duration: float, sample: float, warmup: float, requests: int, keyspace:
         load.start()
         t0 = time.monotonic()
         samples = []
-        progress(f"{'t_s':>6} {'tracer_rss_MiB':>14} {'cpu_s':>7} {'redis_rss_MiB':>13} "
-                 + " ".join(f"{m:>8}" for m in MAPS) + f" {'trace_MiB':>9}")
+        progress(
+            f"{'t_s':>6} {'tracer_rss_MiB':>14} {'cpu_s':>7} {'redis_rss_MiB':>13} "
+            + " ".join(f"{m:>8}" for m in MAPS)
+            + f" {'trace_MiB':>9}"
+        )
         while True:
             now = time.monotonic() - t0
             counts = map_counts(tracer.pid, MAPS)
-            s = {"t_s": round(now, 1), "tracer_rss": rss_bytes(tracer.pid), "tracer_cpu_s": cpu_seconds(tracer.pid),
-                 "redis_rss": rss_bytes(redis.pid), "maps": counts, "trace_bytes": dir_bytes(trace),
-                 "rounds": load.rounds}
+            s = {
+                "t_s": round(now, 1),
+                "tracer_rss": rss_bytes(tracer.pid),
+                "tracer_cpu_s": cpu_seconds(tracer.pid),
+                "redis_rss": rss_bytes(redis.pid),
+                "maps": counts,
+                "trace_bytes": dir_bytes(trace),
+                "rounds": load.rounds,
+            }
             samples.append(s)
-            progress(f"{s['t_s']:>6.0f} {s['tracer_rss'] / 2**20:>14.1f} {s['tracer_cpu_s']:>7.1f} "
-                     f"{s['redis_rss'] / 2**20:>13.1f} " + " ".join(f"{counts.get(m, -1):>8}" for m in MAPS)
-                     + f" {s['trace_bytes'] / 2**20:>9.2f}")
+            progress(
+                f"{s['t_s']:>6.0f} {s['tracer_rss'] / 2**20:>14.1f} {s['tracer_cpu_s']:>7.1f} "
+                f"{s['redis_rss'] / 2**20:>13.1f} "
+                + " ".join(f"{counts.get(m, -1):>8}" for m in MAPS)
+                + f" {s['trace_bytes'] / 2**20:>9.2f}"
+            )
             if now >= duration or tracer.poll() is not None:
                 break
             time.sleep(min(sample, max(0.0, duration - now)))
@@ -153,9 +220,14 @@ def soak(duration: float, sample: float, warmup: float, requests: int, keyspace:
     rss_after = [s["tracer_rss"] for s in after]
     size = dir_bytes(trace)
     summary = {
-        "duration_s": round(elapsed, 1), "sample_s": sample, "warmup_s": warmup,
-        "tracer_exit": rc, "tracer_summary": out.strip(), "tracer_stderr": err.strip()[-2000:],
-        "benchmark_rounds": load.rounds, "requests_per_round": requests * len(BENCH_TESTS.split(",")),
+        "duration_s": round(elapsed, 1),
+        "sample_s": sample,
+        "warmup_s": warmup,
+        "tracer_exit": rc,
+        "tracer_summary": out.strip(),
+        "tracer_stderr": err.strip()[-2000:],
+        "benchmark_rounds": load.rounds,
+        "requests_per_round": requests * len(BENCH_TESTS.split(",")),
         "tracer_rss_first_mib": round(samples[0]["tracer_rss"] / 2**20, 1),
         "tracer_rss_after_warmup_first_mib": round(rss_after[0] / 2**20, 1),
         "tracer_rss_after_warmup_max_mib": round(max(rss_after) / 2**20, 1),
@@ -166,7 +238,9 @@ def soak(duration: float, sample: float, warmup: float, requests: int, keyspace:
         "maps_max": {m: max(s["maps"].get(m, 0) for s in samples) for m in MAPS},
         "maps_max_after_warmup": {m: max(s["maps"].get(m, 0) for s in after) for m in MAPS},
         "maps_last": samples[-1]["maps"],
-        "redis_keys_before_flush": keys, "live_before_flush": live_before, "live_after_flush": live_after,
+        "redis_keys_before_flush": keys,
+        "live_before_flush": live_before,
+        "live_after_flush": live_after,
         "trace_mib": round(size / 2**20, 2),
         "trace_mib_per_hour": round(size / 2**20 / max(elapsed, 1) * 3600, 1),
         "trace_path": str(trace),
@@ -179,8 +253,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=1800, help="seconds of load (default 1800)")
     ap.add_argument("--sample", type=float, default=5, help="seconds between samples (default 5)")
-    ap.add_argument("--warmup", type=float, default=None, help="seconds before RSS must be flat "
-                    "(default: 10%% of --duration, at least 15)")
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="seconds before RSS must be flat (default: 10%% of --duration, at least 15)",
+    )
     ap.add_argument("--requests", type=int, default=20000, help="requests per benchmark test per round")
     ap.add_argument("--keyspace", type=int, default=100000, help="redis-benchmark -r (bounded key space)")
     ap.add_argument("--json", help="write the summary (with every sample) here")

@@ -19,6 +19,7 @@ Each round records the target twice for --seconds, each time with its own ALLOCS
 --allocscope runs another allocscope (e.g. the bundle: --allocscope /opt/allocscope/bin/allocscope);
 default: this checkout's (`--root`) `python -m allocscope` with this interpreter.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,14 @@ def record(a, pid: int, cache: Path, seconds: float, out: Path) -> dict:
     """One recording: {live_s, lines (time, text)}, meta.json's unwind."""
     env = dict(os.environ, ALLOCSCOPE_CACHE_DIR=str(cache))
     t = time.perf_counter()
-    p = subprocess.Popen([*allocscope_cmd(a), "record", "--pid", str(pid), "-o", str(out), "--force", "--verbose"],
-                         cwd=a.root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
+    p = subprocess.Popen(
+        [*allocscope_cmd(a), "record", "--pid", str(pid), "-o", str(out), "--force", "--verbose"],
+        cwd=a.root,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        env=env,
+        text=True,
+    )
     lines: list[tuple[float, str]] = []
     live = threading.Event()
 
@@ -55,6 +62,7 @@ def record(a, pid: int, cache: Path, seconds: float, out: Path) -> dict:
             lines.append((time.perf_counter() - t, line.rstrip()))
             if "recording pid" in line:
                 live.set()
+
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     deadline = t + 600
@@ -98,22 +106,37 @@ def summary(r: dict) -> dict:
     built = [p["built_s"] for p in crossed if p.get("built_s") is not None]
     complete = None if unbuilt else live + max(built, default=0.0)
     waits = [p["built_s"] - (p.get("first_s") or 0) for p in crossed if p.get("built_s") is not None]
-    return {"live_s": round(live, 2), "complete_s": None if complete is None else round(complete, 2),
-            "worst_wait_s": round(max(waits, default=0.0), 2), "cut": sum(p["stacks"] for p in crossed),
-            "crossed": len(crossed), "built_lazily": len(built), "unbuilt": [Path(p["module"]).name for p in unbuilt],
-            "never_crossed": r["unwind"].get("never_crossed", 0), "modules": r["unwind"].get("modules", 0),
-            "load": round(os.getloadavg()[0], 1), "scans_s": phase_s(r, "maps, allocators, symbol scans"),
-            "unwind_s": phase_s(r, "unwind tables"),
-            "probes_s": phase_s(r, "probes built (since the command knew the target)"),
-            "slowest": sorted(((Path(p["module"]).name, p.get("stacks"), p.get("build_s"), p.get("built_s"))
-                               for p in crossed), key=lambda x: -(x[2] or 0))[:4]}
+    return {
+        "live_s": round(live, 2),
+        "complete_s": None if complete is None else round(complete, 2),
+        "worst_wait_s": round(max(waits, default=0.0), 2),
+        "cut": sum(p["stacks"] for p in crossed),
+        "crossed": len(crossed),
+        "built_lazily": len(built),
+        "unbuilt": [Path(p["module"]).name for p in unbuilt],
+        "never_crossed": r["unwind"].get("never_crossed", 0),
+        "modules": r["unwind"].get("modules", 0),
+        "load": round(os.getloadavg()[0], 1),
+        "scans_s": phase_s(r, "maps, allocators, symbol scans"),
+        "unwind_s": phase_s(r, "unwind tables"),
+        "probes_s": phase_s(r, "probes built (since the command knew the target)"),
+        "slowest": sorted(
+            ((Path(p["module"]).name, p.get("stacks"), p.get("build_s"), p.get("built_s")) for p in crossed),
+            key=lambda x: -(x[2] or 0),
+        )[:4],
+    }
 
 
 def warm(a, pid: int, cache: Path) -> float:
     t = time.perf_counter()
-    subprocess.run([*allocscope_cmd(a), "doctor", "--pid", str(pid), "--warm"], cwd=a.root, check=False,
-                   env=dict(os.environ, ALLOCSCOPE_CACHE_DIR=str(cache)), stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [*allocscope_cmd(a), "doctor", "--pid", str(pid), "--warm"],
+        cwd=a.root,
+        check=False,
+        env=dict(os.environ, ALLOCSCOPE_CACHE_DIR=str(cache)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t
 
 
@@ -121,8 +144,12 @@ def start_chromium(tmp: Path) -> subprocess.Popen:
     exe = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if not exe:
         sys.exit("--chromium: no chromium on PATH")
-    p = subprocess.Popen([exe, "--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp}/profile",
-                          "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(
+        [exe, "--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp}/profile", "about:blank"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     time.sleep(6)  # settled: its libraries mapped, idle
     return p
 
@@ -167,8 +194,11 @@ def main() -> None:
     who = ap.add_mutually_exclusive_group(required=True)
     who.add_argument("--pid", type=int)
     who.add_argument("--chromium", action="store_true", help="start a headless chromium and attach to it")
-    who.add_argument("--torch-shape", action="store_true",
-                     help="start a process mapping 3 generated libraries of 300k functions each")
+    who.add_argument(
+        "--torch-shape",
+        action="store_true",
+        help="start a process mapping 3 generated libraries of 300k functions each",
+    )
     ap.add_argument("--root", default=str(ROOT))
     ap.add_argument("--allocscope", default="", help="the allocscope command (default: python -m allocscope)")
     ap.add_argument("--rounds", type=int, default=2)
@@ -180,10 +210,18 @@ def main() -> None:
     pid = chrome.pid if chrome else a.pid
     try:
         comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        nmods = len({line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
-                     if len(line.split()) >= 6 and "x" in line.split()[1] and line.split()[-1].startswith("/")})
-        print(f"target pid {pid} ({comm}): {nmods} executable files mapped; {os.cpu_count()} cores; "
-              f"{a.seconds:.0f} s a recording", flush=True)
+        nmods = len(
+            {
+                line.split()[-1]
+                for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+                if len(line.split()) >= 6 and "x" in line.split()[1] and line.split()[-1].startswith("/")
+            }
+        )
+        print(
+            f"target pid {pid} ({comm}): {nmods} executable files mapped; {os.cpu_count()} cores; "
+            f"{a.seconds:.0f} s a recording",
+            flush=True,
+        )
         prime = tmp / "prime"
         record(a, pid, prime, 1.0, tmp / "prime.allocscope")  # fills prime/bpf: the compiled program
         rows = []
@@ -201,31 +239,44 @@ def main() -> None:
                     if "unwind table for" in line:
                         print(f"    {line}", flush=True)
                 comp = f"{s['complete_s']:.2f} s" if s["complete_s"] is not None else f"not by the end ({s['unbuilt']})"
-                print(f"  round {s['round']} {mode:4}: live {s['live_s']:.2f} s, complete {comp}"
-                      + f"; {s['cut']} stacks cut short in {s['crossed']} modules"
-                      + (f"; doctor --warm took {warm_s:.1f} s" if warm_s is not None else "")
-                      + f"; load {s['load']}", flush=True)
+                print(
+                    f"  round {s['round']} {mode:4}: live {s['live_s']:.2f} s, complete {comp}"
+                    + f"; {s['cut']} stacks cut short in {s['crossed']} modules"
+                    + (f"; doctor --warm took {warm_s:.1f} s" if warm_s is not None else "")
+                    + f"; load {s['load']}",
+                    flush=True,
+                )
         print()
-        print("scans: the maps, allocators and symbol scans (main thread); probes: BCC's build (a thread, beside\n"
-              "the scans); unwind: the tables at attach (--verbose start-up phases)")
-        print(f"{'round':>5}  {'cache':5}  {'live s':>7}  {'scans s':>7}  {'probes s':>8}  {'unwind s':>8}  "
-              f"{'complete s':>10}  {'worst wait s':>12}  {'cut short':>9}  {'crossed':>7}  {'never crossed':>13}  "
-              f"{'load':>5}")
+        print(
+            "scans: the maps, allocators and symbol scans (main thread); probes: BCC's build (a thread, beside\n"
+            "the scans); unwind: the tables at attach (--verbose start-up phases)"
+        )
+        print(
+            f"{'round':>5}  {'cache':5}  {'live s':>7}  {'scans s':>7}  {'probes s':>8}  {'unwind s':>8}  "
+            f"{'complete s':>10}  {'worst wait s':>12}  {'cut short':>9}  {'crossed':>7}  {'never crossed':>13}  "
+            f"{'load':>5}"
+        )
 
         def sec(x: float | None) -> str:
             return "-" if x is None else f"{x:.2f}"
+
         for s in rows:
             comp = f"{s['complete_s']:.2f}" if s["complete_s"] is not None else "-"
-            print(f"{s['round']:>5}  {s['cache']:5}  {s['live_s']:>7.2f}  {sec(s['scans_s']):>7}  "
-                  f"{sec(s['probes_s']):>8}  {sec(s['unwind_s']):>8}  {comp:>10}  {s['worst_wait_s']:>12.2f}  "
-                  f"{s['cut']:>9}  {s['crossed']:>7}  {s['never_crossed']:>13}  {s['load']:>5}")
+            print(
+                f"{s['round']:>5}  {s['cache']:5}  {s['live_s']:>7.2f}  {sec(s['scans_s']):>7}  "
+                f"{sec(s['probes_s']):>8}  {sec(s['unwind_s']):>8}  {comp:>10}  {s['worst_wait_s']:>12.2f}  "
+                f"{s['cut']:>9}  {s['crossed']:>7}  {s['never_crossed']:>13}  {s['load']:>5}"
+            )
         for i in range(a.rounds):
             c, w = rows[2 * i], rows[2 * i + 1]
             if w["live_s"] > 0:
                 print(f"round {i + 1}: cold/warm to live probes {c['live_s'] / w['live_s']:.2f}x")
         if a.json:
-            Path(a.json).write_text(json.dumps({"pid": pid, "comm": comm, "modules": nmods, "cores": os.cpu_count(),
-                                                "rounds": rows}, indent=1))
+            Path(a.json).write_text(
+                json.dumps(
+                    {"pid": pid, "comm": comm, "modules": nmods, "cores": os.cpu_count(), "rounds": rows}, indent=1
+                )
+            )
     finally:
         if chrome is not None:
             os.killpg(chrome.pid, signal.SIGTERM)

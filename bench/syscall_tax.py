@@ -12,6 +12,7 @@ process (a sleeper), in its trap-floor and real configurations, interleaved per 
 ns per call added is what every process on the machine, the traced daemon and its clients
 included, pays per system call while a recording runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,13 +52,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2_000_000)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--best", type=int, default=0, metavar="RUNS",
-                    help="each trial the fastest of RUNS loops, not the median of 3 (a busy box)")
+    ap.add_argument(
+        "--best",
+        type=int,
+        default=0,
+        metavar="RUNS",
+        help="each trial the fastest of RUNS loops, not the median of 3 (a busy box)",
+    )
     ap.add_argument("--configs", help="comma-separated subset of " + ", ".join(CONFIGS) + " (untraced always)")
     ap.add_argument("--root", default=str(ROOT), help="the allocscope checkout to run (default: this one)")
-    ap.add_argument("--define", action="append", default=[], metavar="NAME=ARGS",
-                    help="an ad-hoc configuration: NAME recording with the `record` arguments ARGS; a NAME "
-                         "starting 'other-' runs the checkout of --other-root (before/after in one run)")
+    ap.add_argument(
+        "--define",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="an ad-hoc configuration: NAME recording with the `record` arguments ARGS; a NAME "
+        "starting 'other-' runs the checkout of --other-root (before/after in one run)",
+    )
     ap.add_argument("--other-root", help="a second allocscope checkout, for the 'other-' configurations")
     args = ap.parse_args()
     for d in args.define:
@@ -81,9 +92,13 @@ def main() -> None:
                 tracer = mon = None
                 try:
                     if flags is not None:
-                        tracer, mon = attach_allocscope(sleeper.pid, tmp / f"{cfg}-{r}.allocscope", flags,
-                                                        sys.executable,
-                                                        args.other_root if cfg.startswith("other-") else args.root)
+                        tracer, mon = attach_allocscope(
+                            sleeper.pid,
+                            tmp / f"{cfg}-{r}.allocscope",
+                            flags,
+                            sys.executable,
+                            args.other_root if cfg.startswith("other-") else args.root,
+                        )
                     ns = loop(exe, args.calls, args.best or 3, bool(args.best))
                 except TrialError as e:
                     sys.exit(f"{cfg}: {e}")
@@ -97,8 +112,10 @@ def main() -> None:
                 print(f"round {r + 1}/{args.rounds} {cfg:22s} {ns:7.1f} ns a call", file=sys.stderr)
     base = statistics.median(results["untraced"])
     how = f"the fastest of {args.best} loops" if args.best else "3 loops, their median"
-    print(f"getppid() loop, {args.calls:,} calls, {how} a trial, {args.rounds} interleaved rounds, medians; "
-          "the tracer records another process")
+    print(
+        f"getppid() loop, {args.calls:,} calls, {how} a trial, {args.rounds} interleaved rounds, medians; "
+        "the tracer records another process"
+    )
     print(f"{'configuration':22s} {'ns a call':>10s} {'added ns':>9s} {'x untraced':>10s}")
     for cfg, vals in results.items():
         m = statistics.median(vals)

@@ -12,6 +12,7 @@ and the frames each configuration recorded for the loop's allocation site.
     sudo .venv/bin/python bench/unwind_cost.py [--rounds 3] [--iters 200000] [--depths 8,32]
     (also: bench/overhead.py --unwind ...)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,12 @@ def build(tmp: Path) -> dict[str, Path]:
 
 def site_depth(trace: Path) -> int:
     """Frames of the loop's allocation site (the biggest allocation count)."""
-    p = subprocess.run([sys.executable, "-m", "allocscope", "report", str(trace), "--format", "json"],
-                       capture_output=True, text=True, cwd=str(ROOT))
+    p = subprocess.run(
+        [sys.executable, "-m", "allocscope", "report", str(trace), "--format", "json"],
+        capture_output=True,
+        text=True,
+        cwd=str(ROOT),
+    )
     if p.returncode:
         return -1
     rep = json.loads(p.stdout)
@@ -59,16 +64,23 @@ def site_depth(trace: Path) -> int:
 
 
 def run_once(exe: Path, rec_args, args, depth: int, tmp: Path, want_frames: bool) -> tuple[float, float, int]:
-    loop = subprocess.Popen([str(exe), "--wait-signal", "--iters", str(args.iters), "--threads", str(args.threads),
-                             "--depth", str(depth)], stdout=subprocess.PIPE, text=True)
+    loop = subprocess.Popen(
+        [str(exe), "--wait-signal", "--iters", str(args.iters), "--threads", str(args.threads), "--depth", str(depth)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     read_line(loop, "ready")
     tracer, out = None, None
     try:
         if rec_args is not None:
             out = tmp / f"u-{time.monotonic_ns()}.allocscope"
-            tracer = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "-q", "--pid", str(loop.pid),
-                                       "-o", str(out), *rec_args], cwd=str(ROOT), stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True)
+            tracer = subprocess.Popen(
+                [sys.executable, "-m", "allocscope", "record", "-q", "--pid", str(loop.pid), "-o", str(out), *rec_args],
+                cwd=str(ROOT),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             while not (out / "meta.json").exists():
                 if tracer.poll() is not None:
                     raise RuntimeError(tracer.stderr.read())
@@ -110,8 +122,10 @@ def main(argv: list[str] | None = None) -> None:
                         frames[(d, c)] = n
                     print(f"round {r + 1}/{args.rounds} depth {d:3d} {c:9s} {s:8.3f}s", file=sys.stderr)
     allocs = args.iters * args.threads
-    print(f"\nDWARF unwinding cost: {args.threads} threads x {args.iters} malloc+free, {args.rounds} "
-          f"interleaved rounds, medians")
+    print(
+        f"\nDWARF unwinding cost: {args.threads} threads x {args.iters} malloc+free, {args.rounds} "
+        f"interleaved rounds, medians"
+    )
     print(f"{'depth':>5s} {'configuration':14s} {'seconds':>8s} {'µs/alloc added':>15s} {'site frames':>12s}")
     for d in depths:
         base = statistics.median(times[(d, "untraced")])
@@ -123,8 +137,10 @@ def main(argv: list[str] | None = None) -> None:
         dw = statistics.median(times[(d, "dwarf")])
         fpn = statistics.median(times[(d, "fp-nofp")])
         fpw = statistics.median(times[(d, "fp-walk")])
-        print(f"{d:5d} dwarf - fp-nofp: {(dw - fpn) / allocs * 1e6:+.2f} µs/alloc; "
-              f"dwarf - fp-walk: {(dw - fpw) / allocs * 1e6:+.2f} µs/alloc")
+        print(
+            f"{d:5d} dwarf - fp-nofp: {(dw - fpn) / allocs * 1e6:+.2f} µs/alloc; "
+            f"dwarf - fp-walk: {(dw - fpw) / allocs * 1e6:+.2f} µs/alloc"
+        )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ over the target's blocking switches (what one costs, the other processes' switch
 
     sudo .venv/bin/python bench/waits.py [--rounds 5] [--handoffs 200000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,13 @@ def trial(exe: Path, cfg: str, handoffs: int, tmp: Path) -> tuple[float, int, di
         stop_process(tr)
     waits, stats = 0, {}
     if tr is not None:
-        rep = subprocess.run([sys.executable, "-m", "allocscope", "report", str(out), "--format", "json"], cwd=ROOT,
-                             capture_output=True, text=True, check=True)
+        rep = subprocess.run(
+            [sys.executable, "-m", "allocscope", "report", str(out), "--format", "json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         waits = json.loads(rep.stdout)["waits"]["blocking_switches"]
         stats = json.loads((out / "meta.json").read_text()).get("bpf_stats", {}).get(SWITCH_PROG, {})
     return secs, waits, stats
@@ -92,25 +98,31 @@ def main() -> None:
             for r in range(args.rounds):
                 for cfg in CONFIGS:
                     res[cfg].append(trial(exe, cfg, args.handoffs, Path(d)))
-                    print(f"round {r + 1} {cfg}: {res[cfg][-1][0]:.3f}s, blocking switches {res[cfg][-1][1]}",
-                          file=sys.stderr)
+                    print(
+                        f"round {r + 1} {cfg}: {res[cfg][-1][0]:.3f}s, blocking switches {res[cfg][-1][1]}",
+                        file=sys.stderr,
+                    )
     finally:
         knob.write_text(was)
     med = {c: statistics.median(s for s, _, _ in v) for c, v in res.items()}
     base = med["untraced"]
     print(f"\n{args.handoffs} hand-offs, {args.rounds} rounds, medians")
-    print(f"{'config':<10} {'seconds':>8} {'kept':>6} {'switches':>9} {'per switch vs waits-off':>24} "
-          f"{'program ns/run':>15} {'program runs':>13} {'program ns / target switch':>27}")
+    print(
+        f"{'config':<10} {'seconds':>8} {'kept':>6} {'switches':>9} {'per switch vs waits-off':>24} "
+        f"{'program ns/run':>15} {'program runs':>13} {'program ns / target switch':>27}"
+    )
     for c, v in res.items():
         sw = statistics.median(w for _, w, _ in v)
         per = (med[c] - med["waits-off"]) / sw * 1e9 if sw and c.startswith("waits") and c != "waits-off" else None
         runs = sum(st.get("run_cnt", 0) for _, _, st in v)
         ns = sum(st.get("run_time_ns", 0) for _, _, st in v)
         tsw = sum(w for _, w, _ in v)
-        print(f"{c:<10} {med[c]:>8.3f} {base / med[c]:>6.1%} {sw:>9.0f} "
-              f"{f'{per:,.0f} ns' if per is not None else '-':>24} "
-              f"{f'{ns / runs:,.0f}' if runs else '-':>15} {runs // max(1, len(v)):>13} "
-              f"{f'{ns / tsw:,.0f}' if runs and tsw else '-':>27}")
+        print(
+            f"{c:<10} {med[c]:>8.3f} {base / med[c]:>6.1%} {sw:>9.0f} "
+            f"{f'{per:,.0f} ns' if per is not None else '-':>24} "
+            f"{f'{ns / runs:,.0f}' if runs else '-':>15} {runs // max(1, len(v)):>13} "
+            f"{f'{ns / tsw:,.0f}' if runs and tsw else '-':>27}"
+        )
 
 
 if __name__ == "__main__":

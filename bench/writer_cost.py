@@ -22,6 +22,7 @@ disk of --dir (default: /var/tmp; a tmpfs makes fsync free and is refused).
 
     sudo .venv/bin/python bench/writer_cost.py [--rounds 5] [--intervals 40] [--sleep-ms 100] [--trace PATH]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,7 +71,7 @@ class BeforeWriter:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fstat(fd)
             os.fsync(fd)
         finally:
@@ -110,16 +111,47 @@ CONFIGS = {
 
 def record_redis(out: Path, seconds: int) -> None:
     port = "6399"
-    srv = subprocess.Popen(["redis-server", "--port", port, "--save", "", "--appendonly", "no"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = subprocess.Popen(
+        ["redis-server", "--port", port, "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(0.5)
-        load = subprocess.Popen(["redis-benchmark", "-p", port, "-n", "10000000", "-r", "100000", "-d", "64",
-                                 "-t", "set,get,lpush,lpop", "-q"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        load = subprocess.Popen(
+            [
+                "redis-benchmark",
+                "-p",
+                port,
+                "-n",
+                "10000000",
+                "-r",
+                "100000",
+                "-d",
+                "64",
+                "-t",
+                "set,get,lpush,lpop",
+                "-q",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
-            subprocess.run([str(ROOT / ".venv/bin/allocscope"), "record", "--pid", str(srv.pid), "--inject",
-                            "--duration", str(seconds), "-o", str(out)], check=True, cwd=ROOT)
+            subprocess.run(
+                [
+                    str(ROOT / ".venv/bin/allocscope"),
+                    "record",
+                    "--pid",
+                    str(srv.pid),
+                    "--inject",
+                    "--duration",
+                    str(seconds),
+                    "-o",
+                    str(out),
+                ],
+                check=True,
+                cwd=ROOT,
+            )
         finally:
             load.kill()
             load.wait()
@@ -210,11 +242,15 @@ def main() -> None:
         middle = [parts[s] for s in seqs[1:-1]] or [parts[s] for s in seqs]
         full = max(middle, key=len)
         workloads = {"full": renumbered([full], a.intervals), "recording": renumbered(middle, a.intervals)}
-        print(f"parts from {trace}: {len(seqs)} intervals; 'full' interval: "
-              + " ".join(f"{t}:{tab.num_rows}r" for t, tab in full))
+        print(
+            f"parts from {trace}: {len(seqs)} intervals; 'full' interval: "
+            + " ".join(f"{t}:{tab.num_rows}r" for t, tab in full)
+        )
         print(f"'recording': {len(middle)} intervals, {sum(map(len, middle)) / len(middle):.1f} parts each on average")
-        print(f"dir {a.dir} ({fs}); {a.intervals} intervals x {a.rounds} rounds per configuration; "
-              f"load {os.getloadavg()[0]:.2f}; pyarrow {pa.__version__}")
+        print(
+            f"dir {a.dir} ({fs}); {a.intervals} intervals x {a.rounds} rounds per configuration; "
+            f"load {os.getloadavg()[0]:.2f}; pyarrow {pa.__version__}"
+        )
         res: dict = defaultdict(list)
         for _ in range(a.rounds):
             for wname, wl in workloads.items():

@@ -1,6 +1,7 @@
 """allocscope's bundle bootstrap: bundled python packages first on sys.path, BCC's libraries
 loaded from lib/ by absolute path (so nothing is put in LD_LIBRARY_PATH or PYTHONPATH for the
 programs allocscope launches), bundled kernel headers for BCC when the box has none."""
+
 import ctypes
 import os
 import platform
@@ -61,16 +62,20 @@ def kernel_headers():
 
 def main():
     if sys.version_info < (3, 11):  # noqa: UP036 (run by any python3: says which one is needed)
-        sys.exit(f"allocscope needs python >= 3.11 (this is {platform.python_version()} at {sys.executable}); "
-                 "ALLOCSCOPE_PYTHON=/path/to/python3 picks another")
+        sys.exit(
+            f"allocscope needs python >= 3.11 (this is {platform.python_version()} at {sys.executable}); "
+            "ALLOCSCOPE_PYTHON=/path/to/python3 picks another"
+        )
     sys.path.insert(0, os.path.join(HERE, "python"))
     os.environ["ALLOCSCOPE_BUNDLE"] = HERE
     kernel_headers()
     try:
         preload()
     except OSError as e:
-        sys.exit(f"allocscope bundle: cannot load BCC's libraries from {LIB}: {e}\n"
-                 "(the bundle needs glibc >= 2.36 on x86-64)")
+        sys.exit(
+            f"allocscope bundle: cannot load BCC's libraries from {LIB}: {e}\n"
+            "(the bundle needs glibc >= 2.36 on x86-64)"
+        )
     missing = []
     for mod in ("pandas", "pyarrow", "numpy"):
         try:
@@ -78,11 +83,14 @@ def main():
         except ImportError:
             missing.append(mod)
     if missing:
-        sys.exit(f"allocscope bundle: {sys.executable} has no {', '.join(missing)}; the bundle relies on the "
-                 "box's pandas (>= 2.0) and pyarrow (>= 14): pip install pandas pyarrow, or "
-                 "ALLOCSCOPE_PYTHON=/path/to/python3 with them")
+        sys.exit(
+            f"allocscope bundle: {sys.executable} has no {', '.join(missing)}; the bundle relies on the "
+            "box's pandas (>= 2.0) and pyarrow (>= 14): pip install pandas pyarrow, or "
+            "ALLOCSCOPE_PYTHON=/path/to/python3 with them"
+        )
     sys.argv[0] = os.path.join(HERE, "bin", "allocscope")
     from allocscope.cli.entry import main as entry  # noqa: PLC0415
+
     sys.exit(entry())
 
 

@@ -1,5 +1,6 @@
 """One error hierarchy for the whole tool. The CLI prints `allocscope: <message>` on one line and
 exits with `exit_code`; anything that is not an AllocscopeError is a bug and keeps its traceback."""
+
 from __future__ import annotations
 
 

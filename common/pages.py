@@ -1,5 +1,6 @@
 """The page size allocscope counts memory in, and rounding to it. x86-64 only: 4 KiB base pages
 (a huge page is counted as the base pages it spans, as /proc/PID/pagemap reports it)."""
+
 from __future__ import annotations
 
 PAGE = 4096

@@ -2,6 +2,7 @@
 runs — from a source checkout (pyproject.toml beside the packages), from the relocatable bundle
 (its VERSION file, which scripts/bundle.sh writes from pyproject.toml; the bundle carries no
 package metadata), or installed (the package's metadata)."""
+
 from __future__ import annotations
 
 import tomllib

@@ -1,5 +1,6 @@
 """Byte counts and rates for people: 1.5 MiB, +12 KiB, +1.5 KiB/s. Shared by the analysis (the
 findings' sentences), the renderers and the live view; imports nothing."""
+
 from __future__ import annotations
 
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]

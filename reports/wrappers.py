@@ -1,5 +1,6 @@
 """`--fold`: which application wrappers are folded out of sites. Apart from reports/analysis/stacks.py
 (which imports pandas) so that `top` and `record` can check `--fold` before the heavy imports."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -13,15 +14,69 @@ from common.errors import UsageError
 # against the whole function name, case-sensitive); listed in the report when they fold a frame.
 APP_WRAPPERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("redis", ("zmalloc*", "ztrymalloc*", "zcalloc*", "ztrycalloc*", "zrealloc*", "ztryrealloc*", "zstrdup")),
-    ("cpython", ("PyObject_Malloc", "PyObject_Calloc", "PyObject_Realloc", "_PyObject_Malloc", "_PyObject_Calloc",
-                 "_PyObject_Realloc", "PyMem_*", "_PyMem_*", "pymalloc_alloc", "pymalloc_realloc",
-                 "_PyObject_Arena*", "new_arena", "allocate_from_new_pool")),
-    ("glib", ("g_malloc*", "g_realloc*", "g_try_malloc*", "g_try_realloc*", "g_slice_alloc*", "g_memdup*",
-              "g_strdup*", "g_strndup")),
-    ("openssl", ("CRYPTO_malloc", "CRYPTO_zalloc", "CRYPTO_realloc", "CRYPTO_clear_realloc", "CRYPTO_memdup",
-                 "CRYPTO_strdup", "CRYPTO_strndup", "CRYPTO_secure_malloc", "CRYPTO_secure_zalloc")),
-    ("xmalloc", ("xmalloc", "xcalloc", "xzalloc", "xrealloc", "xreallocarray", "xnmalloc", "xnrealloc",
-                 "x2realloc", "x2nrealloc", "xcharalloc", "xmemdup", "xstrdup", "xstrndup")),
+    (
+        "cpython",
+        (
+            "PyObject_Malloc",
+            "PyObject_Calloc",
+            "PyObject_Realloc",
+            "_PyObject_Malloc",
+            "_PyObject_Calloc",
+            "_PyObject_Realloc",
+            "PyMem_*",
+            "_PyMem_*",
+            "pymalloc_alloc",
+            "pymalloc_realloc",
+            "_PyObject_Arena*",
+            "new_arena",
+            "allocate_from_new_pool",
+        ),
+    ),
+    (
+        "glib",
+        (
+            "g_malloc*",
+            "g_realloc*",
+            "g_try_malloc*",
+            "g_try_realloc*",
+            "g_slice_alloc*",
+            "g_memdup*",
+            "g_strdup*",
+            "g_strndup",
+        ),
+    ),
+    (
+        "openssl",
+        (
+            "CRYPTO_malloc",
+            "CRYPTO_zalloc",
+            "CRYPTO_realloc",
+            "CRYPTO_clear_realloc",
+            "CRYPTO_memdup",
+            "CRYPTO_strdup",
+            "CRYPTO_strndup",
+            "CRYPTO_secure_malloc",
+            "CRYPTO_secure_zalloc",
+        ),
+    ),
+    (
+        "xmalloc",
+        (
+            "xmalloc",
+            "xcalloc",
+            "xzalloc",
+            "xrealloc",
+            "xreallocarray",
+            "xnmalloc",
+            "xnrealloc",
+            "x2realloc",
+            "x2nrealloc",
+            "xcharalloc",
+            "xmemdup",
+            "xstrdup",
+            "xstrndup",
+        ),
+    ),
 )
 
 USER_FOLD = "--fold"  # the `from` of a pattern the user gave
@@ -29,6 +84,7 @@ USER_FOLD = "--fold"  # the `from` of a pattern the user gave
 _GLOB_CHARS = frozenset("*?[")
 
 _OPEN, _CLOSE = "<([", ">)]"
+
 
 def _split_fold(value: str) -> list[str]:
     """'a,b' -> ['a', 'b']; a comma inside <...>, (...) or [...] belongs to the name
@@ -49,6 +105,7 @@ def _split_fold(value: str) -> list[str]:
     out.append("".join(cur))
     return [p.strip() for p in out]
 
+
 def parse_fold(values: str | list[str] | tuple[str, ...] | None) -> Folding:
     """The one normalizer of `--fold FUNC[,FUNC]` (repeatable) for every command: FUNC is an
     exact function name, or a glob (fnmatch `*`, `?`, `[...]`, case-sensitive) when it holds one
@@ -63,11 +120,14 @@ def parse_fold(values: str | list[str] | tuple[str, ...] | None) -> Folding:
             if not p:
                 raise UsageError(f"--fold wants FUNC[,FUNC...] (e.g. --fold my_alloc,'pool_*'), not {value!r}")
             if not set(p) - _GLOB_CHARS - set("]!"):
-                raise UsageError(f"--fold {p!r} would fold every frame: give a function name or a pattern "
-                                 "with some of its letters (e.g. 'pool_*')")
+                raise UsageError(
+                    f"--fold {p!r} would fold every frame: give a function name or a pattern "
+                    "with some of its letters (e.g. 'pool_*')"
+                )
             if p not in patterns:
                 patterns.append(p)
     return Folding(tuple(patterns))
+
 
 class Folding:
     """Which application wrappers are folded out of sites (allocator entry points and language
@@ -77,10 +137,13 @@ class Folding:
 
     def __init__(self, user: tuple[str, ...] = ()) -> None:
         self.user = tuple(user)
-        self.patterns: list[tuple[str, str]] = [(lib, p) for lib, pats in APP_WRAPPERS for p in pats] + \
-            [(USER_FOLD, p) for p in self.user]
-        self._rx = [(src, p, re.compile(fnmatch.translate(p) if _GLOB_CHARS & set(p) else re.escape(p) + r"\Z"))
-                    for src, p in self.patterns]
+        self.patterns: list[tuple[str, str]] = [(lib, p) for lib, pats in APP_WRAPPERS for p in pats] + [
+            (USER_FOLD, p) for p in self.user
+        ]
+        self._rx = [
+            (src, p, re.compile(fnmatch.translate(p) if _GLOB_CHARS & set(p) else re.escape(p) + r"\Z"))
+            for src, p in self.patterns
+        ]
         self._any = re.compile("|".join(f"(?:{rx.pattern})" for _, _, rx in self._rx))
         self._cache: dict[str, tuple[str, str] | None] = {}
 
@@ -96,6 +159,7 @@ class Folding:
 
     def __repr__(self) -> str:
         return f"Folding(user={self.user!r})"
+
 
 DEFAULT_FOLDING = Folding()
 

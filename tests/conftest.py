@@ -7,6 +7,7 @@
 
 Helpers live in support.py; the bpf(2) layer in tracer/bpf/objects.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,9 @@ def pytest_runtest_setup(item):
 def targets(tmp_path_factory) -> dict[str, Path]:
     """Compile every tests/targets/*.c (frame pointers on) once per session."""
     out = tmp_path_factory.mktemp("targets")
-    return {src.stem: build(out / src.stem, src, flags=[*CFLAGS_FP, "-Wall"])
-            for src in sorted(TARGETS_SRC.glob("*.c"))}
+    return {
+        src.stem: build(out / src.stem, src, flags=[*CFLAGS_FP, "-Wall"]) for src in sorted(TARGETS_SRC.glob("*.c"))
+    }
 
 
 @pytest.fixture
@@ -73,4 +75,3 @@ def tracers():
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
         p.wait(30)
-

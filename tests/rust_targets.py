@@ -9,6 +9,7 @@ later calls nothing). No cargo, or
 no Debian crates, is `unavailable` (a skip; a failure under CI=true: scripts/setup-host.sh
 installs them).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,11 @@ RUSTD_SRC = TARGETS_SRC / "rustd"
 BIN = ROOT / "tests" / "targets" / "bin"
 DEBIAN_REGISTRY = Path("/usr/share/cargo/registry")
 # crate directory prefix -> the Debian package that installs it
-DEBIAN_CRATES = {"rayon-": "librust-rayon-dev", "tokio-1": "librust-tokio-dev",
-                 "jemalloc-sys-": "librust-jemalloc-sys-dev"}
+DEBIAN_CRATES = {
+    "rayon-": "librust-rayon-dev",
+    "tokio-1": "librust-tokio-dev",
+    "jemalloc-sys-": "librust-jemalloc-sys-dev",
+}
 CARGO_ELSEWHERE = ("~/.cargo/bin/cargo", "/usr/local/cargo/bin/cargo", "/usr/bin/cargo")
 
 
@@ -48,8 +52,10 @@ def _sources(project: Path) -> list[Path]:
 
 def _toolchain(cargo: str, env: dict) -> str:
     """Versions of `cargo` and the rustc it runs (RUSTC, set by build_rustd)."""
-    out = [subprocess.run([tool, "--version"], capture_output=True, text=True, env=env).stdout.strip()
-           for tool in (cargo, env.get("RUSTC", "rustc"))]
+    out = [
+        subprocess.run([tool, "--version"], capture_output=True, text=True, env=env).stdout.strip()
+        for tool in (cargo, env.get("RUSTC", "rustc"))
+    ]
     return f"{cargo}: {' / '.join(out)}"
 
 
@@ -89,8 +95,14 @@ def build_rustd(cargo: str | None = None) -> Path:
     if exe.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
         return exe
     env["CARGO_TARGET_DIR"] = str(target_dir)
-    p = subprocess.run([cargo, "build", "--release", "--offline", "--quiet"], cwd=RUSTD_SRC, env=env,
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [cargo, "build", "--release", "--offline", "--quiet"],
+        cwd=RUSTD_SRC,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if p.returncode != 0:
         raise AssertionError(f"cargo build of {RUSTD_SRC} failed ({cargo}):\n{p.stderr[-4000:]}")
     stamp_file.write_text(stamp)

@@ -9,6 +9,7 @@
   `wait_for`, `attached`, `record_run`;
 * frames of a JSON report: `functions`.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,6 +35,7 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 # --------------------------------------------------------------------------- what a test needs
+
 
 def unavailable(what: str) -> NoReturn:
     """Skip the test for want of `what` (a tool, a file, a capability); under CI=true fail it:
@@ -70,8 +72,13 @@ def need(paths: Sequence[str], what: str) -> str:
 RUSTC_ELSEWHERE = ("~/.cargo/bin/rustc", "/usr/local/cargo/bin/rustc", "/root/.cargo/bin/rustc")
 
 
-def build(exe: Path | str, *inputs: Path | str, flags: Sequence[str] = CFLAGS_FP, cc: str = "gcc",
-          cwd: Path | str | None = None) -> Path:
+def build(
+    exe: Path | str,
+    *inputs: Path | str,
+    flags: Sequence[str] = CFLAGS_FP,
+    cc: str = "gcc",
+    cwd: Path | str | None = None,
+) -> Path:
     """Compile `inputs` (sources, then libraries and linker flags) into `exe`: `cc FLAGS -o EXE
     INPUTS`. Frame pointers and -g by default; raises when the compiler fails."""
     subprocess.run([cc, *flags, "-o", str(exe), *map(str, inputs)], check=True, cwd=cwd)
@@ -82,10 +89,26 @@ def chromium(exe: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
     """Headless chromium `exe` (need_tool("chromium")) with a private profile under `tmp`, a
     1400x2000 window and `args` (--dump-dom URL, --screenshot=PNG URL...)."""
     return subprocess.run(
-        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-         f"--user-data-dir={tmp / 'profile'}", "--window-size=1400,2000", *args],
-        capture_output=True, text=True, timeout=120, check=True)
+        [
+            exe,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp / 'profile'}",
+            "--window-size=1400,2000",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
 
 
 def bpf_problem() -> str | None:
@@ -96,13 +119,15 @@ def bpf_problem() -> str | None:
         import bcc  # noqa: F401
     except ImportError as e:
         return f"BCC not importable: {e}"
-    if not os.path.exists("/sys/kernel/tracing/uprobe_events") and \
-            not os.path.exists("/sys/kernel/debug/tracing/uprobe_events"):
+    if not os.path.exists("/sys/kernel/tracing/uprobe_events") and not os.path.exists(
+        "/sys/kernel/debug/tracing/uprobe_events"
+    ):
         return "tracefs not mounted"
     return None
 
 
 # --------------------------------------------------------------------------- the CLI
+
 
 def warm_targets(args: Sequence[str]) -> None:
     """`record`/`top` --pid/--pgrep of a process this test started: its unwind tables built into
@@ -144,9 +169,12 @@ def warm_runtime() -> None:
     _warmed_runtime = True
     from tracer.unwind.unwinder import warm
 
-    paths = {os.path.realpath(p) for name in RUNTIME_LIBS
-             for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64")
-             if os.path.exists(p := os.path.join(d, name))}
+    paths = {
+        os.path.realpath(p)
+        for name in RUNTIME_LIBS
+        for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64")
+        if os.path.exists(p := os.path.join(d, name))
+    }
     warm(sorted(paths))
 
 
@@ -168,8 +196,14 @@ def _children() -> list[tuple[int, str]]:
 def cli(*args: str, timeout: float = 120, check: bool = False, **kw) -> subprocess.CompletedProcess:
     """Run `python -m allocscope ARGS` and capture text output."""
     warm_targets(args)
-    p = subprocess.run([sys.executable, "-m", "allocscope", *args], capture_output=True, text=True,
-                       timeout=timeout, cwd=str(ROOT), **kw)
+    p = subprocess.run(
+        [sys.executable, "-m", "allocscope", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(ROOT),
+        **kw,
+    )
     if check and p.returncode != 0:
         raise AssertionError(f"allocscope {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}")
     return p
@@ -177,8 +211,13 @@ def cli(*args: str, timeout: float = 120, check: bool = False, **kw) -> subproce
 
 def cli_bg(*args: str) -> subprocess.Popen:
     warm_targets(args)
-    return subprocess.Popen([sys.executable, "-m", "allocscope", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-m", "allocscope", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(ROOT),
+    )
 
 
 def report_json(trace: Path | str) -> dict:
@@ -209,6 +248,7 @@ def functions(frames: list[dict]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- processes
+
 
 def fd_links(pid: int) -> dict[int, str]:
     """What each open descriptor of `pid` points at (/proc/PID/fd; one closed meanwhile is left out)."""
@@ -274,8 +314,9 @@ class Proc:
         self.p.wait(10)
 
 
-def record_run(procs, tracers, out, argv: list, done: str = "done", interval: str = "0.5",
-               record_args: tuple = ()) -> None:
+def record_run(
+    procs, tracers, out, argv: list, done: str = "done", interval: str = "0.5", record_args: tuple = ()
+) -> None:
     """Start the target `argv` (it prints "ready" and waits for SIGUSR1), record it with --pid
     into `out` (and `record_args`), release it, wait for its `done` line, stop the tracer with
     SIGINT (exit 0)."""

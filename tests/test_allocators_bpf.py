@@ -2,6 +2,7 @@
 executable beside glibc's malloc from a library (a Rust daemon with tikv-jemallocator), tcmalloc
 and mimalloc from Debian preloaded under the exact-figure target, and the user's own pool with
 --alloc-fn / --free-fn."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,9 @@ HERE = Path(__file__).resolve().parent / "targets" / "allocators"
 
 
 def by_function(rep: dict) -> dict[str, dict]:
-    agg: dict[str, dict] = defaultdict(lambda: {"live_bytes": 0, "live_count": 0, "alloc_count": 0,
-                                                "sources": set(), "threads": set()})
+    agg: dict[str, dict] = defaultdict(
+        lambda: {"live_bytes": 0, "live_count": 0, "alloc_count": 0, "sources": set(), "threads": set()}
+    )
     for s in rep["sites"]:
         a = agg[s["frames"][0]["function"]]
         for k in ("live_bytes", "live_count", "alloc_count"):
@@ -53,14 +55,17 @@ def test_prefixed_jemalloc_beside_glibc(tmp_path, procs, tracers, uprobes):
     rep = report_json(out)
     assert rep["recording"]["probes"]["uprobes"] == uprobes
     rj = "heap:jemalloc:_rjem_"
-    check(by_function(rep), {
-        "rust_vec_push": (rj, 5 * 4096, 5, 10, "worker"),   # 5 mallocx(64) grown by rallocx
-        "rust_box_new": (rj, 4 * 333, 4, 7, "worker"),       # 3 dropped with sdallocx
-        "rust_zeroed": (rj, 11 * 17 + 1000, 2, 2, "worker"),
-        "rust_aligned": (rj, 777, 1, 1, "worker"),           # the failed posix_memalign is not one
-        "rust_dealloc": (rj, 0, 0, 1, "worker"),             # dallocx
-        "plain_alloc": ("heap", 6 * 2203, 6, 9, "worker"),   # glibc, from the C library
-    })
+    check(
+        by_function(rep),
+        {
+            "rust_vec_push": (rj, 5 * 4096, 5, 10, "worker"),  # 5 mallocx(64) grown by rallocx
+            "rust_box_new": (rj, 4 * 333, 4, 7, "worker"),  # 3 dropped with sdallocx
+            "rust_zeroed": (rj, 11 * 17 + 1000, 2, 2, "worker"),
+            "rust_aligned": (rj, 777, 1, 1, "worker"),  # the failed posix_memalign is not one
+            "rust_dealloc": (rj, 0, 0, 1, "worker"),  # dallocx
+            "plain_alloc": ("heap", 6 * 2203, 6, 9, "worker"),  # glibc, from the C library
+        },
+    )
     probes = rep["recording"]["probes"]
     allocs = {(a["kind"], a["prefix"]): a for a in probes["allocators"]}
     assert allocs[("glibc", "")]["serves_malloc"] and allocs[("glibc", "")]["source"] == "heap"
@@ -75,17 +80,30 @@ def test_prefixed_jemalloc_beside_glibc(tmp_path, procs, tracers, uprobes):
 def test_pool_functions(tmp_path, procs, tracers, uprobes):
     exe = build(tmp_path / "pool", HERE / "pool.c")
     out = tmp_path / "pool.allocscope"
-    args = ("--alloc-fn", "pool_get:size=arg1", "--alloc-fn", "pool_get_out:size=arg2,out=arg1",
-            "--alloc-fn", "pool_calloc:count=arg1,size=arg2", "--free-fn", "pool_put:ptr=arg1", "--uprobes", uprobes)
+    args = (
+        "--alloc-fn",
+        "pool_get:size=arg1",
+        "--alloc-fn",
+        "pool_get_out:size=arg2,out=arg1",
+        "--alloc-fn",
+        "pool_calloc:count=arg1,size=arg2",
+        "--free-fn",
+        "pool_put:ptr=arg1",
+        "--uprobes",
+        uprobes,
+    )
     record_run(procs, tracers, out, [exe, "--linger"], record_args=args)
     rep = report_json(out)
     agg = by_function(rep)
-    check(agg, {
-        "pool_objects": ("custom:pool_get", 60 * 200, 60, 100, "pooler"),
-        "pool_out": ("custom:pool_get_out", 7 * 300, 7, 7, "pooler"),   # the failed call is not one
-        "pool_zeroed": ("custom:pool_calloc", 5 * 3 * 50, 5, 5, "pooler"),
-        "pool_new_slab": ("heap", 65536, 1, 1, "pooler"),               # the slab: once, as heap
-    })
+    check(
+        agg,
+        {
+            "pool_objects": ("custom:pool_get", 60 * 200, 60, 100, "pooler"),
+            "pool_out": ("custom:pool_get_out", 7 * 300, 7, 7, "pooler"),  # the failed call is not one
+            "pool_zeroed": ("custom:pool_calloc", 5 * 3 * 50, 5, 5, "pooler"),
+            "pool_new_slab": ("heap", 65536, 1, 1, "pooler"),  # the slab: once, as heap
+        },
+    )
     # the slab's malloc returns while pool_get's return probe is pending: its return address on
     # the stack is the uprobe trampoline; the unwinder takes the real one from the kernel's list
     slab = next(s for s in rep["sites"] if s["frames"][0]["function"] == "pool_new_slab")
@@ -97,7 +115,11 @@ def test_pool_functions(tmp_path, procs, tracers, uprobes):
     heap_sites = sum(s["live_bytes"] for s in rep["sites"] if set(s["sources"]) <= {"heap", "mmap", "brk"})
     assert int(last["live_bytes"]) == heap_sites
     assert rep["recording"]["probes"]["custom"] and {c["source"] for c in rep["recording"]["probes"]["custom"]} == {
-        "custom:pool_get", "custom:pool_get_out", "custom:pool_calloc", "custom:pool_put"}
+        "custom:pool_get",
+        "custom:pool_get_out",
+        "custom:pool_calloc",
+        "custom:pool_put",
+    }
 
 
 PRELOADS = {
@@ -142,7 +164,12 @@ def test_preloaded_allocator_exact(targets, tmp_path, tracers, name):
         assert dict(a["threads"]) == {thread: live}, (name, fn, a["threads"])
         api = fn.removeprefix("leak_")
         # what the preloaded allocator lacks (tcmalloc: reallocarray) is glibc's, and says so
-        expect = {"heap:glibc"} if api in STANDARD and api not in defined else \
-            {"mmap"} if fn.startswith("map_") else {"heap"}
+        expect = (
+            {"heap:glibc"}
+            if api in STANDARD and api not in defined
+            else {"mmap"}
+            if fn.startswith("map_")
+            else {"heap"}
+        )
         assert {src for s in a["sites"] for src in s["sources"]} == expect, (name, fn)
     assert rep["totals"]["lost_events"] == 0, rep["totals"]

@@ -2,6 +2,7 @@
 global allocator that calls only the *allocx family lets the linker drop `_rjem_malloc` and
 `_rjem_free` — such an executable still has a `_rjem_` jemalloc, probed through mallocx,
 rallocx and sdallocx."""
+
 from __future__ import annotations
 
 from support import build
@@ -30,8 +31,10 @@ def test_prefixed_jemalloc_with_only_the_allocx_family(tmp_path):
 
 def test_a_lone_mallocx_is_no_allocator(tmp_path):
     src = tmp_path / "lone.c"
-    src.write_text("#include <stddef.h>\n#include <stdlib.h>\n"
-                   "__attribute__((noinline, used)) void *xy_mallocx(size_t n, int f) { (void)f; return malloc(n); }\n"
-                   "int main(void) { free(xy_mallocx(8, 0)); return 0; }\n")
+    src.write_text(
+        "#include <stddef.h>\n#include <stdlib.h>\n"
+        "__attribute__((noinline, used)) void *xy_mallocx(size_t n, int f) { (void)f; return malloc(n); }\n"
+        "int main(void) { free(xy_mallocx(8, 0)); return 0; }\n"
+    )
     exe = build(tmp_path / "lone", src, flags=["-O2", "-g"])
     assert not [a for a in allocators_in(str(exe), True) if a.kind == "jemalloc" and a.prefix]

@@ -4,6 +4,7 @@ and .symtab, tracer.allocators.discovery.module_symbols): the same allocators, e
 sizes, on the real allocators of this box and on a generated library built to trip a filter
 that looks only at names' ends (tail-merged strings, versioned .symtab names, look-alikes, a
 prefixed jemalloc with only its *allocx family)."""
+
 from __future__ import annotations
 
 import os
@@ -19,12 +20,12 @@ LIB = "/usr/lib/x86_64-linux-gnu"
 REAL = [
     (("/lib/x86_64-linux-gnu/libc.so.6", f"{LIB}/libc.so.6"), False, ["glibc"]),
     ((f"{LIB}/libstdc++.so.6",), False, []),
-    ((f"{LIB}/libjemalloc.so.2",), False, ["jemalloc"]),   # its .dynstr has "dallocx" inside "sdallocx"
+    ((f"{LIB}/libjemalloc.so.2",), False, ["jemalloc"]),  # its .dynstr has "dallocx" inside "sdallocx"
     ((f"{LIB}/libtcmalloc_minimal.so.4",), False, ["tcmalloc"]),
     ((f"{LIB}/libtcmalloc.so.4",), False, ["tcmalloc"]),
     ((f"{LIB}/libmimalloc.so.2",), False, ["mimalloc"]),
-    (("/usr/lib/chromium/chromium",), True, ["custom"]),   # PartitionAlloc's malloc in a 297 MB executable
-    (("/usr/bin/redis-server",), True, []),                 # Debian's: libjemalloc.so.2 beside it
+    (("/usr/lib/chromium/chromium",), True, ["custom"]),  # PartitionAlloc's malloc in a 297 MB executable
+    (("/usr/bin/redis-server",), True, []),  # Debian's: libjemalloc.so.2 beside it
 ]
 
 
@@ -91,16 +92,30 @@ def test_fast_scan_is_the_full_scan_on_code_built_to_trip_it(tmp_path, shape):
     script = tmp_path / "gen.map"
     script.write_text("V0 { global: vv_malloc; }; V1 { global: *; } V0;\n")
     flags = ["-O2", f"-Wl,--version-script={script}"]
-    path = str(build(tmp_path / "libgen.so", src, flags=[*flags, "-shared", "-fPIC"]) if shape == "library"
-               else build(tmp_path / "gen", src, flags=[*flags, "-DEXE"]))
+    path = str(
+        build(tmp_path / "libgen.so", src, flags=[*flags, "-shared", "-fPIC"])
+        if shape == "library"
+        else build(tmp_path / "gen", src, flags=[*flags, "-DEXE"])
+    )
     if shape == "executable":
         assert b"vv_mallocx@@V1\0" in Path(path).read_bytes()
     fast, full = scan_symbols(path), module_symbols(path)
     want = asked(path)
     assert fast.functions == want
     # what the generated names must have given, read the slow way: the test has teeth
-    for name in ("zz_mallocx", "zz_rallocx", "zz_sdallocx", "zz_dallocx", "xmalloc", "my_calloc", "g_free",
-                 "vv_mallocx", "vv_free", "vv_malloc", "mi_malloc"):
+    for name in (
+        "zz_mallocx",
+        "zz_rallocx",
+        "zz_sdallocx",
+        "zz_dallocx",
+        "xmalloc",
+        "my_calloc",
+        "g_free",
+        "vv_mallocx",
+        "vv_free",
+        "vv_malloc",
+        "mi_malloc",
+    ):
         assert name in want, (name, sorted(want))
     assert "mallo" in full.names and "mallo" not in fast.names
     assert "mallocxx" in full.names and "mallocxx" not in fast.names
@@ -122,8 +137,10 @@ def test_raw_headers_give_pyelftools_build_ids_and_cfi_sizes(tmp_path):
     src = tmp_path / "m.c"
     src.write_text("int main(void) { return 0; }\n")
     files = [need(p, os.path.basename(p[0])) for p, _e, _k in REAL]
-    files += [str(build(tmp_path / "noid", src, flags=["-O1", "-Wl,--build-id=none"])),
-              str(build(tmp_path / "sha1", src, flags=["-O1", "-Wl,--build-id=sha1"]))]
+    files += [
+        str(build(tmp_path / "noid", src, flags=["-O1", "-Wl,--build-id=none"])),
+        str(build(tmp_path / "sha1", src, flags=["-O1", "-Wl,--build-id=sha1"])),
+    ]
     for path in files:
         with OpenedElf.open(path) as opened:
             want = (file_key(opened), cfi_bytes(opened.elf))

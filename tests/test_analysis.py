@@ -4,6 +4,7 @@ key, growth fits, verdicts, ages, threads, flows, totals and the report JSON con
 Ground truth: every site's live-bytes series is written here, interval by interval (interval
 seq ends at seq seconds); slopes and R² are worked out by hand in the comments.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,10 +22,10 @@ from reports.trace import load_trace
 N = 10  # intervals, 1 s each
 # Live bytes at the end of intervals 1..10 for every site (its ground truth).
 SERIES = {
-    "grow": [1000 * i for i in range(1, N + 1)],                       # slope 1000 B/s, R² 1
-    "plateau": [2000, 4000, 6000, 8000] + [8000] * 6,                  # flat over the last half
-    "spike": [0, 0, 50000, 50000] + [2000] * 6,                        # peak 50000, 2000 left
-    "freed": [0, 3000, 3000, 0, 0, 0, 0, 0, 0, 0],                     # nothing left
+    "grow": [1000 * i for i in range(1, N + 1)],  # slope 1000 B/s, R² 1
+    "plateau": [2000, 4000, 6000, 8000] + [8000] * 6,  # flat over the last half
+    "spike": [0, 0, 50000, 50000] + [2000] * 6,  # peak 50000, 2000 left
+    "freed": [0, 3000, 3000, 0, 0, 0, 0, 0, 0, 0],  # nothing left
     # Last half (x = 6..10): y = 7000 4000 9000 5000 8000, mean 6600; Σ(x-8)(y-ȳ) = 3000,
     # Σ(x-8)² = 10 -> slope 300 B/s; SS_reg = 300² * 10 = 900000, SS_tot = 17200000 ->
     # R² = 900000 / 17200000. The rise (300 * 4 s = 1200 B) would be material: only R² saves it.
@@ -58,14 +59,19 @@ def frames(name: str) -> list[str]:
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
     t = SynthTrace(tmp_path_factory.mktemp("an") / "a.allocscope", labels={"pw": "3"})
-    sid = {name: t.stack(frames(name), ["malloc.c", f"{name}.c", "worker.c", "pthread.c"], [1, 10, 20, 30])
-           for name in SERIES}
+    sid = {
+        name: t.stack(frames(name), ["malloc.c", f"{name}.c", "worker.c", "pthread.c"], [1, 10, 20, 30])
+        for name in SERIES
+    }
     for tid, name in NAMES.items():
         t.thread(tid, name)
     for i in range(N):
-        t.interval({(sid[n], THREAD_OF[n]): counters(s, i) for n, s in SERIES.items()}, rss=RSS[i],
-                   flows=FLOWS if i == N - 1 else None,
-                   lost={"lost_stack_full": 3, "lost_ring_full": 2, "lost_novel_full": 1} if i == N - 1 else None)
+        t.interval(
+            {(sid[n], THREAD_OF[n]): counters(s, i) for n, s in SERIES.items()},
+            rss=RSS[i],
+            flows=FLOWS if i == N - 1 else None,
+            lost={"lost_stack_full": 3, "lost_ring_full": 2, "lost_novel_full": 1} if i == N - 1 else None,
+        )
     for name, at in LIVE_AT:
         t.live_block(sid[name], THREAD_OF[name], 64, at)
     return load_trace(t.close())
@@ -118,10 +124,17 @@ def test_unknown_sort_is_a_usage_error(trace):
         A.rank_sites(trace, sort="size")
 
 
-@pytest.mark.parametrize("name,verdict", [
-    ("grow", "growing"), ("plateau", "plateaued"), ("spike", "transient"), ("freed", "freed"),
-    ("noisy", "plateaued"), ("drift", "plateaued"),
-])
+@pytest.mark.parametrize(
+    "name,verdict",
+    [
+        ("grow", "growing"),
+        ("plateau", "plateaued"),
+        ("spike", "transient"),
+        ("freed", "freed"),
+        ("noisy", "plateaued"),
+        ("drift", "plateaued"),
+    ],
+)
 def test_verdicts(ranked, name, verdict):
     assert row(ranked["live"], name)["verdict"] == verdict
 
@@ -151,10 +164,10 @@ def test_verdict_rules_at_their_boundaries():
     assert A.verdict(26, 100, 0.0, 1.0, 5.0, 5) == "plateaued"
     assert A.verdict(0, 100, 0.0, 1.0, 5.0, 5) == "freed"
     # growing: R² >= 0.8, rise >= 10% of live, >= 4 points
-    assert A.verdict(1000, 1000, 25.0, 0.8, 4.0, 5) == "growing"        # rise 100 = 10%
-    assert A.verdict(1000, 1000, 24.0, 0.8, 4.0, 5) == "plateaued"      # rise 96 < 10%
-    assert A.verdict(1000, 1000, 25.0, 0.79, 4.0, 5) == "plateaued"     # poor fit
-    assert A.verdict(1000, 1000, 500.0, 1.0, 2.0, 3) == "new"           # too few intervals to judge
+    assert A.verdict(1000, 1000, 25.0, 0.8, 4.0, 5) == "growing"  # rise 100 = 10%
+    assert A.verdict(1000, 1000, 24.0, 0.8, 4.0, 5) == "plateaued"  # rise 96 < 10%
+    assert A.verdict(1000, 1000, 25.0, 0.79, 4.0, 5) == "plateaued"  # poor fit
+    assert A.verdict(1000, 1000, 500.0, 1.0, 2.0, 3) == "new"  # too few intervals to judge
     assert A.verdict(1000, 1000, 0.0, 1.0, 0.0, 1) == "new"
     assert A.verdict(1000, 1000, 500.0, math.nan, 2.0, 4) == "plateaued"
 
@@ -198,7 +211,9 @@ def test_thread_groups(trace):
 def test_flows(trace):
     f = A.flow_table(trace)
     assert f[["alloc_thread", "free_thread", "bytes", "count"]].values.tolist() == [
-        ["io-1", "pworker-1", 50000, 1], ["pworker-1", "pworker-2", 6000, 3]]
+        ["io-1", "pworker-1", 50000, 1],
+        ["pworker-1", "pworker-2", 6000, 3],
+    ]
     assert f["mean_wait_s"].tolist() == pytest.approx([0.5, 1.0])
     assert f["max_wait_s"].tolist() == pytest.approx([0.5, 2.0])
 
@@ -222,20 +237,45 @@ def test_report_json_contract(trace):
     assert doc["schema"] == "allocscope.report/1"
     assert set(doc["target"]) >= {"pid", "comm", "exe", "labels"}
     assert doc["target"]["labels"] == {"pw": "3"}
-    assert set(doc["totals"]) >= {"live_bytes", "live_count", "peak_live_bytes", "rss_bytes", "peak_rss_bytes",
-                                  "lost_events"}
+    assert set(doc["totals"]) >= {
+        "live_bytes",
+        "live_count",
+        "peak_live_bytes",
+        "rss_bytes",
+        "peak_rss_bytes",
+        "lost_events",
+    }
     assert {"arenas", "trims", "threads"} <= set(doc)
     assert doc["sort"] == "growth" and doc["timeline_seq"] == list(range(1, N + 1))
-    site_keys = {"rank", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count", "frames",
-                 "threads", "growth_bytes_per_s", "growth_r2", "oldest_age_s", "verdict", "timeline"}
+    site_keys = {
+        "rank",
+        "live_bytes",
+        "live_count",
+        "peak_live_bytes",
+        "alloc_bytes",
+        "alloc_count",
+        "frames",
+        "threads",
+        "growth_bytes_per_s",
+        "growth_r2",
+        "oldest_age_s",
+        "verdict",
+        "timeline",
+    }
     for s in doc["sites"]:
         assert site_keys <= set(s)
         assert set(s["frames"][0]) == {"function", "module", "file", "line"}
         assert all(set(t) >= {"tid", "name", "live_bytes"} for t in s["threads"])
     first = doc["sites"][0]
     assert [f["function"] for f in first["frames"]] == ["grow", "worker_main", "start_thread"]  # malloc folded
-    assert (first["rank"], first["verdict"], first["growth_bytes_per_s"], first["growth_r2"],
-            first["oldest_age_s"], first["timeline"]) == (1, "growing", 1000.0, 1.0, 9.5, SERIES["grow"])
+    assert (
+        first["rank"],
+        first["verdict"],
+        first["growth_bytes_per_s"],
+        first["growth_r2"],
+        first["oldest_age_s"],
+        first["timeline"],
+    ) == (1, "growing", 1000.0, 1.0, 9.5, SERIES["grow"])
     freed = doc["sites"][-1]
     assert (freed["verdict"], freed["oldest_age_s"]) == ("freed", None)
     assert set(doc["threads"][0]) >= {"tid", "name", "live_bytes", "live_count", "peak_live_bytes"}

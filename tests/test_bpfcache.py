@@ -1,5 +1,6 @@
 """The cache of compiled BPF programs (tracer/bpf/cache.py), without BPF: the declarations-only
 source, the relocation of map fds and of the pid, the key, what is trusted."""
+
 from __future__ import annotations
 
 import base64
@@ -54,9 +55,12 @@ def _insn(code, regs, off, imm) -> bytes:
 
 
 def test_relocate_rewrites_map_fds_and_the_pid():
-    code = (_insn(C.BPF_LD_IMM64, 0x11, 0, 7) + _insn(0, 0, 0, 0)       # r1 = map fd 7 (ld_imm64)
-            + _insn(0x55, 0x01, 3, C.TGID_SENTINEL)                      # if r1 != AS_TGID goto +3
-            + _insn(0x95, 0, 0, 0))                                       # exit
+    code = (
+        _insn(C.BPF_LD_IMM64, 0x11, 0, 7)
+        + _insn(0, 0, 0, 0)  # r1 = map fd 7 (ld_imm64)
+        + _insn(0x55, 0x01, 3, C.TGID_SENTINEL)  # if r1 != AS_TGID goto +3
+        + _insn(0x95, 0, 0, 0)
+    )  # exit
     entry = {"funcs": {"f": {"code": base64.b64encode(code).decode(), "maps": [[0, "live"]], "tgid": [2]}}}
     out = C.relocate(entry, "f", 4242, {"live": 99}.__getitem__)
     assert C.INSN.unpack_from(out, 0) == (C.BPF_LD_IMM64, 0x11, 0, 99)
@@ -72,8 +76,17 @@ def test_sentinel_is_no_pid():
 def test_key_changes_with_every_input():
     base = C.cache_key(b"text", ["-DA=1"], "bcc 1")
     assert base == C.cache_key(b"text", ["-DA=1"], "bcc 1")
-    assert len({base, C.cache_key(b"text2", ["-DA=1"], "bcc 1"), C.cache_key(b"text", ["-DA=2"], "bcc 1"),
-                C.cache_key(b"text", ["-DA=1"], "bcc 2")}) == 4
+    assert (
+        len(
+            {
+                base,
+                C.cache_key(b"text2", ["-DA=1"], "bcc 1"),
+                C.cache_key(b"text", ["-DA=2"], "bcc 1"),
+                C.cache_key(b"text", ["-DA=1"], "bcc 2"),
+            }
+        )
+        == 4
+    )
 
 
 def test_map_sizes_share_one_entry():

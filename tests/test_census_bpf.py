@@ -3,6 +3,7 @@ and at the end (tracer/allocators/census.py). tests/targets/census.c allocates ~
 in 5 arenas (4 thread arenas, the main one, two mmapped chunks), frees half of it after, and
 allocates ~36 MiB more; its own counts (chunk bytes: malloc_usable_size + 8) and mallinfo2()
 are the truth for live before the attach, live since, and retained (free, resident)."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,10 @@ from reports.units import human_bytes
 
 pytestmark = pytest.mark.bpf
 
-TRUTH = re.compile(r"truth before=(\d+) since=(\d+) before_chunk=(\d+) since_chunk=(\d+) arena=(\d+) "
-                   r"uord=(\d+) ford=(\d+) hblkhd=(\d+)")
+TRUTH = re.compile(
+    r"truth before=(\d+) since=(\d+) before_chunk=(\d+) since_chunk=(\d+) arena=(\d+) "
+    r"uord=(\d+) ford=(\d+) hblkhd=(\d+)"
+)
 
 
 def near(got: int, want: int) -> bool:
@@ -60,17 +63,23 @@ def test_live_before_attach_and_retained(targets, tracers, tmp_path):
     c = t.census
     at = c[c["when"] == "attach"]
     # at the attach: everything the target allocated was allocated before it
-    pre = 4 * 5000 * 8016 + 2000 * 8016 + 2 * ((4 << 20) + 4096) + \
-        sum(max(32, (24 + i * 8 % 184 + 8 + 15) & ~15) for i in range(20000))
+    pre = (
+        4 * 5000 * 8016
+        + 2000 * 8016
+        + 2 * ((4 << 20) + 4096)
+        + sum(max(32, (24 + i * 8 % 184 + 8 + 15) & ~15) for i in range(20000))
+    )
     assert pre <= int(at["in_use_bytes"].sum()) <= pre + (2 << 20), at
     rep = report_json(out)
     dec = rep["rss_decomposition"]
     [g] = [a for a in dec["allocators"] if a["source"] == "heap"]
     assert g["census"] == "measured"
-    print(f"\ntarget: before {before_chunk} since {since_chunk} ford {ford}; allocscope: before "
-          f"{g['live_before_attach']} since {g['live']} retained {g['retained']} resident {g['resident']}; "
-          f"census {census['attach']['ms']} ms at the attach, {census['end']['ms']} ms at the end "
-          f"({census['end']['chunks']} chunks)")
+    print(
+        f"\ntarget: before {before_chunk} since {since_chunk} ford {ford}; allocscope: before "
+        f"{g['live_before_attach']} since {g['live']} retained {g['retained']} resident {g['resident']}; "
+        f"census {census['attach']['ms']} ms at the attach, {census['end']['ms']} ms at the end "
+        f"({census['end']['chunks']} chunks)"
+    )
     assert near(g["live_before_attach"], before_chunk), (g, before_chunk)
     assert near(g["live"], since), (g, since)
     # retained: free and resident — mallinfo2's free chunks (bins, fastbins, top); the blocks
@@ -86,8 +95,9 @@ def test_live_before_attach_and_retained(targets, tracers, tmp_path):
             assert near(a["live_before_bytes"], 2500 * 8016), a
     assert near(arenas["mmap"]["live_before_bytes"], (4 << 20) + 4096), arenas["mmap"]
     # the advice speaks of retained bytes only
-    assert not any("retain" in x and "MiB" in x and str(g["live_before_attach"] >> 20) in x
-                   for x in rep["advice"]), rep["advice"]
+    assert not any("retain" in x and "MiB" in x and str(g["live_before_attach"] >> 20) in x for x in rep["advice"]), (
+        rep["advice"]
+    )
     text = cli("report", str(out), check=True).stdout
     assert "live before the attach" in text and "before attach" in text, text
     doc = json.loads(cli("diff", str(out), str(out), "--format", "json", check=True).stdout)
@@ -102,8 +112,9 @@ def test_residency_under_inject(targets, tracers, tmp_path):
     keeps a sampled block's weight, not its size); retained (resident − the census's chunks in
     use) stays exact; other anon holds the agent's tables, and the report says how much."""
     out = tmp_path / "census-inject.allocscope"
-    _before, since, before_chunk, since_chunk, _arena, _uord, ford, _hblkhd = \
-        _record(targets, tracers, out, "--inject", "--sample-bytes", 65536)
+    _before, since, before_chunk, since_chunk, _arena, _uord, ford, _hblkhd = _record(
+        targets, tracers, out, "--inject", "--sample-bytes", 65536
+    )
     rep = report_json(out)
     assert rep["recording"]["probes"]["heap"] == "inject"
     dec = rep["rss_decomposition"]
@@ -111,9 +122,11 @@ def test_residency_under_inject(targets, tracers, tmp_path):
     assert g["census"] == "measured"
     err = g["live_error"]
     headers = since_chunk - since  # the chunk headers of the 16,001 blocks allocated since the attach
-    print(f"\n--inject: since {since} -> {g['live']} ±{err}; before {before_chunk} -> {g['live_before_attach']}; "
-          f"retained {ford} -> {g['retained']}; agent tables {dec['inject_agent_bytes']}, other anon "
-          f"{dec['other_anon_bytes']}")
+    print(
+        f"\n--inject: since {since} -> {g['live']} ±{err}; before {before_chunk} -> {g['live_before_attach']}; "
+        f"retained {ford} -> {g['retained']}; agent tables {dec['inject_agent_bytes']}, other anon "
+        f"{dec['other_anon_bytes']}"
+    )
     assert 0 < err < 0.1 * since and abs(g["live"] - since) <= 1.7 * err, (g, since)
     assert abs(g["live_before_attach"] - before_chunk) <= 1.7 * err + headers, (g, before_chunk, headers)
     assert near(g["retained"], ford), (g, ford)

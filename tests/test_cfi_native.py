@@ -2,6 +2,7 @@
 `build_table` rows byte for byte (system libraries, .debug_frame-only and compressed builds, a
 lazy PLT, every CFA opcode in tests/targets/cfi_ops.S), what pyelftools cannot read comes out
 right, and malformed files give an error, never a crash."""
+
 from __future__ import annotations
 
 import glob
@@ -74,9 +75,11 @@ def test_system_libraries_match_pyelftools():
 
 def test_builds_match_pyelftools(tmp_path):
     src = tmp_path / "a.c"
-    src.write_text("#include <stdio.h>\n#include <stdlib.h>\n"
-                   "__attribute__((noinline)) int f(int n) { volatile char b[n]; b[0] = 1; return b[0] + n; }\n"
-                   "int main(int argc, char **argv) { printf(\"%d\\n\", f(argc)); return 0; }\n")
+    src.write_text(
+        "#include <stdio.h>\n#include <stdlib.h>\n"
+        "__attribute__((noinline)) int f(int n) { volatile char b[n]; b[0] = 1; return b[0] + n; }\n"
+        'int main(int argc, char **argv) { printf("%d\\n", f(argc)); return 0; }\n'
+    )
     nounwind = ["-O2", "-g", "-fno-asynchronous-unwind-tables"]
     df = support.build(tmp_path / "df", src, flags=nounwind)
     dfz = support.build(tmp_path / "dfz", src, flags=[*nounwind, "-gz=zlib"])
@@ -104,9 +107,21 @@ def test_every_opcode_matches_pyelftools(tmp_path):
     assert eh.kinds == {"none": 3, "rsp": 11, "rbp": 4, "plt": 1, "signal": 1, "stop": 1, "unsupported": 3}
     a = symbol_offsets(str(tmp_path / "eh.so"), ["fn_a"]).offsets["fn_a"]
     got = rows_of(eh)[:13]
-    want = [(0, "rsp", 1, 0), (1, "rsp", 2, -2), (4, "rbp", 2, -2), (7, "rbp", 2, 0), (8, "rsp", 2, -2),
-            (9, "rbp", 4, -2), (10, "rbp", 4, 3), (13, "rsp", 3, 3), (313, "rsp", 4, 3), (70313, "rsp", 5, 3),
-            (70314, "plt", 11, 0), (70315, "unsupported", 0, 0), (70320, "rsp", 1, -1)]
+    want = [
+        (0, "rsp", 1, 0),
+        (1, "rsp", 2, -2),
+        (4, "rbp", 2, -2),
+        (7, "rbp", 2, 0),
+        (8, "rsp", 2, -2),
+        (9, "rbp", 4, -2),
+        (10, "rbp", 4, 3),
+        (13, "rsp", 3, 3),
+        (313, "rsp", 4, 3),
+        (70313, "rsp", 5, 3),
+        (70314, "plt", 11, 0),
+        (70315, "unsupported", 0, 0),
+        (70320, "rsp", 1, -1),
+    ]
     assert got == [(a + d, k, o, r) for d, k, o, r in want]
 
 
@@ -170,7 +185,7 @@ def test_malformed_files_give_an_error(tmp_path):
     with open(system_file("libc.so.6"), "rb") as f:
         off = ELFFile(f).get_section_by_name(".eh_frame")["sh_offset"]
     bad = bytearray(libc)
-    bad[off:off + 4] = struct.pack("<I", 0xFFFFFFF0 - 1)
+    bad[off : off + 4] = struct.pack("<I", 0xFFFFFFF0 - 1)
     (tmp_path / "badlen").write_bytes(bad)
     with pytest.raises(C.CfiError, match="runs past"):
         native(tmp_path / "badlen")

@@ -1,4 +1,5 @@
 """Every bad input: one line on stderr, a non-zero exit, no traceback, nothing half-written."""
+
 from __future__ import annotations
 
 import json
@@ -22,6 +23,7 @@ def good_trace(tmp_path):
 
 
 # --- report: traces that are missing, foreign, corrupt, future ------------------------------
+
 
 def test_report_missing(tmp_path):
     one_line_error(cli("report", str(tmp_path / "nope")), "no such trace")
@@ -86,6 +88,7 @@ def test_report_json_output_file(good_trace, tmp_path):
 
 # --- record: argument errors (before anything is attached or written) ---------------------
 
+
 def test_record_no_target(tmp_path):
     one_line_error(cli("record", "-o", str(tmp_path / "t")), "no target", code=2)
 
@@ -103,11 +106,14 @@ def test_record_bad_label(tmp_path, label):
     one_line_error(cli("record", "--pid", "1", "-o", str(tmp_path / "t"), "--label", label), "KEY=VALUE", code=2)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--uprobe-sessions", "on"], "needs --sample-bytes"),
-    (["--uprobe-sessions", "on", "--sample-bytes", "4096", "--mode", "residency"], "needs --sample-bytes"),
-    (["--uprobe-sessions", "on", "--sample-bytes", "4096", "--uprobes", "perf"], "not with --uprobes perf"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--uprobe-sessions", "on"], "needs --sample-bytes"),
+        (["--uprobe-sessions", "on", "--sample-bytes", "4096", "--mode", "residency"], "needs --sample-bytes"),
+        (["--uprobe-sessions", "on", "--sample-bytes", "4096", "--uprobes", "perf"], "not with --uprobes perf"),
+    ],
+)
 def test_record_bad_uprobe_options(tmp_path, args, needle):
     one_line_error(cli("record", "-o", str(tmp_path / "t.allocscope"), *args, "--", "true"), needle)
 
@@ -150,8 +156,11 @@ def test_record_kernel_thread(tmp_path):
 def test_record_zombie(tmp_path):
     z = subprocess.Popen(["true"])
     # exited, not reaped: a zombie (under load `true` can take a while to even start)
-    wait_for(lambda: Path(f"/proc/{z.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", timeout=30,
-             what="the child to become a zombie")
+    wait_for(
+        lambda: Path(f"/proc/{z.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
+        timeout=30,
+        what="the child to become a zombie",
+    )
     try:
         one_line_error(cli("record", "--pid", str(z.pid), "-o", str(tmp_path / "t")), "zombie")
     finally:
@@ -181,8 +190,9 @@ def test_record_pgrep_several(tmp_path):
 @root_only
 def test_record_pgrep_never_matches_tracer(tmp_path):
     """The pattern is on our own command line; the tracer (and its parents) must not match."""
-    one_line_error(cli("record", "--pgrep", "pattern-only-in-tracer-argv-9x", "-o", str(tmp_path / "t")),
-                   "matches no process")
+    one_line_error(
+        cli("record", "--pgrep", "pattern-only-in-tracer-argv-9x", "-o", str(tmp_path / "t")), "matches no process"
+    )
 
 
 @root_only
@@ -219,10 +229,17 @@ def test_record_command_not_found(tmp_path):
 def test_record_tracefs_not_mounted(tmp_path):
     """In a private mount namespace without tracefs: one line naming the fix, nothing written."""
     out = tmp_path / "t"
-    script = ("umount /sys/kernel/tracing 2>/dev/null; umount /sys/kernel/debug 2>/dev/null; "
-              f"exec {sys.executable} -m allocscope record -o {out} -- /bin/true")
-    p = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60,
-                       cwd=os.path.dirname(os.path.dirname(__file__)))
+    script = (
+        "umount /sys/kernel/tracing 2>/dev/null; umount /sys/kernel/debug 2>/dev/null; "
+        f"exec {sys.executable} -m allocscope record -o {out} -- /bin/true"
+    )
+    p = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     one_line_error(p, "tracefs", "mount -t tracefs")
     assert p.returncode == 4
     assert not out.exists()

@@ -14,6 +14,7 @@ The locations name the code that asked (docs/gpu.md): a CUDA call's internals ar
 location is its caller with the call named; the stripped driver's own mallocs outside any
 allocation call are one location per driver call they were made in.
 """
+
 from __future__ import annotations
 
 import queue
@@ -52,14 +53,22 @@ EXPECTED = {
 # The stand-in driver's bookkeeping malloc (freed) in each call, failing ones too: folded to the
 # program's function that made the call, the call named -> allocations
 BOOKKEEPING = {
-    ("pin_host_alloc", "cuMemHostAlloc"): 3, ("pin_host_alloc", "cuMemFreeHost"): 1,
+    ("pin_host_alloc", "cuMemHostAlloc"): 3,
+    ("pin_host_alloc", "cuMemFreeHost"): 1,
     ("pin_alloc_host", "cuMemAllocHost_v2"): 2,  # cuMemHostAlloc inside it: the outermost call is named
-    ("pin_register", "cuMemHostRegister_v2"): 2, ("pin_register", "cuMemHostUnregister"): 1,
+    ("pin_register", "cuMemHostRegister_v2"): 2,
+    ("pin_register", "cuMemHostUnregister"): 1,
     ("pin_fail", "cuMemHostAlloc"): 1,
-    ("dev_alloc", "cuMemAlloc_v2"): 5, ("dev_alloc", "cuMemFree_v2"): 2, ("dev_pitch", "cuMemAllocPitch_v2"): 1,
-    ("dev_async", "cuMemAllocAsync"): 4, ("dev_async", "cuMemFreeAsync"): 4,
-    ("dev_create", "cuMemCreate"): 2, ("dev_create", "cuMemRelease"): 1, ("dev_fail", "cuMemAlloc_v2"): 2,
-    ("managed_alloc", "cuMemAllocManaged"): 3, ("managed_alloc", "cuMemFree_v2"): 1,
+    ("dev_alloc", "cuMemAlloc_v2"): 5,
+    ("dev_alloc", "cuMemFree_v2"): 2,
+    ("dev_pitch", "cuMemAllocPitch_v2"): 1,
+    ("dev_async", "cuMemAllocAsync"): 4,
+    ("dev_async", "cuMemFreeAsync"): 4,
+    ("dev_create", "cuMemCreate"): 2,
+    ("dev_create", "cuMemRelease"): 1,
+    ("dev_fail", "cuMemAlloc_v2"): 2,
+    ("managed_alloc", "cuMemAllocManaged"): 3,
+    ("managed_alloc", "cuMemFree_v2"): 1,
     ("rt_malloc", "cudaFree"): 1,
 }
 # Through the runtime (thread cudart): the program's function, the runtime call named. rt_malloc:
@@ -88,16 +97,21 @@ def cuda_bins(tmp_path_factory) -> dict[str, Path]:
     libdir.mkdir()
     lib = ["-shared", "-fPIC", *CFLAGS_FP, "-fcf-protection", "-s"]  # stripped, as the vendor's
     build(libdir / "libcuda.so.1", HERE / "libcuda_standin.c", flags=[*lib, "-Wl,-soname,libcuda.so.1"])
-    build(libdir / "libcudart.so.13", HERE / "libcudart_standin.c", f"-L{libdir}", "-l:libcuda.so.1",
-          "-Wl,-rpath,$ORIGIN", flags=[*lib, "-Wl,-soname,libcudart.so.13"])
+    build(
+        libdir / "libcudart.so.13",
+        HERE / "libcudart_standin.c",
+        f"-L{libdir}",
+        "-l:libcuda.so.1",
+        "-Wl,-rpath,$ORIGIN",
+        flags=[*lib, "-Wl,-soname,libcudart.so.13"],
+    )
     return {"libdir": libdir, "prog": build(d / "cudaprog", HERE / "cudaprog.c", "-ldl")}
 
 
 def by_function(rep: dict) -> dict[tuple[str, str | None], dict]:
     """Report sites summed by innermost function and the CUDA call it made; GPU memory (the
     device_* keys) apart from host memory (live_bytes, live_count, alloc_count)."""
-    keys = ("live_bytes", "live_count", "alloc_count", "device_live_bytes", "device_live_count",
-            "device_alloc_count")
+    keys = ("live_bytes", "live_count", "alloc_count", "device_live_bytes", "device_live_count", "device_alloc_count")
     agg: dict[tuple, dict] = defaultdict(lambda: {**dict.fromkeys(keys, 0), "sources": set(), "threads": set()})
     for s in rep["sites"]:
         a = agg[s["frames"][0]["function"], s["frames"][0].get("call")]
@@ -128,8 +142,12 @@ def _await(q: queue.Queue, needle: str, timeout: float = 60) -> str:
 
 @pytest.mark.parametrize("uprobes", ["multi", "perf"])
 def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers, uprobes):
-    tgt = subprocess.Popen([str(cuda_bins["prog"]), str(cuda_bins["libdir"]), "--linger"], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE, text=True)
+    tgt = subprocess.Popen(
+        [str(cuda_bins["prog"]), str(cuda_bins["libdir"]), "--linger"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         out_lines = _lines(tgt.stdout)
         _await(out_lines, "ready")
@@ -170,28 +188,45 @@ def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers, uprobes):
     assert not [k for k in agg if k[0] == "file_map"]
     # the driver's own mallocs inside its calls are heap allocations (freed) of the code that made
     # the call, the call named; the runtime's calls the same, their device and pinned memory too
-    book = {k: (a["alloc_count"], a["live_bytes"], a["sources"], a["device_alloc_count"])
-            for k, a in agg.items() if k[1] and k not in RUNTIME}
+    book = {
+        k: (a["alloc_count"], a["live_bytes"], a["sources"], a["device_alloc_count"])
+        for k, a in agg.items()
+        if k[1] and k not in RUNTIME
+    }
     assert book == {k: (n, 0, {"heap"}, 0) for k, n in BOOKKEEPING.items()}
     for k, (live, count, allocs, dlive, dcount, dallocs) in RUNTIME.items():
         a = agg[k]
-        assert (a["live_bytes"], a["live_count"], a["alloc_count"], a["device_live_bytes"], a["device_live_count"],
-                a["device_alloc_count"], a["threads"]) == (live, count, allocs, dlive, dcount, dallocs, {"cudart"}), k
+        assert (
+            a["live_bytes"],
+            a["live_count"],
+            a["alloc_count"],
+            a["device_live_bytes"],
+            a["device_live_count"],
+            a["device_alloc_count"],
+            a["threads"],
+        ) == (live, count, allocs, dlive, dcount, dallocs, {"cudart"}), k
     assert agg["rt_malloc", "cudaMalloc"]["sources"] == {"heap", "cuda-device"}
-    assert agg["rt_host", "cudaHostAlloc"]["sources"] == agg["rt_host", "cudaMallocHost"]["sources"] == \
-        {"heap", "cuda-pinned"}
+    assert (
+        agg["rt_host", "cudaHostAlloc"]["sources"]
+        == agg["rt_host", "cudaMallocHost"]["sources"]
+        == {"heap", "cuda-pinned"}
+    )
     # failed calls allocate no CUDA memory
     assert ("pin_fail", None) not in agg and ("dev_fail", None) not in agg
     # locations: the runtime's callers with the call named; the stripped driver's own state one
     # location per driver call ("inside libcuda.so.1, called from cuCtxCreate_v2"), never one per
     # return address; nothing else of the stripped libraries is a location
     locs = rep["locations"]
-    rt = {(x["function"], x.get("call")): (x["live_bytes"], x["device_live_bytes"], x["key_quality"])
-          for x in locs if x["function"].startswith("rt_")}
+    rt = {
+        (x["function"], x.get("call")): (x["live_bytes"], x["device_live_bytes"], x["key_quality"])
+        for x in locs
+        if x["function"].startswith("rt_")
+    }
     assert rt == {k: (v[0], v[3], "line") for k, v in RUNTIME.items()} | {("rt_malloc", "cudaFree"): (0, 0, "line")}
     libcuda = str(cuda_bins["libdir"] / "libcuda.so.1")
-    inside = {x["function"]: (x["live_bytes"], x["live_count"], x["n_stacks"], x["location"])
-              for x in locs if x.get("inside")}
+    inside = {
+        x["function"]: (x["live_bytes"], x["live_count"], x["n_stacks"], x["location"]) for x in locs if x.get("inside")
+    }
     assert inside == {fn: (*v, f"{fn}|libcuda.so.1||inside=libcuda.so.1") for fn, v in DRIVER_STATE.items()}
     assert {x["inside"] for x in locs if x.get("inside")} == {libcuda}
     stripped = [x for x in locs if x["module"].startswith(str(cuda_bins["libdir"])) and not x.get("inside")]
@@ -216,16 +251,26 @@ def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers, uprobes):
     assert int(last["live_bytes"]) < device  # the 194 MiB of device memory are not in it
     # ... and the report says the same: GPU memory in totals of its own, never in the host ones
     tot = rep["totals"]
-    assert (tot["device_bytes"], tot["device_peak_bytes"], tot["device_count"], tot["cuda_host_bytes"]) == \
-        (device, 5 * 64 * MIB, 3 + 1 + 1 + 2, host_cuda)
+    assert (tot["device_bytes"], tot["device_peak_bytes"], tot["device_count"], tot["cuda_host_bytes"]) == (
+        device,
+        5 * 64 * MIB,
+        3 + 1 + 1 + 2,
+        host_cuda,
+    )
     assert tot["live_bytes"] == int(last["live_bytes"]) and tot["peak_live_bytes"] < device
     assert tot["live_by_source"]["cuda-device"] == device
     assert sum(x["device_live_bytes"] for x in rep["sites"]) == device
     threads = {x["name"]: x for x in rep["threads"]}
-    assert (threads["gpu-0"]["device_live_bytes"], threads["gpu-0"]["device_live_count"],
-            threads["gpu-0"]["device_peak_bytes"]) == (gpu0, 5, 5 * 64 * MIB)
-    assert (threads["cudart"]["device_live_bytes"], threads["cudart"]["device_live_count"],
-            threads["cudart"]["device_peak_bytes"]) == (2 * 16 * MIB, 2, 3 * 16 * MIB)
+    assert (
+        threads["gpu-0"]["device_live_bytes"],
+        threads["gpu-0"]["device_live_count"],
+        threads["gpu-0"]["device_peak_bytes"],
+    ) == (gpu0, 5, 5 * 64 * MIB)
+    assert (
+        threads["cudart"]["device_live_bytes"],
+        threads["cudart"]["device_live_count"],
+        threads["cudart"]["device_peak_bytes"],
+    ) == (2 * 16 * MIB, 2, 3 * 16 * MIB)
     assert threads["pinner"]["device_live_bytes"] == threads["managed"]["device_live_bytes"] == 0
     assert threads["gpu-0"]["live_bytes"] == 0  # the stand-in's bookkeeping mallocs are all freed
     # the RSS split: the program's shared anonymous and memfd mappings and the pinned memory are
@@ -250,8 +295,8 @@ def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers, uprobes):
     text = cli("report", str(out), check=True).stdout
     assert f"CUDA driver {probes['module']}: 14 calls probed" in text
     assert "  GPU now     226.1 MiB  in 7 allocations, peak 320.0 MiB" in text
-    gpu = text[text.index("\nGPU memory  device 226.1 MiB live at the end, peak 320.0 MiB"):]
-    gpu = gpu[:gpu.index("\n\n")]
+    gpu = text[text.index("\nGPU memory  device 226.1 MiB live at the end, peak 320.0 MiB") :]
+    gpu = gpu[: gpu.index("\n\n")]
     fns = [k[0] for k in EXPECTED] + [k[0] for k in RUNTIME]
 
     def sites_in(thread: str) -> list[str]:  # the section's sites with bytes of that thread, in order
@@ -262,6 +307,9 @@ def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers, uprobes):
     assert sites_in("managed") == ["managed_alloc"]
     assert sites_in("cudart") == ["rt_malloc", "rt_host", "rt_host"]
     rt_lines = [line for line in gpu.splitlines() if "cudart(" in line]
-    assert [line[line.index(" rt_"):].split("  [")[0].split()[-1] for line in rt_lines] == \
-        ["cudaMalloc", "cudaHostAlloc", "cudaMallocHost"], rt_lines
+    assert [line[line.index(" rt_") :].split("  [")[0].split()[-1] for line in rt_lines] == [
+        "cudaMalloc",
+        "cudaHostAlloc",
+        "cudaMallocHost",
+    ], rt_lines
     assert "inside libcuda.so.1, called from cuCtxCreate_v2  [libcuda.so.1]" in text

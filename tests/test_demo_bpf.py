@@ -2,6 +2,7 @@
 the partition-synthesis site first with a peak that grows with pw; the fixed daemon stays
 bounded by pw+2 partitions; the single-trace report of the bug run (the daemon exited and freed
 its partitions) leads with the sites that held the peak, synthesize_partition first."""
+
 from __future__ import annotations
 
 import re
@@ -25,9 +26,9 @@ def test_demo_finds_the_pile_up(tmp_path):
     assert first["b_peak_live_bytes"] > first["a_peak_live_bytes"] > 0
     assert first["delta_bytes"] == first["b_peak_live_bytes"] - first["a_peak_live_bytes"]
     peaks = res["peaks"]
-    part = MIB8 + 32                                # a partition: its 32-byte header + 8 MiB
-    assert peaks["bug_b"] > (3 + 2) * part          # the pile-up: beyond what the permits should allow
-    assert peaks["fixed_b"] <= (3 + 2) * part       # fixed: at most pw + 2 partitions (the peak
+    part = MIB8 + 32  # a partition: its 32-byte header + 8 MiB
+    assert peaks["bug_b"] > (3 + 2) * part  # the pile-up: beyond what the permits should allow
+    assert peaks["fixed_b"] <= (3 + 2) * part  # fixed: at most pw + 2 partitions (the peak
     #                                                 snapshot sees all five, headers included)
     assert peaks["fixed_b"] >= MIB8
     html = res["html"].read_text()
@@ -37,7 +38,7 @@ def test_demo_finds_the_pile_up(tmp_path):
     assert rep["at_peak"]["peak_first"]
     held = sorted(rep["sites"], key=lambda s: s["at_peak_rank"])[0]
     assert held["frames"][0]["function"] == "synthesize_partition"
-    assert held["at_peak_bytes"] > rep["at_peak"]["live_bytes"] // 2   # most of what was live then
+    assert held["at_peak_bytes"] > rep["at_peak"]["live_bytes"] // 2  # most of what was live then
     # the few seconds of `top --batch` shown first: the partitions pile up live
     top = res["top_text"]
     blocks = [b.splitlines() for b in top.split("== ")[1:]]
@@ -96,8 +97,9 @@ def _findings(res: dict) -> None:
     # fixed: synthesize_partition still held the peak, but no blocked threads kept it
     fixed = reps["fixed_b"]["findings"]
     assert fixed[0]["figures"]["holders"][0]["function"] == "synthesize_partition"
-    assert all(f["kind"] != "waiting" and "waiting" not in f["figures"] and "blocked" not in f["text"]
-               for f in fixed), fixed
+    assert all(
+        f["kind"] != "waiting" and "waiting" not in f["figures"] and "blocked" not in f["text"] for f in fixed
+    ), fixed
     # the diff: synthesize_partition out of proportion to pw, with the ratio its row shows
     d0 = diff["findings"][0]
     loc = next(x for x in diff["locations"] if x["function"] == "synthesize_partition")
@@ -110,8 +112,18 @@ def _findings(res: dict) -> None:
     # the diff page beside the report page: both timelines, the table, the flame graph
     page = res["diff_html"].read_text()
     assert res["diff_html"].parent == res["html"].parent
-    assert all(x in page for x in ('id="chart-timeline"', 'class="diff-locations"', 'id="flame-graph"',
-                                   '"A live"', '"B live"', "synthesize_partition", d0["text"].split(":")[0]))
+    assert all(
+        x in page
+        for x in (
+            'id="chart-timeline"',
+            'class="diff-locations"',
+            'id="flame-graph"',
+            '"A live"',
+            '"B live"',
+            "synthesize_partition",
+            d0["text"].split(":")[0],
+        )
+    )
 
 
 def _pprof_flat(path) -> dict[str, int]:

@@ -5,6 +5,7 @@ addresses, install directory of the binary and build directory of the sources. G
 (bytes each site holds, per thread, per interval) is chosen here; every expected number in the
 asserts is derived from it in the comments.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,22 +33,36 @@ MAIN_TID = 1
 
 def stack(t: SynthTrace, run: str, name: str, module_dir: str | None = None) -> int:
     src = f"/build/{run}/src"
-    return t.stack(["malloc", name, "worker_main", "start_thread"],
-                   ["/usr/src/glibc/malloc.c", f"{src}/{name}.c", f"{src}/worker.c", "/usr/src/glibc/pthread.c"],
-                   [3000, LINES[name], 99, 400], module=f"{module_dir or f'/opt/{run}'}/bin/provingd")
+    return t.stack(
+        ["malloc", name, "worker_main", "start_thread"],
+        ["/usr/src/glibc/malloc.c", f"{src}/{name}.c", f"{src}/worker.c", "/usr/src/glibc/pthread.c"],
+        [3000, LINES[name], 99, 400],
+        module=f"{module_dir or f'/opt/{run}'}/bin/provingd",
+    )
 
 
-def run_trace(path, pw: int, run: str, pid: int, id_base: int, superlinear_per_thread: int,
-              exe: str = "/opt/provingd/bin/provingd", free_superlinear: bool = False) -> str:
+def run_trace(
+    path,
+    pw: int,
+    run: str,
+    pid: int,
+    id_base: int,
+    superlinear_per_thread: int,
+    exe: str = "/opt/provingd/bin/provingd",
+    free_superlinear: bool = False,
+) -> str:
     """3 intervals: per worker thread, `linear` holds 2000 then 4000, 4000 bytes and
     `superlinear` half then all of `superlinear_per_thread` (in B, half of it is freed in the
     last interval); the main thread holds the one-run sites and `tiny`."""
-    t = SynthTrace(path, labels={"pw": str(pw), "host": "lab1"}, pid=pid, id_base=id_base, ip_base=id_base << 8,
-                   exe=exe)
+    t = SynthTrace(
+        path, labels={"pw": str(pw), "host": "lab1"}, pid=pid, id_base=id_base, ip_base=id_base << 8, exe=exe
+    )
     workers = list(range(100, 100 + pw))
     # B splits `linear` over two stack ids whose frames only differ in the module directory.
-    lin = {tid: stack(t, run, "linear", f"/opt/{run}{'-copy' if run == 'b' and i % 2 else ''}")
-           for i, tid in enumerate(workers)}
+    lin = {
+        tid: stack(t, run, "linear", f"/opt/{run}{'-copy' if run == 'b' and i % 2 else ''}")
+        for i, tid in enumerate(workers)
+    }
     sup = stack(t, run, "superlinear")
     own = stack(t, run, "only_a" if run == "a" else "only_b")
     tiny = stack(t, run, "tiny")
@@ -113,16 +128,25 @@ def test_sites_match_by_frames_and_sort_by_abs_delta(doc):
     assert lin["frames"] == [
         {"function": "linear", "module": "provingd", "file": "linear.c", "line": 10},
         {"function": "worker_main", "module": "provingd", "file": "worker.c", "line": 99},
-        {"function": "start_thread", "module": "provingd", "file": "pthread.c", "line": 400}]
+        {"function": "start_thread", "module": "provingd", "file": "pthread.c", "line": 400},
+    ]
 
 
 def test_site_values(doc):
     s = by_fn(doc)
     sup = s["superlinear"]
-    assert (sup["a_peak_live_bytes"], sup["b_peak_live_bytes"], sup["a_live_bytes"], sup["b_live_bytes"]) == \
-        (10000, 30000, 10000, 15000)
-    assert (sup["live_delta_bytes"], sup["a_alloc_bytes"], sup["b_alloc_bytes"], sup["alloc_delta_bytes"]) == \
-        (5000, 10000, 30000, 20000)
+    assert (sup["a_peak_live_bytes"], sup["b_peak_live_bytes"], sup["a_live_bytes"], sup["b_live_bytes"]) == (
+        10000,
+        30000,
+        10000,
+        15000,
+    )
+    assert (sup["live_delta_bytes"], sup["a_alloc_bytes"], sup["b_alloc_bytes"], sup["alloc_delta_bytes"]) == (
+        5000,
+        10000,
+        30000,
+        20000,
+    )
     assert (sup["a_alloc_count"], sup["b_alloc_count"], sup["alloc_count_delta"]) == (20, 24, 4)
     assert sup["ratio"] == 3.0
     assert (sup["a_verdict"], sup["b_verdict"]) == ("new", "new")  # 3 intervals: too few to judge
@@ -138,10 +162,10 @@ def test_normalization_flags_out_of_proportion_sites(doc):
     lin, sup = s["linear"], s["superlinear"]
     assert lin["scaling"] == pytest.approx(1.0) and lin["flagged"] is False
     assert (lin["expected_b_peak_live_bytes"], lin["excess_bytes"]) == (48000, 0)
-    assert sup["scaling"] == pytest.approx(2.5) and sup["flagged"] is True       # 3.0 / 1.2
+    assert sup["scaling"] == pytest.approx(2.5) and sup["flagged"] is True  # 3.0 / 1.2
     assert (sup["expected_b_peak_live_bytes"], sup["excess_bytes"]) == (12000, 18000)
-    assert s["only_b"]["flagged"] is True and s["only_b"]["scaling"] is None     # new in B: infinite
-    assert s["tiny"]["flagged"] is False      # 10 / 1.2 out of proportion, but 90 B < 1% of 36090 B
+    assert s["only_b"]["flagged"] is True and s["only_b"]["scaling"] is None  # new in B: infinite
+    assert s["tiny"]["flagged"] is False  # 10 / 1.2 out of proportion, but 90 B < 1% of 36090 B
     assert s["only_a"]["flagged"] is False
     assert doc["totals"]["expected_b_peak_live_bytes"] == round(53010 * 1.2)
 
@@ -153,13 +177,16 @@ def test_without_per_nothing_is_flagged(traces):
     assert all(s["scaling"] is None and s["excess_bytes"] is None for s in doc["sites"])
 
 
-@pytest.mark.parametrize("sort,order", [
-    ("delta", ["superlinear", "linear", "only_b", "only_a", "tiny"]),
-    ("live", ["linear", "superlinear", "only_b", "only_a", "tiny"]),     # 8000, 5000 = 5000 (B peak), 3000, 90
-    ("alloc", ["superlinear", "linear", "only_b", "only_a", "tiny"]),    # 20000, 8000, 5000, 3000, 90
-    ("ratio", ["only_b", "tiny", "superlinear", "linear", "only_a"]),    # inf, 10, 3, 1.2, 0
-    ("excess", ["superlinear", "only_b", "only_a", "tiny", "linear"]),   # 18000, 5000, 3600, 88, 0
-])
+@pytest.mark.parametrize(
+    "sort,order",
+    [
+        ("delta", ["superlinear", "linear", "only_b", "only_a", "tiny"]),
+        ("live", ["linear", "superlinear", "only_b", "only_a", "tiny"]),  # 8000, 5000 = 5000 (B peak), 3000, 90
+        ("alloc", ["superlinear", "linear", "only_b", "only_a", "tiny"]),  # 20000, 8000, 5000, 3000, 90
+        ("ratio", ["only_b", "tiny", "superlinear", "linear", "only_a"]),  # inf, 10, 3, 1.2, 0
+        ("excess", ["superlinear", "only_b", "only_a", "tiny", "linear"]),  # 18000, 5000, 3600, 88, 0
+    ],
+)
 def test_sorts(traces, sort, order):
     doc = D.diff_traces(*traces, per="pw", sort=sort)
     assert [s["frames"][0]["function"] for s in doc["sites"]] == order
@@ -171,8 +198,12 @@ def test_thread_groups(doc):
     w = g["pworker-N"]
     assert (w["a_threads"], w["b_threads"]) == (10, 12)
     # A: linear 40000 + superlinear 10000. B: live 48000 + 15000; peak at interval 2: 48000 + 30000.
-    assert (w["a_live_bytes"], w["b_live_bytes"], w["a_peak_live_bytes"], w["b_peak_live_bytes"]) == \
-        (50000, 63000, 50000, 78000)
+    assert (w["a_live_bytes"], w["b_live_bytes"], w["a_peak_live_bytes"], w["b_peak_live_bytes"]) == (
+        50000,
+        63000,
+        50000,
+        78000,
+    )
     assert (w["peak_delta_bytes"], w["live_delta_bytes"]) == (28000, 13000)
     m = g["main"]
     assert (m["a_threads"], m["a_live_bytes"], m["b_live_bytes"], m["peak_delta_bytes"]) == (1, 3010, 5100, 2090)
@@ -181,8 +212,11 @@ def test_thread_groups(doc):
 
 def test_totals(doc):
     t = doc["totals"]
-    assert (t["a"]["peak_live_bytes"], t["b"]["peak_live_bytes"], t["delta"]["peak_live_bytes"]) == \
-        (53010, 83100, 30090)
+    assert (t["a"]["peak_live_bytes"], t["b"]["peak_live_bytes"], t["delta"]["peak_live_bytes"]) == (
+        53010,
+        83100,
+        30090,
+    )
     assert (t["a"]["live_bytes"], t["b"]["live_bytes"]) == (53010, 68100)
     assert (t["a"]["peak_rss_bytes"], t["b"]["peak_rss_bytes"]) == (130 << 20, 150 << 20)
     assert t["delta"]["rss_bytes"] == 20 << 20
@@ -190,12 +224,17 @@ def test_totals(doc):
 
 def test_json_contract(doc):
     assert doc["schema"] == "allocscope.diff/1"
-    assert doc["a"] == {"pw": "10", "host": "lab1"}       # "a": {labels}
+    assert doc["a"] == {"pw": "10", "host": "lab1"}  # "a": {labels}
     assert doc["b"] == {"pw": "12", "host": "lab1"}
     assert {"totals", "sites", "a", "b"} <= set(doc)
     ta = doc["traces"]["a"]
-    assert (ta["pid"], ta["comm"], ta["exe"], ta["complete"], ta["labels"]) == \
-        (4242, "provingd", "/opt/provingd/bin/provingd", True, doc["a"])
+    assert (ta["pid"], ta["comm"], ta["exe"], ta["complete"], ta["labels"]) == (
+        4242,
+        "provingd",
+        "/opt/provingd/bin/provingd",
+        True,
+        doc["a"],
+    )
     assert doc["traces"]["b"]["pid"] == 5151
     for s in doc["sites"]:
         assert {"frames", "a_peak_live_bytes", "b_peak_live_bytes", "delta_bytes"} <= set(s)
@@ -210,17 +249,21 @@ def test_same_function_on_another_line_does_not_match(tmp_path):
         s = t.stack(["alloc_buf", "main"], ["buf.c", "main.c"], [line, 5])
         t.interval({(s, 1): (100, 1, 0, 0)})
         return load_trace(t.close())
+
     doc = D.diff_traces(one("x", 10, 1), one("y", 11, 99))
     # |delta| 100 both; the tie goes to the larger B peak.
-    assert [(s["in"], s["frames"][0]["line"], s["delta_bytes"]) for s in doc["sites"]] == \
-        [("b", 11, 100), ("a", 10, -100)]
+    assert [(s["in"], s["frames"][0]["line"], s["delta_bytes"]) for s in doc["sites"]] == [
+        ("b", 11, 100),
+        ("a", 10, -100),
+    ]
 
 
 def test_different_programs_warn(tmp_path, traces):
     other = run_trace(tmp_path / "other", 10, "a", 77, 0x5000, 1000, exe="/usr/bin/otherd")
     doc = D.diff_traces(traces[0], load_trace(other))
-    assert doc["warnings"] == [("A and B are different programs (provingd vs otherd): only sites with the same "
-                                "symbolized frames match")]
+    assert doc["warnings"] == [
+        ("A and B are different programs (provingd vs otherd): only sites with the same symbolized frames match")
+    ]
     assert "warning: A and B are different programs" in diff_to_text(doc)
 
 
@@ -232,7 +275,8 @@ def test_losses_and_incomplete_traces_warn(tmp_path, traces):
         "A and B are different programs (provingd vs synthd): only sites with the same symbolized frames match",
         "B: trace is incomplete (recording was interrupted); read up to interval 1",
         "B lost events, its numbers are lower bounds: lost_ring_full=4: the event ring overflowed: some "
-        "mmap/munmap/thread events are missing"]
+        "mmap/munmap/thread events are missing",
+    ]
     assert doc["totals"]["b"]["lost_events"] == 4 and doc["traces"]["b"]["complete"] is False
 
 
@@ -263,12 +307,14 @@ def test_dataframe_api(traces):
 def test_text(doc):
     text = diff_to_text(doc, top=3)
     lines = text.splitlines()
-    assert lines[0] == "allocscope diff — A: provingd pid 4242 [host=lab1 pw=10]  vs  B: provingd pid 5151 " \
-                       "[host=lab1 pw=12]"
+    assert (
+        lines[0] == "allocscope diff — A: provingd pid 4242 [host=lab1 pw=10]  vs  B: provingd pid 5151 "
+        "[host=lab1 pw=12]"
+    )
     assert "a location scaling linearly has B/A = 12/10 = 1.20" in text
     head = lines.index(next(ln for ln in lines if ln.startswith("Top ")))
     assert lines[head] == "Top 3 of 5 locations, 2 flagged first, then by |peak delta|"
-    rows = lines[head + 3: head + 6]
+    rows = lines[head + 3 : head + 6]
     # Flagged first (superlinear, only_b), then by |delta| (linear).
     assert [r.split()[-2] for r in rows] == ["superlinear.c:20", "only_b.c:40", "linear.c:10"]
     assert [r.split()[:2] for r in rows] == [["!", "1"], ["!", "2"], ["3", "39.1"]]
@@ -277,6 +323,7 @@ def test_text(doc):
 
 
 # --- CLI ---------------------------------------------------------------------------------------
+
 
 def test_cli_text_and_json(paths, tmp_path):
     r = CliRunner().invoke(diff, [*paths, "--per", "pw", "--top", "2"])

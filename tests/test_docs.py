@@ -12,6 +12,7 @@
   list, every value of an UPPER-CASE map.
 
 No BPF, no root; about a second."""
+
 from __future__ import annotations
 
 import json
@@ -68,9 +69,11 @@ def parts(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
 
 # --- the CLI's commands and flags -------------------------------------------------------------
 
+
 def cli_group() -> click.Group:
     """The click app: allocscope.cli.app's `main` (the one click.Group there, wherever the commands live)."""
     from allocscope.cli import app as cli
+
     main = getattr(cli, "main", None)
     if isinstance(main, click.Group):
         return main
@@ -92,8 +95,10 @@ def help_flags(command: str) -> frozenset[str]:
     return frozenset(flags)
 
 
-COMMAND_SPAN = re.compile(r"^(?:sudo\s+)?(?:\S*/)?allocscope\s+(.*)$|^((?:record|report|diff|top|doctor|demo)"
-                          r"(?:\|(?:record|report|diff|top|doctor|demo))*)\s+(-.*)$")
+COMMAND_SPAN = re.compile(
+    r"^(?:sudo\s+)?(?:\S*/)?allocscope\s+(.*)$|^((?:record|report|diff|top|doctor|demo)"
+    r"(?:\|(?:record|report|diff|top|doctor|demo))*)\s+(-.*)$"
+)
 IN_CODE_LINE = re.compile(r"(?:^\s*|[;&|(]\s*)((?:sudo\s+)?(?:\S*/)?allocscope\s+[a-z].*)$")
 
 
@@ -115,7 +120,7 @@ def invocations(text: str) -> list[tuple[list[str], list[str]]]:
         if not m:
             return []
         words = split(m.group(1))
-        words = words[words.index(next(w for w in words if w.endswith("allocscope"))) + 1:]
+        words = words[words.index(next(w for w in words if w.endswith("allocscope"))) + 1 :]
         if not words:
             return []
         commands, rest = [words[0]], " ".join(shlex.quote(w) for w in words[1:])
@@ -160,20 +165,27 @@ def test_every_documented_flag_is_in_the_commands_help():
             if c not in commands:
                 bad.append(f"{where}:{n}: allocscope {c}: no such command ({', '.join(sorted(commands))})")
                 continue
-            bad += [f"{where}:{n}: allocscope {c} {f}: not in `allocscope {c} --help`"
-                    for f in flags if f not in help_flags(c)]
+            bad += [
+                f"{where}:{n}: allocscope {c} {f}: not in `allocscope {c} --help`"
+                for f in flags
+                if f not in help_flags(c)
+            ]
     assert bad == []
 
 
 def test_the_flag_check_catches_what_it_is_for():
-    assert invocations("allocscope record --pid 4242 -o run.allocscope -- ./mytool --flag") == \
-        [(["record"], ["--pid", "-o"])]
-    assert invocations("sudo /opt/allocscope-0.1.0/bin/allocscope top --pgrep 'provingd --pw 12' | tee x") == \
-        [(["top"], ["--pgrep"])]
-    assert invocations("allocscope top (--pid PID | --pgrep PATTERN) [--sort live|peak] [-- CMD]") == \
-        [(["top"], ["--pid", "--pgrep", "--sort"])]
-    assert invocations("record|top --pid PID --inject [--sample-bytes N]") == \
-        [(["record", "top"], ["--pid", "--inject", "--sample-bytes"])]
+    assert invocations("allocscope record --pid 4242 -o run.allocscope -- ./mytool --flag") == [
+        (["record"], ["--pid", "-o"])
+    ]
+    assert invocations("sudo /opt/allocscope-0.1.0/bin/allocscope top --pgrep 'provingd --pw 12' | tee x") == [
+        (["top"], ["--pgrep"])
+    ]
+    assert invocations("allocscope top (--pid PID | --pgrep PATTERN) [--sort live|peak] [-- CMD]") == [
+        (["top"], ["--pid", "--pgrep", "--sort"])
+    ]
+    assert invocations("record|top --pid PID --inject [--sample-bytes N]") == [
+        (["record", "top"], ["--pid", "--inject", "--sample-bytes"])
+    ]
     assert invocations("allocscope.report/1") == invocations("run.allocscope") == []
     assert invocations("a daemon (nothing of allocscope inside it)") == []
     assert invocations("make demo && allocscope report x --top 5") == [(["report"], ["--top"])]
@@ -182,6 +194,7 @@ def test_the_flag_check_catches_what_it_is_for():
 
 
 # --- make targets ----------------------------------------------------------------------------
+
 
 def makefile_targets() -> set[str]:
     return {m.group(1) for m in re.finditer(r"^([A-Za-z0-9_.-]+)\s*:(?!=)", (ROOT / "Makefile").read_text(), re.M)}
@@ -214,6 +227,7 @@ def test_every_documented_make_target_exists():
 
 
 # --- links -----------------------------------------------------------------------------------
+
 
 def slugs(path: Path) -> set[str]:
     """GitHub's anchors of a markdown file's headings."""
@@ -259,15 +273,20 @@ def test_the_link_check_catches_what_it_is_for(tmp_path, monkeypatch):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.md").write_text("# Title here\n\n## The `x` part\n")
     page = tmp_path / "README.md"
-    page.write_text("[ok](docs/a.md) [ok](docs/a.md#the-x-part) [web](https://example.org/x)\n"
-                    "[gone](docs/b.md) [bad anchor](docs/a.md#nope) [self](#title)\n"
-                    "`[in code](docs/c.md)`\n```\n[fenced](docs/d.md)\n```\n")
+    page.write_text(
+        "[ok](docs/a.md) [ok](docs/a.md#the-x-part) [web](https://example.org/x)\n"
+        "[gone](docs/b.md) [bad anchor](docs/a.md#nope) [self](#title)\n"
+        "`[in code](docs/c.md)`\n```\n[fenced](docs/d.md)\n```\n"
+    )
     assert [b.split(": ", 1)[1] for b in broken_links(page)] == [
-        "docs/b.md: no such file", "docs/a.md#nope: no heading #nope in docs/a.md",
-        "#title: no heading #title in README.md"]
+        "docs/b.md: no such file",
+        "docs/a.md#nope: no heading #nope in docs/a.md",
+        "#title: no heading #title in README.md",
+    ]
 
 
 # --- the trace format and the JSON keys ------------------------------------------------------
+
 
 def tables(path: Path, header: str) -> dict[str, list[list[str]]]:
     """{heading: rows} of the markdown tables whose first header cell is `header`, by the `##`
@@ -319,40 +338,111 @@ def rich_trace(path: Path, pw: str) -> str:
     t.meta["sampling"] = {"sample_bytes": 4096}
     t.meta["probes"]["inject"] = {"tables_resident_bytes": 1 << 16}  # --inject: the agent's tables
     t.meta["waits"] = {"wait_min_ns": 1_000_000}
-    t.meta["probes"]["allocators"] = [{
-        "kind": "glibc", "module": "/lib/x86_64-linux-gnu/libc.so.6", "prefix": "", "source": "heap",
-        "serves_malloc": True, "attached": ["malloc", "free"], "aliases": {}, "skipped": {}, "placement": {}}]
+    t.meta["probes"]["allocators"] = [
+        {
+            "kind": "glibc",
+            "module": "/lib/x86_64-linux-gnu/libc.so.6",
+            "prefix": "",
+            "source": "heap",
+            "serves_malloc": True,
+            "attached": ["malloc", "free"],
+            "aliases": {},
+            "skipped": {},
+            "placement": {},
+        }
+    ]
     t.cuda_driver()
     src = "/src/synthd/"
-    a = t.stack(["malloc", "zmalloc", "make_partition", "worker", "start_thread"],
-                files=[None, None, src + "p.c", src + "w.c", None], lines=[None, None, 42, 10, None])
+    a = t.stack(
+        ["malloc", "zmalloc", "make_partition", "worker", "start_thread"],
+        files=[None, None, src + "p.c", src + "w.c", None],
+        lines=[None, None, 42, 10, None],
+    )
     b = t.stack(["mmap", "map_arena", "main"])
     g = t.stack(["cuMemAlloc_v2", "upload", "main"])
     h = t.stack(["cuMemHostAlloc", "stage", "main"])
-    w = t.stack(["pthread_cond_wait", "channel_push", "worker", "start_thread"],
-                files=[None, src + "c.c", src + "w.c", None], lines=[None, 7, 11, None])
+    w = t.stack(
+        ["pthread_cond_wait", "channel_push", "worker", "start_thread"],
+        files=[None, src + "c.c", src + "w.c", None],
+        lines=[None, 7, 11, None],
+    )
     t.thread(101, "synthd")
     t.thread(102, "pworker-1")
     for i in range(1, 6):
-        t.interval({(a, 102): (8192 * i, 2 * i, 0, 0), (b, 101, "mmap"): (1 << 20, 1, 0, 0),
-                    (g, 101, "cuda-device"): (1 << 24, 1, 0, 0), (h, 101, "cuda-pinned"): (1 << 21, 1, 0, 0)},
-                   rss=(40 << 20) + i, shmem=2 << 20, flows={(102, 101): (100, 1, 5_000_000, 1_000_000)},
-                   lost={"n_waits": 10 * i, "n_waits_short": i, "n_wait_short_ns": 1000 * i, "lost_wait_full": 0,
-                         "tlb_local_mm_shootdown_flushes": i, "tlb_local_mm_shootdown_pages": 2 * i,
-                         "tlb_local_mm_shootdown_full": 0})
-        write_part(t, "waits", [{"tid": 102, "stack_id": w, "count": i, "total_ns": i * 5_000_000,
-                                 "max_ns": 5_000_000}])
-        write_part(t, "blocked", [{"tid": 102, "stack_id": w, "since_ns": MONO0, "waited_ns": i * 1_000_000,
-                                   "state": "S"}])
-        write_part(t, "releases", [{"tid": 101, "kind": "munmap", "in_api": "", "calls": i,
-                                    "requested_bytes": 4096 * i, "released_bytes": 4096 * i,
-                                    "duration_ns": 1000 * i, "stack_id": b}])
-        write_part(t, "allocators", [{"source": "heap", "kind": "glibc", "mapped_bytes": 1 << 22,
-                                      "resident_bytes": 1 << 21, "live_bytes": 8192 * i, "ranges": 1}])
+        t.interval(
+            {
+                (a, 102): (8192 * i, 2 * i, 0, 0),
+                (b, 101, "mmap"): (1 << 20, 1, 0, 0),
+                (g, 101, "cuda-device"): (1 << 24, 1, 0, 0),
+                (h, 101, "cuda-pinned"): (1 << 21, 1, 0, 0),
+            },
+            rss=(40 << 20) + i,
+            shmem=2 << 20,
+            flows={(102, 101): (100, 1, 5_000_000, 1_000_000)},
+            lost={
+                "n_waits": 10 * i,
+                "n_waits_short": i,
+                "n_wait_short_ns": 1000 * i,
+                "lost_wait_full": 0,
+                "tlb_local_mm_shootdown_flushes": i,
+                "tlb_local_mm_shootdown_pages": 2 * i,
+                "tlb_local_mm_shootdown_full": 0,
+            },
+        )
+        write_part(
+            t, "waits", [{"tid": 102, "stack_id": w, "count": i, "total_ns": i * 5_000_000, "max_ns": 5_000_000}]
+        )
+        write_part(
+            t, "blocked", [{"tid": 102, "stack_id": w, "since_ns": MONO0, "waited_ns": i * 1_000_000, "state": "S"}]
+        )
+        write_part(
+            t,
+            "releases",
+            [
+                {
+                    "tid": 101,
+                    "kind": "munmap",
+                    "in_api": "",
+                    "calls": i,
+                    "requested_bytes": 4096 * i,
+                    "released_bytes": 4096 * i,
+                    "duration_ns": 1000 * i,
+                    "stack_id": b,
+                }
+            ],
+        )
+        write_part(
+            t,
+            "allocators",
+            [
+                {
+                    "source": "heap",
+                    "kind": "glibc",
+                    "mapped_bytes": 1 << 22,
+                    "resident_bytes": 1 << 21,
+                    "live_bytes": 8192 * i,
+                    "ranges": 1,
+                }
+            ],
+        )
         if i == 3:
-            write_part(t, "purges", [{"ts_ns": MONO0, "tid": 101, "source": "heap", "function": "malloc_trim",
-                                      "name": "", "duration_ns": 10_000, "rss_before_bytes": 1 << 22,
-                                      "rss_after_bytes": 1 << 21, "released_bytes": 1 << 21}])
+            write_part(
+                t,
+                "purges",
+                [
+                    {
+                        "ts_ns": MONO0,
+                        "tid": 101,
+                        "source": "heap",
+                        "function": "malloc_trim",
+                        "name": "",
+                        "duration_ns": 10_000,
+                        "rss_before_bytes": 1 << 22,
+                        "rss_after_bytes": 1 << 21,
+                        "released_bytes": 1 << 21,
+                    }
+                ],
+            )
             t.trim(101, 3.0, 0.001)
     t.live_block(a, 102, 8192, 1.0)
     t.heaps([(0x1000000, 0x2000000, 0x2000000, "main", "main", 1 << 21, 0)])
@@ -417,6 +507,7 @@ def test_the_key_check_catches_what_it_is_for(documents):
     doc = documents["allocscope.report/1"]
     assert len(resolve(doc, "sites[].frames[]")) > 4
     assert resolve(doc, "waits.freeing.tlb.REASON") == [{"flushes": 5, "pages": 10, "full": 0}]
-    assert missing_keys(doc, [["`sites[]`", "`rank` `no_such_key`"], ["`nothing[]`", "`x`"],
-                              ["`folded[]`", "`pattern` `from` `functions`"]]) == [
-        "sites[]: no key no_such_key", "nothing[]: no such object in the synthetic document (or extend rich_trace)"]
+    assert missing_keys(
+        doc,
+        [["`sites[]`", "`rank` `no_such_key`"], ["`nothing[]`", "`x`"], ["`folded[]`", "`pattern` `from` `functions`"]],
+    ) == ["sites[]: no key no_such_key", "nothing[]: no such object in the synthetic document (or extend rich_trace)"]

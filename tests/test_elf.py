@@ -1,5 +1,6 @@
 """common/elf.py against binutils' view of a small program, and tracer/record/embed_symbols.py's symbols parts.
 No root."""
+
 from __future__ import annotations
 
 import re
@@ -34,8 +35,7 @@ def prog(tmp_path_factory) -> Path:
 
 def nm(path: Path) -> dict[str, int]:
     out = subprocess.run(["nm", str(path)], capture_output=True, text=True, check=True).stdout
-    return {m.group(3): int(m.group(1), 16)
-            for m in re.finditer(r"^([0-9a-f]+) ([tTwW]) (\w+)$", out, re.MULTILINE)}
+    return {m.group(3): int(m.group(1), 16) for m in re.finditer(r"^([0-9a-f]+) ([tTwW]) (\w+)$", out, re.MULTILINE)}
 
 
 def test_build_id_and_segments(prog):
@@ -82,8 +82,11 @@ def test_bad_files(tmp_path):
 def test_embedder_writes_each_module_once(prog):
     emb = SymbolEmbedder(debug_dirs=())
     bid = E.build_id(str(prog))
-    cols = {"module": [str(prog), str(prog), "[vdso]", ""], "build_id": [bid, bid, "", ""],
-            "offset": [0x1000, 0x1010, -1, 5]}
+    cols = {
+        "module": [str(prog), str(prog), "[vdso]", ""],
+        "build_id": [bid, bid, "", ""],
+        "offset": [0x1000, 0x1010, -1, 5],
+    }
     part = emb.part(7, cols)
     assert part.schema == SYMBOLS_SCHEMA and part.num_rows > 0
     rows = part.to_pylist()
@@ -109,17 +112,22 @@ def test_build_id_is_the_gnu_note_not_a_systemtap_one(tmp_path):
 
     def note(owner: bytes, ntype: int, desc: bytes) -> bytes:
         name = owner + b"\0"
-        return struct.pack("<III", len(name), len(desc), ntype) + name.ljust(-(-len(name) // 4) * 4, b"\0") + \
-            desc.ljust(-(-len(desc) // 4) * 4, b"\0")
+        return (
+            struct.pack("<III", len(name), len(desc), ntype)
+            + name.ljust(-(-len(name) // 4) * 4, b"\0")
+            + desc.ljust(-(-len(desc) // 4) * 4, b"\0")
+        )
 
     bid = "29dec3cf84422903fd1ea8ba24fa01f7c3de4214"
     (tmp_path / "stap.bin").write_bytes(note(b"stapsdt", 3, bytes(range(40))))
     (tmp_path / "gnu.bin").write_bytes(note(b"GNU", 3, bytes.fromhex(bid)))
     lib, mid = tmp_path / "libn.so", tmp_path / "mid.so"
-    subprocess.run(["objcopy", f"--add-section=.note.stapsdt={tmp_path / 'stap.bin'}", str(plain), str(mid)],
-                   check=True)
-    subprocess.run(["objcopy", f"--add-section=.note.gnu.build-id={tmp_path / 'gnu.bin'}", str(mid), str(lib)],
-                   check=True)
+    subprocess.run(
+        ["objcopy", f"--add-section=.note.stapsdt={tmp_path / 'stap.bin'}", str(plain), str(mid)], check=True
+    )
+    subprocess.run(
+        ["objcopy", f"--add-section=.note.gnu.build-id={tmp_path / 'gnu.bin'}", str(mid), str(lib)], check=True
+    )
     with open(lib, "rb") as f:
         elf = ELFFile(f)
         notes = [s.name for s in elf.iter_sections() if s["sh_type"] == "SHT_NOTE"]

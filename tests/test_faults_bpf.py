@@ -5,6 +5,7 @@ by commands on stdin) or busy.c.
 Not repeated here (tests/test_record_bpf.py has them): the target exits, the target is
 SIGKILLed, the tracer is SIGKILLed once, SIGINT/SIGTERM stop cleanly.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,6 +41,7 @@ pytestmark = pytest.mark.bpf
 
 # --- targets -----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def bins(tmp_path_factory) -> dict[str, Path]:
     """faults (frame pointers, symbols), its static, stripped and static+stripped builds, busy.
@@ -47,8 +49,13 @@ def bins(tmp_path_factory) -> dict[str, Path]:
     its own sources."""
     out = tmp_path_factory.mktemp("fault-targets")
     src = str(TARGETS_SRC / "faults.c")
-    b = {"faults": out / "faults", "static": out / "faults-static", "stripped": out / "faults-stripped",
-         "static-stripped": out / "faults-static-stripped", "busy": out / "busy"}
+    b = {
+        "faults": out / "faults",
+        "static": out / "faults-static",
+        "stripped": out / "faults-stripped",
+        "static-stripped": out / "faults-static-stripped",
+        "busy": out / "busy",
+    }
     cflags = [*CFLAGS_FP, "-Wall"]
     build(b["faults"], src, flags=cflags)
     build(b["static"], src, flags=[*cflags, "-static"])
@@ -144,6 +151,7 @@ def no_traceback(*texts: str) -> None:
 
 # --- the target ---------------------------------------------------------------------------------
 
+
 def _memory_cgroup(name: str, limit: int) -> tuple[Path, Path]:
     """A memory cgroup with `limit` bytes (cgroup v2 when its memory controller is there, else
     v1). Returns (directory, the file to write a pid into)."""
@@ -161,8 +169,14 @@ def _memory_cgroup(name: str, limit: int) -> tuple[Path, Path]:
     v1 = Path("/sys/fs/cgroup/memory")
     if not (v1 / "memory.limit_in_bytes").exists():
         raise FileNotFoundError("no memory cgroup controller (v1 or v2)")
-    own = next((ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines()
-                if ln.split(":")[1] == "memory"), "/")
+    own = next(
+        (
+            ln.split(":", 2)[2]
+            for ln in Path("/proc/self/cgroup").read_text().splitlines()
+            if ln.split(":")[1] == "memory"
+        ),
+        "/",
+    )
     d = v1 / own.lstrip("/") / name
     d.mkdir()
     (d / "memory.limit_in_bytes").write_text(str(limit))
@@ -257,6 +271,7 @@ def test_reused_pid_is_never_traced(bins, tmp_path, start, tracers):
     assert "(target exited)" in so, so
     assert b.alive()
     from reports.trace import load_trace
+
     t = load_trace(out)
     assert t.meta["end_reason"] == "target exited"
     assert not (t.events["len"] == 77 * 4096).any(), t.events
@@ -268,6 +283,7 @@ def test_reused_pid_is_never_traced(bins, tmp_path, start, tracers):
 
 
 # --- the tracer ----------------------------------------------------------------------------------
+
 
 def test_second_sigint_while_finalizing_still_finishes(bins, tmp_path, start, tracers):
     """Ctrl-C, then Ctrl-C again (twice) while the final snapshot of 1M live blocks is being
@@ -336,8 +352,7 @@ def test_tracer_sigkilled_at_random_moments(bins, tmp_path, start, tracers):
                 assert any("incomplete" in w for w in rep["recording"]["warnings"]), why
         else:
             assert p.returncode == 5 and len(p.stderr.strip().splitlines()) == 1, (why, p.stderr)
-            assert re.search(r"no finished interval|not an allocscope trace|no such trace", p.stderr), \
-                (why, p.stderr)
+            assert re.search(r"no finished interval|not an allocscope trace|no such trace", p.stderr), (why, p.stderr)
 
 
 @pytest.fixture
@@ -395,16 +410,20 @@ def test_output_directory_read_only(tmp_path):
 
 # --- kernel limits: one recording with small maps, a stalled tracer, then recovery ----------------
 
+
 def _record_api(pid: int, out: Path, **opts) -> subprocess.Popen:
     """The tracer through its Python API (RecordOptions knobs the CLI does not expose)."""
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-            "from tracer.record.recorder import RecordOptions, record\n"
-            "from tracer.process.target import target_from_pid\n"
-            f"s = record(target_from_pid({pid:d}), RecordOptions(output={str(out)!r}, interval=0.5, quiet=True, "
-            f"**{opts!r}))\n"
-            "print('ended', s.end_reason, s.lost)\n")
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=str(ROOT))
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from tracer.record.recorder import RecordOptions, record\n"
+        "from tracer.process.target import target_from_pid\n"
+        f"s = record(target_from_pid({pid:d}), RecordOptions(output={str(out)!r}, interval=0.5, quiet=True, "
+        f"**{opts!r}))\n"
+        "print('ended', s.end_reason, s.lost)\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -441,8 +460,14 @@ def limits(bins, tmp_path_factory) -> dict:
             tr.kill()
         tgt.kill()
     assert rc == 0, se
-    return {"out": out, "rep": report(out), "burst_s": burst, "rss0": rss0, "rss1": rss1,
-            "text": cli("report", str(out), check=True).stdout}
+    return {
+        "out": out,
+        "rep": report(out),
+        "burst_s": burst,
+        "rss0": rss0,
+        "rss1": rss1,
+        "text": cli("report", str(out), check=True).stdout,
+    }
 
 
 def test_live_map_full_is_counted_and_recording_goes_on(limits):
@@ -518,6 +543,7 @@ def test_tracer_memory_flat_on_busy_target(bins, tmp_path, tracers):
 
 
 # --- bad input -------------------------------------------------------------------------------------
+
 
 def test_static_target_with_symbols_and_keep_cmdline(bins, tmp_path, start, tracers):
     """A static executable is its own allocator; with --keep-cmdline its arguments are stored,

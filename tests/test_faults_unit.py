@@ -1,5 +1,6 @@
 """Issue #7 without BPF: the pid-reuse guard, our own pid, the signal handler, diff of foreign,
 future and damaged traces, and no network code anywhere."""
+
 from __future__ import annotations
 
 import json
@@ -18,6 +19,7 @@ from common.errors import TargetError
 from tracer.process import procfs
 
 # --- pid reuse and our own pid ------------------------------------------------------------------
+
 
 def test_is_alive_checks_the_start_time():
     """A pid is the same process only with the same start time: a reused pid is not alive."""
@@ -71,6 +73,7 @@ def test_record_refuses_its_own_pid_via_pgrep_ancestors():
 
 # --- the signal handler ---------------------------------------------------------------------------
 
+
 def test_signal_handler_never_raises_and_keeps_the_first_reason(capsys):
     from tracer.record.recorder import StopRequest
 
@@ -88,6 +91,7 @@ def test_signal_handler_never_raises_and_keeps_the_first_reason(capsys):
 
 
 # --- diff of foreign, future and damaged traces ----------------------------------------------------
+
 
 def _trace(path, exe: str = "/usr/bin/synthd", labels=None) -> str:
     t = SynthTrace(path, exe=exe, labels=labels)
@@ -143,9 +147,12 @@ def test_diff_corrupt_meta(tmp_path):
 
 # --- no network -----------------------------------------------------------------------------------
 
-NET = re.compile(r"^\s*(import socket|from socket\b|import socketserver|from socketserver\b|import http\.server"
-                 r"|from http\.server\b|import asyncio|from asyncio\b|import urllib|from urllib\b|import requests)"
-                 r"|\bsocket\.socket\(|\.listen\(\s*\d*\s*\)|\.bind\(\s*\(|start_server\(", re.M)
+NET = re.compile(
+    r"^\s*(import socket|from socket\b|import socketserver|from socketserver\b|import http\.server"
+    r"|from http\.server\b|import asyncio|from asyncio\b|import urllib|from urllib\b|import requests)"
+    r"|\bsocket\.socket\(|\.listen\(\s*\d*\s*\)|\.bind\(\s*\(|start_server\(",
+    re.M,
+)
 
 
 def test_no_network_code_anywhere():
@@ -158,7 +165,6 @@ def test_no_network_code_anywhere():
                     text = Path(dirpath, f).read_text(encoding="utf-8", errors="replace")
                     hits += [f"{pkg}/{f}: {m.group(0).strip()}" for m in NET.finditer(text)]
     assert not hits, hits
-
 
 
 def test_part_of_another_table_under_a_live_name_is_skipped(tmp_path):

@@ -6,6 +6,7 @@ Every trace here is one program (/usr/bin/synthd), 1 s intervals, threads 101 ma
 checked on a synthetic report document given the `waits` / `rss_decomposition` objects the
 analysis makes (reports/analysis/waits.py, reports/analysis/residency.py), as the report carries them.
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,8 +29,11 @@ MIB = 1 << 20
 
 
 def _stack(t: SynthTrace, fn: str, line: int) -> int:
-    return t.stack(["malloc", fn, "worker", "start_thread"], files=[None, SRC + "w.c", SRC + "w.c", None],
-                   lines=[None, line, 7, None])
+    return t.stack(
+        ["malloc", fn, "worker", "start_thread"],
+        files=[None, SRC + "w.c", SRC + "w.c", None],
+        lines=[None, line, 7, None],
+    )
 
 
 def _threads(t: SynthTrace) -> None:
@@ -46,8 +50,14 @@ def steady(tmp_path_factory):
     _threads(t)
     cache, table, scratch = _stack(t, "cache_fill", 10), _stack(t, "table_init", 20), _stack(t, "scratch", 30)
     for i in range(1, 11):
-        t.interval({(cache, 102): (600 << 10, 6, 0, 0), (table, 101): (200 << 10, 2, 0, 0),
-                    (scratch, 103): (4096 * i, i, 4096 * i, i)}, rss=8 * MIB)
+        t.interval(
+            {
+                (cache, 102): (600 << 10, 6, 0, 0),
+                (table, 101): (200 << 10, 2, 0, 0),
+                (scratch, 103): (4096 * i, i, 4096 * i, i),
+            },
+            rss=8 * MIB,
+        )
     return build_report(load_trace(t.close()))
 
 
@@ -62,19 +72,27 @@ def burst(tmp_path_factory):
     held = [8, 24, 40, 0, 0, 0, 0, 0]
     for i, h in enumerate(held, 1):
         alloc = max(held[:i]) * MIB  # cumulative, freed down to `h`
-        t.interval({(part, 102): (alloc, alloc // MIB, alloc - h * MIB, (alloc - h * MIB) // MIB),
-                    (cfg, 101): (2 * MIB, 1, 0, 0), (leak, 103): (i * MIB, i, 0, 0)}, rss=64 * MIB)
+        t.interval(
+            {
+                (part, 102): (alloc, alloc // MIB, alloc - h * MIB, (alloc - h * MIB) // MIB),
+                (cfg, 101): (2 * MIB, 1, 0, 0),
+                (leak, 103): (i * MIB, i, 0, 0),
+            },
+            rss=64 * MIB,
+        )
     return build_report(load_trace(t.close()))
 
 
 def test_steady_small_heap_says_no_problem_in_one_line(steady):
     f = steady["findings"]
     assert [x["kind"] for x in f] == ["no_problem"], f
-    assert f[0]["text"] == ("No problem found: 800.0 KiB live at the end, peak 800.0 KiB; no burst, nothing growing, "
-                            "no blocked thread kept memory, the allocators keep little that is not live and no events "
-                            "that matter were lost.")
+    assert f[0]["text"] == (
+        "No problem found: 800.0 KiB live at the end, peak 800.0 KiB; no burst, nothing growing, "
+        "no blocked thread kept memory, the allocators keep little that is not live and no events "
+        "that matter were lost."
+    )
     text = to_text(steady)
-    block = text[text.index("Findings"):text.index("\nTotals\n")].strip().splitlines()
+    block = text[text.index("Findings") : text.index("\nTotals\n")].strip().splitlines()
     assert len(block) == 2 and block[1].startswith("  1. No problem found") and block[1].endswith("[Totals]"), block
     assert list(json.loads(to_json(steady)))[:2] == ["schema", "findings"]
 
@@ -86,13 +104,16 @@ def test_burst_names_the_peak_holder_and_the_growing_location(burst):
     peak = f[0]
     assert peak["text"] == ("At the peak (3.0s, 45.0 MiB live), make_partition w.c:42 held 40.0 MiB (88.9%).")
     assert peak["table"] == "Held at the peak" and peak["section"] == "sites"
-    assert peak["figures"]["holders"] == [{"location": peak["figures"]["holders"][0]["location"],
-                                           "function": "make_partition", "bytes": 40 * MIB}]
+    assert peak["figures"]["holders"] == [
+        {"location": peak["figures"]["holders"][0]["location"], "function": "make_partition", "bytes": 40 * MIB}
+    ]
     assert "waiting" not in peak["figures"]
     # leaky: +1 MiB/s over the last half, an exact line (R² 1.00), 8 MiB live at the end.
     grow = f[1]
-    assert grow["text"] == ("leaky w.c:99 (+1.0 MiB/s, R² 1.00, 8.0 MiB live at the end) is still growing over the "
-                            "last half of the recording.")
+    assert grow["text"] == (
+        "leaky w.c:99 (+1.0 MiB/s, R² 1.00, 8.0 MiB live at the end) is still growing over the "
+        "last half of the recording."
+    )
     assert grow["figures"]["locations"][0]["growth_bytes_per_s"] == pytest.approx(MIB)
     # the text report shows them first, each with the table it comes from
     text = to_text(burst)
@@ -116,17 +137,45 @@ def _waits(kept: int, threads: int, in_call: bool = False) -> dict:
     """A report `waits` object (reports/analysis/waits.py) whose peak has one wait location: `threads`
     threads blocked in hand_off holding `kept` bytes of make_partition (in_call: blocked inside
     make_partition itself, so nothing is kept after the call)."""
-    loc = {"location": "hand_off|synthd|w.c:77", "function": "sleep_ns" if in_call else "hand_off",
-           "module": "/usr/bin/synthd", "file": SRC + "w.c", "line": 77}
-    held = {"location": "make_partition|synthd|w.c:42", "function": "make_partition", "module": "/usr/bin/synthd",
-            "file": SRC + "w.c", "line": 42, "bytes": kept, "blocks": threads}
-    entry = {**loc, "threads": threads, "holding_threads": threads, "held_bytes": kept,
-             "kept_bytes": 0 if in_call else kept, "keeping_threads": 0 if in_call else threads, "held": [held],
-             "thread_list": []}
-    return {"traced": True, "wait_min_ms": 1.0, "peak": {"seq": 3, "elapsed_s": 2.5, "blocked": threads,
-                                                         "holding": threads, "held_bytes": kept,
-                                                         "by_location": [entry]},
-            "freeing": {"by_thread": [], "purges": [], "tlb": {}}}
+    loc = {
+        "location": "hand_off|synthd|w.c:77",
+        "function": "sleep_ns" if in_call else "hand_off",
+        "module": "/usr/bin/synthd",
+        "file": SRC + "w.c",
+        "line": 77,
+    }
+    held = {
+        "location": "make_partition|synthd|w.c:42",
+        "function": "make_partition",
+        "module": "/usr/bin/synthd",
+        "file": SRC + "w.c",
+        "line": 42,
+        "bytes": kept,
+        "blocks": threads,
+    }
+    entry = {
+        **loc,
+        "threads": threads,
+        "holding_threads": threads,
+        "held_bytes": kept,
+        "kept_bytes": 0 if in_call else kept,
+        "keeping_threads": 0 if in_call else threads,
+        "held": [held],
+        "thread_list": [],
+    }
+    return {
+        "traced": True,
+        "wait_min_ms": 1.0,
+        "peak": {
+            "seq": 3,
+            "elapsed_s": 2.5,
+            "blocked": threads,
+            "holding": threads,
+            "held_bytes": kept,
+            "by_location": [entry],
+        },
+        "freeing": {"by_thread": [], "purges": [], "tlb": {}},
+    }
 
 
 def test_blocked_threads_keeping_the_peak_join_the_first_finding(burst):
@@ -134,15 +183,22 @@ def test_blocked_threads_keeping_the_peak_join_the_first_finding(burst):
     doc["waits"] = _waits(24 * MIB, 3)  # 24 of the 45 MiB live peak: >= 25%
     f = F.report_findings(doc)
     assert f[0]["kind"] == "peak" and len([x for x in f if x["kind"] == "waiting"]) == 0
-    assert f[0]["text"] == ("At the peak (3.0s, 45.0 MiB live), make_partition w.c:42 held 40.0 MiB (88.9%); at +2.5s "
-                            "3 threads blocked in hand_off w.c:77 held 24.0 MiB of it.")
+    assert f[0]["text"] == (
+        "At the peak (3.0s, 45.0 MiB live), make_partition w.c:42 held 40.0 MiB (88.9%); at +2.5s "
+        "3 threads blocked in hand_off w.c:77 held 24.0 MiB of it."
+    )
     assert f[0]["table"] == "Held at the peak; Held while waiting"
     assert f[0]["figures"]["waiting"]["threads"] == 3 and f[0]["figures"]["waiting"]["of_bytes"] == 24 * MIB
 
 
-@pytest.mark.parametrize("kept,threads,in_call", [(8 * MIB, 3, False),   # 8/45 MiB: under 25% of the peak
-                                                  (24 * MIB, 1, False),  # one thread: a hand-off, not a pile-up
-                                                  (24 * MIB, 3, True)])  # blocked inside the allocating call
+@pytest.mark.parametrize(
+    "kept,threads,in_call",
+    [
+        (8 * MIB, 3, False),  # 8/45 MiB: under 25% of the peak
+        (24 * MIB, 1, False),  # one thread: a hand-off, not a pile-up
+        (24 * MIB, 3, True),
+    ],
+)  # blocked inside the allocating call
 def test_no_waiting_finding_under_the_thresholds(burst, kept, threads, in_call):
     doc = copy.deepcopy(burst)
     doc["waits"] = _waits(kept, threads, in_call)
@@ -157,35 +213,63 @@ def test_a_wait_on_other_memory_is_its_own_finding(burst):
     doc["waits"]["peak"]["by_location"][0]["held"][0].update(location="other|synthd|w.c:5", function="other")
     f = F.report_findings(doc)
     assert [x["kind"] for x in f][:2] == ["peak", "waiting"]
-    assert f[1]["text"] == ("At +2.5s 4 threads blocked in hand_off w.c:77 held 24.0 MiB (53.3% of the live peak "
-                            "kept after the allocating call returned), most of it from other (24.0 MiB).")
+    assert f[1]["text"] == (
+        "At +2.5s 4 threads blocked in hand_off w.c:77 held 24.0 MiB (53.3% of the live peak "
+        "kept after the allocating call returned), most of it from other (24.0 MiB)."
+    )
 
 
 def test_retained_memory_names_the_allocator_and_its_knob(steady):
     doc = copy.deepcopy(steady)
-    doc["rss_decomposition"] = {"rss_bytes": 100 * MIB, "retained_known": True, "allocators": [
-        {"name": "jemalloc:_rjem_", "kind": "jemalloc", "retained": 30 * MIB, "resident": 40 * MIB},
-        {"name": "glibc", "kind": "glibc", "retained": 3 * MIB, "resident": 4 * MIB}]}
+    doc["rss_decomposition"] = {
+        "rss_bytes": 100 * MIB,
+        "retained_known": True,
+        "allocators": [
+            {"name": "jemalloc:_rjem_", "kind": "jemalloc", "retained": 30 * MIB, "resident": 40 * MIB},
+            {"name": "glibc", "kind": "glibc", "retained": 3 * MIB, "resident": 4 * MIB},
+        ],
+    }
     f = F.report_findings(doc)
     assert [x["kind"] for x in f] == ["peak", "retained"], f
-    assert f[0]["text"] == ("At the end (800.0 KiB live), cache_fill w.c:10 held 600.0 KiB (75.0%) and "
-                            "table_init w.c:20 held 200.0 KiB (25.0%).")
-    assert f[1]["text"] == ("jemalloc:_rjem_ keeps 30.0 MiB resident that is not live (30.0% of RSS 100.0 MiB): "
-                            "_RJEM_MALLOC_CONF=dirty_decay_ms:1000,muzzy_decay_ms:0 returns them sooner.")
+    assert f[0]["text"] == (
+        "At the end (800.0 KiB live), cache_fill w.c:10 held 600.0 KiB (75.0%) and "
+        "table_init w.c:20 held 200.0 KiB (25.0%)."
+    )
+    assert f[1]["text"] == (
+        "jemalloc:_rjem_ keeps 30.0 MiB resident that is not live (30.0% of RSS 100.0 MiB): "
+        "_RJEM_MALLOC_CONF=dirty_decay_ms:1000,muzzy_decay_ms:0 returns them sooner."
+    )
     doc["rss_decomposition"]["allocators"][0]["retained"] = 3 * MIB  # 3% of RSS: nothing to say
     assert [x["kind"] for x in F.report_findings(doc)] == ["no_problem"]
 
 
 def test_release_cost_and_tlb_shootdowns(steady):
     doc = copy.deepcopy(steady)
-    doc["waits"] = {"traced": False, "peak": None, "freeing": {
-        "by_thread": [{"tid": 102, "thread": "pworker-1", "kind": "munmap", "calls": 120, "requested_bytes": 1,
-                       "released_bytes": 1, "duration_s": 0.25}], "purges": [],
-        "tlb": {"remote_shootdown": {"flushes": 4000, "pages": 9000, "full": 3}}}}
+    doc["waits"] = {
+        "traced": False,
+        "peak": None,
+        "freeing": {
+            "by_thread": [
+                {
+                    "tid": 102,
+                    "thread": "pworker-1",
+                    "kind": "munmap",
+                    "calls": 120,
+                    "requested_bytes": 1,
+                    "released_bytes": 1,
+                    "duration_s": 0.25,
+                }
+            ],
+            "purges": [],
+            "tlb": {"remote_shootdown": {"flushes": 4000, "pages": 9000, "full": 3}},
+        },
+    }
     f = F.report_findings(doc)
     assert [x["kind"] for x in f] == ["peak", "release_cost"]
-    assert f[1]["text"] == ("Giving memory back took 0.25s in the calls (most: munmap on pworker-1, 0.25s in 120 "
-                            "calls), with 4000 remote TLB shootdowns.")
+    assert f[1]["text"] == (
+        "Giving memory back took 0.25s in the calls (most: munmap on pworker-1, 0.25s in 120 "
+        "calls), with 4000 remote TLB shootdowns."
+    )
     doc["waits"]["freeing"]["by_thread"][0]["duration_s"] = 0.01
     doc["waits"]["freeing"]["tlb"] = {}
     assert [x["kind"] for x in F.report_findings(doc)] == ["no_problem"]
@@ -210,8 +294,10 @@ def test_losses_that_matter(tmp_path):
 @pytest.fixture(scope="module")
 def diff_paths(tmp_path_factory):
     d = tmp_path_factory.mktemp("fdiff")
-    return (run_trace(d / "pw10.allocscope", 10, "a", 4242, 0x1000, 1000),
-            run_trace(d / "pw12.allocscope", 12, "b", 5151, 0x77000, 2500, free_superlinear=True))
+    return (
+        run_trace(d / "pw10.allocscope", 10, "a", 4242, 0x1000, 1000),
+        run_trace(d / "pw12.allocscope", 12, "b", 5151, 0x77000, 2500, free_superlinear=True),
+    )
 
 
 def test_diff_names_the_location_out_of_proportion_first(diff_paths):
@@ -221,16 +307,19 @@ def test_diff_names_the_location_out_of_proportion_first(diff_paths):
     # superlinear: A 10 x 1000 = 10000 B at its peak, B 12 x 2500 = 30000 B: 3.00x where
     # pw 10->12 predicts 1.20x (2.50x linear), 30000 - 12000 = +18000 B beyond it.
     assert f[0]["kind"] == "out_of_proportion"
-    assert f[0]["text"] == ("superlinear superlinear.c:20 grew out of proportion to pw: peak 9.8 KiB → 29.3 KiB, "
-                            "3.00x where pw 10→12 predicts 1.20x (2.50x linear scaling, +17.6 KiB beyond it).")
+    assert f[0]["text"] == (
+        "superlinear superlinear.c:20 grew out of proportion to pw: peak 9.8 KiB → 29.3 KiB, "
+        "3.00x where pw 10→12 predicts 1.20x (2.50x linear scaling, +17.6 KiB beyond it)."
+    )
     fig = f[0]["figures"]
     assert (fig["ratio"], fig["scaling"], fig["excess_bytes"]) == (3.0, 2.5, 18000)
     row = next(x for x in doc["locations"] if x["flagged"])
     assert (row["function"], row["ratio"]) == ("superlinear", fig["ratio"])
     # pworker-N: 10 x (4000 + 1000) = 50000 -> 12 x (4000 + 2500) = 78000 B
     groups = next(x for x in f if x["kind"] == "thread_groups")
-    assert groups["text"] == ("Thread groups whose peak moved: pworker-N 48.8 KiB → 76.2 KiB (+27.3 KiB, "
-                              "10 → 12 threads).")
+    assert groups["text"] == (
+        "Thread groups whose peak moved: pworker-N 48.8 KiB → 76.2 KiB (+27.3 KiB, 10 → 12 threads)."
+    )
     text = diff_to_text(doc)
     assert text.index("Findings") < text.index("Totals") and "  1. superlinear superlinear.c:20 grew out" in text
 
@@ -240,8 +329,10 @@ def test_diff_of_a_run_with_itself_says_no_change(diff_paths):
     f = diff_traces(a, a, per="pw")["findings"]
     assert [x["kind"] for x in f] == ["no_change"]
     # 10 workers x 5000 + 3000 + 10 = 53010 B
-    assert f[0]["text"] == ("No material change: live peak 51.8 KiB → 51.8 KiB; no location grew out of proportion "
-                            "to pw, no thread group's peak moved and no blocked threads kept more.")
+    assert f[0]["text"] == (
+        "No material change: live peak 51.8 KiB → 51.8 KiB; no location grew out of proportion "
+        "to pw, no thread group's peak moved and no blocked threads kept more."
+    )
 
 
 def test_cli_diff_html_and_report_at_peak(diff_paths, tmp_path):

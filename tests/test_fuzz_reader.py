@@ -7,6 +7,7 @@ Two sources: a synthetic trace written by the real writer with every table fille
 root) a real recording of tests/targets/faults.c. Derandomized, so CI sees the same examples
 every run; ALLOCSCOPE_FUZZ_EXAMPLES=N runs more (random) examples locally.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,24 +33,38 @@ from reports.render.text import to_text
 from reports.trace import load_trace
 
 EXTRA = int(os.environ.get("ALLOCSCOPE_FUZZ_EXAMPLES", "0"))
-SETTINGS = {"deadline": None, "derandomize": not EXTRA, "database": None,
-            "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]}
+SETTINGS = {
+    "deadline": None,
+    "derandomize": not EXTRA,
+    "database": None,
+    "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+}
 
 
 def _synth(path: Path) -> str:
     t = SynthTrace(path, labels={"pw": "4"})
-    a = t.stack(["malloc", "make_partition", "worker", "start_thread"], files=[None, "/src/p.c", "/src/w.c", None],
-                lines=[None, 42, 7, None])
+    a = t.stack(
+        ["malloc", "make_partition", "worker", "start_thread"],
+        files=[None, "/src/p.c", "/src/w.c", None],
+        lines=[None, 42, 7, None],
+    )
     b = t.stack(["operator new(unsigned long)", "Cache::insert", "main"])
     m = t.stack(["mmap", "map_arena", "worker", "start_thread"])
     t.thread(101, "main")
     t.thread(102, "pworker-1")
     t.interval({(a, 102): (4000, 4, 1000, 1), (b, 101): (100, 1, 0, 0)}, rss=10 << 20)
     t.trim(101, at_s=1.5, duration_s=0.01)
-    t.interval({(a, 102): (9000, 9, 1000, 1), (m, 102, "mmap"): (1 << 20, 1, 0, 0)}, rss=12 << 20,
-               flows={(102, 101): (1000, 1, 5_000_000, 5_000_000)}, lost={"lost_ring_full": 3})
-    t.interval({(a, 102): (9000, 9, 9000, 9), (b, 101): (300, 3, 0, 0)}, rss=11 << 20,
-               flows={(102, 101): (9000, 9, 9_000_000, 5_000_000)})
+    t.interval(
+        {(a, 102): (9000, 9, 1000, 1), (m, 102, "mmap"): (1 << 20, 1, 0, 0)},
+        rss=12 << 20,
+        flows={(102, 101): (1000, 1, 5_000_000, 5_000_000)},
+        lost={"lost_ring_full": 3},
+    )
+    t.interval(
+        {(a, 102): (9000, 9, 9000, 9), (b, 101): (300, 3, 0, 0)},
+        rss=11 << 20,
+        flows={(102, 101): (9000, 9, 9_000_000, 5_000_000)},
+    )
     t.live_block(b, 101, 100, at_s=0.5)
     t.live_block(b, 101, 200, at_s=2.5)
     t.live_block(m, 102, 1 << 20, at_s=1.5, source="mmap", api="mmap")
@@ -69,8 +84,24 @@ def recorded_trace(tmp_path_factory) -> Path:
     build(exe, TARGETS_SRC / "faults.c")
     tgt = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     out = d / "real.allocscope"
-    tr = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "--pid", str(tgt.pid), "-o", str(out),
-                           "--interval", "0.3", "-q"], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    tr = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "allocscope",
+            "record",
+            "--pid",
+            str(tgt.pid),
+            "-o",
+            str(out),
+            "--interval",
+            "0.3",
+            "-q",
+        ],
+        cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert tgt.stdout.readline().startswith("ready")
         wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="attach")
@@ -91,12 +122,26 @@ def recorded_trace(tmp_path_factory) -> Path:
 
 # --- mutations ---------------------------------------------------------------------------------------
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)
-                    | st.text(max_size=20),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                    max_leaves=12)
-META_KEYS = ["format", "version", "complete", "labels", "target", "probes", "clock", "interval_s", "end_reason",
-             "limits", "intervals", "created", "host"]
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+META_KEYS = [
+    "format",
+    "version",
+    "complete",
+    "labels",
+    "target",
+    "probes",
+    "clock",
+    "interval_s",
+    "end_reason",
+    "limits",
+    "intervals",
+    "created",
+    "host",
+]
 
 MUTATION = st.one_of(
     st.tuples(st.just("flip"), st.integers(0, 10**6), st.floats(0, 1, exclude_max=True), st.integers(0, 7)),

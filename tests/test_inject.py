@@ -1,5 +1,6 @@
 """--inject's machinery without a target: the agent's file, the displaced-instruction proofs and
 their relocation, the restore word, the stub placement, and the CLI's refusals."""
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -16,23 +17,24 @@ from tracer.process.procfs import Mapping
 
 def test_agent_is_freestanding():
     path = agent.agent_path()
-    img = agent.read_agent(path)       # no .bss, every symbol the tracer needs, as_cfg's size
+    img = agent.read_agent(path)  # no .bss, every symbol the tracer needs, as_cfg's size
     assert img.symbols["as_cfg"][1] == ct.sizeof(agent.AsConfig)
     rel = subprocess.run(["readelf", "-rW", path], capture_output=True, text=True, check=True).stdout
-    assert "There are no relocations in this file." in rel, rel   # the loader applies none
+    assert "There are no relocations in this file." in rel, rel  # the loader applies none
     undef = subprocess.run(["nm", "-u", path], capture_output=True, text=True, check=True).stdout
-    assert undef.strip() == "", undef                             # no libc, nothing to resolve
+    assert undef.strip() == "", undef  # no libc, nothing to resolve
     with open(path, "rb") as f:
         for marker in ("as_mark_alloc", "as_mark_free"):
             f.seek(img.file_offset(marker))
-            assert f.read(1) == b"\x55", marker    # push %rbp: an instruction uprobes emulate
+            assert f.read(1) == b"\x55", marker  # push %rbp: an instruction uprobes emulate
 
 
 def test_agent_set_is_exact(tmp_path):
     """The free check (the filter of page counts, then the set's counts) finds every sampled
     block and reports no other: tests/targets/agent/agent_set.c, the agent's hooks called directly."""
-    exe = build(tmp_path / "agent_set", TARGETS_SRC / "agent" / "agent_set.c",
-                flags=["-O2", "-mcx16", f"-I{agent.AGENT_DIR}"])
+    exe = build(
+        tmp_path / "agent_set", TARGETS_SRC / "agent" / "agent_set.c", flags=["-O2", "-mcx16", f"-I{agent.AGENT_DIR}"]
+    )
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     phases = [dict(kv.split("=") for kv in line.split()[1:]) for line in r.stdout.splitlines()]
     assert r.returncode == 0 and len(phases) == 2, r.stdout + r.stderr
@@ -56,18 +58,21 @@ def test_glibc_free_prologue_is_relocated():
 
 
 def test_rip_relative_operand_reaimed():
-    code = bytes.fromhex("488b0510000000") + bytes.fromhex("c3")   # mov 0x10(%rip),%rax; ret
+    code = bytes.fromhex("488b0510000000") + bytes.fromhex("c3")  # mov 0x10(%rip),%rax; ret
     d = patching.displaced(code, 0x5000, 0)
     assert d.length == 7
     out = patching.relocate(code[:7], 0x5000, 0x9000)
     assert 0x9000 + 7 + struct.unpack("<i", out[3:7])[0] == 0x5000 + 7 + 0x10
 
 
-@pytest.mark.parametrize("code, why", [
-    ("cc4889e5c3", "int3"),                        # another tool's breakpoint at the entry
-    ("31c0c3", "ret"),                             # xor %eax,%eax; ret: shorter than the jump
-    ("e3054889e5", "jrcxz"),
-])
+@pytest.mark.parametrize(
+    "code, why",
+    [
+        ("cc4889e5c3", "int3"),  # another tool's breakpoint at the entry
+        ("31c0c3", "ret"),  # xor %eax,%eax; ret: shorter than the jump
+        ("e3054889e5", "jrcxz"),
+    ],
+)
 def test_unmovable_entries_refused(code, why):
     with pytest.raises(PatchRefused, match=why):
         patching.displaced(bytes.fromhex(code) + b"\x90" * 8, 0x1000, 0)
@@ -84,23 +89,31 @@ def test_restore_word_alignment():
     assert patching.restore_words(0x1000, b"") == (0x1000, False)
     assert patching.restore_words(0x1003, b"") == (0x1000, False)
     assert patching.restore_words(0x100A, b"") == (0x1008, False)
-    assert patching.restore_words(0x1005, b"") == (0x1000, True)       # one 16-byte compare-and-swap
+    assert patching.restore_words(0x1005, b"") == (0x1000, True)  # one 16-byte compare-and-swap
     with pytest.raises(PatchRefused, match="aligned"):
-        patching.restore_words(0x100D, b"")                            # straddles 16 bytes
+        patching.restore_words(0x100D, b"")  # straddles 16 bytes
 
 
 def test_stubs_go_below_the_module():
-    maps = [Mapping(0x555500000000, 0x555500010000, "r-xp", 0, 7, "/bin/x"),
-            Mapping(0x555500010000, 0x555500020000, "rw-p", 0, 0, "[heap]")]
+    maps = [
+        Mapping(0x555500000000, 0x555500010000, "r-xp", 0, 7, "/bin/x"),
+        Mapping(0x555500010000, 0x555500020000, "rw-p", 0, 0, "[heap]"),
+    ]
     at = loading.near_gap(maps, 0x555500000000, 0x555500010000, 4096, [])
     assert at + 4096 <= 0x555500000000 - 4096 and 0x555500000000 - at < 1 << 30
 
 
 def test_cli_refuses_inject_on_a_launched_command(tmp_path):
-    one_line_error(cli("record", "--inject", "-o", str(tmp_path / "t.allocscope"), "--", "/bin/true"),
-                   "--inject hooks a running process", code=2)
+    one_line_error(
+        cli("record", "--inject", "-o", str(tmp_path / "t.allocscope"), "--", "/bin/true"),
+        "--inject hooks a running process",
+        code=2,
+    )
 
 
 def test_cli_refuses_inject_in_residency_mode(tmp_path):
-    one_line_error(cli("record", "--pid", "1", "--inject", "--mode", "residency", "-o",
-                       str(tmp_path / "t.allocscope")), "--inject samples heap calls", code=2)
+    one_line_error(
+        cli("record", "--pid", "1", "--inject", "--mode", "residency", "-o", str(tmp_path / "t.allocscope")),
+        "--inject samples heap calls",
+        code=2,
+    )

@@ -10,6 +10,7 @@ normally. Targets: tests/targets/inject.c (C, glibc, with a fork+exec under inje
 tests/targets/cxx/inject_cxx.cpp (C++ new over glibc), tests/targets/rustd (Rust release,
 static `_rjem_` jemalloc) and redis-server (libjemalloc), its estimate against INFO used_memory.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,10 @@ def entry_bytes(pid: int) -> dict[str, tuple[bytes, bytes]]:
     syms = module_symbols(libc)
     family = {n: syms.functions[n][0] for names, _nr in SYS_FAMILY.values() for n in names[:1]}
     with open(f"/proc/{pid}/mem", "rb") as mem:
-        for a in [*find_allocators(os.readlink(f"/proc/{pid}/exe"), maps),
-                  type("Family", (), {"path": libc, "offsets": family})]:
+        for a in [
+            *find_allocators(os.readlink(f"/proc/{pid}/exe"), maps),
+            type("Family", (), {"path": libc, "offsets": family}),
+        ]:
             for sym, off in a.offsets.items():
                 for m in maps:
                     if m.path == a.path and "x" in m.perms and m.offset <= off < m.offset + m.end - m.start:
@@ -107,8 +110,9 @@ def check_injected_meta(rep: dict, hooked: set[str]) -> dict:
     assert all(0 < ms < 1000 for ms in inj["stopped_ms"]), inj["stopped_ms"]
     # the agent's tables: a page of thread states at least, ~4 KiB a sampled block, all of them at most
     assert 4096 <= inj["tables_resident_bytes"] <= tables_span(), inj["tables_resident_bytes"]
-    assert rep["rss_decomposition"]["inject_agent_bytes"] == min(inj["tables_resident_bytes"],
-                                                                  rep["rss_decomposition"]["other_anon_bytes"])
+    assert rep["rss_decomposition"]["inject_agent_bytes"] == min(
+        inj["tables_resident_bytes"], rep["rss_decomposition"]["other_anon_bytes"]
+    )
     return inj
 
 
@@ -125,22 +129,30 @@ def test_inject_c_estimates_restore_fork(tmp_path, procs, tracers, c_target):
     out = tmp_path / "c.allocscope"
     tr = start_recording(tracers, out, tgt.pid)
     hooked = patched(tgt.pid)
-    assert {"libc.so.6:malloc", "libc.so.6:free", "libc.so.6:realloc", "libc.so.6:calloc",
-            "libc.so.6:mmap", "libc.so.6:munmap", "libc.so.6:mremap", "libc.so.6:madvise",
-            "libc.so.6:brk"} <= set(hooked), hooked
+    assert {
+        "libc.so.6:malloc",
+        "libc.so.6:free",
+        "libc.so.6:realloc",
+        "libc.so.6:calloc",
+        "libc.so.6:mmap",
+        "libc.so.6:munmap",
+        "libc.so.6:mremap",
+        "libc.so.6:madvise",
+        "libc.so.6:brk",
+    } <= set(hooked), hooked
     assert "allocscope-wd" in thread_names(tgt.pid)
     assert any(m.path.endswith("allocscope-agent.so") for m in procfs.read_maps(tgt.pid))
     tgt.signal(signal.SIGUSR1)
     tgt.expect("held")
-    tgt.signal(signal.SIGHUP)             # fork + exec under injection: the child runs the hooks too
+    tgt.signal(signal.SIGHUP)  # fork + exec under injection: the child runs the hooks too
     assert tgt.expect("child").split() == ["child", "0"]
     time.sleep(0.6)
     stop_recording(tr)
     after = entry_bytes(tgt.pid)
-    assert after == before and not patched(tgt.pid)            # byte for byte, every entry point
+    assert after == before and not patched(tgt.pid)  # byte for byte, every entry point
     wait_for(lambda: "allocscope-wd" not in thread_names(tgt.pid), timeout=2, what="the watchdog's exit")
     assert pidfds(tgt.pid) == []
-    tgt.signal(signal.SIGUSR2)            # the program goes on: frees everything, then exits cleanly
+    tgt.signal(signal.SIGUSR2)  # the program goes on: frees everything, then exits cleanly
     tgt.expect("freed")
     tgt.signal(signal.SIGTERM)
     ops = int(tgt.expect("bye").split()[1])
@@ -149,7 +161,7 @@ def test_inject_c_estimates_restore_fork(tmp_path, procs, tracers, c_target):
     rep = report_json(out)
     inj = check_injected_meta(rep, {"malloc", "free", "calloc", "realloc"})
     large, small = location(rep, "hold_large"), location(rep, "hold_small")
-    assert (large["live_bytes"], large["live_count"]) == (24 << 20, 24)    # >= N: every block, exact
+    assert (large["live_bytes"], large["live_count"]) == (24 << 20, 24)  # >= N: every block, exact
     within_error(small, 4000 * 4096)
     assert {t["name"] for t in large["threads"]} == {"holder"}
     assert not [x for x in rep["locations"] if "forker" in x["function"]]  # the child's are not ours
@@ -158,7 +170,7 @@ def test_inject_c_estimates_restore_fork(tmp_path, procs, tracers, c_target):
     # (a hook already past its `enabled` check when sampling stops may still count one sample the
     # last snapshot no longer sees: at most one per thread)
     assert 0 <= inj["counters"]["sampled"] - samples <= 4, (samples, inj["counters"])
-    assert samples < ops * 3 / 50, (samples, ops)   # 3 allocating calls an op; p ~ 1/80 for churn sizes
+    assert samples < ops * 3 / 50, (samples, ops)  # 3 allocating calls an op; p ~ 1/80 for churn sizes
     assert rep["totals"]["lost_events"] == 0
 
 
@@ -167,17 +179,24 @@ def test_inject_tracer_sigkilled(tmp_path, procs, tracers, c_target):
     tgt.expect("ready")
     before = entry_bytes(tgt.pid)
     tr = start_recording(tracers, tmp_path / "k.allocscope", tgt.pid)
-    assert {"libc.so.6:malloc", "libc.so.6:free", "libc.so.6:mmap", "libc.so.6:munmap", "libc.so.6:mremap",
-            "libc.so.6:madvise", "libc.so.6:brk"} <= set(patched(tgt.pid)) and len(pidfds(tgt.pid)) == 1
+    assert {
+        "libc.so.6:malloc",
+        "libc.so.6:free",
+        "libc.so.6:mmap",
+        "libc.so.6:munmap",
+        "libc.so.6:mremap",
+        "libc.so.6:madvise",
+        "libc.so.6:brk",
+    } <= set(patched(tgt.pid)) and len(pidfds(tgt.pid)) == 1
     t0 = time.monotonic()
     tr.send_signal(signal.SIGKILL)
     wait_for(lambda: not patched(tgt.pid), timeout=2, what="the watchdog to put the entries back", step=0.02)
     took = time.monotonic() - t0
     assert entry_bytes(tgt.pid) == before
     wait_for(lambda: "allocscope-wd" not in thread_names(tgt.pid), timeout=1, what="the watchdog's exit")
-    assert pidfds(tgt.pid) == []          # the watchdog closed the tracer's pidfd on its way out
+    assert pidfds(tgt.pid) == []  # the watchdog closed the tracer's pidfd on its way out
     print(f"hooks gone {took:.2f} s after the SIGKILL")
-    tgt.signal(signal.SIGUSR1)            # still serving
+    tgt.signal(signal.SIGUSR1)  # still serving
     tgt.expect("held")
     tgt.signal(signal.SIGTERM)
     tgt.expect("bye")
@@ -218,8 +237,9 @@ def _free_port() -> int:
 
 
 def _redis(port: int, *args: str, check: bool = True) -> str:
-    return subprocess.run([need_tool("redis-cli"), "-p", str(port), *args], capture_output=True, text=True,
-                          timeout=30, check=check).stdout
+    return subprocess.run(
+        [need_tool("redis-cli"), "-p", str(port), *args], capture_output=True, text=True, timeout=30, check=check
+    ).stdout
 
 
 def _used_memory(port: int) -> int:
@@ -236,23 +256,41 @@ def test_inject_redis(tmp_path, procs, tracers):
     tr = start_recording(tracers, out, tgt.pid)
     assert "libjemalloc.so.2:malloc" in patched(tgt.pid)
     used0 = _used_memory(port)
-    _redis(port, "debug", "populate", "20000", "key", "4000")   # 20000 values of 4000 bytes, kept
-    bench = subprocess.run([need_tool("redis-benchmark"), "-p", str(port), "-t", "set,get,lpush,lpop", "-n",
-                            "4000", "-c", "20", "-q", "-r", "1000"], capture_output=True, text=True, timeout=120)
+    _redis(port, "debug", "populate", "20000", "key", "4000")  # 20000 values of 4000 bytes, kept
+    bench = subprocess.run(
+        [
+            need_tool("redis-benchmark"),
+            "-p",
+            str(port),
+            "-t",
+            "set,get,lpush,lpop",
+            "-n",
+            "4000",
+            "-c",
+            "20",
+            "-q",
+            "-r",
+            "1000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bench.returncode == 0, bench.stderr
-    _redis(port, "del", "mylist")                                 # what the benchmark keeps
+    _redis(port, "del", "mylist")  # what the benchmark keeps
     grown = _used_memory(port) - used0
     time.sleep(0.6)
     stop_recording(tr)
     assert entry_bytes(tgt.pid) == before
-    assert _redis(port, "dbsize").strip().isdigit()               # still serving
+    assert _redis(port, "dbsize").strip().isdigit()  # still serving
     _redis(port, "shutdown", "nosave")
     assert tgt.p.wait(20) == 0
     rep = report_json(out)
     check_injected_meta(rep, {"malloc", "free"})
     live = rep["totals"]["live_bytes"]
-    err = rep["totals"].get("live_bytes_error") or sum(x.get("live_bytes_error", 0) ** 2
-                                                       for x in rep["locations"]) ** 0.5
+    err = (
+        rep["totals"].get("live_bytes_error") or sum(x.get("live_bytes_error", 0) ** 2 for x in rep["locations"]) ** 0.5
+    )
     print(f"redis: INFO used_memory grew {grown} B, the sampled live bytes {live} B (95% bound {err:.0f} B)")
     # used_memory counts jemalloc's size classes (4000 -> 4096 B): the estimate is of requested bytes
     assert 0.80 * grown - 1.7 * err <= live <= 1.02 * grown + 1.7 * err, (live, grown, err)
@@ -284,14 +322,16 @@ def test_inject_rust_static_rjem(tmp_path, procs, tracers):
     time.sleep(0.6)
     stop_recording(tr)
     assert entry_bytes(tgt.pid) == before
-    tgt.signal(signal.SIGUSR1)            # the daemon's own exit
+    tgt.signal(signal.SIGUSR1)  # the daemon's own exit
     assert tgt.p.wait(20) == 0
     rep = report_json(out)
     inj = check_injected_meta(rep, {"_rjem_mallocx", "_rjem_sdallocx", "_rjem_rallocx"})
     assert {h["source"] for h in inj["hooked"] if h["symbol"].startswith("_rjem_")} == {"heap:jemalloc:_rjem_"}
     part = location(rep, "synthesize_partition")
-    assert (part["live_bytes"], part["live_count"]) == (truth["partitions_live"] * truth["partition_bytes"],
-                                                        truth["partitions_live"])
+    assert (part["live_bytes"], part["live_count"]) == (
+        truth["partitions_live"] * truth["partition_bytes"],
+        truth["partitions_live"],
+    )
     assert {t["name"] for t in part["threads"]} <= {f"synth-{i}" for i in range(4)}
     stage = location(rep, "gpu_staging_buffer")
     assert (stage["live_bytes"], stage["live_count"]) == (truth["staging_bytes"], 1)

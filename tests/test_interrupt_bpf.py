@@ -2,6 +2,7 @@
 compiled and attached it stops there — one line, exit 130, nothing recorded, the trace already at
 the output path left where it was, the target unharmed; once they are attached it finishes a
 short, complete trace."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,11 @@ def test_sigint_once_attached_finishes_a_short_trace(targets, procs, tmp_path):
     _old_trace(out)
     tr = cli_bg("record", "--pid", str(tgt.pid), "-o", str(out))
     old = Path(str(out) + ".old")
-    wait_for(lambda: (out / "meta.json").exists() and old.exists() or tr.poll() is not None, timeout=120,
-             what="the new trace started")
+    wait_for(
+        lambda: (out / "meta.json").exists() and old.exists() or tr.poll() is not None,
+        timeout=120,
+        what="the new trace started",
+    )
     tr.send_signal(signal.SIGINT)
     assert tr.wait(60) == 0, tr.stderr.read()
     meta = json.loads((out / "meta.json").read_text())

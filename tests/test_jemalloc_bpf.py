@@ -4,6 +4,7 @@ jemalloc's `malloc` begins `cmp $0x1000,%rdi` and its `free` with nine plain ins
 would be single-stepped, so their probes (and malloc's return probe) move onto the first emulated
 branch behind them. Every call must still be counted exactly once.
 """
+
 from __future__ import annotations
 
 import glob
@@ -13,8 +14,9 @@ from support import ROOT, build, functions, record_run, report_json
 
 pytestmark = pytest.mark.bpf
 
-JEMALLOC = sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2") +
-                  glob.glob("/lib/x86_64-linux-gnu/libjemalloc.so.2"))
+JEMALLOC = sorted(
+    glob.glob("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2") + glob.glob("/lib/x86_64-linux-gnu/libjemalloc.so.2")
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +24,9 @@ def jem(tmp_path_factory):
     if not JEMALLOC:
         pytest.fail("libjemalloc.so.2 missing: `make setup` installs redis-server, which brings it")
     exe = tmp_path_factory.mktemp("jem") / "jem"
-    return build(exe, ROOT / "tests/targets/jemalloc/jem.c", JEMALLOC[0],
-                 flags=["-O1", "-g", "-fno-omit-frame-pointer"])
+    return build(
+        exe, ROOT / "tests/targets/jemalloc/jem.c", JEMALLOC[0], flags=["-O1", "-g", "-fno-omit-frame-pointer"]
+    )
 
 
 def test_jemalloc_calls_counted_once_with_moved_probes(jem, tmp_path, procs, tracers):
@@ -51,7 +54,7 @@ def test_jemalloc_calls_counted_once_with_moved_probes(jem, tmp_path, procs, tra
     assert got == {
         "jem_leak": [700 * 333, 700, 700],
         "jem_calloc": [9 * 13 * 41, 9, 9],
-        "jem_realloc": [4 * 5000, 4, 8],   # 4 malloc(100), each moved by realloc to 5000 B
+        "jem_realloc": [4 * 5000, 4, 8],  # 4 malloc(100), each moved by realloc to 5000 B
         "jem_churn": [0, 0, 5000],
     }, got
     from reports.trace import load_trace

@@ -11,6 +11,7 @@ the process readers import no allocator code, nothing below record/ imports the 
 the BPF side (bpf/) is the only one above the allocators, the unwinder and --inject it attaches.
 And nowhere (tests and bench included) does a module import another module's private
 (`_name`) names, by `from m import _x` or as `m._x`. Parsed with `ast`; nothing is imported."""
+
 from __future__ import annotations
 
 import ast
@@ -39,9 +40,9 @@ TRACER_LAYERS = ("base", "process", "allocators", "inject", "unwind", "bpf", "re
 @dataclass(frozen=True)
 class Import:
     line: int
-    module: str                               # absolute dotted name of `import m` / `from m import`
+    module: str  # absolute dotted name of `import m` / `from m import`
     names: tuple[tuple[str, str | None], ...]  # (name, as) of `from m import name as x`; () for `import m`
-    asname: str | None = None                 # `import m as x`
+    asname: str | None = None  # `import m as x`
 
 
 class Tree:
@@ -117,8 +118,9 @@ class Tree:
                 if imp.module.split(".")[0] != "reports":
                     continue
                 targets = [imp.module, *(f"{imp.module}.{n}" for n, _ in imp.names if n != "*")]
-                dst = max((reports_part(t) for t in targets if t in self.modules or t == imp.module),
-                          key=REPORTS_LAYERS.index)
+                dst = max(
+                    (reports_part(t) for t in targets if t in self.modules or t == imp.module), key=REPORTS_LAYERS.index
+                )
                 if REPORTS_LAYERS.index(dst) > REPORTS_LAYERS.index(src):
                     bad.append(f"{path.relative_to(self.root)}:{imp.line}: {src} imports {imp.module} ({dst})")
         return bad
@@ -240,18 +242,30 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
         "allocscope/cli/app.py": "import synth\nfrom bench import soak\nfrom tracer import record\n",
         "tests/synth.py": "",
         "bench/soak.py": "from reports.render.pprof import _hidden\nfrom tracer.unwind import rows as U\nU._rows\n"
-                         "import common.elf\ncommon.elf._quiet\nU.__name__\n",
+        "import common.elf\ncommon.elf._quiet\nU.__name__\n",
     }
     for rel, text in planted.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     tree = Tree(tmp_path)
     assert sorted(v.split(": ", 1)[0] for v in tree.layer_violations()) == [
-        "allocscope/cli/app.py:1", "allocscope/cli/app.py:2", "common/elf.py:1", "reports/analysis/__init__.py:1",
-        "reports/analysis/__init__.py:2", "tracer/record/recorder.py:2"], tree.layer_violations()
+        "allocscope/cli/app.py:1",
+        "allocscope/cli/app.py:2",
+        "common/elf.py:1",
+        "reports/analysis/__init__.py:1",
+        "reports/analysis/__init__.py:2",
+        "tracer/record/recorder.py:2",
+    ], tree.layer_violations()
     assert sorted(v.split(": ", 1)[0] for v in tree.reports_violations()) == [
-        "reports/analysis/sites.py:1", "reports/wrappers.py:1"], tree.reports_violations()
+        "reports/analysis/sites.py:1",
+        "reports/wrappers.py:1",
+    ], tree.reports_violations()
     assert sorted(v.split(": ", 1)[1] for v in tree.private_violations()) == [
-        "imports _hidden from reports.render.pprof", "uses common.elf._quiet", "uses tracer.unwind.rows._rows"]
+        "imports _hidden from reports.render.pprof",
+        "uses common.elf._quiet",
+        "uses tracer.unwind.rows._rows",
+    ]
     assert sorted(v.split(": ", 1)[0] for v in tree.tracer_violations()) == [
-        "tracer/allocators/arenas.py:2", "tracer/process/procfs.py:1"], tree.tracer_violations()
+        "tracer/allocators/arenas.py:2",
+        "tracer/process/procfs.py:1",
+    ], tree.tracer_violations()

@@ -1,5 +1,6 @@
 """probes/allocscope.h is mirrored once in tracer/base/layout.py: sizes and offsets must agree with
 the ctypes classes BCC derives from the header itself."""
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -23,12 +24,29 @@ def test_enums_parsed_from_header():
 def test_event_layout_matches_c_compiler(tmp_path):
     """Compile a C program with the header and print sizeof/offsetof of each struct."""
     src = tmp_path / "sz.c"
-    structs = {"as_stack": L.Stack, "as_live": L.Live, "as_site_key": L.SiteKey, "as_site": L.Site,
-               "as_flow_key": L.FlowKey, "as_flow": L.Flow, "as_inflight": L.Inflight, "as_event": L.Event,
-               "as_sysargs": L.Sysargs, "as_region": L.Region, "as_release_key": L.ReleaseKey,
-               "as_release": L.Release, "as_dev_key": L.DevKey, "as_custom": L.Custom}
-    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include <linux/types.h>', '#include "allocscope.h"',
-             "int main(void){"]
+    structs = {
+        "as_stack": L.Stack,
+        "as_live": L.Live,
+        "as_site_key": L.SiteKey,
+        "as_site": L.Site,
+        "as_flow_key": L.FlowKey,
+        "as_flow": L.Flow,
+        "as_inflight": L.Inflight,
+        "as_event": L.Event,
+        "as_sysargs": L.Sysargs,
+        "as_region": L.Region,
+        "as_release_key": L.ReleaseKey,
+        "as_release": L.Release,
+        "as_dev_key": L.DevKey,
+        "as_custom": L.Custom,
+    }
+    lines = [
+        "#include <stdio.h>",
+        "#include <stddef.h>",
+        "#include <linux/types.h>",
+        '#include "allocscope.h"',
+        "int main(void){",
+    ]
     for cname, cls in structs.items():
         lines.append(f'printf("{cname} %zu\\n", sizeof(struct {cname}));')
         for fname, _ in cls._fields_:
@@ -37,8 +55,10 @@ def test_event_layout_matches_c_compiler(tmp_path):
     src.write_text("\n".join(lines))
     exe = tmp_path / "sz"
     build(exe, src, flags=[f"-I{L.PROBES_DIR}"])
-    got = dict(line.split() for line in subprocess.run([str(exe)], capture_output=True, text=True,
-                                                        check=True).stdout.splitlines())
+    got = dict(
+        line.split()
+        for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+    )
     for cname, cls in structs.items():
         assert int(got[cname]) == ct.sizeof(cls), cname
         for fname, _ in cls._fields_:
@@ -62,13 +82,16 @@ def test_layout_matches_bcc_maps():
 
 def test_reports_never_import_bcc():
     """reports/ runs anywhere: importing it (and loading a trace) must not need BCC."""
-    code = ("import sys; sys.modules['bcc'] = None\n"
-            "import reports.trace, reports.analysis, reports.analysis.diff, reports.symbolize\n"
-            "import reports.render.text, reports.render.html, reports.render.pprof, reports.live.text\n"
-            "import allocscope.cli.app\n"
-            "print('ok')")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       cwd=os.path.dirname(os.path.dirname(__file__)))
+    code = (
+        "import sys; sys.modules['bcc'] = None\n"
+        "import reports.trace, reports.analysis, reports.analysis.diff, reports.symbolize\n"
+        "import reports.render.text, reports.render.html, reports.render.pprof, reports.live.text\n"
+        "import allocscope.cli.app\n"
+        "print('ok')"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__))
+    )
     assert p.stdout.strip() == "ok", p.stderr
 
 

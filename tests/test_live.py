@@ -2,6 +2,7 @@
 the recorder's observer is (reports/live/model.py, reports/live/text.py, allocscope/cli/watch.py): exact
 per-site and per-thread figures, the age bound, folding, sorting, symbolization once per stack,
 and the screens and blocks they render. No BPF: the real thing is tests/test_top_bpf.py."""
+
 from __future__ import annotations
 
 import math
@@ -20,12 +21,22 @@ from tracer.record.signals import StopRequest
 
 APP = "/opt/app/bin/grower"
 # file offset -> (function, file, line): what the fake symbolizer answers
-FUNCS = {0x10: ("grow_tick", "grower.c", 30), 0x20: ("grower_main", "grower.c", 59),
-         0x30: ("keep_config", "grower.c", 31), 0x40: ("burst", "grower.c", 35), 0x50: ("xmalloc", "xm.c", 7),
-         0x60: ("main", "grower.c", 90)}
+FUNCS = {
+    0x10: ("grow_tick", "grower.c", 30),
+    0x20: ("grower_main", "grower.c", 59),
+    0x30: ("keep_config", "grower.c", 31),
+    0x40: ("burst", "grower.c", 35),
+    0x50: ("xmalloc", "xm.c", 7),
+    0x60: ("main", "grower.c", 90),
+}
 GROW, CONFIG, BURST, GROW_VIA_XMALLOC, GROW_OTHER_PATH = 1, 2, 3, 4, 5
-STACKS = {GROW: [0x10, 0x20, 0x60], CONFIG: [0x30, 0x20, 0x60], BURST: [0x40, 0x20, 0x60],
-          GROW_VIA_XMALLOC: [0x50, 0x10, 0x20, 0x60], GROW_OTHER_PATH: [0x10, 0x40, 0x20, 0x60]}
+STACKS = {
+    GROW: [0x10, 0x20, 0x60],
+    CONFIG: [0x30, 0x20, 0x60],
+    BURST: [0x40, 0x20, 0x60],
+    GROW_VIA_XMALLOC: [0x50, 0x10, 0x20, 0x60],
+    GROW_OTHER_PATH: [0x10, 0x40, 0x20, 0x60],
+}
 T_GROW, T_MAIN = 11, 10
 
 
@@ -42,12 +53,23 @@ class FakeSymbolizer:
 
 
 def stack_columns(sids) -> dict[str, list]:
-    cols: dict[str, list] = {k: [] for k in ("stack_id", "idx", "ip", "module", "build_id", "offset", "syscall",
-                                             "function", "file", "line")}
+    cols: dict[str, list] = {
+        k: [] for k in ("stack_id", "idx", "ip", "module", "build_id", "offset", "syscall", "function", "file", "line")
+    }
     for sid in sids:
         for i, off in enumerate(STACKS[sid]):
-            for k, v in (("stack_id", sid), ("idx", i), ("ip", 0x400000 + off), ("module", APP), ("build_id", "ab12"),
-                         ("offset", off), ("syscall", 0), ("function", None), ("file", None), ("line", None)):
+            for k, v in (
+                ("stack_id", sid),
+                ("idx", i),
+                ("ip", 0x400000 + off),
+                ("module", APP),
+                ("build_id", "ab12"),
+                ("offset", off),
+                ("syscall", 0),
+                ("function", None),
+                ("file", None),
+                ("line", None),
+            ):
                 cols[k].append(v)
     return cols
 
@@ -67,6 +89,7 @@ class Snap:
 @dataclass
 class Feed:
     """Cumulative counters, as the recorder keeps them, turned into snapshots."""
+
     sites: dict = field(default_factory=dict)
     known: set = field(default_factory=set)
     seq: int = 0
@@ -79,11 +102,31 @@ class Feed:
         new = sorted({k[0] for k in updates} - self.known)
         self.known |= set(new)
         live = sum(v[0] - v[2] for v in sites.values())
-        r = {"seq": self.seq, "ts_ns": int(t * 1e9), "elapsed_s": t, "rss_bytes": rss, "rss_anon_bytes": rss // 2,
-             "rss_file_bytes": rss // 2, "rss_shmem_bytes": 0, "live_bytes": live, "heap_live_bytes": live,
-             "mmap_live_bytes": 0, "device_live_bytes": 0, "lost_live_full": 0, "lost_live_full_bytes": 0, **row}
-        return Snap(self.seq, final, r, sites, list(updates), stack_columns(new) if new else None,
-                    {T_GROW: "grower", T_MAIN: "grower-main"})
+        r = {
+            "seq": self.seq,
+            "ts_ns": int(t * 1e9),
+            "elapsed_s": t,
+            "rss_bytes": rss,
+            "rss_anon_bytes": rss // 2,
+            "rss_file_bytes": rss // 2,
+            "rss_shmem_bytes": 0,
+            "live_bytes": live,
+            "heap_live_bytes": live,
+            "mmap_live_bytes": 0,
+            "device_live_bytes": 0,
+            "lost_live_full": 0,
+            "lost_live_full_bytes": 0,
+            **row,
+        }
+        return Snap(
+            self.seq,
+            final,
+            r,
+            sites,
+            list(updates),
+            stack_columns(new) if new else None,
+            {T_GROW: "grower", T_MAIN: "grower-main"},
+        )
 
 
 def grower_run(model: LiveModel, ticks: int = 5) -> Feed:
@@ -91,8 +134,10 @@ def grower_run(model: LiveModel, ticks: int = 5) -> Feed:
     xmalloc, folded into the same site); burst 1 MiB allocated and freed every second."""
     feed = Feed()
     for k in range(1, ticks + 1):
-        upd = {(GROW, T_GROW, "heap"): (3333 * k, k, 0, 0, 3333 * k),
-               (BURST, T_GROW, "heap"): (k << 20, k, k << 20, k, 1 << 20)}
+        upd = {
+            (GROW, T_GROW, "heap"): (3333 * k, k, 0, 0, 3333 * k),
+            (BURST, T_GROW, "heap"): (k << 20, k, k << 20, k, 1 << 20),
+        }
         if k == 1:
             upd[(CONFIG, T_MAIN, "heap")] = (2000, 1, 0, 0, 2000)
         if k == 3:
@@ -107,6 +152,7 @@ def fn(site) -> str:
 
 # --- the model ------------------------------------------------------------------------------
 
+
 def test_site_figures_exact():
     model = LiveModel(symbolizer=FakeSymbolizer())
     grower_run(model)
@@ -115,10 +161,10 @@ def test_site_figures_exact():
     assert [fn(s["site"]) for s in ranked] == ["grow_tick", "keep_config", "burst"]
     g = ranked[0]
     assert g["rank"] == 1
-    assert g["live_bytes"] == 6 * 3333 and g["live_count"] == 6   # xmalloc folded: one site, two stacks
+    assert g["live_bytes"] == 6 * 3333 and g["live_count"] == 6  # xmalloc folded: one site, two stacks
     assert g["delta_bytes"] == 3333 and g["allocs_per_s"] == 1.0
     assert g["verdict"] == "growing" and g["growth_bytes_per_s"] == pytest.approx(3333 * 5 / 4, rel=0.25)
-    assert g["oldest_age_s"] == 4.0                     # first block in the interval ending at t=1
+    assert g["oldest_age_s"] == 4.0  # first block in the interval ending at t=1
     assert g["top_thread"] == "grower" and g["top_tid"] == T_GROW
     assert [f.function for f in g["stack"]] == ["grow_tick", "grower_main", "main"]
     c = ranked[1]
@@ -146,7 +192,9 @@ def test_threads_view():
     grower_run(model)
     threads = model.view().threads
     assert [(t["tid"], t["name"], t["live_bytes"], t["delta_bytes"], t["sites"]) for t in threads] == [
-        (T_GROW, "grower", 6 * 3333, 3333, 2), (T_MAIN, "grower-main", 2000, 0, 1)]
+        (T_GROW, "grower", 6 * 3333, 3333, 2),
+        (T_MAIN, "grower-main", 2000, 0, 1),
+    ]
     assert fn(threads[0]["top_site"]) == "grow_tick" and threads[0]["allocs_per_s"] == 2.0
 
 
@@ -163,6 +211,7 @@ def test_each_stack_symbolized_once():
 
 def test_fold_option_folds_live_sites():
     from reports.analysis import parse_fold
+
     model = LiveModel(fold=parse_fold("grow_tick"), symbolizer=FakeSymbolizer())
     grower_run(model)
     assert fn(model.view().ranked("live")[0]["site"]) == "grower_main"
@@ -194,29 +243,38 @@ def test_age_bound_never_above_the_truth():
     # the oldest 5 s old; the counters can only prove 1 + 1 = 2 frees... so the bound is <= 5
     counts = [(1.0, 1), (2.0, 2), (3.0, 3), (4.0, 4), (5.0, 5)]
     assert oldest_age_bound(counts, 3, 6.0) == 2.0
-    assert oldest_age_bound(counts, 0, 6.0) == 5.0    # nothing freed: exact
-    assert oldest_age_bound(counts, 5, 6.0) is None   # nothing outstanding
+    assert oldest_age_bound(counts, 0, 6.0) == 5.0  # nothing freed: exact
+    assert oldest_age_bound(counts, 5, 6.0) is None  # nothing outstanding
 
 
 def test_status_model_symbolizes_only_the_top_stack():
     sym = FakeSymbolizer()
     model = StatusModel(symbolizer=sym)
     feed = Feed()
-    model.update(feed.step(1.0, {(GROW, T_GROW, "heap"): (3333, 1, 0, 0, 3333),
-                                 (CONFIG, T_MAIN, "heap"): (2000, 1, 0, 0, 2000)}))
+    model.update(
+        feed.step(1.0, {(GROW, T_GROW, "heap"): (3333, 1, 0, 0, 3333), (CONFIG, T_MAIN, "heap"): (2000, 1, 0, 0, 2000)})
+    )
     frames, live = model.top()
     assert (frames[0].function, live) == ("grow_tick", 3333)
     assert sorted(sym.asked) == [0x10, 0x20, 0x60]  # keep_config's stack was never symbolized
     assert status_text(1.0, feed.step(1.0, {}).row, model.lost, model.top(), 200) == (
-        "allocscope: 1s  RSS 4.0 MiB  live 5.2 KiB  lost 0  top: grow_tick grower.c:30 3.3 KiB")
+        "allocscope: 1s  RSS 4.0 MiB  live 5.2 KiB  lost 0  top: grow_tick grower.c:30 3.3 KiB"
+    )
 
 
 def test_one_location_sums_the_stacks_that_reach_it():
     def run(model):
         feed = Feed()
         for i in range(1, 6):
-            model.update(feed.step(float(i), {(GROW, T_GROW, "heap"): (1000 * i, i, 0, 0, 1000 * i),
-                                              (GROW_OTHER_PATH, T_MAIN, "heap"): (700 * i, i, 0, 0, 700 * i)}))
+            model.update(
+                feed.step(
+                    float(i),
+                    {
+                        (GROW, T_GROW, "heap"): (1000 * i, i, 0, 0, 1000 * i),
+                        (GROW_OTHER_PATH, T_MAIN, "heap"): (700 * i, i, 0, 0, 700 * i),
+                    },
+                )
+            )
         return model.view().ranked("live")
 
     [loc] = run(LiveModel(symbolizer=FakeSymbolizer()))
@@ -241,12 +299,14 @@ def test_verdict_is_new_until_four_intervals():
 
 # --- what is rendered -----------------------------------------------------------------------------
 
+
 def test_batch_block():
     model = LiveModel(symbolizer=FakeSymbolizer())
     grower_run(model)
     lines = batch_block(model.view(), "live", 2, "12:00:05").splitlines()
-    assert lines[0] == ("== 12:00:05 +5.0s  RSS 4.0 MiB (peak 4.0 MiB)  live 21.5 KiB (+3.3 KiB)  heap 21.5 KiB  "
-                        "mmap 0 B  lost 0")
+    assert lines[0] == (
+        "== 12:00:05 +5.0s  RSS 4.0 MiB (peak 4.0 MiB)  live 21.5 KiB (+3.3 KiB)  heap 21.5 KiB  mmap 0 B  lost 0"
+    )
     assert lines[1] == "   3 locations by live bytes"
     assert lines[2].split() == ["LIVE", "CHANGE", "PEAK", "GROWTH/s", "VERDICT", "AGE", "ALLOC/s", "THREAD", "LOCATION"]
     assert lines[3].split()[:4] == ["19.5", "KiB", "+3.3", "KiB"]
@@ -256,14 +316,24 @@ def test_batch_block():
     grower_run(by_stack)
     lines = batch_block(by_stack.view(), "live", 2, "12:00:05").splitlines()
     assert lines[1] == "   3 sites by live bytes" and lines[2].split()[-1] == "SITE"
-    assert lines[3].split()[-9:] == ["grower", "grow_tick", "grower.c:30", "<", "grower_main", "grower.c:59", "<",
-                                     "main", "grower.c:90"]
+    assert lines[3].split()[-9:] == [
+        "grower",
+        "grow_tick",
+        "grower.c:30",
+        "<",
+        "grower_main",
+        "grower.c:59",
+        "<",
+        "main",
+        "grower.c:90",
+    ]
     assert lines[4].split()[:5] == ["2.0", "KiB", "0", "B", "2.0"] and "keep_config" in lines[4]
     assert len(lines) == 5  # --top 2
 
 
 class Collect:
     """A stream that keeps what is written to it."""
+
     text = ""
 
     def write(self, t):
@@ -365,6 +435,7 @@ def test_screen_ended_line():
 
 # --- the command's bad input ------------------------------------------------------------------------
 
+
 def test_top_usage_errors():
     one_line_error(cli("top", "--pid", "1", "--iterations", "3"), "--iterations needs --batch", code=2)
     # stdin and stdout are pipes here: the full screen cannot be drawn
@@ -377,10 +448,22 @@ def test_top_usage_errors():
 
 
 def test_top_help_lists_the_probe_options():
-    p = subprocess.run([sys.executable, "-m", "allocscope", "top", "--help"], capture_output=True, text=True,
-                       cwd=str(ROOT), check=True)
-    for opt in ("--interval", "--max-live", "--unwind", "--mode", "--sample-bytes", "--sort", "--threads", "--batch",
-                "--iterations", "-o, --output", "--fold"):
+    p = subprocess.run(
+        [sys.executable, "-m", "allocscope", "top", "--help"], capture_output=True, text=True, cwd=str(ROOT), check=True
+    )
+    for opt in (
+        "--interval",
+        "--max-live",
+        "--unwind",
+        "--mode",
+        "--sample-bytes",
+        "--sort",
+        "--threads",
+        "--batch",
+        "--iterations",
+        "-o, --output",
+        "--fold",
+    ):
         assert opt in p.stdout, opt
     assert "[default: 2.0]" in p.stdout
 
@@ -401,8 +484,10 @@ def test_allocators_line_in_the_header_and_batch_block():
     model, feed = LiveModel(symbolizer=FakeSymbolizer()), Feed()
     snap = feed.step(1.0, {(GROW, T_GROW, "heap"): (3 << 20, 3, 0, 0, 3 << 20)})
     # (source, label, mapped, resident, live, ranges), as tracer/allocators/retention.py measures them
-    snap.allocators = (("heap", "jemalloc:_rjem_", 96 << 20, 80 << 20, 48 << 20, 12),
-                       ("heap:glibc", "glibc", 8 << 20, 2 << 20, 1 << 20, 3))
+    snap.allocators = (
+        ("heap", "jemalloc:_rjem_", 96 << 20, 80 << 20, 48 << 20, 12),
+        ("heap:glibc", "glibc", 8 << 20, 2 << 20, 1 << 20, 3),
+    )
     model.update(snap)
     view = model.view()
     want = "alloc jemalloc:_rjem_ 48.0 MiB live / 32.0 MiB retained; glibc 1.0 MiB live / 1.0 MiB retained"

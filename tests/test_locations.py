@@ -1,6 +1,7 @@
 """Locations: one row per place in the code, whatever the stacks that reach it (synthetic traces
 with known counters; no BPF). A work-stealing pool reaches one allocation through many stacks: the
 report, the diff and the text must show it as one location with the stacks' summed figures."""
+
 from __future__ import annotations
 
 import json
@@ -112,7 +113,7 @@ def test_text_report_lists_locations_and_their_largest_stacks(tmp_path):
     text = to_text(doc)
     assert "Top 2 of 2 locations by live bytes" in text
     assert "(4 distinct stacks; --by stack lists them)" in text
-    tables = text[text.index("\nTotals\n"):]  # below the findings, which name it too
+    tables = text[text.index("\nTotals\n") :]  # below the findings, which name it too
     rows = [ln for ln in tables.splitlines() if SYN in ln and "80.0 MiB" in ln]
     assert len(rows) == 1 and rows[0].split()[1:3] == ["80.0", "MiB"]
     assert "reached by 3 stacks:" in text
@@ -121,7 +122,7 @@ def test_text_report_lists_locations_and_their_largest_stacks(tmp_path):
     assert "×2 (recursion)" in text
     by_stack = to_text(A.build_report(load_trace(tmp_path / "a.allocscope"), by="stack"))
     assert "Top 4 of 4 sites by live bytes" in by_stack
-    by_stack = by_stack[by_stack.index("\nTotals\n"):]
+    by_stack = by_stack[by_stack.index("\nTotals\n") :]
     assert sum(1 for ln in by_stack.splitlines() if ln.strip().startswith(tuple("1234")) and SYN in ln) == 3
 
 
@@ -134,7 +135,8 @@ def test_by_function_merges_lines(tmp_path):
     assert [x["live_bytes"] for x in A.build_report(tr)["locations"]] == [7000, 300]
     doc = A.build_report(tr, by="function")
     assert [(x["function"], x["live_bytes"], x["live_count"], x["n_stacks"]) for x in doc["locations"]] == [
-        ("fill", 7300, 10, 2)]
+        ("fill", 7300, 10, 2)
+    ]
     assert doc["locations"][0]["key_quality"] == "function"
     assert "Top 1 of 1 functions" in to_text(doc)
 
@@ -150,7 +152,9 @@ def test_weak_keys_are_said_and_never_merge_addresses(tmp_path):
     t.interval({(a, 1): (100, 1, 0, 0), (b, 1): (200, 2, 0, 0)})
     doc = A.build_report(load_trace(t.close()))
     assert [(x["function"], x["key_quality"]) for x in doc["locations"]] == [
-        ("libx.so.3+0x1300", "address"), ("libx.so.3+0x1200", "address")]
+        ("libx.so.3+0x1300", "address"),
+        ("libx.so.3+0x1200", "address"),
+    ]
     assert "(no symbol: one location per address)" in to_text(doc)
 
 
@@ -174,45 +178,80 @@ def test_stripped_module_frames_under_their_symbolized_caller(tmp_path):
     # be one row — they keep their addresses
     s1 = t.stack(["malloc", "synthd+0x5100", "synthd+0x5800", "start_thread"], module=[LIBC, exe, exe, LIBC])
     s2 = t.stack(["malloc", "synthd+0x5200", "synthd+0x5800", "start_thread"], module=[LIBC, exe, exe, LIBC])
-    t.interval({(i1, 1): (1000, 10, 0, 0), (i2, 1): (300, 3, 0, 0), (i3, 2): (64, 1, 0, 0),
-                (o1, 1): (7000, 7, 1000, 1), (p1, 1): (50, 1, 0, 0), (s1, 3): (40, 1, 0, 0), (s2, 3): (30, 1, 0, 0)})
+    t.interval(
+        {
+            (i1, 1): (1000, 10, 0, 0),
+            (i2, 1): (300, 3, 0, 0),
+            (i3, 2): (64, 1, 0, 0),
+            (o1, 1): (7000, 7, 1000, 1),
+            (p1, 1): (50, 1, 0, 0),
+            (s1, 3): (40, 1, 0, 0),
+            (s2, 3): (30, 1, 0, 0),
+        }
+    )
     doc = A.build_report(load_trace(t.close()))
-    locs = [(x["function"], x.get("inside"), x["live_bytes"], x["live_count"], x["n_stacks"], x["key_quality"])
-            for x in doc["locations"]]
-    assert locs == [("x_open", LIBX, 6000, 6, 1, "inside"), ("x_init", LIBX, 1364, 14, 3, "inside"),
-                    ("serve", "/usr/bin/synthd", 50, 1, 1, "inside"), ("synthd+0x5100", None, 40, 1, 1, "address"),
-                    ("synthd+0x5200", None, 30, 1, 1, "address")]
+    locs = [
+        (x["function"], x.get("inside"), x["live_bytes"], x["live_count"], x["n_stacks"], x["key_quality"])
+        for x in doc["locations"]
+    ]
+    assert locs == [
+        ("x_open", LIBX, 6000, 6, 1, "inside"),
+        ("x_init", LIBX, 1364, 14, 3, "inside"),
+        ("serve", "/usr/bin/synthd", 50, 1, 1, "inside"),
+        ("synthd+0x5100", None, 40, 1, 1, "address"),
+        ("synthd+0x5200", None, 30, 1, 1, "address"),
+    ]
     keys = [x["location"] for x in doc["locations"]]
-    assert keys[:3] == ["x_open|libx.so.3||inside=libx.so.3", "x_init|libx.so.3||inside=libx.so.3",
-                        "serve|synthd|s.c:12|inside=synthd"]
+    assert keys[:3] == [
+        "x_open|libx.so.3||inside=libx.so.3",
+        "x_init|libx.so.3||inside=libx.so.3",
+        "serve|synthd|s.c:12|inside=synthd",
+    ]
     # every site names its location; the sites keep their own frames
     assert sorted(x["location"] for x in doc["sites"]) == sorted([keys[1]] * 3 + [keys[0]] + keys[2:])
     assert {x["frames"][0]["function"] for x in doc["sites"]} == {
-        "libx.so.3+0x1200", "libx.so.3+0x1340", "synthd+0x4400", "synthd+0x5100", "synthd+0x5200"}
+        "libx.so.3+0x1200",
+        "libx.so.3+0x1340",
+        "synthd+0x4400",
+        "synthd+0x5100",
+        "synthd+0x5200",
+    }
     text = to_text(doc)
     assert "inside libx.so.3, called from x_init  [libx.so.3]" in text
     assert "inside synthd, called from serve s.c:12  [synthd]" in text
-    noted = {ln.split("  [")[0].split()[-1] for ln in text.splitlines()
-             if "(no symbol: one location per address)" in ln}
+    noted = {
+        ln.split("  [")[0].split()[-1] for ln in text.splitlines() if "(no symbol: one location per address)" in ln
+    }
     assert noted == {"synthd+0x5100", "synthd+0x5200"}
     # by function: the same keys without lines
     fdoc = A.build_report(load_trace(tmp_path / "s.allocscope"), by="function")
     assert [(x["function"], x["live_bytes"]) for x in fdoc["locations"]] == [
-        ("x_open", 6000), ("x_init", 1364), ("serve", 50), ("synthd+0x5100", 40), ("synthd+0x5200", 30)]
+        ("x_open", 6000),
+        ("x_init", 1364),
+        ("serve", 50),
+        ("synthd+0x5100", 40),
+        ("synthd+0x5200", 30),
+    ]
 
 
 def test_diff_matches_locations_across_runs(tmp_path):
     # the same program, another run: other stack ids and addresses, and other stacks (B has a
     # fourth path A never took) — the location matches, its ratio is over the whole place
     a = load_trace(_pool_trace(tmp_path / "a.allocscope", n_live=5, pw=2))
-    tb = SynthTrace(tmp_path / "b.allocscope", labels={"pw": "4"}, id_base=0x9000, ip_base=0x7f0000)
+    tb = SynthTrace(tmp_path / "b.allocscope", labels={"pw": "4"}, id_base=0x9000, ip_base=0x7F0000)
     tb.thread(21, "synth-0")
     paths = PATHS[1:] + [["__rust_alloc", SYN, "helper", "helper", "helper", "in_worker", "main_loop"]]
     ids = [_stack(tb, p) for p in paths]
     rec = tb.stack(["malloc", "make_request_record", "serve"], ["m.c", "main.rs", "main.rs"], [1, 77, 80])
     for _ in range(6):
-        tb.interval({(ids[0], 21): (4 * 16 * MIB, 4, 0, 0), (ids[1], 21): (3 * 16 * MIB, 3, 0, 0),
-                     (ids[2], 21): (3 * 16 * MIB, 3, 0, 0), (rec, 21): (2000 * 1000, 2000, 0, 0)})
+        tb.interval(
+            {
+                (ids[0], 21): (4 * 16 * MIB, 4, 0, 0),
+                (ids[1], 21): (3 * 16 * MIB, 3, 0, 0),
+                (ids[2], 21): (3 * 16 * MIB, 3, 0, 0),
+                (rec, 21): (2000 * 1000, 2000, 0, 0),
+            }
+        )
     b = load_trace(tb.close())
     doc = diff_traces(a, b, per="pw")
     locs = doc["locations"]
@@ -242,8 +281,15 @@ def test_verdict_new_until_the_fit_has_its_points(tmp_path):
 
 def test_recording_allocators_contract(tmp_path):
     t = SynthTrace(tmp_path / "r.allocscope")
-    allocs = [{"kind": "jemalloc", "module": "/usr/bin/rustd", "attached": ["malloc"], "skipped": {},
-               "placement": {"malloc": "entry"}}]
+    allocs = [
+        {
+            "kind": "jemalloc",
+            "module": "/usr/bin/rustd",
+            "attached": ["malloc"],
+            "skipped": {},
+            "placement": {"malloc": "entry"},
+        }
+    ]
     t.meta["probes"]["allocators"] = allocs
     t.w.write_meta(t.meta)
     s = t.stack(["malloc", "f", "main"])

@@ -1,4 +1,5 @@
 """Byte-weighted sampling and residency mode on targets with known allocations."""
+
 from __future__ import annotations
 
 import json
@@ -28,13 +29,24 @@ def test_sampled_estimates_within_error_bars(targets, tmp_path, sessions):
     """The same estimates through uprobe sessions (an unsampled call takes no return probe) and
     through classic return probes (the fallback of kernels before 6.13)."""
     out = tmp_path / "sampled.allocscope"
-    cli("record", "-q", "--sample-bytes", "8192", "--uprobe-sessions", sessions, "-o", str(out), "--",
-        str(targets["sizes"]), check=True)
+    cli(
+        "record",
+        "-q",
+        "--sample-bytes",
+        "8192",
+        "--uprobe-sessions",
+        sessions,
+        "-o",
+        str(out),
+        "--",
+        str(targets["sizes"]),
+        check=True,
+    )
     rep = report_json(out)
     probes = rep["recording"]["probes"]
     assert probes["returns"] == ("session" if sessions == "on" else "classic")
     assert probes["returns_why"] == ("" if sessions == "on" else "--uprobe-sessions off")
-    assert len(rep["recording"]["allocators"]) == 1   # libc once, though /lib and /usr/lib both name it
+    assert len(rep["recording"]["allocators"]) == 1  # libc once, though /lib and /usr/lib both name it
     # the heap's growth (brk) inside unsampled mallocs is the allocator's, not the program's
     assert set(rep["totals"]["live_by_source"]) <= {"heap", "mmap"}
     assert rep["totals"]["live_by_source"].get("mmap", 0) < 1 << 20
@@ -44,7 +56,7 @@ def test_sampled_estimates_within_error_bars(targets, tmp_path, sessions):
     for fn, true in truth.items():
         est, err = agg[fn]["live_bytes"], agg[fn]["error"]
         assert err > 0
-        assert abs(est - true) <= 2 * err, (fn, est, true, err)   # 2x the 95% bar: ~4 sigma
+        assert abs(est - true) <= 2 * err, (fn, est, true, err)  # 2x the 95% bar: ~4 sigma
         assert abs(est - true) <= 0.15 * true, (fn, est, true)
     # blocks >= N are always sampled and exact
     assert agg["medium_blocks"]["live_bytes"] == 1500 * 50000
@@ -58,8 +70,19 @@ def test_sampled_realloc_frees_the_tracked_block(targets, tmp_path, sessions):
     """A sampled block realloc'ed to an unsampled size: the new block is not recorded, the old
     one is freed exactly (in a session the entry keeps the return probe for such a call)."""
     out = tmp_path / "shrink.allocscope"
-    cli("record", "-q", "--sample-bytes", "16384", "--uprobe-sessions", sessions, "-o", str(out), "--",
-        str(targets["shrink"]), check=True)
+    cli(
+        "record",
+        "-q",
+        "--sample-bytes",
+        "16384",
+        "--uprobe-sessions",
+        sessions,
+        "-o",
+        str(out),
+        "--",
+        str(targets["shrink"]),
+        check=True,
+    )
     rep = report_json(out)
     assert rep["recording"]["probes"]["returns"] == ("session" if sessions == "on" else "classic")
     agg = by_function(rep)
@@ -83,18 +106,29 @@ def test_session_skips_return_probes_of_unsampled_calls(targets, tmp_path):
         runs = {}
         for sessions in ("on", "off"):
             out = tmp_path / f"{sessions}.allocscope"
-            cli("record", "-q", "--sample-bytes", "8192", "--uprobe-sessions", sessions, "-o", str(out), "--",
-                str(targets["sizes"]), check=True)
+            cli(
+                "record",
+                "-q",
+                "--sample-bytes",
+                "8192",
+                "--uprobe-sessions",
+                sessions,
+                "-o",
+                str(out),
+                "--",
+                str(targets["sizes"]),
+                check=True,
+            )
             meta = json.loads((out / "meta.json").read_text())
             rep = report_json(out)
             allocs = sum(s["alloc_count"] for s in rep["sites"] if "heap" in s["sources"])
             runs[sessions] = ({k: v["run_cnt"] for k, v in meta["bpf_stats"].items()}, allocs)
     finally:
         stats.write_text(was)
-    calls = 20000 + 1500 + 100000       # the target's mallocs; libc's own add a few dozen
+    calls = 20000 + 1500 + 100000  # the target's mallocs; libc's own add a few dozen
     on, on_allocs = runs["on"]
-    assert calls <= on["heap_session"] - on_allocs <= calls + 200, on    # entries only ...
-    assert 2400 < on_allocs < 6000                                     # ... plus one run per sampled call
+    assert calls <= on["heap_session"] - on_allocs <= calls + 200, on  # entries only ...
+    assert 2400 < on_allocs < 6000  # ... plus one run per sampled call
     off, _ = runs["off"]
     assert "heap_session" not in off
     assert calls <= off["alloc_return"] <= calls + 200 and calls <= off["heap_entry"] <= calls + 200, off
@@ -102,8 +136,21 @@ def test_session_skips_return_probes_of_unsampled_calls(targets, tmp_path):
 
 def test_residency_mode_exact_mmaps_and_first_touches(targets, tmp_path):
     out = tmp_path / "residency.allocscope"
-    cli("record", "-q", "--mode", "residency", "--fault-sample", "4", "--unwind", "fp", "-o", str(out), "--",
-        str(targets["apis"]), check=True)
+    cli(
+        "record",
+        "-q",
+        "--mode",
+        "residency",
+        "--fault-sample",
+        "4",
+        "--unwind",
+        "fp",
+        "-o",
+        str(out),
+        "--",
+        str(targets["apis"]),
+        check=True,
+    )
     rep = report_json(out)
     assert rep["recording"]["probes"]["attached"] == []
     assert any("residency mode" in a for a in rep["advice"])
@@ -115,5 +162,5 @@ def test_residency_mode_exact_mmaps_and_first_touches(targets, tmp_path):
     # glibc's mmapped chunk for malloc(1048583) is seen at the mmap syscall, page-rounded (with
     # frame pointers its stack ends inside glibc, which has none: its site is glibc's sysmalloc)
     assert any(x["live_bytes"] == 257 * PAGE and x["sources"] == ["mmap"] for x in rep["sites"])
-    assert all("heap" not in s["sources"] for s in rep["sites"])   # no allocator probes
-    assert any("fault" in s["sources"] for s in rep["sites"])     # sampled first touches
+    assert all("heap" not in s["sources"] for s in rep["sites"])  # no allocator probes
+    assert any("fault" in s["sources"] for s in rep["sites"])  # sampled first touches

@@ -13,6 +13,7 @@ One synthetic trace with hand-computed contents (final state per (stack, thread,
 so live 10560 B in 30 blocks, 1062436 B allocated in 46 calls. Threads: 101 synthd,
 102 pworker-1, 103 pworker-2.
 """
+
 from __future__ import annotations
 
 import csv
@@ -38,9 +39,11 @@ LIVE_BYTES, LIVE_COUNT, ALLOC_BYTES, ALLOC_COUNT = 10560, 30, 1062436, 46
 
 def _build(path: Path) -> str:
     t = SynthTrace(path, labels={"pw": "12"})
-    a = t.stack(["malloc", "make_partition", "load_partition", "serve", "main"],
-                files=[None, SRC + "partition.c", SRC + "partition.c", SRC + "server.c", SRC + "main.c"],
-                lines=[None, 42, 88, 120, 15])
+    a = t.stack(
+        ["malloc", "make_partition", "load_partition", "serve", "main"],
+        files=[None, SRC + "partition.c", SRC + "partition.c", SRC + "server.c", SRC + "main.c"],
+        lines=[None, 42, 88, 120, 15],
+    )
     b = t.stack(["operator new(unsigned long)", "Cache::insert", "serve", "main"])
     c = t.stack(["malloc", "make_partition", "load_partition", "worker", "start_thread"])
     d = t.stack(["calloc", "scratch", "worker", "start_thread"])
@@ -49,11 +52,22 @@ def _build(path: Path) -> str:
     t.thread(102, "pworker-1")
     t.thread(103, "pworker-2")
     t.interval({(a, 101): (1000, 10, 0, 0), (c, 102): (4000, 4, 1000, 1)}, rss=10 << 20)
-    t.interval({(a, 101): (3000, 30, 1000, 10), (b, 101): (512, 2, 0, 0), (c, 103): (2048, 2, 0, 0),
-                (d, 102): (300, 3, 300, 3), (e, 102, "mmap"): (1 << 20, 1, 0, 0)}, rss=12 << 20,
-               flows={(102, 101): (1000, 10, 5_000_000, 1_000_000)})
-    t.interval({(c, 102): (8000, 8, 2000, 2), (e, 102, "mmap"): (1 << 20, 1, 1 << 20, 1)}, rss=11 << 20,
-               flows={(102, 101): (1000, 10, 5_000_000, 1_000_000)})
+    t.interval(
+        {
+            (a, 101): (3000, 30, 1000, 10),
+            (b, 101): (512, 2, 0, 0),
+            (c, 103): (2048, 2, 0, 0),
+            (d, 102): (300, 3, 300, 3),
+            (e, 102, "mmap"): (1 << 20, 1, 0, 0),
+        },
+        rss=12 << 20,
+        flows={(102, 101): (1000, 10, 5_000_000, 1_000_000)},
+    )
+    t.interval(
+        {(c, 102): (8000, 8, 2000, 2), (e, 102, "mmap"): (1 << 20, 1, 1 << 20, 1)},
+        rss=11 << 20,
+        flows={(102, 101): (1000, 10, 5_000_000, 1_000_000)},
+    )
     return t.close()
 
 
@@ -68,9 +82,16 @@ def report(trace) -> dict:
 
 
 DIFF_DOC = {
-    "a": {"pw": "10"}, "b": {"pw": "12"},
-    "sites": [{"frames": [{"function": "make_partition", "module": "/usr/bin/synthd", "file": None, "line": None}],
-               "a_peak_live_bytes": 1000, "b_peak_live_bytes": 8048, "delta_bytes": 7048}],
+    "a": {"pw": "10"},
+    "b": {"pw": "12"},
+    "sites": [
+        {
+            "frames": [{"function": "make_partition", "module": "/usr/bin/synthd", "file": None, "line": None}],
+            "a_peak_live_bytes": 1000,
+            "b_peak_live_bytes": 8048,
+            "delta_bytes": 7048,
+        }
+    ],
 }
 
 
@@ -78,8 +99,13 @@ def test_report_matches_the_documented_contents(report):
     """The expectations below rest on these numbers."""
     assert sum(s["live_bytes"] for s in report["sites"]) == report["totals"]["live_bytes"] == LIVE_BYTES
     assert sum(s["alloc_bytes"] for s in report["sites"]) == ALLOC_BYTES
-    assert [s["frames"][0]["function"] for s in report["sites"]] == \
-        ["make_partition", "make_partition", "Cache::insert", "map_arena", "scratch"]
+    assert [s["frames"][0]["function"] for s in report["sites"]] == [
+        "make_partition",
+        "make_partition",
+        "Cache::insert",
+        "map_arena",
+        "scratch",
+    ]
 
 
 # --------------------------------------------------------------------------------------------- pprof
@@ -105,8 +131,12 @@ def test_pprof_sample_types_and_totals(trace, report):
     st = prof.string_table
     assert st[0] == ""
     types = [(st[t.type], st[t.unit]) for t in prof.sample_type]
-    assert types == [("alloc_objects", "count"), ("alloc_space", "bytes"),
-                     ("inuse_objects", "count"), ("inuse_space", "bytes")]
+    assert types == [
+        ("alloc_objects", "count"),
+        ("alloc_space", "bytes"),
+        ("inuse_objects", "count"),
+        ("inuse_space", "bytes"),
+    ]
     assert st[prof.default_sample_type] == DEFAULT_SAMPLE_TYPE == "inuse_space"
     totals = [sum(s.value[i] for s in prof.sample) for i in range(4)]
     assert totals == [ALLOC_COUNT, ALLOC_BYTES, LIVE_COUNT, LIVE_BYTES]
@@ -124,21 +154,33 @@ def test_pprof_samples_stacks_and_labels(trace):
         frames = _frames_of(prof, s)
         got[(lab["tid"], frames[0][0])] = (lab["thread"], [f[0] for f in frames], list(s.value))
     assert got == {
-        (101, "make_partition"): ("synthd", ["make_partition", "load_partition", "serve", "main"],
-                                  [30, 3000, 20, 2000]),
+        (101, "make_partition"): (
+            "synthd",
+            ["make_partition", "load_partition", "serve", "main"],
+            [30, 3000, 20, 2000],
+        ),
         (101, "Cache::insert"): ("synthd", ["Cache::insert", "serve", "main"], [2, 512, 2, 512]),
-        (102, "make_partition"): ("pworker-1", ["make_partition", "load_partition", "worker", "start_thread"],
-                                  [8, 8000, 6, 6000]),
-        (103, "make_partition"): ("pworker-2", ["make_partition", "load_partition", "worker", "start_thread"],
-                                  [2, 2048, 2, 2048]),
+        (102, "make_partition"): (
+            "pworker-1",
+            ["make_partition", "load_partition", "worker", "start_thread"],
+            [8, 8000, 6, 6000],
+        ),
+        (103, "make_partition"): (
+            "pworker-2",
+            ["make_partition", "load_partition", "worker", "start_thread"],
+            [2, 2048, 2, 2048],
+        ),
         (102, "scratch"): ("pworker-1", ["scratch", "worker", "start_thread"], [3, 300, 0, 0]),
         (102, "map_arena"): ("pworker-1", ["map_arena", "worker", "start_thread"], [1, 1 << 20, 0, 0]),
     }
     # File and line of the frames that have them.
     a = next(s for s in prof.sample if _labels(prof, s)["tid"] == 101 and len(s.location_id) == 4)
-    assert _frames_of(prof, a) == [("make_partition", SRC + "partition.c", 42),
-                                   ("load_partition", SRC + "partition.c", 88),
-                                   ("serve", SRC + "server.c", 120), ("main", SRC + "main.c", 15)]
+    assert _frames_of(prof, a) == [
+        ("make_partition", SRC + "partition.c", 42),
+        ("load_partition", SRC + "partition.c", 88),
+        ("serve", SRC + "server.c", 120),
+        ("main", SRC + "main.c", 15),
+    ]
 
 
 def test_pprof_ids_and_mappings(trace):
@@ -151,8 +193,9 @@ def test_pprof_ids_and_mappings(trace):
         ids = [x.id for x in coll]
         assert all(ids) and len(set(ids)) == len(ids)
     maps = {m.id: m for m in prof.mapping}
-    assert [(st[m.filename], st[m.build_id], m.has_functions, m.has_filenames, m.has_line_numbers)
-            for m in prof.mapping] == [("/usr/bin/synthd", "0123abcd", True, True, True)]
+    assert [
+        (st[m.filename], st[m.build_id], m.has_functions, m.has_filenames, m.has_line_numbers) for m in prof.mapping
+    ] == [("/usr/bin/synthd", "0123abcd", True, True, True)]
     funcs = {f.id for f in prof.function}
     offsets = dict(zip(t.stacks["ip"].astype(int), t.stacks["offset"].astype(int)))
     for loc in prof.location:
@@ -176,7 +219,8 @@ def test_folded_live_bytes_exact(trace):
     assert to_folded(trace) == (
         "main;serve;Cache::insert 512\n"
         "main;serve;load_partition;make_partition 2000\n"
-        "start_thread;worker;load_partition;make_partition 8048\n")
+        "start_thread;worker;load_partition;make_partition 8048\n"
+    )
 
 
 def test_folded_alloc_bytes_with_thread_root(trace):
@@ -186,14 +230,16 @@ def test_folded_alloc_bytes_with_thread_root(trace):
         "pworker-1;start_thread;worker;scratch 300\n"
         "pworker-2;start_thread;worker;load_partition;make_partition 2048\n"
         "synthd;main;serve;Cache::insert 512\n"
-        "synthd;main;serve;load_partition;make_partition 3000\n")
+        "synthd;main;serve;load_partition;make_partition 3000\n"
+    )
 
 
 def test_folded_counts_and_totals(trace, report):
     assert to_folded(trace, "live_count") == (
         "main;serve;Cache::insert 2\n"
         "main;serve;load_partition;make_partition 20\n"
-        "start_thread;worker;load_partition;make_partition 8\n")
+        "start_thread;worker;load_partition;make_partition 8\n"
+    )
     assert sum(folded_stacks(trace, "alloc_count").values()) == ALLOC_COUNT
     assert sum(folded_stacks(trace, "live_bytes").values()) == report["totals"]["live_bytes"]
 
@@ -208,35 +254,118 @@ def test_csv_rows_exact(report):
     rows = list(csv.reader(io.StringIO(to_csv(report))))
     w = "  [synthd]"
     assert rows == [
-        ["rank", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count", "top_frame", "frames",
-         "full_frames", "device_live_bytes", "device_peak_bytes", "location"],
-        ["1", "8048", "8", "8048", "10048", "10", "make_partition" + w,
-         f"make_partition{w} <- load_partition{w} <- worker{w} <- start_thread{w}",
-         f"malloc{w} <- make_partition{w} <- load_partition{w} <- worker{w} <- start_thread{w}", "0", "0",
-         "make_partition|synthd|"],
-        ["2", "2000", "20", "2000", "3000", "30", f"make_partition partition.c:42{w}",
-         (f"make_partition partition.c:42{w} <- load_partition partition.c:88{w} <- serve server.c:120{w}"
-          f" <- main main.c:15{w}"),
-         (f"malloc{w} <- make_partition partition.c:42{w} <- load_partition partition.c:88{w}"
-          f" <- serve server.c:120{w} <- main main.c:15{w}"), "0", "0", "make_partition|synthd|partition.c:42"],
-        ["3", "512", "2", "512", "512", "2", "Cache::insert" + w, f"Cache::insert{w} <- serve{w} <- main{w}",
-         f"operator new(unsigned long){w} <- Cache::insert{w} <- serve{w} <- main{w}", "0", "0",
-         "Cache::insert|synthd|"],
-        ["4", "0", "0", "1048576", "1048576", "1", "map_arena" + w,
-         f"map_arena{w} <- worker{w} <- start_thread{w}", f"mmap{w} <- map_arena{w} <- worker{w} <- start_thread{w}",
-         "0", "0", "map_arena|synthd|"],
-        ["5", "0", "0", "0", "300", "3", "scratch" + w, f"scratch{w} <- worker{w} <- start_thread{w}",
-         f"calloc{w} <- scratch{w} <- worker{w} <- start_thread{w}", "0", "0", "scratch|synthd|"],
+        [
+            "rank",
+            "live_bytes",
+            "live_count",
+            "peak_live_bytes",
+            "alloc_bytes",
+            "alloc_count",
+            "top_frame",
+            "frames",
+            "full_frames",
+            "device_live_bytes",
+            "device_peak_bytes",
+            "location",
+        ],
+        [
+            "1",
+            "8048",
+            "8",
+            "8048",
+            "10048",
+            "10",
+            "make_partition" + w,
+            f"make_partition{w} <- load_partition{w} <- worker{w} <- start_thread{w}",
+            f"malloc{w} <- make_partition{w} <- load_partition{w} <- worker{w} <- start_thread{w}",
+            "0",
+            "0",
+            "make_partition|synthd|",
+        ],
+        [
+            "2",
+            "2000",
+            "20",
+            "2000",
+            "3000",
+            "30",
+            f"make_partition partition.c:42{w}",
+            (
+                f"make_partition partition.c:42{w} <- load_partition partition.c:88{w} <- serve server.c:120{w}"
+                f" <- main main.c:15{w}"
+            ),
+            (
+                f"malloc{w} <- make_partition partition.c:42{w} <- load_partition partition.c:88{w}"
+                f" <- serve server.c:120{w} <- main main.c:15{w}"
+            ),
+            "0",
+            "0",
+            "make_partition|synthd|partition.c:42",
+        ],
+        [
+            "3",
+            "512",
+            "2",
+            "512",
+            "512",
+            "2",
+            "Cache::insert" + w,
+            f"Cache::insert{w} <- serve{w} <- main{w}",
+            f"operator new(unsigned long){w} <- Cache::insert{w} <- serve{w} <- main{w}",
+            "0",
+            "0",
+            "Cache::insert|synthd|",
+        ],
+        [
+            "4",
+            "0",
+            "0",
+            "1048576",
+            "1048576",
+            "1",
+            "map_arena" + w,
+            f"map_arena{w} <- worker{w} <- start_thread{w}",
+            f"mmap{w} <- map_arena{w} <- worker{w} <- start_thread{w}",
+            "0",
+            "0",
+            "map_arena|synthd|",
+        ],
+        [
+            "5",
+            "0",
+            "0",
+            "0",
+            "300",
+            "3",
+            "scratch" + w,
+            f"scratch{w} <- worker{w} <- start_thread{w}",
+            f"calloc{w} <- scratch{w} <- worker{w} <- start_thread{w}",
+            "0",
+            "0",
+            "scratch|synthd|",
+        ],
     ]
 
 
 def test_csv_quotes_commas_and_handles_no_sites():
-    doc = {"sites": [{"rank": 1, "live_bytes": 1, "live_count": 1, "peak_live_bytes": 1, "alloc_bytes": 1,
-                      "alloc_count": 1, "frames": [{"function": "f<int, long>", "module": "", "file": None,
-                                                    "line": None}]}]}
+    doc = {
+        "sites": [
+            {
+                "rank": 1,
+                "live_bytes": 1,
+                "live_count": 1,
+                "peak_live_bytes": 1,
+                "alloc_bytes": 1,
+                "alloc_count": 1,
+                "frames": [{"function": "f<int, long>", "module": "", "file": None, "line": None}],
+            }
+        ]
+    }
     assert to_csv(doc).splitlines()[1] == '1,1,1,1,1,1,"f<int, long>","f<int, long>","f<int, long>",0,0,'
-    assert to_csv({"sites": []}) == ("rank,live_bytes,live_count,peak_live_bytes,alloc_bytes,alloc_count,top_frame,"
-                                     "frames,full_frames,device_live_bytes,device_peak_bytes,location\n")
+    assert to_csv({"sites": []}) == (
+        "rank,live_bytes,live_count,peak_live_bytes,alloc_bytes,alloc_count,top_frame,"
+        "frames,full_frames,device_live_bytes,device_peak_bytes,location\n"
+    )
 
 
 # --------------------------------------------------------------------------------------------- html data
@@ -245,34 +374,68 @@ def test_html_chart_data(trace, report):
     tl = timeline_data(trace)
     assert tl["t"] == [1.0, 2.0, 3.0]
     assert {s["label"]: s["values"] for s in tl["series"]} == {
-        "RSS": [10 << 20, 12 << 20, 11 << 20], "live, heap API": [4000, 7560, 10560],
-        "live, mmap/brk": [0, 1 << 20, 0], "live, total": [4000, 7560 + (1 << 20), 10560]}
+        "RSS": [10 << 20, 12 << 20, 11 << 20],
+        "live, heap API": [4000, 7560, 10560],
+        "live, mmap/brk": [0, 1 << 20, 0],
+        "live, total": [4000, 7560 + (1 << 20), 10560],
+    }
     # Live at the end (10560) is 1% of the peak (interval 2, 1 MiB of map_arena): the chart
     # leads with the sites that held the peak, numbered by their bytes then.
     assert report["at_peak"]["peak_first"] and report["at_peak"]["seq"] == 2
     sc = site_chart_data(trace, report, stacks)
     assert sc["t"] == [1.0, 2.0, 3.0]
     assert [(s["label"], s["values"]) for s in sc["series"]] == [
-        ("#1 map_arena", [0, 1 << 20, 0]), ("#2 make_partition", [3000, 5048, 8048]),
-        ("#3 make_partition", [1000, 2000, 2000]), ("#4 Cache::insert", [0, 512, 512])]
+        ("#1 map_arena", [0, 1 << 20, 0]),
+        ("#2 make_partition", [3000, 5048, 8048]),
+        ("#3 make_partition", [1000, 2000, 2000]),
+        ("#4 Cache::insert", [0, 512, 512]),
+    ]
     # Without the peak to lead with, by rank.
     by_rank = dict(report, at_peak={**report["at_peak"], "peak_first": False})
     assert [(s["label"], s["values"]) for s in site_chart_data(trace, by_rank, stacks)["series"]] == [
-        ("#1 make_partition", [3000, 5048, 8048]), ("#2 make_partition", [1000, 2000, 2000]),
-        ("#3 Cache::insert", [0, 512, 512]), ("#4 map_arena", [0, 1 << 20, 0])]
+        ("#1 make_partition", [3000, 5048, 8048]),
+        ("#2 make_partition", [1000, 2000, 2000]),
+        ("#3 Cache::insert", [0, 512, 512]),
+        ("#4 map_arena", [0, 1 << 20, 0]),
+    ]
     assert [(s["label"], s["values"]) for s in site_chart_data(trace, by_rank, stacks, top=1)["series"]] == [
-        ("#1 make_partition", [3000, 5048, 8048]), ("other (3 locations)", [1000, 2512 + (1 << 20), 2512])]
+        ("#1 make_partition", [3000, 5048, 8048]),
+        ("other (3 locations)", [1000, 2512 + (1 << 20), 2512]),
+    ]
 
 
 def test_flame_tree(trace):
     assert flame_tree(trace, symbolize_stacks(trace)) == {
-        "n": "all", "v": 10560, "c": [
-            {"n": "start_thread", "v": 8048, "c": [{"n": "worker", "v": 8048, "c": [
-                {"n": "load_partition", "v": 8048, "c": [{"n": "make_partition", "v": 8048}]}]}]},
-            {"n": "main", "v": 2512, "c": [{"n": "serve", "v": 2512, "c": [
-                {"n": "load_partition", "v": 2000, "c": [{"n": "make_partition", "v": 2000}]},
-                {"n": "Cache::insert", "v": 512}]}]},
-        ]}
+        "n": "all",
+        "v": 10560,
+        "c": [
+            {
+                "n": "start_thread",
+                "v": 8048,
+                "c": [
+                    {
+                        "n": "worker",
+                        "v": 8048,
+                        "c": [{"n": "load_partition", "v": 8048, "c": [{"n": "make_partition", "v": 8048}]}],
+                    }
+                ],
+            },
+            {
+                "n": "main",
+                "v": 2512,
+                "c": [
+                    {
+                        "n": "serve",
+                        "v": 2512,
+                        "c": [
+                            {"n": "load_partition", "v": 2000, "c": [{"n": "make_partition", "v": 2000}]},
+                            {"n": "Cache::insert", "v": 512},
+                        ],
+                    }
+                ],
+            },
+        ],
+    }
 
 
 # --------------------------------------------------------------------------------------------- html page
@@ -295,14 +458,26 @@ def test_html_is_self_contained(page, trace, report):
         assert not rx.search(page), f"external reference: {rx.search(page).group(0)!r}"
     assert page.count("<script") == 3  # data, uPlot, ours: all inline
     assert "uPlot" in page and 'id="allocscope-data"' in page
-    assert not re.search(r"https?://", to_html(trace, report).replace("http://www.w3.org/2000/svg", "")
-                         .replace("https://github.com/leeoniya/uPlot", ""))
+    assert not re.search(
+        r"https?://",
+        to_html(trace, report)
+        .replace("http://www.w3.org/2000/svg", "")
+        .replace("https://github.com/leeoniya/uPlot", ""),
+    )
 
 
 def test_html_tables(page, trace, report):
-    for text in ("make_partition partition.c:42  [synthd]", "Cache::insert  [synthd]", "pworker-1", "pworker-2",
-                 "synthd(101)", "7.9 KiB", "Locations by bytes held at the peak (2.0s, live 1.0 MiB;",
-                 "Threads by live bytes", "Frees by allocating"):
+    for text in (
+        "make_partition partition.c:42  [synthd]",
+        "Cache::insert  [synthd]",
+        "pworker-1",
+        "pworker-2",
+        "synthd(101)",
+        "7.9 KiB",
+        "Locations by bytes held at the peak (2.0s, live 1.0 MiB;",
+        "Threads by live bytes",
+        "Frees by allocating",
+    ):
         assert text in page, text
     assert page.count("<tr><td") == 5 + 3 + 1 + 1  # sites, threads, flows, diff rows
     assert 'id="diff"' in page and "<b>pw=10</b>" in page and "+" in page
@@ -322,8 +497,9 @@ def test_html_renders_inchromium(page, tmp_path):
     dom = chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", url).stdout
     assert 'data-rendered="1"' in dom, "the page script did not finish"
     for chart in ("chart-timeline", "chart-sites"):
-        m = re.search(rf'id="{chart}"[^>]*data-ink="(\d+)"', dom) or \
-            re.search(rf'data-ink="(\d+)"[^>]*id="{chart}"', dom)
+        m = re.search(rf'id="{chart}"[^>]*data-ink="(\d+)"', dom) or re.search(
+            rf'data-ink="(\d+)"[^>]*id="{chart}"', dom
+        )
         assert m, f"{chart} was not drawn"
         assert int(m.group(1)) > 5000, f"{chart}: only {m.group(1)} pixels painted"
         assert re.search(rf'id="{chart}".*?<canvas', dom, re.DOTALL)
@@ -337,8 +513,10 @@ def test_html_renders_inchromium(page, tmp_path):
 
     # The other view, as a click on its button draws it: the 10 frames live at the end.
     clicked = tmp_path / "clicked.html"
-    clicked.write_text(page.replace("</body>", "<script>document.querySelector('button[data-view=end]').click()"
-                                              "</script></body>"), encoding="utf-8")
+    clicked.write_text(
+        page.replace("</body>", "<script>document.querySelector('button[data-view=end]').click()</script></body>"),
+        encoding="utf-8",
+    )
     dom = chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", clicked.as_uri()).stdout
     flame = re.search(r'<div id="flame-graph"[^>]*data-nodes="(\d+)"[^>]*>(.*?)</div>', dom, re.DOTALL)
     assert flame and flame.group(1) == "10" and flame.group(2).count("<rect") == 10
@@ -378,9 +556,13 @@ def test_json_is_strict_unknown_figures_are_null():
     import numpy as np
 
     from reports.render.jsonout import to_json
+
     out = to_json({"a": float("nan"), "b": [np.float64("inf"), 1.5, np.int64(3)], "c": {"d": np.nan}})
-    assert _json.loads(out, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}")) == \
-        {"a": None, "b": [None, 1.5, 3], "c": {"d": None}}
+    assert _json.loads(out, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}")) == {
+        "a": None,
+        "b": [None, 1.5, 3],
+        "c": {"d": None},
+    }
 
 
 # --------------------------------------------------------------------------------------------- the diff page
@@ -391,8 +573,10 @@ def _diff_run(path: Path, pw: int, held: dict[str, int], steps: int, interval_s:
     t.thread(101, "synthd")
     ids = {fn: t.stack(["malloc", fn, "serve", "main"]) for fn in held}
     for step in range(1, steps + 1):
-        t.interval({(ids[fn], 101): (b * min(step, 2) // 2, min(step, 2), 0, 0) for fn, b in held.items()},
-                   rss=(10 << 20) + sum(held.values()))
+        t.interval(
+            {(ids[fn], 101): (b * min(step, 2) // 2, min(step, 2), 0, 0) for fn, b in held.items()},
+            rss=(10 << 20) + sum(held.values()),
+        )
     return t.close()
 
 
@@ -420,7 +604,9 @@ def test_diff_page_contents(diff_page):
     tl = data["timeline"]  # seconds since each run's start: A 1, 2, 3; B 0.5, 1, 1.5, 2
     assert tl["t"] == [0.5, 1.0, 1.5, 2.0, 3.0]
     assert [(s["label"], s["values"]) for s in tl["series"] if "live" in s["label"]] == [
-        ("A live", [None, 6500, None, 13000, 13000]), ("B live", [6000, 12000, 12000, 12000, None])]
+        ("A live", [None, 6500, None, 13000, 13000]),
+        ("B live", [6000, 12000, 12000, 12000, None]),
+    ]
     assert [s["label"] for s in tl["series"]] == ["A live", "A RSS", "B live", "B RSS"]
     tree = data["flame"]["views"]["diff"]  # width by B, `a`: A's bytes, each run at its own peak
     assert (tree["v"], tree["a"]) == (12000, 13000)
@@ -439,16 +625,21 @@ def test_diff_page_renders_in_chromium(diff_page, tmp_path):
     path.write_text(diff_page[1], encoding="utf-8")
     dom = chromium(exe, tmp_path, "--virtual-time-budget=5000", "--dump-dom", path.as_uri()).stdout
     assert 'data-rendered="1"' in dom, "the page script did not finish"
-    m = re.search(r'id="chart-timeline"[^>]*data-ink="(\d+)"', dom) or \
-        re.search(r'data-ink="(\d+)"[^>]*id="chart-timeline"', dom)
+    m = re.search(r'id="chart-timeline"[^>]*data-ink="(\d+)"', dom) or re.search(
+        r'data-ink="(\d+)"[^>]*id="chart-timeline"', dom
+    )
     assert m and int(m.group(1)) > 5000, "the timeline was not drawn"
     assert all(f">{s}<" in dom for s in ("A live", "A RSS", "B live", "B RSS"))  # the legend: both runs
     flame = re.search(r'<div id="flame-graph"[^>]*data-nodes="(\d+)"[^>]*>(.*?)</div>', dom, re.DOTALL)
     assert flame and flame.group(1) == "6"  # all, main, serve, grows, shrinks, same
     svg = flame.group(2)
     # colour by growth B vs A: grows +83% red, shrinks -75% blue, same grey; all -8% pale blue
-    for name, fill in (("grows", "hsl(0,80%,55%)"), ("shrinks", "hsl(220,80%,58%)"), ("same", "hsl(0,0%,90%)"),
-                       ("all", "hsl(220,80%,85%)")):
+    for name, fill in (
+        ("grows", "hsl(0,80%,55%)"),
+        ("shrinks", "hsl(220,80%,58%)"),
+        ("same", "hsl(0,0%,90%)"),
+        ("all", "hsl(220,80%,85%)"),
+    ):
         assert re.search(rf'<title>{name} — [^<]*</title><rect [^>]*fill="{re.escape(fill)}"', svg), (name, svg)
     png = tmp_path / "diff.png"
     chromium(exe, tmp_path, f"--screenshot={png}", path.as_uri())

@@ -15,6 +15,7 @@ Ground truth (intervals of 1 s; live bytes at the end of each; P = 8 MiB + 1):
 Live total: 65536 + P, 65536 + 2P + 40000, 65536 + 3P + 72000 (the peak, seq 3),
 65536 + P + 120000, 65536 + 5 MiB, 65536 (the end: 0.3% of the peak).
 """
+
 from __future__ import annotations
 
 import html as htmllib
@@ -50,8 +51,9 @@ def _build(path) -> str:
     t.interval({(part, 202): (P, 1, 0, 0), (log, 203): (40000, 10, 0, 0)})
     t.interval({(part, 201): (2 * P, 2, 0, 0), (log, 203): (72000, 18, 0, 0)})
     t.interval({(part, 201): (2 * P, 2, P, 1), (part, 202): (P, 1, P, 1), (log, 203): (120000, 30, 0, 0)})
-    t.interval({(part, 201): (2 * P, 2, 2 * P, 2), (log, 203): (120000, 30, 120000, 30),
-                (scratch, 1): (5 << 20, 1, 0, 0)})
+    t.interval(
+        {(part, 201): (2 * P, 2, 2 * P, 2), (log, 203): (120000, 30, 120000, 30), (scratch, 1): (5 << 20, 1, 0, 0)}
+    )
     t.interval({(scratch, 1): (5 << 20, 1, 5 << 20, 1)})
     return t.close()
 
@@ -83,8 +85,15 @@ def fn(site: dict) -> str:
 def test_peak_interval_and_rule(trace, doc):
     assert A.peak_seq(trace) == PEAK_SEQ
     assert doc["totals"]["peak_live_bytes"] == PEAK_TOTAL and doc["totals"]["live_bytes"] == END_TOTAL
-    assert doc["at_peak"] == {"seq": PEAK_SEQ, "elapsed_s": 3.0, "live_bytes": PEAK_TOTAL, "peak_first": True,
-                              "max_fraction": 0.25, "peak_snapshot": False, "margin_bytes": 0}
+    assert doc["at_peak"] == {
+        "seq": PEAK_SEQ,
+        "elapsed_s": 3.0,
+        "live_bytes": PEAK_TOTAL,
+        "peak_first": True,
+        "max_fraction": 0.25,
+        "peak_snapshot": False,
+        "margin_bytes": 0,
+    }
     # The rule at its boundary: live at the end <= 25% of the peak.
     assert A.peak_first({"live_bytes": 25, "peak_live_bytes": 100})
     assert not A.peak_first({"live_bytes": 26, "peak_live_bytes": 100})
@@ -94,13 +103,21 @@ def test_peak_interval_and_rule(trace, doc):
 def test_json_keeps_its_order_and_adds_the_peak(doc):
     # Sites by live bytes at the end (ties by peak, then allocated), exactly as before.
     assert [(fn(s), s["rank"], s["live_bytes"], s["peak_live_bytes"]) for s in doc["sites"]] == [
-        ("_dl_map_segments", 1, LOADER, LOADER), ("_dl_allocate_tls_storage", 2, TLS, TLS),
-        ("synthesize_partition", 3, 0, 3 * P), ("scratch", 4, 0, 5 << 20), ("append_log_record", 5, 0, 120000)]
+        ("_dl_map_segments", 1, LOADER, LOADER),
+        ("_dl_allocate_tls_storage", 2, TLS, TLS),
+        ("synthesize_partition", 3, 0, 3 * P),
+        ("scratch", 4, 0, 5 << 20),
+        ("append_log_record", 5, 0, 120000),
+    ]
     assert doc["sort"] == "live"
     # Bytes each held at the moment of the peak, and the order the people-facing reports use.
     assert {fn(s): (s["at_peak_bytes"], s["at_peak_rank"]) for s in doc["sites"]} == {
-        "synthesize_partition": (3 * P, 1), "append_log_record": (72000, 2), "_dl_map_segments": (LOADER, 3),
-        "_dl_allocate_tls_storage": (TLS, 4), "scratch": (0, 5)}
+        "synthesize_partition": (3 * P, 1),
+        "append_log_record": (72000, 2),
+        "_dl_map_segments": (LOADER, 3),
+        "_dl_allocate_tls_storage": (TLS, 4),
+        "scratch": (0, 5),
+    }
     assert sum(s["at_peak_bytes"] for s in doc["sites"]) == PEAK_TOTAL
 
 
@@ -109,17 +126,22 @@ def test_text_leads_with_the_peak(doc):
     lines = text.splitlines()
     assert "live 64.0 KiB is 0.3% of the 24.1 MiB peak (<= 25%)" in text
     head = lines.index("Held at the peak (3.0s, live 24.1 MiB): top 3 of 4 locations by bytes live at that moment")
-    rows = [ln.split() for ln in lines[head + 3: head + 6]]
+    rows = [ln.split() for ln in lines[head + 3 : head + 6]]
     assert [(r[0], r[1] + " " + r[2], r[3], r[-2]) for r in rows] == [
-        ("1", "24.0 MiB", "99.5%", "synthesize_partition"), ("2", "70.3 KiB", "0.3%", "append_log_record"),
-        ("3", "52.0 KiB", "0.2%", "_dl_map_segments")]
+        ("1", "24.0 MiB", "99.5%", "synthesize_partition"),
+        ("2", "70.3 KiB", "0.3%", "append_log_record"),
+        ("3", "52.0 KiB", "0.2%", "_dl_map_segments"),
+    ]
     assert lines[head + 6] == ""
     # The details follow the same order; the live-at-the-end table comes after, in its own order.
     assert lines[head + 7] == "#1 24.0 MiB at the peak  (its own peak 24.0 MiB, live at the end 0 B)"
     end = lines.index("Top 3 of 5 locations by live bytes at the end")
     assert end > head + 7
-    assert [ln.split()[-2] for ln in lines[end + 3: end + 6]] == \
-        ["_dl_map_segments", "_dl_allocate_tls_storage", "synthesize_partition"]
+    assert [ln.split()[-2] for ln in lines[end + 3 : end + 6]] == [
+        "_dl_map_segments",
+        "_dl_allocate_tls_storage",
+        "synthesize_partition",
+    ]
     # The first site row anywhere in the report is the partition pile-up.
     first_row = next(ln for ln in lines if re.match(r"^\s+1\s", ln))
     assert "synthesize_partition" in first_row
@@ -151,46 +173,81 @@ def test_cli_text_report(path):
 def test_flame_at_the_peak_is_the_sites_at_the_peak(trace, stacks, doc):
     flame = flame_data(trace, doc, stacks)
     assert flame["default"] == "peak"
-    assert flame["views"]["peak"] == {"n": "all", "v": PEAK_TOTAL, "c": [
-        {"n": "start_thread", "v": 3 * P + 72000, "c": [
-            {"n": "partition_worker", "v": 3 * P, "c": [{"n": "synthesize_partition", "v": 3 * P}]},
-            {"n": "gpu_thread", "v": 72000, "c": [{"n": "append_log_record", "v": 72000}]}]},
-        {"n": "dl_main", "v": LOADER + TLS, "c": [
-            {"n": "_dl_map_object", "v": LOADER, "c": [{"n": "_dl_map_segments", "v": LOADER}]},
-            {"n": "init_tls", "v": TLS, "c": [{"n": "_dl_allocate_tls_storage", "v": TLS}]}]}]}
+    assert flame["views"]["peak"] == {
+        "n": "all",
+        "v": PEAK_TOTAL,
+        "c": [
+            {
+                "n": "start_thread",
+                "v": 3 * P + 72000,
+                "c": [
+                    {"n": "partition_worker", "v": 3 * P, "c": [{"n": "synthesize_partition", "v": 3 * P}]},
+                    {"n": "gpu_thread", "v": 72000, "c": [{"n": "append_log_record", "v": 72000}]},
+                ],
+            },
+            {
+                "n": "dl_main",
+                "v": LOADER + TLS,
+                "c": [
+                    {"n": "_dl_map_object", "v": LOADER, "c": [{"n": "_dl_map_segments", "v": LOADER}]},
+                    {"n": "init_tls", "v": TLS, "c": [{"n": "_dl_allocate_tls_storage", "v": TLS}]},
+                ],
+            },
+        ],
+    }
     # Each leaf is its site's live bytes at the peak interval, as the report computed them.
     leaves = {}
 
     def walk(n):
         for c in n.get("c", []):
             walk(c) if "c" in c else leaves.__setitem__(c["n"], c["v"])
+
     walk(flame["views"]["peak"])
     assert leaves == {fn(s): s["at_peak_bytes"] for s in doc["sites"] if s["at_peak_bytes"]}
     assert flame["views"]["end"] == flame_tree(trace, stacks) and flame["views"]["end"]["v"] == END_TOTAL
 
 
 def test_flame_tree_at_any_interval(trace, stacks):
-    assert flame_tree(trace, stacks, at_seq=5) == {"n": "all", "v": LOADER + TLS + (5 << 20), "c": [
-        {"n": "main", "v": 5 << 20, "c": [{"n": "scratch", "v": 5 << 20}]},
-        {"n": "dl_main", "v": LOADER + TLS, "c": [
-            {"n": "_dl_map_object", "v": LOADER, "c": [{"n": "_dl_map_segments", "v": LOADER}]},
-            {"n": "init_tls", "v": TLS, "c": [{"n": "_dl_allocate_tls_storage", "v": TLS}]}]}]}
+    assert flame_tree(trace, stacks, at_seq=5) == {
+        "n": "all",
+        "v": LOADER + TLS + (5 << 20),
+        "c": [
+            {"n": "main", "v": 5 << 20, "c": [{"n": "scratch", "v": 5 << 20}]},
+            {
+                "n": "dl_main",
+                "v": LOADER + TLS,
+                "c": [
+                    {"n": "_dl_map_object", "v": LOADER, "c": [{"n": "_dl_map_segments", "v": LOADER}]},
+                    {"n": "init_tls", "v": TLS, "c": [{"n": "_dl_allocate_tls_storage", "v": TLS}]},
+                ],
+            },
+        ],
+    }
 
 
 def test_html_leads_with_the_peak(trace, stacks, doc):
     page = to_html(trace, doc, stacks=stacks)
-    data = json.loads(htmllib.unescape(re.search(
-        r'<script type="application/json" id="allocscope-data">(.*?)</script>', page, re.DOTALL).group(1)))
+    data = json.loads(
+        htmllib.unescape(
+            re.search(r'<script type="application/json" id="allocscope-data">(.*?)</script>', page, re.DOTALL).group(1)
+        )
+    )
     assert data["flame"]["default"] == "peak"
     # The stacked chart's legend: the sites that held the peak, numbered as in the site table.
     assert [s["label"] for s in data["sites"]["series"]] == [
-        "#1 synthesize_partition", "#2 append_log_record", "#3 _dl_map_segments", "#4 _dl_allocate_tls_storage",
-        "#5 scratch"]
+        "#1 synthesize_partition",
+        "#2 append_log_record",
+        "#3 _dl_map_segments",
+        "#4 _dl_allocate_tls_storage",
+        "#5 scratch",
+    ]
     assert data["sites"]["series"][0]["values"] == [P, 2 * P, 3 * P, P, 0, 0]
-    assert "<h2>Locations by bytes held at the peak (3.0s, live 24.1 MiB; live at the end 64.0 KiB: most of the peak " \
-           "was freed)</h2>" in page
-    table = page[page.index('<table class="sites">'):]
-    rows = re.findall(r"<tr><td.*?</tr>", table[:table.index("</table>")])
+    assert (
+        "<h2>Locations by bytes held at the peak (3.0s, live 24.1 MiB; live at the end 64.0 KiB: most of the peak "
+        "was freed)</h2>" in page
+    )
+    table = page[page.index('<table class="sites">') :]
+    rows = re.findall(r"<tr><td.*?</tr>", table[: table.index("</table>")])
     assert len(rows) == 5
     first = rows[0]
     assert '<td class="num">1</td>' in first and f'title="{3 * P} bytes"' in first and "synthesize_partition" in first
@@ -202,8 +259,13 @@ def test_html_leads_with_the_peak(trace, stacks, doc):
 def test_html_order_without_a_freed_peak(trace, stacks, doc):
     held = dict(doc, at_peak={**doc["at_peak"], "peak_first": False})
     labels = [s["label"] for s in site_chart_data(trace, held, stacks)["series"]]
-    assert labels == ["#1 _dl_map_segments", "#2 _dl_allocate_tls_storage", "#3 synthesize_partition",
-                      "#4 scratch", "#5 append_log_record"]
+    assert labels == [
+        "#1 _dl_map_segments",
+        "#2 _dl_allocate_tls_storage",
+        "#3 synthesize_partition",
+        "#4 scratch",
+        "#5 append_log_record",
+    ]
     assert flame_data(trace, held, stacks)["default"] == "end"
     assert "<h2>Locations by live bytes</h2>" in to_html(trace, held, stacks=stacks)
 

@@ -3,6 +3,7 @@ through 8 callers (tests/targets/burst.c: 8 threads hold 384 MiB together for 10
 The kernel wakes the tracer when the live total passes its high-water mark by the margin, the
 tracer reads the per-stack counters at once, so the at-peak table, `at_peak.live_bytes` and the
 location's own peak are the program's own count within the margin — text, JSON, diff."""
+
 from __future__ import annotations
 
 import json
@@ -28,6 +29,7 @@ def test_burst_shorter_than_interval(targets, procs, tracers, tmp_path):
             line = orig(prefix if prefix != "done" else "held", timeout)
             tgt_lines.append(line)
             return orig("done", timeout) if prefix == "done" else line
+
         p.expect = expect
         return p
 
@@ -64,7 +66,7 @@ def test_burst_shorter_than_interval(targets, procs, tracers, tmp_path):
     # the text: "Held at the peak" leads (the burst was freed), burst_alloc first with its bytes
     text = cli("report", str(out), "--by", "location", check=True).stdout
     assert "Held at the peak" in text and "a peak snapshot within" in text, text[:2000]
-    held = text[text.index("Held at the peak"):]
+    held = text[text.index("Held at the peak") :]
     first = next(line for line in held.splitlines() if re.match(r"\s+1\s", line))
     assert "burst_alloc" in first, first
     mib = float(re.search(r"([\d.]+) MiB", first)[1])
@@ -72,6 +74,7 @@ def test_burst_shorter_than_interval(targets, procs, tracers, tmp_path):
     # the flame graph's at-peak view holds the burst
     from reports.analysis import symbolize_stacks
     from reports.render.html import flame_data
+
     views = flame_data(t, rep, symbolize_stacks(t))
     assert views["default"] == "peak"
     assert burst - margin <= views["views"]["peak"]["v"] <= tot["peak_live_bytes"]
@@ -79,7 +82,9 @@ def test_burst_shorter_than_interval(targets, procs, tracers, tmp_path):
     doc = json.loads(cli("diff", str(out), str(out), "--format", "json", check=True).stdout)
     [d] = [x for x in doc["locations"] if x["function"] == "burst_alloc"]
     assert d["a_peak_live_bytes"] == d["b_peak_live_bytes"] == loc["peak_live_bytes"]
-    print(f"\nburst {burst} + keep {keep}: total peak {tot['peak_live_bytes']}, at the peak {peak['live_bytes']} "
-          f"(peak snapshot at {peak['elapsed_s']} s), location peak {loc['peak_live_bytes']}, at peak "
-          f"{loc['at_peak_bytes']}; margin {margin}; {tot['peak_snapshots']} peak snapshots, "
-          f"{tot['intervals']} intervals; tracer: {t.meta.get('peaks')}")
+    print(
+        f"\nburst {burst} + keep {keep}: total peak {tot['peak_live_bytes']}, at the peak {peak['live_bytes']} "
+        f"(peak snapshot at {peak['elapsed_s']} s), location peak {loc['peak_live_bytes']}, at peak "
+        f"{loc['at_peak_bytes']}; margin {margin}; {tot['peak_snapshots']} peak snapshots, "
+        f"{tot['intervals']} intervals; tracer: {t.meta.get('peaks')}"
+    )

@@ -1,4 +1,5 @@
 """Entry-probe placement: behind a NULL check only when provably equivalent."""
+
 from __future__ import annotations
 
 import pytest
@@ -142,9 +143,21 @@ def lib(tmp_path_factory):
     (d / "f.s").write_text(ASM)
     so = d / "libf.so"
     build(so, d / "f.s", flags=["-shared"])
-    names = ["f_null_check", "f_loop_back", "f_other_reg", "f_push", "f_mov", "f_prefix",
-             "f_prefix_writes_arg", "f_prefix_moves_sp", "f_prefix_stores", "f_prefix_reentered", "f_cet_push",
-             "f_cet_null", "f_cet_mov"]
+    names = [
+        "f_null_check",
+        "f_loop_back",
+        "f_other_reg",
+        "f_push",
+        "f_mov",
+        "f_prefix",
+        "f_prefix_writes_arg",
+        "f_prefix_moves_sp",
+        "f_prefix_stores",
+        "f_prefix_reentered",
+        "f_cet_push",
+        "f_cet_null",
+        "f_cet_mov",
+    ]
     s = symbol_offsets(str(so), names)
     return str(so), s
 
@@ -189,8 +202,10 @@ def test_cet_endbr64_is_skipped(lib):
 
 def test_glibc_free_moves_malloc_stays():
     import os
-    libc = next(p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6")
-                if os.path.exists(p))
+
+    libc = next(
+        p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6") if os.path.exists(p)
+    )
     s = symbol_offsets(libc, ["free", "malloc"])
     free = place_entry(libc, s.offsets["free"], s.sizes["free"])
     malloc = place_entry(libc, s.offsets["malloc"], s.sizes["malloc"])
@@ -209,8 +224,7 @@ def test_prefix_moves_to_first_emulated_instruction(lib):
     assert p.moved and p.offset == s.offsets["f_prefix"] + 14 and p.reason.startswith("+14: ja")
 
 
-@pytest.mark.parametrize("fn", ["f_prefix_writes_arg", "f_prefix_moves_sp", "f_prefix_stores",
-                                "f_prefix_reentered"])
+@pytest.mark.parametrize("fn", ["f_prefix_writes_arg", "f_prefix_moves_sp", "f_prefix_stores", "f_prefix_reentered"])
 def test_prefix_stays_when_not_provably_equivalent(lib, fn):
     """The argument register rewritten, the stack pointer moved, memory written, or a branch back
     into the prefix (the probe would fire twice): the entry stays."""
@@ -222,8 +236,9 @@ def test_prefix_stays_when_not_provably_equivalent(lib, fn):
 def test_prefix_checks_every_register_the_probe_reads(lib):
     """`xor %edi,%edi` is harmless to a probe that reads only %rsi (aligned_alloc's size)."""
     path, s = lib
-    p = place_probe(path, s.offsets["f_prefix_writes_arg"], s.sizes["f_prefix_writes_arg"],
-                    ENTRY_READS["aligned_alloc"])
+    p = place_probe(
+        path, s.offsets["f_prefix_writes_arg"], s.sizes["f_prefix_writes_arg"], ENTRY_READS["aligned_alloc"]
+    )
     assert p.moved and p.reason.startswith("+5: ja"), p
 
 

@@ -2,6 +2,7 @@
 
 Sizes and counts below are the constants of apis.c; every figure is asserted to the byte.
 """
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -23,28 +24,36 @@ PAGE = 4096
 EXPECTED = {
     "leak_malloc": (7 * 1013, 7, 7, "alpha"),
     "leak_calloc": (11 * 17 * 61, 11, 11, "alpha"),
-    "leak_realloc": (3 * 5003, 3, 6, "alpha"),          # 3 malloc(100) grown by realloc to 5003
+    "leak_realloc": (3 * 5003, 3, 6, "alpha"),  # 3 malloc(100) grown by realloc to 5003
     "leak_reallocarray": (5 * 13 * 97, 5, 5, "alpha"),
     "leak_posix_memalign": (3 * 777, 3, 3, "alpha"),
     "leak_aligned_alloc": (2 * 2048, 2, 2, "alpha"),
-    "leak_memalign": (2 * 999, 2, 2, "alpha"),           # same address as aligned_alloc in glibc
+    "leak_memalign": (2 * 999, 2, 2, "alpha"),  # same address as aligned_alloc in glibc
     "leak_valloc": (2 * 3001, 2, 2, "alpha"),
     "leak_pvalloc": (5000, 1, 1, "alpha"),
     "churn": (0, 0, 1000, "alpha"),
     "big_malloc": (1048583, 1, 1, "alpha"),
-    "map_partial": (3 * PAGE, 1, 1, "alpha"),            # 5 pages, 2 unmapped
-    "map_remap": (9 * PAGE, 1, 1, "alpha"),              # 4 pages grown to 9
-    "map_shrink": (2 * PAGE, 1, 1, "alpha"),             # 8 pages shrunk to 2
+    "map_partial": (3 * PAGE, 1, 1, "alpha"),  # 5 pages, 2 unmapped
+    "map_remap": (9 * PAGE, 1, 1, "alpha"),  # 4 pages grown to 9
+    "map_shrink": (2 * PAGE, 1, 1, "alpha"),  # 8 pages shrunk to 2
     "map_full_unmap": (0, 0, 1, "alpha"),
-    "handoff_alloc": (0, 0, 29, "alpha"),                # freed by beta
+    "handoff_alloc": (0, 0, 29, "alpha"),  # freed by beta
     "leak_beta": (13 * 2203, 13, 13, "beta"),
 }
 
 
 def by_function(rep: dict) -> dict[str, dict]:
     """Aggregate report sites by their innermost (folded) frame function."""
-    agg: dict[str, dict] = defaultdict(lambda: {"live_bytes": 0, "live_count": 0, "alloc_count": 0,
-                                                "alloc_bytes": 0, "threads": defaultdict(int), "sites": []})
+    agg: dict[str, dict] = defaultdict(
+        lambda: {
+            "live_bytes": 0,
+            "live_count": 0,
+            "alloc_count": 0,
+            "alloc_bytes": 0,
+            "threads": defaultdict(int),
+            "sites": [],
+        }
+    )
     for s in rep["sites"]:
         fn = s["frames"][0]["function"]
         a = agg[fn]
@@ -78,8 +87,9 @@ def check_apis_report(rep: dict, launched: bool) -> None:
         assert names[:3] == [fn, main, "start_thread"], names
         assert site["frames"][0]["file"].endswith("apis.c") and site["frames"][0]["line"] > 0
     # glibc serves malloc(1048583) by mmap inside malloc: counted once, as the malloc
-    mmap_sites_alpha = [s for s in rep["sites"] if "mmap" in s["sources"] and
-                        any(t["name"] == "alpha" for t in s["threads"])]
+    mmap_sites_alpha = [
+        s for s in rep["sites"] if "mmap" in s["sources"] and any(t["name"] == "alpha" for t in s["threads"])
+    ]
     assert sum(s["live_bytes"] for s in mmap_sites_alpha) == (3 + 9 + 2) * PAGE
     # pre-attach blocks freed after attach are ignored (pid mode) or fully seen (launch mode)
     if launched:
@@ -185,10 +195,12 @@ def _raw_uprobe_counter(pid: int):
 
     libc = next(m.path for m in read_maps(pid) if "libc.so" in m.path)
     off = symbol_offsets(libc, ["malloc"]).offsets["malloc"]
-    b = BPF(text=b"""
+    b = BPF(
+        text=b"""
     BPF_ARRAY(n, u64, 1);
     int count(struct pt_regs *ctx) { int k = 0; u64 *v = n.lookup(&k); if (v) __sync_fetch_and_add(v, 1); return 0; }
-    """)
+    """
+    )
     fn = b.load_func(b"count", BPF.KPROBE)
     lib = ct.CDLL("libbcc.so.0", use_errno=True)
     attach = lib["bpf_attach_uprobe"]

@@ -1,4 +1,5 @@
 """Page-exact accounting of mmap/munmap/mremap/brk replayed by tracer.record.regions."""
+
 from __future__ import annotations
 
 from common.pages import PAGE
@@ -27,7 +28,7 @@ def test_partial_munmap_is_page_exact():
 def test_allocator_mmaps_and_file_maps_are_not_allocations():
     t = RegionTracker()
     t.mmap(0x10000, 64 * PAGE, ANON, -1, 1, 7, 0, in_allocator=True)  # glibc chunk inside malloc
-    t.mmap(0x90000, 4 * PAGE, 0x02, 3, 1, 7, 0, in_allocator=False)    # file mapping
+    t.mmap(0x90000, 4 * PAGE, 0x02, 3, 1, 7, 0, in_allocator=False)  # file mapping
     assert t.live_bytes() == 0
     assert t.unmap(0x10000, 64 * PAGE, 7, 1) == 0  # free() unmapping its chunk changes nothing
     assert t.released[-1][3] == 64 * PAGE

@@ -2,6 +2,7 @@
 per site and thread, the common shapes send no event to the tracer, and the rare shapes are the
 only events, counted (n_slow). The same through --inject's hooks (tracer/inject/agent/agent.c, the mmap
 family): the same figures, no syscall tracepoint attached, one marker call per reported call."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -31,8 +32,17 @@ RARE = 13 + 3 + 1  # storm_middle's munmaps, storm_fixed_over's MAP_FIXED, storm
 
 
 def by_function(rep: dict) -> dict[str, dict]:
-    agg: dict[str, dict] = defaultdict(lambda: {"live_bytes": 0, "alloc_bytes": 0, "alloc_count": 0,
-                                                "free_count": 0, "peak": 0, "threads": set(), "sources": set()})
+    agg: dict[str, dict] = defaultdict(
+        lambda: {
+            "live_bytes": 0,
+            "alloc_bytes": 0,
+            "alloc_count": 0,
+            "free_count": 0,
+            "peak": 0,
+            "threads": set(),
+            "sources": set(),
+        }
+    )
     for s in rep["sites"]:
         a = agg[s["frames"][0]["function"]]
         a["live_bytes"] += s["live_bytes"]
@@ -52,8 +62,12 @@ def check_storm(rep: dict, mode: str) -> None:
         if mode == "residency" and fn == "storm_pair":
             continue  # its first touches are charged to the same site (checked below)
         a = agg[fn]
-        assert (a["live_bytes"], a["alloc_bytes"], a["alloc_count"], a["free_count"]) == \
-            (live, alloc_bytes, allocs, frees), (fn, a)
+        assert (a["live_bytes"], a["alloc_bytes"], a["alloc_count"], a["free_count"]) == (
+            live,
+            alloc_bytes,
+            allocs,
+            frees,
+        ), (fn, a)
         assert a["threads"] == {"stormer"}, (fn, a["threads"])
         assert a["sources"] == ({"brk"} if fn == "storm_brk" else {"mmap"}), (fn, a["sources"])
     if mode in ("full", "inject"):
@@ -65,8 +79,13 @@ def check_storm(rep: dict, mode: str) -> None:
 @pytest.mark.parametrize("mode", ["full", "residency", "inject"])
 def test_mmap_storm_accounted_in_kernel(targets, tmp_path, procs, tracers, mode):
     out = tmp_path / f"storm-{mode}.allocscope"
-    record_run(procs, tracers, out, [targets["storm"], "--pairs", str(PAIRS), "--linger"],
-               record_args=("--inject",) if mode == "inject" else ("--mode", mode))
+    record_run(
+        procs,
+        tracers,
+        out,
+        [targets["storm"], "--pairs", str(PAIRS), "--linger"],
+        record_args=("--inject",) if mode == "inject" else ("--mode", mode),
+    )
     rep = report_json(out)
     check_storm(rep, mode)
     if mode == "inject":  # every call through the hooks, none through a tracepoint
@@ -101,4 +120,3 @@ def test_mmap_storm_accounted_in_kernel(targets, tmp_path, procs, tracers, mode)
         assert agg["storm_pair"]["sources"] == {"mmap", "fault"}
         assert int(last["n_stack_cached"]) >= 0.9 * samples, (int(last["n_stack_cached"]), samples)
         assert agg["storm_pair"]["threads"] == {"stormer"}
-

@@ -1,5 +1,6 @@
 """What keeps memory resident: malloc_trim's measured release, thread arenas found before attach,
 and the RSS decomposition — against targets that measure themselves (RssAnon, mincore)."""
+
 from __future__ import annotations
 
 import re
@@ -19,8 +20,10 @@ def test_malloc_trim_release_measured(targets, tmp_path, how):
     fallback when the BTF lacks the layout, --rss-tracepoint) give the bytes the target saw."""
     out = tmp_path / "trim.allocscope"
     p = cli("record", "-q", "-o", str(out), *how, "--", str(targets["trim"]), check=True)
-    own = {int(m[0]): (int(m[1]), int(m[2]), int(m[3]))
-           for m in re.findall(r"trim(\d) ret=(-?\d+) released=(-?\d+) dur_ns=(\d+)", p.stdout)}
+    own = {
+        int(m[0]): (int(m[1]), int(m[2]), int(m[3]))
+        for m in re.findall(r"trim(\d) ret=(-?\d+) released=(-?\d+) dur_ns=(\d+)", p.stdout)
+    }
     assert set(own) == {1, 2}, p.stdout
     rep = report_json(out)
     trims = rep["trims"]
@@ -28,15 +31,15 @@ def test_malloc_trim_release_measured(targets, tmp_path, how):
     assert trims[0]["time"] < trims[1]["time"]
     for n, t in zip((1, 2), trims):
         ret, released, dur_ns = own[n]
-        assert t["returned"] == ret == 1           # glibc says "released" both times
+        assert t["returned"] == ret == 1  # glibc says "released" both times
         # duration: the program times the same call around it
         # (the kernel's window is inside the program's; on a loaded 2-core box the thread can be
         # preempted between its clock read and the call for a few ms)
         assert min(0.5 * dur_ns / 1e9, dur_ns / 1e9 - 0.005) <= t["duration_s"] <= dur_ns / 1e9 + 0.002, (t, dur_ns)
     released1 = own[1][1]
-    assert released1 > 50 << 20                     # ~75 MB of free chunks in the main arena
+    assert released1 > 50 << 20  # ~75 MB of free chunks in the main arena
     assert abs(trims[0]["released_bytes"] - released1) <= 0.2 * released1, (trims[0], released1)
-    assert abs(trims[1]["released_bytes"]) <= 256 << 10   # the second trim gives back ~nothing
+    assert abs(trims[1]["released_bytes"]) <= 256 << 10  # the second trim gives back ~nothing
     # the madvise calls inside malloc_trim are not counted again as separate releases
     assert all(r["kind"] != "madvise" or r["released_bytes"] < released1 / 2 for r in rep["releases"])
 
@@ -66,7 +69,7 @@ def test_thread_arenas_found_and_measured(targets, procs, tracers, tmp_path):
         for t in a["threads"]:
             by_tid[t] = a
     for name, o in own.items():
-        a = by_tid[o["tid"]]                         # every arena found, with its thread
+        a = by_tid[o["tid"]]  # every arena found, with its thread
         assert a["threads"] == [o["tid"]], (name, a)
         assert int(a["id"], 16) & ~((64 << 20) - 1) == o["heap"]
         assert abs(a["live_bytes"] - o["live"]) <= 0.03 * o["live"], (name, a, o)

@@ -1,4 +1,5 @@
 """RSS decomposition and arena ranking on synthetic traces (no BPF)."""
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -16,19 +17,26 @@ def _trace(tmp_path, heaps: list[tuple] | None):
     t = SynthTrace(tmp_path / "r.allocscope")
     s = t.stack(["fill", "worker"])
     t.interval({(s, 7): (3 * MiB, 3, 0, 0)}, rss=40 * MiB)
-    t.live_block(s, 7, 2 * MiB, 0.5, addr=0x7f0000001000)
-    t.live_block(s, 7, MiB, 0.5, addr=0x7f0004000100)
+    t.live_block(s, 7, 2 * MiB, 0.5, addr=0x7F0000001000)
+    t.live_block(s, 7, MiB, 0.5, addr=0x7F0004000100)
     if heaps:
-        rows = [dict(zip(["start", "end", "reserved_end", "kind", "arena", "resident_bytes", "estimated"], h),
-                     seq=1) for h in heaps]
+        rows = [
+            dict(zip(["start", "end", "reserved_end", "kind", "arena", "resident_bytes", "estimated"], h), seq=1)
+            for h in heaps
+        ]
         t.w.write_part("heaps", 1, pa.Table.from_pylist(rows, schema=F.SCHEMAS["heaps"]))
     t.close()
     return load_trace(str(tmp_path / "r.allocscope"))
 
 
 def test_glibc_arenas_ranked_by_retained_and_rss_adds_up(tmp_path):
-    tr = _trace(tmp_path, [(0x7f0000000000, 0x7f0001000000, 0x7f0004000000, "thread", "0x7f0000000030", 10 * MiB, 0),
-                           (0x7f0004000000, 0x7f0004800000, 0x7f0008000000, "thread", "0x7f0004000030", 2 * MiB, 0)])
+    tr = _trace(
+        tmp_path,
+        [
+            (0x7F0000000000, 0x7F0001000000, 0x7F0004000000, "thread", "0x7f0000000030", 10 * MiB, 0),
+            (0x7F0004000000, 0x7F0004800000, 0x7F0008000000, "thread", "0x7f0004000030", 2 * MiB, 0),
+        ],
+    )
     a = arena_table(tr)
     assert list(a["id"]) == ["0x7f0000000030", "0x7f0004000030"]
     assert list(a["live_bytes"]) == [2 * MiB, MiB]
@@ -55,14 +63,36 @@ def _attached_trace(tmp_path, launched: bool):
     end with 5 MiB live since the attach."""
     t = SynthTrace(tmp_path / f"a{int(launched)}.allocscope")
     t.meta["target"]["launched"] = launched
-    t.meta["probes"]["allocators"] = [{"kind": "jemalloc", "source": "heap", "module": "/usr/lib/libjemalloc.so.2",
-                                       "prefix": "", "serves_malloc": True}]
+    t.meta["probes"]["allocators"] = [
+        {
+            "kind": "jemalloc",
+            "source": "heap",
+            "module": "/usr/lib/libjemalloc.so.2",
+            "prefix": "",
+            "serves_malloc": True,
+        }
+    ]
     s = t.stack(["fill", "worker"])
     for seq, (res, live) in enumerate([(30 * MiB, 0), (50 * MiB, 5 * MiB)], start=1):
         t.interval({(s, 7): (live, 5, 0, 0)}, rss=80 * MiB)
-        t.w.write_part("allocators", seq, pa.Table.from_pylist(
-            [{"seq": seq, "source": "heap", "kind": "jemalloc", "mapped_bytes": 64 * MiB, "resident_bytes": res,
-              "live_bytes": live, "ranges": 3}], schema=F.SCHEMAS["allocators"]))
+        t.w.write_part(
+            "allocators",
+            seq,
+            pa.Table.from_pylist(
+                [
+                    {
+                        "seq": seq,
+                        "source": "heap",
+                        "kind": "jemalloc",
+                        "mapped_bytes": 64 * MiB,
+                        "resident_bytes": res,
+                        "live_bytes": live,
+                        "ranges": 3,
+                    }
+                ],
+                schema=F.SCHEMAS["allocators"],
+            ),
+        )
     t.live_block(s, 7, 5 * MiB, 0.5)
     t.close()
     return load_trace(str(tmp_path / f"a{int(launched)}.allocscope"))
@@ -73,8 +103,12 @@ def test_attached_without_census_never_calls_pre_attach_memory_retained(tmp_path
     a = d["allocators"][0]
     # what the mappings held at the attach is "before the attach or retained"; only the growth
     # beyond it that is not live since the attach is retained
-    assert (a["live"], a["before_or_retained"], a["retained"], a["live_before_attach"]) == (5 * MiB, 30 * MiB,
-                                                                                              15 * MiB, None)
+    assert (a["live"], a["before_or_retained"], a["retained"], a["live_before_attach"]) == (
+        5 * MiB,
+        30 * MiB,
+        15 * MiB,
+        None,
+    )
     assert (d["retained_bytes"], d["before_or_retained_bytes"], d["live_heap_bytes"]) == (15 * MiB, 30 * MiB, 5 * MiB)
     assert d["sum_bytes"] == d["rss_bytes"] == 80 * MiB
     (tmp_path / "t").mkdir()

@@ -4,6 +4,7 @@ itself (tests/targets/retain/retain.c: jemalloc's mallctl stats.allocated / stat
 tcmalloc's MallocExtension_GetNumericProperty, mimalloc's mi_usable_size and mi_process_info,
 glibc's mallinfo2); then the allocator's purge call, counted as a release of that allocator by
 the thread that made it, with the bytes the target's own RSS dropped by."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,11 @@ CASES = {
     # 4 MiB blocks: Debian's jemalloc 5.3 purges blocks above oversize_threshold (8 MiB) at free
     "jemalloc": (LIB + "libjemalloc.so.2", ["--blocks", "96", "--mib", "4"], "mallctl"),
     "tcmalloc": (LIB + "libtcmalloc.so.4", ["--blocks", "24", "--mib", "16"], "MallocExtension_Release*"),
-    "tcmalloc-minimal": (LIB + "libtcmalloc_minimal.so.4", ["--blocks", "24", "--mib", "16"],
-                         "MallocExtension_Release*"),
+    "tcmalloc-minimal": (
+        LIB + "libtcmalloc_minimal.so.4",
+        ["--blocks", "24", "--mib", "16"],
+        "MallocExtension_Release*",
+    ),
     "mimalloc": (LIB + "libmimalloc.so.2", ["--blocks", "24", "--mib", "16"], "mi_collect"),
     # --inject (only sampled calls trap; the mmap family through the agent's hooks): the same figures
     "jemalloc-inject": (LIB + "libjemalloc.so.2", ["--blocks", "96", "--mib", "4"], "mallctl"),
@@ -61,8 +65,9 @@ def _record(retain: Path, tmp_path: Path, tracers, name: str) -> tuple[Path, dic
     try:
         tgt.expect("ready")
         out = tmp_path / f"{name}.allocscope"
-        tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5",
-                     *(INJECT if name.endswith("-inject") else ()))
+        tr = tracers(
+            "record", "--pid", tgt.pid, "-o", out, "--interval", "0.5", *(INJECT if name.endswith("-inject") else ())
+        )
         wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
         assert tr.poll() is None, tr.stderr.read()
         tgt.signal(signal.SIGUSR1)
@@ -112,9 +117,11 @@ def test_retained_and_released_per_allocator(retain, tmp_path, tracers, name):
     assert abs(released - drop) <= max(0.10 * abs(drop), 2 << 20), (name, released, drop)
     names = t.thread_names()
     assert names[int(purge["tid"])] == "purger"
-    print(f"\n{name}: own live {freed['live']} retained {freed['retained']}; allocscope live {live} retained "
-          f"{retained}; other anon {other} of RSS {int(ivr['rss_bytes'])}; purge released {released}, "
-          f"target's RSS drop {drop}")
+    print(
+        f"\n{name}: own live {freed['live']} retained {freed['retained']}; allocscope live {live} retained "
+        f"{retained}; other anon {other} of RSS {int(ivr['rss_bytes'])}; purge released {released}, "
+        f"target's RSS drop {drop}"
+    )
     rep = report_json(out)
     dec = rep["rss_decomposition"]
     assert dec["retained_known"] is True
@@ -125,11 +132,15 @@ def test_retained_and_released_per_allocator(retain, tmp_path, tracers, name):
     a = allocs["heap"]
     assert {"name", "source", "resident", "live", "retained", "released"} <= set(a)
     assert a["name"] == kind and a["released"] >= released
-    assert any(r["thread"] == "purger" and r["call"].startswith(call.rstrip("*")) and r["source"] == "heap"
-               for r in rep["allocator_releases"]), rep["allocator_releases"]
+    assert any(
+        r["thread"] == "purger" and r["call"].startswith(call.rstrip("*")) and r["source"] == "heap"
+        for r in rep["allocator_releases"]
+    ), rep["allocator_releases"]
     # the live heap is counted as such and the top-level figures are the sums over allocators
-    assert dec["live_heap_bytes"] == sum(min(x["live"], x["resident"]) for x in dec["allocators"]) + \
-        dec["live_outside_bytes"]
+    assert (
+        dec["live_heap_bytes"]
+        == sum(min(x["live"], x["resident"]) for x in dec["allocators"]) + dec["live_outside_bytes"]
+    )
     assert dec["allocator_resident_bytes"] == sum(x["resident"] for x in dec["allocators"])
     assert abs(dec["live_heap_bytes"] - purged["live"]) <= 0.01 * purged["live"] + (1 << 20), (dec, purged)
     assert dec["other_anon_bytes"] < 0.10 * dec["rss_bytes"], dec
@@ -140,17 +151,20 @@ def test_retained_and_released_per_allocator(retain, tmp_path, tracers, name):
         assert tl[max(tl)] < 0.5 * retained, tl
     # the advice names the allocator's knob with the figure measured after the frees
     if kind != "glibc":
-        at = {**dec, "rss_bytes": int(ivr["rss_bytes"]),
-              "allocators": [{**a, "retained": retained, "released": 0}]}
+        at = {**dec, "rss_bytes": int(ivr["rss_bytes"]), "allocators": [{**a, "retained": retained, "released": 0}]}
         adv = allocator_advice(at, t)
-        knob = {"jemalloc": "MALLOC_CONF=dirty_decay_ms", "tcmalloc": "TCMALLOC_RELEASE_RATE",
-                "mimalloc": "MIMALLOC_PURGE_DELAY"}[kind]
+        knob = {
+            "jemalloc": "MALLOC_CONF=dirty_decay_ms",
+            "tcmalloc": "TCMALLOC_RELEASE_RATE",
+            "mimalloc": "MIMALLOC_PURGE_DELAY",
+        }[kind]
         assert any(knob in x and f"{retained >> 20} MiB" in x for x in adv), adv
     # the header names the allocator serving malloc
     assert rep["rss_decomposition"]["allocators"][0]["source"] == "heap"
     # the HTML timeline carries the retention series of the allocator, per interval
     from reports.render.html import timeline_data
     from reports.render.html_tables import allocators_table
+
     series = {x["label"]: x["values"] for x in timeline_data(t, rep)["series"]}
     by_seq = dict(zip(t.intervals["seq"].astype(int), series[f"retained by {kind}"]))
     assert by_seq[seq] == retained
@@ -165,7 +179,11 @@ def test_retained_and_released_per_allocator(retain, tmp_path, tracers, name):
         text = diff_to_text(doc)
     [d] = [x for x in doc["allocators"] if x["name"] == a["name"]]
     assert (d["a_retained"], d["b_retained"], d["retained_delta"], d["a_resident"]) == (
-        a["retained"], a["retained"], 0, a["resident"])
+        a["retained"],
+        a["retained"],
+        0,
+        a["resident"],
+    )
     assert "What each allocator keeps" in text
 
 
@@ -183,6 +201,7 @@ def test_pagemap_scan_counts_like_pagemap(tmp_path):
     n = 6 * SCAN_REGIONS * 3 + 17  # pages: every 6th touched -> 3 filled vectors and a bit
     m = mmap.mmap(-1, n * 4096)
     import ctypes
+
     base = ctypes.addressof(ctypes.c_char.from_buffer(m))
     try:
         m.madvise(mmap.MADV_NOHUGEPAGE)

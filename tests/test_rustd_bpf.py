@@ -13,6 +13,7 @@ the sum of its sites (one per stack; how many is printed, not asserted: 14-26 fo
 ~23 for make_block) gives the same; the diff of two rustd runs of different size matches the
 partition location in both and computes its ratio from the whole place.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,10 @@ def record(procs, tracers, out: Path, argv: list, labels: tuple = ()) -> dict:
 # Rust allocator frames a site must not keep (reports/analysis/stacks.py folds them): the program's
 # GlobalAlloc impl, the shims `__rustc::__rust_alloc`..., `<alloc::alloc::Global>::grow_impl`,
 # `<u8 as alloc::vec::spec_from_elem::SpecFromElem>`.
-RUST_ALLOC_FRAME = re.compile(r"as core::alloc::global::GlobalAlloc>::|^(__rustc::)?__r(ust|dl|g)_"
-                              r"|^<?alloc::|^<\S+ as alloc::")
+RUST_ALLOC_FRAME = re.compile(
+    r"as core::alloc::global::GlobalAlloc>::|^(__rustc::)?__r(ust|dl|g)_"
+    r"|^<?alloc::|^<\S+ as alloc::"
+)
 
 
 def innermost(site: dict) -> str:
@@ -66,32 +69,40 @@ def location(rep: dict, needle: str) -> dict:
 def by_innermost(rep: dict, needle: str) -> dict:
     """Sites whose innermost frame's function contains `needle`, summed."""
     sites = [s for s in rep["sites"] if needle in innermost(s)]
-    return {"sites": sites, "live_bytes": sum(s["live_bytes"] for s in sites),
-            "live_count": sum(s["live_count"] for s in sites),
-            "alloc_count": sum(s["alloc_count"] for s in sites),
-            "threads": {t["name"] for s in sites for t in s["threads"]},
-            "stacks": {tuple(functions(s["frames"])) for s in sites}}
+    return {
+        "sites": sites,
+        "live_bytes": sum(s["live_bytes"] for s in sites),
+        "live_count": sum(s["live_count"] for s in sites),
+        "alloc_count": sum(s["alloc_count"] for s in sites),
+        "threads": {t["name"] for s in sites for t in s["threads"]},
+        "stacks": {tuple(functions(s["frames"])) for s in sites},
+    }
 
 
 def describe(name: str, agg: dict) -> None:
-    print(f"\n{name}: {len(agg['sites'])} sites, {len(agg['stacks'])} distinct stacks, "
-          f"live {agg['live_bytes']} B in {agg['live_count']}, threads {sorted(agg['threads'])}")
+    print(
+        f"\n{name}: {len(agg['sites'])} sites, {len(agg['stacks'])} distinct stacks, "
+        f"live {agg['live_bytes']} B in {agg['live_count']}, threads {sorted(agg['threads'])}"
+    )
     raw = sum(1 for s in agg["sites"] if name in s["frames"][0]["function"])
     print(f"  sites whose frames[0] itself is {name}: {raw}")
     if agg["sites"]:
         print("  frames[0:4] of the first:", json.dumps(agg["sites"][0]["frames"][:4]))
 
 
-
-
-
-
 def test_rustd_partitions_records(tmp_path, procs, tracers):
     exe = build_rustd()
     out = tmp_path / "rustd.allocscope"
     truth = record(procs, tracers, out, [exe, "--partitions", 16, "--hold", 3])
-    assert truth == {"partition_bytes": 16 << 20, "partitions": 16, "partitions_live": 3, "partitions_dropped": 13,
-                     "records": 2000, "record_bytes": 1000, "staging_bytes": (2 << 20) + 8192}
+    assert truth == {
+        "partition_bytes": 16 << 20,
+        "partitions": 16,
+        "partitions_live": 3,
+        "partitions_dropped": 13,
+        "records": 2000,
+        "record_bytes": 1000,
+        "staging_bytes": (2 << 20) + 8192,
+    }
     rep = report_json(out)
     probes = rep["recording"]["probes"]
     allocs = {(a["kind"], a["prefix"]): a for a in probes["allocators"]}
@@ -102,18 +113,21 @@ def test_rustd_partitions_records(tmp_path, procs, tracers):
     part = by_innermost(rep, "synthesize_partition")
     recs = by_innermost(rep, "make_request_record")
     stage = by_innermost(rep, "gpu_staging_buffer")
-    for name, agg in (("synthesize_partition", part), ("make_request_record", recs),
-                      ("gpu_staging_buffer", stage)):
+    for name, agg in (("synthesize_partition", part), ("make_request_record", recs), ("gpu_staging_buffer", stage)):
         describe(name, agg)
     print("top sites' innermost frames:", [innermost(s) for s in rep["sites"][:12]])
-    assert not [s["frames"][0] for s in rep["sites"] if RUST_ALLOC_FRAME.search(innermost(s))
-                and s["live_bytes"]], "an allocator frame left as a site's innermost frame"
+    assert not [s["frames"][0] for s in rep["sites"] if RUST_ALLOC_FRAME.search(innermost(s)) and s["live_bytes"]], (
+        "an allocator frame left as a site's innermost frame"
+    )
 
     # one location each, exact, the partitions first
     loc = location(rep, "synthesize_partition")
     assert rep["locations"][0] is loc
     assert (loc["live_bytes"], loc["live_count"], loc["alloc_count"]) == (
-        part["live_bytes"], part["live_count"], part["alloc_count"])
+        part["live_bytes"],
+        part["live_count"],
+        part["alloc_count"],
+    )
     assert loc["live_count"] == truth["partitions_live"]
     assert loc["key_quality"] == "line" and loc["file"].endswith("main.rs") and loc["line"]
     assert loc["n_stacks"] == len(part["sites"]) and sorted(loc["stacks"]) == sorted(s["rank"] for s in part["sites"])
@@ -124,11 +138,16 @@ def test_rustd_partitions_records(tmp_path, procs, tracers):
     assert (sl["live_bytes"], sl["live_count"]) == (truth["staging_bytes"], 1)
     assert {t["name"] for t in loc["threads"]} <= {f"synth-{i}" for i in range(4)}
 
-    assert (part["live_bytes"], part["live_count"]) == (truth["partitions_live"] * truth["partition_bytes"],
-                                                        truth["partitions_live"])
+    assert (part["live_bytes"], part["live_count"]) == (
+        truth["partitions_live"] * truth["partition_bytes"],
+        truth["partitions_live"],
+    )
     assert part["threads"] and all(t.startswith("synth-") for t in part["threads"]), part["threads"]
     assert (recs["live_bytes"], recs["live_count"], recs["alloc_count"]) == (
-        truth["records"] * truth["record_bytes"], truth["records"], truth["records"])
+        truth["records"] * truth["record_bytes"],
+        truth["records"],
+        truth["records"],
+    )
     assert recs["threads"] == {"tokio-rt"}, recs["threads"]
     assert (stage["live_bytes"], stage["live_count"], stage["threads"]) == (truth["staging_bytes"], 1, {"gpu"})
     assert rep["totals"]["lost_events"] == 0
@@ -138,24 +157,35 @@ def test_recurse_one_site(tmp_path, procs, tracers):
     exe = build(tmp_path / "recurse", TARGETS_SRC / "recurse.c", flags=NOFP_CFLAGS)
     out = tmp_path / "recurse.allocscope"
     truth = record(procs, tracers, out, [exe])
-    assert truth == {"block_bytes": (3 << 20) + 4096, "blocks": 36, "live": 7, "live_bytes": 7 * ((3 << 20) + 4096),
-                     "threads": 3}
+    assert truth == {
+        "block_bytes": (3 << 20) + 4096,
+        "blocks": 36,
+        "live": 7,
+        "live_bytes": 7 * ((3 << 20) + 4096),
+        "threads": 3,
+    }
     rep = report_json(out)
     assert json.loads((out / "meta.json").read_text())["unwind"]["mode"] == "dwarf"
     blk = by_innermost(rep, "make_block")
     describe("make_block", blk)
-    assert (blk["live_bytes"], blk["live_count"], blk["alloc_count"]) == (truth["live_bytes"], truth["live"],
-                                                                          truth["blocks"])
+    assert (blk["live_bytes"], blk["live_count"], blk["alloc_count"]) == (
+        truth["live_bytes"],
+        truth["live"],
+        truth["blocks"],
+    )
     assert blk["threads"] == {"rec-0", "rec-1", "rec-2"}, blk["threads"]
     assert rep["totals"]["lost_events"] == 0
     loc = location(rep, "make_block")
     assert rep["locations"][0] is loc and len(blk["sites"]) > 1
-    assert (loc["live_bytes"], loc["live_count"], loc["alloc_count"]) == (truth["live_bytes"], truth["live"],
-                                                                          truth["blocks"])
+    assert (loc["live_bytes"], loc["live_count"], loc["alloc_count"]) == (
+        truth["live_bytes"],
+        truth["live"],
+        truth["blocks"],
+    )
     assert {t["name"] for t in loc["threads"]} == {"rec-0", "rec-1", "rec-2"}
     assert loc["n_stacks"] == len(blk["sites"]) and loc["file"].endswith("recurse.c")
     text = cli("report", str(out), check=True).stdout
-    tables = text[text.index("\nTotals\n"):]  # below the findings, which name it too
+    tables = text[text.index("\nTotals\n") :]  # below the findings, which name it too
     rows = [ln for ln in tables.splitlines() if "make_block recurse.c" in ln and "MiB" in ln]
     assert rows and rows[0].split()[1:3] == ["21.0", "MiB"], text  # 7 x 3 MiB + 4 KiB, one row
     assert f"reached by {loc['n_stacks']} stacks" in text
@@ -172,8 +202,10 @@ def test_rustd_diff_matches_the_location(tmp_path, procs, tracers):
     syn = [x for x in doc["locations"] if "synthesize_partition" in x["function"]]
     assert len(syn) == 1 and syn[0]["in"] == "both", syn
     x = syn[0]
-    assert (x["a_live_bytes"], x["b_live_bytes"]) == (ta["partitions_live"] * ta["partition_bytes"],
-                                                       tb["partitions_live"] * tb["partition_bytes"])
+    assert (x["a_live_bytes"], x["b_live_bytes"]) == (
+        ta["partitions_live"] * ta["partition_bytes"],
+        tb["partitions_live"] * tb["partition_bytes"],
+    )
     ra, rb = (location(report_json(p), "synthesize_partition") for p in (a, b))
     assert (x["a_peak_live_bytes"], x["b_peak_live_bytes"]) == (ra["peak_live_bytes"], rb["peak_live_bytes"])
     assert x["ratio"] == pytest.approx(rb["peak_live_bytes"] / ra["peak_live_bytes"], rel=1e-3)
@@ -181,11 +213,12 @@ def test_rustd_diff_matches_the_location(tmp_path, procs, tracers):
     for fn in ("make_request_record", "gpu_staging_buffer"):
         [y] = [y for y in doc["locations"] if fn in y["function"]]
         assert y["in"] == "both" and y["a_live_bytes"] == y["b_live_bytes"] and y["b_live_bytes"] > 0
-    stacks_only = [s for s in doc["sites"]
-                   if s["in"] != "both" and "synthesize_partition" in s["frames"][0]["function"]]
+    stacks_only = [
+        s for s in doc["sites"] if s["in"] != "both" and "synthesize_partition" in s["frames"][0]["function"]
+    ]
     print(f"\nper stack, {len(stacks_only)} synthesize_partition sites are only in A or B; per location: none")
     text = cli("diff", str(a), str(b), "--per", "pw", check=True).stdout
-    tables = text[text.index("\nTotals\n"):]  # below the findings
+    tables = text[text.index("\nTotals\n") :]  # below the findings
     assert sum(1 for ln in tables.splitlines() if "synthesize_partition" in ln and "x" in ln and "MiB" in ln) == 1
 
 

@@ -1,6 +1,7 @@
 """Scale without BPF: a live table of a million rows through the report path (exact totals,
 never a pandas conversion of the table), and the streamed Parquet part the tracer writes it
 with (row groups, nothing written for no rows, disk full)."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,9 @@ from reports import analysis as A
 from reports.trace import load_trace
 
 N = 1_000_000
-MAIN = (0x555500000000, 0x555500000000 + (4 << 30))      # brk heap, 4 GiB
-ARENA = (0x7f0004000000, 0x7f0004000000 + (64 << 20))     # one thread-arena heap
-OUTSIDE = 0x7f1000000000                                  # neither: an `other` block
+MAIN = (0x555500000000, 0x555500000000 + (4 << 30))  # brk heap, 4 GiB
+ARENA = (0x7F0004000000, 0x7F0004000000 + (64 << 20))  # one thread-arena heap
+OUTSIDE = 0x7F1000000000  # neither: an `other` block
 
 
 def _million(tmp_path):
@@ -43,9 +44,15 @@ def _million(tmp_path):
     addr = base + (np.arange(N, dtype=np.uint64) * np.uint64(48)) % np.uint64(60 << 20)
     t.live_blocks(sid, tid, size, at_s, addrs=addr)
     mmap_sid = stacks[0]
-    t.live_blocks(np.full(3, mmap_sid), np.full(3, 101), np.full(3, 1 << 20), 0.5,
-                  addrs=np.uint64(0x7f2000000000) + np.arange(3, dtype=np.uint64) * np.uint64(1 << 21),
-                  source="mmap", api="mmap")
+    t.live_blocks(
+        np.full(3, mmap_sid),
+        np.full(3, 101),
+        np.full(3, 1 << 20),
+        0.5,
+        addrs=np.uint64(0x7F2000000000) + np.arange(3, dtype=np.uint64) * np.uint64(1 << 21),
+        source="mmap",
+        api="mmap",
+    )
     # Site counters (cumulative) agree with the live blocks: nothing freed.
     per = {}
     for s in stacks:
@@ -56,8 +63,12 @@ def _million(tmp_path):
     t.interval({k: (v[0] // 2, v[1] // 2, 0, 0) for k, v in per.items()}, rss=2 << 30)
     t.interval({}, rss=2 << 30)
     t.interval(per, rss=2 << 30)
-    t.heaps([(MAIN[0], MAIN[1], MAIN[1], "main", "main", 2 << 30, 0),
-             (ARENA[0], ARENA[1], ARENA[1], "thread", f"{ARENA[0] + 0x20:#x}", 64 << 20, 0)])
+    t.heaps(
+        [
+            (MAIN[0], MAIN[1], MAIN[1], "main", "main", 2 << 30, 0),
+            (ARENA[0], ARENA[1], ARENA[1], "thread", f"{ARENA[0] + 0x20:#x}", 64 << 20, 0),
+        ]
+    )
     t.close()
     return t.path, {"sid": sid, "tid": tid, "size": size, "at_s": at_s, "where": where, "stacks": stacks}
 
@@ -115,10 +126,20 @@ def test_streamed_part_is_row_groups_and_nothing_for_no_rows(tmp_path):
     schema = F.SCHEMAS["live"]
 
     def batch(n, base):
-        return pa.record_batch([pa.array(np.full(n, 1, np.int32)), pa.array(np.arange(base, base + n, dtype=np.uint64)),
-                                pa.array(np.full(n, 8, np.int64)), pa.array(np.zeros(n, np.uint64)),
-                                pa.array(np.full(n, 7, np.uint32)), pa.array(np.arange(n, dtype=np.int64) + MONO0),
-                                pa.repeat("malloc", n), pa.repeat("heap", n)], schema=schema)
+        return pa.record_batch(
+            [
+                pa.array(np.full(n, 1, np.int32)),
+                pa.array(np.arange(base, base + n, dtype=np.uint64)),
+                pa.array(np.full(n, 8, np.int64)),
+                pa.array(np.zeros(n, np.uint64)),
+                pa.array(np.full(n, 7, np.uint32)),
+                pa.array(np.arange(n, dtype=np.int64) + MONO0),
+                pa.repeat("malloc", n),
+                pa.repeat("heap", n),
+            ],
+            schema=schema,
+        )
+
     assert w.write_part_batches("live", 1, schema, iter([batch(1000, 0), batch(0, 0), batch(500, 5000)])) == 1500
     assert w.write_part_batches("live", 2, schema, iter([])) == 0
     w.close()
@@ -137,9 +158,21 @@ def test_streamed_part_whose_source_fails_leaves_nothing(tmp_path):
     schema = F.SCHEMAS["live"]
 
     def batches():
-        yield pa.RecordBatch.from_pydict({"seq": [1], "addr": [1], "size": [8], "stack_id": [0], "tid": [7],
-                                          "ts_ns": [MONO0], "api": ["malloc"], "source": ["heap"]}, schema=schema)
+        yield pa.RecordBatch.from_pydict(
+            {
+                "seq": [1],
+                "addr": [1],
+                "size": [8],
+                "stack_id": [0],
+                "tid": [7],
+                "ts_ns": [MONO0],
+                "api": ["malloc"],
+                "source": ["heap"],
+            },
+            schema=schema,
+        )
         raise RuntimeError("map read failed")
+
     with pytest.raises(RuntimeError, match="map read failed"):
         w.write_part_batches("live", 1, schema, batches())
     w.close()
@@ -159,12 +192,20 @@ def test_streamed_part_disk_full(tmp_path):
         def batches():  # incompressible addresses: ~8 MiB, far more than fits
             for _ in range(8):
                 n = 1 << 17
-                yield pa.record_batch([pa.array(np.full(n, 1, np.int32)),
-                                       pa.array(rng.integers(0, 1 << 62, n).astype(np.uint64)),
-                                       pa.array(np.full(n, 8, np.int64)), pa.array(np.zeros(n, np.uint64)),
-                                       pa.array(np.full(n, 7, np.uint32)),
-                                       pa.array(rng.integers(0, 1 << 62, n).astype(np.int64)),
-                                       pa.repeat("malloc", n), pa.repeat("heap", n)], schema=schema)
+                yield pa.record_batch(
+                    [
+                        pa.array(np.full(n, 1, np.int32)),
+                        pa.array(rng.integers(0, 1 << 62, n).astype(np.uint64)),
+                        pa.array(np.full(n, 8, np.int64)),
+                        pa.array(np.zeros(n, np.uint64)),
+                        pa.array(np.full(n, 7, np.uint32)),
+                        pa.array(rng.integers(0, 1 << 62, n).astype(np.int64)),
+                        pa.repeat("malloc", n),
+                        pa.repeat("heap", n),
+                    ],
+                    schema=schema,
+                )
+
         with pytest.raises(OutputError, match=r"disk full while writing .*; the intervals already written are kept"):
             w.write_part_batches("live", 1, schema, batches())
         w.close()

@@ -1,6 +1,7 @@
 """The final live table of a real recording, streamed from the BPF map in chunks (a reader
 thread prefetching the next chunk while one is written): every outstanding block exactly once,
 across several chunks, and a glibc mmapped chunk still measured for the `heaps` table."""
+
 from __future__ import annotations
 
 import signal
@@ -25,8 +26,9 @@ def test_streamed_live_table_holds_every_block_once(tmp_path, tracers):
     try:
         tgt.expect("ready", timeout=60)
         out = tmp_path / "held.allocscope"
-        tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5", "--max-live", 1 << 20,
-                     "--unwind", "fp")
+        tr = tracers(
+            "record", "--pid", tgt.pid, "-o", out, "--interval", "0.5", "--max-live", 1 << 20, "--unwind", "fp"
+        )
         wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
         assert tr.poll() is None, tr.stderr.read()
         for cmd in (f"hold {HELD} 24", "hold 2 1048576"):  # the second: glibc mmapped chunks

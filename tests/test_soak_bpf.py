@@ -2,6 +2,7 @@
 as the script is run (a subprocess, its JSON summary read back). The tracer's RSS stays flat after
 warm-up, its BPF maps follow redis' own live set, and when every key is flushed its live map
 empties again; the full 30-minute soak and its figures are in bench/results/2026-12-01-soak.md."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,28 @@ def soak(tmp_path_factory) -> dict:
     need_tool("redis-server")
     need_tool("redis-benchmark")
     out = tmp_path_factory.mktemp("soak") / "soak.json"
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "soak.py"), "--duration", str(DURATION), "--sample",
-                        str(SAMPLE), "--warmup", str(WARMUP), "--requests", str(REQUESTS), "--keyspace",
-                        str(KEYSPACE), "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=str(ROOT))
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "soak.py"),
+            "--duration",
+            str(DURATION),
+            "--sample",
+            str(SAMPLE),
+            "--warmup",
+            str(WARMUP),
+            "--requests",
+            str(REQUESTS),
+            "--keyspace",
+            str(KEYSPACE),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(ROOT),
+    )
     if p.returncode != 0 and not out.exists():
         pytest.fail(f"bench/soak.py failed ({p.returncode}): {p.stderr[-2000:]}")
     s = json.loads(out.read_text())

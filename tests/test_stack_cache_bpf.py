@@ -2,6 +2,7 @@
 stack only when every stack word the cached unwind read is unchanged. tests/targets/samesp.c
 reaches one malloc through two callers whose frames are identical, so (return address, sp) are
 the same both ways; only the callers' return addresses differ."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,7 @@ def test_cache_tells_callers_apart_at_the_same_sp(targets, tmp_path, procs, trac
         g = by_caller.setdefault(caller, [0, 0])
         g[0] += s["live_bytes"]
         g[1] += s["live_count"]
-    assert by_caller == {"via_a": [300 * 111 + 150 * 333, 450],
-                         "via_b": [300 * 222 + 150 * 444, 450]}, by_caller
+    assert by_caller == {"via_a": [300 * 111 + 150 * 333, 450], "via_b": [300 * 222 + 150 * 444, 450]}, by_caller
 
     last = load_trace(out).intervals.iloc[-1]
     assert last["n_allocs"] == 900 and last["lost_stack_truncated"] == 0

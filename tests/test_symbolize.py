@@ -30,6 +30,7 @@ def tools() -> None:
     for tool in TOOLS:
         need_tool(tool)
 
+
 C_SOURCE = r"""
 __attribute__((noinline, noipa)) int sink(int x) {
     __asm__ volatile("" ::: "memory");
@@ -101,8 +102,7 @@ int main(int argc, char **) {
 
 
 def run(*cmd: str | Path, cwd: Path | None = None) -> str:
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, check=True, capture_output=True, text=True).stdout
 
 
 def marker_line(source: str, marker: str) -> int:
@@ -206,16 +206,16 @@ def sym() -> Symbolizer:
 @pytest.mark.parametrize("dwarf", ["-gdwarf-4", "-gdwarf-5"])
 @pytest.mark.parametrize("kind", ["pie", "nopie", "shared"])
 def test_function_file_and_line(work: Path, sym: Symbolizer, kind: str, dwarf: str) -> None:
-    flags = {"pie": ["-fPIE", "-pie"], "nopie": ["-fno-PIE", "-no-pie"],
-             "shared": ["-shared", "-fPIC", "-DNO_MAIN"]}[kind]
+    flags = {"pie": ["-fPIE", "-pie"], "nopie": ["-fno-PIE", "-no-pie"], "shared": ["-shared", "-fPIC", "-DNO_MAIN"]}[
+        kind
+    ]
     binary = compile_c(work, f"prog_{kind}_{dwarf[2:]}", dwarf, *flags)
     [ret] = return_vaddrs(binary, "leaf_fn", "sink")
     offset = file_offset(binary, ret)
     if kind == "nopie":
         assert offset != ret  # vaddr and file offset really differ here
     frame = one(sym.symbolize(str(binary), [offset]), offset)
-    assert frame == Frame("leaf_fn", str(binary), str(work / "prog.c"),
-                          marker_line(C_SOURCE, "leaf_call"), offset)
+    assert frame == Frame("leaf_fn", str(binary), str(work / "prog.c"), marker_line(C_SOURCE, "leaf_call"), offset)
 
 
 def test_function_starts_and_return_address_flag(pie: Path, sym: Symbolizer) -> None:
@@ -265,38 +265,48 @@ def test_many_offsets_one_call(pie: Path) -> None:
 # --------------------------------------------------------------------------- C++ and demangling
 
 
-@pytest.mark.parametrize(("function", "mangled", "marker", "demangled"), [
-    ("method", "_ZN2ns6Widget6methodEi", "method_call", "ns::Widget::method(int)"),
-    ("twice", "_ZN2ns5twiceIiEET_S1_", "template_call", "int ns::twice<int>(int)"),
-])
-def test_cxx_demangled(cxx: Path, sym: Symbolizer, function: str, mangled: str, marker: str,
-                       demangled: str) -> None:
+@pytest.mark.parametrize(
+    ("function", "mangled", "marker", "demangled"),
+    [
+        ("method", "_ZN2ns6Widget6methodEi", "method_call", "ns::Widget::method(int)"),
+        ("twice", "_ZN2ns5twiceIiEET_S1_", "template_call", "int ns::twice<int>(int)"),
+    ],
+)
+def test_cxx_demangled(cxx: Path, sym: Symbolizer, function: str, mangled: str, marker: str, demangled: str) -> None:
     [ret] = return_vaddrs(cxx, mangled, "sink")
     offset = file_offset(cxx, ret)
     frame = one(sym.symbolize(str(cxx), [offset]), offset)
     assert (frame.function, Path(frame.file or "").name, frame.line) == (
-        demangled, "prog.cpp", marker_line(CXX_SOURCE, marker))
+        demangled,
+        "prog.cpp",
+        marker_line(CXX_SOURCE, marker),
+    )
 
 
-@pytest.mark.parametrize(("mangled", "expected"), [
-    ("_ZN2ns6Widget6methodEi", "ns::Widget::method(int)"),
-    ("_Z3fooi.isra.0", "foo(int) [clone .isra.0]"),
-    # rustc 1.95 output, legacy mangling: the ::h<hash> suffix is dropped
-    ("_ZN1m5inner7compute17h6b3f0de7de37e05cE", "m::inner::compute"),
-    ("_ZN1m12Wid$LT$T$GT$4show17h34712e058258b09bE", "m::Wid<T>::show"),
-    ("_ZN4core3ptr85drop_in_place$LT$std..rt..lang_start$LT$$LP$$RP$$GT$..$u7b$$u7b$closure"
-     "$u7d$$u7d$$GT$17h1234567890abcdefE",
-     "core::ptr::drop_in_place<std::rt::lang_start<()>::{{closure}}>"),
-    # rustc 1.95 output with -C symbol-mangling-version=v0
-    ("_RNvNtCskK7mfDs1mzF_1m5inner7compute", "m::inner::compute"),
-    ("_RNvMCskK7mfDs1mzF_1mINtB2_3WidmE4showB2_", "<m::Wid<u32>>::show"),
-    # plain C and garbage pass unchanged
-    ("malloc", "malloc"),
-    ("_Zbogus", "_Zbogus"),
-    ("_RNv", "_RNv"),
-    ("_Random_c_function", "_Random_c_function"),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    ("mangled", "expected"),
+    [
+        ("_ZN2ns6Widget6methodEi", "ns::Widget::method(int)"),
+        ("_Z3fooi.isra.0", "foo(int) [clone .isra.0]"),
+        # rustc 1.95 output, legacy mangling: the ::h<hash> suffix is dropped
+        ("_ZN1m5inner7compute17h6b3f0de7de37e05cE", "m::inner::compute"),
+        ("_ZN1m12Wid$LT$T$GT$4show17h34712e058258b09bE", "m::Wid<T>::show"),
+        (
+            "_ZN4core3ptr85drop_in_place$LT$std..rt..lang_start$LT$$LP$$RP$$GT$..$u7b$$u7b$closure"
+            "$u7d$$u7d$$GT$17h1234567890abcdefE",
+            "core::ptr::drop_in_place<std::rt::lang_start<()>::{{closure}}>",
+        ),
+        # rustc 1.95 output with -C symbol-mangling-version=v0
+        ("_RNvNtCskK7mfDs1mzF_1m5inner7compute", "m::inner::compute"),
+        ("_RNvMCskK7mfDs1mzF_1mINtB2_3WidmE4showB2_", "<m::Wid<u32>>::show"),
+        # plain C and garbage pass unchanged
+        ("malloc", "malloc"),
+        ("_Zbogus", "_Zbogus"),
+        ("_RNv", "_RNv"),
+        ("_Random_c_function", "_Random_c_function"),
+        ("", ""),
+    ],
+)
 def test_demangle(mangled: str, expected: str) -> None:
     assert demangle(mangled) == expected
 
@@ -343,12 +353,12 @@ def test_debuglink(split_debug: tuple[Path, Path], pie: Path, sym: Symbolizer) -
     [ret] = return_vaddrs(pie, "leaf_fn", "sink")
     offset = file_offset(pie, ret)
     frame = one(sym.symbolize(str(stripped), [offset]), offset)
-    assert frame == Frame("leaf_fn", str(stripped), str(pie.parent / "prog.c"),
-                          marker_line(C_SOURCE, "leaf_call"), offset)
+    assert frame == Frame(
+        "leaf_fn", str(stripped), str(pie.parent / "prog.c"), marker_line(C_SOURCE, "leaf_call"), offset
+    )
 
 
-def test_debuglink_in_dot_debug_and_build_id_dirs(work: Path, pie: Path,
-                                                  split_debug: tuple[Path, Path]) -> None:
+def test_debuglink_in_dot_debug_and_build_id_dirs(work: Path, pie: Path, split_debug: tuple[Path, Path]) -> None:
     stripped, debug = split_debug
     [ret] = return_vaddrs(pie, "outer_fn", "sink")
     offset = file_offset(pie, ret)
@@ -455,9 +465,11 @@ def test_corrupt_debug_sections_never_raise(pie: Path, tmp_path: Path) -> None:
 
     with open(pie, "rb") as stream:
         elf = ELFFile(stream)
-        spans = [(s["sh_offset"], s["sh_size"]) for s in elf.iter_sections()
-                 if s.name in (".debug_info", ".debug_abbrev", ".debug_line", ".debug_rnglists",
-                               ".symtab", ".strtab")]
+        spans = [
+            (s["sh_offset"], s["sh_size"])
+            for s in elf.iter_sections()
+            if s.name in (".debug_info", ".debug_abbrev", ".debug_line", ".debug_rnglists", ".symtab", ".strtab")
+        ]
     original = pie.read_bytes()
     [ret] = return_vaddrs(pie, "outer_fn", "sink")
     offset = file_offset(pie, ret)

@@ -2,6 +2,7 @@
 terminal (tmux: send-keys, capture-pane), `--batch` blocks read from a pipe, the status line on
 a pseudo-terminal and not on a pipe. Target: tests/targets/grower.c (a known growing site in a
 thread named "grower")."""
+
 from __future__ import annotations
 
 import fcntl
@@ -24,11 +25,12 @@ from support import ROOT, attached, need_tool, report_json, wait_for
 from reports.units import human_bytes, human_delta
 
 pytestmark = pytest.mark.bpf
-GROW, CONFIG, BURST = 3333, 2000, 1 << 20   # grower.c's sizes
+GROW, CONFIG, BURST = 3333, 2000, 1 << 20  # grower.c's sizes
 AUTO_TICKS = 40
 ALLOCSCOPE = [sys.executable, "-m", "allocscope"]
-GROW_LINE = next(i for i, ln in enumerate((ROOT / "tests/targets/grower.c").read_text().splitlines(), 1)
-                 if "void grow_tick(" in ln)
+GROW_LINE = next(
+    i for i, ln in enumerate((ROOT / "tests/targets/grower.c").read_text().splitlines(), 1) if "void grow_tick(" in ln
+)
 
 
 def by_function(rep: dict) -> dict[str, dict]:
@@ -36,6 +38,7 @@ def by_function(rep: dict) -> dict[str, dict]:
 
 
 # --- the full screen, in tmux ---------------------------------------------------------------------
+
 
 class Tmux:
     """One tmux server of our own (its socket in the test's directory) with one window of a
@@ -47,12 +50,10 @@ class Tmux:
         self.rc = tmp / "rc"
 
     def run(self, *args: str) -> str:
-        return subprocess.run([self.tool, "-S", self.socket, *args], check=True, capture_output=True,
-                              text=True).stdout
+        return subprocess.run([self.tool, "-S", self.socket, *args], check=True, capture_output=True, text=True).stdout
 
     def start(self, argv: list[str], width: int = 160, height: int = 40) -> None:
-        cmd = (f"cd {shlex.quote(str(ROOT))} && LANG=C.UTF-8 {shlex.join(argv)}; echo $? > {self.rc}; "
-               "sleep 600")
+        cmd = f"cd {shlex.quote(str(ROOT))} && LANG=C.UTF-8 {shlex.join(argv)}; echo $? > {self.rc}; sleep 600"
         self.run("new-session", "-d", "-s", "top", "-x", str(width), "-y", str(height), cmd)
 
     def screen(self) -> list[str]:
@@ -68,6 +69,7 @@ class Tmux:
             nonlocal last
             last = self.screen()
             return pred(last)
+
         try:
             wait_for(check, timeout=timeout, what=what, step=0.2)
         except AssertionError:
@@ -93,7 +95,7 @@ def site_rows(screen: list[str]) -> list[str]:
     """The rows of the sites table: the lines after the column header that start with a rank."""
     for i, line in enumerate(screen):
         if line.lstrip().startswith("#") and "LIVE" in line:
-            return [r for r in screen[i + 1:] if re.match(r"\s*\d+\s", r)]
+            return [r for r in screen[i + 1 :] if re.match(r"\s*\d+\s", r)]
     return []
 
 
@@ -174,12 +176,12 @@ def test_top_screen_ranks_sorts_and_quits(targets, procs, tmp_path, tmux):
 def test_top_launch_target_exit_keeps_last_frame(targets, tmp_path, tmux):
     # the command exits by itself: the last frame stays up, saying so, until q
     tmux.start([*ALLOCSCOPE, "top", "--interval", "0.5", "--", str(targets["sizes"])])
-    screen = tmux.wait_screen(lambda s: any("ended: target exited" in ln for ln in s), "the target's exit",
-                              timeout=120)
+    screen = tmux.wait_screen(lambda s: any("ended: target exited" in ln for ln in s), "the target's exit", timeout=120)
     assert any("ended: target exited; nothing written (no -o)  (q: quit)" in ln for ln in screen), screen
     rows = site_rows(screen)  # sizes.c keeps them all: 1500 x 50000 B, 20000 x 1000 B, 100000 x 64 B
-    for row, (fn, live) in zip(rows, [("medium_blocks", 1500 * 50000), ("small_blocks", 20000 * 1000),
-                                      ("tiny_blocks", 100000 * 64)]):
+    for row, (fn, live) in zip(
+        rows, [("medium_blocks", 1500 * 50000), ("small_blocks", 20000 * 1000), ("tiny_blocks", 100000 * 64)]
+    ):
         assert f"{fn} sizes.c:" in row and row.split()[1:3] == human_bytes(live).split(), rows
     time.sleep(1.0)
     assert not tmux.rc.exists()  # still waiting for q
@@ -190,6 +192,7 @@ def test_top_launch_target_exit_keeps_last_frame(targets, tmp_path, tmux):
 
 
 # --- --batch ---------------------------------------------------------------------------------------
+
 
 class Lines:
     """Every line a process writes to a pipe, collected by a thread."""
@@ -224,9 +227,25 @@ def test_top_batch_blocks(targets, procs, tmp_path):
     tgt.expect("ready")
     out = tmp_path / "batch.allocscope"
     iterations = 18
-    top = subprocess.Popen([*ALLOCSCOPE, "top", "--pid", str(tgt.pid), "--batch", "--interval", "0.5", "--iterations",
-                            str(iterations), "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, cwd=str(ROOT))
+    top = subprocess.Popen(
+        [
+            *ALLOCSCOPE,
+            "top",
+            "--pid",
+            str(tgt.pid),
+            "--batch",
+            "--interval",
+            "0.5",
+            "--iterations",
+            str(iterations),
+            "-o",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(ROOT),
+    )
     lines = Lines(top.stdout)
     try:
         wait_for(lambda: lines.blocks() or top.poll() is not None, timeout=120, what="the first block")
@@ -235,8 +254,11 @@ def test_top_batch_blocks(targets, procs, tmp_path):
             tgt.signal(signal.SIGUSR1)
             tgt.expect(f"tick {k}")
             want = human_bytes(k * GROW).split()
-            wait_for(lambda w=want: any((grow_row(b) or [])[:2] == w for b in lines.blocks()), timeout=30,
-                     what=f"a block with {k} ticks")
+            wait_for(
+                lambda w=want: any((grow_row(b) or [])[:2] == w for b in lines.blocks()),
+                timeout=30,
+                what=f"a block with {k} ticks",
+            )
         assert top.wait(60) == 0, top.stderr.read()
     finally:
         if top.poll() is None:
@@ -271,8 +293,13 @@ def test_top_batch_closed_pipe_finalizes_quietly(targets, procs, tmp_path):
     tgt = procs(targets["grower"])
     tgt.expect("ready")
     out = tmp_path / "pipe.allocscope"
-    top = subprocess.Popen([*ALLOCSCOPE, "top", "--pid", str(tgt.pid), "--batch", "--interval", "0.3", "-o",
-                            str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
+    top = subprocess.Popen(
+        [*ALLOCSCOPE, "top", "--pid", str(tgt.pid), "--batch", "--interval", "0.3", "-o", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(ROOT),
+    )
     try:
         assert top.stdout.readline().startswith("== ")  # like `| head -1`
         top.stdout.close()
@@ -290,6 +317,7 @@ def test_top_batch_closed_pipe_finalizes_quietly(targets, procs, tmp_path):
 
 # --- record's status line ---------------------------------------------------------------------------
 
+
 def test_record_status_line_on_a_tty_not_on_a_pipe(targets, procs, tmp_path):
     tgt = procs(targets["grower"])
     tgt.expect("ready")
@@ -297,8 +325,14 @@ def test_record_status_line_on_a_tty_not_on_a_pipe(targets, procs, tmp_path):
     out = tmp_path / "tty.allocscope"
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 200, 0, 0))  # 200 columns
-    rec = subprocess.Popen([*ALLOCSCOPE, "record", "--pid", str(tgt.pid), "-o", str(out), "--interval", "0.3"],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave, text=True, cwd=str(ROOT))
+    rec = subprocess.Popen(
+        [*ALLOCSCOPE, "record", "--pid", str(tgt.pid), "-o", str(out), "--interval", "0.3"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+        cwd=str(ROOT),
+    )
     os.close(slave)
     seen = bytearray()
 
@@ -311,6 +345,7 @@ def test_record_status_line_on_a_tty_not_on_a_pipe(targets, procs, tmp_path):
             if not data:
                 return
             seen.extend(data)
+
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
@@ -328,14 +363,21 @@ def test_record_status_line_on_a_tty_not_on_a_pipe(targets, procs, tmp_path):
     os.close(master)
     text = seen.decode()
     lines = re.findall(r"\r\x1b\[K(allocscope: [^\r\n]*)", text)
-    assert any(re.fullmatch(rf"allocscope: \d+s  RSS [\d.]+ \w+  live {human_bytes(GROW)}  lost 0  {status}", ln)
-               for ln in lines), lines
+    assert any(
+        re.fullmatch(rf"allocscope: \d+s  RSS [\d.]+ \w+  live {human_bytes(GROW)}  lost 0  {status}", ln)
+        for ln in lines
+    ), lines
     assert text.endswith("\r\x1b[K") or "\r\x1b[K" in text.splitlines()[-1]  # cleared before the summary
     assert "allocscope: wrote" in rec.stdout.read()
     # stderr on a pipe: progress lines only
     out2 = tmp_path / "pipe.allocscope"
-    p = subprocess.run([*ALLOCSCOPE, "record", "--pid", str(tgt.pid), "-o", str(out2), "--interval", "0.3",
-                        "--duration", "1.5"], capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+    p = subprocess.run(
+        [*ALLOCSCOPE, "record", "--pid", str(tgt.pid), "-o", str(out2), "--interval", "0.3", "--duration", "1.5"],
+        capture_output=True,
+        text=True,
+        cwd=str(ROOT),
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     assert "\r" not in p.stderr and "\x1b" not in p.stderr and "top:" not in p.stderr, p.stderr
     assert all(ln.startswith("allocscope: ") for ln in p.stderr.splitlines())

@@ -2,6 +2,7 @@
 read back with the exact schemas, large ones zstd; parts fsynced in batches of whole intervals
 off the loop, every part before a meta.json; a SIGKILLed writer leaves a trace readable up to
 its last complete interval; an fsync that fails ends the recording with a one-line error."""
+
 from __future__ import annotations
 
 import errno
@@ -33,10 +34,20 @@ class Clock:
 
 def sites(seq: int, n: int) -> pa.Table:
     i = np.arange(n)
-    return pa.table({"seq": np.full(n, seq, np.int32), "stack_id": (i + 1).astype(np.uint64),
-                     "tid": np.full(n, 7, np.uint32), "source": ["heap"] * n, "alloc_bytes": i * 16,
-                     "alloc_count": i, "free_bytes": i * 8, "free_count": i // 2, "peak_live_bytes": i * 16},
-                    schema=F.SCHEMAS["sites"])
+    return pa.table(
+        {
+            "seq": np.full(n, seq, np.int32),
+            "stack_id": (i + 1).astype(np.uint64),
+            "tid": np.full(n, 7, np.uint32),
+            "source": ["heap"] * n,
+            "alloc_bytes": i * 16,
+            "alloc_count": i,
+            "free_bytes": i * 8,
+            "free_count": i // 2,
+            "peak_live_bytes": i * 16,
+        },
+        schema=F.SCHEMAS["sites"],
+    )
 
 
 def interval(seq: int) -> pa.Table:
@@ -88,6 +99,7 @@ def fsyncs(monkeypatch):
         target = os.readlink(f"/proc/self/fd/{fd}")
         seen.append(os.path.basename(target) + ("/" if os.path.isdir(target) else ""))
         real(fd)
+
     monkeypatch.setattr(W.os, "fsync", fsync)
     return seen
 
@@ -111,11 +123,18 @@ def test_fsyncs_batched_whole_intervals_and_every_part_before_meta(tmp_path, fsy
     write_interval(w, 7)
     w.write_part("sites", 8, sites(8, 2))  # an interval cut short: its parts are synced before meta too
     w.write_meta({**META, "complete": True})
-    assert fsyncs == [F.part_name("sites", 7), F.part_name("intervals", 7), F.part_name("sites", 8), "parts/",
-                      ".meta.json.tmp", "s.allocscope/"]
+    assert fsyncs == [
+        F.part_name("sites", 7),
+        F.part_name("intervals", 7),
+        F.part_name("sites", 8),
+        "parts/",
+        ".meta.json.tmp",
+        "s.allocscope/",
+    ]
     w.close()
     assert sorted(os.listdir(path / F.PARTS)) == sorted(
-        [F.part_name(t, s) for s in range(1, 8) for t in ("sites", "intervals")] + [F.part_name("sites", 8)])
+        [F.part_name(t, s) for s in range(1, 8) for t in ("sites", "intervals")] + [F.part_name("sites", 8)]
+    )
 
 
 def test_sync_s_zero_fsyncs_every_part_before_its_rename(tmp_path, fsyncs):
@@ -133,6 +152,7 @@ def test_failed_fsync_is_a_one_line_error(tmp_path, monkeypatch):
 
     def fsync(fd):
         raise OSError(errno.EIO, "Input/output error")
+
     monkeypatch.setattr(W.os, "fsync", fsync)
     clock.t = 1.0
     write_interval(w, 1)  # handed to the fsync thread, which fails
@@ -154,8 +174,14 @@ def test_sigkilled_writer_leaves_every_finished_interval(tmp_path):
             while True:
                 seq += 1
                 w.write_part("sites", seq, sites(seq, 1 + seq % 50))
-                w.write_part("threads", seq, pa.table({"seq": [seq], "ts_ns": [seq], "tid": [7], "name": ["t"],
-                                                       "event": ["seen"]}, schema=F.SCHEMAS["threads"]))
+                w.write_part(
+                    "threads",
+                    seq,
+                    pa.table(
+                        {"seq": [seq], "ts_ns": [seq], "tid": [7], "name": ["t"], "event": ["seen"]},
+                        schema=F.SCHEMAS["threads"],
+                    ),
+                )
                 w.write_part("intervals", seq, interval(seq))
         finally:
             os._exit(1)

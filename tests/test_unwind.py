@@ -1,5 +1,6 @@
 """tracer/unwind/ without BPF: CFI rows of compiled programs and system libraries, the cache,
 LPM prefixes and slices."""
+
 from __future__ import annotations
 
 import os
@@ -87,8 +88,7 @@ def test_gaps_between_functions_fall_back(tmp_path):
         rows = UR.build_table(elf).rows
     pcs = dict(zip(rows["pc"].tolist(), rows["cfa_type"].tolist()))
     for e in fdes:
-        end = vaddr_to_offset(segs, e.header["initial_location"] + e.header["address_range"],
-                              whole=True, end=True)
+        end = vaddr_to_offset(segs, e.header["initial_location"] + e.header["address_range"], whole=True, end=True)
         if end not in starts:
             assert pcs.get(end) == UR.CFA_NONE, hex(end)
 
@@ -97,6 +97,7 @@ def test_system_libraries():
     """glibc and libstdc++: every FDE decodes (DW_CFA_GNU_args_size included), PLT and the signal
     trampoline are recognized, clone3 ends the stack."""
     import glob
+
     libc = sorted(glob.glob("/lib/x86_64-linux-gnu/libc.so.6") + glob.glob("/usr/lib/x86_64-linux-gnu/libc.so.6"))[0]
     info = table(libc)
     assert info.kinds.get("signal") == 1 and info.kinds.get("plt", 0) >= 1 and info.kinds.get("stop", 0) >= 1
@@ -150,22 +151,38 @@ def test_row_layout_matches_header(tmp_path):
     import ctypes as ct
 
     from tracer.base import layout as L
-    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include <linux/types.h>', '#include "allocscope.h"',
-             "int main(void){",
-             'printf("%zu %zu %zu %zu %zu\\n", sizeof(struct as_urow), offsetof(struct as_urow, cfa_off),'
-             ' offsetof(struct as_urow, cfa_type), offsetof(struct as_urow, rbp_off), sizeof(struct as_umap_key));',
-             'printf("%zu %zu %zu %zu\\n", sizeof(struct as_umap), offsetof(struct as_umap, count),'
-             ' offsetof(struct as_umap, module), offsetof(struct as_umap, flags));',
-             'printf("%zu %zu %u\\n", sizeof(struct as_upending), offsetof(struct as_upending, last_ns),'
-             ' AS_UMAP_PENDING);', "return 0;}"]
+
+    lines = [
+        "#include <stdio.h>",
+        "#include <stddef.h>",
+        "#include <linux/types.h>",
+        '#include "allocscope.h"',
+        "int main(void){",
+        'printf("%zu %zu %zu %zu %zu\\n", sizeof(struct as_urow), offsetof(struct as_urow, cfa_off),'
+        " offsetof(struct as_urow, cfa_type), offsetof(struct as_urow, rbp_off), sizeof(struct as_umap_key));",
+        'printf("%zu %zu %zu %zu\\n", sizeof(struct as_umap), offsetof(struct as_umap, count),'
+        " offsetof(struct as_umap, module), offsetof(struct as_umap, flags));",
+        'printf("%zu %zu %u\\n", sizeof(struct as_upending), offsetof(struct as_upending, last_ns), AS_UMAP_PENDING);',
+        "return 0;}",
+    ]
     src = tmp_path / "sz.c"
     src.write_text("\n".join(lines))
     support.build(tmp_path / "sz", src, flags=[f"-I{L.PROBES_DIR}"])
     out = subprocess.run([str(tmp_path / "sz")], capture_output=True, text=True, check=True).stdout.split()
-    assert [int(x) for x in out] == [UR.ROW.itemsize, UR.ROW.fields["cfa_off"][1], UR.ROW.fields["cfa_type"][1],
-                                     UR.ROW.fields["rbp_off"][1], ct.sizeof(UW.UmapKey), ct.sizeof(UW.Umap),
-                                     UW.Umap.count.offset, UW.Umap.module.offset, UW.Umap.flags.offset,
-                                     ct.sizeof(UW.Upending), UW.Upending.last_ns.offset, UW.UMAP_PENDING]
+    assert [int(x) for x in out] == [
+        UR.ROW.itemsize,
+        UR.ROW.fields["cfa_off"][1],
+        UR.ROW.fields["cfa_type"][1],
+        UR.ROW.fields["rbp_off"][1],
+        ct.sizeof(UW.UmapKey),
+        ct.sizeof(UW.Umap),
+        UW.Umap.count.offset,
+        UW.Umap.module.offset,
+        UW.Umap.flags.offset,
+        ct.sizeof(UW.Upending),
+        UW.Upending.last_ns.offset,
+        UW.UMAP_PENDING,
+    ]
 
 
 def test_pprof_keeps_addresses_of_inlined_frames():
@@ -177,13 +194,20 @@ def test_pprof_keeps_addresses_of_inlined_frames():
     from reports.analysis import FrameInfo
     from reports.render.pprof import captured_frames
 
-    st = pd.DataFrame({"stack_id": [7, 7], "idx": [0, 1], "ip": [0x1010, 0x2020], "offset": [0x10, 0x20],
-                       "build_id": ["ab", "ab"]})
-    frames = (FrameInfo("Vec::with_capacity", "/m", "a.rs", 3, inlined=True), FrameInfo("inner", "/m", "a.rs", 9),
-              FrameInfo("outer", "/m", "a.rs", 20))
+    st = pd.DataFrame(
+        {"stack_id": [7, 7], "idx": [0, 1], "ip": [0x1010, 0x2020], "offset": [0x10, 0x20], "build_id": ["ab", "ab"]}
+    )
+    frames = (
+        FrameInfo("Vec::with_capacity", "/m", "a.rs", 3, inlined=True),
+        FrameInfo("inner", "/m", "a.rs", 9),
+        FrameInfo("outer", "/m", "a.rs", 20),
+    )
     got = captured_frames(types.SimpleNamespace(stacks=st), {7: frames})[7]
-    assert [(f.info.function, f.ip) for f in got] == [("Vec::with_capacity", 0x1010), ("inner", 0x1010),
-                                                      ("outer", 0x2020)]
+    assert [(f.info.function, f.ip) for f in got] == [
+        ("Vec::with_capacity", 0x1010),
+        ("inner", 0x1010),
+        ("outer", 0x2020),
+    ]
     assert FrameInfo("inner", "/m", "a.rs", 9, inlined=True) == frames[1]  # not part of equality
 
 
@@ -205,8 +229,13 @@ class FakeTable:
 
 def fake_bpf() -> dict:
     import ctypes as ct
-    return {b"urows": FakeTable(ct.c_uint32, UW.Urow), b"umaps": FakeTable(UW.UmapKey, UW.Umap),
-            b"ugen": FakeTable(ct.c_uint32, ct.c_uint64), b"upending": FakeTable(ct.c_uint32, UW.Upending)}
+
+    return {
+        b"urows": FakeTable(ct.c_uint32, UW.Urow),
+        b"umaps": FakeTable(UW.UmapKey, UW.Umap),
+        b"ugen": FakeTable(ct.c_uint32, ct.c_uint64),
+        b"upending": FakeTable(ct.c_uint32, UW.Upending),
+    }
 
 
 def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
@@ -222,16 +251,22 @@ def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
     monkeypatch.setattr(UB, "build_costs", lambda: (4096, 32 << 10, 256))
     small = build(tmp_path, "small", "-O2")
     src = tmp_path / "big.c"
-    src.write_text("\n".join(f"int f{i}(int *a, int n) {{ int s = {i}; for (int j = 0; j < n; j++) "
-                             f"s += a[j] * {i % 7 + 2}{f' ^ f{i - 1}(a + 1, n - 1)' if i else ''}; return s; }}"
-                             for i in range(300)))
+    src.write_text(
+        "\n".join(
+            f"int f{i}(int *a, int n) {{ int s = {i}; for (int j = 0; j < n; j++) "
+            f"s += a[j] * {i % 7 + 2}{f' ^ f{i - 1}(a + 1, n - 1)' if i else ''}; return s; }}"
+            for i in range(300)
+        )
+    )
     big = support.build(tmp_path / "libbig.so", src, flags=["-O2", "-shared", "-fPIC"])
     with open(big, "rb") as f:
         assert UB.cfi_bytes(ELFFile(f)) > 4096
     bpf, said = fake_bpf(), []
     unw = UW.Unwinder(bpf, 0, 1 << 20, said.append, workers=1)
-    maps = [Mapping(0x400000, 0x401000, "r-xp", 0x1000, 11, str(small)),
-            Mapping(0x7F0000001000, 0x7F0000003000, "r-xp", 0x1000, 12, str(big))]
+    maps = [
+        Mapping(0x400000, 0x401000, "r-xp", 0x1000, 11, str(small)),
+        Mapping(0x7F0000001000, 0x7F0000003000, "r-xp", 0x1000, 12, str(big)),
+    ]
     try:
         unw.update(maps)
         lpm = bpf[b"umaps"].d
@@ -253,8 +288,11 @@ def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
         assert unw.gen == gen + 1 and not any(m.pending for m in unw.modules.values())
         assert all(v.flags == 0 and v.count > 0 for v in bpf[b"umaps"].d.values())
         built = [x for x in said if x.startswith("unwind table for libbig")]
-        assert len(built) == 1 and re.fullmatch(r"unwind table for libbig\.so: \d+ rows in [\d.]+ s; "
-                                                r"stacks through it complete from \+[\d.]+ s", built[0]), said
+        assert len(built) == 1 and re.fullmatch(
+            r"unwind table for libbig\.so: \d+ rows in [\d.]+ s; "
+            r"stacks through it complete from \+[\d.]+ s",
+            built[0],
+        ), said
         p = unw.meta()["pending"][0]
         assert (p["stacks"], p["first_s"], p["last_s"]) == (3, 1.0, 2.0) and p["rows"] > 300, p
         key, rows, cached = UB.load_rows(str(big))  # what the worker built is in the cache
@@ -266,11 +304,13 @@ def test_pending_module_is_built_once_stacks_cross_it(tmp_path, monkeypatch):
 def test_pending_notes_say_how_many_where_until_when():
     from reports.analysis.totals import pending_notes
 
-    assert pending_notes([
-        {"module": "/x/libbig.so", "stacks": 7, "built_s": 1.44, "build_s": 1.07, "rows": 50769},
-        {"module": "/x/libtorch_cuda.so", "stacks": 1, "built_s": None, "last_s": 12.3, "error": ""},
-        {"module": "/x/libodd.so", "stacks": 2, "built_s": None, "error": "ELFError: bad"},
-    ]) == [
+    assert pending_notes(
+        [
+            {"module": "/x/libbig.so", "stacks": 7, "built_s": 1.44, "build_s": 1.07, "rows": 50769},
+            {"module": "/x/libtorch_cuda.so", "stacks": 1, "built_s": None, "last_s": 12.3, "error": ""},
+            {"module": "/x/libodd.so", "stacks": 2, "built_s": None, "error": "ELFError: bad"},
+        ]
+    ) == [
         "7 stacks cut short in libbig.so until +1.4 s while its unwind table was built (50769 rows in 1.1 s)",
         "1 stack cut short in libtorch_cuda.so (last at +12.3 s): its unwind table was still being built when "
         "the recording ended",
@@ -288,8 +328,13 @@ def test_doctor_warm_builds_every_table_of_a_process(tmp_path):
         pid = p.pid  # sleep: itself, libc, ld.so
         support.wait_for(lambda: "libc" in Path(f"/proc/{pid}/maps").read_text(), what="sleep mapped libc")
         res = support.cli("doctor", "--pid", str(pid), "--warm", env=env, check=True)
-        n = len([ln for ln in Path(f"/proc/{pid}/maps").read_text().splitlines()
-                 if "x" in ln.split()[1] and len(ln.split()) >= 6 and ln.split()[5].startswith("/")])
+        n = len(
+            [
+                ln
+                for ln in Path(f"/proc/{pid}/maps").read_text().splitlines()
+                if "x" in ln.split()[1] and len(ln.split()) >= 6 and ln.split()[5].startswith("/")
+            ]
+        )
         files = list((tmp_path / "cache" / "unwind").glob("v*.npy"))
         assert len(files) == n >= 3, (files, res.stderr)
         assert re.search(rf"unwind tables of pid {pid}: {n} built, 0 cached already, 0 failed", res.stderr), res.stderr
@@ -336,8 +381,12 @@ def test_cached_modules_past_half_the_table_wait_for_a_stack(tmp_path, monkeypat
     bpf = fake_bpf()
     unw = UW.Unwinder(bpf, 0, 2 * rows[0] + 10, lambda _m: None, workers=1)  # libc fits in half, libstdc++ not
     try:
-        unw.update([Mapping(0x7F0000000000, 0x7F0000001000, "r-xp", 0, 11, libs[0]),
-                    Mapping(0x7F1000000000, 0x7F1000001000, "r-xp", 0, 12, libs[1])])
+        unw.update(
+            [
+                Mapping(0x7F0000000000, 0x7F0000001000, "r-xp", 0, 11, libs[0]),
+                Mapping(0x7F1000000000, 0x7F1000001000, "r-xp", 0, 12, libs[1]),
+            ]
+        )
         loaded = {os.path.basename(m.path): (m.pending, m.count) for m in unw.modules.values()}
         assert loaded == {"libc.so.6": (False, rows[0]), "libstdc++.so.6": (True, 0)}, loaded
         assert not unw.failed and unw.next_row == rows[0]

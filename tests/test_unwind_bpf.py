@@ -2,6 +2,7 @@
 C++ -O2 (tests/targets/nofp, tests/targets/rust, tests/targets/cxx). Every target waits for a
 line on stdin before it allocates, so the tracer is attached first; frames and lines are checked
 against markers in the sources ("L7", "R2", ...)."""
+
 from __future__ import annotations
 
 import json
@@ -48,18 +49,23 @@ def release_targets(tmp_path_factory) -> dict[str, Path]:
         built[f"lib{src.stem}"] = build(out / f"lib{src.stem}.so", src, flags=[*NOFP_CFLAGS, "-shared", "-fPIC"])
     deep = TARGETS_SRC / "nofp" / "deep.c"
     # CFI only in .debug_frame (no .eh_frame for the program's own code)
-    built["deep_debugframe"] = build(out / "deep_debugframe", deep,
-                                     flags=[*NOFP_CFLAGS, "-fno-asynchronous-unwind-tables"])
+    built["deep_debugframe"] = build(
+        out / "deep_debugframe", deep, flags=[*NOFP_CFLAGS, "-fno-asynchronous-unwind-tables"]
+    )
     # no CFI at all for the program's code, frame pointers instead
-    built["deep_nocfi"] = build(out / "deep_nocfi", deep, flags=["-O1", "-fno-omit-frame-pointer",
-                                                                 "-fno-asynchronous-unwind-tables", "-pthread"])
+    built["deep_nocfi"] = build(
+        out / "deep_nocfi",
+        deep,
+        flags=["-O1", "-fno-omit-frame-pointer", "-fno-asynchronous-unwind-tables", "-pthread"],
+    )
     for src in sorted((TARGETS_SRC / "cxx").glob("*.cpp")):
         built[src.stem] = build(out / src.stem, src, flags=["-O2", "-g", "-pthread", "-Wall"], cc="g++")
     rustc = find_tool("rustc", *RUSTC_ELSEWHERE)
     if rustc:
         for src in sorted((TARGETS_SRC / "rust").glob("*.rs")):
-            built[src.stem] = build(out / src.stem, src, flags=["-C", "opt-level=2", "-g", "--edition", "2021"],
-                                    cc=rustc, cwd=out)
+            built[src.stem] = build(
+                out / src.stem, src, flags=["-C", "opt-level=2", "-g", "--edition", "2021"], cc=rustc, cwd=out
+            )
     return built
 
 
@@ -74,8 +80,9 @@ def marker_lines(src: Path) -> dict[str, int]:
 
 class Target:
     def __init__(self, exe: Path, *args: str) -> None:
-        self.p = subprocess.Popen([str(exe), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
+        self.p = subprocess.Popen(
+            [str(exe), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
     def expect(self, prefix: str, timeout: float = 30) -> None:
         end = time.monotonic() + timeout
@@ -107,8 +114,9 @@ class Target:
 def run_target(tmp_path, tracers):
     started: list[Target] = []
 
-    def run(exe: Path, name: str, *record_args: str, stop: str = "sigint",
-            target_args: tuple[str, ...] = ()) -> tuple[Path, Target]:
+    def run(
+        exe: Path, name: str, *record_args: str, stop: str = "sigint", target_args: tuple[str, ...] = ()
+    ) -> tuple[Path, Target]:
         """Attach to `exe` (waiting for its go line), let it work, then stop the recording:
         stop="sigint" (target left running) or "exit" (the target exits, ending it)."""
         tgt = Target(exe, "--wait-stdin", *target_args)
@@ -181,14 +189,15 @@ def test_c_nofp_ten_frames(release_targets, run_target):
     assert hn[0] == "on_usr2" and h["frames"][0]["line"] == mark["S0"]
     i = hn.index("signal_level2")
     assert "raise" in hn[1:i], hn
-    assert hn[i:i + 3] == ["signal_level2", "signal_level1", "deep_main"], hn
+    assert hn[i : i + 3] == ["signal_level2", "signal_level1", "deep_main"], hn
     assert_thread_bottom(h["frames"])
 
     # the same stacks once the target has exited
     tgt.exit()
     again = report_json(out)
-    assert [(functions(x["frames"]), x["live_bytes"]) for x in again["sites"]] == \
-        [(functions(x["frames"]), x["live_bytes"]) for x in rep["sites"]]
+    assert [(functions(x["frames"]), x["live_bytes"]) for x in again["sites"]] == [
+        (functions(x["frames"]), x["live_bytes"]) for x in rep["sites"]
+    ]
 
 
 def test_c_nofp_frame_pointer_mode_is_short(release_targets, run_target):
@@ -214,16 +223,21 @@ def test_c_nofp_stacks_after_target_exit(release_targets, run_target):
 
 def test_rust_release_chain(release_targets, run_target):
     if "vecchain" not in release_targets:
-        unavailable("rustc is not installed (looked in PATH, ~/.cargo/bin, /usr/local/cargo/bin): "
-                    "Rust target not built")
+        unavailable(
+            "rustc is not installed (looked in PATH, ~/.cargo/bin, /usr/local/cargo/bin): Rust target not built"
+        )
     mark = marker_lines(TARGETS_SRC / "rust" / "vecchain.rs")
     out, _ = run_target(release_targets["vecchain"], "rust")
     rep = report_json(out)
     assert rep["totals"]["lost_events"] == 0, rep["totals"]
     s = site_with(rep, "vecchain::rust_inner")
     fr = s["frames"]
-    assert functions(fr)[:4] == ["vecchain::rust_inner", "vecchain::rust_middle", "vecchain::rust_outer",
-                             "vecchain::main::{{closure}}"], functions(fr)
+    assert functions(fr)[:4] == [
+        "vecchain::rust_inner",
+        "vecchain::rust_middle",
+        "vecchain::rust_outer",
+        "vecchain::main::{{closure}}",
+    ], functions(fr)
     assert [f["line"] for f in fr[:4]] == [mark["R3"], mark["R2"], mark["R1"], mark["R0"]]
     assert all(f["file"].endswith("vecchain.rs") for f in fr[:4])
     assert_thread_bottom(fr)
@@ -251,7 +265,7 @@ def test_cxx_release_chain(release_targets, run_target):
     assert v["live_bytes"] == 4 * 24 + (300 + 301 + 302 + 303) * 4, v["live_bytes"]
     full = functions(v["full_frames"])
     assert full[0] == "operator new(unsigned long)", full
-    assert any(n.startswith("std::") for n in full[:full.index(chain[0])]), full
+    assert any(n.startswith("std::") for n in full[: full.index(chain[0])]), full
     # push_back growth: the surviving buffer
     g = by_line[mark["X4"]]
     assert g["live_count"] == 1 and any("push_back" in n for n in functions(g["full_frames"]))
@@ -270,8 +284,9 @@ def test_unwind_maps_match_bcc():
     from tracer.bpf.probes import Probes
     from tracer.unwind import unwinder as UW
 
-    p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
-                                         unwind_rows=4096))
+    p = Probes(
+        os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16, unwind_rows=4096)
+    )
     try:
         assert p.unwind == "dwarf", p.unwind_error
         for name, (key, val) in UW.MAP_LAYOUTS.items():
@@ -293,8 +308,9 @@ def test_launch_mode_holds_the_loader(release_targets, tmp_path):
     assert functions(fr)[:10] == [f"level{i}" for i in range(10, 0, -1)]
     assert_thread_bottom(fr)
     main_sites = [s for s in rep["sites"] if "main" in functions(s["frames"])]
-    assert main_sites and all(functions(s["frames"])[-1] == "_start" for s in main_sites), \
-        [functions(s["frames"]) for s in main_sites]
+    assert main_sites and all(functions(s["frames"])[-1] == "_start" for s in main_sites), [
+        functions(s["frames"]) for s in main_sites
+    ]
 
 
 def test_embedded_symbols_when_binary_is_gone(release_targets, run_target, tmp_path):
@@ -318,8 +334,10 @@ def test_falls_back_to_frame_pointers_when_the_unwinder_cannot_load():
     from tracer.base.options import RecordOptions
     from tracer.bpf.probes import Probes
 
-    p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
-                                         unwind_rows=(1 << 32) - 1))
+    p = Probes(
+        os.getpid(),
+        RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16, unwind_rows=(1 << 32) - 1),
+    )
     try:
         assert p.unwind == "fp" and p.unwind_error
         assert p.unwinder() is None
@@ -370,8 +388,9 @@ DL_CHAIN = ["dl_level4", "dl_level3", "dl_level2", "dl_level1", "dl_entry", "cal
 def test_dlopen_in_pid_mode(release_targets, run_target):
     """A library dlopen'ed while recording gets its rows when its code is mapped (the tracer sees
     the PROT_EXEC mmap); here the program lets 300 ms pass before calling into it."""
-    out, _ = run_target(release_targets["dlmain"], "dlopen",
-                        target_args=("--settle", "300", str(release_targets["libdlchain"])))
+    out, _ = run_target(
+        release_targets["dlmain"], "dlopen", target_args=("--settle", "300", str(release_targets["libdlchain"]))
+    )
     rep = report_json(out)
     fr = site_with(rep, "dl_level4")["frames"]
     assert functions(fr)[:7] == DL_CHAIN, functions(fr)
@@ -384,8 +403,18 @@ def test_dlopen_in_launch_mode_without_delay(release_targets, tmp_path):
     """-- CMD: the probes hold the main thread at the library's code mapping until its rows are
     in, so a call right after dlopen already unwinds through it."""
     out = tmp_path / "dl-launch.allocscope"
-    cli("record", "-q", "-o", str(out), "--", str(release_targets["dlmain"]), "--exit",
-        str(release_targets["libdlchain"]), check=True, timeout=180)
+    cli(
+        "record",
+        "-q",
+        "-o",
+        str(out),
+        "--",
+        str(release_targets["dlmain"]),
+        "--exit",
+        str(release_targets["libdlchain"]),
+        check=True,
+        timeout=180,
+    )
     rep = report_json(out)
     fr = site_with(rep, "dl_level4")["frames"]
     assert functions(fr)[:7] == DL_CHAIN, functions(fr)
@@ -398,22 +427,45 @@ def big_library(out: Path, functions: int = 4000) -> Path:
     registers; what makes its table big: ~140 KiB of .eh_frame, 16 000 rows). Assembled, not
     compiled: gcc takes ~5 ms a C function."""
     src = out.with_suffix(".c")
-    src.write_text("\n".join([
-        "#include <stdlib.h>", "#include <stdint.h>", "#define NI __attribute__((noinline, noipa))",
-        "static void *kept[4096]; static unsigned nkept; uintptr_t mix;",
-        "NI void *big_leaf(size_t size) { void *p = malloc(size); kept[nkept++ & 4095] = p; mix ^= 1; return p; }",
-        "NI void *big_mid(int k, size_t size) { void *p = big_leaf(size); mix += (uintptr_t)k; return p; }",
-        "NI void big_entry(int k, size_t size) { void *p = big_mid(k, size); mix ^= (uintptr_t)p; }"]) + "\n")
+    src.write_text(
+        "\n".join(
+            [
+                "#include <stdlib.h>",
+                "#include <stdint.h>",
+                "#define NI __attribute__((noinline, noipa))",
+                "static void *kept[4096]; static unsigned nkept; uintptr_t mix;",
+                "NI void *big_leaf(size_t size) { void *p = malloc(size); kept[nkept++ & 4095] = p; mix ^= 1; return p; }",
+                "NI void *big_mid(int k, size_t size) { void *p = big_leaf(size); mix += (uintptr_t)k; return p; }",
+                "NI void big_entry(int k, size_t size) { void *p = big_mid(k, size); mix ^= (uintptr_t)p; }",
+            ]
+        )
+        + "\n"
+    )
     fill = out.with_name(out.stem + "_fill.S")
     body = []
     for i in range(functions):
-        body += [f".globl big_fill_{i}", f".type big_fill_{i},@function", f"big_fill_{i}:", ".cfi_startproc",
-                 "push %rbx", ".cfi_adjust_cfa_offset 8", ".cfi_offset %rbx, -16",
-                 "push %r12", ".cfi_adjust_cfa_offset 8", ".cfi_offset %r12, -24",
-                 f"lea {i}(%rdi), %rax",
-                 "pop %r12", ".cfi_adjust_cfa_offset -8", ".cfi_restore %r12",
-                 "pop %rbx", ".cfi_adjust_cfa_offset -8", ".cfi_restore %rbx",
-                 "ret", ".cfi_endproc", f".size big_fill_{i}, .-big_fill_{i}"]
+        body += [
+            f".globl big_fill_{i}",
+            f".type big_fill_{i},@function",
+            f"big_fill_{i}:",
+            ".cfi_startproc",
+            "push %rbx",
+            ".cfi_adjust_cfa_offset 8",
+            ".cfi_offset %rbx, -16",
+            "push %r12",
+            ".cfi_adjust_cfa_offset 8",
+            ".cfi_offset %r12, -24",
+            f"lea {i}(%rdi), %rax",
+            "pop %r12",
+            ".cfi_adjust_cfa_offset -8",
+            ".cfi_restore %r12",
+            "pop %rbx",
+            ".cfi_adjust_cfa_offset -8",
+            ".cfi_restore %rbx",
+            "ret",
+            ".cfi_endproc",
+            f".size big_fill_{i}, .-big_fill_{i}",
+        ]
     fill.write_text("\n".join([".text", *body, '.section .note.GNU-stack,"",@progbits']) + "\n")
     return build(out, src, fill, flags=["-O2", "-g0", "-fomit-frame-pointer", "-shared", "-fPIC"])
 
@@ -440,24 +492,35 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
     tgt = Target(release_targets["lazy"], str(lib), str(n1), str(n2))
     out = tmp_path / "lazy.allocscope"
     env = dict(os.environ, ALLOCSCOPE_CACHE_DIR=str(cache))
-    tr = subprocess.Popen([sys.executable, "-m", "allocscope", "record", "--pid", str(tgt.p.pid), "-o", str(out),
-                           "--interval", "0.5"], cwd=str(ROOT), env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+    tr = subprocess.Popen(
+        [sys.executable, "-m", "allocscope", "record", "--pid", str(tgt.p.pid), "-o", str(out), "--interval", "0.5"],
+        cwd=str(ROOT),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(tr.stderr.readline, "")), daemon=True)
     try:
         tgt.expect("ready")
         t0 = time.monotonic()
         reader.start()
-        wait_for(lambda: any("recording pid" in x for x in lines) or tr.poll() is not None, timeout=60,
-                 what="probes attached")
+        wait_for(
+            lambda: any("recording pid" in x for x in lines) or tr.poll() is not None,
+            timeout=60,
+            what="probes attached",
+        )
         live_s = time.monotonic() - t0
         assert tr.poll() is None, "".join(lines)
         tgt.go()
         tgt.expect("phase1")
         # libc.so.6 too: the wait that follows "phase1" (in read, from main) is cut short there
-        wait_for(lambda: all(any(f"unwind table for {m}" in x for x in lines) for m in ("libbig.so", "libc.so.6")),
-                 timeout=120, what="libbig.so's and libc's tables built")
+        wait_for(
+            lambda: all(any(f"unwind table for {m}" in x for x in lines) for m in ("libbig.so", "libc.so.6")),
+            timeout=120,
+            what="libbig.so's and libc's tables built",
+        )
         tgt.go()
         tgt.expect("done")
         time.sleep(0.6)
@@ -469,8 +532,11 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
             tr.kill()
     reader.join(10)
     built = next(x for x in lines if "unwind table for libbig.so" in x)
-    assert re.search(r"unwind table for libbig\.so: \d+ rows in [\d.]+ s; stacks through it complete from "
-                     r"\+[\d.]+ s", built), built
+    assert re.search(
+        r"unwind table for libbig\.so: \d+ rows in [\d.]+ s; stacks through it complete from "
+        r"\+[\d.]+ s",
+        built,
+    ), built
 
     meta = json.loads((out / "meta.json").read_text())
     unw = meta["unwind"]
@@ -490,8 +556,9 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
     losses = rep["totals"]["losses"]
     assert losses.get("lost_stack_pending") == sum(p["stacks"] for p in unw["pending"]), (losses, unw["pending"])
     early = [s for s in rep["sites"] if s["live_bytes"] == n1 * 4321]
-    assert len(early) == 1 and early[0]["live_count"] == n1, [(functions(s["frames"]), s["live_bytes"])
-                                                               for s in rep["sites"]]
+    assert len(early) == 1 and early[0]["live_count"] == n1, [
+        (functions(s["frames"]), s["live_bytes"]) for s in rep["sites"]
+    ]
     assert functions(early[0]["full_frames"]) == ["big_leaf"], early[0]["full_frames"]
     late = [s for s in rep["sites"] if s["live_bytes"] == n2 * 1234]
     assert len(late) == 1 and late[0]["live_count"] == n2
@@ -500,8 +567,9 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
     assert late[0]["frames"][3]["line"] == marker_lines(TARGETS_SRC / "nofp" / "lazy.c")["Z1"]
     note = f"{n1} stacks cut short in libbig.so until +{big['built_s']:.1f} s while its unwind table was built"
     assert any(a.startswith(note) for a in rep["advice"]), rep["advice"]
-    assert [p["stacks"] for p in rep["recording"]["unwind_pending"]
-            if p["module"].endswith("libbig.so")] == [n1], rep["recording"]["unwind_pending"]
+    assert [p["stacks"] for p in rep["recording"]["unwind_pending"] if p["module"].endswith("libbig.so")] == [n1], rep[
+        "recording"
+    ]["unwind_pending"]
     # the wait after "phase1" was cut short at libc; the one after "done" (the same place, still
     # blocked at the end) was unwound again, complete: a stack cut short is not kept in the wait memo
     from common.tracefile.reader import load_trace

@@ -10,6 +10,7 @@ preload — with this box's python, its site-packages seen without allocscope's 
 editable install's finder). The bundle and the fresh checkout say versions of their own, so each
 run shows where it read its version.
 """
+
 from __future__ import annotations
 
 import os
@@ -69,14 +70,16 @@ def _run(cmd: list, cwd: Path, **env) -> subprocess.CompletedProcess:
     """`cmd` in `cwd` (not the checkout here: the editable install left allocscope.egg-info in
     it, metadata that python -c/-m would find there)."""
     e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ALLOCSCOPE_PYTHON")}
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=60, env={**e, **env},
-                          cwd=cwd)
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=60, env={**e, **env}, cwd=cwd)
 
 
 def test_no_metadata_in_the_bare_python(bare):
     # what the other tests rely on: this python cannot find allocscope's metadata
-    r = _run([bare["python"], "-c", "import importlib.metadata as m; m.version('allocscope')"], bare["cwd"],
-             PYTHONPATH=str(bare["checkout"]))
+    r = _run(
+        [bare["python"], "-c", "import importlib.metadata as m; m.version('allocscope')"],
+        bare["cwd"],
+        PYTHONPATH=str(bare["checkout"]),
+    )
     assert r.returncode == 1 and "PackageNotFoundError" in r.stderr, r.stderr
 
 

@@ -7,6 +7,7 @@ that time themselves (CLOCK_MONOTONIC around the call).
 * rustd --gpu-ms: the synth threads block in `hand_off`'s `SyncSender::send` (sync_channel(1))
   while the gpu thread "proves" each partition.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,13 +22,18 @@ pytestmark = pytest.mark.bpf
 
 
 def _own(stdout: str) -> dict:
-    holders = {int(m[0]): {"tid": int(m[1]), "held": int(m[2]), "waited_ns": int(m[3])}
-               for m in re.findall(r"holder (\d) tid=(\d+) held=(\d+) waited_ns=(\d+)", stdout)}
+    holders = {
+        int(m[0]): {"tid": int(m[1]), "held": int(m[2]), "waited_ns": int(m[3])}
+        for m in re.findall(r"holder (\d) tid=(\d+) held=(\d+) waited_ns=(\d+)", stdout)
+    }
     um = re.search(r"unmapper tid=(\d+) bytes=(\d+) ns=(\d+)", stdout)
     tr = re.search(r"trim tid=(\d+) ns=(\d+)", stdout)
     assert len(holders) == 3 and um and tr, stdout
-    return {"holders": holders, "unmap": {"tid": int(um[1]), "bytes": int(um[2]), "ns": int(um[3])},
-            "trim": {"tid": int(tr[1]), "ns": int(tr[2])}}
+    return {
+        "holders": holders,
+        "unmap": {"tid": int(um[1]), "bytes": int(um[2]), "ns": int(um[3])},
+        "trim": {"tid": int(tr[1]), "ns": int(tr[2])},
+    }
 
 
 def within(got: float, want: float, frac: float = 0.10) -> bool:

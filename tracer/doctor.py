@@ -1,4 +1,5 @@
 """`allocscope doctor`: can this machine trace? Each check says what is missing and the fix."""
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -28,8 +29,12 @@ def _tracefs() -> str | None:
 
 def check_root() -> Check:
     ok = os.geteuid() == 0
-    return Check("root", ok, "running as root" if ok else f"running as uid {os.geteuid()}",
-                 "run allocscope with sudo (BPF and uprobes need root)")
+    return Check(
+        "root",
+        ok,
+        "running as root" if ok else f"running as uid {os.geteuid()}",
+        "run allocscope with sudo (BPF and uprobes need root)",
+    )
 
 
 def check_bpf_syscall() -> Check:
@@ -37,8 +42,13 @@ def check_bpf_syscall() -> Check:
     libc = ct.CDLL(None, use_errno=True)
 
     class Attr(ct.Structure):
-        _fields_ = [("map_type", ct.c_uint32), ("key_size", ct.c_uint32), ("value_size", ct.c_uint32),
-                    ("max_entries", ct.c_uint32), ("pad", ct.c_uint8 * 112)]
+        _fields_ = [
+            ("map_type", ct.c_uint32),
+            ("key_size", ct.c_uint32),
+            ("value_size", ct.c_uint32),
+            ("max_entries", ct.c_uint32),
+            ("pad", ct.c_uint8 * 112),
+        ]
 
     attr = Attr(2, 4, 4, 1)  # BPF_MAP_TYPE_ARRAY
     fd = libc.syscall(321, 0, ct.byref(attr), ct.sizeof(attr))  # __NR_bpf, BPF_MAP_CREATE
@@ -46,17 +56,25 @@ def check_bpf_syscall() -> Check:
         os.close(fd)
         return Check("bpf syscall", True, "bpf() can create maps")
     err = ct.get_errno()
-    return Check("bpf syscall", False, f"bpf() failed: {os.strerror(err)}",
-                 "run as root; check kernel.unprivileged_bpf_disabled / lockdown / seccomp of this container")
+    return Check(
+        "bpf syscall",
+        False,
+        f"bpf() failed: {os.strerror(err)}",
+        "run as root; check kernel.unprivileged_bpf_disabled / lockdown / seccomp of this container",
+    )
 
 
 def check_bcc() -> Check:
     try:
         import bcc  # noqa: PLC0415
     except ImportError as e:
-        return Check("BCC python", False, f"cannot import bcc ({e})",
-                     "apt-get install python3-bpfcc (Debian's package; the PyPI 'bcc' is unrelated), "
-                     "and use a venv made with --system-site-packages: make setup")
+        return Check(
+            "BCC python",
+            False,
+            f"cannot import bcc ({e})",
+            "apt-get install python3-bpfcc (Debian's package; the PyPI 'bcc' is unrelated), "
+            "and use a venv made with --system-site-packages: make setup",
+        )
     return Check("BCC python", True, f"bcc from {os.path.dirname(bcc.__file__)}")
 
 
@@ -67,23 +85,32 @@ def check_headers() -> Check:
     if env:
         if os.path.exists(os.path.join(env, "include/generated/autoconf.h")):
             return Check("kernel headers", True, f"BCC_KERNEL_SOURCE={env}")
-        return Check("kernel headers", False, f"BCC_KERNEL_SOURCE={env} has no include/generated/autoconf.h",
-                     "point BCC_KERNEL_SOURCE at a configured kernel header tree, or unset it")
+        return Check(
+            "kernel headers",
+            False,
+            f"BCC_KERNEL_SOURCE={env} has no include/generated/autoconf.h",
+            "point BCC_KERNEL_SOURCE at a configured kernel header tree, or unset it",
+        )
     if os.path.exists(os.path.join(build, "include/generated/autoconf.h")):
         return Check("kernel headers", True, f"{build} -> {os.path.realpath(build)}")
     if os.path.exists("/sys/kernel/kheaders.tar.xz"):
         return Check("kernel headers", True, "in-kernel headers (/sys/kernel/kheaders.tar.xz)")
-    return Check("kernel headers", False, f"no headers at {build}",
-                 "apt-get install linux-headers-amd64; scripts/setup-host.sh links them when no "
-                 "package matches the running kernel (make setup does it)")
+    return Check(
+        "kernel headers",
+        False,
+        f"no headers at {build}",
+        "apt-get install linux-headers-amd64; scripts/setup-host.sh links them when no "
+        "package matches the running kernel (make setup does it)",
+    )
 
 
 def check_tracefs() -> Check:
     d = _tracefs()
     if d:
         return Check("tracefs", True, f"mounted at {d}")
-    return Check("tracefs", False, "tracefs is not mounted",
-                 "mount -t tracefs nodev /sys/kernel/tracing (make setup does it)")
+    return Check(
+        "tracefs", False, "tracefs is not mounted", "mount -t tracefs nodev /sys/kernel/tracing (make setup does it)"
+    )
 
 
 def check_uprobes() -> Check:
@@ -102,8 +129,7 @@ def check_tracepoints() -> Check:
         return Check("tracepoints", False, "tracefs missing", "see tracefs")
     missing = [n for n in need if not os.path.exists(os.path.join(d, "events", n))]
     if missing:
-        return Check("tracepoints", False, f"missing {', '.join(missing)}",
-                     "a kernel with CONFIG_FTRACE_SYSCALLS=y")
+        return Check("tracepoints", False, f"missing {', '.join(missing)}", "a kernel with CONFIG_FTRACE_SYSCALLS=y")
     return Check("tracepoints", True, "syscall, sched and task tracepoints present")
 
 
@@ -132,7 +158,7 @@ def _probe_link(attach_type: int) -> str:
     if target is None:
         return "no libc malloc in this process to try it on"
     libc = ct.CDLL(None, use_errno=True)
-    insns = (ct.c_uint64 * 2)(0x00000000000000b7, 0x0000000000000095)  # r0 = 0; exit
+    insns = (ct.c_uint64 * 2)(0x00000000000000B7, 0x0000000000000095)  # r0 = 0; exit
     lic = ct.create_string_buffer(b"GPL")
     attr = (ct.c_uint8 * 128)()
     ct.c_uint32.from_buffer(attr, 0).value = 2  # BPF_PROG_TYPE_KPROBE
@@ -161,24 +187,48 @@ def check_uprobe_links() -> Check:
 
     multi, session = _probe_link(TRACE_UPROBE_MULTI), _probe_link(TRACE_UPROBE_SESSION)
     if not multi and not session:
-        return Check("uprobe links", True, "uprobe_multi links and uprobe sessions available "
-                     "(one link per module; sampled calls skip the return trap)")
+        return Check(
+            "uprobe links",
+            True,
+            "uprobe_multi links and uprobe sessions available "
+            "(one link per module; sampled calls skip the return trap)",
+        )
     if not multi:
-        return Check("uprobe links", True, f"uprobe_multi links available; uprobe sessions not ({session}): "
-                     "sampled recordings keep classic return probes")
-    return Check("uprobe links", True, f"uprobe_multi links not available ({multi}): a perf event per "
-                 "probe (each takes ~0.1 s to detach at exit), classic return probes")
+        return Check(
+            "uprobe links",
+            True,
+            f"uprobe_multi links available; uprobe sessions not ({session}): "
+            "sampled recordings keep classic return probes",
+        )
+    return Check(
+        "uprobe links",
+        True,
+        f"uprobe_multi links not available ({multi}): a perf event per "
+        "probe (each takes ~0.1 s to detach at exit), classic return probes",
+    )
 
 
 def check_btf() -> Check:
     ok = os.path.exists("/sys/kernel/btf/vmlinux")
-    return Check("kernel BTF", ok, "/sys/kernel/btf/vmlinux present" if ok else "no /sys/kernel/btf/vmlinux",
-                 "a kernel with CONFIG_DEBUG_INFO_BTF=y (needed to read the user stack pointer in syscalls)")
+    return Check(
+        "kernel BTF",
+        ok,
+        "/sys/kernel/btf/vmlinux present" if ok else "no /sys/kernel/btf/vmlinux",
+        "a kernel with CONFIG_DEBUG_INFO_BTF=y (needed to read the user stack pointer in syscalls)",
+    )
 
 
 def run_checks() -> list[Check]:
-    checks = [check_root(), check_bpf_syscall(), check_bcc(), check_headers(), check_tracefs(),
-              check_uprobes(), check_tracepoints(), check_btf()]
+    checks = [
+        check_root(),
+        check_bpf_syscall(),
+        check_bcc(),
+        check_headers(),
+        check_tracefs(),
+        check_uprobes(),
+        check_tracepoints(),
+        check_btf(),
+    ]
     if all(c.ok for c in checks):
         checks += [check_uprobe_links(), check_compile()]
     return checks
@@ -190,14 +240,22 @@ def check_compile() -> Check:
         from .base.options import RecordOptions  # noqa: PLC0415
         from .bpf.probes import Probes  # noqa: PLC0415
 
-        p = Probes(os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16,
-                                              unwind_rows=4096))
-        unwind = "with the DWARF unwinder" if p.unwind == "dwarf" else \
-            f"without the DWARF unwinder ({p.unwind_error[:120]}): stacks will use frame pointers"
+        p = Probes(
+            os.getpid(), RecordOptions(max_live=1024, max_stacks=1024, max_sites=1024, ring_pages=16, unwind_rows=4096)
+        )
+        unwind = (
+            "with the DWARF unwinder"
+            if p.unwind == "dwarf"
+            else f"without the DWARF unwinder ({p.unwind_error[:120]}): stacks will use frame pointers"
+        )
         p.close()
     except Exception as e:  # noqa: BLE001 - report whatever BCC says
-        return Check("probe program", False, f"does not load: {str(e).splitlines()[0][:200]}",
-                     "run scripts/setup-host.sh; see the checks above")
+        return Check(
+            "probe program",
+            False,
+            f"does not load: {str(e).splitlines()[0][:200]}",
+            "run scripts/setup-host.sh; see the checks above",
+        )
     return Check("probe program", True, f"probes/allocscope.c compiles and passes the verifier, {unwind}")
 
 

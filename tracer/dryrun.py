@@ -1,6 +1,7 @@
 """`allocscope record --dry-run` and `allocscope doctor --pid`: what would be probed in a process,
 and where — every allocator found, each entry point, its probe's place and why there; the user's
 functions; the CUDA driver — resolved and proved on the code, nothing attached."""
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,10 @@ def describe(target: Target, opts: RecordOptions) -> str:
     for fn in parse_all(opts.alloc_fns, opts.free_fns):
         loc = locate(fn, target.exe, maps)
         out.append("")
-        out.append(f"your function {fn.symbol} in {loc.path}+{loc.offset:#x} ({'free' if fn.free else 'allocation'}; "
-                   f"source {fn.source}): {fn.spec}")
+        out.append(
+            f"your function {fn.symbol} in {loc.path}+{loc.offset:#x} ({'free' if fn.free else 'allocation'}; "
+            f"source {fn.source}): {fn.spec}"
+        )
     driver = find_driver(maps)
     out.append("")
     if driver:

@@ -1,6 +1,7 @@
 """The `allocscope` command group: every command registered on it, each in a module of its own
 (record, report, diff, top, doctor, demo). A thin adapter: the work is in tracer/ and reports/;
 heavy imports happen inside the commands so `--help` is instant."""
+
 from __future__ import annotations
 
 import click

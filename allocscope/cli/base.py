@@ -1,5 +1,6 @@
 """What every command shares: its context settings, and the one place an error becomes the
 single `allocscope: <message>` line on stderr and its exit code (common/errors.py)."""
+
 from __future__ import annotations
 
 import sys

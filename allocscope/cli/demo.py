@@ -9,6 +9,7 @@ the diff page, and ends with the findings (reports/analysis/findings.py) of the 
 diff: its conclusions are the tool's, not its own. Every file goes to one directory, named at
 the end.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -27,7 +28,7 @@ DEMO_SRC = ROOT / "demo" / "provingd.c"
 SYNTH_SITE = "synthesize_partition"
 WAIT_SITE = "channel_push"  # where the bug's workers block, each holding its partition
 PREVIEW_PARTITIONS = 25  # the `top --batch` preview: about 5 s of the buggy daemon...
-PREVIEW_INTERVAL = 1.0   # ...a block a second
+PREVIEW_INTERVAL = 1.0  # ...a block a second
 
 
 def build_daemon(out: Path) -> Path:
@@ -51,8 +52,9 @@ def record_run(exe: Path, out: Path, pw: int, bug: bool, partitions: int, say) -
     argv = [str(exe), "--pw", str(pw), "--partitions", str(partitions)] + (["--bug"] if bug else [])
     say(f"recording {' '.join(argv[1:])} -> {trace}")
     argv += ["--summary", str(summary_path(trace))]  # the daemon's own counters, for the answer
-    opts = RecordOptions(output=str(trace), interval=0.5, labels={"pw": str(pw), "variant": "bug" if bug else "fixed"},
-                         quiet=True)
+    opts = RecordOptions(
+        output=str(trace), interval=0.5, labels={"pw": str(pw), "variant": "bug" if bug else "fixed"}, quiet=True
+    )
     rec.validate(opts)
     target = target_from_command(argv)
     t0 = time.monotonic()
@@ -75,8 +77,10 @@ def daemon_counters(trace: Path) -> dict[str, int]:
     except OSError:
         return {}
     out = {}
-    for key, rx in (("peak_live", r"peak live partitions (\d+)"),
-                    ("peak_waiting", r"peak waiting for the channel (\d+)")):
+    for key, rx in (
+        ("peak_live", r"peak live partitions (\d+)"),
+        ("peak_waiting", r"peak waiting for the channel (\d+)"),
+    ):
         m = re.search(rx, line)
         if m:
             out[key] = int(m[1])
@@ -95,14 +99,22 @@ def waiting_answer(trace, where: str, what: str, waits: dict | None = None) -> d
     pk = w.get("peak") or {}
     loc = next((d for d in w.get("location_peaks") or [] if d["function"] == where), None)  # at its own peak
     held = [h for h in (loc or {}).get("held") or [] if h["function"] == what]
-    keys = {d["location"] for d in w.get("off_cpu") or [] if d["function"] == where} | \
-        ({loc["location"]} if loc else set())
-    most = max((sum(v["threads"] for k, v in t["by_location"].items() if k in keys) for t in w.get("timeline") or []),
-               default=0)
-    return {"threads": loc["threads"] if loc else 0, "held_bytes": loc["held_bytes"] if loc else 0,
-            "what_bytes": sum(h["bytes"] for h in held), "what_blocks": sum(h["blocks"] for h in held),
-            "elapsed_s": (loc or {}).get("elapsed_s"), "max_threads": most,
-            "lead": (pk.get("by_location") or [{}])[0]}
+    keys = {d["location"] for d in w.get("off_cpu") or [] if d["function"] == where} | (
+        {loc["location"]} if loc else set()
+    )
+    most = max(
+        (sum(v["threads"] for k, v in t["by_location"].items() if k in keys) for t in w.get("timeline") or []),
+        default=0,
+    )
+    return {
+        "threads": loc["threads"] if loc else 0,
+        "held_bytes": loc["held_bytes"] if loc else 0,
+        "what_bytes": sum(h["bytes"] for h in held),
+        "what_blocks": sum(h["blocks"] for h in held),
+        "elapsed_s": (loc or {}).get("elapsed_s"),
+        "max_threads": most,
+        "lead": (pk.get("by_location") or [{}])[0],
+    }
 
 
 class Tee:
@@ -129,12 +141,22 @@ def top_preview(exe: Path, pw: int, partitions: int, say) -> str:
     from .watch import record_batch  # noqa: PLC0415
 
     argv = [str(exe), "--pw", str(pw), "--partitions", str(partitions), "--bug"]
-    say(f"watching it live first: allocscope top --batch --interval {PREVIEW_INTERVAL:g} --top 4 -- provingd "
-        f"{' '.join(argv[1:])}")
+    say(
+        f"watching it live first: allocscope top --batch --interval {PREVIEW_INTERVAL:g} --top 4 -- provingd "
+        f"{' '.join(argv[1:])}"
+    )
     out, stop = Tee(), StopRequest(quiet=True).install()
     try:
-        record_batch(target_from_command(argv), RecordOptions(interval=PREVIEW_INTERVAL, quiet=True), stop, out,
-                     None, "live", 4, None)
+        record_batch(
+            target_from_command(argv),
+            RecordOptions(interval=PREVIEW_INTERVAL, quiet=True),
+            stop,
+            out,
+            None,
+            "live",
+            4,
+            None,
+        )
     finally:
         stop.restore()
     return out.text
@@ -185,8 +207,11 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     diff_path = out / f"diff-pw{pw_a}-pw{pw_b}.html"
     diff_path.write_text(to_diff_html(ta, tb, diff, stacks_a=side_a.stacks, stacks_b=side_b.stacks))
     # The conclusions, as the reports and the diff state them (reports/analysis/findings.py).
-    runs = {"bug_a": (f"bug pw={pw_a}", bug_a), "bug_b": (f"bug pw={pw_b}", bug_b),
-            "fixed_b": (f"fixed pw={pw_b}", fixed_b)}
+    runs = {
+        "bug_a": (f"bug pw={pw_a}", bug_a),
+        "bug_b": (f"bug pw={pw_b}", bug_b),
+        "fixed_b": (f"fixed pw={pw_b}", fixed_b),
+    }
     for key, rep in reps.items():
         name, path = runs[key]
         click.echo(f"demo: findings of the report of {name} (allocscope report {path.name}):")
@@ -198,25 +223,46 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     wait_fixed = waiting_answer(tf, WAIT_SITE, SYNTH_SITE, reps["fixed_b"]["waits"])
     own = daemon_counters(bug_b)
     if "peak_waiting" in own:
-        click.echo(f"demo: the daemon's own count of finished partitions waiting for the channel, bug pw={pw_b}: "
-                   f"at most {own['peak_waiting']}")
-    click.echo(f"demo: files in {out}: {bug_a.name}, {bug_b.name}, {fixed_b.name}; the report page {html_path.name}, "
-               f"the diff page {diff_path.name}")
+        click.echo(
+            f"demo: the daemon's own count of finished partitions waiting for the channel, bug pw={pw_b}: "
+            f"at most {own['peak_waiting']}"
+        )
+    click.echo(
+        f"demo: files in {out}: {bug_a.name}, {bug_b.name}, {fixed_b.name}; the report page {html_path.name}, "
+        f"the diff page {diff_path.name}"
+    )
     click.echo(f"demo: try  allocscope diff {bug_a} {bug_b} --per pw --format html -o diff.html")
-    return {"traces": [bug_a, bug_b, fixed_b], "html": html_path, "diff_html": diff_path, "diff": diff,
-            "peaks": peaks, "reports": reps,
-            "waits": {"bug": wait_bug, "fixed": wait_fixed, "daemon_bug": own,
-                      "daemon_fixed": daemon_counters(fixed_b)},
-            "report": rep_b, "report_text": report_text, "top_text": top_text}
+    return {
+        "traces": [bug_a, bug_b, fixed_b],
+        "html": html_path,
+        "diff_html": diff_path,
+        "diff": diff,
+        "peaks": peaks,
+        "reports": reps,
+        "waits": {"bug": wait_bug, "fixed": wait_fixed, "daemon_bug": own, "daemon_fixed": daemon_counters(fixed_b)},
+        "report": rep_b,
+        "report_text": report_text,
+        "top_text": top_text,
+    }
 
 
 @click.command(cls=Command, context_settings=CONTEXT)
-@click.option("--out", type=click.Path(file_okay=False), default="demo-out", show_default=True,
-              help="Directory for the daemon, the traces, the report page and the diff page.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default="demo-out",
+    show_default=True,
+    help="Directory for the daemon, the traces, the report page and the diff page.",
+)
 @click.option("--pw-a", type=click.IntRange(1, 12), default=2, show_default=True, help="Smaller pw setting.")
 @click.option("--pw-b", type=click.IntRange(1, 12), default=3, show_default=True, help="Larger pw setting.")
-@click.option("--partitions", type=click.IntRange(10, 1000), default=50, show_default=True,
-              help="Partitions each run proves (about 0.2 s each).")
+@click.option(
+    "--partitions",
+    type=click.IntRange(10, 1000),
+    default=50,
+    show_default=True,
+    help="Partitions each run proves (about 0.2 s each).",
+)
 def demo(out, pw_a, pw_b, partitions):
     """Reproduce and find the proving-daemon pile-up (root; about two minutes).
 
@@ -230,4 +276,3 @@ def demo(out, pw_a, pw_b, partitions):
     if pw_a >= pw_b:
         raise click.UsageError("--pw-a must be smaller than --pw-b")
     run_demo(Path(out).resolve(), pw_a, pw_b, partitions)
-

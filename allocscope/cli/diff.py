@@ -1,5 +1,6 @@
 """`allocscope diff TRACE_A TRACE_B`: compare two traces. A thin adapter over reports.analysis.diff; heavy
 imports happen inside."""
+
 from __future__ import annotations
 
 import os
@@ -17,18 +18,33 @@ SORTS = ("delta", "live", "alloc", "ratio", "excess", "device")  # reports.analy
 @click.command(cls=Command, context_settings=CONTEXT)
 @click.argument("trace_a", type=click.Path(dir_okay=True, file_okay=True))
 @click.argument("trace_b", type=click.Path(dir_okay=True, file_okay=True))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True,
-              help="text for people; json (allocscope.diff/1) for tools; html: one offline page (both "
-                   "timelines, A/B bars, a differential flame graph). For pprof, write `report --format pprof "
-                   "--at peak` of each trace and run `go tool pprof -diff_base A.pb.gz B.pb.gz`.")
-@click.option("--sort", type=click.Choice(SORTS), default="delta", show_default=True,
-              help="Order sites by |peak delta|, |live-at-end delta|, |allocated delta|, B/A ratio, "
-                   "|excess over linear scaling| (needs --per), or |GPU memory peak delta|.")
-@click.option("--per", metavar="LABEL",
-              help="Normalize by a numeric label both traces carry (e.g. --per pw): flag sites that grew "
-                   "out of proportion to LABEL_B/LABEL_A.")
-@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Sites and thread groups to show (text).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "html"]),
+    default="text",
+    show_default=True,
+    help="text for people; json (allocscope.diff/1) for tools; html: one offline page (both "
+    "timelines, A/B bars, a differential flame graph). For pprof, write `report --format pprof "
+    "--at peak` of each trace and run `go tool pprof -diff_base A.pb.gz B.pb.gz`.",
+)
+@click.option(
+    "--sort",
+    type=click.Choice(SORTS),
+    default="delta",
+    show_default=True,
+    help="Order sites by |peak delta|, |live-at-end delta|, |allocated delta|, B/A ratio, "
+    "|excess over linear scaling| (needs --per), or |GPU memory peak delta|.",
+)
+@click.option(
+    "--per",
+    metavar="LABEL",
+    help="Normalize by a numeric label both traces carry (e.g. --per pw): flag sites that grew "
+    "out of proportion to LABEL_B/LABEL_A.",
+)
+@click.option(
+    "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Sites and thread groups to show (text)."
+)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
 @by_option
 @fold_option
@@ -79,6 +95,7 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources):
         text = to_json(doc)
     elif fmt == "html":
         from reports.render.html_diff import to_diff_html  # noqa: PLC0415
+
         text = to_diff_html(a, b, doc, stacks_a=side_a.stacks, stacks_b=side_b.stacks, fold=folding)
     else:
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None

@@ -1,5 +1,6 @@
 """`allocscope doctor`: can this machine trace, and (with --pid/--pgrep) what would be probed in
 a process. A thin adapter over tracer.doctor and tracer.dryrun."""
+
 from __future__ import annotations
 
 import sys
@@ -15,8 +16,12 @@ from .recording import resolve_target
 @click.command(cls=Command, context_settings=CONTEXT)
 @click.option("--pid", "-p", type=int, help="Also say what would be probed in this process.")
 @click.option("--pgrep", "pattern", metavar="PATTERN", help="Likewise, the one process matching PATTERN.")
-@click.option("--warm", is_flag=True, help="With --pid/--pgrep: build the unwind tables of all its code now, "
-              "on every core, so a recording has complete stacks from its first second.")
+@click.option(
+    "--warm",
+    is_flag=True,
+    help="With --pid/--pgrep: build the unwind tables of all its code now, "
+    "on every core, so a recording has complete stacks from its first second.",
+)
 def doctor(pid, pattern, warm):
     """Check that this machine can trace: root, BPF, BCC, kernel headers, tracefs, uprobes.
 

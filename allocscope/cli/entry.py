@@ -2,6 +2,7 @@
 anything heavy is imported, so a Ctrl-C at any moment of start-up is a clean stop (one line,
 exit 130) and never Python's KeyboardInterrupt. Commands that do not record put the default
 handlers back (allocscope/cli.py)."""
+
 from __future__ import annotations
 
 from tracer.record.signals import StopRequest

@@ -1,4 +1,5 @@
 """Where command output goes: stdout or -o FILE, progress on stderr. Shared by every command."""
+
 from __future__ import annotations
 
 import sys

@@ -1,5 +1,6 @@
 """`allocscope record`: record a running process (--pid/--pgrep) or a command it starts into a
 trace. A thin adapter over tracer.record.recorder; heavy imports happen inside."""
+
 from __future__ import annotations
 
 import sys
@@ -17,15 +18,23 @@ from .recording import check_inject, early_stop, record_options, resolve_target,
 @click.command(cls=Command, context_settings={**CONTEXT, "ignore_unknown_options": False})
 @target_options
 @trace_options
-@click.option("--duration", type=float, metavar="SECONDS",
-              help="Stop after this long (default: until Ctrl-C or the target exits).")
+@click.option(
+    "--duration",
+    type=float,
+    metavar="SECONDS",
+    help="Stop after this long (default: until Ctrl-C or the target exits).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages; the summary line only.")
-@click.option("--dry-run", is_flag=True,
-              help="Resolve the target and print every allocator found and each probe it would get "
-                   "(where, and why there); attach nothing, write nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Resolve the target and print every allocator found and each probe it would get "
+    "(where, and why there); attach nothing, write nothing.",
+)
 @probe_options
-def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_symbols, duration, quiet, dry_run,
-           **probe):
+def record(
+    pid, pattern, command, output, labels, force, keep_cmdline, embed_symbols, duration, quiet, dry_run, **probe
+):
     """Record allocations of a running process (--pid/--pgrep) or of a command it starts (-- CMD).
 
     Probes malloc, calloc, realloc, reallocarray, free, posix_memalign, aligned_alloc, memalign,
@@ -50,8 +59,16 @@ def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_sym
     stop.quiet = quiet
     if not output and not dry_run:
         raise UsageError("missing -o TRACE (where to write the trace)")
-    opts = record_options(output, labels, duration=duration, force=force, keep_cmdline=keep_cmdline, quiet=quiet,
-                          embed_symbols=embed_symbols, **probe)
+    opts = record_options(
+        output,
+        labels,
+        duration=duration,
+        force=force,
+        keep_cmdline=keep_cmdline,
+        quiet=quiet,
+        embed_symbols=embed_symbols,
+        **probe,
+    )
     check_inject(opts, command)
     validate(opts, output=False)
     if dry_run:
@@ -71,10 +88,17 @@ def record(pid, pattern, command, output, labels, force, keep_cmdline, embed_sym
     status = None
     if not quiet and sys.stderr.isatty():
         from .watch import StatusLine  # noqa: PLC0415
+
         status = StatusLine(sys.stderr)
     try:
-        s = rec.record(target, opts, None if quiet else status.progress if status else progress, stop=stop,
-                       observer=status.observe if status else None, early=early)
+        s = rec.record(
+            target,
+            opts,
+            None if quiet else status.progress if status else progress,
+            stop=stop,
+            observer=status.observe if status else None,
+            early=early,
+        )
     finally:
         if status is not None:
             status.close()

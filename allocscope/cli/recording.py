@@ -1,6 +1,7 @@
 """What `record` and `top` share (and `doctor`, the target): the target from --pid/--pgrep/-- CMD,
 RecordOptions from the command's options, the early stop request, and the line a recording ends
 with. The command modules import this one; it imports none of them."""
+
 from __future__ import annotations
 
 import sys
@@ -74,6 +75,8 @@ def summary_text(s) -> str:
     from reports.units import human_bytes  # noqa: PLC0415
 
     where = f"wrote {s.path}" if s.path else "wrote nothing (no -o)"
-    return (f"allocscope: {where}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "
-            f"live {human_bytes(s.live_bytes)} in {s.live_count} blocks at {s.sites} sites; "
-            f"lost {s.lost}; {human_bytes(s.bytes_written)} on disk")
+    return (
+        f"allocscope: {where}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "
+        f"live {human_bytes(s.live_bytes)} in {s.live_count} blocks at {s.sites} sites; "
+        f"lost {s.lost}; {human_bytes(s.bytes_written)} on disk"
+    )

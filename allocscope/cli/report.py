@@ -1,5 +1,6 @@
 """`allocscope report TRACE`: a trace as text, JSON, CSV, HTML, pprof or folded stacks. A thin
 adapter over reports.analysis and the renderers; heavy imports happen inside."""
+
 from __future__ import annotations
 
 import os
@@ -16,24 +17,44 @@ from .output import emit, progress
 
 @click.command(cls=Command, context_settings=CONTEXT)
 @click.argument("trace", type=click.Path(dir_okay=True, file_okay=True))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv", "html", "pprof", "folded"]),
-              default="text", show_default=True,
-              help="text for people; json (allocscope.report/1) for tools; csv of ranked sites; html "
-                   "(self-contained, offline); pprof (gzipped protobuf for go tool pprof / Pyroscope); "
-                   "folded stacks for flamegraph.pl / speedscope.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "csv", "html", "pprof", "folded"]),
+    default="text",
+    show_default=True,
+    help="text for people; json (allocscope.report/1) for tools; csv of ranked sites; html "
+    "(self-contained, offline); pprof (gzipped protobuf for go tool pprof / Pyroscope); "
+    "folded stacks for flamegraph.pl / speedscope.",
+)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
-@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Sites and threads to show (text).")
-@click.option("--sort", type=click.Choice(["live", "peak", "growth", "age"]), default="live", show_default=True,
-              help="Rank sites by live bytes at the end, peak live bytes, growth (growing sites first, "
-                   "then bytes/s), or age of the oldest outstanding allocation.")
-@click.option("--metric", type=click.Choice(["live_bytes", "alloc_bytes", "live_count", "alloc_count",
-                                             "device_live_bytes"]),
-              default="live_bytes", show_default=True,
-              help="Value of each stack in --format folded (host memory; device_live_bytes: GPU memory).")
-@click.option("--at", "at", type=click.Choice(["end", "peak"]), default="end", show_default=True,
-              help="pprof and folded: the stacks live at the end, or at the moment of the live peak (for "
-                   "`go tool pprof -diff_base A.pb.gz B.pb.gz` of two runs' peaks).")
+@click.option(
+    "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Sites and threads to show (text)."
+)
+@click.option(
+    "--sort",
+    type=click.Choice(["live", "peak", "growth", "age"]),
+    default="live",
+    show_default=True,
+    help="Rank sites by live bytes at the end, peak live bytes, growth (growing sites first, "
+    "then bytes/s), or age of the oldest outstanding allocation.",
+)
+@click.option(
+    "--metric",
+    type=click.Choice(["live_bytes", "alloc_bytes", "live_count", "alloc_count", "device_live_bytes"]),
+    default="live_bytes",
+    show_default=True,
+    help="Value of each stack in --format folded (host memory; device_live_bytes: GPU memory).",
+)
+@click.option(
+    "--at",
+    "at",
+    type=click.Choice(["end", "peak"]),
+    default="end",
+    show_default=True,
+    help="pprof and folded: the stacks live at the end, or at the moment of the live peak (for "
+    "`go tool pprof -diff_base A.pb.gz B.pb.gz` of two runs' peaks).",
+)
 @by_option
 @fold_option
 @source_option
@@ -78,15 +99,18 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
     at_seq = None
     if at == "peak":
         from reports.analysis import peak_seq  # noqa: PLC0415
+
         at_seq = peak_seq(t)
     if fmt == "pprof":
         from reports.render.pprof import to_pprof  # noqa: PLC0415
+
         if output is None and sys.stdout.isatty():
             raise UsageError("--format pprof is binary: give -o FILE (e.g. -o heap.pb.gz)")
         emit(to_pprof(t, fold=folding, at_seq=at_seq), output)
         return
     if fmt == "folded":
         from reports.render.flamegraph import to_folded  # noqa: PLC0415
+
         emit(to_folded(t, metric=metric, fold=folding, at_seq=at_seq), output)
         return
     stacks = symbolize_stacks(t, say)
@@ -97,9 +121,11 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
         text = to_json(rep)
     elif fmt == "csv":
         from reports.render.csvout import to_csv  # noqa: PLC0415
+
         text = to_csv(rep)
     elif fmt == "html":
         from reports.render.html import to_html  # noqa: PLC0415
+
         text = to_html(t, rep, stacks=stacks, fold=folding)
     else:
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None

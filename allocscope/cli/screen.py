@@ -8,6 +8,7 @@ One thread owns the terminal: it takes the snapshots the recorder queued, update
 recording stays in the main thread (signals, ptrace of a launched target); the q key only asks
 it to stop (StopRequest.request), and it finalizes the trace as on Ctrl-C.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,9 +51,9 @@ class Screen:
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.last_frame: list = []
-        self.quit = False        # q was pressed
-        self.ending = False      # the recording has ended
-        self.wait = False        # ...and the last frame waits for q
+        self.quit = False  # q was pressed
+        self.ending = False  # the recording has ended
+        self.wait = False  # ...and the last frame waits for q
         self.thread = threading.Thread(target=self._main, name="allocscope-screen", daemon=True)
         self.attrs: dict[str, int] = {}
 
@@ -66,8 +67,9 @@ class Screen:
         if self.error is not None:
             self.thread.join()
             term = os.environ.get("TERM", "")
-            raise UsageError(f"this terminal (TERM={term or 'unset'}) cannot hold the full-screen view "
-                             f"({self.error}); use --batch") from None
+            raise UsageError(
+                f"this terminal (TERM={term or 'unset'}) cannot hold the full-screen view ({self.error}); use --batch"
+            ) from None
 
     def observe(self, snap) -> None:  # the recorder's thread
         self.snaps.put(snap)
@@ -127,8 +129,12 @@ class Screen:
 
     def _styles(self) -> None:
         a = {"bold": curses.A_BOLD, "dim": curses.A_DIM, "reverse": curses.A_REVERSE, "": curses.A_NORMAL}
-        colours = {"red": curses.COLOR_RED, "yellow": curses.COLOR_YELLOW, "green": curses.COLOR_GREEN,
-                   "cyan": curses.COLOR_CYAN}
+        colours = {
+            "red": curses.COLOR_RED,
+            "yellow": curses.COLOR_YELLOW,
+            "green": curses.COLOR_GREEN,
+            "cyan": curses.COLOR_CYAN,
+        }
         use = curses.has_colors() and os.environ.get("NO_COLOR") is None
         if use:
             curses.start_color()

@@ -1,6 +1,7 @@
 """`allocscope top`: a live view of a process's memory by site and thread while it is recorded
 (full screen, or `--batch` blocks on stdout). The recording is `record`'s own (tracer.record.recorder),
 writing nothing without -o and the same trace as `record` with it."""
+
 from __future__ import annotations
 
 import sys
@@ -21,23 +22,58 @@ SORT_CHOICES = ("live", "growth", "peak", "age")
 
 @click.command(cls=Command, context_settings=CONTEXT)
 @target_options
-@click.option("--sort", type=click.Choice(SORT_CHOICES), default="live", show_default=True,
-              help="Rank sites by live bytes, growth (growing sites first, then bytes/s), peak live bytes, or "
-                   "age of the oldest outstanding block (a lower bound). The s key cycles through them.")
+@click.option(
+    "--sort",
+    type=click.Choice(SORT_CHOICES),
+    default="live",
+    show_default=True,
+    help="Rank sites by live bytes, growth (growing sites first, then bytes/s), peak live bytes, or "
+    "age of the oldest outstanding block (a lower bound). The s key cycles through them.",
+)
 @click.option("--threads", "threads_view", is_flag=True, help="Open on the threads view (the t key toggles it).")
-@click.option("--batch", is_flag=True,
-              help="No screen control: one block per interval on stdout (time, RSS, live, the top sites "
-                   "with their changes), flushed; for logs, ssh and pipes.")
-@click.option("--iterations", type=click.IntRange(min=1), metavar="N",
-              help="With --batch: stop after N intervals (the trace, with -o, is finalized as on q).")
-@click.option("--top", "top_n", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
-              help="Sites in each --batch block.")
+@click.option(
+    "--batch",
+    is_flag=True,
+    help="No screen control: one block per interval on stdout (time, RSS, live, the top sites "
+    "with their changes), flushed; for logs, ssh and pipes.",
+)
+@click.option(
+    "--iterations",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="With --batch: stop after N intervals (the trace, with -o, is finalized as on q).",
+)
+@click.option(
+    "--top",
+    "top_n",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    metavar="N",
+    help="Sites in each --batch block.",
+)
 @trace_options
 @by_option
 @fold_option
 @probe_options(interval=TOP_INTERVAL)
-def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, output, labels, force, keep_cmdline,
-        embed_symbols, by, fold, **probe):
+def top(
+    pid,
+    pattern,
+    command,
+    sort,
+    threads_view,
+    batch,
+    iterations,
+    top_n,
+    output,
+    labels,
+    force,
+    keep_cmdline,
+    embed_symbols,
+    by,
+    fold,
+    **probe,
+):
     """Watch a process's memory live: RSS, live bytes, and the locations and threads holding them,
     refreshed every interval, while it runs (attach with --pid/--pgrep or start it with -- CMD).
 
@@ -68,8 +104,9 @@ def top(pid, pattern, command, sort, threads_view, batch, iterations, top_n, out
     if not batch and not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("the full-screen view needs a terminal on stdin and stdout; use --batch for pipes and logs")
     folding = parse_fold(fold)
-    opts = record_options(output, labels, force=force, keep_cmdline=keep_cmdline, quiet=not batch,
-                          embed_symbols=embed_symbols, **probe)
+    opts = record_options(
+        output, labels, force=force, keep_cmdline=keep_cmdline, quiet=not batch, embed_symbols=embed_symbols, **probe
+    )
     stop.quiet = opts.quiet
     opts.first_snapshot_s = 0.2  # the first frame right after the attach, then every interval
     check_inject(opts, command)
@@ -106,8 +143,9 @@ def _last_words(text: str) -> None:
 def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None):
     from .watch import record_batch  # noqa: PLC0415
 
-    s, printer = record_batch(target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by,
-                              early=early)
+    s, printer = record_batch(
+        target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by, early=early
+    )
     return None if printer.closed else s
 
 
@@ -117,8 +155,12 @@ def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None
 
     from .screen import Screen  # noqa: PLC0415
 
-    state = ScreenState(target=f"pid {target.pid} ({target.comm})", sort=sort, threads=threads_view,
-                        mode=mode_text(opts.mode, opts.sample_bytes, opts.fault_sample))
+    state = ScreenState(
+        target=f"pid {target.pid} ({target.comm})",
+        sort=sort,
+        threads=threads_view,
+        mode=mode_text(opts.mode, opts.sample_bytes, opts.fault_sample),
+    )
     screen = Screen(LiveModel(folding, by=by), stop, state, redraw_each=target.child is not None)
     screen.start()
     try:

@@ -2,6 +2,7 @@
 `top --batch`'s blocks. The recorder hands every snapshot to an observer in its own thread;
 the observers here only queue it, and a thread of theirs does the work (symbolizing, ranking,
 writing), so a slow terminal or a first symbolization never delays a snapshot."""
+
 from __future__ import annotations
 
 import errno
@@ -91,13 +92,14 @@ class BatchPrinter:
     snapshot that follows is not printed). A closed `out` (the reader of the pipe went away)
     stops the recording too, quietly: the trace is still finalized."""
 
-    def __init__(self, out, stop, fold: Folding | None, sort: str, top: int, iterations: int | None,
-                 by: str = "location") -> None:
+    def __init__(
+        self, out, stop, fold: Folding | None, sort: str, top: int, iterations: int | None, by: str = "location"
+    ) -> None:
         self.out = out
         self.stop = stop
         self.model = LiveModel(fold, by=by)
         self.sort, self.top, self.iterations = sort, top, iterations
-        self.intervals = 0       # snapshots before the final one (counted in the recorder's thread)
+        self.intervals = 0  # snapshots before the final one (counted in the recorder's thread)
         self.printed = 0
         self.closed = False
         self.pump = Pump(self._print, "allocscope-batch")
@@ -130,8 +132,19 @@ class BatchPrinter:
             silence(self.out)
 
 
-def record_batch(target, opts, stop, out, fold: Folding | None, sort: str, top: int, iterations: int | None,
-                 progress=None, by: str = "location", early=None):
+def record_batch(
+    target,
+    opts,
+    stop,
+    out,
+    fold: Folding | None,
+    sort: str,
+    top: int,
+    iterations: int | None,
+    progress=None,
+    by: str = "location",
+    early=None,
+):
     """`top --batch`: record `target` (tracer.record.recorder) with a BatchPrinter on `out` watching,
     then the closing line. Returns (Summary, the printer)."""
     from tracer.record import recorder as rec  # noqa: PLC0415

@@ -21,6 +21,7 @@ top, a module by concern, every public name importable from `common.elf` itself:
 Nothing here raises for a bad file except `OpenedElf.open`; nothing keeps a file open after its
 `OpenedElf` is closed.
 """
+
 from __future__ import annotations
 
 from .container import (  # noqa: F401

@@ -2,6 +2,7 @@
 the policy common.elf adds on top: opening a file as ELF or not at all, file offsets <-> virtual
 addresses through the PT_LOAD program headers, the GNU build ID from the notes, section contents
 and the address ranges of code."""
+
 from __future__ import annotations
 
 import zlib
@@ -148,12 +149,15 @@ SHF_EXECINSTR = 0x4
 
 def exec_ranges(elf: ELFFile) -> list[tuple[int, int]]:
     """Sorted address ranges of executable sections (SHF_EXECINSTR)."""
-    return sorted((s["sh_addr"], s["sh_addr"] + s["sh_size"]) for s in elf.iter_sections()
-                  if s["sh_flags"] & SHF_EXECINSTR and s["sh_size"])
+    return sorted(
+        (s["sh_addr"], s["sh_addr"] + s["sh_size"])
+        for s in elf.iter_sections()
+        if s["sh_flags"] & SHF_EXECINSTR and s["sh_size"]
+    )
 
 
 def is_static(elf: ELFFile) -> bool:
     """Statically linked: no PT_INTERP and no .dynsym."""
-    return not any(s["p_type"] == "PT_INTERP" for s in elf.iter_segments()) and \
-        elf.get_section_by_name(".dynsym") is None
-
+    return (
+        not any(s["p_type"] == "PT_INTERP" for s in elf.iter_segments()) and elf.get_section_by_name(".dynsym") is None
+    )

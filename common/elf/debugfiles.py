@@ -1,6 +1,7 @@
 """Separate debug files, found where gdb looks for them (`<debug dir>/.build-id/xx/yyyy.debug`,
 `.gnu_debuglink` beside the file, in `.debug/` and under the debug dir), and dwz's supplementary
 file (`.gnu_debugaltlink`)."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,9 @@ def build_id_path(debug_dir: str, bid: str) -> str:
     return os.path.join(debug_dir, ".build-id", bid[:2], bid[2:] + ".debug")
 
 
-def debug_file_candidates(module_path: str, bid: str | None, link: str | None,
-                          debug_dirs: Iterable[str]) -> Iterator[str]:
+def debug_file_candidates(
+    module_path: str, bid: str | None, link: str | None, debug_dirs: Iterable[str]
+) -> Iterator[str]:
     """Where gdb would look for separate debug info, in gdb's order."""
     dirs = list(debug_dirs)
     if bid and len(bid) > 2:
@@ -47,8 +49,9 @@ def debug_file_candidates(module_path: str, bid: str | None, link: str | None,
             yield os.path.join(d, here.lstrip("/"), link)
 
 
-def find_debug_file(path: str, bid: str | None, link: str | None,
-                    debug_dirs: Iterable[str] = DEBUG_DIRS, progress: Progress = _quiet) -> OpenedElf | None:
+def find_debug_file(
+    path: str, bid: str | None, link: str | None, debug_dirs: Iterable[str] = DEBUG_DIRS, progress: Progress = _quiet
+) -> OpenedElf | None:
     """First separate debug file of the module at `path` that exists, is ELF and (when both
     IDs are known) has build ID `bid`."""
     own = os.path.realpath(path)
@@ -67,8 +70,9 @@ def find_debug_file(path: str, bid: str | None, link: str | None,
     return None
 
 
-def find_alt_file(dwarf_file: OpenedElf, debug_dirs: Iterable[str] = DEBUG_DIRS,
-                  progress: Progress = _quiet) -> OpenedElf | None:
+def find_alt_file(
+    dwarf_file: OpenedElf, debug_dirs: Iterable[str] = DEBUG_DIRS, progress: Progress = _quiet
+) -> OpenedElf | None:
     """The dwz supplementary file named by `.gnu_debugaltlink` (its path, then its build ID)."""
     section = dwarf_file.elf.get_section_by_name(".gnu_debugaltlink")
     if section is None or section["sh_type"] == "SHT_NOBITS":
@@ -89,4 +93,3 @@ def find_alt_file(dwarf_file: OpenedElf, debug_dirs: Iterable[str] = DEBUG_DIRS,
         return found
     progress(f"{dwarf_file.path}: supplementary DWARF {name} not found")
     return None
-

@@ -1,6 +1,7 @@
 """The two questions asked of every module of a process, answered by the struct reader
 (raw.py, the symbol tables vectorised with numpy) and by pyelftools where it gives up:
 `build_id` and `query_functions`."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -66,8 +67,9 @@ def _candidates(strtab: np.ndarray, starts: np.ndarray, suffixes: Iterable[bytes
     return (i >= 0) & (starts < hi[np.maximum(i, 0)])
 
 
-def _query_symbols(raw: RawElf, section_name: str, wanted: frozenset[str],
-                   suffixes: tuple[str, ...]) -> list[RawSymbol] | None:
+def _query_symbols(
+    raw: RawElf, section_name: str, wanted: frozenset[str], suffixes: tuple[str, ...]
+) -> list[RawSymbol] | None:
     """read_symbols' entries of one table whose (stripped) name is in `wanted` or ends with one
     of `suffixes`, in table order; names decoded only for the few that could match. None: a
     table this reader does not take on."""
@@ -83,11 +85,27 @@ def _query_symbols(raw: RawElf, section_name: str, wanted: frozenset[str],
         return None
     e = "<" if raw.little else ">"
     if raw.is64:
-        dt = np.dtype([("name", e + "u4"), ("info", "u1"), ("other", "u1"), ("shndx", e + "u2"),
-                       ("value", e + "u8"), ("size", e + "u8")])
+        dt = np.dtype(
+            [
+                ("name", e + "u4"),
+                ("info", "u1"),
+                ("other", "u1"),
+                ("shndx", e + "u2"),
+                ("value", e + "u8"),
+                ("size", e + "u8"),
+            ]
+        )
     else:
-        dt = np.dtype([("name", e + "u4"), ("value", e + "u4"), ("size", e + "u4"), ("info", "u1"),
-                       ("other", "u1"), ("shndx", e + "u2")])
+        dt = np.dtype(
+            [
+                ("name", e + "u4"),
+                ("value", e + "u4"),
+                ("size", e + "u4"),
+                ("info", "u1"),
+                ("other", "u1"),
+                ("shndx", e + "u2"),
+            ]
+        )
     data = raw.data(section)
     syms = np.frombuffer(data, dtype=dt, count=len(data) // dt.itemsize)
     strbytes = raw.data(link)
@@ -96,8 +114,13 @@ def _query_symbols(raw: RawElf, section_name: str, wanted: frozenset[str],
     shndx = syms["shndx"].astype(np.int64)
     nsec = len(raw.sections)
     execs = np.array([bool(s.flags & SHF_EXECINSTR) for s in raw.sections] + [False])
-    ok = (((kind == STT_FUNC) | (kind == STT_GNU_IFUNC)) & (shndx != 0) & (shndx < min(nsec, SHN_LORESERVE))
-          & (syms["name"] != 0) & (syms["name"] < len(strtab)))
+    ok = (
+        ((kind == STT_FUNC) | (kind == STT_GNU_IFUNC))
+        & (shndx != 0)
+        & (shndx < min(nsec, SHN_LORESERVE))
+        & (syms["name"] != 0)
+        & (syms["name"] < len(strtab))
+    )
     ok &= execs[np.where(ok, shndx, nsec)] | (syms["size"] != 0)
     idx = np.flatnonzero(ok)
     if not len(idx):
@@ -109,7 +132,7 @@ def _query_symbols(raw: RawElf, section_name: str, wanted: frozenset[str],
     for i in idx[keep]:
         s = syms[i]
         name_off = int(s["name"])
-        name = strbytes[name_off: strbytes.find(b"\0", name_off)].decode("utf-8", "replace")
+        name = strbytes[name_off : strbytes.find(b"\0", name_off)].decode("utf-8", "replace")
         if not name or name.startswith(("$", ".L")):
             continue
         if "@" in name[1:]:
@@ -153,8 +176,10 @@ def query_functions(path: str, wanted: Iterable[str], suffixes: Iterable[str] = 
         return None
     with opened:
         try:
-            tables = [[s for s in read_symbols(opened.elf, name) if s.name in want or s.name.endswith(ends)]
-                      for name in (".dynsym", ".symtab")]
+            tables = [
+                [s for s in read_symbols(opened.elf, name) if s.name in want or s.name.endswith(ends)]
+                for name in (".dynsym", ".symtab")
+            ]
             return FunctionQuery(_first_defined(segments(opened.elf), tables), is_static(opened.elf))
         except Exception:  # noqa: BLE001 - a malformed file defines nothing
             return None

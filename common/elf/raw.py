@@ -1,6 +1,7 @@
 """An ELF file's headers read with struct, no pyelftools (`RawElf`): fast enough to scan every
 module of a process, and giving up (None) on whatever it does not take on, where callers fall
 back to pyelftools."""
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,17 @@ class RawElf:
     gives None for anything this reader does not take on (not ELF, extended section numbering,
     truncated headers): callers then use pyelftools."""
 
-    def __init__(self, fd: int, is64: bool, little: bool, machine: int, sections: list[RawSection],
-                 loads: list[Segment], interp: bool, notes: list[tuple[int, int]]) -> None:
+    def __init__(
+        self,
+        fd: int,
+        is64: bool,
+        little: bool,
+        machine: int,
+        sections: list[RawSection],
+        loads: list[Segment],
+        interp: bool,
+        notes: list[tuple[int, int]],
+    ) -> None:
         self.fd, self.is64, self.little, self.machine = fd, is64, little, machine
         self.sections, self.loads, self.interp, self.notes = sections, loads, interp, notes
         self.by_name = {s.name: i for i, s in enumerate(sections)}  # the last of a name, as pyelftools
@@ -61,11 +71,13 @@ class RawElf:
         is64, little = ident[4] == 2, ident[5] == 1
         e = "<" if little else ">"
         if is64:
-            (etype, machine, phoff, shoff, phentsize, phnum, shentsize, shnum,
-             shstrndx) = struct.unpack_from(e + "HH4x8xQQ4x2xHHHHH", ident, 16)
+            (etype, machine, phoff, shoff, phentsize, phnum, shentsize, shnum, shstrndx) = struct.unpack_from(
+                e + "HH4x8xQQ4x2xHHHHH", ident, 16
+            )
         else:
-            (etype, machine, phoff, shoff, phentsize, phnum, shentsize, shnum,
-             shstrndx) = struct.unpack_from(e + "HH4x4xII4x2xHHHHH", ident, 16)
+            (etype, machine, phoff, shoff, phentsize, phnum, shentsize, shnum, shstrndx) = struct.unpack_from(
+                e + "HH4x4xII4x2xHHHHH", ident, 16
+            )
         shfmt = e + ("IIQQQQIIQQ" if is64 else "IIIIIIIIII")
         phfmt = e + ("IIQQQQQQ" if is64 else "IIIIIIII")
         if shnum == 0 or shstrndx >= shnum or shentsize != struct.calcsize(shfmt) or etype == _ET_CORE:
@@ -99,7 +111,7 @@ class RawElf:
         for h in heads:
             name_off, stype, flags, addr, off, size, link = h[:7]
             end = names.find(b"\0", name_off)
-            name = names[name_off: end if end >= 0 else len(names)].decode("utf-8", "replace")
+            name = names[name_off : end if end >= 0 else len(names)].decode("utf-8", "replace")
             sections.append(RawSection(name, stype, flags, addr, off, size, link))
         return cls(fd, is64, little, machine, sections, loads, interp, notes)
 
@@ -138,10 +150,10 @@ class RawElf:
             while off + 12 < size:
                 namesz, descsz, ntype = struct.unpack_from(e + "III", data, off)  # 12 bytes are there
                 off += 12
-                name = data[off: off + namesz].split(b"\0", 1)[0] if namesz else None
+                name = data[off : off + namesz].split(b"\0", 1)[0] if namesz else None
                 off += (namesz + 3) & ~3
                 if ntype == _NT_GNU_BUILD_ID and name == b"GNU":
-                    return data[off: off + descsz].hex()
+                    return data[off : off + descsz].hex()
                 off += (descsz + 3) & ~3
         return None
 
@@ -149,4 +161,3 @@ class RawElf:
     def static(self) -> bool:
         """is_static: no PT_INTERP and no .dynsym."""
         return not self.interp and self.section(".dynsym") is None
-

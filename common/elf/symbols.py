@@ -2,6 +2,7 @@
 per address (`SymbolTable`), and the two questions asked of them: where named functions are
 (`defined_functions`) and every function of a module as a symbolizer names them
 (`module_symbols`, the separate debug file's `.symtab` included)."""
+
 from __future__ import annotations
 
 import struct
@@ -65,7 +66,7 @@ def read_symbols(elf: ELFFile, section_name: str) -> list[RawSymbol]:
         flags, sec_addr, sec_size = headers[shndx]
         if not flags & SHF_EXECINSTR and (kind == STT_NOTYPE or not size):
             continue
-        name = strtab[name_off: strtab.find(b"\0", name_off)].decode("utf-8", "replace")
+        name = strtab[name_off : strtab.find(b"\0", name_off)].decode("utf-8", "replace")
         if not name or name.startswith(("$", ".L")):  # ARM/AArch64 mapping symbols, local labels
             continue
         if "@" in name[1:]:  # versioned names in .symtab: memcpy@@GLIBC_2.14
@@ -154,8 +155,9 @@ def defined_functions(elf: ELFFile, names: Iterable[str]) -> dict[str, tuple[int
     return out
 
 
-def module_symbols(path: str, bid: str | None = None,
-                   debug_dirs: Iterable[str] = DEBUG_DIRS) -> list[tuple[int, int, str]]:
+def module_symbols(
+    path: str, bid: str | None = None, debug_dirs: Iterable[str] = DEBUG_DIRS
+) -> list[tuple[int, int, str]]:
     """(file offset, size, raw name) of the functions of the module at `path` as a symbolizer
     names them (.symtab, .dynsym and the separate debug file's .symtab), sorted; [] when the
     file is unreadable or is another build than `bid`."""
@@ -185,5 +187,3 @@ def module_symbols(path: str, bid: str | None = None,
         if off is not None:
             out.append((off, end - start, name))
     return out
-
-

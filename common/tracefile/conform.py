@@ -5,6 +5,7 @@ meta.json gives a trace with warnings, never an exception deep inside a report.
 afterwards; a field of the wrong type is dropped (or, for strings, turned into one) and named in
 a warning. Fields nobody reads are left as they are.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,10 +14,27 @@ from typing import Any
 # field -> expected kind; nested objects by dotted name
 _OBJECTS = ("target", "probes", "clock", "labels", "limits", "host", "tool", "sampling")
 _NUMBERS = {"interval_s": "positive", "duration_s": "any", "created": "any", "clock.wall_s": "any"}
-_INTS = ("clock.monotonic_ns", "sampling.sample_bytes", "sampling.fault_sample", "target.pid",
-         "limits.max_live", "limits.max_stacks", "limits.max_sites", "intervals")
-_STRINGS = ("end_reason", "mode", "target.comm", "target.exe", "target.exe_build_id", "probes.allocator",
-            "probes.allocator_kind", "host.kernel", "host.hostname")
+_INTS = (
+    "clock.monotonic_ns",
+    "sampling.sample_bytes",
+    "sampling.fault_sample",
+    "target.pid",
+    "limits.max_live",
+    "limits.max_stacks",
+    "limits.max_sites",
+    "intervals",
+)
+_STRINGS = (
+    "end_reason",
+    "mode",
+    "target.comm",
+    "target.exe",
+    "target.exe_build_id",
+    "probes.allocator",
+    "probes.allocator_kind",
+    "host.kernel",
+    "host.hostname",
+)
 _STR_LISTS = ("target.argv", "probes.attached", "probes.tracepoints")
 _STR_DICTS = ("labels", "probes.aliases", "probes.skipped", "probes.placement")
 
@@ -32,7 +50,7 @@ def _get(meta: dict, dotted: str):
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**64
+    return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**64
 
 
 def sanitize(meta: dict) -> tuple[dict, list[str]]:
@@ -68,14 +86,21 @@ def sanitize(meta: dict) -> tuple[dict, list[str]]:
             del obj[key]
     for name in _STR_LISTS:
         obj, key = _get(meta, name)
-        if obj is not None and key in obj and obj[key] is not None and \
-                not (isinstance(obj[key], list) and all(isinstance(x, str) for x in obj[key])):
+        if (
+            obj is not None
+            and key in obj
+            and obj[key] is not None
+            and not (isinstance(obj[key], list) and all(isinstance(x, str) for x in obj[key]))
+        ):
             bad(name, "is not a list of strings")
             del obj[key]
     for name in _STR_DICTS:
         obj, key = _get(meta, name)
-        if obj is not None and isinstance(obj.get(key), dict) and \
-                not all(isinstance(v, str) for v in obj[key].values()):
+        if (
+            obj is not None
+            and isinstance(obj.get(key), dict)
+            and not all(isinstance(v, str) for v in obj[key].values())
+        ):
             bad(name, "has values that are not strings")
             obj[key] = {k: v for k, v in obj[key].items() if isinstance(v, str)}
     return meta, warnings
@@ -84,9 +109,22 @@ def sanitize(meta: dict) -> tuple[dict, list[str]]:
 # --- parts ----------------------------------------------------------------------------------------
 
 # Columns every `intervals` part has (the lost_*/n_* counters beside them vary by version).
-INTERVAL_COLUMNS = ("seq", "ts_ns", "elapsed_s", "rss_bytes", "rss_anon_bytes", "rss_file_bytes", "rss_shmem_bytes",
-                    "hwm_bytes", "heap_live_bytes", "heap_peak_bytes", "mmap_live_bytes", "live_bytes",
-                    "live_count", "target_alive")
+INTERVAL_COLUMNS = (
+    "seq",
+    "ts_ns",
+    "elapsed_s",
+    "rss_bytes",
+    "rss_anon_bytes",
+    "rss_file_bytes",
+    "rss_shmem_bytes",
+    "hwm_bytes",
+    "heap_live_bytes",
+    "heap_peak_bytes",
+    "mmap_live_bytes",
+    "live_bytes",
+    "live_count",
+    "target_alive",
+)
 # Columns that may be null (the rest never are in a trace the tracer wrote).
 NULLABLE = {"stacks": {"function", "file", "line"}}
 
@@ -103,6 +141,7 @@ def conform_part(table: str, tab, schemas: dict, seq: int | None = None):
     if table in schemas:
         want = schemas[table]
         from .format import ADDED_COLUMNS  # noqa: PLC0415
+
         for name, value in ADDED_COLUMNS.get(table, {}).items():  # a part written before they were
             if name not in tab.column_names and name in want.names:
                 tab = tab.append_column(name, pa.array([value] * tab.num_rows, want.field(name).type))
@@ -112,9 +151,14 @@ def conform_part(table: str, tab, schemas: dict, seq: int | None = None):
         tab = tab.select(want.names)
         # A string column read as a dictionary (the reader asks for that on big tables) stays
         # one: same values, no per-row strings.
-        target = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type))
-                            if f.type == pa.string() and pa.types.is_dictionary(tab.schema.field(f.name).type)
-                            else f for f in want])
+        target = pa.schema(
+            [
+                pa.field(f.name, pa.dictionary(pa.int32(), f.type))
+                if f.type == pa.string() and pa.types.is_dictionary(tab.schema.field(f.name).type)
+                else f
+                for f in want
+            ]
+        )
         try:
             tab = tab.cast(target)
         except (pa.ArrowException, ValueError, TypeError) as e:

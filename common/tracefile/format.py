@@ -65,6 +65,7 @@ Tables (columns; `seq` is the interval number, 1-based):
 A reader takes, for every table, the parts whose seq is <= the last seq that has an
 `intervals` part: every finished interval is readable after a SIGKILL of tracer or target.
 """
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -79,55 +80,181 @@ ADDED_COLUMNS: dict[str, dict[str, int]] = {"releases": {"duration_ns": 0, "stac
 U64, I64, I32, U32, STR, F64 = pa.uint64(), pa.int64(), pa.int32(), pa.uint32(), pa.string(), pa.float64()
 
 SCHEMAS: dict[str, pa.Schema] = {
-    "sites": pa.schema([("seq", I32), ("stack_id", U64), ("tid", U32), ("source", STR),
-                        ("alloc_bytes", I64), ("alloc_count", I64), ("free_bytes", I64),
-                        ("free_count", I64), ("peak_live_bytes", I64)]),
-    "stacks": pa.schema([("stack_id", U64), ("idx", I32), ("ip", U64), ("module", STR),
-                         ("build_id", STR), ("offset", I64), ("syscall", pa.int8()),
-                         ("function", STR), ("file", STR), ("line", I32)]),
+    "sites": pa.schema(
+        [
+            ("seq", I32),
+            ("stack_id", U64),
+            ("tid", U32),
+            ("source", STR),
+            ("alloc_bytes", I64),
+            ("alloc_count", I64),
+            ("free_bytes", I64),
+            ("free_count", I64),
+            ("peak_live_bytes", I64),
+        ]
+    ),
+    "stacks": pa.schema(
+        [
+            ("stack_id", U64),
+            ("idx", I32),
+            ("ip", U64),
+            ("module", STR),
+            ("build_id", STR),
+            ("offset", I64),
+            ("syscall", pa.int8()),
+            ("function", STR),
+            ("file", STR),
+            ("line", I32),
+        ]
+    ),
     "threads": pa.schema([("seq", I32), ("ts_ns", I64), ("tid", U32), ("name", STR), ("event", STR)]),
-    "flows": pa.schema([("seq", I32), ("alloc_tid", U32), ("free_tid", U32), ("bytes", I64),
-                        ("count", I64), ("wait_ns_sum", I64), ("wait_ns_max", I64)]),
-    "events": pa.schema([("seq", I32), ("ts_ns", I64), ("type", STR), ("tid", U32), ("addr", U64),
-                         ("len", U64), ("addr2", U64), ("len2", U64), ("ret", I64), ("flags", U32),
-                         ("prot", U32), ("fd", I32), ("in_api", STR), ("stack_id", U64),
-                         ("released_bytes", I64)]),
-    "releases": pa.schema([("seq", I32), ("tid", U32), ("kind", STR), ("in_api", STR), ("calls", I64),
-                           ("requested_bytes", I64), ("released_bytes", I64), ("duration_ns", I64),
-                           ("stack_id", U64)]),
-    "waits": pa.schema([("seq", I32), ("tid", U32), ("stack_id", U64), ("count", I64), ("total_ns", I64),
-                        ("max_ns", I64)]),
-    "blocked": pa.schema([("seq", I32), ("tid", U32), ("stack_id", U64), ("since_ns", I64),
-                          ("waited_ns", I64), ("state", STR)]),
-    "maps": pa.schema([("seq", I32), ("start", U64), ("end", U64), ("perms", STR), ("offset", U64),
-                       ("inode", U64), ("path", STR), ("build_id", STR)]),
-    "heaps": pa.schema([("seq", I32), ("start", U64), ("end", U64), ("reserved_end", U64), ("kind", STR),
-                        ("arena", STR), ("resident_bytes", I64), ("estimated", pa.int8())]),
-    "allocators": pa.schema([("seq", I32), ("source", STR), ("kind", STR), ("mapped_bytes", I64),
-                             ("resident_bytes", I64), ("live_bytes", I64), ("ranges", I32)]),
-    "purges": pa.schema([("seq", I32), ("ts_ns", I64), ("tid", U32), ("source", STR), ("function", STR),
-                         ("name", STR), ("duration_ns", I64), ("rss_before_bytes", I64),
-                         ("rss_after_bytes", I64), ("released_bytes", I64)]),
-    "census": pa.schema([("seq", I32), ("when", STR), ("arena", STR), ("heaps", I32), ("system_bytes", I64),
-                         ("in_use_bytes", I64), ("free_bytes", I64), ("fastbin_bytes", I64), ("tcache_bytes", I64),
-                         ("top_bytes", I64), ("resident_bytes", I64), ("chunks", I64), ("walked_bytes", I64),
-                         ("sampled", pa.int8()), ("tcache_estimated", pa.int8()), ("ms", F64)]),
-    "live": pa.schema([("seq", I32), ("addr", U64), ("size", I64), ("stack_id", U64), ("tid", U32),
-                       ("ts_ns", I64), ("api", STR), ("source", STR)]),
+    "flows": pa.schema(
+        [
+            ("seq", I32),
+            ("alloc_tid", U32),
+            ("free_tid", U32),
+            ("bytes", I64),
+            ("count", I64),
+            ("wait_ns_sum", I64),
+            ("wait_ns_max", I64),
+        ]
+    ),
+    "events": pa.schema(
+        [
+            ("seq", I32),
+            ("ts_ns", I64),
+            ("type", STR),
+            ("tid", U32),
+            ("addr", U64),
+            ("len", U64),
+            ("addr2", U64),
+            ("len2", U64),
+            ("ret", I64),
+            ("flags", U32),
+            ("prot", U32),
+            ("fd", I32),
+            ("in_api", STR),
+            ("stack_id", U64),
+            ("released_bytes", I64),
+        ]
+    ),
+    "releases": pa.schema(
+        [
+            ("seq", I32),
+            ("tid", U32),
+            ("kind", STR),
+            ("in_api", STR),
+            ("calls", I64),
+            ("requested_bytes", I64),
+            ("released_bytes", I64),
+            ("duration_ns", I64),
+            ("stack_id", U64),
+        ]
+    ),
+    "waits": pa.schema(
+        [("seq", I32), ("tid", U32), ("stack_id", U64), ("count", I64), ("total_ns", I64), ("max_ns", I64)]
+    ),
+    "blocked": pa.schema(
+        [("seq", I32), ("tid", U32), ("stack_id", U64), ("since_ns", I64), ("waited_ns", I64), ("state", STR)]
+    ),
+    "maps": pa.schema(
+        [
+            ("seq", I32),
+            ("start", U64),
+            ("end", U64),
+            ("perms", STR),
+            ("offset", U64),
+            ("inode", U64),
+            ("path", STR),
+            ("build_id", STR),
+        ]
+    ),
+    "heaps": pa.schema(
+        [
+            ("seq", I32),
+            ("start", U64),
+            ("end", U64),
+            ("reserved_end", U64),
+            ("kind", STR),
+            ("arena", STR),
+            ("resident_bytes", I64),
+            ("estimated", pa.int8()),
+        ]
+    ),
+    "allocators": pa.schema(
+        [
+            ("seq", I32),
+            ("source", STR),
+            ("kind", STR),
+            ("mapped_bytes", I64),
+            ("resident_bytes", I64),
+            ("live_bytes", I64),
+            ("ranges", I32),
+        ]
+    ),
+    "purges": pa.schema(
+        [
+            ("seq", I32),
+            ("ts_ns", I64),
+            ("tid", U32),
+            ("source", STR),
+            ("function", STR),
+            ("name", STR),
+            ("duration_ns", I64),
+            ("rss_before_bytes", I64),
+            ("rss_after_bytes", I64),
+            ("released_bytes", I64),
+        ]
+    ),
+    "census": pa.schema(
+        [
+            ("seq", I32),
+            ("when", STR),
+            ("arena", STR),
+            ("heaps", I32),
+            ("system_bytes", I64),
+            ("in_use_bytes", I64),
+            ("free_bytes", I64),
+            ("fastbin_bytes", I64),
+            ("tcache_bytes", I64),
+            ("top_bytes", I64),
+            ("resident_bytes", I64),
+            ("chunks", I64),
+            ("walked_bytes", I64),
+            ("sampled", pa.int8()),
+            ("tcache_estimated", pa.int8()),
+            ("ms", F64),
+        ]
+    ),
+    "live": pa.schema(
+        [
+            ("seq", I32),
+            ("addr", U64),
+            ("size", I64),
+            ("stack_id", U64),
+            ("tid", U32),
+            ("ts_ns", I64),
+            ("api", STR),
+            ("source", STR),
+        ]
+    ),
 }
 # `intervals` columns vary with the counters the probe has; its schema is inferred.
 TABLES = ["intervals", *SCHEMAS]
 # Optional, read apart from the tables above (load_trace leaves it to reports/symbolize/embedded.py).
 SYMBOLS = "symbols"
-SYMBOLS_SCHEMA = pa.schema([("seq", I32), ("build_id", STR), ("module", STR), ("start", U64), ("size", U64),
-                            ("name", STR)])
+SYMBOLS_SCHEMA = pa.schema(
+    [("seq", I32), ("build_id", STR), ("module", STR), ("start", U64), ("size", U64), ("name", STR)]
+)
 
 # Parquet encodings per table (readers see the same columns and types whatever these are): the
 # live table's addresses and times are nearly all distinct, so dictionary pages are tried and
 # thrown away for them; delta encoding writes and reads them several times faster and smaller.
 PARQUET_OPTIONS: dict[str, dict] = {
-    "live": {"use_dictionary": ["seq", "size", "stack_id", "tid", "api", "source"],
-             "column_encoding": {"addr": "DELTA_BINARY_PACKED", "ts_ns": "DELTA_BINARY_PACKED"}},
+    "live": {
+        "use_dictionary": ["seq", "size", "stack_id", "tid", "api", "source"],
+        "column_encoding": {"addr": "DELTA_BINARY_PACKED", "ts_ns": "DELTA_BINARY_PACKED"},
+    },
 }
 
 

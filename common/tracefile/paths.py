@@ -1,5 +1,6 @@
 """Where a trace may be written, checked and prepared without importing pyarrow: the CLI checks
 -o before the tracer's heavy modules load (and before the probes are built beside them)."""
+
 from __future__ import annotations
 
 import json
@@ -38,11 +39,15 @@ def check_output(path: str, force: bool = False) -> bool:
     if stat.S_ISLNK(st.st_mode):
         raise OutputError(f"refusing to write through the symlink {path}; give the real path")
     if (not stat.S_ISDIR(st.st_mode) or not is_trace_dir(path)) and not force:
-        raise OutputError(f"{path} exists and is not an allocscope trace; "
-                          "choose another -o or pass --force to replace it")
+        raise OutputError(
+            f"{path} exists and is not an allocscope trace; choose another -o or pass --force to replace it"
+        )
     old = path.rstrip("/") + ".old"
-    if os.path.lexists(old) and not force and not (os.path.isdir(old) and not os.path.islink(old)
-                                                   and is_trace_dir(old)):
+    if (
+        os.path.lexists(old)
+        and not force
+        and not (os.path.isdir(old) and not os.path.islink(old) and is_trace_dir(old))
+    ):
         raise OutputError(f"{old} exists and is not an allocscope trace; remove it first")
     return True
 

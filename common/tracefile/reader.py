@@ -9,6 +9,7 @@ DataFrames (columns as in common.tracefile.format): intervals, sites, stacks, th
 maps, live. Only parts up to the last finished interval are read, so a trace whose tracer was
 killed reads the same as one stopped cleanly at that interval.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,10 +49,10 @@ class Trace:
     heaps: pd.DataFrame = field(default_factory=lambda: _empty("heaps"))
     releases: pd.DataFrame = field(default_factory=lambda: _empty("releases"))
     allocators: pd.DataFrame = field(default_factory=lambda: _empty("allocators"))  # version 3
-    purges: pd.DataFrame = field(default_factory=lambda: _empty("purges"))          # version 3
-    waits: pd.DataFrame = field(default_factory=lambda: _empty("waits"))            # version 4
-    blocked: pd.DataFrame = field(default_factory=lambda: _empty("blocked"))        # version 4
-    census: pd.DataFrame = field(default_factory=lambda: _empty("census"))          # version 5
+    purges: pd.DataFrame = field(default_factory=lambda: _empty("purges"))  # version 3
+    waits: pd.DataFrame = field(default_factory=lambda: _empty("waits"))  # version 4
+    blocked: pd.DataFrame = field(default_factory=lambda: _empty("blocked"))  # version 4
+    census: pd.DataFrame = field(default_factory=lambda: _empty("census"))  # version 5
     live_table: pa.Table | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -84,15 +85,23 @@ class Trace:
         if "live" in self.__dict__ or self.live_table is None:
             df = self.live
             if len(df):
-                yield {("heap" if c == "source" else c):
-                       ((df["source"] == "heap").to_numpy(dtype=bool) if c == "source" else df[c].to_numpy())
-                       for c in columns}
+                yield {
+                    ("heap" if c == "source" else c): (
+                        (df["source"] == "heap").to_numpy(dtype=bool) if c == "source" else df[c].to_numpy()
+                    )
+                    for c in columns
+                }
             return
         for batch in self.live_table.select(columns).to_batches():
             if batch.num_rows:
-                yield {("heap" if c == "source" else c):
-                       (_equals(batch.column(c), "heap") if c == "source" else
-                        batch.column(c).to_numpy(zero_copy_only=False)) for c in columns}
+                yield {
+                    ("heap" if c == "source" else c): (
+                        _equals(batch.column(c), "heap")
+                        if c == "source"
+                        else batch.column(c).to_numpy(zero_copy_only=False)
+                    )
+                    for c in columns
+                }
 
     @property
     def complete(self) -> bool:
@@ -112,8 +121,7 @@ class Trace:
             df = self.sites.copy()
         else:
             df = self.sites.sort_values("seq").drop_duplicates(["stack_id", "tid", "source"], keep="last")
-        df = df.assign(live_bytes=df["alloc_bytes"] - df["free_bytes"],
-                       live_count=df["alloc_count"] - df["free_count"])
+        df = df.assign(live_bytes=df["alloc_bytes"] - df["free_bytes"], live_count=df["alloc_count"] - df["free_count"])
         return df.reset_index(drop=True)
 
     def thread_names(self) -> dict[int, str]:
@@ -170,8 +178,9 @@ def read_meta(path: str) -> dict:
     if not os.path.exists(path):
         raise TraceFileError(f"no such trace: {path}")
     if not os.path.isdir(path):
-        raise TraceFileError(f"{path} is not an allocscope trace (a trace is a directory written by "
-                             "'allocscope record')")
+        raise TraceFileError(
+            f"{path} is not an allocscope trace (a trace is a directory written by 'allocscope record')"
+        )
     mpath = os.path.join(path, F.META)
     try:
         with open(mpath, "rb") as f:
@@ -191,8 +200,10 @@ def read_meta(path: str) -> dict:
     if not isinstance(version, int):
         raise TraceFileError(f"{path}: {F.META} has no valid format version")
     if version > F.VERSION:
-        raise TraceFileError(f"{path} was written by a newer allocscope (trace format {version}; "
-                             f"this one reads up to {F.VERSION}); upgrade allocscope")
+        raise TraceFileError(
+            f"{path} was written by a newer allocscope (trace format {version}; "
+            f"this one reads up to {F.VERSION}); upgrade allocscope"
+        )
     return meta
 
 
@@ -247,8 +258,7 @@ def load_trace(path: str, progress=None) -> Trace:
         progress(f"loading {path}")
     intervals = read("intervals", None)
     if intervals.empty or "seq" not in intervals:
-        raise TraceFileError(f"{path} has no finished interval (the recording stopped before its first "
-                             "snapshot)")
+        raise TraceFileError(f"{path} has no finished interval (the recording stopped before its first snapshot)")
     intervals = intervals.sort_values("seq").reset_index(drop=True)
     last = int(intervals["seq"].max())
     for table in F.SCHEMAS:

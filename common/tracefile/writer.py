@@ -22,6 +22,7 @@ codec the Parquet footer names.
 Files are created 0600 inside a 0700 directory, never through a symlink, and the writer never
 replaces a path that is not an allocscope trace.
 """
+
 from __future__ import annotations
 
 import errno
@@ -41,8 +42,7 @@ from .paths import check_output, is_trace_dir, prepare_output  # noqa: F401 (the
 
 SYNC_S = 5.0  # seconds between batched fsyncs of the parts (power-loss durability; 0: every part)
 SMALL_PART_BYTES = 64 << 10  # parts under this (Arrow bytes) are written plain
-SMALL_PART_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False,
-                      "store_schema": False}
+SMALL_PART_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False, "store_schema": False}
 
 
 def parquet_options(table: str, nbytes: int | None, small_part_bytes: int = SMALL_PART_BYTES) -> dict:
@@ -54,15 +54,15 @@ def parquet_options(table: str, nbytes: int | None, small_part_bytes: int = SMAL
 
 
 class TraceWriter:
-    def __init__(self, path: str, sync_s: float = SYNC_S, small_part_bytes: int = SMALL_PART_BYTES,
-                 clock=time.monotonic) -> None:
+    def __init__(
+        self, path: str, sync_s: float = SYNC_S, small_part_bytes: int = SMALL_PART_BYTES, clock=time.monotonic
+    ) -> None:
         self.path = path
         try:
             os.mkdir(path, 0o700)
             self._dirfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             os.mkdir(F.PARTS, 0o700, dir_fd=self._dirfd)
-            self._partsfd = os.open(F.PARTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                                    dir_fd=self._dirfd)
+            self._partsfd = os.open(F.PARTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._dirfd)
         except FileExistsError:
             raise OutputError(f"{path} appeared while starting; not overwriting it") from None
         except OSError as e:
@@ -93,8 +93,7 @@ class TraceWriter:
                 os.unlink(tmp, dir_fd=dirfd)
             except FileNotFoundError:
                 pass
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600, dir_fd=dirfd)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
             try:
                 keep = fill(fd) is not False
                 size = os.fstat(fd).st_size
@@ -129,6 +128,7 @@ class TraceWriter:
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
+
         return self._atomic(dirfd, name, fill, sync)
 
     def _part_written(self, table: str, name: str, size: int) -> None:
@@ -167,13 +167,16 @@ class TraceWriter:
 
         def fill(fd: int) -> bool:
             nonlocal rows
-            with os.fdopen(fd, "wb", buffering=1 << 20, closefd=False) as f, \
-                    pq.ParquetWriter(f, schema, **parquet_options(table, None)) as pw:
+            with (
+                os.fdopen(fd, "wb", buffering=1 << 20, closefd=False) as f,
+                pq.ParquetWriter(f, schema, **parquet_options(table, None)) as pw,
+            ):
                 for b in batches:
                     if b.num_rows:
                         pw.write_batch(b)
                         rows += b.num_rows
             return rows > 0 or table == "intervals"
+
         name = F.part_name(table, seq)
         self._part_written(table, name, self._atomic(self._partsfd, name, fill, self.sync_s <= 0))
         return rows

@@ -28,6 +28,7 @@ seconds (float) measured from the start of the recording unless stated otherwise
 Verdicts (see `verdict` for the exact rules): each site is *freed*, *transient*, *growing* or
 *plateaued*, judged from its live-bytes timeline.
 """
+
 from __future__ import annotations
 
 from common.errors import UsageError
@@ -140,6 +141,7 @@ from .waits import held_while_waiting
 
 REPORT_SCHEMA = "allocscope.report/1"
 
+
 def location_dict(r, names: dict[int, str], points: list[int], site_rank: dict[SiteKey, int]) -> dict:
     """One row of rank_sites(by=location or function) as an allocscope.report/1 location: the
     keys of a site (`frames`: its largest stack, folded) and location (the stable key,
@@ -147,13 +149,23 @@ def location_dict(r, names: dict[int, str], points: list[int], site_rank: dict[S
     (stacks.key_quality: line, function or address), n_stacks and stacks (the ranks in
     `sites` of its stacks, holding most first)."""
     f = r.site[0]
-    return {**site_dict(r, names, points), "location": location_key(r.site), "function": f.function,
-            "module": f.module, "file": f.file, "line": f.line, **located_extras(f), "key_quality": key_quality(f),
-            "n_stacks": int(r.n_stacks), "stacks": [site_rank[x] for x in r.stacks if x in site_rank]}
+    return {
+        **site_dict(r, names, points),
+        "location": location_key(r.site),
+        "function": f.function,
+        "module": f.module,
+        "file": f.file,
+        "line": f.line,
+        **located_extras(f),
+        "key_quality": key_quality(f),
+        "n_stacks": int(r.n_stacks),
+        "stacks": [site_rank[x] for x in r.stacks if x in site_rank],
+    }
 
 
-def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, fold: Folding | None = None,
-                 by: str = "location") -> dict:
+def build_report(
+    trace: Trace, progress=None, sort: str = "live", stacks=None, fold: Folding | None = None, by: str = "location"
+) -> dict:
     """The allocscope.report/1 document: what `report --format json` prints. Sites (one per
     folded stack) and locations (one per place in the code, stacks.group_of; `by` function:
     one per function) are ordered (and `rank`ed) by `sort` (see rank_sites) whatever
@@ -186,40 +198,66 @@ def build_report(trace: Trace, progress=None, sort: str = "live", stacks=None, f
     points = timeline_points(trace.last_seq)
     doc = {
         "schema": REPORT_SCHEMA,
-        "target": {"pid": tgt.get("pid"), "comm": tgt.get("comm"), "exe": tgt.get("exe"),
-                   "labels": dict(meta.get("labels") or {})},
-        "recording": {"complete": trace.complete, "end_reason": meta.get("end_reason"),
-                      "interval_s": meta.get("interval_s"), "allocator": (meta.get("probes") or {}).get("allocator"),
-                      "allocator_kind": (meta.get("probes") or {}).get("allocator_kind"),
-                      "allocators": list((meta.get("probes") or {}).get("allocators") or []),
-                      "probes": meta.get("probes"), "warnings": trace.warnings,
-                      "unwind_pending": unwind_pending(trace)},
+        "target": {
+            "pid": tgt.get("pid"),
+            "comm": tgt.get("comm"),
+            "exe": tgt.get("exe"),
+            "labels": dict(meta.get("labels") or {}),
+        },
+        "recording": {
+            "complete": trace.complete,
+            "end_reason": meta.get("end_reason"),
+            "interval_s": meta.get("interval_s"),
+            "allocator": (meta.get("probes") or {}).get("allocator"),
+            "allocator_kind": (meta.get("probes") or {}).get("allocator_kind"),
+            "allocators": list((meta.get("probes") or {}).get("allocators") or []),
+            "probes": meta.get("probes"),
+            "warnings": trace.warnings,
+            "unwind_pending": unwind_pending(trace),
+        },
         "totals": tot,
-        "advice": mode_notes(trace) + advice(trace, tot) + residency_advice(arenas, dec)
-        + allocator_advice(dec, trace) + pending_notes(unwind_pending(trace)),
+        "advice": mode_notes(trace)
+        + advice(trace, tot)
+        + residency_advice(arenas, dec)
+        + allocator_advice(dec, trace)
+        + pending_notes(unwind_pending(trace)),
         "sort": sort,
         "timeline_seq": [i + 1 for i in points],
         "at_peak": peak,
         "folded": folded_wrappers(stacks.values(), fold),
         "by": by,
-        "sites": [dict(site_dict(r, names, points), at_peak_rank=peak_rank[int(r.rank)],
-                       location=location_key(group_of(r.site, loc_by)),
-                       **({"live_bytes_error": sampling_error(int(r.live_bytes), sample_bytes)}
-                          if sample_bytes else {}))
-                  for r in sites.itertuples()],
-        "locations": [dict(location_dict(r, names, points, site_rank), at_peak_rank=loc_peak_rank[int(r.rank)],
-                           **({"live_bytes_error": sampling_error(int(r.live_bytes), sample_bytes)}
-                              if sample_bytes else {}))
-                      for r in locs.itertuples()],
+        "sites": [
+            dict(
+                site_dict(r, names, points),
+                at_peak_rank=peak_rank[int(r.rank)],
+                location=location_key(group_of(r.site, loc_by)),
+                **({"live_bytes_error": sampling_error(int(r.live_bytes), sample_bytes)} if sample_bytes else {}),
+            )
+            for r in sites.itertuples()
+        ],
+        "locations": [
+            dict(
+                location_dict(r, names, points, site_rank),
+                at_peak_rank=loc_peak_rank[int(r.rank)],
+                **({"live_bytes_error": sampling_error(int(r.live_bytes), sample_bytes)} if sample_bytes else {}),
+            )
+            for r in locs.itertuples()
+        ],
         "gpu": gpu_summary(trace, tot, sites, locs),
-        "threads": [{k: (r[k] if k == "name" else int(r[k])) for k in THREAD_COLUMNS}
-                    for r in threads.to_dict("records")],
-        "thread_groups": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-                          for row in thread_group_table(trace).to_dict("records")],
-        "flows": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-                  for row in flow_table(trace).to_dict("records")],
-        "arenas": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-                   for row in arenas.to_dict("records")],
+        "threads": [
+            {k: (r[k] if k == "name" else int(r[k])) for k in THREAD_COLUMNS} for r in threads.to_dict("records")
+        ],
+        "thread_groups": [
+            {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+            for row in thread_group_table(trace).to_dict("records")
+        ],
+        "flows": [
+            {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+            for row in flow_table(trace).to_dict("records")
+        ],
+        "arenas": [
+            {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in arenas.to_dict("records")
+        ],
         "rss_decomposition": dec,
         "trims": trims(trace),
         "releases": releases_by_thread(trace),

@@ -22,6 +22,7 @@ A site is *flagged* when its ``scaling`` (its B/A peak ratio divided by the expe
 site absent from A scales infinitely) is > 1.5 and its peak grew by at least 1% of the sum of
 |delta| over all sites: it grew out of proportion and by an amount that matters.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,29 +57,62 @@ from .waits import held_while_waiting
 
 DIFF_SCHEMA = "allocscope.diff/1"
 DIFF_SORTS = ("delta", "live", "alloc", "ratio", "excess", "device")
-FLAG_SCALING = 1.5     # flagged: grew more than 1.5x what linear scaling with the label predicts
-FLAG_MATERIAL = 0.01   # ...and its delta is at least 1% of the sum of |delta| over all sites
+FLAG_SCALING = 1.5  # flagged: grew more than 1.5x what linear scaling with the label predicts
+FLAG_MATERIAL = 0.01  # ...and its delta is at least 1% of the sum of |delta| over all sites
 
 SITE_DIFF_COLUMNS = [
-    "site", "in", "a_peak_live_bytes", "b_peak_live_bytes", "delta_bytes", "ratio",
-    "a_live_bytes", "b_live_bytes", "live_delta_bytes", "a_alloc_bytes", "b_alloc_bytes", "alloc_delta_bytes",
-    "a_alloc_count", "b_alloc_count", "alloc_count_delta", "a_verdict", "b_verdict",
-    "a_growth_bytes_per_s", "b_growth_bytes_per_s", "expected_b_peak_live_bytes", "excess_bytes", "scaling",
-    "flagged", "a_device_peak_bytes", "b_device_peak_bytes", "device_peak_delta_bytes", "a_device_live_bytes",
-    "b_device_live_bytes", "device_live_delta_bytes",
+    "site",
+    "in",
+    "a_peak_live_bytes",
+    "b_peak_live_bytes",
+    "delta_bytes",
+    "ratio",
+    "a_live_bytes",
+    "b_live_bytes",
+    "live_delta_bytes",
+    "a_alloc_bytes",
+    "b_alloc_bytes",
+    "alloc_delta_bytes",
+    "a_alloc_count",
+    "b_alloc_count",
+    "alloc_count_delta",
+    "a_verdict",
+    "b_verdict",
+    "a_growth_bytes_per_s",
+    "b_growth_bytes_per_s",
+    "expected_b_peak_live_bytes",
+    "excess_bytes",
+    "scaling",
+    "flagged",
+    "a_device_peak_bytes",
+    "b_device_peak_bytes",
+    "device_peak_delta_bytes",
+    "a_device_live_bytes",
+    "b_device_live_bytes",
+    "device_live_delta_bytes",
 ]
-_SITE_VALUES = ["peak_live_bytes", "live_bytes", "alloc_bytes", "alloc_count", "device_peak_bytes",
-                "device_live_bytes"]
-TOTAL_KEYS = ["live_bytes", "live_count", "peak_live_bytes", "rss_bytes", "peak_rss_bytes", "hwm_bytes",
-              "lost_events", "duration_s", "intervals", "device_bytes", "device_peak_bytes", "device_count",
-              "cuda_host_bytes"]
+_SITE_VALUES = ["peak_live_bytes", "live_bytes", "alloc_bytes", "alloc_count", "device_peak_bytes", "device_live_bytes"]
+TOTAL_KEYS = [
+    "live_bytes",
+    "live_count",
+    "peak_live_bytes",
+    "rss_bytes",
+    "peak_rss_bytes",
+    "hwm_bytes",
+    "lost_events",
+    "duration_s",
+    "intervals",
+    "device_bytes",
+    "device_peak_bytes",
+    "device_count",
+    "cuda_host_bytes",
+]
 
 
 def match_frame(f: FrameInfo) -> FrameInfo:
     """A frame reduced to what is the same in every run: function, module and file basenames,
     line."""
-    return FrameInfo(f.function, os.path.basename(f.module or ""), os.path.basename(f.file) if f.file else None,
-                     f.line)
+    return FrameInfo(f.function, os.path.basename(f.module or ""), os.path.basename(f.file) if f.file else None, f.line)
 
 
 def normalize_stacks(stacks: dict[int, SiteKey]) -> dict[int, SiteKey]:
@@ -107,8 +141,14 @@ def summarize(trace: Trace, progress=None, fold: Folding | None = None, by: str 
     how `locations` are grouped (location or function; stack: by location)."""
     stacks = normalize_stacks(symbolize_stacks(trace, progress))
     loc_by = "location" if by == "stack" else by
-    return Side(trace, rank_sites(trace, stacks, fold=fold), thread_group_table(trace), totals(trace), stacks,
-                rank_sites(trace, stacks, fold=fold, by=loc_by))
+    return Side(
+        trace,
+        rank_sites(trace, stacks, fold=fold),
+        thread_group_table(trace),
+        totals(trace),
+        stacks,
+        rank_sites(trace, stacks, fold=fold, by=loc_by),
+    )
 
 
 def label_value(trace: Trace, label: str, which: str) -> float:
@@ -116,8 +156,10 @@ def label_value(trace: Trace, label: str, which: str) -> float:
     labels = trace.labels
     if label not in labels:
         have = ", ".join(f"{k}={v}" for k, v in labels.items()) or "none"
-        raise UsageError(f"--per {label}: trace {which} ({trace.path}) has no label {label} (its labels: {have}); "
-                         f"record with --label {label}=N")
+        raise UsageError(
+            f"--per {label}: trace {which} ({trace.path}) has no label {label} (its labels: {have}); "
+            f"record with --label {label}=N"
+        )
     try:
         value = float(labels[label])
     except (TypeError, ValueError):
@@ -173,8 +215,12 @@ def _flag(rows: list[dict], expected: float | None) -> None:
     """Set `flagged` (see the module docstring)."""
     total = sum(abs(r["delta_bytes"]) for r in rows)
     for r in rows:
-        r["flagged"] = bool(expected is not None and r["scaling"] > FLAG_SCALING and r["delta_bytes"] > 0
-                            and r["delta_bytes"] >= FLAG_MATERIAL * total)
+        r["flagged"] = bool(
+            expected is not None
+            and r["scaling"] > FLAG_SCALING
+            and r["delta_bytes"] > 0
+            and r["delta_bytes"] >= FLAG_MATERIAL * total
+        )
 
 
 def _sort_key(sort: str):
@@ -190,8 +236,7 @@ def _sort_key(sort: str):
     return lambda r: (primary(r), -r["b_peak_live_bytes"], -r["b_device_peak_bytes"], frame_key_text(r["site"]))
 
 
-def diff_sites(a: Side, b: Side, per: str | None = None, sort: str = "delta", locations: bool = False
-               ) -> pd.DataFrame:
+def diff_sites(a: Side, b: Side, per: str | None = None, sort: str = "delta", locations: bool = False) -> pd.DataFrame:
     """Sites of A and B matched by frames (with `locations`: their locations, Side.locations,
     matched by the location's frame). One row per site; columns:
 
@@ -234,19 +279,40 @@ def diff_thread_groups(a: Side, b: Side) -> pd.DataFrame:
     df["live_delta_bytes"] = df["b_live_bytes"] - df["a_live_bytes"]
     df["peak_delta_bytes"] = df["b_peak_live_bytes"] - df["a_peak_live_bytes"]
     df["device_live_delta_bytes"] = df["b_device_live_bytes"] - df["a_device_live_bytes"]
-    df = df.assign(_abs=df["peak_delta_bytes"].abs()).sort_values(["_abs", "group"], ascending=[False, True],
-                                                                 kind="mergesort")
-    return df[["group", "a_threads", "b_threads", "a_live_bytes", "b_live_bytes", "live_delta_bytes",
-               "a_peak_live_bytes", "b_peak_live_bytes", "peak_delta_bytes", "a_device_live_bytes",
-               "b_device_live_bytes", "device_live_delta_bytes"]].reset_index(drop=True)
+    df = df.assign(_abs=df["peak_delta_bytes"].abs()).sort_values(
+        ["_abs", "group"], ascending=[False, True], kind="mergesort"
+    )
+    return df[
+        [
+            "group",
+            "a_threads",
+            "b_threads",
+            "a_live_bytes",
+            "b_live_bytes",
+            "live_delta_bytes",
+            "a_peak_live_bytes",
+            "b_peak_live_bytes",
+            "peak_delta_bytes",
+            "a_device_live_bytes",
+            "b_device_live_bytes",
+            "device_live_delta_bytes",
+        ]
+    ].reset_index(drop=True)
 
 
 def _header(side: Side) -> dict:
     """One trace of the `traces` block: which trace, which process, its labels."""
     t = side.trace
     tgt = t.meta.get("target") or {}
-    return {"path": t.path, "labels": t.labels, "pid": tgt.get("pid"), "comm": tgt.get("comm"),
-            "exe": tgt.get("exe"), "complete": t.complete, "warnings": list(t.warnings)}
+    return {
+        "path": t.path,
+        "labels": t.labels,
+        "pid": tgt.get("pid"),
+        "comm": tgt.get("comm"),
+        "exe": tgt.get("exe"),
+        "complete": t.complete,
+        "warnings": list(t.warnings),
+    }
 
 
 def _program(side: Side) -> str:
@@ -258,8 +324,7 @@ def _warnings(a: Side, b: Side) -> list[str]:
     out = []
     pa_, pb = _program(a), _program(b)
     if pa_ != pb:
-        out.append(f"A and B are different programs ({pa_} vs {pb}): only sites with the same "
-                   "symbolized frames match")
+        out.append(f"A and B are different programs ({pa_} vs {pb}): only sites with the same symbolized frames match")
     for name, s in (("A", a), ("B", b)):
         out += [f"{name}: {w}" for w in s.trace.warnings]
         out += [f"{name} lost events, its numbers are lower bounds: {line}" for line in advice(s.trace, s.totals)]
@@ -277,8 +342,15 @@ def _site_json(row: dict, location: bool = False) -> dict:
     out: dict[str, Any] = {"frames": [f.as_dict() for f in row["site"]]}
     if location:
         f = row["site"][0]
-        out.update(location=location_key(row["site"]), function=f.function, module=f.module, file=f.file,
-                   line=f.line, **located_extras(f), key_quality=key_quality(f))
+        out.update(
+            location=location_key(row["site"]),
+            function=f.function,
+            module=f.module,
+            file=f.file,
+            line=f.line,
+            **located_extras(f),
+            key_quality=key_quality(f),
+        )
     out.update({k: _jnum(row[k]) for k in SITE_DIFF_COLUMNS if k != "site"})
     for k in ("ratio", "scaling"):
         if out[k] is not None:
@@ -303,9 +375,11 @@ def diff_allocators(a: Side, b: Side) -> list[dict]:
     by name): {name, in, a_/b_ and delta_ of resident, live, retained, released,
     live_before_attach (0 where no census measured it)}, by |retained
     delta|; [] when neither trace measures it."""
+
     def by_name(side: Side) -> dict[str, dict]:
         dec = rss_decomposition(side.trace) or {}
         return {x["name"]: x for x in dec.get("allocators") or []}
+
     xa, xb = by_name(a), by_name(b)
     rows = []
     for name in list(xa) + [n for n in xb if n not in xa]:
@@ -332,10 +406,12 @@ def diff_waits(a: Side, b: Side) -> list[dict]:
     rows: dict[str, dict] = {}
 
     def row(d: dict) -> dict:
-        return rows.setdefault(d["location"], {k: d.get(k) for k in ("location", "function", "module", "file", "line")}
-                               | {f"{x}_{k}": 0 for x in "ab"
-                                  for k in ("threads", "held_bytes", "kept_bytes", "max_threads")}
-                               | {"a_wait_s": 0.0, "b_wait_s": 0.0})
+        return rows.setdefault(
+            d["location"],
+            {k: d.get(k) for k in ("location", "function", "module", "file", "line")}
+            | {f"{x}_{k}": 0 for x in "ab" for k in ("threads", "held_bytes", "kept_bytes", "max_threads")}
+            | {"a_wait_s": 0.0, "b_wait_s": 0.0},
+        )
 
     for x, w in (("a", wa), ("b", wb)):
         for d in (w.get("peak") or {}).get("by_location") or []:
@@ -360,12 +436,25 @@ def normalization(trace_a: Trace, trace_b: Trace, per: str) -> dict:
     """The `per` block: label, its values a and b in the two traces, expected_ratio (b / a: the
     B/A ratio of a site that scales linearly with the label), flag_scaling, flag_material."""
     va, vb = label_value(trace_a, per, "A"), label_value(trace_b, per, "B")
-    return {"label": per, "a": va, "b": vb, "expected_ratio": vb / va, "flag_scaling": FLAG_SCALING,
-            "flag_material": FLAG_MATERIAL}
+    return {
+        "label": per,
+        "a": va,
+        "b": vb,
+        "expected_ratio": vb / va,
+        "flag_scaling": FLAG_SCALING,
+        "flag_material": FLAG_MATERIAL,
+    }
 
 
-def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: str = "delta",
-                progress=None, fold: Folding | None = None, by: str = "location") -> dict:
+def diff_traces(
+    trace_a: Trace,
+    trace_b: Trace,
+    per: str | None = None,
+    sort: str = "delta",
+    progress=None,
+    fold: Folding | None = None,
+    by: str = "location",
+) -> dict:
     """The allocscope.diff/1 document: `allocscope diff A B --format json`.
 
     Keys: schema; a, b (the labels of each trace); traces (a, b: path, labels, pid, comm, exe,
@@ -384,12 +473,14 @@ def diff_traces(trace_a: Trace, trace_b: Trace, per: str | None = None, sort: st
     """
     if by not in GROUPINGS:
         raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")
-    return diff_document(summarize(trace_a, progress, fold, by), summarize(trace_b, progress, fold, by), per, sort,
-                         fold, by)
+    return diff_document(
+        summarize(trace_a, progress, fold, by), summarize(trace_b, progress, fold, by), per, sort, fold, by
+    )
 
 
-def diff_document(a: Side, b: Side, per: str | None = None, sort: str = "delta", fold: Folding | None = None,
-                  by: str = "location") -> dict:
+def diff_document(
+    a: Side, b: Side, per: str | None = None, sort: str = "delta", fold: Folding | None = None, by: str = "location"
+) -> dict:
     """diff_traces from two summarized traces (`summarize`), for a caller that keeps the
     Sides (their symbolized stacks: the HTML page draws its flame graph from them)."""
     trace_a, trace_b = a.trace, b.trace
@@ -409,8 +500,7 @@ def diff_document(a: Side, b: Side, per: str | None = None, sort: str = "delta",
         "by": by,
         "sites": [_site_json(r) for r in sites.to_dict("records")],
         "locations": [_site_json(r, location=True) for r in locs.to_dict("records")],
-        "thread_groups": [{k: _jnum(v) for k, v in r.items()}
-                          for r in diff_thread_groups(a, b).to_dict("records")],
+        "thread_groups": [{k: _jnum(v) for k, v in r.items()} for r in diff_thread_groups(a, b).to_dict("records")],
         "allocators": diff_allocators(a, b),
         "waits": diff_waits(a, b),
     }

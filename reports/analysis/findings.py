@@ -17,6 +17,7 @@ no_change), text (one sentence, plain text), table (the title of the table it co
 the text report names it), section (the id of that table's section in the HTML page) and
 figures (the numbers the sentence states, unrounded). At most MAX_FINDINGS.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,25 +26,25 @@ from ..units import human_bytes, human_rate
 from .residency import conf_env
 
 MAX_FINDINGS = 6
-PEAK_MAX_HOLDERS = 3       # locations named as holding the peak...
-PEAK_MIN_SHARE = 0.10      # ...each holding >= 10% of it (the first is always named)...
-PEAK_ENOUGH_SHARE = 0.80   # ...until those named hold >= 80% of it
-BURST_MIN_SHARE = 0.10     # a peak freed by the end is news when what was freed is >= 10% of the RSS peak...
+PEAK_MAX_HOLDERS = 3  # locations named as holding the peak...
+PEAK_MIN_SHARE = 0.10  # ...each holding >= 10% of it (the first is always named)...
+PEAK_ENOUGH_SHARE = 0.80  # ...until those named hold >= 80% of it
+BURST_MIN_SHARE = 0.10  # a peak freed by the end is news when what was freed is >= 10% of the RSS peak...
 BURST_MIN_BYTES = 1 << 20  # ...and >= 1 MiB (a few KiB of churn in a small heap is not)
-WAIT_MIN_THREADS = 2       # held while waiting: >= 2 threads blocked in one place holding memory...
-WAIT_MIN_SHARE = 0.25      # ...keeping (kept_bytes) >= 25% of the live peak
-GROW_MIN_SHARE = 0.01      # growing: its rise over the recording >= 1% of the live total...
+WAIT_MIN_THREADS = 2  # held while waiting: >= 2 threads blocked in one place holding memory...
+WAIT_MIN_SHARE = 0.25  # ...keeping (kept_bytes) >= 25% of the live peak
+GROW_MIN_SHARE = 0.01  # growing: its rise over the recording >= 1% of the live total...
 GROW_MIN_BYTES = 64 << 10  # ...and >= 64 KiB
 GROW_MAX_NAMED = 2
 RETAINED_MIN_SHARE = 0.20  # an allocator keeps >= 20% of RSS resident and not live...
 RETAINED_MIN_BYTES = 4 << 20  # ...and >= 4 MiB
-RELEASE_MIN_S = 0.05       # giving memory back took >= 50 ms in the calls...
+RELEASE_MIN_S = 0.05  # giving memory back took >= 50 ms in the calls...
 RELEASE_MIN_SHOOTDOWNS = 1000  # ...or caused >= 1000 remote TLB shootdowns
 NOISY_LOSSES = {"lost_unmatched_ret": 1000, "lost_stale_entry": 1000}  # normal in small numbers
 GREW_FASTER = 1.2  # a diff's finding names the location that grew most beyond linear, from 1.2x (the flag: 1.5x)
 NOT_LOST = {"lost_stack_pending"}  # stacks cut short while a table was built: no event or byte lost
-DIFF_MIN_SHARE = 0.10      # a diff names a change >= 10% of the larger live peak
-GROUP_MIN_CHANGE = 0.25    # a thread group's peak moved by >= 25% of its larger peak (and DIFF_MIN_SHARE)
+DIFF_MIN_SHARE = 0.10  # a diff names a change >= 10% of the larger live peak
+GROUP_MIN_CHANGE = 0.25  # a thread group's peak moved by >= 25% of its larger peak (and DIFF_MIN_SHARE)
 
 # The knob that returns an allocator's retained memory, by kind (reports.analysis.residency's advice, short).
 KNOBS = {
@@ -114,9 +115,11 @@ def kept_while_waiting(doc: dict) -> dict | None:
     peak; None otherwise."""
     pk = (doc.get("waits") or {}).get("peak") or {}
     peak = int(doc["totals"].get("peak_live_bytes") or 0)
-    cands = [d for d in pk.get("by_location") or []
-             if d.get("keeping_threads", 0) >= WAIT_MIN_THREADS and peak
-             and d.get("kept_bytes", 0) >= WAIT_MIN_SHARE * peak]
+    cands = [
+        d
+        for d in pk.get("by_location") or []
+        if d.get("keeping_threads", 0) >= WAIT_MIN_THREADS and peak and d.get("kept_bytes", 0) >= WAIT_MIN_SHARE * peak
+    ]
     return max(cands, key=lambda d: (d["kept_bytes"], d["threads"]), default=None)
 
 
@@ -143,9 +146,18 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
         head, section = f"At the end ({human_bytes(whole)} live)", "sites"
         table = f"Top {rows_noun(listed_rows(doc)[1])}"
     text = f"{head}, {and_list(parts)}"
-    figures = {"total_bytes": whole, "at_peak": first,
-               "holders": [{"location": r.get("location"), "function": r["frames"][0]["function"] if r.get("frames")
-                            else r.get("function"), "bytes": int(r[key])} for r in named]}
+    figures = {
+        "total_bytes": whole,
+        "at_peak": first,
+        "holders": [
+            {
+                "location": r.get("location"),
+                "function": r["frames"][0]["function"] if r.get("frames") else r.get("function"),
+                "bytes": int(r[key]),
+            }
+            for r in named
+        ],
+    }
     merged = False
     if wait:
         keys = {r.get("location") for r in named}
@@ -165,8 +177,14 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
 
 
 def _wait_figures(d: dict) -> dict:
-    return {"location": d["location"], "function": d["function"], "threads": d["threads"],
-            "keeping_threads": d["keeping_threads"], "held_bytes": d["held_bytes"], "kept_bytes": d["kept_bytes"]}
+    return {
+        "location": d["location"],
+        "function": d["function"],
+        "threads": d["threads"],
+        "keeping_threads": d["keeping_threads"],
+        "held_bytes": d["held_bytes"],
+        "kept_bytes": d["kept_bytes"],
+    }
 
 
 def _wait_finding(doc: dict, d: dict) -> dict:
@@ -174,8 +192,10 @@ def _wait_finding(doc: dict, d: dict) -> dict:
     top = d["held"][0] if d.get("held") else None
     most = f", most of it from {top['function']} ({human_bytes(top['bytes'])})" if top else ""
     clause = _wait_clause(doc, d)
-    text = (f"{clause[0].upper()}{clause[1:]} "
-            f"({percent(d['kept_bytes'], peak)} of the live peak kept after the allocating call returned){most}.")
+    text = (
+        f"{clause[0].upper()}{clause[1:]} "
+        f"({percent(d['kept_bytes'], peak)} of the live peak kept after the allocating call returned){most}."
+    )
     return finding("waiting", text, "Held while waiting", "waits", **_wait_figures(d))
 
 
@@ -183,22 +203,42 @@ def _growing_finding(doc: dict) -> dict | None:
     rows, by = listed_rows(doc)
     tot = doc["totals"]
     live, dur = int(tot.get("live_bytes") or 0), float(tot.get("duration_s") or 0)
-    grow = [r for r in rows if r.get("verdict") == "growing" and (r.get("growth_bytes_per_s") or 0) > 0
-            and r["growth_bytes_per_s"] * dur >= max(GROW_MIN_SHARE * live, GROW_MIN_BYTES)]
+    grow = [
+        r
+        for r in rows
+        if r.get("verdict") == "growing"
+        and (r.get("growth_bytes_per_s") or 0) > 0
+        and r["growth_bytes_per_s"] * dur >= max(GROW_MIN_SHARE * live, GROW_MIN_BYTES)
+    ]
     grow.sort(key=lambda r: -r["growth_bytes_per_s"])
     if not grow:
         return None
     named = grow[:GROW_MAX_NAMED]
-    parts = [f"{where_text(r)} ({human_rate(r['growth_bytes_per_s'])}"
-             + (f", R² {r['growth_r2']:.2f}" if r.get("growth_r2") is not None else "")
-             + f", {human_bytes(r['live_bytes'])} live at the end)" for r in named]
+    parts = [
+        f"{where_text(r)} ({human_rate(r['growth_bytes_per_s'])}"
+        + (f", R² {r['growth_r2']:.2f}" if r.get("growth_r2") is not None else "")
+        + f", {human_bytes(r['live_bytes'])} live at the end)"
+        for r in named
+    ]
     more = f" ({len(grow) - len(named)} more growing)" if len(grow) > len(named) else ""
     verb = "is" if len(named) == 1 else "are"
     text = f"{and_list(parts)} {verb} still growing over the last half of the recording{more}."
-    return finding("growing", text, f"Top {rows_noun(by)} (verdict growing)", "sites",
-                   locations=[{"location": r.get("location"), "growth_bytes_per_s": r["growth_bytes_per_s"],
-                               "growth_r2": r.get("growth_r2"), "live_bytes": r["live_bytes"]} for r in named],
-                   growing=len(grow))
+    return finding(
+        "growing",
+        text,
+        f"Top {rows_noun(by)} (verdict growing)",
+        "sites",
+        locations=[
+            {
+                "location": r.get("location"),
+                "growth_bytes_per_s": r["growth_bytes_per_s"],
+                "growth_r2": r.get("growth_r2"),
+                "live_bytes": r["live_bytes"],
+            }
+            for r in named
+        ],
+        growing=len(grow),
+    )
 
 
 def _knob(a: dict) -> str:
@@ -220,10 +260,20 @@ def _retained_finding(doc: dict) -> dict | None:
         return None
     a = max(big, key=lambda a: a["retained"])
     knob = _knob(a)
-    text = (f"{a['name']} keeps {human_bytes(a['retained'])} resident that is not live ({percent(a['retained'], rss)} "
-            f"of RSS {human_bytes(rss)})" + (f": {knob}" if knob else "") + ".")
-    return finding("retained", text, "Totals: RSS split (retained by allocator)", "allocators",
-                   allocator=a["name"], retained_bytes=a["retained"], rss_bytes=rss, knob=knob)
+    text = (
+        f"{a['name']} keeps {human_bytes(a['retained'])} resident that is not live ({percent(a['retained'], rss)} "
+        f"of RSS {human_bytes(rss)})" + (f": {knob}" if knob else "") + "."
+    )
+    return finding(
+        "retained",
+        text,
+        "Totals: RSS split (retained by allocator)",
+        "allocators",
+        allocator=a["name"],
+        retained_bytes=a["retained"],
+        rss_bytes=rss,
+        knob=knob,
+    )
 
 
 def _release_finding(doc: dict) -> dict | None:
@@ -237,19 +287,26 @@ def _release_finding(doc: dict) -> dict | None:
     if total < RELEASE_MIN_S and shoot < RELEASE_MIN_SHOOTDOWNS:
         return None
     top = max(calls, key=lambda c: c[2]) if calls else None
-    text = f"Giving memory back took {total:.2f}s in the calls" + \
-        (f" (most: {top[0]}, {top[2]:.2f}s in {top[1]} calls)" if top and top[2] else "") + \
-        (f", with {shoot} remote TLB shootdowns" if shoot else "") + "."
-    return finding("release_cost", text, "What giving memory back cost", "waits", seconds=total,
-                   remote_shootdowns=shoot)
+    text = (
+        f"Giving memory back took {total:.2f}s in the calls"
+        + (f" (most: {top[0]}, {top[2]:.2f}s in {top[1]} calls)" if top and top[2] else "")
+        + (f", with {shoot} remote TLB shootdowns" if shoot else "")
+        + "."
+    )
+    return finding(
+        "release_cost", text, "What giving memory back cost", "waits", seconds=total, remote_shootdowns=shoot
+    )
 
 
 def material_losses(totals: dict) -> dict[str, int]:
     """The loss counters that change the picture: all but the byte counts, those normal in
     small numbers (NOISY_LOSSES) and the stacks cut short while an unwind table was built (their
     bytes are all counted; the unwind notes under Totals say where and until when)."""
-    return {k: v for k, v in (totals.get("losses") or {}).items()
-            if v and not k.endswith("_bytes") and k not in NOT_LOST and v >= NOISY_LOSSES.get(k, 1)}
+    return {
+        k: v
+        for k, v in (totals.get("losses") or {}).items()
+        if v and not k.endswith("_bytes") and k not in NOT_LOST and v >= NOISY_LOSSES.get(k, 1)
+    }
 
 
 def loss_text(lost: dict[str, int]) -> str:
@@ -281,15 +338,18 @@ def _device_finding(doc: dict) -> dict | None:
     dev, peak = tot.get("device_bytes") or 0, tot.get("device_peak_bytes") or 0
     if not peak:
         return None
-    rows = sorted((x for x in doc.get("locations") or [] if x.get("device_live_bytes")),
-                  key=lambda x: -x["device_live_bytes"])
+    rows = sorted(
+        (x for x in doc.get("locations") or [] if x.get("device_live_bytes")), key=lambda x: -x["device_live_bytes"]
+    )
     where = ""
     if rows and dev:
         top = rows[0]
         call = f" via {top['call']}" if top.get("call") else ""
         where = f", {percent(top['device_live_bytes'], dev)} of it at {where_text(top)}{call}"
-    text = (f"GPU: {human_bytes(dev)} of device memory live at the end (peak {human_bytes(peak)}){where}; "
-            "device memory is in no host figure.")
+    text = (
+        f"GPU: {human_bytes(dev)} of device memory live at the end (peak {human_bytes(peak)}){where}; "
+        "device memory is in no host figure."
+    )
     return finding("device", text, "Top locations (device)", "locations", device_bytes=dev, device_peak_bytes=peak)
 
 
@@ -299,18 +359,26 @@ def report_findings(doc: dict) -> list[dict]:
     kept by blocked threads, no allocator retention or release cost worth a line, no material
     loss, no burst (`burst`) and no GPU memory."""
     wait = kept_while_waiting(doc)
-    others = [f for f in (_growing_finding(doc), _retained_finding(doc), _release_finding(doc), _loss_finding(doc))
-              if f]
+    others = [
+        f for f in (_growing_finding(doc), _retained_finding(doc), _release_finding(doc), _loss_finding(doc)) if f
+    ]
     device = _device_finding(doc)
     if not (wait or others or burst(doc) or device):
         tot = doc["totals"]
-        return [finding("no_problem", f"No problem found: {human_bytes(tot['live_bytes'])} live at the end, peak "
-                                      f"{human_bytes(tot['peak_live_bytes'])}; no burst, nothing growing, no blocked "
-                                      "thread kept memory, the allocators keep little that is not live and no events "
-                                      "that matter were lost.", "Totals", "header",
-                        live_bytes=tot["live_bytes"], peak_live_bytes=tot["peak_live_bytes"])]
+        return [
+            finding(
+                "no_problem",
+                f"No problem found: {human_bytes(tot['live_bytes'])} live at the end, peak "
+                f"{human_bytes(tot['peak_live_bytes'])}; no burst, nothing growing, no blocked "
+                "thread kept memory, the allocators keep little that is not live and no events "
+                "that matter were lost.",
+                "Totals",
+                "header",
+                live_bytes=tot["live_bytes"],
+                peak_live_bytes=tot["peak_live_bytes"],
+            )
+        ]
     peak, merged = _peak_finding(doc, wait)
     out = [f for f in (peak, device, None if merged or not wait else _wait_finding(doc, wait)) if f]
     out += others
     return out[:MAX_FINDINGS]
-

@@ -1,5 +1,6 @@
 """What is resident and why: allocator arenas, the RSS split, each allocator's retained memory and
 the advice for it (malloc_trim calls and the releases by thread: reports/analysis/releases.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,20 @@ from common.tracefile.reader import Trace
 from .sampled import sampled_split
 from .sources import DEVICE_FILE_SOURCES, REGISTER_API, SHMEM_SOURCES, live_by_source
 
-ARENA_COLUMNS = ["id", "kind", "live_bytes", "resident_bytes", "retained_bytes", "threads", "heaps",
-                 "size_bytes", "estimated", "live_before_bytes", "free_bytes", "census_sampled"]
+ARENA_COLUMNS = [
+    "id",
+    "kind",
+    "live_bytes",
+    "resident_bytes",
+    "retained_bytes",
+    "threads",
+    "heaps",
+    "size_bytes",
+    "estimated",
+    "live_before_bytes",
+    "free_bytes",
+    "census_sampled",
+]
 
 BEFORE_UNSEPARATED = "allocated before the attach or retained: not separable without an allocator census"
 
@@ -34,6 +47,7 @@ def chunk_bytes(size: np.ndarray, mmapped: np.ndarray) -> np.ndarray:
     size = size.astype(np.int64, copy=False)
     heap = np.maximum(32, (size + 8 + 15) & ~np.int64(15))
     return np.where(mmapped, (size + 16 + 4095) & ~np.int64(4095), heap)
+
 
 def arena_table(trace: Trace) -> pd.DataFrame:
     """Allocator arenas at the end of the recording, ranked by retained bytes. Columns: id
@@ -114,20 +128,38 @@ def arena_table(trace: Trace) -> pd.DataFrame:
         lb = int(sum(live_sum.get(int(j), 0) for j in idx))
         res = int(np.maximum(resident[idx], 0).sum())
         kind = str(h["kind"].iloc[idx[0]])
-        rows.append({"id": str(aid), "kind": kind, "live_bytes": lb, "resident_bytes": res,
-                     "retained_bytes": max(0, res - lb), "threads": sorted(set().union(*(tids.get(int(j), set())
-                                                                                          for j in idx))),
-                     "heaps": int(len(idx)) if kind != "mmap" else 0,
-                     "size_bytes": int((h["end"].to_numpy()[idx] - h["start"].to_numpy()[idx]).sum()),
-                     "estimated": bool(estimated[idx].any()),
-                     "_chunk": int(sum(chunk_sum.get(int(j), 0) for j in idx))})
+        rows.append(
+            {
+                "id": str(aid),
+                "kind": kind,
+                "live_bytes": lb,
+                "resident_bytes": res,
+                "retained_bytes": max(0, res - lb),
+                "threads": sorted(set().union(*(tids.get(int(j), set()) for j in idx))),
+                "heaps": int(len(idx)) if kind != "mmap" else 0,
+                "size_bytes": int((h["end"].to_numpy()[idx] - h["start"].to_numpy()[idx]).sum()),
+                "estimated": bool(estimated[idx].any()),
+                "_chunk": int(sum(chunk_sum.get(int(j), 0) for j in idx)),
+            }
+        )
     if other in live_sum:
-        rows.append({"id": "other", "kind": "other", "live_bytes": int(live_sum[other]),
-                     "resident_bytes": None, "retained_bytes": 0, "threads": sorted(tids.get(other, [])),
-                     "heaps": 0, "size_bytes": 0, "estimated": False})
+        rows.append(
+            {
+                "id": "other",
+                "kind": "other",
+                "live_bytes": int(live_sum[other]),
+                "resident_bytes": None,
+                "retained_bytes": 0,
+                "threads": sorted(tids.get(other, [])),
+                "heaps": 0,
+                "size_bytes": 0,
+                "estimated": False,
+            }
+        )
     _apply_census(rows, census_end(trace))
     df = pd.DataFrame(rows, columns=ARENA_COLUMNS)
     return df.sort_values(["retained_bytes", "live_bytes"], ascending=False).reset_index(drop=True)
+
 
 def _apply_census(rows: list[dict], cen: dict[str, dict]) -> None:
     """Each arena row's live_before_bytes (its census's chunks in use less the chunks of the
@@ -148,15 +180,31 @@ def _apply_census(rows: list[dict], cen: dict[str, dict]) -> None:
         if res is not None:  # no more than is resident beside the live blocks
             before = min(before, max(0, int(res) - int(r["live_bytes"])))
             r["retained_bytes"] = max(0, int(res) - int(r["live_bytes"]) - before)
-        r.update(live_before_bytes=before, census_sampled=bool(c["sampled"]),
-                 free_bytes=int(c["free_bytes"] + c["fastbin_bytes"] + c["tcache_bytes"] + c["top_bytes"]))
+        r.update(
+            live_before_bytes=before,
+            census_sampled=bool(c["sampled"]),
+            free_bytes=int(c["free_bytes"] + c["fastbin_bytes"] + c["tcache_bytes"] + c["top_bytes"]),
+        )
     if "mmap" in cen and not any(r["id"] == "mmap" for r in rows):
         c = cen["mmap"]
         res = max(0, int(c["resident_bytes"]))
         before = min(int(c["in_use_bytes"]), res)
-        rows.append({"id": "mmap", "kind": "mmap", "live_bytes": 0, "resident_bytes": res, "retained_bytes": 0,
-                     "threads": [], "heaps": 0, "size_bytes": int(c["system_bytes"]), "estimated": False,
-                     "live_before_bytes": before, "free_bytes": 0, "census_sampled": bool(c["sampled"])})
+        rows.append(
+            {
+                "id": "mmap",
+                "kind": "mmap",
+                "live_bytes": 0,
+                "resident_bytes": res,
+                "retained_bytes": 0,
+                "threads": [],
+                "heaps": 0,
+                "size_bytes": int(c["system_bytes"]),
+                "estimated": False,
+                "live_before_bytes": before,
+                "free_bytes": 0,
+                "census_sampled": bool(c["sampled"]),
+            }
+        )
 
 
 def live_bytes_by_api(trace: Trace) -> dict[str, int]:
@@ -176,6 +224,7 @@ def live_bytes_by_api(trace: Trace) -> dict[str, int]:
             name = str(names[k] if names is not None else k)
             out[name] = out.get(name, 0) + int(v)
     return out
+
 
 def shared_split(trace: Trace, shmem_bytes: int, file_bytes: int, by_source: dict[str, int] | None = None) -> dict:
     """Who holds RssShmem and the device share of RssFile at the end, host memory only:
@@ -198,9 +247,15 @@ def shared_split(trace: Trace, shmem_bytes: int, file_bytes: int, by_source: dic
     dev = {k: by_src[k] for k in DEVICE_FILE_SOURCES if by_src.get(k)}
     shm_att = min(max(shmem_bytes, 0), sum(shm.values()))
     file_dev = min(max(file_bytes, 0), sum(dev.values()))
-    return {"shmem_attributed_bytes": shm_att, "shmem_unattributed_bytes": max(0, shmem_bytes - shm_att),
-            "shmem_sources": shm, "file_device_bytes": file_dev,
-            "file_regular_bytes": max(0, file_bytes - file_dev), "file_device_sources": dev}
+    return {
+        "shmem_attributed_bytes": shm_att,
+        "shmem_unattributed_bytes": max(0, shmem_bytes - shm_att),
+        "shmem_sources": shm,
+        "file_device_bytes": file_dev,
+        "file_regular_bytes": max(0, file_bytes - file_dev),
+        "file_device_sources": dev,
+    }
+
 
 def _end_rss(trace: Trace, by_source: dict[str, int] | None) -> tuple[pd.Series, dict] | None:
     """The last interval row with the target's RSS read (None when none has one) and the split
@@ -215,8 +270,7 @@ def _end_rss(trace: Trace, by_source: dict[str, int] | None) -> tuple[pd.Series,
     return last, shared_split(trace, int(last["rss_shmem_bytes"]), int(last["rss_file_bytes"]), by_source)
 
 
-def _rss_decomposition_v2(trace: Trace, arenas: pd.DataFrame,
-                          by_source: dict[str, int] | None = None) -> dict | None:
+def _rss_decomposition_v2(trace: Trace, arenas: pd.DataFrame, by_source: dict[str, int] | None = None) -> dict | None:
     """RSS at the end split as: live heap (held by the program, resident) + retained by the
     allocator (resident, not held) + other anonymous (stacks, the program's own mmaps, memory of
     allocators we cannot see into) + file-backed + shared memory. The first two are measured
@@ -233,22 +287,45 @@ def _rss_decomposition_v2(trace: Trace, arenas: pd.DataFrame,
         # Not glibc (jemalloc, tcmalloc...): its retention cannot be told apart from other
         # anonymous memory; the live heap is what the program holds.
         held = min(int(last["heap_live_bytes"]), int(last["rss_anon_bytes"]))
-        parts = {"live_heap_bytes": held, "retained_bytes": 0,
-                 "other_anon_bytes": max(0, int(last["rss_anon_bytes"]) - held),
-                 "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
-        return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": sum(parts.values()),
-                "allocator_resident_bytes": None, "retained_known": False, **split}
+        parts = {
+            "live_heap_bytes": held,
+            "retained_bytes": 0,
+            "other_anon_bytes": max(0, int(last["rss_anon_bytes"]) - held),
+            "file_bytes": int(last["rss_file_bytes"]),
+            "shmem_bytes": int(last["rss_shmem_bytes"]),
+        }
+        return {
+            "rss_bytes": int(last["rss_bytes"]),
+            **parts,
+            "sum_bytes": sum(parts.values()),
+            "allocator_resident_bytes": None,
+            "retained_known": False,
+            **split,
+        }
     known = arenas[arenas["resident_bytes"].notna()]
     resident = int(known["resident_bytes"].sum())
-    held = int(np.minimum(known["live_bytes"].to_numpy(dtype=np.int64),
-                          known["resident_bytes"].to_numpy(dtype=np.int64)).sum())
+    held = int(
+        np.minimum(known["live_bytes"].to_numpy(dtype=np.int64), known["resident_bytes"].to_numpy(dtype=np.int64)).sum()
+    )
     retained = int(known["retained_bytes"].sum())
     other_anon = max(0, int(last["rss_anon_bytes"]) - resident)
-    parts = {"live_heap_bytes": held, "retained_bytes": retained, "other_anon_bytes": other_anon,
-             "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
+    parts = {
+        "live_heap_bytes": held,
+        "retained_bytes": retained,
+        "other_anon_bytes": other_anon,
+        "file_bytes": int(last["rss_file_bytes"]),
+        "shmem_bytes": int(last["rss_shmem_bytes"]),
+    }
     total = sum(parts.values())
-    return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": total,
-            "allocator_resident_bytes": resident, "retained_known": True, **split}
+    return {
+        "rss_bytes": int(last["rss_bytes"]),
+        **parts,
+        "sum_bytes": total,
+        "allocator_resident_bytes": resident,
+        "retained_known": True,
+        **split,
+    }
+
 
 def _last_allocators(trace: Trace) -> pd.DataFrame:
     a = trace.allocators
@@ -299,8 +376,17 @@ def allocator_releases(trace: Trace) -> tuple[dict[str, int], list[dict]]:
     if rel is not None and not rel.empty:
         last = rel.sort_values("seq").drop_duplicates(["tid", "kind", "in_api"], keep="last")
         sites = trace.final_sites()
-        active = sorted({str(x) for x in sites.loc[sites["alloc_count"] > 0, "source"]
-                         if str(x) == "heap" or str(x).startswith("heap:")}) if not sites.empty else []
+        active = (
+            sorted(
+                {
+                    str(x)
+                    for x in sites.loc[sites["alloc_count"] > 0, "source"]
+                    if str(x) == "heap" or str(x).startswith("heap:")
+                }
+            )
+            if not sites.empty
+            else []
+        )
         jem = [src for src, m in mods.items() if m.get("kind") == "jemalloc"]
         for r in last.itertuples():
             if r.in_api == "malloc_trim":
@@ -317,8 +403,18 @@ def allocator_releases(trace: Trace) -> tuple[dict[str, int], list[dict]]:
             v = rows.setdefault((src, int(r.tid), call), [0, 0])
             v[0] += int(r.calls)
             v[1] += int(r.released_bytes)
-    out = [{"source": k[0], "name": label.get(k[0], k[0]), "tid": k[1], "thread": names.get(k[1], "?"),
-            "call": k[2], "calls": v[0], "released_bytes": max(0, v[1])} for k, v in rows.items()]
+    out = [
+        {
+            "source": k[0],
+            "name": label.get(k[0], k[0]),
+            "tid": k[1],
+            "thread": names.get(k[1], "?"),
+            "call": k[2],
+            "calls": v[0],
+            "released_bytes": max(0, v[1]),
+        }
+        for k, v in rows.items()
+    ]
     out.sort(key=lambda x: -x["released_bytes"])
     by: dict[str, int] = {}
     for x in out:
@@ -336,8 +432,15 @@ def allocator_timeline(trace: Trace) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for r in a.sort_values("seq").itertuples():
         res, live = int(r.resident_bytes), int(r.live_bytes)
-        out.setdefault(str(r.source), []).append({"seq": int(r.seq), "elapsed_s": round(el.get(int(r.seq), 0.0), 3),
-                                                  "resident": res, "live": live, "retained": max(0, res - live)})
+        out.setdefault(str(r.source), []).append(
+            {
+                "seq": int(r.seq),
+                "elapsed_s": round(el.get(int(r.seq), 0.0), 3),
+                "resident": res,
+                "live": live,
+                "retained": max(0, res - live),
+            }
+        )
     return out
 
 
@@ -392,11 +495,24 @@ def allocator_split(trace: Trace, arenas: pd.DataFrame) -> list[dict] | None:
             # attach, is retained (a block from before the attach cannot grow).
             unsure = min(ret, at_attach.get(src, 0))
             ret -= unsure
-        out.append({"name": str(r.kind), "source": src, "resident": res, "live": live, "retained": ret,
-                    "before_or_retained": unsure, "live_before_attach": before, "census": census,
-                    "released": int(released.get(src, 0)), "kind": m.get("kind", str(r.kind).split(":")[0]),
-                    "module": m.get("module"), "serves_malloc": bool(m.get("serves_malloc", src == "heap")),
-                    "mapped": int(r.mapped_bytes), "measured": True})
+        out.append(
+            {
+                "name": str(r.kind),
+                "source": src,
+                "resident": res,
+                "live": live,
+                "retained": ret,
+                "before_or_retained": unsure,
+                "live_before_attach": before,
+                "census": census,
+                "released": int(released.get(src, 0)),
+                "kind": m.get("kind", str(r.kind).split(":")[0]),
+                "module": m.get("module"),
+                "serves_malloc": bool(m.get("serves_malloc", src == "heap")),
+                "mapped": int(r.mapped_bytes),
+                "measured": True,
+            }
+        )
     out.sort(key=lambda x: (-x["live"], -x["resident"]))
     return out
 
@@ -409,8 +525,9 @@ def _no_census(trace: Trace) -> str:
     return "no census (the target was gone at the end, or the census was off)"
 
 
-def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
-                      by_source: dict[str, int] | None = None) -> dict | None:
+def rss_decomposition(
+    trace: Trace, arenas: pd.DataFrame | None = None, by_source: dict[str, int] | None = None
+) -> dict | None:
     """RSS at the end split as: live heap (allocated since the attach, held by the program,
     resident) + live before the attach (blocks allocated before the attach and still allocated:
     glibc's census, tracer/allocators/census.py) + retained by the allocators (free and resident in their
@@ -453,20 +570,33 @@ def rss_decomposition(trace: Trace, arenas: pd.DataFrame | None = None,
     before = min(before, max(0, anon - held))
     retained = min(retained, max(0, anon - held - before))
     unsure = min(unsure, max(0, anon - held - before - retained))
-    parts = {"live_heap_bytes": held, "live_before_attach_bytes": before, "retained_bytes": retained,
-             "before_or_retained_bytes": unsure,
-             "other_anon_bytes": max(0, anon - held - before - retained - unsure),
-             "file_bytes": int(last["rss_file_bytes"]), "shmem_bytes": int(last["rss_shmem_bytes"])}
+    parts = {
+        "live_heap_bytes": held,
+        "live_before_attach_bytes": before,
+        "retained_bytes": retained,
+        "before_or_retained_bytes": unsure,
+        "other_anon_bytes": max(0, anon - held - before - retained - unsure),
+        "file_bytes": int(last["rss_file_bytes"]),
+        "shmem_bytes": int(last["rss_shmem_bytes"]),
+    }
     timeline = allocator_timeline(trace)
     for a in allocs:
         a["timeline"] = timeline.get(a["source"], [])
     sampled = sampled_split(trace, allocs, parts)
-    return {"rss_bytes": int(last["rss_bytes"]), **parts, "sum_bytes": sum(parts.values()),
-            "allocator_resident_bytes": resident, "retained_known": True, "live_outside_bytes": outside, **split,
-            **sampled,
-            "live_before_attach_known": any(a["live_before_attach"] is not None for a in allocs),
-            "unseparated": [a["name"] for a in allocs if a["live_before_attach"] is None],
-            "unseparated_note": BEFORE_UNSEPARATED, "allocators": allocs}
+    return {
+        "rss_bytes": int(last["rss_bytes"]),
+        **parts,
+        "sum_bytes": sum(parts.values()),
+        "allocator_resident_bytes": resident,
+        "retained_known": True,
+        "live_outside_bytes": outside,
+        **split,
+        **sampled,
+        "live_before_attach_known": any(a["live_before_attach"] is not None for a in allocs),
+        "unseparated": [a["name"] for a in allocs if a["live_before_attach"] is None],
+        "unseparated_note": BEFORE_UNSEPARATED,
+        "allocators": allocs,
+    }
 
 
 def conf_env(prefix: str) -> str:
@@ -488,19 +618,26 @@ def allocator_advice(dec: dict | None, trace: Trace | None = None) -> list[str]:
         what = f"{a['name']} retains {ret >> 20} MiB ({100 * ret // rss}% of RSS) of freed pages"
         rel = f"; it released {a['released'] >> 20} MiB so far" if a["released"] else ""
         if a["kind"] == "jemalloc":
-            env = conf_env(mods.get(a["source"], {}).get("prefix", "") or
-                            (a["name"].split(":", 1)[1] if ":" in a["name"] else ""))
-            out.append(f"{what}{rel}: return them sooner with {env}=dirty_decay_ms:1000,muzzy_decay_ms:0 "
-                       f"(default 10000/0), or background_thread:true so purging does not wait for "
-                       f"allocation calls; mallctl(\"arena.<i>.purge\") after a burst returns them at once")
+            env = conf_env(
+                mods.get(a["source"], {}).get("prefix", "") or (a["name"].split(":", 1)[1] if ":" in a["name"] else "")
+            )
+            out.append(
+                f"{what}{rel}: return them sooner with {env}=dirty_decay_ms:1000,muzzy_decay_ms:0 "
+                f"(default 10000/0), or background_thread:true so purging does not wait for "
+                f'allocation calls; mallctl("arena.<i>.purge") after a burst returns them at once'
+            )
         elif a["kind"] == "tcmalloc":
-            out.append(f"{what}{rel}: TCMALLOC_RELEASE_RATE=10 (default 1; 0 never releases) returns free spans "
-                       f"sooner; MallocExtension::instance()->ReleaseFreeMemory() after a burst returns them at once")
+            out.append(
+                f"{what}{rel}: TCMALLOC_RELEASE_RATE=10 (default 1; 0 never releases) returns free spans "
+                f"sooner; MallocExtension::instance()->ReleaseFreeMemory() after a burst returns them at once"
+            )
         elif a["kind"] == "mimalloc":
-            out.append(f"{what}{rel}: MIMALLOC_PURGE_DELAY=0 (mimalloc 2.1+; 2.0: MIMALLOC_RESET_DELAY and "
-                       f"MIMALLOC_SEGMENT_DECOMMIT_DELAY) purges at once, mi_collect(true) after a burst; "
-                       f"mimalloc 2.0 resets with MADV_FREE, whose pages stay in RSS until memory is short "
-                       f"(MIMALLOC_RESET_DECOMMITS=1 decommits instead)")
+            out.append(
+                f"{what}{rel}: MIMALLOC_PURGE_DELAY=0 (mimalloc 2.1+; 2.0: MIMALLOC_RESET_DELAY and "
+                f"MIMALLOC_SEGMENT_DECOMMIT_DELAY) purges at once, mi_collect(true) after a burst; "
+                f"mimalloc 2.0 resets with MADV_FREE, whose pages stay in RSS until memory is short "
+                f"(MIMALLOC_RESET_DECOMMITS=1 decommits instead)"
+            )
         else:
             out.append(f"{what}{rel}")
     return out
@@ -516,21 +653,32 @@ def residency_advice(arenas: pd.DataFrame, dec: dict | None) -> list[str]:
     t_ret = int(thread["retained_bytes"].sum())
     m_ret = int(arenas.loc[arenas["kind"] == "main", "retained_bytes"].sum())
     if t_ret > 0.2 * rss and thread["id"].nunique() > 1:
-        out.append(f"{thread['id'].nunique()} glibc thread arenas retain {t_ret >> 20} MiB "
-                   f"({100 * t_ret // rss}% of RSS) that the program freed: cap them with MALLOC_ARENA_MAX=2..4, "
-                   "or call malloc_trim(0) after bursts")
+        out.append(
+            f"{thread['id'].nunique()} glibc thread arenas retain {t_ret >> 20} MiB "
+            f"({100 * t_ret // rss}% of RSS) that the program freed: cap them with MALLOC_ARENA_MAX=2..4, "
+            "or call malloc_trim(0) after bursts"
+        )
     if m_ret > 0.2 * rss:
-        out.append(f"the main heap retains {m_ret >> 20} MiB ({100 * m_ret // rss}% of RSS) of freed memory: "
-                   "malloc_trim(0) returns whole free pages; if it sits at the top of the heap, lower "
-                   "M_TRIM_THRESHOLD (GLIBC_TUNABLES=glibc.malloc.trim_threshold=...)")
+        out.append(
+            f"the main heap retains {m_ret >> 20} MiB ({100 * m_ret // rss}% of RSS) of freed memory: "
+            "malloc_trim(0) returns whole free pages; if it sits at the top of the heap, lower "
+            "M_TRIM_THRESHOLD (GLIBC_TUNABLES=glibc.malloc.trim_threshold=...)"
+        )
     if dec["live_heap_bytes"] > 0.5 * rss:
         out.append("most resident memory is live data the program holds: see the top sites")
     if dec["other_anon_bytes"] > 0.5 * rss:
-        out.append("most resident memory is anonymous memory outside the allocator's heaps "
-                   "(mmap regions, thread stacks, another allocator): see the mmap sites")
+        out.append(
+            "most resident memory is anonymous memory outside the allocator's heaps "
+            "(mmap regions, thread stacks, another allocator): see the mmap sites"
+        )
     if dec["shmem_bytes"] > 0.2 * rss:
-        out.append(f"{dec['shmem_bytes'] >> 20} MiB is shared memory (e.g. pinned CUDA host memory shows as RssShmem)"
-                   + (f": {dec['shmem_attributed_bytes'] >> 20} MiB of it at the shmem and cuda-pinned sites, "
-                      f"{dec['shmem_unattributed_bytes'] >> 20} MiB mapped before the attach or not traced"
-                      if "shmem_attributed_bytes" in dec else ""))
+        out.append(
+            f"{dec['shmem_bytes'] >> 20} MiB is shared memory (e.g. pinned CUDA host memory shows as RssShmem)"
+            + (
+                f": {dec['shmem_attributed_bytes'] >> 20} MiB of it at the shmem and cuda-pinned sites, "
+                f"{dec['shmem_unattributed_bytes'] >> 20} MiB mapped before the attach or not traced"
+                if "shmem_attributed_bytes" in dec
+                else ""
+            )
+        )
     return out

@@ -10,14 +10,17 @@ allocscope keeps a sampled block's weight, not its size); glibc's `retained` is 
 (nearly) exact: resident − the census's chunks in use. Under --inject, "other anonymous" also
 holds the agent's tables (tracer/inject/agentrss.py), measured at the end.
 """
+
 from __future__ import annotations
 
 from common.tracefile.reader import Trace
 
 from .sites import sampling_error
 
-NOTE = ("sampled: live is an estimate (±live_error, 95 %); the same error lies in retained, or, for glibc "
-        "with its census, in live before the attach (with the unsampled blocks' chunk headers)")
+NOTE = (
+    "sampled: live is an estimate (±live_error, 95 %); the same error lies in retained, or, for glibc "
+    "with its census, in live before the attach (with the unsampled blocks' chunk headers)"
+)
 AGENT_NOTE = "allocscope's --inject agent: its tables' resident pages, inside other anonymous"
 
 
@@ -38,6 +41,8 @@ def sampled_split(trace: Trace, allocs: list[dict], parts: dict) -> dict:
         out.update(live_heap_error_bytes=sampling_error(parts["live_heap_bytes"], n), sampled_note=NOTE)
     inj = (trace.meta.get("probes") or {}).get("inject")
     if isinstance(inj, dict) and isinstance(inj.get("tables_resident_bytes"), int):
-        out.update(inject_agent_bytes=min(inj["tables_resident_bytes"], parts["other_anon_bytes"]),
-                   inject_agent_note=AGENT_NOTE)
+        out.update(
+            inject_agent_bytes=min(inj["tables_resident_bytes"], parts["other_anon_bytes"]),
+            inject_agent_note=AGENT_NOTE,
+        )
     return out

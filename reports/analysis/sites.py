@@ -1,6 +1,7 @@
 """Ranked tables of sites, locations and functions: every per-group figure (live, peak,
 growth, age, verdict, threads, sources, GPU memory) summed over the stacks of a group, and
 their JSON form."""
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,13 @@ from .timeline import (
 )
 
 
-def site_table(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]] | None = None, progress=None,
-               fold: Folding | None = None, at_seq: int | None = None) -> pd.DataFrame:
+def site_table(
+    trace: Trace,
+    stacks: dict[int, tuple[FrameInfo, ...]] | None = None,
+    progress=None,
+    fold: Folding | None = None,
+    at_seq: int | None = None,
+) -> pd.DataFrame:
     """One row per (site, thread, source) at the end of the recording (with `at_seq`: at the
     end of that interval), with `site` (frames folded by `fold_frames`) and `full_frames`.
     Columns: site, full_frames, stack_id, tid, source, alloc_bytes, alloc_count, free_bytes,
@@ -49,7 +55,9 @@ def site_table(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]] | None = N
     df["device"] = is_device(df["source"])
     return df
 
+
 SORT_KEYS = ("live", "peak", "growth", "age")
+
 
 def _site_lookup(st: pd.DataFrame, column: str = "site") -> Callable[[tuple], SiteKey]:
     """(stack_id, tid, source) -> site (or another `column`: the `group` rank_sites adds), for
@@ -57,8 +65,10 @@ def _site_lookup(st: pd.DataFrame, column: str = "site") -> Callable[[tuple], Si
     m = {(int(a), int(b), c): site for a, b, c, site in zip(st["stack_id"], st["tid"], st["source"], st[column])}
     return lambda k: m.get((int(k[0]), int(k[1]), k[2]), UNKNOWN_STACK)
 
-def site_timeline(trace: Trace, stacks=None, fold: Folding | None = None, device: bool = False,
-                  by: str = "stack") -> pd.DataFrame:
+
+def site_timeline(
+    trace: Trace, stacks=None, fold: Folding | None = None, device: bool = False, by: str = "stack"
+) -> pd.DataFrame:
     """Live bytes per site over time: index = interval seq (1..n), one column per site
     (folded frames tuple; with `by` location or function, per stacks.group_of row), values =
     live host bytes at the end of that interval (with `device`: GPU memory instead)."""
@@ -67,8 +77,10 @@ def site_timeline(trace: Trace, stacks=None, fold: Folding | None = None, device
     st["group"] = [group[s] for s in st["site"]]
     return key_timeline(trace, _site_lookup(st, "group"), device=device)
 
-def oldest_ages(trace: Trace, stacks: dict[int, SiteKey], fold: Folding | None = None,
-                by: str = "stack") -> dict[SiteKey, float]:
+
+def oldest_ages(
+    trace: Trace, stacks: dict[int, SiteKey], fold: Folding | None = None, by: str = "stack"
+) -> dict[SiteKey, float]:
     """site (or location, function: `by`, see stacks.group_of) -> age in seconds of its oldest
     allocation still outstanding at the end (from the final `live` table; a trace cut short
     has none, and its sites get no age)."""
@@ -79,8 +91,11 @@ def oldest_ages(trace: Trace, stacks: dict[int, SiteKey], fold: Folding | None =
     # has a row a stack.
     first: dict[int, int] = {}
     for b in trace.live_batches(["stack_id", "ts_ns"]):
-        agg = pa.table({"s": b["stack_id"], "t": b["ts_ns"].astype(np.int64, copy=False)}) \
-            .group_by("s").aggregate([("t", "min")])
+        agg = (
+            pa.table({"s": b["stack_id"], "t": b["ts_ns"].astype(np.int64, copy=False)})
+            .group_by("s")
+            .aggregate([("t", "min")])
+        )
         for sid, ts in zip(agg["s"].to_pylist(), agg["t_min"].to_pylist()):
             first[sid] = min(ts, first.get(sid, ts))
     out: dict[SiteKey, float] = {}
@@ -90,30 +105,66 @@ def oldest_ages(trace: Trace, stacks: dict[int, SiteKey], fold: Folding | None =
         out[site] = max(out.get(site, 0.0), age)
     return out
 
-RANK_COLUMNS = ["rank", "site", "full_frames", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes",
-                "alloc_count", "free_bytes", "free_count", "sources", "threads", "growth_bytes_per_s",
-                "growth_r2", "oldest_age_s", "verdict", "timeline", "at_peak_bytes",
-                "device_live_bytes", "device_live_count", "device_peak_bytes", "device_alloc_bytes",
-                "device_alloc_count", "device_free_bytes", "device_free_count", "live_by_source",
-                "stack", "stacks", "n_stacks"]
+
+RANK_COLUMNS = [
+    "rank",
+    "site",
+    "full_frames",
+    "live_bytes",
+    "live_count",
+    "peak_live_bytes",
+    "alloc_bytes",
+    "alloc_count",
+    "free_bytes",
+    "free_count",
+    "sources",
+    "threads",
+    "growth_bytes_per_s",
+    "growth_r2",
+    "oldest_age_s",
+    "verdict",
+    "timeline",
+    "at_peak_bytes",
+    "device_live_bytes",
+    "device_live_count",
+    "device_peak_bytes",
+    "device_alloc_bytes",
+    "device_alloc_count",
+    "device_free_bytes",
+    "device_free_count",
+    "live_by_source",
+    "stack",
+    "stacks",
+    "n_stacks",
+]
 
 DEVICE_SUMS = ("live_bytes", "live_count", "alloc_bytes", "alloc_count", "free_bytes", "free_count")
+
 
 def sort_sites(df: pd.DataFrame, sort: str) -> pd.DataFrame:
     """Order rows of rank_sites by `sort` (see rank_sites); ties by live, peak, allocated bytes,
     then by the innermost frame so the order is deterministic."""
     tie = ["live_bytes", "peak_live_bytes", "alloc_bytes", "device_live_bytes", "device_peak_bytes"]
-    df = df.assign(_growing=df["verdict"] == "growing",
-                   _age=df["oldest_age_s"].astype(float).fillna(-1.0),
-                   _name=[frame_key_text(s) for s in df["site"]])
-    first = {"live": [], "peak": ["peak_live_bytes"], "growth": ["_growing", "growth_bytes_per_s"],
-             "age": ["_age"], "at_peak": ["at_peak_bytes", "peak_live_bytes"]}[sort]
+    df = df.assign(
+        _growing=df["verdict"] == "growing",
+        _age=df["oldest_age_s"].astype(float).fillna(-1.0),
+        _name=[frame_key_text(s) for s in df["site"]],
+    )
+    first = {
+        "live": [],
+        "peak": ["peak_live_bytes"],
+        "growth": ["_growing", "growth_bytes_per_s"],
+        "age": ["_age"],
+        "at_peak": ["at_peak_bytes", "peak_live_bytes"],
+    }[sort]
     cols = first + [c for c in tie if c not in first and c in df.columns]  # the live view has no device_*
     df = df.sort_values(cols + ["_name"], ascending=[False] * len(cols) + [True], kind="mergesort")
     return df.drop(columns=["_growing", "_age", "_name"])
 
-def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
-               fold: Folding | None = None, by: str = "stack") -> pd.DataFrame:
+
+def rank_sites(
+    trace: Trace, stacks=None, progress=None, sort: str = "live", fold: Folding | None = None, by: str = "stack"
+) -> pd.DataFrame:
     """Sites ranked by `sort`. One row per site — with `by` ``location`` or ``function``, one
     row per location or function (stacks.group_of): every figure of a row is computed from the
     summed counters of its stacks, per interval, so its peak is the peak of the sum (or of one
@@ -171,18 +222,28 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
     sites = uniques.tolist()
     sums = ["live_bytes", "live_count", "alloc_bytes", "alloc_count", "free_bytes", "free_count"]
     dev = st["device"].to_numpy(dtype=bool)
-    x = st.assign(code=codes, **{f"device_{c}": np.where(dev, st[c], 0) for c in sums},
-                  **{c: np.where(dev, 0, st[c]) for c in sums},
-                  host_peak=np.where(dev, 0, st["peak_live_bytes"]), dev_peak=np.where(dev, st["peak_live_bytes"], 0))
-    agg = x.groupby("code", sort=False)[sums + [f"device_{c}" for c in sums] + ["host_peak", "dev_peak"]] \
-        .agg({**dict.fromkeys(sums + [f"device_{c}" for c in sums], "sum"), "host_peak": "max", "dev_peak": "max"})
+    x = st.assign(
+        code=codes,
+        **{f"device_{c}": np.where(dev, st[c], 0) for c in sums},
+        **{c: np.where(dev, 0, st[c]) for c in sums},
+        host_peak=np.where(dev, 0, st["peak_live_bytes"]),
+        dev_peak=np.where(dev, st["peak_live_bytes"], 0),
+    )
+    agg = x.groupby("code", sort=False)[sums + [f"device_{c}" for c in sums] + ["host_peak", "dev_peak"]].agg(
+        {**dict.fromkeys(sums + [f"device_{c}" for c in sums], "sum"), "host_peak": "max", "dev_peak": "max"}
+    )
     # one unfolded stack of the site: the row that allocated most (host and GPU bytes alike)
     first_max = st["alloc_bytes"].groupby(codes, sort=False).idxmax()
     full = dict(zip(first_max.index, st["full_frames"].to_numpy()[first_max.to_numpy()]))
     threads: dict[int, list] = {}
-    per_tid = x.groupby(["code", "tid"], sort=False)[["live_bytes", "device_live_bytes"]].sum().reset_index() \
-        .sort_values(["code", "live_bytes", "device_live_bytes", "tid"], ascending=[True, False, False, True],
-                     kind="mergesort")
+    per_tid = (
+        x.groupby(["code", "tid"], sort=False)[["live_bytes", "device_live_bytes"]]
+        .sum()
+        .reset_index()
+        .sort_values(
+            ["code", "live_bytes", "device_live_bytes", "tid"], ascending=[True, False, False, True], kind="mergesort"
+        )
+    )
     for c, t, a, b in zip(per_tid["code"], per_tid["tid"], per_tid["live_bytes"], per_tid["device_live_bytes"]):
         threads.setdefault(int(c), []).append((int(t), int(a), int(b)))
     by_source: dict[int, dict[str, int]] = {}
@@ -202,24 +263,37 @@ def rank_sites(trace: Trace, stacks=None, progress=None, sort: str = "live",
         gr = growth.get(judged, no_growth)
         slope, r2 = float(gr["growth_bytes_per_s"]), float(gr["growth_r2"])
         jl, jp = (dlive, dpeak) if judged[1] else (live, peak)
-        rows.append({
-            "site": site, "full_frames": full[c],
-            "live_bytes": live, "live_count": int(a.live_count), "peak_live_bytes": peak,
-            "alloc_bytes": int(a.alloc_bytes), "alloc_count": int(a.alloc_count),
-            "free_bytes": int(a.free_bytes), "free_count": int(a.free_count),
-            "sources": sorted(by_source[int(c)]), "threads": threads[int(c)],
-            "growth_bytes_per_s": slope, "growth_r2": r2,
-            "oldest_age_s": ages.get(site, math.nan),
-            "verdict": verdict(jl, jp, slope, r2, float(gr["window_s"]), int(gr["window_points"])),
-            "timeline": [int(v) for v in line] if len(line) else [0] * len(tl),
-            "at_peak_bytes": int(line[at - 1]) if at is not None and len(line) >= at else 0,
-            "device_peak_bytes": dpeak, **{f"device_{k}": int(getattr(a, f"device_{k}")) for k in DEVICE_SUMS},
-            "live_by_source": by_source[int(c)],
-            "stack": members[int(c)][0], "stacks": members[int(c)], "n_stacks": len(members[int(c)]),
-        })
+        rows.append(
+            {
+                "site": site,
+                "full_frames": full[c],
+                "live_bytes": live,
+                "live_count": int(a.live_count),
+                "peak_live_bytes": peak,
+                "alloc_bytes": int(a.alloc_bytes),
+                "alloc_count": int(a.alloc_count),
+                "free_bytes": int(a.free_bytes),
+                "free_count": int(a.free_count),
+                "sources": sorted(by_source[int(c)]),
+                "threads": threads[int(c)],
+                "growth_bytes_per_s": slope,
+                "growth_r2": r2,
+                "oldest_age_s": ages.get(site, math.nan),
+                "verdict": verdict(jl, jp, slope, r2, float(gr["window_s"]), int(gr["window_points"])),
+                "timeline": [int(v) for v in line] if len(line) else [0] * len(tl),
+                "at_peak_bytes": int(line[at - 1]) if at is not None and len(line) >= at else 0,
+                "device_peak_bytes": dpeak,
+                **{f"device_{k}": int(getattr(a, f"device_{k}")) for k in DEVICE_SUMS},
+                "live_by_source": by_source[int(c)],
+                "stack": members[int(c)][0],
+                "stacks": members[int(c)],
+                "n_stacks": len(members[int(c)]),
+            }
+        )
     df = sort_sites(pd.DataFrame(rows), sort)
     df.insert(0, "rank", range(1, len(df) + 1))
     return df[RANK_COLUMNS].reset_index(drop=True)
+
 
 def _member_stacks(x: pd.DataFrame, by: str) -> dict[int, list[SiteKey]]:
     """code -> the distinct folded stacks (`site`) of that row of rank_sites, holding most
@@ -228,12 +302,19 @@ def _member_stacks(x: pd.DataFrame, by: str) -> dict[int, list[SiteKey]]:
     if by == "stack":
         return {int(c): [s] for c, s in zip(x["code"], x["site"])}
     scode, stacks = pd.factorize(pd.Series(x["site"].tolist(), dtype=object))
-    g = x.assign(scode=scode).groupby(["code", "scode"], sort=False)[
-        ["live_bytes", "alloc_bytes", "device_live_bytes"]].sum().reset_index()
+    g = (
+        x.assign(scode=scode)
+        .groupby(["code", "scode"], sort=False)[["live_bytes", "alloc_bytes", "device_live_bytes"]]
+        .sum()
+        .reset_index()
+    )
     stacks = stacks.tolist()
     g["_name"] = [frame_key_text(stacks[i]) for i in g["scode"]]
-    g = g.sort_values(["code", "live_bytes", "alloc_bytes", "device_live_bytes", "_name"],
-                      ascending=[True, False, False, False, True], kind="mergesort")
+    g = g.sort_values(
+        ["code", "live_bytes", "alloc_bytes", "device_live_bytes", "_name"],
+        ascending=[True, False, False, False, True],
+        kind="mergesort",
+    )
     out: dict[int, list[SiteKey]] = {}
     for c, i in zip(g["code"], g["scode"]):
         out.setdefault(int(c), []).append(stacks[i])
@@ -243,24 +324,41 @@ def _member_stacks(x: pd.DataFrame, by: str) -> dict[int, list[SiteKey]]:
 def site_dict(r, names: dict[int, str], points: list[int]) -> dict:
     """One row of rank_sites as an allocscope.report/1 site."""
     return {
-        "rank": int(r.rank), "live_bytes": int(r.live_bytes), "live_count": int(r.live_count),
-        "peak_live_bytes": int(r.peak_live_bytes), "alloc_bytes": int(r.alloc_bytes),
-        "alloc_count": int(r.alloc_count), "free_bytes": int(r.free_bytes), "free_count": int(r.free_count),
+        "rank": int(r.rank),
+        "live_bytes": int(r.live_bytes),
+        "live_count": int(r.live_count),
+        "peak_live_bytes": int(r.peak_live_bytes),
+        "alloc_bytes": int(r.alloc_bytes),
+        "alloc_count": int(r.alloc_count),
+        "free_bytes": int(r.free_bytes),
+        "free_count": int(r.free_count),
         "sources": list(r.sources),
-        "growth_bytes_per_s": json_num(r.growth_bytes_per_s, 3), "growth_r2": json_num(r.growth_r2, 4),
-        "oldest_age_s": json_num(r.oldest_age_s, 3), "verdict": r.verdict,
+        "growth_bytes_per_s": json_num(r.growth_bytes_per_s, 3),
+        "growth_r2": json_num(r.growth_r2, 4),
+        "oldest_age_s": json_num(r.oldest_age_s, 3),
+        "verdict": r.verdict,
         "timeline": [r.timeline[i] for i in points if i < len(r.timeline)],
         "frames": [f.as_dict() for f in r.stack],
         "full_frames": [f.as_dict() for f in r.full_frames],
-        "threads": [{"tid": t, "name": names.get(t, "?"), "live_bytes": b, "device_live_bytes": d}
-                    for t, b, d in r.threads],
+        "threads": [
+            {"tid": t, "name": names.get(t, "?"), "live_bytes": b, "device_live_bytes": d} for t, b, d in r.threads
+        ],
         "at_peak_bytes": int(r.at_peak_bytes),
         **{c: int(getattr(r, c)) for c in DEVICE_SITE_KEYS},
         "live_by_source": dict(r.live_by_source),
     }
 
-DEVICE_SITE_KEYS = ("device_live_bytes", "device_live_count", "device_peak_bytes", "device_alloc_bytes",
-                    "device_alloc_count", "device_free_bytes", "device_free_count")
+
+DEVICE_SITE_KEYS = (
+    "device_live_bytes",
+    "device_live_count",
+    "device_peak_bytes",
+    "device_alloc_bytes",
+    "device_alloc_count",
+    "device_free_bytes",
+    "device_free_count",
+)
+
 
 def _gpu_ranks(sites: pd.DataFrame) -> tuple[list[int], list[int]]:
     """(ranks of the rows that allocated GPU memory, by GPU bytes live at the end, then their
@@ -288,11 +386,18 @@ def gpu_summary(trace: Trace, tot: dict, sites: pd.DataFrame, locations: pd.Data
     cuda = (trace.meta.get("probes") or {}).get("cuda") or {}
     dev, host = _gpu_ranks(sites)
     seen = bool(dev or host or tot.get("device_peak_bytes") or tot.get("cuda_host_bytes"))
-    out = {"seen": seen, "driver": cuda.get("module") or None, "probed": list(cuda.get("attached") or []),
-           "skipped": dict(cuda.get("skipped") or {}), "device_ranks": dev, "host_ranks": host}
+    out = {
+        "seen": seen,
+        "driver": cuda.get("module") or None,
+        "probed": list(cuda.get("attached") or []),
+        "skipped": dict(cuda.get("skipped") or {}),
+        "device_ranks": dev,
+        "host_ranks": host,
+    }
     if locations is not None:
         out["device_location_ranks"], out["host_location_ranks"] = _gpu_ranks(locations)
     return out
+
 
 def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[int, int]]:
     """The report's `at_peak` block — seq and elapsed_s of `peak_seq` (None when nothing was
@@ -306,12 +411,18 @@ def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[in
     iv = trace.intervals
     live = iv.set_index("seq")["live_bytes"]
     snap = dict(zip(iv["seq"].astype(int), peak_rows(iv)))
-    block = {"seq": seq, "elapsed_s": None if seq is None else json_num(float(elapsed_s(trace)[seq]), 3),
-             "live_bytes": 0 if seq is None else int(live[seq]), "peak_first": peak_first(tot),
-             "max_fraction": PEAK_FIRST_MAX_FRACTION, "peak_snapshot": bool(seq is not None and snap.get(seq)),
-             "margin_bytes": int(tot.get("peak_margin_bytes") or 0)}
+    block = {
+        "seq": seq,
+        "elapsed_s": None if seq is None else json_num(float(elapsed_s(trace)[seq]), 3),
+        "live_bytes": 0 if seq is None else int(live[seq]),
+        "peak_first": peak_first(tot),
+        "max_fraction": PEAK_FIRST_MAX_FRACTION,
+        "peak_snapshot": bool(seq is not None and snap.get(seq)),
+        "margin_bytes": int(tot.get("peak_margin_bytes") or 0),
+    }
     order = sort_sites(sites, "at_peak")["rank"].tolist() if len(sites) else []
     return block, {int(r): i for i, r in enumerate(order, 1)}
+
 
 def sampling_error(live_bytes: int, sample_bytes: int) -> int:
     """95% error bar of a byte-weighted-sampled estimate (sample one block per N bytes on

@@ -1,5 +1,6 @@
 """The trace's memory sources (heap, mmap, brk, fault, shmem, CUDA...) and what each counts as:
 host or GPU memory, which layer, which filters a user may apply."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -31,9 +32,11 @@ DEVICE_FILE_SOURCES = ("cuda-managed", "device")
 # malloc'd block, counted at its own site), so it adds nothing to RssShmem.
 REGISTER_API = "cu_host_register"
 
+
 def is_device(sources) -> np.ndarray:
     """Per source name: True for GPU memory (DEVICE_SOURCES)."""
     return np.isin(np.asarray(sources, dtype=object), list(DEVICE_SOURCES))
+
 
 def source_layer(source: str) -> str:
     """What a source is: heap (the malloc family of any allocator: heap, heap:jemalloc:_rjem_...),
@@ -52,14 +55,17 @@ def source_layer(source: str) -> str:
         return "fault"
     return "kernel"
 
+
 def by_source(st: pd.DataFrame) -> dict[str, dict]:
     """{source: {layer, live_bytes, live_count, alloc_bytes, alloc_count}} at the end, sources
     in name order: the layers kept apart (a pool's objects beside the heap its slabs came from)."""
     if st.empty:
         return {}
     g = st.groupby("source")[["live_bytes", "live_count", "alloc_bytes", "alloc_count"]].sum().sort_index()
-    return {str(src): {"layer": source_layer(str(src)), **{k: int(v) for k, v in row.items()}}
-            for src, row in g.iterrows()}
+    return {
+        str(src): {"layer": source_layer(str(src)), **{k: int(v) for k, v in row.items()}} for src, row in g.iterrows()
+    }
+
 
 def only_sources(trace: Trace, patterns: list[str]) -> Trace:
     """The trace with its sites (and live blocks) reduced to the sources matching `patterns`
@@ -71,13 +77,15 @@ def only_sources(trace: Trace, patterns: list[str]) -> Trace:
     for pat in patterns:
         hit = [s for s in have if fnmatch.fnmatchcase(s, pat)]
         if not hit:
-            raise UsageError(f"--source {pat!r} matches no source of {trace.path} "
-                             f"(it has: {', '.join(have) or 'none'})")
+            raise UsageError(
+                f"--source {pat!r} matches no source of {trace.path} (it has: {', '.join(have) or 'none'})"
+            )
         keep |= set(hit)
     sites = trace.sites[trace.sites["source"].astype(str).isin(keep)]
     live = trace.live
     live = live[live["source"].astype(str).isin(keep)] if len(live) else live
     return replace(trace, sites=sites, live=live, live_table=None)
+
 
 def parse_sources(values) -> list[str]:
     """--source values (repeatable, comma-separated) as a list of patterns."""
@@ -85,6 +93,7 @@ def parse_sources(values) -> list[str]:
     if any(not v for v in out):
         raise UsageError("--source wants a source name or glob (heap, mmap, 'custom:*', 'heap:*')")
     return out
+
 
 def live_by_source(trace: Trace, st: pd.DataFrame | None = None) -> dict[str, int]:
     """{source: live bytes at the end} summed over every site (GPU memory included), sources in

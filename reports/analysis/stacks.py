@@ -6,6 +6,7 @@ A *site* is a symbolized call stack with allocator and allocator-wrapper frames 
 *location* is the innermost frame of a site: the place in the code that asked for memory (see
 `location_of`); the stacks that reach it are kept under it.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,29 +22,48 @@ from common.tracefile.reader import Trace
 # Frames folded out of a site (they stay in `full_frames`): allocator entry points and the
 # wrappers languages put around them.
 WRAPPER_PATTERNS = [
-    r"^operator new", r"^operator delete", r"^__rust_alloc", r"^__rust_realloc", r"^__rust_alloc_zeroed",
-    r"^__rdl_alloc", r"^__rdl_realloc", r"^__rg_alloc", r"^alloc::alloc::", r"^alloc::raw_vec::",
-    r"^<alloc::alloc::Global as core::alloc::Allocator>", r"^std::allocator", r"^__gnu_cxx::new_allocator",
-    r"^std::__new_allocator", r"^std::_Vector_base<.*>::_M_allocate", r"^std::allocator_traits",
+    r"^operator new",
+    r"^operator delete",
+    r"^__rust_alloc",
+    r"^__rust_realloc",
+    r"^__rust_alloc_zeroed",
+    r"^__rdl_alloc",
+    r"^__rdl_realloc",
+    r"^__rg_alloc",
+    r"^alloc::alloc::",
+    r"^alloc::raw_vec::",
+    r"^<alloc::alloc::Global as core::alloc::Allocator>",
+    r"^std::allocator",
+    r"^__gnu_cxx::new_allocator",
+    r"^std::__new_allocator",
+    r"^std::_Vector_base<.*>::_M_allocate",
+    r"^std::allocator_traits",
     r"^(__libc_)?(malloc|calloc|realloc|reallocarray|free|posix_memalign|aligned_alloc|memalign|valloc|pvalloc)$",
     r"^(__)?(mmap|mmap64|munmap|mremap|brk|sbrk|__brk|__sbrk|madvise|syscall)$",
     r"^(strdup|strndup|__strdup|__strndup)$",
     # Rust's alloc crate (Vec, RawVec, Box, String, their trait impls) and C++ standard containers:
     # with DWARF unwinding and inlines their internals are on the stack; the caller is the site.
-    r"^alloc::", r"^<alloc::",
+    r"^alloc::",
+    r"^<alloc::",
     # rustc's allocator shims (1.8x+: `__rustc::__rust_alloc`...), a program's own #[global_allocator]
     # or Allocator impl (`<rustd::Jem as core::alloc::global::GlobalAlloc>::realloc`: it only forwards
     # to the allocator), and alloc's trait impls for other types (`vec![x; n]` is
     # `<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem`, `to_string`, `to_vec`...)
-    r"^__rustc::", r"^<.* as core::alloc::(global::GlobalAlloc|Allocator)>::", r"^<.* as alloc::",
+    r"^__rustc::",
+    r"^<.* as core::alloc::(global::GlobalAlloc|Allocator)>::",
+    r"^<.* as alloc::",
     # prefixed allocator entry points (jemalloc's je_/_rjem_, tcmalloc's tc_, mimalloc's mi_)
-    (r"^(je_|_rjem_|tc_|mi_)(malloc|calloc|realloc|free|mallocx|rallocx|xallocx|sdallocx|dallocx|nallocx|"
-     r"posix_memalign|aligned_alloc|memalign|valloc|zalloc|zalloc_aligned|malloc_aligned|new|delete|"
-     r"realloc_aligned|free_size)$"),
-    (r"^(void |\S+ )?std::(vector|_Vector_base|__cxx11::basic_string|basic_string|deque|_Deque_base|"
-     r"__cxx11::list|list|_List_base|_Rb_tree|map|multimap|set|multiset|unordered_map|unordered_set|"
-     r"_Hashtable|__detail::_Hashtable_alloc|__detail::_Map_base|__shared_count|__shared_ptr|shared_ptr|"
-     r"make_shared|allocate_shared|unique_ptr|make_unique|__allocated_ptr)\b"),
+    (
+        r"^(je_|_rjem_|tc_|mi_)(malloc|calloc|realloc|free|mallocx|rallocx|xallocx|sdallocx|dallocx|nallocx|"
+        r"posix_memalign|aligned_alloc|memalign|valloc|zalloc|zalloc_aligned|malloc_aligned|new|delete|"
+        r"realloc_aligned|free_size)$"
+    ),
+    (
+        r"^(void |\S+ )?std::(vector|_Vector_base|__cxx11::basic_string|basic_string|deque|_Deque_base|"
+        r"__cxx11::list|list|_List_base|_Rb_tree|map|multimap|set|multiset|unordered_map|unordered_set|"
+        r"_Hashtable|__detail::_Hashtable_alloc|__detail::_Map_base|__shared_count|__shared_ptr|shared_ptr|"
+        r"make_shared|allocate_shared|unique_ptr|make_unique|__allocated_ptr)\b"
+    ),
 ]
 
 _WRAPPER_RX = re.compile("|".join(WRAPPER_PATTERNS))
@@ -67,10 +87,17 @@ class FrameInfo:
     inside: str | None = None
 
     def as_dict(self) -> dict:
-        return {"function": self.function, "module": self.module, "file": self.file, "line": self.line,
-                **located_extras(self)}
+        return {
+            "function": self.function,
+            "module": self.module,
+            "file": self.file,
+            "line": self.line,
+            **located_extras(self),
+        }
+
 
 UNKNOWN_STACK = (FrameInfo("[stack lost]", "", None, None),)
+
 
 def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, ...]]:
     """stack_id -> frames innermost first, every frame symbolized (offline, pyelftools). A frame
@@ -83,9 +110,13 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
         return {0: UNKNOWN_STACK}
     return symbolize_stack_rows(trace.stacks, Symbolizer(progress=progress), lambda: embedded_symbols(trace))
 
-def symbolize_stack_rows(st: pd.DataFrame, sym, embedded: Callable | None = None,
-                         resolved: dict[tuple[str, int], tuple[FrameInfo, ...]] | None = None
-                         ) -> dict[int, tuple[FrameInfo, ...]]:
+
+def symbolize_stack_rows(
+    st: pd.DataFrame,
+    sym,
+    embedded: Callable | None = None,
+    resolved: dict[tuple[str, int], tuple[FrameInfo, ...]] | None = None,
+) -> dict[int, tuple[FrameInfo, ...]]:
     """symbolize_stacks for rows of the `stacks` table (`st`), with the caller's `sym` (a
     reports.symbolize.Symbolizer: it keeps every module it parsed, so a caller that symbolizes
     stacks as they come — `allocscope top` — parses each ELF file once). `embedded`: returns the
@@ -118,16 +149,18 @@ def symbolize_stack_rows(st: pd.DataFrame, sym, embedded: Callable | None = None
                 name = table.lookup(build_id, module, off)
                 found = [Frame(name, module, None, None, off)] if name else found
             resolved[(module, off)] = tuple(
-                FrameInfo(f.function, module, f.file, f.line, inlined=f.inlined) for f in found) or (
-                FrameInfo(f"{os.path.basename(module)}+{off:#x}", module, None, None),)
+                FrameInfo(f.function, module, f.file, f.line, inlined=f.inlined) for f in found
+            ) or (FrameInfo(f"{os.path.basename(module)}+{off:#x}", module, None, None),)
     out: dict[int, tuple[FrameInfo, ...]] = {0: UNKNOWN_STACK}
     for sid, grp in st.groupby("stack_id", sort=False):
         frames = []
-        for module, off, ip, fn, file, line in zip(grp["module"], grp["offset"], grp["ip"], grp["function"],
-                                                   grp["file"], grp["line"]):
+        for module, off, ip, fn, file, line in zip(
+            grp["module"], grp["offset"], grp["ip"], grp["function"], grp["file"], grp["line"]
+        ):
             if isinstance(fn, str):
-                frames.append(FrameInfo(fn, module, file if isinstance(file, str) else None,
-                                        None if pd.isna(line) else int(line)))
+                frames.append(
+                    FrameInfo(fn, module, file if isinstance(file, str) else None, None if pd.isna(line) else int(line))
+                )
             elif off >= 0:
                 frames.extend(resolved[(module, int(off))])
             else:
@@ -135,19 +168,26 @@ def symbolize_stack_rows(st: pd.DataFrame, sym, embedded: Callable | None = None
         out[int(sid)] = tuple(frames)
     return out
 
+
 _PREFIX_RX = re.compile(r"^(__GI_|__libc_|__)+")
+
 
 def is_wrapper(function: str) -> bool:
     """An allocator entry point, syscall wrapper or language allocation shim."""
     return bool(_WRAPPER_RX.search(function) or _WRAPPER_RX.search(_PREFIX_RX.sub("", function)))
 
-_ENTRY_RX = re.compile(r"^(malloc|calloc|realloc|reallocarray|free|posix_memalign|aligned_alloc|memalign|"
-                       r"valloc|pvalloc|malloc_trim|mmap|mmap64|munmap|mremap|brk|sbrk|madvise)$")
+
+_ENTRY_RX = re.compile(
+    r"^(malloc|calloc|realloc|reallocarray|free|posix_memalign|aligned_alloc|memalign|"
+    r"valloc|pvalloc|malloc_trim|mmap|mmap64|munmap|mremap|brk|sbrk|madvise)$"
+)
+
 
 def is_allocator_entry(function: str) -> bool:
     """An allocator's public entry point or a libc memory syscall wrapper (after glibc's
     __GI_/__libc_ prefixes): the frames inside one of these are the allocator's internals."""
     return bool(_ENTRY_RX.match(_PREFIX_RX.sub("", function)))
+
 
 # The CUDA runtime's and driver's allocation calls (and their frees): allocator entry points like
 # malloc. The runtime and the driver are stripped in the vendor's builds: the frames inside a call
@@ -157,7 +197,8 @@ _CUDA_ENTRY_RX = re.compile(
     r"^(cudaMalloc\w*|cudaHostAlloc|cudaHostRegister|cudaFree\w*|cudaHostUnregister|"
     r"cuMemAlloc\w*|cuMemHostAlloc|cuMemHostRegister\w*|cuMemHostUnregister|cuMemCreate|cuMemMap|"
     r"cuMemAddressReserve|cuMemFree\w*|cuMemRelease|cuMemUnmap|cuMemAddressFree|cuArrayCreate\w*|"
-    r"cuArray3DCreate\w*|cuMipmappedArrayCreate)$")
+    r"cuArray3DCreate\w*|cuMipmappedArrayCreate)$"
+)
 # the modules of the CUDA runtime and driver (a call's internals may cross from one to the other)
 _CUDA_MODULE_RX = re.compile(r"^lib(cudart|cuda|nvidia-[\w-]+)\.so")
 
@@ -166,8 +207,11 @@ def _in_cuda(g: FrameInfo, entry: FrameInfo) -> bool:
     """Frame `g`, inside the CUDA call `entry`, is the runtime's or the driver's: of the call's own
     module (a runtime linked statically), of a CUDA library, or an allocator's entry or wrapper
     (the driver's own mallocs)."""
-    return g.module == entry.module or is_wrapper(g.function) or \
-        bool(_CUDA_MODULE_RX.match(os.path.basename(g.module or "")))
+    return (
+        g.module == entry.module
+        or is_wrapper(g.function)
+        or bool(_CUDA_MODULE_RX.match(os.path.basename(g.module or "")))
+    )
 
 
 def fold_frames(frames: tuple[FrameInfo, ...], fold: Folding | None = None) -> tuple[FrameInfo, ...]:
@@ -192,13 +236,17 @@ def fold_frames(frames: tuple[FrameInfo, ...], fold: Folding | None = None) -> t
         if is_allocator_entry(f.function):
             if all(g.module == f.module or is_wrapper(g.function) for g in frames[:j]):
                 cut, call = j + 1, None
-        elif f.function.startswith("cu") and _CUDA_ENTRY_RX.match(f.function) and \
-                all(_in_cuda(g, f) for g in frames[cut:j]):
+        elif (
+            f.function.startswith("cu")
+            and _CUDA_ENTRY_RX.match(f.function)
+            and all(_in_cuda(g, f) for g in frames[cut:j])
+        ):
             cut, call = j + 1, f.function
     while cut < len(frames) - 1 and (is_wrapper(frames[cut].function) or fold.match(frames[cut].function)):
         cut += 1
     site = frames[cut:]
     return (replace(site[0], call=call), *site[1:]) if call else site
+
 
 def folded_wrappers(stacks: Iterable[tuple[FrameInfo, ...]], fold: Folding | None = None) -> list[dict]:
     """What the application-wrapper patterns folded out of these stacks (full frames, e.g.
@@ -213,14 +261,17 @@ def folded_wrappers(stacks: Iterable[tuple[FrameInfo, ...]], fold: Folding | Non
         if frames in seen:
             continue
         seen.add(frames)
-        for f in frames[:len(frames) - len(fold_frames(frames, fold))]:
+        for f in frames[: len(frames) - len(fold_frames(frames, fold))]:
             m = None if is_wrapper(f.function) else fold.match(f.function)
             if m is not None:
                 hits.setdefault(m, set()).add(f.function)
-    return [{"pattern": p, "from": src, "functions": sorted(hits[(src, p)])}
-            for src, p in fold.patterns if (src, p) in hits]
+    return [
+        {"pattern": p, "from": src, "functions": sorted(hits[(src, p)])} for src, p in fold.patterns if (src, p) in hits
+    ]
+
 
 SiteKey = tuple[FrameInfo, ...]
+
 
 def frame_key_text(site: SiteKey) -> str:
     """A stable one-line text of a site, for deterministic tie-breaking and messages."""
@@ -267,8 +318,9 @@ def located(site: SiteKey) -> FrameInfo:
         for g in site[1:]:
             if key_quality(g) != "address":
                 if g.module == f.module or _SHARED_LIB_RX.search(os.path.basename(f.module)):
-                    return FrameInfo(g.function, g.module, g.file, g.line, inlined=g.inlined, call=f.call,
-                                     inside=f.module)
+                    return FrameInfo(
+                        g.function, g.module, g.file, g.line, inlined=g.inlined, call=f.call, inside=f.module
+                    )
                 break
     return f
 
@@ -329,10 +381,10 @@ def collapse_recursion(frames: tuple[FrameInfo, ...] | list, max_run: int = 8) -
         best_len, best_reps = 1, 1
         for size in range(1, min(max_run, (n - i) // 2) + 1):
             reps = 1
-            while frames[i + reps * size:i + (reps + 1) * size] == frames[i:i + size]:
+            while frames[i + reps * size : i + (reps + 1) * size] == frames[i : i + size]:
                 reps += 1
             if reps > 1 and size * reps > best_len * best_reps:
                 best_len, best_reps = size, reps
-        out.append((frames[i:i + best_len], best_reps))
+        out.append((frames[i : i + best_len], best_reps))
         i += best_len * best_reps
     return out

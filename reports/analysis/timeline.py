@@ -1,5 +1,6 @@
 """Figures over time: per-key live-byte series, elapsed seconds, the growth fit and the
 verdict rules, and the interval of the process's peak."""
+
 from __future__ import annotations
 
 import math
@@ -13,19 +14,20 @@ from common.tracefile.reader import Trace
 from .sources import is_device
 
 # Verdict rules (documented in `verdict`).
-FIT_TAIL_FRACTION = 0.5      # growth is fitted over the last half of the recording...
+FIT_TAIL_FRACTION = 0.5  # growth is fitted over the last half of the recording...
 
-MIN_FIT_POINTS = 4           # ...but over at least this many intervals; fewer: never "growing"
+MIN_FIT_POINTS = 4  # ...but over at least this many intervals; fewer: never "growing"
 
-GROWTH_MIN_R2 = 0.8          # a line must explain >= 80% of the variance to call it growth
+GROWTH_MIN_R2 = 0.8  # a line must explain >= 80% of the variance to call it growth
 
-GROWTH_MIN_RISE = 0.10       # and the rise over the fit window must be >= 10% of the live bytes
+GROWTH_MIN_RISE = 0.10  # and the rise over the fit window must be >= 10% of the live bytes
 
 TRANSIENT_MAX_FRACTION = 0.25  # live at the end <= 25% of the peak: the peak was mostly freed
 
 PEAK_FIRST_MAX_FRACTION = 0.25  # the same for the whole process: reports lead with the peak (peak_first)
 
-TIMELINE_POINTS = 50         # at most this many points of each site's timeline in the JSON
+TIMELINE_POINTS = 50  # at most this many points of each site's timeline in the JSON
+
 
 def key_timeline(trace: Trace, keycol_fn: Callable[[tuple], Hashable], device: bool | None = None) -> pd.DataFrame:
     """live bytes per interval (rows: seq 1..n) per group (columns), forward-filled cumulative.
@@ -50,6 +52,7 @@ def key_timeline(trace: Trace, keycol_fn: Callable[[tuple], Hashable], device: b
     summed.index.name = "seq"
     return summed
 
+
 def elapsed_s(trace: Trace) -> pd.Series:
     """Seconds since the start of the recording at the end of every interval, indexed by seq
     1..n (gaps, e.g. an unreadable part, are interpolated)."""
@@ -62,6 +65,7 @@ def elapsed_s(trace: Trace) -> pd.Series:
     fallback = pd.Series(idx.to_numpy() * float(trace.meta.get("interval_s") or 1.0), index=idx)
     return el.interpolate(limit_area="inside").fillna(fallback)
 
+
 def end_time_ns(trace: Trace) -> int:
     """CLOCK_MONOTONIC time of the last interval (the clock of `live.ts_ns`)."""
     last = trace.intervals.iloc[-1]
@@ -70,9 +74,11 @@ def end_time_ns(trace: Trace) -> int:
     t0 = int((trace.meta.get("clock") or {}).get("monotonic_ns", 0))
     return t0 + int(float(last.get("elapsed_s", 0.0)) * 1e9)
 
+
 def fit_window(n: int) -> int:
     """Number of trailing intervals the growth line is fitted over (see `verdict`)."""
     return min(n, max(MIN_FIT_POINTS, math.ceil(n * FIT_TAIL_FRACTION)))
+
 
 def fit_growth(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Least-squares line through every column of `y` (m points x k series) over `x` (m,):
@@ -88,7 +94,7 @@ def fit_growth(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(k), np.full(k, np.nan)
     yc = y - y.mean(axis=0)
     slope = (xc @ yc) / sxx
-    ss_tot = (yc ** 2).sum(axis=0)
+    ss_tot = (yc**2).sum(axis=0)
     ss_res = ((yc - np.outer(xc, slope)) ** 2).sum(axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
         r2 = np.where(ss_tot > 0, 1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0), 1.0)
@@ -96,8 +102,15 @@ def fit_growth(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         r2 = np.full(k, np.nan)
     return slope, np.clip(r2, 0.0, 1.0)
 
-def verdict(live_bytes: int, peak_live_bytes: int, growth_bytes_per_s: float, growth_r2: float | None,
-            window_s: float, window_points: int) -> str:
+
+def verdict(
+    live_bytes: int,
+    peak_live_bytes: int,
+    growth_bytes_per_s: float,
+    growth_r2: float | None,
+    window_s: float,
+    window_points: int,
+) -> str:
     """What a site's memory did, at a glance. The first rule that matches wins:
 
     1. ``freed``: nothing of it is live at the end (live bytes == 0).
@@ -114,13 +127,19 @@ def verdict(live_bytes: int, peak_live_bytes: int, growth_bytes_per_s: float, gr
         return "freed"
     if live_bytes <= TRANSIENT_MAX_FRACTION * peak_live_bytes:
         return "transient"
-    if (window_points >= MIN_FIT_POINTS and growth_bytes_per_s > 0 and growth_r2 is not None
-            and not math.isnan(growth_r2) and growth_r2 >= GROWTH_MIN_R2
-            and growth_bytes_per_s * window_s >= GROWTH_MIN_RISE * live_bytes):
+    if (
+        window_points >= MIN_FIT_POINTS
+        and growth_bytes_per_s > 0
+        and growth_r2 is not None
+        and not math.isnan(growth_r2)
+        and growth_r2 >= GROWTH_MIN_R2
+        and growth_bytes_per_s * window_s >= GROWTH_MIN_RISE * live_bytes
+    ):
         return "growing"
     if window_points < MIN_FIT_POINTS:
         return "new"
     return "plateaued"
+
 
 def growth_table(timeline: pd.DataFrame, elapsed: pd.Series) -> pd.DataFrame:
     """Per timeline column (index: the column keys): growth_bytes_per_s and growth_r2 of the
@@ -129,13 +148,17 @@ def growth_table(timeline: pd.DataFrame, elapsed: pd.Series) -> pd.DataFrame:
     n = len(timeline)
     w = fit_window(n)
     if timeline.shape[1] == 0 or w == 0:
-        return pd.DataFrame(columns=["growth_bytes_per_s", "growth_r2", "window_s", "window_points"],
-                            index=timeline.columns)
-    tail = timeline.iloc[n - w:]
+        return pd.DataFrame(
+            columns=["growth_bytes_per_s", "growth_r2", "window_s", "window_points"], index=timeline.columns
+        )
+    tail = timeline.iloc[n - w :]
     x = elapsed.reindex(tail.index).to_numpy(dtype=float)
     slope, r2 = fit_growth(x, tail.to_numpy())
-    return pd.DataFrame({"growth_bytes_per_s": slope, "growth_r2": r2,
-                         "window_s": float(x[-1] - x[0]), "window_points": w}, index=timeline.columns)
+    return pd.DataFrame(
+        {"growth_bytes_per_s": slope, "growth_r2": r2, "window_s": float(x[-1] - x[0]), "window_points": w},
+        index=timeline.columns,
+    )
+
 
 def peak_rows(iv: pd.DataFrame) -> np.ndarray:
     """Boolean mask of the `intervals` rows that are peak snapshots (tracer/record/peaks.py: the
@@ -143,7 +166,7 @@ def peak_rows(iv: pd.DataFrame) -> np.ndarray:
     snapshots); all False in a trace made before them."""
     if "peak_snapshot" not in iv:
         return np.zeros(len(iv), dtype=bool)
-    return (iv["peak_snapshot"].fillna(0).to_numpy() == 1)
+    return iv["peak_snapshot"].fillna(0).to_numpy() == 1
 
 
 PEAK_MARGIN_FRACTION, PEAK_MARGIN_MIN_BYTES = 0.01, 1 << 20  # tracer/record/peaks.py, when meta.json has none
@@ -173,6 +196,7 @@ def peak_seq(trace: Trace) -> int | None:
     i = int(np.argmax(lb))
     return int(iv["seq"].iloc[i]) if lb[i] > 0 else None
 
+
 def peak_first(tot: dict) -> bool:
     """Whether people-facing reports (text, HTML) lead with the sites that held the peak: most
     of the peak was freed by the end, i.e. live at the end <= PEAK_FIRST_MAX_FRACTION (25%) of
@@ -182,12 +206,14 @@ def peak_first(tot: dict) -> bool:
     peak = int(tot.get("peak_live_bytes") or 0)
     return peak > 0 and int(tot.get("live_bytes") or 0) <= PEAK_FIRST_MAX_FRACTION * peak
 
+
 def timeline_points(n: int, max_points: int = TIMELINE_POINTS) -> list[int]:
     """Indices (0-based) of at most `max_points` evenly spaced intervals out of n, first and
     last included: the points of each site's `timeline` in the JSON."""
     if n <= max_points:
         return list(range(n))
     return sorted({round(i) for i in np.linspace(0, n - 1, max_points)})
+
 
 def json_num(v: float, digits: int) -> float | None:
     """A float for JSON: rounded, None for NaN."""

@@ -1,5 +1,6 @@
 """Whole-process totals, losses and what to do about them, and the notes a sampled or
 residency-mode trace carries."""
+
 from __future__ import annotations
 
 import os
@@ -23,24 +24,28 @@ LOSS_ADVICE = {
     "lost_ring_full": "the event ring overflowed: some mmap/munmap/thread events are missing",
     "lost_flow_full": "the thread-flow map was full: some cross-thread frees are not in the flow table",
     "lost_stack_truncated": "some stacks were cut short (deeper than 64 frames, or code the DWARF unwinder "
-                            "cannot follow): their sites show the innermost frames only",
+    "cannot follow): their sites show the innermost frames only",
     "lost_stack_pending": "some stacks were cut short at a module whose unwind table was still being built "
-                          "(the lines below say which, until when); `allocscope doctor --pid PID --warm` "
-                          "before recording builds them all ahead",
+    "(the lines below say which, until when); `allocscope doctor --pid PID --warm` "
+    "before recording builds them all ahead",
 }
+
 
 def losses(trace: Trace) -> dict[str, int]:
     """Every lost_* counter at the end of the recording (cumulative)."""
     last = trace.intervals.iloc[-1]
     return {c: int(last[c]) for c in trace.intervals.columns if c.startswith("lost_") and not pd.isna(last[c])}
 
+
 def _col_max(df: pd.DataFrame, col: str) -> int:
     return int(df[col].max()) if col in df and len(df) else 0
+
 
 def _last(row: pd.Series, col: str) -> int:
     """An integer column of an intervals row; 0 when the trace has no such column."""
     v = row.get(col)
     return 0 if v is None or pd.isna(v) else int(v)
+
 
 def totals(trace: Trace) -> dict:
     """Whole-process numbers: live_bytes, live_count (tracked and outstanding at the end),
@@ -86,6 +91,7 @@ def totals(trace: Trace) -> dict:
         "by_source": by_source(st),
     }
 
+
 def advice(trace: Trace, tot: dict) -> list[str]:
     """One line per non-zero loss counter: what was lost and what to do about it."""
     out = []
@@ -97,6 +103,7 @@ def advice(trace: Trace, tot: dict) -> list[str]:
     if tot["losses"].get("lost_live_full_bytes"):
         out.append(f"{tot['losses']['lost_live_full_bytes']} bytes were allocated but not tracked (live map full)")
     return out
+
 
 def unwind_pending(trace: Trace) -> list[dict]:
     """meta.json `unwind.pending`: the modules stacks were cut short at while their unwind tables
@@ -111,13 +118,17 @@ def pending_notes(pending: list[dict]) -> list[str]:
         name = os.path.basename(p["module"])
         n = f"{p['stacks']} stack{'s' if p['stacks'] != 1 else ''} cut short in {name}"
         if p.get("built_s") is not None:
-            out.append(f"{n} until +{p['built_s']:.1f} s while its unwind table was built "
-                       f"({p.get('rows', 0)} rows in {p.get('build_s', 0):.1f} s)")
+            out.append(
+                f"{n} until +{p['built_s']:.1f} s while its unwind table was built "
+                f"({p.get('rows', 0)} rows in {p.get('build_s', 0):.1f} s)"
+            )
         elif p.get("error"):
             out.append(f"{n}: its unwind table could not be built ({p['error']}); frame-pointer steps there since")
         else:
-            out.append(f"{n} (last at +{p.get('last_s') or 0:.1f} s): its unwind table was still being built "
-                       "when the recording ended")
+            out.append(
+                f"{n} (last at +{p.get('last_s') or 0:.1f} s): its unwind table was still being built "
+                "when the recording ended"
+            )
     return out
 
 
@@ -127,12 +138,16 @@ def mode_notes(trace: Trace) -> list[str]:
     out = []
     if meta.get("mode") == "residency":
         n = (meta.get("sampling") or {}).get("fault_sample", 0)
-        out.append(f"residency mode: no allocator probes. Sites of source 'fault' count first touches of pages "
-                   f"(sampled 1 in {n}, each standing for {n} pages; cumulative — pages given back are not "
-                   "subtracted); sites of source 'mmap'/'brk' are exact and live. Frees of heap blocks, "
-                   "per-block sizes and thread flows are not seen.")
+        out.append(
+            f"residency mode: no allocator probes. Sites of source 'fault' count first touches of pages "
+            f"(sampled 1 in {n}, each standing for {n} pages; cumulative — pages given back are not "
+            "subtracted); sites of source 'mmap'/'brk' are exact and live. Frees of heap blocks, "
+            "per-block sizes and thread flows are not seen."
+        )
     sb = (meta.get("sampling") or {}).get("sample_bytes", 0)
     if sb:
-        out.append(f"sampled trace: one sample per {sb} bytes on average; heap bytes are unbiased estimates "
-                   "(see live_bytes_error, a 95% bound) and block counts are sample counts")
+        out.append(
+            f"sampled trace: one sample per {sb} bytes on average; heap bytes are unbiased estimates "
+            "(see live_bytes_error, a 95% bound) and block counts are sample counts"
+        )
     return out

@@ -10,6 +10,7 @@ stack's innermost frame outside the waiting machinery: pthread_cond_wait, futex,
 std::sync, parking_lot... fold to their caller), for how long, holding what, by the location
 that allocated it.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,12 +26,17 @@ from .stacks import UNKNOWN_STACK, FrameInfo, fold_frames, group_of, is_wrapper,
 # left first is the code that decided to wait.
 WAIT_WRAPPER_PATTERNS = [
     r"^_*(pthread|__pthread)_(cond_|mutex_|rwlock_|barrier_|spin_|join|timedjoin|clockjoin)",
-    r"^_*(new_)?sem_(wait|timedwait|clockwait|post)", r"^_*do_futex_wait", r"^_*futex", r"^_*lll_",
+    r"^_*(new_)?sem_(wait|timedwait|clockwait|post)",
+    r"^_*do_futex_wait",
+    r"^_*futex",
+    r"^_*lll_",
     r"^_*(libc_|GI_)?(nanosleep|clock_nanosleep|usleep|sleep|poll|ppoll|select|pselect6?|epoll_wait|epoll_pwait2?|"
     r"read|write|pread64|pwrite64|readv|writev|recv|recvfrom|recvmsg|send|sendto|sendmsg|accept4?|connect|"
     r"wait4|waitpid|waitid|pause|sigwait|sigtimedwait|sigwaitinfo|syscall|syscall_cancel|syscall_cancel_arch|"
     r"internal_syscall_cancel|open|openat|open64|close|fsync|fdatasync|flock|fcntl|fcntl64|ioctl|msync)$",
-    r"^_*(GI_|libc_)", r"^__condvar_", r"^__(lll|pthread|futex|libc|GI|new_sem|old_sem)",
+    r"^_*(GI_|libc_)",
+    r"^__condvar_",
+    r"^__(lll|pthread|futex|libc|GI|new_sem|old_sem)",
     # C++: std::mutex, std::condition_variable, std::this_thread, std::future, std::thread::join
     r"^std::(mutex|condition_variable|__condvar|this_thread|__basic_future|future|shared_future|thread::join|"
     r"unique_lock|lock_guard|scoped_lock|counting_semaphore|binary_semaphore|__atomic_semaphore|"
@@ -38,18 +44,31 @@ WAIT_WRAPPER_PATTERNS = [
     r"shared_mutex|timed_mutex|recursive_mutex)",
     r"^(void |\S+ )?std::(condition_variable|mutex|unique_lock|__atomic_wait|__detail::__atomic_wait)",
     # Rust: std's locks, channels, thread parking and sleeping, parking_lot, crossbeam, tokio's park
-    r"^std::(sync|sys|sys_common|thread|io|net|fs|panicking|rt)::", r"^<std::(sync|sys|thread|io|net)::",
-    r"^core::(ops::function|option|result|ptr)::", r"^<core::",
-    r"^parking_lot", r"^<parking_lot", r"^lock_api::", r"^<lock_api::", r"^crossbeam_(channel|utils|deque)::",
-    r"^<crossbeam_", r"^tokio::(runtime::park|park|runtime::driver|runtime::io|runtime::time|loom|sync::)",
-    r"^<tokio::(runtime::park|park|sync::)", r"^mio::", r"^<mio::", r"^futex_", r"^std::sync::mpmc",
+    r"^std::(sync|sys|sys_common|thread|io|net|fs|panicking|rt)::",
+    r"^<std::(sync|sys|thread|io|net)::",
+    r"^core::(ops::function|option|result|ptr)::",
+    r"^<core::",
+    r"^parking_lot",
+    r"^<parking_lot",
+    r"^lock_api::",
+    r"^<lock_api::",
+    r"^crossbeam_(channel|utils|deque)::",
+    r"^<crossbeam_",
+    r"^tokio::(runtime::park|park|runtime::driver|runtime::io|runtime::time|loom|sync::)",
+    r"^<tokio::(runtime::park|park|sync::)",
+    r"^mio::",
+    r"^<mio::",
+    r"^futex_",
+    r"^std::sync::mpmc",
 ]
 _WAIT_RX = re.compile("|".join(WAIT_WRAPPER_PATTERNS))
 
 # Modules whose frames are the waiting machinery, whatever the function (a libc without symbols
 # for its internals gives `libc.so.6+0x...`).
-_WAIT_MODULES = re.compile(r"^(libc|libpthread|ld-linux[\w-]*|libstdc\+\+|libgcc_s|libjemalloc|libtcmalloc\w*|"
-                           r"libmimalloc|libuv|libevent\w*)[.-]")
+_WAIT_MODULES = re.compile(
+    r"^(libc|libpthread|ld-linux[\w-]*|libstdc\+\+|libgcc_s|libjemalloc|libtcmalloc\w*|"
+    r"libmimalloc|libuv|libevent\w*)[.-]"
+)
 
 # Deallocation frames: a wait with one of them on its stack is a thread blocked inside free/drop
 # (the dealloc-mutex case: frees serialized behind an allocator's lock).
@@ -57,7 +76,8 @@ _FREE_RX = re.compile(
     r"^(__libc_)?(free|cfree)$|^_int_free|^(je_|_rjem_|tc_|mi_)(free|sdallocx|dallocx|free_size)$|"
     r"^(je_|_rjem_)\w*(dalloc|tcache_bin_flush)|^(sdallocx|dallocx)$|^operator delete|^__rust_dealloc$|"
     r"^__rdl_dealloc$|^__rustc::__rust_dealloc|^core::ptr::drop_in_place|^(__)?(munmap|madvise)$|^malloc_trim$|"
-    r"^tcmalloc::|^mi_free")
+    r"^tcmalloc::|^mi_free"
+)
 
 
 def is_wait_wrapper(f: FrameInfo) -> bool:
@@ -81,8 +101,14 @@ def in_free(frames: tuple[FrameInfo, ...]) -> bool:
 
 def _loc(frames: tuple[FrameInfo, ...]) -> dict:
     f = frames[0] if frames else UNKNOWN_STACK[0]
-    return {"location": location_key((f,)), "function": f.function, "module": f.module, "file": f.file,
-            "line": f.line, **located_extras(f)}
+    return {
+        "location": location_key((f,)),
+        "function": f.function,
+        "module": f.module,
+        "file": f.file,
+        "line": f.line,
+        **located_extras(f),
+    }
 
 
 class _Locations:
@@ -115,8 +141,16 @@ def _held_at(trace: Trace, tids: set[int], seqs: list[int]) -> dict[int, dict[in
     s = s[s["tid"].isin(list(tids)) & ~is_device(s["source"])].sort_values("seq")
     cur: dict[tuple, tuple[int, int]] = {}
     out: dict[int, dict[int, dict[tuple, list[int]]]] = {}
-    rows = list(zip(s["seq"].tolist(), s["stack_id"].tolist(), s["tid"].tolist(), s["source"].tolist(),
-                    (s["alloc_bytes"] - s["free_bytes"]).tolist(), (s["alloc_count"] - s["free_count"]).tolist()))
+    rows = list(
+        zip(
+            s["seq"].tolist(),
+            s["stack_id"].tolist(),
+            s["tid"].tolist(),
+            s["source"].tolist(),
+            (s["alloc_bytes"] - s["free_bytes"]).tolist(),
+            (s["alloc_count"] - s["free_count"]).tolist(),
+        )
+    )
     i = 0
     for q in seqs:
         while i < len(rows) and rows[i][0] <= q:
@@ -146,13 +180,19 @@ def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], t
     meta_w = trace.meta.get("waits") or {}
     wait_min_ns = int(meta_w.get("wait_min_ns", 0) or 0)
     last = trace.intervals.iloc[-1].to_dict() if len(trace.intervals) else {}
-    out: dict = {"traced": bool(wait_min_ns), "wait_min_ms": wait_min_ns / 1e6,
-                 "blocking_switches": int(last.get("n_waits", 0) or 0),
-                 "short_waits": int(last.get("n_waits_short", 0) or 0),
-                 "short_wait_s": int(last.get("n_wait_short_ns", 0) or 0) / 1e9,
-                 "lost": int(last.get("lost_wait_full", 0) or 0),
-                 "peak": None, "location_peaks": [], "timeline": [], "off_cpu": [],
-                 "freeing": freeing_costs(trace, stacks)}
+    out: dict = {
+        "traced": bool(wait_min_ns),
+        "wait_min_ms": wait_min_ns / 1e6,
+        "blocking_switches": int(last.get("n_waits", 0) or 0),
+        "short_waits": int(last.get("n_waits_short", 0) or 0),
+        "short_wait_s": int(last.get("n_wait_short_ns", 0) or 0) / 1e9,
+        "lost": int(last.get("lost_wait_full", 0) or 0),
+        "peak": None,
+        "location_peaks": [],
+        "timeline": [],
+        "off_cpu": [],
+        "freeing": freeing_costs(trace, stacks),
+    }
     if not wait_min_ns:
         return out
     names = trace.thread_names()
@@ -164,11 +204,20 @@ def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], t
     per_seq: dict[int, list[dict]] = {}
     for q, g in bl.groupby("seq") if seqs else ():
         rows = []
-        for tid, sid, waited, state in zip(g["tid"].tolist(), g["stack_id"].tolist(), g["waited_ns"].tolist(),
-                                           g["state"].tolist()):
+        for tid, sid, waited, state in zip(
+            g["tid"].tolist(), g["stack_id"].tolist(), g["waited_ns"].tolist(), g["state"].tolist()
+        ):
             h = held.get(int(q), {}).get(int(tid), {})
-            rows.append({"tid": int(tid), "stack_id": int(sid), "waited_ns": int(waited), "state": state,
-                         "held": h, "held_bytes": sum(v[0] for v in h.values())})
+            rows.append(
+                {
+                    "tid": int(tid),
+                    "stack_id": int(sid),
+                    "waited_ns": int(waited),
+                    "state": state,
+                    "held": h,
+                    "held_bytes": sum(v[0] for v in h.values()),
+                }
+            )
         per_seq[int(q)] = rows
     # the timeline: blocked threads and what they held, per interval, per wait location
     for q in seqs:
@@ -178,10 +227,16 @@ def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], t
             k = location_key(locs.wait(r["stack_id"])[0])
             by[k][0] += 1
             by[k][1] += r["held_bytes"]
-        out["timeline"].append({"seq": q, "elapsed_s": el.get(q), "blocked": len(rows),
-                                "holding": sum(1 for r in rows if r["held_bytes"]),
-                                "held_bytes": sum(r["held_bytes"] for r in rows),
-                                "by_location": {k: {"threads": v[0], "held_bytes": v[1]} for k, v in by.items()}})
+        out["timeline"].append(
+            {
+                "seq": q,
+                "elapsed_s": el.get(q),
+                "blocked": len(rows),
+                "holding": sum(1 for r in rows if r["held_bytes"]),
+                "held_bytes": sum(r["held_bytes"] for r in rows),
+                "by_location": {k: {"threads": v[0], "held_bytes": v[1]} for k, v in by.items()},
+            }
+        )
     if seqs:
         # the most held; of snapshots holding as much, the latest (its waits are the longest)
         peak_q = max(seqs, key=lambda q: (sum(r["held_bytes"] for r in per_seq[q]), q))
@@ -220,22 +275,42 @@ def _peak(q: int, rows: list[dict], el: dict, names: dict, locs: _Locations, top
                 if locs.alloc(sid)[0].function not in inside:
                     kept[-1] += b
         folded = locs.wait(rs[0]["stack_id"])[1]
-        by_location.append({
-            **_loc(wloc), "threads": len(rs), "holding_threads": sum(1 for r in rs if r["held_bytes"]),
-            "held_bytes": sum(r["held_bytes"] for r in rs), "kept_bytes": sum(kept),
-            "keeping_threads": sum(1 for k in kept if k),
-            "longest_s": max(r["waited_ns"] for r in rs) / 1e9,
-            "in_free": in_free(locs.stacks.get(rs[0]["stack_id"], UNKNOWN_STACK)),
-            "frames": [f.as_dict() for f in folded[:8]],
-            "thread_list": [{"tid": r["tid"], "name": names.get(r["tid"], "?"), "waited_s": r["waited_ns"] / 1e9,
-                             "state": r["state"], "held_bytes": r["held_bytes"]}
-                            for r in sorted(rs, key=lambda r: -r["held_bytes"])],
-            "held": [{**_loc(a), "bytes": v[0], "blocks": v[1]}
-                     for a, v in sorted(held.items(), key=lambda kv: -kv[1][0])][:top]})
+        by_location.append(
+            {
+                **_loc(wloc),
+                "threads": len(rs),
+                "holding_threads": sum(1 for r in rs if r["held_bytes"]),
+                "held_bytes": sum(r["held_bytes"] for r in rs),
+                "kept_bytes": sum(kept),
+                "keeping_threads": sum(1 for k in kept if k),
+                "longest_s": max(r["waited_ns"] for r in rs) / 1e9,
+                "in_free": in_free(locs.stacks.get(rs[0]["stack_id"], UNKNOWN_STACK)),
+                "frames": [f.as_dict() for f in folded[:8]],
+                "thread_list": [
+                    {
+                        "tid": r["tid"],
+                        "name": names.get(r["tid"], "?"),
+                        "waited_s": r["waited_ns"] / 1e9,
+                        "state": r["state"],
+                        "held_bytes": r["held_bytes"],
+                    }
+                    for r in sorted(rs, key=lambda r: -r["held_bytes"])
+                ],
+                "held": [
+                    {**_loc(a), "bytes": v[0], "blocks": v[1]}
+                    for a, v in sorted(held.items(), key=lambda kv: -kv[1][0])
+                ][:top],
+            }
+        )
     by_location.sort(key=lambda d: (-d["held_bytes"], -d["threads"], d["location"]))
-    return {"seq": q, "elapsed_s": el.get(q), "blocked": len(rows),
-            "holding": sum(1 for r in rows if r["held_bytes"]),
-            "held_bytes": sum(r["held_bytes"] for r in rows), "by_location": by_location}
+    return {
+        "seq": q,
+        "elapsed_s": el.get(q),
+        "blocked": len(rows),
+        "holding": sum(1 for r in rows if r["held_bytes"]),
+        "held_bytes": sum(r["held_bytes"] for r in rows),
+        "by_location": by_location,
+    }
 
 
 def _off_cpu(trace: Trace, names: dict, locs: _Locations, top: int) -> list[dict]:
@@ -244,11 +319,17 @@ def _off_cpu(trace: Trace, names: dict, locs: _Locations, top: int) -> list[dict
         return []
     last = w.sort_values("seq").drop_duplicates(["tid", "stack_id"], keep="last")
     groups: dict[tuple, dict] = {}
-    for tid, sid, n, tot, mx in zip(last["tid"].tolist(), last["stack_id"].tolist(), last["count"].tolist(),
-                                    last["total_ns"].tolist(), last["max_ns"].tolist()):
+    for tid, sid, n, tot, mx in zip(
+        last["tid"].tolist(),
+        last["stack_id"].tolist(),
+        last["count"].tolist(),
+        last["total_ns"].tolist(),
+        last["max_ns"].tolist(),
+    ):
         wloc, _ = locs.wait(int(sid))
-        g = groups.setdefault(wloc, {"waits": 0, "total_ns": 0, "max_ns": 0, "tids": set(), "in_free": False,
-                                     "per_tid": {}})
+        g = groups.setdefault(
+            wloc, {"waits": 0, "total_ns": 0, "max_ns": 0, "tids": set(), "in_free": False, "per_tid": {}}
+        )
         pt = g["per_tid"].setdefault(int(tid), {"waits": 0, "total_s": 0.0, "max_s": 0.0})
         pt["waits"] += int(n)
         pt["total_s"] += int(tot) / 1e9
@@ -259,11 +340,19 @@ def _off_cpu(trace: Trace, names: dict, locs: _Locations, top: int) -> list[dict
         g["tids"].add(int(tid))
         g["in_free"] = g["in_free"] or in_free(locs.stacks.get(int(sid), UNKNOWN_STACK))
     rows = sorted(groups.items(), key=lambda kv: -kv[1]["total_ns"])
-    return [{**_loc(k), "waits": g["waits"], "total_s": g["total_ns"] / 1e9, "max_s": g["max_ns"] / 1e9,
-             "n_threads": len(g["tids"]), "in_free": g["in_free"],
-             "threads": sorted({names.get(t, "?") for t in g["tids"]})[:8],
-             "by_thread": [{"tid": t, "name": names.get(t, "?"), **v} for t, v in sorted(g["per_tid"].items())]}
-            for k, g in rows[:top * 2]]
+    return [
+        {
+            **_loc(k),
+            "waits": g["waits"],
+            "total_s": g["total_ns"] / 1e9,
+            "max_s": g["max_ns"] / 1e9,
+            "n_threads": len(g["tids"]),
+            "in_free": g["in_free"],
+            "threads": sorted({names.get(t, "?") for t in g["tids"]})[:8],
+            "by_thread": [{"tid": t, "name": names.get(t, "?"), **v} for t, v in sorted(g["per_tid"].items())],
+        }
+        for k, g in rows[: top * 2]
+    ]
 
 
 def freeing_costs(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]]) -> dict:
@@ -276,38 +365,79 @@ def freeing_costs(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]]) -> dic
     if not rel.empty:
         last = rel.sort_values("seq").drop_duplicates(["tid", "kind", "in_api", "stack_id"], keep="last")
         last = last[last["in_api"] != "malloc_trim"]
-        g = last.groupby(["tid", "kind"]).agg(calls=("calls", "sum"), requested_bytes=("requested_bytes", "sum"),
-                                              released_bytes=("released_bytes", "sum"),
-                                              duration_ns=("duration_ns", "sum")).reset_index()
+        g = (
+            last.groupby(["tid", "kind"])
+            .agg(
+                calls=("calls", "sum"),
+                requested_bytes=("requested_bytes", "sum"),
+                released_bytes=("released_bytes", "sum"),
+                duration_ns=("duration_ns", "sum"),
+            )
+            .reset_index()
+        )
         g = g.sort_values(["duration_ns", "released_bytes"], ascending=False)
-        out["by_thread"] = [{"tid": int(r.tid), "thread": names.get(int(r.tid), "?"), "kind": r.kind,
-                             "calls": int(r.calls), "requested_bytes": int(r.requested_bytes),
-                             "released_bytes": int(r.released_bytes), "duration_s": int(r.duration_ns) / 1e9}
-                            for r in g.itertuples()]
+        out["by_thread"] = [
+            {
+                "tid": int(r.tid),
+                "thread": names.get(int(r.tid), "?"),
+                "kind": r.kind,
+                "calls": int(r.calls),
+                "requested_bytes": int(r.requested_bytes),
+                "released_bytes": int(r.released_bytes),
+                "duration_s": int(r.duration_ns) / 1e9,
+            }
+            for r in g.itertuples()
+        ]
         mine = last[last["stack_id"] != 0]
         by: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
-        for sid, n, b, d in zip(mine["stack_id"].tolist(), mine["calls"].tolist(), mine["requested_bytes"].tolist(),
-                                mine["duration_ns"].tolist()):
+        for sid, n, b, d in zip(
+            mine["stack_id"].tolist(),
+            mine["calls"].tolist(),
+            mine["requested_bytes"].tolist(),
+            mine["duration_ns"].tolist(),
+        ):
             k = group_of(fold_frames(stacks.get(int(sid), UNKNOWN_STACK)), "location")
             v = by[k]
             v[0] += int(n)
             v[1] += int(b)
             v[2] += int(d)
-        out["by_location"] = [{**_loc(k), "calls": v[0], "requested_bytes": v[1], "duration_s": v[2] / 1e9}
-                              for k, v in sorted(by.items(), key=lambda kv: -kv[1][2])]
+        out["by_location"] = [
+            {**_loc(k), "calls": v[0], "requested_bytes": v[1], "duration_s": v[2] / 1e9}
+            for k, v in sorted(by.items(), key=lambda kv: -kv[1][2])
+        ]
     pu = trace.purges
     if not pu.empty:
-        g = pu.groupby(["tid", "function"]).agg(calls=("duration_ns", "size"), duration_ns=("duration_ns", "sum"),
-                                                released_bytes=("released_bytes", "sum")).reset_index()
-        out["purges"] = [{"tid": int(r.tid), "thread": names.get(int(r.tid), "?"), "function": r.function,
-                          "calls": int(r.calls), "duration_s": int(r.duration_ns) / 1e9,
-                          "released_bytes": int(r.released_bytes)}
-                         for r in g.sort_values("duration_ns", ascending=False).itertuples()]
+        g = (
+            pu.groupby(["tid", "function"])
+            .agg(
+                calls=("duration_ns", "size"),
+                duration_ns=("duration_ns", "sum"),
+                released_bytes=("released_bytes", "sum"),
+            )
+            .reset_index()
+        )
+        out["purges"] = [
+            {
+                "tid": int(r.tid),
+                "thread": names.get(int(r.tid), "?"),
+                "function": r.function,
+                "calls": int(r.calls),
+                "duration_s": int(r.duration_ns) / 1e9,
+                "released_bytes": int(r.released_bytes),
+            }
+            for r in g.sort_values("duration_ns", ascending=False).itertuples()
+        ]
     return out
 
 
-TLB_REASONS = ("task_switch", "remote_shootdown", "local_shootdown", "local_mm_shootdown", "remote_ipi_send",
-               "remote_wrong_cpu")
+TLB_REASONS = (
+    "task_switch",
+    "remote_shootdown",
+    "local_shootdown",
+    "local_mm_shootdown",
+    "remote_ipi_send",
+    "remote_wrong_cpu",
+)
 
 
 def tlb_flushes(trace: Trace) -> dict[str, dict[str, int]]:
@@ -321,6 +451,9 @@ def tlb_flushes(trace: Trace) -> dict[str, dict[str, int]]:
     for r in TLB_REASONS:
         k = f"tlb_{r}_flushes"
         if k in iv.columns and int(last[k] or 0):
-            out[r] = {"flushes": int(last[k]), "pages": int(last.get(f"tlb_{r}_pages", 0) or 0),
-                      "full": int(last.get(f"tlb_{r}_full", 0) or 0)}
+            out[r] = {
+                "flushes": int(last[k]),
+                "pages": int(last.get(f"tlb_{r}_pages", 0) or 0),
+                "full": int(last.get(f"tlb_{r}_full", 0) or 0),
+            }
     return out

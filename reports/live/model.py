@@ -15,6 +15,7 @@ distinct sites (after folding), not for the blocks. The live-block map is never 
 hold millions of blocks, and the age of each site's oldest block is bounded from the counters
 instead (`oldest_age_bound`).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,9 +40,9 @@ from ..analysis import (
     verdict,
 )
 
-HISTORY_POINTS = 240   # intervals of per-site live bytes kept for the growth fit (8 min at 2 s)
+HISTORY_POINTS = 240  # intervals of per-site live bytes kept for the growth fit (8 min at 2 s)
 TIMELINE_POINTS = 512  # intervals of RSS and live bytes kept for the timeline
-AGE_POINTS = 64        # change points of a site's allocation count kept for its age bound
+AGE_POINTS = 64  # change points of a site's allocation count kept for its age bound
 ZERO = (0, 0, 0, 0, 0)
 
 
@@ -53,6 +54,7 @@ class StackFrames:
     def __init__(self, symbolizer=None) -> None:
         if symbolizer is None:
             from ..symbolize import Symbolizer  # noqa: PLC0415 (pyelftools: only when watching)
+
             symbolizer = Symbolizer()
         self.sym = symbolizer
         self.pending: dict[int, pd.DataFrame] = {}
@@ -107,6 +109,7 @@ def oldest_age_bound(counts: list[tuple[float, int]], free_count: int, now_s: fl
 class SiteState:
     """One site (folded frames) — or location, function: LiveModel's `by` — summed over its
     (stack, thread, source) counters."""
+
     index: int
     frames: tuple[FrameInfo, ...]
     full_frames: tuple[FrameInfo, ...]
@@ -150,6 +153,7 @@ class LiveView:
     last TIMELINE_POINTS samples; sites: one row per site (see LiveModel.view); threads: one row
     per allocating thread, live bytes desc; losses: the non-zero lost_* counters that count
     events (not bytes)."""
+
     seq: int
     final: bool
     elapsed_s: float
@@ -187,9 +191,26 @@ class LiveView:
         return sum(self.losses.values())
 
 
-SITE_COLUMNS = ["site", "full_frames", "stack", "n_stacks", "live_bytes", "live_count", "delta_bytes",
-                "peak_live_bytes", "alloc_bytes", "alloc_count", "allocs_per_s", "growth_bytes_per_s", "growth_r2",
-                "verdict", "oldest_age_s", "top_tid", "top_thread", "threads"]
+SITE_COLUMNS = [
+    "site",
+    "full_frames",
+    "stack",
+    "n_stacks",
+    "live_bytes",
+    "live_count",
+    "delta_bytes",
+    "peak_live_bytes",
+    "alloc_bytes",
+    "alloc_count",
+    "allocs_per_s",
+    "growth_bytes_per_s",
+    "growth_r2",
+    "verdict",
+    "oldest_age_s",
+    "top_tid",
+    "top_thread",
+    "threads",
+]
 
 
 class LiveModel:
@@ -197,8 +218,9 @@ class LiveModel:
     folded as reports fold them, grouped by reports.analysis.stacks.group_of) and by thread. `update`
     takes every snapshot in order; `view` computes what a refresh shows."""
 
-    def __init__(self, fold: Folding | None = None, symbolizer=None, history: int = HISTORY_POINTS,
-                 by: str = "location") -> None:
+    def __init__(
+        self, fold: Folding | None = None, symbolizer=None, history: int = HISTORY_POINTS, by: str = "location"
+    ) -> None:
         self.fold = fold
         self.by = by
         self.stacks = StackFrames(symbolizer)
@@ -209,9 +231,9 @@ class LiveModel:
         self.counters: dict[tuple, tuple] = {}
         self.names: dict[int, str] = {}
         self.history: deque[tuple[float, np.ndarray]] = deque(maxlen=max(2, history))  # (elapsed, live per site)
-        self.counts_prev: np.ndarray = np.zeros(0, dtype=np.int64)   # alloc counts per site, previous snapshot
+        self.counts_prev: np.ndarray = np.zeros(0, dtype=np.int64)  # alloc counts per site, previous snapshot
         self.counts_now: np.ndarray = np.zeros(0, dtype=np.int64)
-        self.thread_prev: dict[int, tuple[int, int]] = {}            # tid -> (live, alloc_count) before
+        self.thread_prev: dict[int, tuple[int, int]] = {}  # tid -> (live, alloc_count) before
         self.thread_now: dict[int, tuple[int, int]] = {}
         self.timeline: deque[tuple[int, int]] = deque(maxlen=TIMELINE_POINTS)  # (rss, live)
         self.rss_peak = 0
@@ -296,8 +318,16 @@ class LiveModel:
         self.waiting = self._waiting(getattr(snap, "blocked", ()) or ())
         rows = getattr(snap, "allocators", ()) or ()
         if rows:
-            self.allocators = [{"source": r[0], "name": r[1], "resident": int(r[3]), "live": int(r[4]),
-                                "retained": max(0, int(r[3]) - int(r[4]))} for r in rows]
+            self.allocators = [
+                {
+                    "source": r[0],
+                    "name": r[1],
+                    "resident": int(r[3]),
+                    "live": int(r[4]),
+                    "retained": max(0, int(r[3]) - int(r[4])),
+                }
+                for r in rows
+            ]
 
     def _waiting(self, blocked) -> list[dict]:
         from ..analysis.waits import fold_wait_frames  # noqa: PLC0415
@@ -306,9 +336,18 @@ class LiveModel:
         for tid, sid, _since, waited, _state in blocked:
             frames = fold_wait_frames(self.stacks.get(int(sid)))
             f = frames[0]
-            g = groups.setdefault((f.function, f.file, f.line), {"function": f.function, "file": f.file,
-                                                                 "line": f.line, "module": f.module, "threads": 0,
-                                                                 "held_bytes": 0, "longest_s": 0.0})
+            g = groups.setdefault(
+                (f.function, f.file, f.line),
+                {
+                    "function": f.function,
+                    "file": f.file,
+                    "line": f.line,
+                    "module": f.module,
+                    "threads": 0,
+                    "held_bytes": 0,
+                    "longest_s": 0.0,
+                },
+            )
             g["threads"] += 1
             th = self.threads.get(int(tid))
             g["held_bytes"] += max(0, th.live) if th is not None else 0
@@ -328,7 +367,7 @@ class LiveModel:
         x = np.array([t for t, _ in tail], dtype=float)
         y = np.zeros((w, n_sites), dtype=float)
         for i, (_, v) in enumerate(tail):
-            y[i, :len(v)] = v
+            y[i, : len(v)] = v
         slope, r2 = fit_growth(x, y)
         return slope, r2, float(x[-1] - x[0]), w
 
@@ -348,9 +387,9 @@ class LiveModel:
         prev = np.zeros(n, dtype=np.int64)
         if len(self.history) >= 2:
             p = self.history[-2][1]
-            prev[:len(p)] = p
+            prev[: len(p)] = p
         counts_prev = np.zeros(n, dtype=np.int64)
-        counts_prev[:len(self.counts_prev)] = self.counts_prev
+        counts_prev[: len(self.counts_prev)] = self.counts_prev
         slope, r2, window_s, window_points = self._growth()
         rows = []
         for s in self.sites:
@@ -359,34 +398,66 @@ class LiveModel:
             top_tid = by_tid[0][0] if by_tid else (max(s.by_tid, key=lambda t: s.by_tid[t]) if s.by_tid else None)
             g, q = float(slope[i]), float(r2[i])
             age = oldest_age_bound(s.counts, s.free_count, now_t)
-            rows.append({
-                "site": s.frames, "full_frames": s.full_frames, "stack": s.stack, "n_stacks": len(s.stacks),
-                "live_bytes": int(live[i]),
-                "live_count": s.alloc_count - s.free_count, "delta_bytes": int(live[i] - prev[i]),
-                "peak_live_bytes": s.peak, "alloc_bytes": s.alloc_bytes, "alloc_count": s.alloc_count,
-                "allocs_per_s": (s.alloc_count - int(counts_prev[i])) / dt if dt > 0 else 0.0,
-                "growth_bytes_per_s": g, "growth_r2": q,
-                "verdict": verdict(int(live[i]), s.peak, g, q, window_s, window_points),
-                "oldest_age_s": math.nan if age is None else age,
-                "top_tid": top_tid, "top_thread": self.names.get(top_tid, "?") if top_tid is not None else "-",
-                "threads": by_tid,
-            })
+            rows.append(
+                {
+                    "site": s.frames,
+                    "full_frames": s.full_frames,
+                    "stack": s.stack,
+                    "n_stacks": len(s.stacks),
+                    "live_bytes": int(live[i]),
+                    "live_count": s.alloc_count - s.free_count,
+                    "delta_bytes": int(live[i] - prev[i]),
+                    "peak_live_bytes": s.peak,
+                    "alloc_bytes": s.alloc_bytes,
+                    "alloc_count": s.alloc_count,
+                    "allocs_per_s": (s.alloc_count - int(counts_prev[i])) / dt if dt > 0 else 0.0,
+                    "growth_bytes_per_s": g,
+                    "growth_r2": q,
+                    "verdict": verdict(int(live[i]), s.peak, g, q, window_s, window_points),
+                    "oldest_age_s": math.nan if age is None else age,
+                    "top_tid": top_tid,
+                    "top_thread": self.names.get(top_tid, "?") if top_tid is not None else "-",
+                    "threads": by_tid,
+                }
+            )
         sites = pd.DataFrame(rows, columns=SITE_COLUMNS)
         threads: list[dict[str, Any]] = []
         for tid, th in self.threads.items():
             before = self.thread_prev.get(tid, (0, 0))
             top = max(th.sites, key=lambda j: (self.sites[j].by_tid.get(tid, 0), -j)) if th.sites else None
-            threads.append({"tid": tid, "name": self.names.get(tid, "?"), "live_bytes": th.live,
-                            "delta_bytes": th.live - before[0], "alloc_count": th.alloc_count,
-                            "allocs_per_s": (th.alloc_count - before[1]) / dt if dt > 0 else 0.0,
-                            "sites": len(th.sites),
-                            "top_site": self.sites[top].frames if top is not None else UNKNOWN_STACK})
+            threads.append(
+                {
+                    "tid": tid,
+                    "name": self.names.get(tid, "?"),
+                    "live_bytes": th.live,
+                    "delta_bytes": th.live - before[0],
+                    "alloc_count": th.alloc_count,
+                    "allocs_per_s": (th.alloc_count - before[1]) / dt if dt > 0 else 0.0,
+                    "sites": len(th.sites),
+                    "top_site": self.sites[top].frames if top is not None else UNKNOWN_STACK,
+                }
+            )
         threads.sort(key=lambda r: (-r["live_bytes"], -r["alloc_count"], r["tid"]))
         row = self.row
         losses = {k: int(v) for k, v in row.items() if k.startswith("lost_") and not k.endswith("_bytes") and v}
-        return LiveView(self.seq, self.final, now_t, dt, row, self.allocator, self.rss_peak,
-                        [max(0, r) for r, _ in self.timeline], [lv for _, lv in self.timeline], sites, threads,
-                        losses, dict(self.names), self.by, list(self.allocators), list(self.waiting))
+        return LiveView(
+            self.seq,
+            self.final,
+            now_t,
+            dt,
+            row,
+            self.allocator,
+            self.rss_peak,
+            [max(0, r) for r, _ in self.timeline],
+            [lv for _, lv in self.timeline],
+            sites,
+            threads,
+            losses,
+            dict(self.names),
+            self.by,
+            list(self.allocators),
+            list(self.waiting),
+        )
 
 
 class StatusModel:
@@ -425,4 +496,3 @@ class StatusModel:
     @property
     def lost(self) -> int:
         return sum(int(v) for k, v in self.row.items() if k.startswith("lost_") and not k.endswith("_bytes"))
-

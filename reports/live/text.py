@@ -2,6 +2,7 @@
 styled segments (allocscope/cli/screen.py draws them with curses), the `--batch` block, and
 `record`'s one-line status. No terminal here: a screen is a list of lines, each a list of
 (text, style) with style one of STYLES or ""."""
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,7 @@ from .model import LiveView
 STYLES = ("bold", "dim", "red", "yellow", "green", "cyan", "reverse")
 SORTS = ("live", "growth", "peak", "age")  # the order the s key cycles through
 MIN_WIDTH, MIN_HEIGHT = 60, 12
-BATCH_FRAMES = 3   # innermost frames of a site in a --batch line
+BATCH_FRAMES = 3  # innermost frames of a site in a --batch line
 
 Segment = tuple[str, str]
 Line = list[Segment]
@@ -29,15 +30,16 @@ Line = list[Segment]
 class ScreenState:
     """What the person at the keyboard chose, and what the session says: everything a screen
     depends on besides the view."""
-    target: str = ""             # "pid 4242 (provingd)"
-    mode: str = "full"           # "full", "full, sampled 1 per 64 KiB", "residency"
+
+    target: str = ""  # "pid 4242 (provingd)"
+    mode: str = "full"  # "full", "full, sampled 1 per 64 KiB", "residency"
     sort: str = "live"
-    threads: bool = False        # the threads view (t)
-    selected: int = 0            # the selected row (arrows, j/k)
-    expanded: bool = False       # the selected site's full stack (enter)
-    frozen: bool = False         # space: the display holds, the recording goes on
-    message: str = ""            # set-up progress, a note
-    ended: str = ""              # why the recording ended, once it has
+    threads: bool = False  # the threads view (t)
+    selected: int = 0  # the selected row (arrows, j/k)
+    expanded: bool = False  # the selected site's full stack (enter)
+    frozen: bool = False  # space: the display holds, the recording goes on
+    message: str = ""  # set-up progress, a note
+    ended: str = ""  # why the recording ended, once it has
     unicode: bool = True
 
 
@@ -74,7 +76,7 @@ def fit(text: str, width: int) -> str:
     """`text` cut to `width` characters (the cut marked with '~')."""
     if width <= 0:
         return ""
-    return text if len(text) <= width else text[:max(0, width - 1)] + "~"
+    return text if len(text) <= width else text[: max(0, width - 1)] + "~"
 
 
 def rate(n: float) -> str:
@@ -101,8 +103,12 @@ def allocators_text(view: LiveView) -> str:
     if not view.allocators:
         return ""
     shown = [a for a in sorted(view.allocators, key=lambda a: -a["resident"]) if a["resident"] or a["live"]]
-    return "alloc " + "; ".join(f"{a['name']} {human_bytes(a['live'])} live / {human_bytes(a['retained'])} retained"
-                                for a in shown) if shown else ""
+    return (
+        "alloc "
+        + "; ".join(f"{a['name']} {human_bytes(a['live'])} live / {human_bytes(a['retained'])} retained" for a in shown)
+        if shown
+        else ""
+    )
 
 
 def waiting_text(view: LiveView, n: int = 3) -> str:
@@ -111,13 +117,16 @@ def waiting_text(view: LiveView, n: int = 3) -> str:
     when none is blocked (or waits are not traced)."""
     if not view.waiting:
         return ""
-    parts = [f"{w['function']} {w['threads']} thr holding {human_bytes(w['held_bytes'])} "
-             f"(longest {w['longest_s']:.1f}s)" for w in view.waiting[:n]]
+    parts = [
+        f"{w['function']} {w['threads']} thr holding {human_bytes(w['held_bytes'])} (longest {w['longest_s']:.1f}s)"
+        for w in view.waiting[:n]
+    ]
     more = f"; +{len(view.waiting) - n} more" if len(view.waiting) > n else ""
     return "waiting: " + "; ".join(parts) + more
 
 
 # --- --batch ----------------------------------------------------------------------------------
+
 
 def batch_block(view: LiveView, sort: str, top: int, clock: str) -> str:
     """One interval as a compact block: a line of totals (wall clock, seconds since the attach,
@@ -127,23 +136,30 @@ def batch_block(view: LiveView, sort: str, top: int, clock: str) -> str:
     r = view.row
     live_delta = (view.timeline_live[-1] - view.timeline_live[-2]) if len(view.timeline_live) > 1 else None
     rss = r.get("rss_bytes", -1)
-    head = (f"== {clock} +{view.elapsed_s:.1f}s  RSS {human_bytes(rss) if rss >= 0 else '-'} "
-            f"(peak {human_bytes(view.rss_peak_bytes)})  live {human_bytes(r.get('live_bytes', 0))}"
-            + (f" ({human_delta(live_delta)})" if live_delta is not None else "")
-            + f"  heap {human_bytes(r.get('heap_live_bytes', 0))}  mmap {human_bytes(r.get('mmap_live_bytes', 0))}"
-            + (f"  GPU {human_bytes(r['device_live_bytes'])}" if r.get("device_live_bytes") else "")
-            + f"  {losses_text(view)}" + ("  [final]" if view.final else ""))
+    head = (
+        f"== {clock} +{view.elapsed_s:.1f}s  RSS {human_bytes(rss) if rss >= 0 else '-'} "
+        f"(peak {human_bytes(view.rss_peak_bytes)})  live {human_bytes(r.get('live_bytes', 0))}"
+        + (f" ({human_delta(live_delta)})" if live_delta is not None else "")
+        + f"  heap {human_bytes(r.get('heap_live_bytes', 0))}  mmap {human_bytes(r.get('mmap_live_bytes', 0))}"
+        + (f"  GPU {human_bytes(r['device_live_bytes'])}" if r.get("device_live_bytes") else "")
+        + f"  {losses_text(view)}"
+        + ("  [final]" if view.final else "")
+    )
     kept = allocators_text(view)
     ranked = view.ranked(sort)
     out = [head, f"   {len(ranked)} {NOUNS[view.by]} by {SORT_TITLES[sort]}"]
     if ranked:
-        out.append(f"   {'LIVE':>10}  {'CHANGE':>10}  {'PEAK':>10}  {'GROWTH/s':>12}  {'VERDICT':<9}  {'AGE':>8}  "
-                   f"{'ALLOC/s':>8}  {'THREAD':<15}  {COLUMN[view.by]}")
+        out.append(
+            f"   {'LIVE':>10}  {'CHANGE':>10}  {'PEAK':>10}  {'GROWTH/s':>12}  {'VERDICT':<9}  {'AGE':>8}  "
+            f"{'ALLOC/s':>8}  {'THREAD':<15}  {COLUMN[view.by]}"
+        )
     for s in ranked[:top]:
-        out.append(f"   {human_bytes(s['live_bytes']):>10}  {human_delta(s['delta_bytes']):>10}  "
-                   f"{human_bytes(s['peak_live_bytes']):>10}  {human_rate(s['growth_bytes_per_s']):>12}  "
-                   f"{s['verdict']:<9}  {age_text(s['oldest_age_s'], False):>8}  {rate(s['allocs_per_s']):>8}  "
-                   f"{fit(s['top_thread'], 15):<15}  {site_text(s['site'], BATCH_FRAMES)}")
+        out.append(
+            f"   {human_bytes(s['live_bytes']):>10}  {human_delta(s['delta_bytes']):>10}  "
+            f"{human_bytes(s['peak_live_bytes']):>10}  {human_rate(s['growth_bytes_per_s']):>12}  "
+            f"{s['verdict']:<9}  {age_text(s['oldest_age_s'], False):>8}  {rate(s['allocs_per_s']):>8}  "
+            f"{fit(s['top_thread'], 15):<15}  {site_text(s['site'], BATCH_FRAMES)}"
+        )
     if kept:
         out.append(f"   {kept}")
     waiting = waiting_text(view)
@@ -154,12 +170,16 @@ def batch_block(view: LiveView, sort: str, top: int, clock: str) -> str:
 
 # --- record's status line ---------------------------------------------------------------------
 
-def status_text(elapsed_s: float, row: dict, lost: int, top: tuple[tuple[FrameInfo, ...], int] | None,
-                width: int) -> str:
+
+def status_text(
+    elapsed_s: float, row: dict, lost: int, top: tuple[tuple[FrameInfo, ...], int] | None, width: int
+) -> str:
     """`record`'s one-line live status: elapsed, RSS, live, lost, the stack holding most."""
     rss = row.get("rss_bytes", -1)
-    text = (f"allocscope: {human_age(elapsed_s)}  RSS {human_bytes(rss) if rss >= 0 else '-'}  "
-            f"live {human_bytes(row.get('live_bytes', 0))}  lost {lost}")
+    text = (
+        f"allocscope: {human_age(elapsed_s)}  RSS {human_bytes(rss) if rss >= 0 else '-'}  "
+        f"live {human_bytes(row.get('live_bytes', 0))}  lost {lost}"
+    )
     if top is not None:
         frames, live = top
         text += f"  top: {frame_short(frames[0]) if frames else '?'} {human_bytes(live)}"
@@ -200,8 +220,7 @@ def _columns(threads: bool, unicode: bool, by: str = "stack") -> list[tuple[str,
 
 
 # narrow terminals drop these columns first, in this order
-DROP_ORDER = ("STACKS", "PEAK", "GROWTH/s", "AGE", "ALLOC/s", "THREAD", "SITES", "LOCATIONS", "FUNCTIONS",
-              "CHANGE")
+DROP_ORDER = ("STACKS", "PEAK", "GROWTH/s", "AGE", "ALLOC/s", "THREAD", "SITES", "LOCATIONS", "FUNCTIONS", "CHANGE")
 VERDICT_STYLES = {"growing": "red", "plateaued": "yellow", "new": "cyan", "transient": "dim", "freed": "dim"}
 SITE_MIN = 36  # characters the last column keeps before others are dropped (a function and its file:line)
 
@@ -210,8 +229,9 @@ def _delta_style(n: int) -> str:
     return "red" if n > 0 else "green" if n < 0 else "dim"
 
 
-def _table(rows: list[dict], threads: bool, state: ScreenState, width: int, height: int,
-           by: str = "stack") -> list[Line]:
+def _table(
+    rows: list[dict], threads: bool, state: ScreenState, width: int, height: int, by: str = "stack"
+) -> list[Line]:
     cols = _columns(threads, state.unicode, by)
     for name in DROP_ORDER:
         if sum(c[1] + 2 for c in cols[:-1]) + SITE_MIN <= width:
@@ -230,7 +250,7 @@ def _table(rows: list[dict], threads: bool, state: ScreenState, width: int, heig
     out = [[(seg[0], "reverse") for seg in cells([(c[0], "") for c in cols])]]
     room = max(0, height - 1)
     first = max(0, state.selected - room + 1)
-    for i, r in enumerate(rows[first:first + room], first):
+    for i, r in enumerate(rows[first : first + room], first):
         line = cells([c[3](r) for c in cols])
         out.append([(t, "reverse") for t, _ in line] if i == state.selected else line)
     return out
@@ -241,16 +261,27 @@ def _header(view: LiveView | None, state: ScreenState, width: int) -> list[Line]
     if view is None:
         return [title, [(state.message or "starting...", "yellow")]]
     r = view.row
-    title += [(f"  {view.allocator}" if view.allocator else "", "dim"), (f"  mode {state.mode}", ""),
-              (f"  {human_age(view.elapsed_s)}", "bold"), (f"  #{view.seq}", "dim")]
+    title += [
+        (f"  {view.allocator}" if view.allocator else "", "dim"),
+        (f"  mode {state.mode}", ""),
+        (f"  {human_age(view.elapsed_s)}", "bold"),
+        (f"  #{view.seq}", "dim"),
+    ]
     if state.frozen:
         title.append(("  FROZEN (space)", "reverse"))
     rss = r.get("rss_bytes", -1)
     split = "  ".join(f"{k} {human_bytes(max(0, r.get(f'rss_{k}_bytes', 0)))}" for k in ("anon", "file", "shmem"))
-    mem = [("RSS ", ""), (human_bytes(rss) if rss >= 0 else "-", "bold"),
-           (f"  peak {human_bytes(view.rss_peak_bytes)}", ""), (f"  {split}", "dim")]
-    live = [("live ", ""), (human_bytes(r.get("live_bytes", 0)), "bold"),
-            (f"  heap {human_bytes(r.get('heap_live_bytes', 0))}  mmap {human_bytes(r.get('mmap_live_bytes', 0))}", "")]
+    mem = [
+        ("RSS ", ""),
+        (human_bytes(rss) if rss >= 0 else "-", "bold"),
+        (f"  peak {human_bytes(view.rss_peak_bytes)}", ""),
+        (f"  {split}", "dim"),
+    ]
+    live = [
+        ("live ", ""),
+        (human_bytes(r.get("live_bytes", 0)), "bold"),
+        (f"  heap {human_bytes(r.get('heap_live_bytes', 0))}  mmap {human_bytes(r.get('mmap_live_bytes', 0))}", ""),
+    ]
     if r.get("device_live_bytes"):
         live.append((f"  GPU {human_bytes(r['device_live_bytes'])}", "cyan"))
     live.append(("  " + losses_text(view), "red" if view.losses else "dim"))
@@ -261,10 +292,15 @@ def _header(view: LiveView | None, state: ScreenState, width: int) -> list[Line]
     chars = None if state.unicode else ASCII_SPARKS
     spark: dict[str, Any] = {"lo": 0, "hi": hi, **({"chars": chars} if chars else {})}
     waiting = waiting_text(view)
-    return [title, mem, live, *([[(kept, "")]] if kept else []), *([[(waiting, "yellow")]] if waiting else []),
-            [("RSS  ", "dim"), (sparkline(rss_line, **spark), "green"), (f" {human_bytes(max(0, rss))}", "dim")],
-            [("live ", "dim"), (sparkline(live_line, **spark), "cyan"),
-             (f" {human_bytes(r.get('live_bytes', 0))}", "dim")]]
+    return [
+        title,
+        mem,
+        live,
+        *([[(kept, "")]] if kept else []),
+        *([[(waiting, "yellow")]] if waiting else []),
+        [("RSS  ", "dim"), (sparkline(rss_line, **spark), "green"), (f" {human_bytes(max(0, rss))}", "dim")],
+        [("live ", "dim"), (sparkline(live_line, **spark), "cyan"), (f" {human_bytes(r.get('live_bytes', 0))}", "dim")],
+    ]
 
 
 def _stack(view: LiveView, site: dict, state: ScreenState, height: int) -> list[Line]:
@@ -274,18 +310,35 @@ def _stack(view: LiveView, site: dict, state: ScreenState, height: int) -> list[
     noun = NOUNS[view.by][:-1]
     out: list[Line] = [
         [(f"{noun} #{site['rank']} by {SORT_TITLES[state.sort]}: ", "bold"), (site_text(site["site"], 1), "bold")]
-        + ([(f"  reached by {site['n_stacks']} stacks; the first seen:", "dim")]
-           if view.by != "stack" and site.get("n_stacks", 1) > 1 else []),
-        [(f"live {human_bytes(site['live_bytes'])}  peak {human_bytes(site['peak_live_bytes'])}  "
-          f"{site['live_count']} blocks  {site['verdict']} {human_rate(site['growth_bytes_per_s'])}  "
-          f"age {age_text(site['oldest_age_s'], state.unicode)}  {rate(site['allocs_per_s'])} allocs/s", "")],
-        [(f"full stack, innermost first (dim: folded out of the {noun})  enter: back", "dim")]]
+        + (
+            [(f"  reached by {site['n_stacks']} stacks; the first seen:", "dim")]
+            if view.by != "stack" and site.get("n_stacks", 1) > 1
+            else []
+        ),
+        [
+            (
+                f"live {human_bytes(site['live_bytes'])}  peak {human_bytes(site['peak_live_bytes'])}  "
+                f"{site['live_count']} blocks  {site['verdict']} {human_rate(site['growth_bytes_per_s'])}  "
+                f"age {age_text(site['oldest_age_s'], state.unicode)}  {rate(site['allocs_per_s'])} allocs/s",
+                "",
+            )
+        ],
+        [(f"full stack, innermost first (dim: folded out of the {noun})  enter: back", "dim")],
+    ]
     holders = ", ".join(f"{view.names.get(t, '?')} ({t}) {human_bytes(b)}" for t, b in site["threads"][:6])
     room = max(1, height - len(out) - 1)
     for i, f in enumerate(full[:room]):
         mod = os.path.basename(f.module or "")
-        out.append([(f"  {i:>3}  {frame_short(f)}" + (f"  [{mod}]" if mod else "")
-                     + ("  (inlined)" if f.inlined else ""), "dim" if i < folded else "")])
+        out.append(
+            [
+                (
+                    f"  {i:>3}  {frame_short(f)}"
+                    + (f"  [{mod}]" if mod else "")
+                    + ("  (inlined)" if f.inlined else ""),
+                    "dim" if i < folded else "",
+                )
+            ]
+        )
     if len(full) > room:
         out.append([(f"  ... {len(full) - room} more frames", "dim")])
     out.append([("threads holding it: ", "bold"), (holders or "-", "")])
@@ -300,8 +353,10 @@ def keys_text(unicode: bool) -> str:
 def screen_lines(view: LiveView | None, state: ScreenState, width: int, height: int) -> list[Line]:
     """The whole screen, `height` lines at most, each fitting `width` characters."""
     if width < MIN_WIDTH or height < MIN_HEIGHT:
-        lines = [[(f"terminal too small: {width}x{height}", "reverse")],
-                 [(f"allocscope top needs {MIN_WIDTH}x{MIN_HEIGHT}", "")]]
+        lines = [
+            [(f"terminal too small: {width}x{height}", "reverse")],
+            [(f"allocscope top needs {MIN_WIDTH}x{MIN_HEIGHT}", "")],
+        ]
         if state.ended:
             lines.append([(state.ended, "yellow")])
         return _clip(lines, width, height)
@@ -316,8 +371,7 @@ def screen_lines(view: LiveView | None, state: ScreenState, width: int, height: 
     if view is not None:
         if state.threads:
             state.selected = max(0, min(state.selected, len(view.threads) - 1))
-            lines.append([(f"threads by live bytes ({len(view.threads)})", "bold"),
-                          (f"   t: {NOUNS[view.by]}", "dim")])
+            lines.append([(f"threads by live bytes ({len(view.threads)})", "bold"), (f"   t: {NOUNS[view.by]}", "dim")])
             lines += _table(view.threads, True, state, width, room, view.by)
         else:
             ranked = view.ranked(state.sort)
@@ -325,10 +379,14 @@ def screen_lines(view: LiveView | None, state: ScreenState, width: int, height: 
             if state.expanded and ranked:
                 lines += _stack(view, ranked[state.selected], state, room + 1)
             else:
-                lines.append([(f"{NOUNS[view.by]} by {SORT_TITLES[state.sort]} ({len(ranked)})", "bold"),
-                              (f"   sort: {state.sort}   s: next sort", "dim")])
+                lines.append(
+                    [
+                        (f"{NOUNS[view.by]} by {SORT_TITLES[state.sort]} ({len(ranked)})", "bold"),
+                        (f"   sort: {state.sort}   s: next sort", "dim"),
+                    ]
+                )
                 lines += _table(ranked, False, state, width, room, view.by)
-    lines = lines[:height - len(footer)]
+    lines = lines[: height - len(footer)]
     lines += [[]] * (height - len(lines) - len(footer)) + footer
     return _clip(lines, width, height)
 

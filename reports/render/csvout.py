@@ -8,6 +8,7 @@ from the host bytes of the other columns), location (the key of the site's locat
 reports.analysis.stacks.location_key: group the rows by it to sum a place reached by several stacks).
 Frames are written as in the text report.
 """
+
 from __future__ import annotations
 
 import csv
@@ -15,8 +16,20 @@ import io
 
 from .shared import frame_text
 
-COLUMNS = ["rank", "live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count",
-           "top_frame", "frames", "full_frames", "device_live_bytes", "device_peak_bytes", "location"]
+COLUMNS = [
+    "rank",
+    "live_bytes",
+    "live_count",
+    "peak_live_bytes",
+    "alloc_bytes",
+    "alloc_count",
+    "top_frame",
+    "frames",
+    "full_frames",
+    "device_live_bytes",
+    "device_peak_bytes",
+    "location",
+]
 FRAME_SEP = " <- "
 
 
@@ -32,8 +45,20 @@ def to_csv(report_doc: dict) -> str:
     w.writerow(COLUMNS)
     for site in report_doc.get("sites") or []:
         frames = site.get("frames") or []
-        w.writerow([site["rank"], site["live_bytes"], site["live_count"], site["peak_live_bytes"],
-                    site["alloc_bytes"], site["alloc_count"], frame_text(frames[0]) if frames else "",
-                    join_frames(frames), join_frames(site.get("full_frames") or frames),
-                    site.get("device_live_bytes", 0), site.get("device_peak_bytes", 0), site.get("location", "")])
+        w.writerow(
+            [
+                site["rank"],
+                site["live_bytes"],
+                site["live_count"],
+                site["peak_live_bytes"],
+                site["alloc_bytes"],
+                site["alloc_count"],
+                frame_text(frames[0]) if frames else "",
+                join_frames(frames),
+                join_frames(site.get("full_frames") or frames),
+                site.get("device_live_bytes", 0),
+                site.get("device_peak_bytes", 0),
+                site.get("location", ""),
+            ]
+        )
     return buf.getvalue()

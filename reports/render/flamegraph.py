@@ -8,6 +8,7 @@ live_bytes lines add up to the report's site live bytes. Zero-value stacks are l
 lines are sorted by stack. The metrics count host memory; `device_live_bytes` is the live GPU
 memory (CUDA device memory) of each stack instead, never mixed with the others.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -24,9 +25,14 @@ def frame_label(function: str) -> str:
     return function.replace(";", ":").replace("\n", " ").replace("\r", " ")
 
 
-def folded_stacks(trace: Trace, metric: str = "live_bytes", thread_root: bool = False,
-                  stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None, fold: Folding | None = None,
-                  at_seq: int | None = None) -> dict[tuple[str, ...], int]:
+def folded_stacks(
+    trace: Trace,
+    metric: str = "live_bytes",
+    thread_root: bool = False,
+    stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None,
+    fold: Folding | None = None,
+    at_seq: int | None = None,
+) -> dict[tuple[str, ...], int]:
     """Sum of `metric` per stack of frame labels, outermost first, at the end of the recording
     (with `at_seq`: at the end of that interval; the counters are cumulative). With
     `thread_root`, the allocating thread's name is prepended as the root frame (threads of one
@@ -48,11 +54,18 @@ def folded_stacks(trace: Trace, metric: str = "live_bytes", thread_root: bool = 
     return {k: v for k, v in out.items() if v}
 
 
-def to_folded(trace: Trace, metric: str = "live_bytes", thread_root: bool = False,
-              stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None, fold: Folding | None = None,
-              at_seq: int | None = None) -> str:
+def to_folded(
+    trace: Trace,
+    metric: str = "live_bytes",
+    thread_root: bool = False,
+    stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None,
+    fold: Folding | None = None,
+    at_seq: int | None = None,
+) -> str:
     """The folded-stacks text (see the module docstring); '' when every stack is zero. `at_seq`:
     at the end of that interval instead of the end of the recording."""
-    lines = [f"{';'.join(path)} {value}"
-             for path, value in sorted(folded_stacks(trace, metric, thread_root, stacks, fold, at_seq).items())]
+    lines = [
+        f"{';'.join(path)} {value}"
+        for path, value in sorted(folded_stacks(trace, metric, thread_root, stacks, fold, at_seq).items())
+    ]
     return "".join(line + "\n" for line in lines)

@@ -24,6 +24,7 @@ is html_diff.py's, around diff-header.html.
 For tests and sanity, every drawn chart gets `data-ink` (painted canvas pixels) and the flame
 graph `data-nodes` (frames drawn) and `data-view` (peak|end), once its script has run.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,11 +66,11 @@ UPLOT_JS = "uPlot.iife.min.js"
 UPLOT_CSS = "uPlot.min.css"
 
 
-PAGE = "page.html"       # string.Template: the page around a header: $title, $header, $sections, $data...
+PAGE = "page.html"  # string.Template: the page around a header: $title, $header, $sections, $data...
 
 
 REPORT_HEADER = "report-header.html"  # string.Template: the report page's header (see to_html)
-DIFF_HEADER = "diff-header.html"      # the same for to_diff_html
+DIFF_HEADER = "diff-header.html"  # the same for to_diff_html
 
 
 PAGE_CSS = "report.css"
@@ -78,7 +79,7 @@ PAGE_CSS = "report.css"
 PAGE_JS = "report.js"
 
 
-TOP_SITES_CHART = 8      # sites drawn in the stacked chart; the rest are summed as "other"
+TOP_SITES_CHART = 8  # sites drawn in the stacked chart; the rest are summed as "other"
 
 
 FLAME_MIN_FRACTION = 1e-4  # flame-graph nodes smaller than this share of the total are left out
@@ -86,9 +87,14 @@ FLAME_MIN_FRACTION = 1e-4  # flame-graph nodes smaller than this share of the to
 
 # (column, label, dashed): the host total is drawn dashed, over the parts it sums; GPU memory is
 # a series of its own, never part of it. Series of CUDA memory only when the trace has some.
-TIMELINE_SERIES = [("rss_bytes", "RSS", False), ("heap_live_bytes", "live, heap API", False),
-                   ("mmap_live_bytes", "live, mmap/brk", False), ("cuda_host_live_bytes", "live, CUDA host", False),
-                   ("live_bytes", "live, total", True), ("device_live_bytes", "GPU memory (device)", False)]
+TIMELINE_SERIES = [
+    ("rss_bytes", "RSS", False),
+    ("heap_live_bytes", "live, heap API", False),
+    ("mmap_live_bytes", "live, mmap/brk", False),
+    ("cuda_host_live_bytes", "live, CUDA host", False),
+    ("live_bytes", "live, total", True),
+    ("device_live_bytes", "GPU memory (device)", False),
+]
 
 
 WHEN_SEEN = {"cuda_host_live_bytes", "device_live_bytes"}
@@ -105,8 +111,12 @@ def asset(name: str, inline: bool = True) -> str:
 
 def json_for_script(obj: Any) -> str:
     """JSON safe inside <script type=application/json>: no '<', '>' or '&' left unescaped."""
-    return (json.dumps(obj, separators=(",", ":"), allow_nan=False)
-            .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
+    return (
+        json.dumps(obj, separators=(",", ":"), allow_nan=False)
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+    )
 
 
 def _frame_key(f: FrameInfo | Mapping) -> tuple:
@@ -143,13 +153,19 @@ def timeline_data(trace: Trace, report_doc: dict | None = None) -> dict:
     for a in allocs:
         by_seq = {p["seq"]: p["retained"] for p in a.get("timeline") or []}
         if any(by_seq.values()):
-            series.append({"label": f"retained by {a['name']}", "values": [by_seq.get(int(s)) for s in iv["seq"]],
-                           "dash": False})
+            series.append(
+                {"label": f"retained by {a['name']}", "values": [by_seq.get(int(s)) for s in iv["seq"]], "dash": False}
+            )
     return {"t": [float(x) for x in iv["elapsed_s"]], "series": series}
 
 
-def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[FrameInfo, ...]],
-                    top: int = TOP_SITES_CHART, fold: Folding | None = None) -> dict:
+def site_chart_data(
+    trace: Trace,
+    report_doc: dict,
+    stacks: Mapping[int, tuple[FrameInfo, ...]],
+    top: int = TOP_SITES_CHART,
+    fold: Folding | None = None,
+) -> dict:
     """Live host bytes over time of the page's top `top` rows (`ordered_sites`: locations or
     sites, by rank, or by bytes at the peak when the report leads with it) plus 'other'; series
     in stacking order, bottom (#1) first. GPU memory is not stacked with them (it is its own
@@ -166,8 +182,7 @@ def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[F
     for shown, site in ordered_sites(report_doc):
         if len(chosen) >= top:
             break
-        key = site.get("frames") or [] if by == "stack" else [
-            {k: site.get(k) for k in LOCATION_FRAME_KEYS}]
+        key = site.get("frames") or [] if by == "stack" else [{k: site.get(k) for k in LOCATION_FRAME_KEYS}]
         col = by_key.get(tuple(_frame_key(f) for f in key))
         if col is not None and tl[col].max() > 0:
             fn = site["frames"][0]["function"] if site.get("frames") else "?"
@@ -180,9 +195,13 @@ def site_chart_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[F
     return {"t": t, "series": series}
 
 
-def flame_tree(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]],
-               min_fraction: float = FLAME_MIN_FRACTION, fold: Folding | None = None,
-               at_seq: int | None = None) -> dict:
+def flame_tree(
+    trace: Trace,
+    stacks: Mapping[int, tuple[FrameInfo, ...]],
+    min_fraction: float = FLAME_MIN_FRACTION,
+    fold: Folding | None = None,
+    at_seq: int | None = None,
+) -> dict:
     """The live-bytes folded stacks (at the end; with `at_seq`, at the end of that interval)
     as a tree {n: name, v: value, c: [children]} rooted at 'all', children largest first;
     nodes under `min_fraction` of the total are dropped (their bytes still count in their
@@ -199,8 +218,9 @@ def flame_tree(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]],
     limit = root["v"] * min_fraction
 
     def finish(node: dict) -> dict:
-        kids = sorted((k for k in node["c"].values() if k["v"] >= limit and k["v"] > 0),
-                      key=lambda k: (-k["v"], k["n"]))
+        kids = sorted(
+            (k for k in node["c"].values() if k["v"] >= limit and k["v"] > 0), key=lambda k: (-k["v"], k["n"])
+        )
         out = {"n": node["n"], "v": node["v"]}
         if kids:
             out["c"] = [finish(k) for k in kids]
@@ -209,57 +229,85 @@ def flame_tree(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]],
     return finish(root)
 
 
-def flame_data(trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[FrameInfo, ...]],
-               fold: Folding | None = None) -> dict:
+def flame_data(
+    trace: Trace, report_doc: dict, stacks: Mapping[int, tuple[FrameInfo, ...]], fold: Folding | None = None
+) -> dict:
     """The flame graph's views: {"views": {"peak": tree at `peak_seq` (None when nothing was
     live), "end": tree at the end}, "default": "peak" when the report leads with the peak,
     else "end"}."""
     seq = peak_seq(trace)
-    views = {"peak": flame_tree(trace, stacks, fold=fold, at_seq=seq) if seq is not None else None,
-             "end": flame_tree(trace, stacks, fold=fold)}
+    views = {
+        "peak": flame_tree(trace, stacks, fold=fold, at_seq=seq) if seq is not None else None,
+        "end": flame_tree(trace, stacks, fold=fold),
+    }
     lead = bool((report_doc.get("at_peak") or {}).get("peak_first")) and views["peak"] is not None
     return {"views": views, "default": "peak" if lead else "end"}
 
 
 # --------------------------------------------------------------------------------------------- page
-def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
-            stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None, title: str | None = None,
-            fold: Folding | None = None) -> str:
+def to_html(
+    trace: Trace,
+    report_doc: dict,
+    diff_doc: dict | None = None,
+    *,
+    stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None,
+    title: str | None = None,
+    fold: Folding | None = None,
+) -> str:
     """The whole page. `report_doc` is build_report(trace, fold=fold); `stacks` is
     symbolize_stacks(trace) when the caller already has it; `diff_doc` adds the diff section."""
     if stacks is None:
         stacks = symbolize_stacks(trace)
     flame = flame_data(trace, report_doc, stacks, fold)
-    data = {"timeline": timeline_data(trace, report_doc),
-            "sites": site_chart_data(trace, report_doc, stacks, fold=fold), "flame": flame}
+    data = {
+        "timeline": timeline_data(trace, report_doc),
+        "sites": site_chart_data(trace, report_doc, stacks, fold=fold),
+        "flame": flame,
+    }
     tgt = report_doc.get("target") or {}
     tot = report_doc.get("totals") or {}
     rec = report_doc.get("recording") or {}
     labels = label_text(tgt.get("labels"))
     title = title or f"allocscope — pid {tgt.get('pid')} {tgt.get('comm') or ''}".strip()
-    cards = [("live now", human_bytes(tot.get("live_bytes")), f"{tot.get('live_count', 0)} blocks"),
-             ("live peak", human_bytes(tot.get("peak_live_bytes")), ""),
-             ("RSS now", human_bytes(tot.get("rss_bytes")), f"peak sampled {human_bytes(tot.get('peak_rss_bytes'))}"),
-             ("RSS high-water", human_bytes(tot.get("hwm_bytes")), "kernel VmHWM"),
-             ("duration", f"{float(tot.get('duration_s') or 0):.1f}s", f"{tot.get('intervals', 0)} intervals"),
-             ("lost events", str(tot.get("lost_events", 0)), "")]
+    cards = [
+        ("live now", human_bytes(tot.get("live_bytes")), f"{tot.get('live_count', 0)} blocks"),
+        ("live peak", human_bytes(tot.get("peak_live_bytes")), ""),
+        ("RSS now", human_bytes(tot.get("rss_bytes")), f"peak sampled {human_bytes(tot.get('peak_rss_bytes'))}"),
+        ("RSS high-water", human_bytes(tot.get("hwm_bytes")), "kernel VmHWM"),
+        ("duration", f"{float(tot.get('duration_s') or 0):.1f}s", f"{tot.get('intervals', 0)} intervals"),
+        ("lost events", str(tot.get("lost_events", 0)), ""),
+    ]
     gpu = report_doc.get("gpu") or {}
     if gpu.get("seen"):
-        cards[2:2] = [("GPU now", human_bytes(tot.get("device_bytes")),
-                       f"peak {human_bytes(tot.get('device_peak_bytes'))}; not in live"),
-                      ("CUDA host", human_bytes(tot.get("cuda_host_bytes")), "pinned + managed, in live")]
-    cards_html = "".join(f'<div class="card"><div class="k">{esc(k)}</div><div class="v">{esc(v)}</div>'
-                         f'<div class="s">{esc(s)}</div></div>' for k, v, s in cards)
+        cards[2:2] = [
+            (
+                "GPU now",
+                human_bytes(tot.get("device_bytes")),
+                f"peak {human_bytes(tot.get('device_peak_bytes'))}; not in live",
+            ),
+            ("CUDA host", human_bytes(tot.get("cuda_host_bytes")), "pinned + managed, in live"),
+        ]
+    cards_html = "".join(
+        f'<div class="card"><div class="k">{esc(k)}</div><div class="v">{esc(v)}</div>'
+        f'<div class="s">{esc(s)}</div></div>'
+        for k, v, s in cards
+    )
     notes = [("warn", w) for w in rec.get("warnings") or []] + [("warn", a) for a in report_doc.get("advice") or []]
     if report_doc.get("folded"):
         notes.append(("note", "folded out of sites: " + folded_text(report_doc["folded"])))
     notes_html = "".join(f'<p class="{c}">{esc(t)}</p>' for c, t in notes)
     sections: list[tuple[str, str, str]] = [
         ("timeline", "Memory over time", '<div class="chart" id="chart-timeline"></div>'),
-        ("site-timeline", f"Top {NOUNS[listed(report_doc)[1]]} over time (live bytes, stacked; top {TOP_SITES_CHART})",
-         '<div class="chart" id="chart-sites"></div>'),
-        ("flame", "Live bytes by stack (click a frame to zoom, the top bar to zoom out)",
-         flame_section(report_doc, flame)),
+        (
+            "site-timeline",
+            f"Top {NOUNS[listed(report_doc)[1]]} over time (live bytes, stacked; top {TOP_SITES_CHART})",
+            '<div class="chart" id="chart-sites"></div>',
+        ),
+        (
+            "flame",
+            "Live bytes by stack (click a frame to zoom, the top bar to zoom out)",
+            flame_section(report_doc, flame),
+        ),
         ("sites", sites_heading(report_doc), sites_table(report_doc)),
         *([("waits", "Held while waiting", waits_html(report_doc))] if waits_html(report_doc) else []),
         ("threads", "Threads by live bytes", threads_table(report_doc)),
@@ -267,22 +315,35 @@ def to_html(trace: Trace, report_doc: dict, diff_doc: dict | None = None, *,
         ("flows", "Frees by allocating → freeing thread", flows_table(report_doc)),
     ]
     if allocators_table(report_doc):
-        sections.append(("allocators", "What each allocator keeps (resident in its own mappings)",
-                         allocators_table(report_doc)))
+        sections.append(
+            ("allocators", "What each allocator keeps (resident in its own mappings)", allocators_table(report_doc))
+        )
     if report_doc.get("arenas"):
         sections.append(("arenas", "Allocator arenas by retained bytes", arenas_table(report_doc)))
     if report_doc.get("trims"):
         sections.append(("trims", "malloc_trim calls", trims_table(report_doc)))
     if diff_doc is not None:
         sections.append(("diff", f"Diff: peak live bytes per {NOUNS[listed(diff_doc)[1]][:-1]}", diff_table(diff_doc)))
-    return page(REPORT_HEADER, title, sections, data,
-                findings=findings_html(report_doc.get("findings"), {sid for sid, _, _ in sections}),
-                exe=esc(tgt.get("exe")), labels=(" &nbsp; " + esc(labels)) if labels else "",
-                allocator_kind=esc(rec.get("allocator_kind")), allocator=esc(rec.get("allocator")),
-                cuda=(f' &nbsp; CUDA driver <code>{esc(gpu["driver"])}</code> ({len(gpu.get("probed") or [])} calls '
-                      'probed)' if gpu.get("driver") else ""),
-                end_reason=esc(rec.get("end_reason") or "interrupted"), cards=cards_html,
-                decomposition=decomposition_html(report_doc), notes=notes_html)
+    return page(
+        REPORT_HEADER,
+        title,
+        sections,
+        data,
+        findings=findings_html(report_doc.get("findings"), {sid for sid, _, _ in sections}),
+        exe=esc(tgt.get("exe")),
+        labels=(" &nbsp; " + esc(labels)) if labels else "",
+        allocator_kind=esc(rec.get("allocator_kind")),
+        allocator=esc(rec.get("allocator")),
+        cuda=(
+            f" &nbsp; CUDA driver <code>{esc(gpu['driver'])}</code> ({len(gpu.get('probed') or [])} calls probed)"
+            if gpu.get("driver")
+            else ""
+        ),
+        end_reason=esc(rec.get("end_reason") or "interrupted"),
+        cards=cards_html,
+        decomposition=decomposition_html(report_doc),
+        notes=notes_html,
+    )
 
 
 def page(header: str, title: str, sections: list[tuple[str, str, str]], data: dict, **fields: str) -> str:
@@ -292,5 +353,12 @@ def page(header: str, title: str, sections: list[tuple[str, str, str]], data: di
     filled = Template(asset(header, inline=False).rstrip("\n")).substitute(**fields)
     body = "".join(f'<section id="{sid}"><h2>{esc(h)}</h2>{content}</section>' for sid, h, content in sections)
     return Template(asset(PAGE, inline=False)).substitute(
-        title=esc(title), header=filled, uplot_css=asset(UPLOT_CSS), report_css=asset(PAGE_CSS), sections=body,
-        data=json_for_script(data), uplot_js=asset(UPLOT_JS), report_js=asset(PAGE_JS))
+        title=esc(title),
+        header=filled,
+        uplot_css=asset(UPLOT_CSS),
+        report_css=asset(PAGE_CSS),
+        sections=body,
+        data=json_for_script(data),
+        uplot_js=asset(UPLOT_JS),
+        report_js=asset(PAGE_JS),
+    )

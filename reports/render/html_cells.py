@@ -1,6 +1,7 @@
 """What the tables of the report and diff pages are built from: escaping, a table with its numbers
 right-aligned, cells of bytes and of frames; and the two pieces both pages share, the labels line
 and the findings block on top."""
+
 from __future__ import annotations
 
 import html
@@ -10,7 +11,7 @@ from typing import Any
 from ..units import human_bytes
 from .shared import frame_text
 
-TOP_SITES_TABLE = 200    # rows of the site table
+TOP_SITES_TABLE = 200  # rows of the site table
 
 
 def esc(x: Any) -> str:
@@ -21,8 +22,12 @@ def esc(x: Any) -> str:
 def html_table(headers: list[str], rows: list[list[str]], numeric: set[int], cls: str = "") -> str:
     """An HTML table from already-escaped cells; columns in `numeric` are right-aligned."""
     th = "".join(f'<th class="num">{h}</th>' if i in numeric else f"<th>{h}</th>" for i, h in enumerate(headers))
-    body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>"
-                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(r))
+        + "</tr>"
+        for r in rows
+    )
     return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -58,7 +63,14 @@ def findings_html(findings: list[dict] | None, sections: set[str]) -> str:
     section of its table when the page has it."""
     if not findings:
         return ""
-    items = "".join(f"<li>{esc(f['text'])}"
-                    + (f' <a href="#{esc(f["section"])}">{esc(f["table"])}</a>' if f.get("section") in sections
-                       else f' <span class="note">{esc(f["table"])}</span>') + "</li>" for f in findings)
+    items = "".join(
+        f"<li>{esc(f['text'])}"
+        + (
+            f' <a href="#{esc(f["section"])}">{esc(f["table"])}</a>'
+            if f.get("section") in sections
+            else f' <span class="note">{esc(f["table"])}</span>'
+        )
+        + "</li>"
+        for f in findings
+    )
     return f'<ol class="findings" id="findings">{items}</ol>'

@@ -1,6 +1,7 @@
 """The tables of the report page, rendered here (escaped, with their numbers right-aligned) so the
 page reads without JavaScript; html_cells.py holds what they are built from, html_diff_tables.py
 the diff's tables."""
+
 from __future__ import annotations
 
 from ..units import human_bytes
@@ -28,12 +29,16 @@ def _location_cell(loc: dict, doc: dict) -> str:
     n = loc.get("n_stacks", len(stacks))
     skip = 0 if loc.get("inside") else 1  # a stripped module's frames under their caller: shown
     items = "".join(
-        f'<li>{bytes_cell(x["live_bytes"])} live, {esc(x["live_count"])} blocks'
+        f"<li>{bytes_cell(x['live_bytes'])} live, {esc(x['live_count'])} blocks"
         f'<ol class="frames">{"".join(f"<li><code>{esc(frame_text(f))}</code></li>" for f in x["frames"][skip:])}'
-        '</ol></li>' for x in stacks)
+        "</ol></li>"
+        for x in stacks
+    )
     more = f" ({len(stacks)} shown)" if n > len(stacks) else ""
-    return (f'<details><summary>{head} <span class="note">{n} stack{"s" if n != 1 else ""}{more}</span></summary>'
-            f'<ol class="stacks">{items}</ol></details>')
+    return (
+        f'<details><summary>{head} <span class="note">{n} stack{"s" if n != 1 else ""}{more}</span></summary>'
+        f'<ol class="stacks">{items}</ol></details>'
+    )
 
 
 STACKS_LISTED = 10  # stacks listed under a location in the page's table
@@ -47,18 +52,34 @@ def sites_table(doc: dict, limit: int = TOP_SITES_TABLE) -> str:
     every, by = listed(doc)
     sites = ordered_sites(doc)[:limit]
     device = bool((doc.get("gpu") or {}).get("device_ranks"))
-    rows = [[esc(n), bytes_cell(s.get("at_peak_bytes")), bytes_cell(s["live_bytes"]), esc(s["live_count"]),
-             bytes_cell(s["peak_live_bytes"]), bytes_cell(s["alloc_bytes"]), esc(s["alloc_count"])]
-            + ([bytes_cell(s.get("device_live_bytes")), bytes_cell(s.get("device_peak_bytes"))] if device else [])
-            + [esc(",".join(s.get("sources") or [])),
-               esc(", ".join(f"{t['name']}({t['tid']})" for t in (s.get("threads") or [])[:3])),
-               frames_cell(s.get("frames") or []) if by == "stack" else _location_cell(s, doc)] for n, s in sites]
-    note = "" if len(sites) == len(every) else \
-        f'<p class="note">showing {len(sites)} of {len(every)} {NOUNS[by]}</p>'
-    heads = ["#", "at peak", "live", "blocks", "peak", "allocated", "allocs"] + \
-        (["device", "device peak"] if device else []) + ["source", "threads",
-                                                          "site (innermost frame first)" if by == "stack"
-                                                          else f"{COLUMN_TITLES[by]} (and the stacks reaching it)"]
+    rows = [
+        [
+            esc(n),
+            bytes_cell(s.get("at_peak_bytes")),
+            bytes_cell(s["live_bytes"]),
+            esc(s["live_count"]),
+            bytes_cell(s["peak_live_bytes"]),
+            bytes_cell(s["alloc_bytes"]),
+            esc(s["alloc_count"]),
+        ]
+        + ([bytes_cell(s.get("device_live_bytes")), bytes_cell(s.get("device_peak_bytes"))] if device else [])
+        + [
+            esc(",".join(s.get("sources") or [])),
+            esc(", ".join(f"{t['name']}({t['tid']})" for t in (s.get("threads") or [])[:3])),
+            frames_cell(s.get("frames") or []) if by == "stack" else _location_cell(s, doc),
+        ]
+        for n, s in sites
+    ]
+    note = "" if len(sites) == len(every) else f'<p class="note">showing {len(sites)} of {len(every)} {NOUNS[by]}</p>'
+    heads = (
+        ["#", "at peak", "live", "blocks", "peak", "allocated", "allocs"]
+        + (["device", "device peak"] if device else [])
+        + [
+            "source",
+            "threads",
+            "site (innermost frame first)" if by == "stack" else f"{COLUMN_TITLES[by]} (and the stacks reaching it)",
+        ]
+    )
     return html_table(heads, rows, set(range(9 if device else 7)), "sites") + note
 
 
@@ -70,28 +91,60 @@ def gpu_html(doc: dict) -> str:
     by_rank = {s["rank"]: s for s in every}
     loc = by != "stack" and "device_location_ranks" in gpu
     noun = NOUNS[by][:-1] if loc else "site"
+
     def cell(s: dict) -> str:
         return f"<code>{esc(location_text(s))}</code>" if loc else frames_cell(s.get("frames") or [])
-    out = [f'<p>GPU memory <b>{bytes_cell(tot.get("device_bytes"))}</b> live at the end in '
-           f'{esc(tot.get("device_count"))} allocations, peak <b>{bytes_cell(tot.get("device_peak_bytes"))}</b>; '
-           f'pinned and managed host memory through the driver API {bytes_cell(tot.get("cuda_host_bytes"))}. '
-           "GPU memory is in no host figure (live, peak, RSS, threads' live bytes).</p>"]
+
+    out = [
+        f"<p>GPU memory <b>{bytes_cell(tot.get('device_bytes'))}</b> live at the end in "
+        f"{esc(tot.get('device_count'))} allocations, peak <b>{bytes_cell(tot.get('device_peak_bytes'))}</b>; "
+        f"pinned and managed host memory through the driver API {bytes_cell(tot.get('cuda_host_bytes'))}. "
+        "GPU memory is in no host figure (live, peak, RSS, threads' live bytes).</p>"
+    ]
     dev = [by_rank[r] for r in gpu.get("device_location_ranks" if loc else "device_ranks") or []]
     if dev:
-        out.append(f"<h3>Device memory by {noun}</h3>" + html_table(
-            ["#", "device live", "blocks", "device peak", "allocated", "allocs", "threads", noun],
-            [[esc(s["rank"]), bytes_cell(s["device_live_bytes"]), esc(s["device_live_count"]),
-              bytes_cell(s["device_peak_bytes"]), bytes_cell(s["device_alloc_bytes"]), esc(s["device_alloc_count"]),
-              esc(", ".join(f"{t['name']}({t['tid']})" for t in s["threads"] if t.get("device_live_bytes"))),
-              cell(s)] for s in dev], {0, 1, 2, 3, 4, 5}, "gpu-sites"))
+        out.append(
+            f"<h3>Device memory by {noun}</h3>"
+            + html_table(
+                ["#", "device live", "blocks", "device peak", "allocated", "allocs", "threads", noun],
+                [
+                    [
+                        esc(s["rank"]),
+                        bytes_cell(s["device_live_bytes"]),
+                        esc(s["device_live_count"]),
+                        bytes_cell(s["device_peak_bytes"]),
+                        bytes_cell(s["device_alloc_bytes"]),
+                        esc(s["device_alloc_count"]),
+                        esc(", ".join(f"{t['name']}({t['tid']})" for t in s["threads"] if t.get("device_live_bytes"))),
+                        cell(s),
+                    ]
+                    for s in dev
+                ],
+                {0, 1, 2, 3, 4, 5},
+                "gpu-sites",
+            )
+        )
     host = [by_rank[r] for r in gpu.get("host_location_ranks" if loc else "host_ranks") or []]
     if host:
-        out.append(f"<h3>Pinned and managed host memory by {noun}</h3>" + html_table(
-            ["#", "pinned", "managed", f"{noun} live", "threads", noun],
-            [[esc(s["rank"]), bytes_cell(s["live_by_source"].get("cuda-pinned", 0)),
-              bytes_cell(s["live_by_source"].get("cuda-managed", 0)), bytes_cell(s["live_bytes"]),
-              esc(", ".join(f"{t['name']}({t['tid']})" for t in s["threads"] if t.get("live_bytes"))),
-              cell(s)] for s in host], {0, 1, 2, 3}, "gpu-host"))
+        out.append(
+            f"<h3>Pinned and managed host memory by {noun}</h3>"
+            + html_table(
+                ["#", "pinned", "managed", f"{noun} live", "threads", noun],
+                [
+                    [
+                        esc(s["rank"]),
+                        bytes_cell(s["live_by_source"].get("cuda-pinned", 0)),
+                        bytes_cell(s["live_by_source"].get("cuda-managed", 0)),
+                        bytes_cell(s["live_bytes"]),
+                        esc(", ".join(f"{t['name']}({t['tid']})" for t in s["threads"] if t.get("live_bytes"))),
+                        cell(s),
+                    ]
+                    for s in host
+                ],
+                {0, 1, 2, 3},
+                "gpu-host",
+            )
+        )
     return "".join(out)
 
 
@@ -99,8 +152,10 @@ def sites_heading(doc: dict) -> str:
     noun = NOUNS[listed(doc)[1]].capitalize()
     if (doc.get("at_peak") or {}).get("peak_first"):
         tot = doc.get("totals") or {}
-        return (f"{noun} by bytes held at the peak ({peak_when(doc)}; live at the end "
-                f"{human_bytes(tot.get('live_bytes'))}: most of the peak was freed)")
+        return (
+            f"{noun} by bytes held at the peak ({peak_when(doc)}; live at the end "
+            f"{human_bytes(tot.get('live_bytes'))}: most of the peak was freed)"
+        )
     return f"{noun} by {SORT_TITLES.get(doc.get('sort') or 'live', 'live bytes')}"
 
 
@@ -109,33 +164,55 @@ def flame_section(doc: dict, flame: dict) -> str:
     tot = doc.get("totals") or {}
     buttons = ""
     if flame["views"]["peak"] is not None:
-        buttons = (f'<button type="button" data-view="peak">at the peak ({esc(peak_when(doc))})</button>'
-                   f'<button type="button" data-view="end">at the end (live {esc(human_bytes(tot.get("live_bytes")))})'
-                   "</button>")
+        buttons = (
+            f'<button type="button" data-view="peak">at the peak ({esc(peak_when(doc))})</button>'
+            f'<button type="button" data-view="end">at the end (live {esc(human_bytes(tot.get("live_bytes")))})'
+            "</button>"
+        )
     return f'<div class="views" id="flame-views">{buttons}</div><div id="flame-graph"></div>'
 
 
 def threads_table(doc: dict) -> str:
     """Threads by live host bytes; with GPU memory in the report, its live and peak bytes apart."""
     device = bool((doc.get("gpu") or {}).get("device_ranks"))
-    rows = [[esc(t["tid"]), esc(t["name"]), bytes_cell(t["live_bytes"]), esc(t["live_count"]),
-             bytes_cell(t["peak_live_bytes"]), bytes_cell(t["alloc_bytes"]), esc(t["alloc_count"])]
-            + ([bytes_cell(t.get("device_live_bytes")), bytes_cell(t.get("device_peak_bytes"))] if device else [])
-            for t in doc.get("threads") or []]
-    return html_table(["tid", "name", "live", "blocks", "peak", "allocated", "allocs"]
-                      + (["device", "device peak"] if device else []), rows,
-                      {0, 2, 3, 4, 5, 6} | ({7, 8} if device else set()))
+    rows = [
+        [
+            esc(t["tid"]),
+            esc(t["name"]),
+            bytes_cell(t["live_bytes"]),
+            esc(t["live_count"]),
+            bytes_cell(t["peak_live_bytes"]),
+            bytes_cell(t["alloc_bytes"]),
+            esc(t["alloc_count"]),
+        ]
+        + ([bytes_cell(t.get("device_live_bytes")), bytes_cell(t.get("device_peak_bytes"))] if device else [])
+        for t in doc.get("threads") or []
+    ]
+    return html_table(
+        ["tid", "name", "live", "blocks", "peak", "allocated", "allocs"]
+        + (["device", "device peak"] if device else []),
+        rows,
+        {0, 2, 3, 4, 5, 6} | ({7, 8} if device else set()),
+    )
 
 
 def flows_table(doc: dict) -> str:
-    rows = [[esc(f"{f['alloc_thread']}({f['alloc_tid']})"), esc(f"{f['free_thread']}({f['free_tid']})"),
-             bytes_cell(f["bytes"]), esc(f["count"]), esc(f"{f['mean_wait_s']:.3f}s"), esc(f"{f['max_wait_s']:.3f}s")]
-            for f in doc.get("flows") or []]
+    rows = [
+        [
+            esc(f"{f['alloc_thread']}({f['alloc_tid']})"),
+            esc(f"{f['free_thread']}({f['free_tid']})"),
+            bytes_cell(f["bytes"]),
+            esc(f["count"]),
+            esc(f"{f['mean_wait_s']:.3f}s"),
+            esc(f"{f['max_wait_s']:.3f}s"),
+        ]
+        for f in doc.get("flows") or []
+    ]
     return html_table(["allocated by", "freed by", "bytes", "blocks", "mean wait", "max wait"], rows, {2, 3, 4, 5})
 
 
 def waits_html(doc: dict) -> str:
-    """"Held while waiting" (reports/analysis/waits.py): at the peak of memory held by blocked threads,
+    """ "Held while waiting" (reports/analysis/waits.py): at the peak of memory held by blocked threads,
     where they wait, how many, what they hold (by where it was allocated), then the off-CPU
     time by wait location and what giving memory back cost; '' when waits were not traced."""
     w = doc.get("waits") or {}
@@ -145,30 +222,74 @@ def waits_html(doc: dict) -> str:
     parts = []
     if pk:
         when = f"+{pk['elapsed_s']:.1f}s, " if pk.get("elapsed_s") is not None else ""
-        parts.append(f"<p>{esc(when)}interval {esc(pk['seq'])}: {esc(pk['blocked'])} threads blocked, "
-                     f"{esc(pk['holding'])} of them holding {bytes_cell(pk['held_bytes'])} "
-                     f"(waits of at least {esc(w['wait_min_ms'])} ms)</p>")
-        rows = [[frames_cell([d]) + (" <em>in free</em>" if d.get("in_free") else ""), esc(d["threads"]),
-                 bytes_cell(d["held_bytes"]), esc(f"{d['longest_s']:.2f}s"),
-                 "<br>".join(f"{esc(h['function'])} {bytes_cell(h['bytes'])} in {esc(h['blocks'])}"
-                             for h in d["held"][:4]),
-                 esc(", ".join(f"{t['name']}({t['tid']})" for t in d["thread_list"][:8]))]
-                for d in pk["by_location"][:TOP_SITES_TABLE]]
-        parts.append(html_table(["waiting in", "threads", "held", "longest", "what they hold (allocated at)",
-                                 "threads"], rows, {1, 2, 3}))
+        parts.append(
+            f"<p>{esc(when)}interval {esc(pk['seq'])}: {esc(pk['blocked'])} threads blocked, "
+            f"{esc(pk['holding'])} of them holding {bytes_cell(pk['held_bytes'])} "
+            f"(waits of at least {esc(w['wait_min_ms'])} ms)</p>"
+        )
+        rows = [
+            [
+                frames_cell([d]) + (" <em>in free</em>" if d.get("in_free") else ""),
+                esc(d["threads"]),
+                bytes_cell(d["held_bytes"]),
+                esc(f"{d['longest_s']:.2f}s"),
+                "<br>".join(
+                    f"{esc(h['function'])} {bytes_cell(h['bytes'])} in {esc(h['blocks'])}" for h in d["held"][:4]
+                ),
+                esc(", ".join(f"{t['name']}({t['tid']})" for t in d["thread_list"][:8])),
+            ]
+            for d in pk["by_location"][:TOP_SITES_TABLE]
+        ]
+        parts.append(
+            html_table(
+                ["waiting in", "threads", "held", "longest", "what they hold (allocated at)", "threads"],
+                rows,
+                {1, 2, 3},
+            )
+        )
     else:
         parts.append("<p>No thread was blocked at a snapshot.</p>")
     if w.get("off_cpu"):
         parts.append("<h3>Off-CPU time by where threads blocked (whole recording)</h3>")
-        parts.append(html_table(["waiting in", "waits", "total", "longest", "threads"],
-                                [[frames_cell([d]), esc(d["waits"]), esc(f"{d['total_s']:.2f}s"),
-                                  esc(f"{d['max_s']:.2f}s"), esc(", ".join(d["threads"][:6]))]
-                                 for d in w["off_cpu"][:TOP_SITES_TABLE]], {1, 2, 3}))
+        parts.append(
+            html_table(
+                ["waiting in", "waits", "total", "longest", "threads"],
+                [
+                    [
+                        frames_cell([d]),
+                        esc(d["waits"]),
+                        esc(f"{d['total_s']:.2f}s"),
+                        esc(f"{d['max_s']:.2f}s"),
+                        esc(", ".join(d["threads"][:6])),
+                    ]
+                    for d in w["off_cpu"][:TOP_SITES_TABLE]
+                ],
+                {1, 2, 3},
+            )
+        )
     fr = w.get("freeing") or {}
-    rows = [[esc(f"{r['thread']}({r['tid']})"), esc(r["kind"]), esc(r["calls"]), bytes_cell(r["requested_bytes"]),
-             bytes_cell(r["released_bytes"]), esc(f"{r['duration_s'] * 1e3:.2f}ms")] for r in fr.get("by_thread") or []]
-    rows += [[esc(f"{p['thread']}({p['tid']})"), esc(p["function"]), esc(p["calls"]), "-",
-              bytes_cell(p["released_bytes"]), esc(f"{p['duration_s'] * 1e3:.2f}ms")] for p in fr.get("purges") or []]
+    rows = [
+        [
+            esc(f"{r['thread']}({r['tid']})"),
+            esc(r["kind"]),
+            esc(r["calls"]),
+            bytes_cell(r["requested_bytes"]),
+            bytes_cell(r["released_bytes"]),
+            esc(f"{r['duration_s'] * 1e3:.2f}ms"),
+        ]
+        for r in fr.get("by_thread") or []
+    ]
+    rows += [
+        [
+            esc(f"{p['thread']}({p['tid']})"),
+            esc(p["function"]),
+            esc(p["calls"]),
+            "-",
+            bytes_cell(p["released_bytes"]),
+            esc(f"{p['duration_s'] * 1e3:.2f}ms"),
+        ]
+        for p in fr.get("purges") or []
+    ]
     if rows:
         parts.append("<h3>What giving memory back cost</h3>")
         parts.append(html_table(["thread", "call", "calls", "asked", "released", "time"], rows, {2, 3, 4, 5}))
@@ -176,31 +297,63 @@ def waits_html(doc: dict) -> str:
 
 
 def trims_table(doc: dict) -> str:
-    rows = [[esc(f"{x['time']:.3f}s"), esc(f"{x['thread']}({x['tid']})"), esc(f"{x['duration_s'] * 1e3:.2f}ms"),
-             esc(x.get("returned")), bytes_cell(x.get("released_bytes"))] for x in doc.get("trims") or []]
+    rows = [
+        [
+            esc(f"{x['time']:.3f}s"),
+            esc(f"{x['thread']}({x['tid']})"),
+            esc(f"{x['duration_s'] * 1e3:.2f}ms"),
+            esc(x.get("returned")),
+            bytes_cell(x.get("released_bytes")),
+        ]
+        for x in doc.get("trims") or []
+    ]
     return html_table(["time", "thread", "duration", "returned", "released"], rows, {0, 2, 3, 4})
 
 
 def arenas_table(doc: dict) -> str:
-    rows = [[esc(a["id"]), esc(a["kind"]), bytes_cell(a["live_bytes"]), bytes_cell(a.get("live_before_bytes")),
-             bytes_cell(a["resident_bytes"]), bytes_cell(a["retained_bytes"]), esc(a.get("heaps", "")),
-             esc(", ".join(str(t) for t in a["threads"][:8]))]
-            for a in doc.get("arenas") or []]
-    return html_table(["arena", "kind", "live", "before attach", "resident", "retained", "heaps", "threads"], rows,
-                      {2, 3, 4, 5, 6})
+    rows = [
+        [
+            esc(a["id"]),
+            esc(a["kind"]),
+            bytes_cell(a["live_bytes"]),
+            bytes_cell(a.get("live_before_bytes")),
+            bytes_cell(a["resident_bytes"]),
+            bytes_cell(a["retained_bytes"]),
+            esc(a.get("heaps", "")),
+            esc(", ".join(str(t) for t in a["threads"][:8])),
+        ]
+        for a in doc.get("arenas") or []
+    ]
+    return html_table(
+        ["arena", "kind", "live", "before attach", "resident", "retained", "heaps", "threads"], rows, {2, 3, 4, 5, 6}
+    )
 
 
 def allocators_table(doc: dict) -> str:
     """What each allocator keeps (rss_decomposition.allocators): resident in its own mappings,
     live, retained, released to the kernel; '' when the trace does not measure it."""
     allocs = (doc.get("rss_decomposition") or {}).get("allocators") or []
-    rows = [[esc(a["name"]), esc(a.get("module") or ""), esc("yes" if a.get("serves_malloc") else ""),
-             bytes_cell(a["resident"]), bytes_cell(a["live"]), bytes_cell(a.get("live_before_attach")),
-             bytes_cell(a["retained"]), bytes_cell(a["released"])] for a in allocs]
+    rows = [
+        [
+            esc(a["name"]),
+            esc(a.get("module") or ""),
+            esc("yes" if a.get("serves_malloc") else ""),
+            bytes_cell(a["resident"]),
+            bytes_cell(a["live"]),
+            bytes_cell(a.get("live_before_attach")),
+            bytes_cell(a["retained"]),
+            bytes_cell(a["released"]),
+        ]
+        for a in allocs
+    ]
     if not rows:
         return ""
-    return html_table(["allocator", "module", "serves malloc", "resident", "live", "before attach", "retained",
-                       "released"], rows, {3, 4, 5, 6, 7}, "allocators")
+    return html_table(
+        ["allocator", "module", "serves malloc", "resident", "live", "before attach", "retained", "released"],
+        rows,
+        {3, 4, 5, 6, 7},
+        "allocators",
+    )
 
 
 def decomposition_html(doc: dict) -> str:
@@ -213,22 +366,27 @@ def decomposition_html(doc: dict) -> str:
     parts.append(("retained by allocator (free)", d["retained_bytes"]))
     if d.get("before_or_retained_bytes"):
         parts.append(("before the attach or retained", d["before_or_retained_bytes"]))
-    parts += [("other anonymous", d["other_anon_bytes"]),
-              ("file", d["file_bytes"]), ("shmem", d["shmem_bytes"])]
+    parts += [("other anonymous", d["other_anon_bytes"]), ("file", d["file_bytes"]), ("shmem", d["shmem_bytes"])]
     cells = " + ".join(f"{esc(k)} <b>{bytes_cell(v)}</b>" for k, v in parts)
     out = f'<p class="decomp">RSS <b>{bytes_cell(d["rss_bytes"])}</b> = {cells}</p>'
     if d.get("unseparated"):
-        where = "in its own mappings and in other anonymous" if d.get("before_or_retained_bytes") else \
-            "in other anonymous"
-        out += (f'<p class="decomp">{esc(", ".join(d["unseparated"]))}: memory from before the attach is {where}, '
-                f'{esc(d["unseparated_note"])}</p>')
+        where = (
+            "in its own mappings and in other anonymous" if d.get("before_or_retained_bytes") else "in other anonymous"
+        )
+        out += (
+            f'<p class="decomp">{esc(", ".join(d["unseparated"]))}: memory from before the attach is {where}, '
+            f"{esc(d['unseparated_note'])}</p>"
+        )
     if d.get("shmem_attributed_bytes") or d.get("file_device_bytes"):
+
         def srcs(by: dict) -> str:
             return esc(", ".join(f"{k} {human_bytes(v)}" for k, v in by.items()) or "none")
-        out += (f'<p class="decomp">shmem {bytes_cell(d["shmem_bytes"])} = '
-                f'<b>{bytes_cell(d["shmem_attributed_bytes"])}</b>'
-                f' at sites ({srcs(d["shmem_sources"])}) + {bytes_cell(d["shmem_unattributed_bytes"])} not traced; '
-                f'file {bytes_cell(d["file_bytes"])} = <b>{bytes_cell(d["file_device_bytes"])}</b> device-mapped '
-                f'({srcs(d["file_device_sources"])}) + {bytes_cell(d["file_regular_bytes"])} regular files</p>')
-    return out
 
+        out += (
+            f'<p class="decomp">shmem {bytes_cell(d["shmem_bytes"])} = '
+            f"<b>{bytes_cell(d['shmem_attributed_bytes'])}</b>"
+            f" at sites ({srcs(d['shmem_sources'])}) + {bytes_cell(d['shmem_unattributed_bytes'])} not traced; "
+            f"file {bytes_cell(d['file_bytes'])} = <b>{bytes_cell(d['file_device_bytes'])}</b> device-mapped "
+            f"({srcs(d['file_device_sources'])}) + {bytes_cell(d['file_regular_bytes'])} regular files</p>"
+        )
+    return out

@@ -1,4 +1,5 @@
 """`--format json`: a report or diff document as strict JSON."""
+
 from __future__ import annotations
 
 import json

@@ -20,6 +20,7 @@ The profile.proto message classes are built at import from a descriptor written 
 module (field numbers as in github.com/google/pprof's proto/profile.proto); the protobuf
 runtime does the encoding. No generated code, so no protoc/runtime version coupling.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -48,51 +49,74 @@ _T = descriptor_pb2.FieldDescriptorProto
 _I64, _U64, _STR, _BOOL, _MSG = _T.TYPE_INT64, _T.TYPE_UINT64, _T.TYPE_STRING, _T.TYPE_BOOL, _T.TYPE_MESSAGE
 _PROTO_MESSAGES: dict[str, list[tuple[str, int, int, bool, str | None]]] = {
     "Profile": [
-        ("sample_type", 1, _MSG, True, "ValueType"), ("sample", 2, _MSG, True, "Sample"),
-        ("mapping", 3, _MSG, True, "Mapping"), ("location", 4, _MSG, True, "Location"),
-        ("function", 5, _MSG, True, "Function"), ("string_table", 6, _STR, True, None),
-        ("drop_frames", 7, _I64, False, None), ("keep_frames", 8, _I64, False, None),
-        ("time_nanos", 9, _I64, False, None), ("duration_nanos", 10, _I64, False, None),
-        ("period_type", 11, _MSG, False, "ValueType"), ("period", 12, _I64, False, None),
-        ("comment", 13, _I64, True, None), ("default_sample_type", 14, _I64, False, None),
+        ("sample_type", 1, _MSG, True, "ValueType"),
+        ("sample", 2, _MSG, True, "Sample"),
+        ("mapping", 3, _MSG, True, "Mapping"),
+        ("location", 4, _MSG, True, "Location"),
+        ("function", 5, _MSG, True, "Function"),
+        ("string_table", 6, _STR, True, None),
+        ("drop_frames", 7, _I64, False, None),
+        ("keep_frames", 8, _I64, False, None),
+        ("time_nanos", 9, _I64, False, None),
+        ("duration_nanos", 10, _I64, False, None),
+        ("period_type", 11, _MSG, False, "ValueType"),
+        ("period", 12, _I64, False, None),
+        ("comment", 13, _I64, True, None),
+        ("default_sample_type", 14, _I64, False, None),
     ],
     "ValueType": [("type", 1, _I64, False, None), ("unit", 2, _I64, False, None)],
     "Sample": [
-        ("location_id", 1, _U64, True, None), ("value", 2, _I64, True, None),
+        ("location_id", 1, _U64, True, None),
+        ("value", 2, _I64, True, None),
         ("label", 3, _MSG, True, "Label"),
     ],
     "Label": [
-        ("key", 1, _I64, False, None), ("str", 2, _I64, False, None), ("num", 3, _I64, False, None),
+        ("key", 1, _I64, False, None),
+        ("str", 2, _I64, False, None),
+        ("num", 3, _I64, False, None),
         ("num_unit", 4, _I64, False, None),
     ],
     "Mapping": [
-        ("id", 1, _U64, False, None), ("memory_start", 2, _U64, False, None),
-        ("memory_limit", 3, _U64, False, None), ("file_offset", 4, _U64, False, None),
-        ("filename", 5, _I64, False, None), ("build_id", 6, _I64, False, None),
-        ("has_functions", 7, _BOOL, False, None), ("has_filenames", 8, _BOOL, False, None),
-        ("has_line_numbers", 9, _BOOL, False, None), ("has_inline_frames", 10, _BOOL, False, None),
+        ("id", 1, _U64, False, None),
+        ("memory_start", 2, _U64, False, None),
+        ("memory_limit", 3, _U64, False, None),
+        ("file_offset", 4, _U64, False, None),
+        ("filename", 5, _I64, False, None),
+        ("build_id", 6, _I64, False, None),
+        ("has_functions", 7, _BOOL, False, None),
+        ("has_filenames", 8, _BOOL, False, None),
+        ("has_line_numbers", 9, _BOOL, False, None),
+        ("has_inline_frames", 10, _BOOL, False, None),
     ],
     "Location": [
-        ("id", 1, _U64, False, None), ("mapping_id", 2, _U64, False, None), ("address", 3, _U64, False, None),
-        ("line", 4, _MSG, True, "Line"), ("is_folded", 5, _BOOL, False, None),
+        ("id", 1, _U64, False, None),
+        ("mapping_id", 2, _U64, False, None),
+        ("address", 3, _U64, False, None),
+        ("line", 4, _MSG, True, "Line"),
+        ("is_folded", 5, _BOOL, False, None),
     ],
     "Line": [("function_id", 1, _U64, False, None), ("line", 2, _I64, False, None)],
     "Function": [
-        ("id", 1, _U64, False, None), ("name", 2, _I64, False, None), ("system_name", 3, _I64, False, None),
-        ("filename", 4, _I64, False, None), ("start_line", 5, _I64, False, None),
+        ("id", 1, _U64, False, None),
+        ("name", 2, _I64, False, None),
+        ("system_name", 3, _I64, False, None),
+        ("filename", 4, _I64, False, None),
+        ("start_line", 5, _I64, False, None),
     ],
 }
 PROTO_PACKAGE = "perftools.profiles"
 
 
 def _build_classes() -> dict[str, type[Message]]:
-    fdp = descriptor_pb2.FileDescriptorProto(name="allocscope/pprof/profile.proto", package=PROTO_PACKAGE,
-                                             syntax="proto3")
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="allocscope/pprof/profile.proto", package=PROTO_PACKAGE, syntax="proto3"
+    )
     for msg, fields in _PROTO_MESSAGES.items():
         m = fdp.message_type.add(name=msg)
         for name, number, typ, repeated, type_name in fields:
-            f = m.field.add(name=name, number=number, type=typ,
-                            label=_T.LABEL_REPEATED if repeated else _T.LABEL_OPTIONAL)
+            f = m.field.add(
+                name=name, number=number, type=typ, label=_T.LABEL_REPEATED if repeated else _T.LABEL_OPTIONAL
+            )
             if type_name:
                 f.type_name = f".{PROTO_PACKAGE}.{type_name}"
     pool = descriptor_pool.DescriptorPool()  # private: never clashes with another copy of the schema
@@ -117,6 +141,7 @@ def parse_pprof(data: bytes) -> Message:
 @dataclass(frozen=True)
 class _Frame:
     """A symbolized frame with where it was captured: what a pprof Location needs."""
+
     info: FrameInfo
     ip: int
     offset: int  # file offset in `info.module`; -1 when the frame has no file
@@ -159,12 +184,18 @@ def captured_frames(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]]) -
             continue
         out[int(sid)] = tuple(
             _Frame(fi, int(ip), int(off), bid if isinstance(bid, str) else "")
-            for grp, ip, off, bid in zip(groups, g["ip"], g["offset"], g["build_id"]) for fi in grp)
+            for grp, ip, off, bid in zip(groups, g["ip"], g["offset"], g["build_id"])
+            for fi in grp
+        )
     return out
 
 
-def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None,
-             fold: Folding | None = None, at_seq: int | None = None) -> bytes:
+def to_pprof(
+    trace: Trace,
+    stacks: Mapping[int, tuple[FrameInfo, ...]] | None = None,
+    fold: Folding | None = None,
+    at_seq: int | None = None,
+) -> bytes:
     """The trace's final state as a gzipped pprof heap profile (see the module docstring).
     `stacks` is symbolize_stacks(trace) when the caller already has it; `fold` adds wrappers
     to fold out of the stacks (analysis.parse_fold); `at_seq`: the state at the end of that
@@ -194,9 +225,17 @@ def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = 
     for key, frs in frames_by_key.items():
         low = min(frs, key=lambda f: f.ip)
         mapping_ids[key] = len(mapping_ids) + 1
-        prof.mapping.add(id=mapping_ids[key], memory_start=low.ip, memory_limit=max(f.ip for f in frs) + 1,
-                         file_offset=low.offset, filename=s(key[0]), build_id=s(key[1]), has_functions=True,
-                         has_filenames=True, has_line_numbers=True)
+        prof.mapping.add(
+            id=mapping_ids[key],
+            memory_start=low.ip,
+            memory_limit=max(f.ip for f in frs) + 1,
+            file_offset=low.offset,
+            filename=s(key[0]),
+            build_id=s(key[1]),
+            has_functions=True,
+            has_filenames=True,
+            has_line_numbers=True,
+        )
 
     function_ids: dict[tuple, int] = {}
     location_ids: dict[tuple, int] = {}
@@ -223,7 +262,7 @@ def to_pprof(trace: Trace, stacks: Mapping[int, tuple[FrameInfo, ...]] | None = 
     for row in sites.itertuples(index=False):
         site: tuple[FrameInfo, ...] = row.site
         full = captured.get(int(row.stack_id))
-        kept = full[len(full) - len(site):] if full else (None,) * len(site)
+        kept = full[len(full) - len(site) :] if full else (None,) * len(site)
         loc_ids = tuple(location(fi, fr) for fi, fr in zip(site, kept))
         acc = samples.setdefault((loc_ids, int(row.tid)), [0] * len(value_cols))
         for i, col in enumerate(value_cols):

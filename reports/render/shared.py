@@ -1,5 +1,6 @@
 """What the text renderers (text.py, diff_text.py, the live view) and the HTML page share: the
 names of frames and locations, the rows a report lists, aligned tables, sparklines, styles."""
+
 from __future__ import annotations
 
 import os
@@ -42,9 +43,12 @@ def table(headers: list[str], rows: list[list[str]], align: str | None = None) -
         for i, c in enumerate(r):
             widths[i] = max(widths[i], len(c))
     align = align or "l" * len(headers)
+
     def fmt(r):
-        return "  ".join(c.rjust(widths[i]) if align[i] == "r" else c.ljust(widths[i])
-                         for i, c in enumerate(r)).rstrip()
+        return "  ".join(
+            c.rjust(widths[i]) if align[i] == "r" else c.ljust(widths[i]) for i, c in enumerate(r)
+        ).rstrip()
+
     return [fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
 
 

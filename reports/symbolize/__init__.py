@@ -12,6 +12,7 @@ frames included. Nothing here needs root or BCC. One module per specification:
 The ELF container, symbol tables and separate debug files are common.elf's (the tracer reads
 them too, for --embed-symbols).
 """
+
 from __future__ import annotations
 
 from .demangle import demangle

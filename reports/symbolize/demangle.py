@@ -1,5 +1,6 @@
 """Symbol names for people: C++ (Itanium, via cxxfilt), Rust legacy (hash suffix dropped) and
 Rust v0 (via rust_demangler); any other name passes unchanged."""
+
 from __future__ import annotations
 
 import re
@@ -67,4 +68,3 @@ def _demangle_rust_v0(name: str) -> str:
     except Exception:  # noqa: BLE001
         return name
     return text or name
-

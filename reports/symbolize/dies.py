@@ -6,6 +6,7 @@ uninteresting subtrees through DW_AT_sibling and decodes only the attributes it 
 into a dwz supplementary file (.gnu_debugaltlink) are followed when that file is given; split
 DWARF (.dwo) is not.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_right
@@ -27,13 +28,28 @@ AT_CALL_FILE, AT_CALL_LINE, AT_LINKAGE_NAME, AT_MIPS_LINKAGE_NAME = 0x58, 0x59, 
 AT_STR_OFFSETS_BASE, AT_ADDR_BASE, AT_RNGLISTS_BASE, AT_GNU_ADDR_BASE = 0x72, 0x73, 0x74, 0x2133
 AT_LANGUAGE = 0x13
 C_LANGUAGES = frozenset({0x01, 0x02, 0x0C, 0x1D, 0x2C, 0x8001})  # C89, C, C99, C11, C17, MIPS asm
-_WANTED_ATTRS = frozenset({
-    AT_LANGUAGE,
-    AT_SIBLING, AT_NAME, AT_STMT_LIST, AT_LOW_PC, AT_HIGH_PC, AT_COMP_DIR,
-    AT_ABSTRACT_ORIGIN, AT_SPECIFICATION, AT_RANGES, AT_CALL_FILE, AT_CALL_LINE,
-    AT_LINKAGE_NAME, AT_MIPS_LINKAGE_NAME, AT_STR_OFFSETS_BASE, AT_ADDR_BASE,
-    AT_RNGLISTS_BASE, AT_GNU_ADDR_BASE,
-})
+_WANTED_ATTRS = frozenset(
+    {
+        AT_LANGUAGE,
+        AT_SIBLING,
+        AT_NAME,
+        AT_STMT_LIST,
+        AT_LOW_PC,
+        AT_HIGH_PC,
+        AT_COMP_DIR,
+        AT_ABSTRACT_ORIGIN,
+        AT_SPECIFICATION,
+        AT_RANGES,
+        AT_CALL_FILE,
+        AT_CALL_LINE,
+        AT_LINKAGE_NAME,
+        AT_MIPS_LINKAGE_NAME,
+        AT_STR_OFFSETS_BASE,
+        AT_ADDR_BASE,
+        AT_RNGLISTS_BASE,
+        AT_GNU_ADDR_BASE,
+    }
+)
 
 TAG_SUBPROGRAM, TAG_INLINED = 0x2E, 0x1D
 TAG_BLOCKS = frozenset({0x0B, 0x32, 0x25})  # lexical_block, try_block, catch_block
@@ -53,11 +69,36 @@ _ULEB_FORMS = frozenset({0x0F, 0x15, 0x1A, 0x1B, 0x22, 0x23, 0x1F01, 0x1F02})
 _BLOCK_FORMS = {0x0A: 1, 0x03: 2, 0x04: 4}  # block1/2/4: size of the length field
 _ADDRESS_SIZED, _OFFSET_SIZED = -10, -20
 _FIXED_FORMS = {  # form -> size in bytes (or address/offset sized); absent: variable size
-    0x01: _ADDRESS_SIZED, 0x05: 2, 0x06: 4, 0x07: 8, 0x0B: 1, 0x0C: 1, 0x0E: _OFFSET_SIZED,
-    0x10: _OFFSET_SIZED, 0x11: 1, 0x12: 2, 0x13: 4, 0x14: 8, 0x17: _OFFSET_SIZED, 0x19: 0,
-    0x1C: 4, 0x1D: _OFFSET_SIZED, 0x1E: 16, 0x1F: _OFFSET_SIZED, 0x20: 8, 0x24: 8, 0x25: 1,
-    0x26: 2, 0x27: 3, 0x28: 4, 0x29: 1, 0x2A: 2, 0x2B: 3, 0x2C: 4,
-    0x1F20: _OFFSET_SIZED, 0x1F21: _OFFSET_SIZED,  # GNU_ref_alt, GNU_strp_alt (dwz)
+    0x01: _ADDRESS_SIZED,
+    0x05: 2,
+    0x06: 4,
+    0x07: 8,
+    0x0B: 1,
+    0x0C: 1,
+    0x0E: _OFFSET_SIZED,
+    0x10: _OFFSET_SIZED,
+    0x11: 1,
+    0x12: 2,
+    0x13: 4,
+    0x14: 8,
+    0x17: _OFFSET_SIZED,
+    0x19: 0,
+    0x1C: 4,
+    0x1D: _OFFSET_SIZED,
+    0x1E: 16,
+    0x1F: _OFFSET_SIZED,
+    0x20: 8,
+    0x24: 8,
+    0x25: 1,
+    0x26: 2,
+    0x27: 3,
+    0x28: 4,
+    0x29: 1,
+    0x2A: 2,
+    0x2B: 3,
+    0x2C: 4,
+    0x1F20: _OFFSET_SIZED,
+    0x1F21: _OFFSET_SIZED,  # GNU_ref_alt, GNU_strp_alt (dwz)
 }
 
 
@@ -118,18 +159,18 @@ class DieReader:
         while pos + 11 <= len(buf):
             length, start, offset_size = initial_length(buf, pos, order)
             end = start + length
-            version = int.from_bytes(buf[start:start + 2], order)
+            version = int.from_bytes(buf[start : start + 2], order)
             p = start + 2
             if version >= 5:
                 unit_type, address_size = buf[p], buf[p + 1]
-                abbrev_offset = int.from_bytes(buf[p + 2:p + 2 + offset_size], order)
+                abbrev_offset = int.from_bytes(buf[p + 2 : p + 2 + offset_size], order)
                 p += 2 + offset_size
                 if unit_type in (4, 5):  # skeleton, split_compile: dwo_id
                     p += 8
                 elif unit_type in (2, 6):  # type units: signature + type offset
                     p += 8 + offset_size
             else:
-                abbrev_offset = int.from_bytes(buf[p:p + offset_size], order)
+                abbrev_offset = int.from_bytes(buf[p : p + offset_size], order)
                 address_size = buf[p + offset_size]
                 p += offset_size + 1
             if not 2 <= version <= 5 or end > len(buf) or length == 0:
@@ -192,7 +233,7 @@ class DieReader:
         for attr, form, size, implicit in abbrev.plan:
             if size >= 0:
                 if attr >= 0:
-                    values[attr] = (form, int.from_bytes(buf[pos:pos + size], order))
+                    values[attr] = (form, int.from_bytes(buf[pos : pos + size], order))
                 pos += size
                 continue
             if form == _FORM_IMPLICIT_CONST:
@@ -212,7 +253,7 @@ class DieReader:
                 raw, pos = 0, pos + length
             elif form in _BLOCK_FORMS:
                 width = _BLOCK_FORMS[form]
-                raw, pos = 0, pos + width + int.from_bytes(buf[pos:pos + width], order)
+                raw, pos = 0, pos + width + int.from_bytes(buf[pos : pos + width], order)
             else:
                 raise Malformed(f"DW_FORM 0x{form:x}")
             if attr >= 0:
@@ -223,7 +264,7 @@ class DieReader:
         """A DW_FORM_indirect value: decode with a one-attribute plan."""
         size = _form_size(form, unit)
         if size >= 0:
-            return int.from_bytes(self.info[pos:pos + size], self._order), pos + size
+            return int.from_bytes(self.info[pos : pos + size], self._order), pos + size
         if form in _ULEB_FORMS:
             return uleb(self.info, pos)
         if form == _FORM_SDATA:
@@ -244,7 +285,7 @@ class DieReader:
             pos = base + raw * unit.address_size
             if pos + unit.address_size > len(self._addr):
                 return None
-            return int.from_bytes(self._addr[pos:pos + unit.address_size], self._order)
+            return int.from_bytes(self._addr[pos : pos + unit.address_size], self._order)
         return raw
 
     def reference(self, unit: Unit, value: tuple[int, int]) -> int | None:
@@ -275,7 +316,7 @@ class DieReader:
         if form in _STRX_FORMS:
             base = self._top_int(unit, AT_STR_OFFSETS_BASE, default=8 if unit.offset_size == 4 else 16)
             pos = base + raw * unit.offset_size
-            off = int.from_bytes(self._str_offsets[pos:pos + unit.offset_size], self._order)
+            off = int.from_bytes(self._str_offsets[pos : pos + unit.offset_size], self._order)
             return string_at(self._str, off)
         if form in _ALT_STR_FORMS and self.alt is not None:
             return string_at(self.alt._str, raw)
@@ -292,8 +333,11 @@ class DieReader:
         if AT_LOW_PC in values and AT_HIGH_PC in values:
             lo = self.address(unit, values[AT_LOW_PC])
             form, raw = values[AT_HIGH_PC]
-            hi = self.address(unit, values[AT_HIGH_PC]) if form == _FORM_ADDR or form in _ADDRX_FORMS \
+            hi = (
+                self.address(unit, values[AT_HIGH_PC])
+                if form == _FORM_ADDR or form in _ADDRX_FORMS
                 else (lo or 0) + raw
+            )
             return [(lo, hi)] if lo is not None and hi is not None and hi > lo else []
         if AT_RANGES not in values:
             return []
@@ -304,9 +348,15 @@ class DieReader:
             if form == _FORM_RNGLISTX:
                 table = self._top_int(unit, AT_RNGLISTS_BASE, default=12 if unit.offset_size == 4 else 20)
                 pos = table + raw * unit.offset_size
-                raw = table + int.from_bytes(self._rnglists[pos:pos + unit.offset_size], self._order)
-            return _rnglist(self._rnglists, raw, base, unit.address_size, self._order,
-                            lambda index: self.address(unit, (_FORM_ADDRX, index)) or 0)
+                raw = table + int.from_bytes(self._rnglists[pos : pos + unit.offset_size], self._order)
+            return _rnglist(
+                self._rnglists,
+                raw,
+                base,
+                unit.address_size,
+                self._order,
+                lambda index: self.address(unit, (_FORM_ADDRX, index)) or 0,
+            )
         return _debug_ranges(self._ranges, raw, base, unit.address_size, self._order)
 
     # -- address -> unit
@@ -315,8 +365,9 @@ class DieReader:
         return _aranges(self._aranges, self._order)
 
     # -- walking a unit
-    def walk(self, unit: Unit, visit: Callable[[int, Abbrev, dict[int, tuple[int, int]], C], tuple[C, bool]],
-             root: C) -> None:
+    def walk(
+        self, unit: Unit, visit: Callable[[int, Abbrev, dict[int, tuple[int, int]], C], tuple[C, bool]], root: C
+    ) -> None:
         """Read the DIEs below the top DIE of `unit`, in order. `visit(die offset, abbrev,
         values, context)` gets the context its parent returned for its children (`root` for the
         top DIE's) and returns its own children's context and whether they are wanted: unwanted
@@ -346,8 +397,8 @@ def _debug_ranges(buf: bytes, pos: int, base: int, size: int, order: ByteOrder) 
     out = []
     top = (1 << (8 * size)) - 1
     while pos + 2 * size <= len(buf):
-        begin = int.from_bytes(buf[pos:pos + size], order)
-        end = int.from_bytes(buf[pos + size:pos + 2 * size], order)
+        begin = int.from_bytes(buf[pos : pos + size], order)
+        end = int.from_bytes(buf[pos + size : pos + 2 * size], order)
         pos += 2 * size
         if begin == 0 and end == 0:
             break
@@ -358,8 +409,9 @@ def _debug_ranges(buf: bytes, pos: int, base: int, size: int, order: ByteOrder) 
     return out
 
 
-def _rnglist(buf: bytes, pos: int, base: int, size: int, order: ByteOrder,
-             addrx: Callable[[int], int]) -> list[tuple[int, int]]:
+def _rnglist(
+    buf: bytes, pos: int, base: int, size: int, order: ByteOrder, addrx: Callable[[int], int]
+) -> list[tuple[int, int]]:
     """A .debug_rnglists list (DWARF 5) at `pos`; `addrx`: the address at an index of .debug_addr."""
     out: list[tuple[int, int]] = []
     while pos < len(buf):
@@ -380,14 +432,14 @@ def _rnglist(buf: bytes, pos: int, base: int, size: int, order: ByteOrder,
             b, pos = uleb(buf, pos)
             out.append((base + a, base + b))
         elif kind == 5:  # base_address
-            base = int.from_bytes(buf[pos:pos + size], order)
+            base = int.from_bytes(buf[pos : pos + size], order)
             pos += size
         elif kind == 6:  # start_end
-            lo = int.from_bytes(buf[pos:pos + size], order)
-            out.append((lo, int.from_bytes(buf[pos + size:pos + 2 * size], order)))
+            lo = int.from_bytes(buf[pos : pos + size], order)
+            out.append((lo, int.from_bytes(buf[pos + size : pos + 2 * size], order)))
             pos += 2 * size
         elif kind == 7:  # start_length
-            lo = int.from_bytes(buf[pos:pos + size], order)
+            lo = int.from_bytes(buf[pos : pos + size], order)
             length, pos = uleb(buf, pos + size)
             out.append((lo, lo + length))
         else:
@@ -402,14 +454,14 @@ def _aranges(buf: bytes, order: ByteOrder) -> list[tuple[int, int, int]]:
         length, start, offset_size = initial_length(buf, pos, order)
         end = start + length
         p = start + 2  # version
-        unit_offset = int.from_bytes(buf[p:p + offset_size], order)
+        unit_offset = int.from_bytes(buf[p : p + offset_size], order)
         size = buf[p + offset_size]
         p += offset_size + 2
         tuple_size = 2 * size
         p = pos + ((p - pos + tuple_size - 1) // tuple_size) * tuple_size  # align the tuples
         while p + tuple_size <= end:
-            lo = int.from_bytes(buf[p:p + size], order)
-            length_ = int.from_bytes(buf[p + size:p + tuple_size], order)
+            lo = int.from_bytes(buf[p : p + size], order)
+            length_ = int.from_bytes(buf[p + size : p + tuple_size], order)
             p += tuple_size
             if lo == 0 and length_ == 0:
                 break

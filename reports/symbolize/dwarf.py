@@ -1,6 +1,7 @@
 """Encodings every DWARF section shares (DWARF 2-5): LEB128 numbers, NUL-terminated strings,
 string-section lookups and unit initial lengths. Used by the line-program reader (lines.py) and
 the .debug_info reader (dies.py)."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -49,13 +50,13 @@ def string_at(data: bytes, offset: int) -> str | None:
     if offset >= len(data):
         return None
     end = data.find(b"\0", offset)
-    return data[offset: end if end >= 0 else len(data)].decode("utf-8", "surrogateescape")
+    return data[offset : end if end >= 0 else len(data)].decode("utf-8", "surrogateescape")
 
 
 def initial_length(buf: bytes, pos: int, order: ByteOrder) -> tuple[int, int, int]:
     """A DWARF unit's initial length at `pos`: (length, offset of what follows, offset size),
     the 64-bit form (0xffffffff escape) included."""
-    length = int.from_bytes(buf[pos:pos + 4], order)
+    length = int.from_bytes(buf[pos : pos + 4], order)
     if length == 0xFFFFFFFF:
-        return int.from_bytes(buf[pos + 4:pos + 12], order), pos + 12, 8
+        return int.from_bytes(buf[pos + 4 : pos + 12], order), pos + 12, 8
     return length, pos + 4, 4

@@ -5,6 +5,7 @@ tracer/record/embed_symbols.py stores, for every module that appears on a stack,
 use them only for frames the module files cannot resolve (file missing, or another build on
 disk); they demangle the names. File and line numbers are not embedded.
 """
+
 from __future__ import annotations
 
 import os
@@ -63,7 +64,7 @@ def load(trace) -> EmbeddedSymbols:
     for n in names:
         if not (n.startswith(TABLE + "-") and n.endswith(".parquet")):
             continue
-        seq = n[len(TABLE) + 1:-len(".parquet")]
+        seq = n[len(TABLE) + 1 : -len(".parquet")]
         if not seq.isdigit() or int(seq) > trace.last_seq:
             continue
         try:

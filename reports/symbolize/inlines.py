@@ -5,6 +5,7 @@ Units are read (dies.py) one at a time, only those that looked-up addresses fall
 (.debug_aranges finds them), and in them only subprograms, inlined subroutines, their address
 ranges, call sites and names.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_right
@@ -88,7 +89,8 @@ class DwarfIndex:
                 if unit is not None and AT_STMT_LIST in unit.top:
                     comp_dir = unit.top.get(AT_COMP_DIR)
                     self._comp_dirs[unit.top[AT_STMT_LIST][1]] = (
-                        self._reader.string(unit, comp_dir) if comp_dir else None)
+                        self._reader.string(unit, comp_dir) if comp_dir else None
+                    )
         return self._comp_dirs.get(stmt_offset)
 
     def _unit_for(self, addr: int) -> int | None:
@@ -149,8 +151,9 @@ class DwarfIndex:
         stmt = unit.top.get(AT_STMT_LIST)
         entries: list[tuple[int, int, Scope]] = []
 
-        def visit(die_offset: int, abbrev: Abbrev, values: dict, context: tuple[Scope | None, bool]
-                  ) -> tuple[tuple[Scope | None, bool], bool]:
+        def visit(
+            die_offset: int, abbrev: Abbrev, values: dict, context: tuple[Scope | None, bool]
+        ) -> tuple[tuple[Scope | None, bool], bool]:
             scope, walking = context  # walking: inside a subprogram, a block or a namespace/class
             child = self._visit(unit, abbrev.tag, values, die_offset, scope, entries) if walking else (None, False)
             return child, child[1]
@@ -160,8 +163,15 @@ class DwarfIndex:
         entries.sort(key=lambda e: (e[0], e[1]))
         return _UnitScopes([e[0] for e in entries], entries, stmt[1] if stmt else None)
 
-    def _visit(self, unit: Unit, tag: int, values: dict[int, tuple[int, int]], die_offset: int,
-               scope: Scope | None, entries: list[tuple[int, int, Scope]]) -> tuple[Scope | None, bool]:
+    def _visit(
+        self,
+        unit: Unit,
+        tag: int,
+        values: dict[int, tuple[int, int]],
+        die_offset: int,
+        scope: Scope | None,
+        entries: list[tuple[int, int, Scope]],
+    ) -> tuple[Scope | None, bool]:
         """Record one DIE; return the context its children are read in."""
         if tag == TAG_SUBPROGRAM and scope is None:
             ranges = self._reader.ranges(unit, values)
@@ -241,4 +251,3 @@ class DwarfIndex:
         reader.walk(unit, visit, top)
         self._qualifiers[key] = out
         return out
-

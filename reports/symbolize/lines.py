@@ -4,6 +4,7 @@ Every program of a file is decoded in one pass by a small dedicated interpreter 
 sorted arrays (address, file id, line); a lookup is a bisect. pyelftools' line program objects
 cost about ten times more on a libc-sized file. VLIW op_index is ignored.
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -54,8 +55,9 @@ class _LineUnit:
             base = self.dirs[0] if self.dirs else None
         else:
             base = comp_dir()
-            directory = base if dir_index == 0 else (
-                self.dirs[dir_index - 1] if dir_index - 1 < len(self.dirs) else None)
+            directory = (
+                base if dir_index == 0 else (self.dirs[dir_index - 1] if dir_index - 1 < len(self.dirs) else None)
+            )
         if directory and not posixpath.isabs(directory) and base and directory is not base:
             directory = posixpath.join(base, directory)
         return posixpath.join(directory, name) if directory else name
@@ -64,13 +66,14 @@ class _LineUnit:
 _DW_FORM_SIZES = {0x0B: 1, 0x05: 2, 0x06: 4, 0x07: 8, 0x1E: 16, 0x25: 1, 0x26: 2, 0x27: 3, 0x28: 4}
 
 
-def _read_form(buf: bytes, pos: int, form: int, offset_size: int, order: ByteOrder,
-               strings: _Strings) -> tuple[Any, int]:
+def _read_form(
+    buf: bytes, pos: int, form: int, offset_size: int, order: ByteOrder, strings: _Strings
+) -> tuple[Any, int]:
     """Decode one attribute value of a DWARF 5 directory/file entry."""
     if form == 0x08:  # DW_FORM_string
         return cstring(buf, pos)
     if form in (0x1F, 0x0E):  # DW_FORM_line_strp, DW_FORM_strp
-        off = int.from_bytes(buf[pos:pos + offset_size], order)
+        off = int.from_bytes(buf[pos : pos + offset_size], order)
         table = strings.debug_line_str if form == 0x1F else strings.debug_str
         return string_at(table, off), pos + offset_size
     if form == 0x0F:  # DW_FORM_udata
@@ -79,7 +82,7 @@ def _read_form(buf: bytes, pos: int, form: int, offset_size: int, order: ByteOrd
         return sleb(buf, pos)
     if form in _DW_FORM_SIZES:  # data1/2/4/8/16 and strx1-4 (string index: unsupported)
         size = _DW_FORM_SIZES[form]
-        value = int.from_bytes(buf[pos:pos + size], order) if form < 0x20 else None
+        value = int.from_bytes(buf[pos : pos + size], order) if form < 0x20 else None
         return value, pos + size
     if form == 0x1A:  # DW_FORM_strx
         return None, uleb(buf, pos)[1]
@@ -91,8 +94,9 @@ def _read_form(buf: bytes, pos: int, form: int, offset_size: int, order: ByteOrd
     raise Malformed(f"form 0x{form:x} in a line table header")
 
 
-def _read_entry_table(buf: bytes, pos: int, offset_size: int, order: ByteOrder,
-                      strings: _Strings) -> tuple[list[dict[int, Any]], int]:
+def _read_entry_table(
+    buf: bytes, pos: int, offset_size: int, order: ByteOrder, strings: _Strings
+) -> tuple[list[dict[int, Any]], int]:
     """A DWARF 5 directory or file-name table: its format, then its entries."""
     format_count = buf[pos]
     pos += 1
@@ -125,20 +129,19 @@ class _LineHeader:
     address_size: int
 
 
-def _parse_line_header(buf: bytes, pos: int, order: ByteOrder, strings: _Strings,
-                       address_size: int) -> _LineHeader:
+def _parse_line_header(buf: bytes, pos: int, order: ByteOrder, strings: _Strings, address_size: int) -> _LineHeader:
     """Decode one line-number program header (DWARF 2 to 5)."""
     unit_offset = pos
     unit_length, pos, offset_size = initial_length(buf, pos, order)
     unit_end = pos + unit_length
-    version = int.from_bytes(buf[pos:pos + 2], order)
+    version = int.from_bytes(buf[pos : pos + 2], order)
     pos += 2
     if not 2 <= version <= 5:
         raise Malformed(f"line table version {version}")
     if version >= 5:
         address_size = buf[pos]
         pos += 2  # address_size, segment_selector_size
-    header_length = int.from_bytes(buf[pos:pos + offset_size], order)
+    header_length = int.from_bytes(buf[pos : pos + offset_size], order)
     pos += offset_size
     program_start = pos + header_length
     min_inst_length = buf[pos]
@@ -150,7 +153,7 @@ def _parse_line_header(buf: bytes, pos: int, order: ByteOrder, strings: _Strings
     line_range = buf[pos + 2]
     opcode_base = buf[pos + 3]
     pos += 4
-    std_lengths = bytes(buf[pos:pos + opcode_base - 1])
+    std_lengths = bytes(buf[pos : pos + opcode_base - 1])
     pos += opcode_base - 1
     if not line_range or min(unit_end, program_start) > len(buf):
         raise Malformed("truncated or degenerate line table header")
@@ -172,15 +175,26 @@ def _parse_line_header(buf: bytes, pos: int, order: ByteOrder, strings: _Strings
             pos = uleb(buf, uleb(buf, pos)[1])[1]  # mtime, length
             files.append((name, dir_index))
     unit = _LineUnit(unit_offset, version, dirs, files)
-    return _LineHeader(unit, program_start, unit_end, min_inst_length, default_is_stmt,
-                       line_base, line_range, opcode_base, std_lengths, address_size)
+    return _LineHeader(
+        unit,
+        program_start,
+        unit_end,
+        min_inst_length,
+        default_is_stmt,
+        line_base,
+        line_range,
+        opcode_base,
+        std_lengths,
+        address_size,
+    )
 
 
 _Sequence = tuple[array, array, array]  # addresses, file ids, lines
 
 
-def _run_line_program(buf: bytes, hdr: _LineHeader, file_base: int, order: ByteOrder,
-                      keep: Callable[[int], bool]) -> Iterator[_Sequence]:
+def _run_line_program(
+    buf: bytes, hdr: _LineHeader, file_base: int, order: ByteOrder, keep: Callable[[int], bool]
+) -> Iterator[_Sequence]:
     """Interpret one line-number program; yield its sequences that ``keep`` accepts.
 
     Rows are (address, file id, line); each sequence ends with an ``_END`` row at the
@@ -222,7 +236,7 @@ def _run_line_program(buf: bytes, hdr: _LineHeader, file_base: int, order: ByteO
                 address, fid, line = 0, file_base | first_file, 1
                 addrs, fids, lines = array("Q"), array("q"), array("q")
             elif sub == 2:  # DW_LNE_set_address
-                address = int.from_bytes(buf[pos + 1:after], order)
+                address = int.from_bytes(buf[pos + 1 : after], order)
             elif sub == 3:  # DW_LNE_define_file (DWARF < 5)
                 name, p = cstring(buf, pos + 1)
                 hdr.unit.files.append((name, uleb(buf, p)[0]))
@@ -243,7 +257,7 @@ def _run_line_program(buf: bytes, hdr: _LineHeader, file_base: int, order: ByteO
         elif op == 8:  # DW_LNS_const_add_pc
             address += const_add_pc
         elif op == 9:  # DW_LNS_fixed_advance_pc
-            address += int.from_bytes(buf[pos:pos + 2], order)
+            address += int.from_bytes(buf[pos : pos + 2], order)
             pos += 2
         elif op in (5, 12):  # set_column, set_isa
             pos = uleb(buf, pos)[1]
@@ -257,8 +271,9 @@ def _run_line_program(buf: bytes, hdr: _LineHeader, file_base: int, order: ByteO
 class LineTable:
     """All rows of ``.debug_line``, sorted by address, decoded in one pass."""
 
-    def __init__(self, units: list[_LineUnit], addrs: array, fids: array, lines: array,
-                 comp_dir_for: Callable[[int], str | None]) -> None:
+    def __init__(
+        self, units: list[_LineUnit], addrs: array, fids: array, lines: array, comp_dir_for: Callable[[int], str | None]
+    ) -> None:
         self._units = units
         self._unit_by_offset = {u.offset: i for i, u in enumerate(units)}
         self._addrs, self._fids, self._lines = addrs, fids, lines
@@ -269,14 +284,14 @@ class LineTable:
         return len(self._addrs)
 
     @classmethod
-    def build(cls, elf: ELFFile, keep: Callable[[int], bool],
-              comp_dir_for: Callable[[int], str | None]) -> LineTable | None:
+    def build(
+        cls, elf: ELFFile, keep: Callable[[int], bool], comp_dir_for: Callable[[int], str | None]
+    ) -> LineTable | None:
         """Decode every line-number program of ``elf``; None without ``.debug_line``."""
         buf = section_bytes(elf, ".debug_line")
         if not buf:
             return None
-        strings = _Strings(section_bytes(elf, ".debug_str") or b"",
-                           section_bytes(elf, ".debug_line_str") or b"")
+        strings = _Strings(section_bytes(elf, ".debug_str") or b"", section_bytes(elf, ".debug_line_str") or b"")
         order: ByteOrder = "little" if elf.little_endian else "big"
         address_size = elf.elfclass // 8
         units: list[_LineUnit] = []
@@ -321,7 +336,5 @@ class LineTable:
     def _path(self, fid: int) -> str | None:
         if fid not in self._paths:
             unit = self._units[fid >> _FILE_BITS]
-            self._paths[fid] = unit.path(fid & ((1 << _FILE_BITS) - 1),
-                                         lambda: self._comp_dir_for(unit.offset))
+            self._paths[fid] = unit.path(fid & ((1 << _FILE_BITS) - 1), lambda: self._comp_dir_for(unit.offset))
         return self._paths[fid]
-

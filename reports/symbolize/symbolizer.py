@@ -10,6 +10,7 @@ the separate debug file's .symtab), the line table (lines.py) and the inline sco
 * Lookups never raise: a missing, unreadable or non-ELF module, or an address no symbol
   covers, gives a frame named "<basename>+0x<offset>". No file stays open between calls.
 """
+
 from __future__ import annotations
 
 import os
@@ -62,8 +63,9 @@ def unknown_name(module_path: str, offset: int) -> str:
 class _Module:
     """Everything needed to symbolize one module, built once."""
 
-    def __init__(self, path: str, segs: list[Segment], symbols: SymbolTable,
-                 lines: LineTable | None, dwarf: DwarfIndex | None) -> None:
+    def __init__(
+        self, path: str, segs: list[Segment], symbols: SymbolTable, lines: LineTable | None, dwarf: DwarfIndex | None
+    ) -> None:
         self.path = path
         self._segments = segs
         self._symbols = symbols
@@ -84,10 +86,10 @@ class _Module:
         frames = []
         for scope in reversed(chain[1:]):  # inlined subroutines, innermost first
             name = self._dwarf.name(scope) if self._dwarf is not None else None
-            frames.append(Frame(name or unknown_name(self.path, offset), self.path,
-                                file, line, offset, inlined=True))
-            file = (self._lines.file_name(stmt, scope.call_file)
-                    if self._lines is not None and stmt is not None else None)
+            frames.append(Frame(name or unknown_name(self.path, offset), self.path, file, line, offset, inlined=True))
+            file = (
+                self._lines.file_name(stmt, scope.call_file) if self._lines is not None and stmt is not None else None
+            )
             line = scope.call_line or None
         if symbol is None and chain and self._dwarf is not None:
             symbol = self._dwarf.name(chain[0])
@@ -104,8 +106,9 @@ class _Module:
             return [], None
 
 
-def _load_module(path: str, build_id: str | None, debug_dirs: tuple[str, ...],
-                 inlines: bool, progress: Progress) -> _Module | None:
+def _load_module(
+    path: str, build_id: str | None, debug_dirs: tuple[str, ...], inlines: bool, progress: Progress
+) -> _Module | None:
     """Open ``path`` and its debug file, build the tables. None when neither is usable."""
     started = time.monotonic()
     opened = open_elf(path)
@@ -118,11 +121,9 @@ def _load_module(path: str, build_id: str | None, debug_dirs: tuple[str, ...],
         opened = None
     debug = None
     wanted_id = build_id or file_build_id
-    self_contained = opened is not None and all(
-        has_section(opened.elf, name) for name in (".debug_line", ".symtab"))
+    self_contained = opened is not None and all(has_section(opened.elf, name) for name in (".debug_line", ".symtab"))
     if not self_contained:
-        debug = find_debug_file(path, wanted_id, debuglink(opened.elf) if opened else None,
-                                 debug_dirs, progress)
+        debug = find_debug_file(path, wanted_id, debuglink(opened.elf) if opened else None, debug_dirs, progress)
     if opened is None and debug is None:
         return None
     try:
@@ -136,8 +137,15 @@ def _load_module(path: str, build_id: str | None, debug_dirs: tuple[str, ...],
                 item.close()
 
 
-def _assemble(path: str, opened: OpenedElf | None, debug: OpenedElf | None, inlines: bool,
-              debug_dirs: tuple[str, ...], progress: Progress, started: float) -> _Module:
+def _assemble(
+    path: str,
+    opened: OpenedElf | None,
+    debug: OpenedElf | None,
+    inlines: bool,
+    debug_dirs: tuple[str, ...],
+    progress: Progress,
+    started: float,
+) -> _Module:
     """Build symbol table, line table and DIE index from the opened files."""
     if opened is not None:
         segs = segments(opened.elf)
@@ -150,21 +158,23 @@ def _assemble(path: str, opened: OpenedElf | None, debug: OpenedElf | None, inli
         if item is not None:
             raw.extend(read_symbols(item.elf, section))
     symbols = SymbolTable.build(raw)
-    dwarf_file = next((o for o in (debug, opened)
-                       if o is not None and has_section(o.elf, ".debug_line")), None)
+    dwarf_file = next((o for o in (debug, opened) if o is not None and has_section(o.elf, ".debug_line")), None)
     lines = dwarf = None
     if dwarf_file is not None:
         index = _dwarf_index(dwarf_file, debug_dirs, progress)
-        lines = LineTable.build(dwarf_file.elf, _address_filter(exec_ranges(dwarf_file.elf)),
-                                index.comp_dir if index is not None else (lambda _stmt: None))
+        lines = LineTable.build(
+            dwarf_file.elf,
+            _address_filter(exec_ranges(dwarf_file.elf)),
+            index.comp_dir if index is not None else (lambda _stmt: None),
+        )
         dwarf = index if inlines else None
-    progress(f"{path}: {len(symbols)} symbols, {len(lines) if lines else 0} line rows"
-             f" in {time.monotonic() - started:.2f}s")
+    progress(
+        f"{path}: {len(symbols)} symbols, {len(lines) if lines else 0} line rows in {time.monotonic() - started:.2f}s"
+    )
     return _Module(path, segs, symbols, lines, dwarf)
 
 
-def _dwarf_index(dwarf_file: OpenedElf, debug_dirs: tuple[str, ...],
-                 progress: Progress) -> DwarfIndex | None:
+def _dwarf_index(dwarf_file: OpenedElf, debug_dirs: tuple[str, ...], progress: Progress) -> DwarfIndex | None:
     """The DIE index of a file, or None without (readable) .debug_info."""
     if not has_section(dwarf_file.elf, ".debug_info"):
         return None
@@ -194,15 +204,17 @@ def _address_filter(ranges: list[tuple[int, int]]) -> Callable[[int], bool]:
 class Symbolizer:
     """Symbolizes file offsets in ELF modules; tables are cached per module version."""
 
-    def __init__(self, debug_dirs: Iterable[str] = DEBUG_DIRS,
-                 progress: Progress | None = None, inlines: bool = True) -> None:
+    def __init__(
+        self, debug_dirs: Iterable[str] = DEBUG_DIRS, progress: Progress | None = None, inlines: bool = True
+    ) -> None:
         self._debug_dirs = tuple(debug_dirs)
         self._progress: Progress = progress or (lambda _message: None)
         self._inlines = inlines
         self._modules: dict[tuple[str, str | None, int | None], _Module | None] = {}
 
-    def symbolize(self, module_path: str, offsets: Iterable[int], build_id: str | None = None,
-                  return_addresses: bool = True) -> dict[int, list[Frame]]:
+    def symbolize(
+        self, module_path: str, offsets: Iterable[int], build_id: str | None = None, return_addresses: bool = True
+    ) -> dict[int, list[Frame]]:
         """Map FILE OFFSETS within the ELF file module_path to frames (innermost first; a list
         because of inlining — normally one element). When return_addresses is True, look up
         offset-1 for the function/line (the addresses are return addresses pointing after a
@@ -220,8 +232,7 @@ class Symbolizer:
                     frames = module.frames(offset, return_addresses)
                 except Exception:  # noqa: BLE001 - one odd DIE must not lose the whole report
                     frames = None
-            result[offset] = frames or [Frame(unknown_name(module_path, offset), module_path,
-                                              None, None, offset)]
+            result[offset] = frames or [Frame(unknown_name(module_path, offset), module_path, None, None, offset)]
         return result
 
     def close(self) -> None:
@@ -244,8 +255,7 @@ class Symbolizer:
         if key not in self._modules:
             self._progress(f"loading {path}")
             try:
-                self._modules[key] = _load_module(path, build_id, self._debug_dirs,
-                                                  self._inlines, self._progress)
+                self._modules[key] = _load_module(path, build_id, self._debug_dirs, self._inlines, self._progress)
             except Exception as error:  # noqa: BLE001 - a hostile file gives unknown frames
                 self._progress(f"{path}: {error}")
                 self._modules[key] = None

@@ -9,6 +9,7 @@
   holding its mmap lock). A per-call page budget bounds the cost; above it, evenly spaced
   windows are sampled and the result is marked estimated.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -25,18 +26,18 @@ from common.pages import PAGE, page_down, page_up
 
 from ..process.procfs import Mapping
 
-HEAP_MAX = 64 << 20          # glibc HEAP_MAX_SIZE on 64-bit
-WINDOW = 512                 # pages read per sampling window (4 KiB of pagemap)
-DEFAULT_BUDGET = 1 << 20     # pages per measurement (4 GiB of address space, 8 MiB of pagemap)
+HEAP_MAX = 64 << 20  # glibc HEAP_MAX_SIZE on 64-bit
+WINDOW = 512  # pages read per sampling window (4 KiB of pagemap)
+DEFAULT_BUDGET = 1 << 20  # pages per measurement (4 GiB of address space, 8 MiB of pagemap)
 
 
 @dataclass
 class Heap:
     start: int
-    end: int                 # end of the read-write part
-    reserved_end: int        # end including the PROT_NONE tail
-    kind: str                # 'main' | 'thread'
-    arena: str               # 'main' or the arena address (hex) from heap_info.ar_ptr
+    end: int  # end of the read-write part
+    reserved_end: int  # end including the PROT_NONE tail
+    kind: str  # 'main' | 'thread'
+    arena: str  # 'main' or the arena address (hex) from heap_info.ar_ptr
 
 
 def find_heaps(pid: int, maps: list[Mapping]) -> list[Heap]:
@@ -53,8 +54,12 @@ def find_heaps(pid: int, maps: list[Mapping]) -> list[Heap]:
         reserved = m.end
         if i + 1 < len(ms):
             nxt = ms[i + 1]
-            if (nxt.is_anonymous and nxt.perms.startswith("---") and nxt.start == m.end
-                    and nxt.end <= m.start + HEAP_MAX):
+            if (
+                nxt.is_anonymous
+                and nxt.perms.startswith("---")
+                and nxt.start == m.end
+                and nxt.end <= m.start + HEAP_MAX
+            ):
                 reserved = nxt.end
         if reserved != m.start + HEAP_MAX:
             continue  # not a whole 64 MiB heap reservation
@@ -145,8 +150,9 @@ class Pagemap:
         total = sum(max(0, (hi - lo) // PAGE) for lo, hi in ranges)
         if total <= self.budget:
             return [self.resident(lo, hi, budget=total) for lo, hi in ranges]
-        return [self.resident(lo, hi, budget=max(WINDOW, self.budget * ((hi - lo) // PAGE) // total))
-                for lo, hi in ranges]
+        return [
+            self.resident(lo, hi, budget=max(WINDOW, self.budget * ((hi - lo) // PAGE) // total)) for lo, hi in ranges
+        ]
 
 
 def merge_ranges(ranges) -> list[tuple[int, int]]:
@@ -195,8 +201,8 @@ def chunk_ranges(blocks: tuple[np.ndarray, np.ndarray], heaps: list[Heap]) -> li
 PM_SCAN_ARG = struct.Struct("<12Q")
 PAGEMAP_SCAN = (3 << 30) | (PM_SCAN_ARG.size << 16) | (ord("f") << 8) | 16  # _IOWR('f', 16, ...)
 PAGE_IS_PRESENT = 1 << 3
-PAGE_IS_PFNZERO = 1 << 5     # the shared zero page (a read of untouched anonymous memory): not RSS
-SCAN_REGIONS = 4096          # page_region entries per ioctl (96 KiB buffer)
+PAGE_IS_PFNZERO = 1 << 5  # the shared zero page (a read of untouched anonymous memory): not RSS
+SCAN_REGIONS = 4096  # page_region entries per ioctl (96 KiB buffer)
 
 
 class PageScan:
@@ -227,8 +233,22 @@ class PageScan:
             inv, mask = PAGE_IS_PFNZERO, PAGE_IS_PRESENT | PAGE_IS_PFNZERO
         else:
             inv, mask = 0, PAGE_IS_PRESENT
-        PM_SCAN_ARG.pack_into(self.arg, 0, PM_SCAN_ARG.size, 0, start, end, 0, ctypes.addressof(self.buf),
-                              SCAN_REGIONS, 0, inv, mask, 0, PAGE_IS_PRESENT)
+        PM_SCAN_ARG.pack_into(
+            self.arg,
+            0,
+            PM_SCAN_ARG.size,
+            0,
+            start,
+            end,
+            0,
+            ctypes.addressof(self.buf),
+            SCAN_REGIONS,
+            0,
+            inv,
+            mask,
+            0,
+            PAGE_IS_PRESENT,
+        )
         n = fcntl.ioctl(self.fd, PAGEMAP_SCAN, self.arg, True)
         self.calls += 1
         walk_end = PM_SCAN_ARG.unpack_from(self.arg, 0)[4]

@@ -28,6 +28,7 @@ merged while it is read can make one heap's walk stop early (counted, the rest e
 Figures are chunk bytes (a block's usable size + 8 bytes of header, 16-byte rounded), what the
 heap spends on it — `mallinfo2()`'s units.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,29 +48,43 @@ AR_FASTBINS, NFASTBINS = 16, 10
 AR_TOP, AR_BINS, NBINS = 96, 112, 127
 AR_NEXT, AR_SYSTEM_MEM = 2160, 2184
 ARENA_SIZE = 2200
-TCACHE_CHUNK = 0x290         # tcache_perthread_struct (2.30+: uint16 counts[64], entries[64]) + header
+TCACHE_CHUNK = 0x290  # tcache_perthread_struct (2.30+: uint16 counts[64], entries[64]) + header
 TCACHE_BINS = 64
 MIN_CHUNK = 32
-WINDOW = 32 << 20            # bytes of a heap read at once
+WINDOW = 32 << 20  # bytes of a heap read at once
 DEFAULT_BUDGET_S = 2.0
 PREV_INUSE, IS_MMAPPED = 1, 2
 
-ROW_FIELDS = ("arena", "heaps", "system_bytes", "in_use_bytes", "free_bytes", "fastbin_bytes", "tcache_bytes",
-              "top_bytes", "resident_bytes", "chunks", "walked_bytes", "sampled", "tcache_estimated", "ms")
+ROW_FIELDS = (
+    "arena",
+    "heaps",
+    "system_bytes",
+    "in_use_bytes",
+    "free_bytes",
+    "fastbin_bytes",
+    "tcache_bytes",
+    "top_bytes",
+    "resident_bytes",
+    "chunks",
+    "walked_bytes",
+    "sampled",
+    "tcache_estimated",
+    "ms",
+)
 
 
 @dataclass
 class ArenaCensus:
-    arena: str                       # 'main', the arena's address (hex), or 'mmap' (mmapped chunks)
+    arena: str  # 'main', the arena's address (hex), or 'mmap' (mmapped chunks)
     heaps: int = 0
-    system_bytes: int = 0            # the arena's heaps (its system_mem), or the mmapped chunks' bytes
-    in_use_bytes: int = 0            # chunks in use (fastbin and tcache entries not: they are free)
-    free_bytes: int = 0              # free chunks in the bins (the walk's PREV_INUSE)
+    system_bytes: int = 0  # the arena's heaps (its system_mem), or the mmapped chunks' bytes
+    in_use_bytes: int = 0  # chunks in use (fastbin and tcache entries not: they are free)
+    free_bytes: int = 0  # free chunks in the bins (the walk's PREV_INUSE)
     fastbin_bytes: int = 0
     tcache_bytes: int = 0
     top_bytes: int = 0
-    resident_bytes: int = -1         # mmapped chunks only: their resident pages
-    chunks: int = 0                  # walked
+    resident_bytes: int = -1  # mmapped chunks only: their resident pages
+    chunks: int = 0  # walked
     walked_bytes: int = 0
     sampled: bool = False
     tcache_estimated: bool = False
@@ -104,6 +119,7 @@ class Mem:
 
 # --- finding main_arena --------------------------------------------------------------------------
 
+
 def libc_mappings(maps: list[procfs.Mapping]) -> list[procfs.Mapping]:
     """The mappings of the libc serving malloc (libc.so.6 / libc-2.NN.so)."""
     return [m for m in maps if re.fullmatch(r"libc(\.so\.6|-[\d.]+\.so)", os.path.basename(m.path))]
@@ -121,8 +137,12 @@ def _object_symbols(path: str, names: tuple[str, ...]) -> dict[str, int]:
         if sec is None or sec["sh_type"] == "SHT_NOBITS":
             return {}
         strtab = found.elf.get_section(sec["sh_link"]).data()
-        syms = np.frombuffer(sec.data(), dtype=np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"),
-                                                          ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")]))
+        syms = np.frombuffer(
+            sec.data(),
+            dtype=np.dtype(
+                [("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")]
+            ),
+        )
         out = {}
         for n in names:
             i = strtab.find(b"\0" + n.encode() + b"\0")
@@ -210,6 +230,7 @@ def find_main_arena(mem: Mem, maps: list[procfs.Mapping]) -> tuple[int | None, s
 
 
 # --- the walk ------------------------------------------------------------------------------------
+
 
 @dataclass
 class _Walk:
@@ -306,7 +327,7 @@ def fastbin_bytes(mem: Mem, arena: int, deadline: float, limit: int = 1 << 24) -
         return 0, False
     total, ok, seen = 0, True, 0
     for k in range(NFASTBINS):
-        p = int.from_bytes(heads[8 * k: 8 * k + 8], "little")
+        p = int.from_bytes(heads[8 * k : 8 * k + 8], "little")
         want = 32 + 16 * k
         while p and seen < limit:
             if not seen & 0x3FF and time.perf_counter() > deadline:
@@ -376,8 +397,9 @@ def mmapped_chunks(mem: Mem, maps: list[procfs.Mapping], heaps) -> list[tuple[in
     return out
 
 
-def run_census(pid: int, maps: list[procfs.Mapping] | None = None, budget_s: float = DEFAULT_BUDGET_S,
-               threads: int | None = None) -> tuple[list[ArenaCensus], dict]:
+def run_census(
+    pid: int, maps: list[procfs.Mapping] | None = None, budget_s: float = DEFAULT_BUDGET_S, threads: int | None = None
+) -> tuple[list[ArenaCensus], dict]:
     """The census of every glibc arena of `pid` (and its mmapped chunks); and how it went:
     {main_arena, found_by, ms, budget_s, sampled, arenas, threads, tcaches}. Raises OSError when
     the target's memory cannot be read."""
@@ -406,9 +428,9 @@ def run_census(pid: int, maps: list[procfs.Mapping] | None = None, budget_s: flo
             st = mem.read(ar, ARENA_SIZE)
             if len(st) != ARENA_SIZE:
                 continue
-            top = int.from_bytes(st[AR_TOP: AR_TOP + 8], "little")
+            top = int.from_bytes(st[AR_TOP : AR_TOP + 8], "little")
             c = ArenaCensus("main" if ar == main else f"{ar:#x}")
-            c.system_bytes = int.from_bytes(st[AR_SYSTEM_MEM: AR_SYSTEM_MEM + 8], "little")
+            c.system_bytes = int.from_bytes(st[AR_SYSTEM_MEM : AR_SYSTEM_MEM + 8], "little")
             top_size = (mem.word(top + 8) or 0) & ~7 if top else 0
             c.top_bytes = top_size
             spans: list[tuple[int, int]] = []  # (first chunk, end)
@@ -416,8 +438,9 @@ def run_census(pid: int, maps: list[procfs.Mapping] | None = None, budget_s: flo
                 if heap_main is not None and top:
                     spans.append((heap_main.start, top + top_size))
             else:
-                mine = sorted((h for h in heaps if h.kind == "thread" and int(h.arena, 16) == ar),
-                              key=lambda h: h.start)
+                mine = sorted(
+                    (h for h in heaps if h.kind == "thread" and int(h.arena, 16) == ar), key=lambda h: h.start
+                )
                 for h in mine:
                     size = mem.word(h.start + 16) or 0  # heap_info.size
                     if h.start <= ar < h.start + HEAP_MAX:  # the arena's first heap: malloc_state inside
@@ -439,8 +462,11 @@ def run_census(pid: int, maps: list[procfs.Mapping] | None = None, budget_s: flo
                 c.chunks += w.chunks
                 c.walked_bytes += w.walked
                 c.tcaches += w.tcache
-                walked_in, walked_free, walked_bytes = walked_in + w.in_use, walked_free + w.free, \
-                    walked_bytes + w.walked
+                walked_in, walked_free, walked_bytes = (
+                    walked_in + w.in_use,
+                    walked_free + w.free,
+                    walked_bytes + w.walked,
+                )
                 rest = (end - first) - w.walked - (top_size if first <= top < end else 0)
                 if not w.complete and rest > 0:
                     not_walked += rest
@@ -491,9 +517,14 @@ def run_census(pid: int, maps: list[procfs.Mapping] | None = None, budget_s: flo
                 mm.resident_bytes = -1
             mm.ms = (time.perf_counter() - t_m) * 1e3
             out.append(mm)
-        info.update(ms=round((time.perf_counter() - t0) * 1e3, 3), sampled=any(c.sampled for c in out),
-                    arenas=len(arenas), threads=nthreads, tcaches=len(found),
-                    chunks=sum(c.chunks for c in out))
+        info.update(
+            ms=round((time.perf_counter() - t0) * 1e3, 3),
+            sampled=any(c.sampled for c in out),
+            arenas=len(arenas),
+            threads=nthreads,
+            tcaches=len(found),
+            chunks=sum(c.chunks for c in out),
+        )
         return out, info
     finally:
         mem.close()

@@ -5,6 +5,7 @@ libcudart (the runtime: cudaMalloc, cudaHostAlloc, PyTorch's pin_memory) is ofte
 program statically, but every runtime call that allocates ends in the driver, libcuda.so.1, which
 is always a shared library: probing the driver sees all of them.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,14 +44,19 @@ SONAME = "libcuda.so.1"
 @dataclass
 class CudaReport:
     """What was probed in the driver: meta.json `probes.cuda`."""
+
     module: str = ""
     attached: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     placement: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"module": self.module, "attached": self.attached or [], "skipped": self.skipped or {},
-                "placement": self.placement or {}}
+        return {
+            "module": self.module,
+            "attached": self.attached or [],
+            "skipped": self.skipped or {},
+            "placement": self.placement or {},
+        }
 
 
 def find_driver(maps: list[Mapping]) -> str | None:

@@ -12,6 +12,7 @@ or a file name; without it the executable, then any mapped module that defines S
 sites carry the source `custom:SYMBOL`, a layer above the heap and the kernel: a pool's objects
 live in slabs its allocator or mmap already counted, so they are kept out of the totals.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,7 +33,7 @@ _ARG = re.compile(r"arg([0-9]+)")
 class CustomFn:
     spec: str
     symbol: str
-    module: str           # as given ('' : the executable, then any module)
+    module: str  # as given ('' : the executable, then any module)
     free: bool
     size_arg: int | None = None
     count_arg: int | None = None
@@ -51,8 +52,11 @@ class CustomFn:
 def parse(spec: str, free: bool) -> CustomFn:
     """One --alloc-fn (free=False) or --free-fn spec; UsageError (one line) when malformed."""
     flag = "--free-fn" if free else "--alloc-fn"
-    grammar = ("SYMBOL[@MODULE]:ptr=argN" if free else
-               "SYMBOL[@MODULE]:size=argN[,out=argM] or SYMBOL[@MODULE]:count=argN,size=argM")
+    grammar = (
+        "SYMBOL[@MODULE]:ptr=argN"
+        if free
+        else "SYMBOL[@MODULE]:size=argN[,out=argM] or SYMBOL[@MODULE]:count=argN,size=argM"
+    )
     head, sep, args = spec.partition(":")
     symbol, _, module = head.partition("@")
     symbol, module = symbol.strip(), module.strip()
@@ -65,8 +69,10 @@ def parse(spec: str, free: bool) -> CustomFn:
         key, val = key.strip(), val.strip()
         m = _ARG.fullmatch(val)
         if not eq or key not in allowed or not m:
-            raise UsageError(f"{flag} {spec!r}: {part.strip() or '(empty)'!r} is not one of "
-                             f"{', '.join(k + '=argN' for k in allowed)}; expected {grammar}")
+            raise UsageError(
+                f"{flag} {spec!r}: {part.strip() or '(empty)'!r} is not one of "
+                f"{', '.join(k + '=argN' for k in allowed)}; expected {grammar}"
+            )
         if key in given:
             raise UsageError(f"{flag} {spec!r}: {key} given twice")
         n = int(m.group(1))
@@ -81,8 +87,9 @@ def parse(spec: str, free: bool) -> CustomFn:
         raise UsageError(f"{flag} {spec!r}: no size=argN; expected {grammar}")
     if len(set(given.values())) != len(given):
         raise UsageError(f"{flag} {spec!r}: one argument cannot be two things")
-    return CustomFn(spec, symbol, module, False, size_arg=given["size"], count_arg=given.get("count"),
-                    out_arg=given.get("out"))
+    return CustomFn(
+        spec, symbol, module, False, size_arg=given["size"], count_arg=given.get("count"), out_arg=given.get("out")
+    )
 
 
 def parse_all(alloc_specs, free_specs) -> list[CustomFn]:
@@ -106,7 +113,7 @@ def _matches(path: str, module: str) -> bool:
 class Located:
     fn: CustomFn
     path: str
-    offset: int   # file offset of the function
+    offset: int  # file offset of the function
     size: int
 
 
@@ -120,8 +127,9 @@ def locate(fn: CustomFn, exe: str, maps: list[Mapping]) -> Located:
         if not candidates:
             raise TargetError(f"{fn.spec!r}: the process maps no module {fn.module!r}")
     else:
-        candidates = [p for p in files if os.path.realpath(p) == exe_real] + \
-            [p for p in files if os.path.realpath(p) != exe_real]
+        candidates = [p for p in files if os.path.realpath(p) == exe_real] + [
+            p for p in files if os.path.realpath(p) != exe_real
+        ]
     for path in candidates:  # the one name asked, read vectorised (a C++ library has 100k+ symbols)
         q = query_functions(path, [fn.symbol])
         if q is not None and fn.symbol in q.functions:

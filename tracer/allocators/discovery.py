@@ -13,6 +13,7 @@ Entry points map onto the probes of probes/allocscope.c by their C signature: `m
 flags)` is a malloc, `rallocx(ptr, size, flags)` a realloc, `sdallocx(ptr, size, flags)` and
 `dallocx(ptr, flags)` a free, and so on.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,56 +27,101 @@ from ..process.procfs import Mapping
 # The standard C allocation API (glibc, jemalloc, tcmalloc and mimalloc overrides, static and
 # custom allocators): symbol -> BPF entry program. All share the return program `alloc_return`
 # except the frees (entry only).
-STANDARD = {"malloc": "malloc_enter", "calloc": "calloc_enter", "realloc": "realloc_enter",
-            "reallocarray": "reallocarray_enter", "posix_memalign": "posix_memalign_enter",
-            "aligned_alloc": "aligned_alloc_enter", "memalign": "memalign_enter", "valloc": "valloc_enter",
-            "pvalloc": "pvalloc_enter", "malloc_trim": "malloc_trim_enter", "free": "free_enter"}
+STANDARD = {
+    "malloc": "malloc_enter",
+    "calloc": "calloc_enter",
+    "realloc": "realloc_enter",
+    "reallocarray": "reallocarray_enter",
+    "posix_memalign": "posix_memalign_enter",
+    "aligned_alloc": "aligned_alloc_enter",
+    "memalign": "memalign_enter",
+    "valloc": "valloc_enter",
+    "pvalloc": "pvalloc_enter",
+    "malloc_trim": "malloc_trim_enter",
+    "free": "free_enter",
+}
 FREES = {"free_enter"}
 # jemalloc's own API, prefixed or not (je_*, _rjem_*: tikv-jemallocator / jemalloc-sys)
-JEMALLOC = {"mallocx": "malloc_enter", "rallocx": "realloc_enter", "sdallocx": "free_enter",
-            "dallocx": "free_enter"}
+JEMALLOC = {"mallocx": "malloc_enter", "rallocx": "realloc_enter", "sdallocx": "free_enter", "dallocx": "free_enter"}
 # gperftools' tcmalloc (full and minimal): tc_* beside its malloc/free overrides
-TCMALLOC = {"tc_malloc": "malloc_enter", "tc_malloc_skip_new_handler": "malloc_enter", "tc_calloc": "calloc_enter",
-            "tc_realloc": "realloc_enter", "tc_free": "free_enter", "tc_free_sized": "free_enter",
-            "tc_memalign": "memalign_enter", "tc_posix_memalign": "posix_memalign_enter",
-            "tc_valloc": "valloc_enter", "tc_pvalloc": "pvalloc_enter", "tc_new": "malloc_enter",
-            "tc_newarray": "malloc_enter", "tc_new_nothrow": "malloc_enter", "tc_newarray_nothrow": "malloc_enter",
-            "tc_delete": "free_enter", "tc_deletearray": "free_enter", "tc_delete_sized": "free_enter",
-            "tc_deletearray_sized": "free_enter"}
+TCMALLOC = {
+    "tc_malloc": "malloc_enter",
+    "tc_malloc_skip_new_handler": "malloc_enter",
+    "tc_calloc": "calloc_enter",
+    "tc_realloc": "realloc_enter",
+    "tc_free": "free_enter",
+    "tc_free_sized": "free_enter",
+    "tc_memalign": "memalign_enter",
+    "tc_posix_memalign": "posix_memalign_enter",
+    "tc_valloc": "valloc_enter",
+    "tc_pvalloc": "pvalloc_enter",
+    "tc_new": "malloc_enter",
+    "tc_newarray": "malloc_enter",
+    "tc_new_nothrow": "malloc_enter",
+    "tc_newarray_nothrow": "malloc_enter",
+    "tc_delete": "free_enter",
+    "tc_deletearray": "free_enter",
+    "tc_delete_sized": "free_enter",
+    "tc_deletearray_sized": "free_enter",
+}
 # mimalloc's own API beside its overrides
-MIMALLOC = {"mi_malloc": "malloc_enter", "mi_zalloc": "malloc_enter", "mi_calloc": "calloc_enter",
-            "mi_mallocn": "calloc_enter", "mi_realloc": "realloc_enter", "mi_reallocn": "reallocarray_enter",
-            "mi_reallocarray": "reallocarray_enter", "mi_malloc_aligned": "malloc_enter",
-            "mi_zalloc_aligned": "malloc_enter", "mi_realloc_aligned": "realloc_enter",
-            "mi_posix_memalign": "posix_memalign_enter", "mi_aligned_alloc": "aligned_alloc_enter",
-            "mi_memalign": "memalign_enter", "mi_valloc": "valloc_enter", "mi_pvalloc": "pvalloc_enter",
-            "mi_new": "malloc_enter", "mi_free": "free_enter", "mi_free_size": "free_enter",
-            "mi_free_aligned": "free_enter", "mi_free_size_aligned": "free_enter"}
+MIMALLOC = {
+    "mi_malloc": "malloc_enter",
+    "mi_zalloc": "malloc_enter",
+    "mi_calloc": "calloc_enter",
+    "mi_mallocn": "calloc_enter",
+    "mi_realloc": "realloc_enter",
+    "mi_reallocn": "reallocarray_enter",
+    "mi_reallocarray": "reallocarray_enter",
+    "mi_malloc_aligned": "malloc_enter",
+    "mi_zalloc_aligned": "malloc_enter",
+    "mi_realloc_aligned": "realloc_enter",
+    "mi_posix_memalign": "posix_memalign_enter",
+    "mi_aligned_alloc": "aligned_alloc_enter",
+    "mi_memalign": "memalign_enter",
+    "mi_valloc": "valloc_enter",
+    "mi_pvalloc": "pvalloc_enter",
+    "mi_new": "malloc_enter",
+    "mi_free": "free_enter",
+    "mi_free_size": "free_enter",
+    "mi_free_aligned": "free_enter",
+    "mi_free_size_aligned": "free_enter",
+}
 # Each allocator's purge calls: probed like malloc_trim (the drop of anon RSS across the call is
 # what they released; the event names the allocator by its source). jemalloc's mallctl is probed
 # whatever the name asked: the tracer keeps the purge/decay ones.
-PURGES = {"jemalloc": {"mallctl": "malloc_trim_enter"},
-          "tcmalloc": {"MallocExtension_ReleaseFreeMemory": "malloc_trim_enter",
-                       "MallocExtension_ReleaseToSystem": "malloc_trim_enter"},
-          "mimalloc": {"mi_collect": "malloc_trim_enter"}}
+PURGES = {
+    "jemalloc": {"mallctl": "malloc_trim_enter"},
+    "tcmalloc": {
+        "MallocExtension_ReleaseFreeMemory": "malloc_trim_enter",
+        "MallocExtension_ReleaseToSystem": "malloc_trim_enter",
+    },
+    "mimalloc": {"mi_collect": "malloc_trim_enter"},
+}
 # What each probe program reads, to place it (tracer/allocators/placement.py).
 ENTRY_PROGRAMS = sorted(set(STANDARD.values()))
 
-KNOWN_LIBRARIES = [("libjemalloc", "jemalloc"), ("libtcmalloc", "tcmalloc"), ("libmimalloc", "mimalloc"),
-                   ("libc.so", "glibc"), ("libc-", "glibc")]
+KNOWN_LIBRARIES = [
+    ("libjemalloc", "jemalloc"),
+    ("libtcmalloc", "tcmalloc"),
+    ("libmimalloc", "mimalloc"),
+    ("libc.so", "glibc"),
+    ("libc-", "glibc"),
+]
 
 
 @dataclass
 class Allocator:
     """One allocator in one module: the entry points the probes take there."""
-    path: str                 # the ELF file
-    kind: str                 # glibc | jemalloc | tcmalloc | mimalloc | static | custom
-    prefix: str = ""          # jemalloc's symbol prefix (je_, _rjem_), '' for the standard names
-    entries: dict[str, str] = field(default_factory=dict)   # symbol -> BPF entry program
-    offsets: dict[str, int] = field(default_factory=dict)   # symbol -> file offset
-    sizes: dict[str, int] = field(default_factory=dict)     # symbol -> st_size
+
+    path: str  # the ELF file
+    kind: str  # glibc | jemalloc | tcmalloc | mimalloc | static | custom
+    prefix: str = ""  # jemalloc's symbol prefix (je_, _rjem_), '' for the standard names
+    entries: dict[str, str] = field(default_factory=dict)  # symbol -> BPF entry program
+    offsets: dict[str, int] = field(default_factory=dict)  # symbol -> file offset
+    sizes: dict[str, int] = field(default_factory=dict)  # symbol -> st_size
     serves_malloc: bool = False  # the one whose `malloc` the process calls
-    source: str = "heap"      # its sites' source: "heap" for the one serving malloc, "heap:KIND[:PREFIX]"
+    source: str = "heap"  # its sites' source: "heap" for the one serving malloc, "heap:KIND[:PREFIX]"
 
     @property
     def label(self) -> str:
@@ -145,7 +191,7 @@ def _entries(syms: ModuleSymbols, table: dict[str, str], prefix: str = "") -> di
 
 
 ALLOCATORS_FACT = "allocators-1"  # tracer/allocators/facts.py kind; bump when allocators_in's answer changes
-PLACEMENT_FACT = "placement-1"    # likewise for tracer/allocators/placement.py's
+PLACEMENT_FACT = "placement-1"  # likewise for tracer/allocators/placement.py's
 
 
 def allocators_in(path: str, is_exe: bool) -> list[Allocator]:
@@ -160,8 +206,15 @@ def allocators_in(path: str, is_exe: bool) -> list[Allocator]:
         except TypeError:
             pass  # another shape: scan again
     found = scan_allocators(path, is_exe)
-    filecache.put(ALLOCATORS_FACT, path, [{"kind": a.kind, "prefix": a.prefix, "entries": a.entries,
-                                           "offsets": a.offsets, "sizes": a.sizes} for a in found], str(is_exe))
+    filecache.put(
+        ALLOCATORS_FACT,
+        path,
+        [
+            {"kind": a.kind, "prefix": a.prefix, "entries": a.entries, "offsets": a.offsets, "sizes": a.sizes}
+            for a in found
+        ],
+        str(is_exe),
+    )
     return found
 
 
@@ -177,14 +230,23 @@ def scan_allocators(path: str, is_exe: bool, syms: ModuleSymbols | None = None) 
     std = _entries(syms, STANDARD)
     has_std = "malloc" in std and "free" in std
     if "tc_malloc" in syms.names:
-        found.append(Allocator(path, "tcmalloc", entries={**std, **_entries(syms, TCMALLOC),
-                                                          **_entries(syms, PURGES["tcmalloc"])}))
+        found.append(
+            Allocator(
+                path, "tcmalloc", entries={**std, **_entries(syms, TCMALLOC), **_entries(syms, PURGES["tcmalloc"])}
+            )
+        )
     elif "mi_malloc" in syms.names:
-        found.append(Allocator(path, "mimalloc", entries={**std, **_entries(syms, MIMALLOC),
-                                                          **_entries(syms, PURGES["mimalloc"])}))
+        found.append(
+            Allocator(
+                path, "mimalloc", entries={**std, **_entries(syms, MIMALLOC), **_entries(syms, PURGES["mimalloc"])}
+            )
+        )
     elif has_std and "mallocx" in syms.names:
-        found.append(Allocator(path, "jemalloc", entries={**std, **_entries(syms, JEMALLOC),
-                                                          **_entries(syms, PURGES["jemalloc"])}))
+        found.append(
+            Allocator(
+                path, "jemalloc", entries={**std, **_entries(syms, JEMALLOC), **_entries(syms, PURGES["jemalloc"])}
+            )
+        )
     elif has_std:
         kind = next((k for pre, k in KNOWN_LIBRARIES if base.startswith(pre)), None)
         if kind is None:
@@ -199,8 +261,11 @@ def scan_allocators(path: str, is_exe: bool, syms: ModuleSymbols | None = None) 
             prefix = name[: -len("mallocx")]
             frees = prefix + "free" in syms.names or prefix + "sdallocx" in syms.names
             if (prefix + "malloc" in syms.names or prefix + "rallocx" in syms.names) and frees:
-                entries = {**_entries(syms, STANDARD, prefix), **_entries(syms, JEMALLOC, prefix),
-                           **_entries(syms, PURGES["jemalloc"], prefix)}
+                entries = {
+                    **_entries(syms, STANDARD, prefix),
+                    **_entries(syms, JEMALLOC, prefix),
+                    **_entries(syms, PURGES["jemalloc"], prefix),
+                }
                 found.append(Allocator(path, "jemalloc", prefix=prefix, entries=entries))
     for a in found:
         a.offsets = {s: syms.functions[s][0] for s in a.entries}
@@ -269,40 +334,57 @@ def _reads() -> dict[str, tuple[int, ...]]:
     from .placement import REG_DI, REG_DX, REG_SI  # noqa: PLC0415 (capstone)
 
     di, si, dx = REG_DI, REG_SI, REG_DX
-    return {"malloc_enter": (di,), "calloc_enter": (di, si), "realloc_enter": (di, si),
-            "reallocarray_enter": (di, si, dx), "posix_memalign_enter": (di, dx), "aligned_alloc_enter": (si,),
-            "memalign_enter": (si,), "valloc_enter": (di,), "pvalloc_enter": (di,), "malloc_trim_enter": (di,),
-            "free_enter": (di,)}
+    return {
+        "malloc_enter": (di,),
+        "calloc_enter": (di, si),
+        "realloc_enter": (di, si),
+        "reallocarray_enter": (di, si, dx),
+        "posix_memalign_enter": (di, dx),
+        "aligned_alloc_enter": (si,),
+        "memalign_enter": (si,),
+        "valloc_enter": (di,),
+        "pvalloc_enter": (di,),
+        "malloc_trim_enter": (di,),
+        "free_enter": (di,),
+    }
 
 
 @dataclass
 class Probe:
     """One function to probe: where its entry (and return) probe sits."""
+
     symbol: str
-    program: str      # BPF entry program
+    program: str  # BPF entry program
     path: str
-    offset: int       # file offset of the probe (the function's, or behind a straight-line prefix)
+    offset: int  # file offset of the probe (the function's, or behind a straight-line prefix)
     moved: bool
     reason: str
-    returns: bool     # a return probe too (every allocating call; frees are entry-only)
+    returns: bool  # a return probe too (every allocating call; frees are entry-only)
 
 
 @dataclass
 class Plan:
     """What the probes of one allocator would be, proved on the code (tracer/allocators/placement.py)."""
+
     allocator: Allocator
     probes: list[Probe] = field(default_factory=list)
-    aliases: dict[str, str] = field(default_factory=dict)   # symbol -> symbol at the same address
-    skipped: dict[str, str] = field(default_factory=dict)   # symbol -> why
+    aliases: dict[str, str] = field(default_factory=dict)  # symbol -> symbol at the same address
+    skipped: dict[str, str] = field(default_factory=dict)  # symbol -> why
 
     def as_dict(self, attached: list[str] | None = None) -> dict:
         """meta.json `probes.allocators[]`: {kind, module, attached, skipped, placement, ...}."""
         a = self.allocator
-        return {"kind": a.kind, "module": a.path, "prefix": a.prefix, "source": a.source,
-                "serves_malloc": a.serves_malloc,
-                "attached": attached if attached is not None else [p.symbol for p in self.probes],
-                "aliases": self.aliases, "skipped": self.skipped,
-                "placement": {p.symbol: p.reason for p in self.probes if p.moved}}
+        return {
+            "kind": a.kind,
+            "module": a.path,
+            "prefix": a.prefix,
+            "source": a.source,
+            "serves_malloc": a.serves_malloc,
+            "attached": attached if attached is not None else [p.symbol for p in self.probes],
+            "aliases": self.aliases,
+            "skipped": self.skipped,
+            "placement": {p.symbol: p.reason for p in self.probes if p.moved},
+        }
 
 
 def plan_allocator(a: Allocator) -> Plan:

@@ -9,6 +9,7 @@ Files live under the compiled-program cache's root (ALLOCSCOPE_CACHE_DIR, else
 ~/.cache/allocscope), are written atomically, and are read only when this user owns them and
 nobody else may write them (root reads them). ALLOCSCOPE_BPF_CACHE=0 turns this off too.
 """
+
 from __future__ import annotations
 
 import hashlib

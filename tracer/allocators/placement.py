@@ -16,6 +16,7 @@ disassembly (capstone), else the entry is kept:
   `test %rdi,%rdi; je ...; push %rbp`. Probing the push is equivalent for every non-NULL
   pointer (free(NULL) does nothing) as long as no other path of the function reaches it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,8 +30,8 @@ _md.detail = True
 
 @dataclass(frozen=True)
 class Placement:
-    offset: int     # file offset to probe
-    moved: bool     # not the function's first instruction
+    offset: int  # file offset to probe
+    moved: bool  # not the function's first instruction
     reason: str
 
 
@@ -48,10 +49,30 @@ def emulated(insn) -> bool:
 
 # Instructions a straight-line prefix may hold: they read registers or memory and write one
 # register (or only flags). Anything else (stores, stack ops, string ops, calls) ends the search.
-_PLAIN = {X.X86_INS_ENDBR64, X.X86_INS_MOV, X.X86_INS_MOVABS, X.X86_INS_MOVZX, X.X86_INS_MOVSX, X.X86_INS_MOVSXD,
-          X.X86_INS_LEA, X.X86_INS_CMP, X.X86_INS_TEST, X.X86_INS_AND, X.X86_INS_OR, X.X86_INS_XOR,
-          X.X86_INS_ADD, X.X86_INS_SUB, X.X86_INS_SHR, X.X86_INS_SHL, X.X86_INS_SAR, X.X86_INS_NOT,
-          X.X86_INS_NEG, X.X86_INS_INC, X.X86_INS_DEC, X.X86_INS_IMUL}
+_PLAIN = {
+    X.X86_INS_ENDBR64,
+    X.X86_INS_MOV,
+    X.X86_INS_MOVABS,
+    X.X86_INS_MOVZX,
+    X.X86_INS_MOVSX,
+    X.X86_INS_MOVSXD,
+    X.X86_INS_LEA,
+    X.X86_INS_CMP,
+    X.X86_INS_TEST,
+    X.X86_INS_AND,
+    X.X86_INS_OR,
+    X.X86_INS_XOR,
+    X.X86_INS_ADD,
+    X.X86_INS_SUB,
+    X.X86_INS_SHR,
+    X.X86_INS_SHL,
+    X.X86_INS_SAR,
+    X.X86_INS_NOT,
+    X.X86_INS_NEG,
+    X.X86_INS_INC,
+    X.X86_INS_DEC,
+    X.X86_INS_IMUL,
+}
 # Full registers and their parts: a write to %edi writes %rdi.
 _PARTS = {
     X.X86_REG_RDI: (X.X86_REG_RDI, X.X86_REG_EDI, X.X86_REG_DI, X.X86_REG_DIL),
@@ -69,9 +90,18 @@ REG_DI, REG_SI, REG_DX, REG_CX = X.X86_REG_RDI, X.X86_REG_RSI, X.X86_REG_RDX, X.
 ARG_REGS = (REG_DI, REG_SI, REG_DX, REG_CX, X.X86_REG_R8, X.X86_REG_R9)  # arg0..arg5, System V
 _DI, _SI, _DX = REG_DI, REG_SI, REG_DX
 ENTRY_READS: dict[str, tuple[int, ...]] = {
-    "malloc": (_DI,), "calloc": (_DI, _SI), "realloc": (_DI, _SI), "reallocarray": (_DI, _SI, _DX),
-    "posix_memalign": (_DI, _DX), "aligned_alloc": (_SI,), "memalign": (_SI,), "valloc": (_DI,),
-    "pvalloc": (_DI,), "malloc_trim": (_DI,), "free": (_DI,)}
+    "malloc": (_DI,),
+    "calloc": (_DI, _SI),
+    "realloc": (_DI, _SI),
+    "reallocarray": (_DI, _SI, _DX),
+    "posix_memalign": (_DI, _DX),
+    "aligned_alloc": (_SI,),
+    "memalign": (_SI,),
+    "valloc": (_DI,),
+    "pvalloc": (_DI,),
+    "malloc_trim": (_DI,),
+    "free": (_DI,),
+}
 
 
 def _plain(insn, keep: set[int]) -> bool:
@@ -88,8 +118,11 @@ def _plain(insn, keep: set[int]) -> bool:
 def _branch_targets(insns) -> set[int]:
     out = set()
     for i in insns:
-        if (i.group(capstone.CS_GRP_JUMP) or i.group(capstone.CS_GRP_CALL)) and i.operands and \
-                i.operands[0].type == X.X86_OP_IMM:
+        if (
+            (i.group(capstone.CS_GRP_JUMP) or i.group(capstone.CS_GRP_CALL))
+            and i.operands
+            and i.operands[0].type == X.X86_OP_IMM
+        ):
             out.add(int(i.operands[0].imm))
     return out
 
@@ -122,17 +155,25 @@ def place_entry(path: str, offset: int, size: int, arg_reg: int = X.X86_REG_RDI)
     body = insns[skip:]
     targets = _branch_targets(insns) if size else set()
     if skip and body and size and emulated(body[0]) and body[0].address not in targets:
-        return Placement(body[0].address, True, f"after endbr64 (+{body[0].address - offset}: "
-                                                f"{body[0].mnemonic} {body[0].op_str}, emulated)")
+        return Placement(
+            body[0].address,
+            True,
+            f"after endbr64 (+{body[0].address - offset}: {body[0].mnemonic} {body[0].op_str}, emulated)",
+        )
     if len(body) >= 3 and size:
         t, j, nxt = body[0], body[1], body[2]
-        is_null_check = (t.id == X.X86_INS_TEST and len(t.operands) == 2 and
-                         all(o.type == X.X86_OP_REG and o.reg == arg_reg for o in t.operands) and
-                         j.id == X.X86_INS_JE)
-        if is_null_check and emulated(nxt) and nxt.address not in targets and \
-                not (skip and t.address in targets):
-            return Placement(nxt.address, True, f"after the NULL check (+{nxt.address - offset}: "
-                                                f"{nxt.mnemonic} {nxt.op_str}, emulated)")
+        is_null_check = (
+            t.id == X.X86_INS_TEST
+            and len(t.operands) == 2
+            and all(o.type == X.X86_OP_REG and o.reg == arg_reg for o in t.operands)
+            and j.id == X.X86_INS_JE
+        )
+        if is_null_check and emulated(nxt) and nxt.address not in targets and not (skip and t.address in targets):
+            return Placement(
+                nxt.address,
+                True,
+                f"after the NULL check (+{nxt.address - offset}: {nxt.mnemonic} {nxt.op_str}, emulated)",
+            )
     return Placement(offset, False, f"entry ({insns[0].mnemonic}: single-stepped)")
 
 
@@ -151,8 +192,11 @@ def place_probe(path: str, offset: int, size: int, reads: tuple[int, ...]) -> Pl
         if k > 0 and insn.address in targets:
             break
         if k > 0 and emulated(insn):
-            return Placement(insn.address, True, f"+{insn.address - offset}: {insn.mnemonic} {insn.op_str} "
-                                                 f"(emulated), behind {k} plain instruction(s)")
+            return Placement(
+                insn.address,
+                True,
+                f"+{insn.address - offset}: {insn.mnemonic} {insn.op_str} (emulated), behind {k} plain instruction(s)",
+            )
         if not _plain(insn, keep):
             break
     return Placement(offset, False, f"entry ({insns[0].mnemonic}: single-stepped)")

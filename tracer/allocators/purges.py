@@ -8,6 +8,7 @@ the per-allocator releases), so it is probed the out-of-process way, entry and r
 --inject. Without these probes an injected recording had no purge at all, and the releases made
 inside one (malloc_trim's madvises) counted as the program's own.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace

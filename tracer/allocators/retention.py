@@ -19,6 +19,7 @@ else from /proc/PID/pagemap within the page budget. Live bytes per allocator are
 bytes (source `heap` for the one serving malloc, `heap:KIND[:PREFIX]` for the others). Memory an
 allocator mapped before the attach is not in the LRU: it is counted as other anonymous memory.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -32,9 +33,9 @@ from .arenas import Heap, find_heaps, merge_ranges, resident_meter
 
 @dataclass
 class Owner:
-    source: str        # "heap" or "heap:KIND[:PREFIX]"
-    kind: str          # glibc | jemalloc | tcmalloc | mimalloc | static | custom
-    label: str         # KIND[:PREFIX]
+    source: str  # "heap" or "heap:KIND[:PREFIX]"
+    kind: str  # glibc | jemalloc | tcmalloc | mimalloc | static | custom
+    label: str  # KIND[:PREFIX]
     serves_malloc: bool
 
 
@@ -78,7 +79,7 @@ class AllocatorMeter:
     def __init__(self, pid: int, budget_pages: int, owners: list[Owner]) -> None:
         self.pid, self.budget = pid, budget_pages
         self.owners = owners
-        self.known: dict[int, int] = {}          # untracked ranges seen (start -> end), ours
+        self.known: dict[int, int] = {}  # untracked ranges seen (start -> end), ours
         self.glibc_chunk: dict[tuple[int, int], bool] = {}  # range -> starts with a glibc mmapped chunk
         self.last: list[tuple] = []
 
@@ -104,9 +105,13 @@ class AllocatorMeter:
             self.glibc_chunk[key] = ok
         return self.glibc_chunk[key]
 
-    def measure(self, untracked: dict[int, int], regions: list[tuple[int, int]],
-                live_by_source: dict[str, int], maps: list[procfs.Mapping] | None = None
-                ) -> tuple[list[tuple], float]:
+    def measure(
+        self,
+        untracked: dict[int, int],
+        regions: list[tuple[int, int]],
+        live_by_source: dict[str, int],
+        maps: list[procfs.Mapping] | None = None,
+    ) -> tuple[list[tuple], float]:
         """Rows (source, kind, mapped_bytes, resident_bytes, live_bytes, ranges) and the ms taken."""
         t0 = time.perf_counter()
         maps = procfs.read_maps(self.pid) if maps is None else maps
@@ -152,8 +157,16 @@ class AllocatorMeter:
             for o in self.owners:
                 rs = merge_ranges(per[o.source])
                 res = sum(pm.resident_many(rs)) if rs else 0
-                rows.append((o.source, o.label, sum(hi - lo for lo, hi in rs), res,
-                             int(live_by_source.get(o.source, 0)), len(rs)))
+                rows.append(
+                    (
+                        o.source,
+                        o.label,
+                        sum(hi - lo for lo, hi in rs),
+                        res,
+                        int(live_by_source.get(o.source, 0)),
+                        len(rs),
+                    )
+                )
         self.last = rows
         return rows, (time.perf_counter() - t0) * 1e3
 
@@ -165,7 +178,6 @@ def live_by_source(sites: dict) -> dict[str, int]:
         if src == "heap" or src.startswith("heap:"):
             out[src] = out.get(src, 0) + v[0] - v[2]
     return out
-
 
 
 def read_cstring(pid: int, addr: int, limit: int = 96) -> str:
@@ -207,8 +219,9 @@ class PurgeLog:
     def __init__(self) -> None:
         self.rows: list[tuple] = []
 
-    def add(self, ts_ns: int, tid: int, source: str, function: str, name: str, duration_ns: int,
-            before: int, after: int) -> None:
+    def add(
+        self, ts_ns: int, tid: int, source: str, function: str, name: str, duration_ns: int, before: int, after: int
+    ) -> None:
         self.rows.append((ts_ns, tid, source, function, name, duration_ns, before, after, before - after))
 
     def part(self, seq: int):

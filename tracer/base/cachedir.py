@@ -5,6 +5,7 @@ folder per kind under it: bpf/ (the compiled programs, tracer/bpf/cache.py; the 
 when its own folder is not writable), unwind/ (unwind rows, tracer/unwind/), files/ (facts about
 ELF files, tracer/allocators/facts.py); the CFI decoder at the root. ALLOCSCOPE_BPF_CACHE=0 turns
 the compiled programs and the facts off (`enabled`)."""
+
 from __future__ import annotations
 
 import json

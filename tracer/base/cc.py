@@ -1,6 +1,7 @@
 """Compiling the project's two small C files at set-up (or on first use): the --inject agent
 (tracer/inject/agent/agent.c) and the CFI decoder (tracer/unwind/cfi/cfi.c). One compiler call, written
 atomically (a temporary name, then rename), its first error line kept."""
+
 from __future__ import annotations
 
 import os

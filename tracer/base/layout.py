@@ -3,6 +3,7 @@
 Enum values are read from the header itself, so they cannot drift; struct layouts are mirrored
 by hand and tests/test_layout.py checks them against the classes BCC derives from the header.
 """
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -47,7 +48,7 @@ def _names(prefix: str, stop: str | None = None) -> dict[int, str]:
     out = {}
     for k, v in _enums().items():
         if k.startswith(prefix) and k != stop and not k.endswith("_MAX"):
-            out[v] = k[len(prefix):].lower()
+            out[v] = k[len(prefix) :].lower()
     return out
 
 
@@ -61,9 +62,9 @@ def counter_names() -> dict[int, str]:
     out = {}
     for k, v in _enums().items():
         if k.startswith("AS_LOST_") and k != "AS_LOST_COUNT":
-            out[v] = "lost_" + k[len("AS_LOST_"):].lower()
+            out[v] = "lost_" + k[len("AS_LOST_") :].lower()
         elif k.startswith("AS_CNT_") and k != "AS_CNT_MAX":
-            out[v] = "n_" + k[len("AS_CNT_"):].lower()
+            out[v] = "n_" + k[len("AS_CNT_") :].lower()
     return out
 
 
@@ -71,13 +72,23 @@ STACK_SYSCALL = 1
 
 
 class Stack(ct.Structure):
-    _fields_ = [("depth", ct.c_uint32), ("flags", ct.c_uint32), ("extra", ct.c_uint64),
-                ("ips", ct.c_uint64 * MAX_DEPTH)]
+    _fields_ = [
+        ("depth", ct.c_uint32),
+        ("flags", ct.c_uint32),
+        ("extra", ct.c_uint64),
+        ("ips", ct.c_uint64 * MAX_DEPTH),
+    ]
 
 
 class Live(ct.Structure):
-    _fields_ = [("size", ct.c_uint64), ("stack_id", ct.c_uint64), ("ts_ns", ct.c_uint64),
-                ("tid", ct.c_uint32), ("api", ct.c_uint16), ("source", ct.c_uint16)]
+    _fields_ = [
+        ("size", ct.c_uint64),
+        ("stack_id", ct.c_uint64),
+        ("ts_ns", ct.c_uint64),
+        ("tid", ct.c_uint32),
+        ("api", ct.c_uint16),
+        ("source", ct.c_uint16),
+    ]
 
 
 class SiteKey(ct.Structure):
@@ -85,9 +96,14 @@ class SiteKey(ct.Structure):
 
 
 class Site(ct.Structure):
-    _fields_ = [("alloc_bytes", ct.c_uint64), ("alloc_count", ct.c_uint64),
-                ("free_bytes", ct.c_uint64), ("free_count", ct.c_uint64),
-                ("peak_live_bytes", ct.c_uint64), ("gen", ct.c_uint64)]
+    _fields_ = [
+        ("alloc_bytes", ct.c_uint64),
+        ("alloc_count", ct.c_uint64),
+        ("free_bytes", ct.c_uint64),
+        ("free_count", ct.c_uint64),
+        ("peak_live_bytes", ct.c_uint64),
+        ("gen", ct.c_uint64),
+    ]
 
 
 SITE_COUNTERS = ("alloc_bytes", "alloc_count", "free_bytes", "free_count", "peak_live_bytes")  # not `gen`
@@ -106,40 +122,83 @@ class FlowKey(ct.Structure):
 
 
 class Flow(ct.Structure):
-    _fields_ = [("bytes", ct.c_uint64), ("count", ct.c_uint64), ("wait_ns_sum", ct.c_uint64),
-                ("wait_ns_max", ct.c_uint64)]
+    _fields_ = [
+        ("bytes", ct.c_uint64),
+        ("count", ct.c_uint64),
+        ("wait_ns_sum", ct.c_uint64),
+        ("wait_ns_max", ct.c_uint64),
+    ]
 
 
 class Inflight(ct.Structure):
-    _fields_ = [("sp", ct.c_uint64), ("size", ct.c_uint64), ("arg", ct.c_uint64), ("arg2", ct.c_uint64),
-                ("ts_ns", ct.c_uint64), ("api", ct.c_uint32), ("nest", ct.c_uint16),
-                ("tail", ct.c_uint16), ("source", ct.c_uint32), ("unsampled", ct.c_uint32),
-                ("ra", ct.c_uint64)]
+    _fields_ = [
+        ("sp", ct.c_uint64),
+        ("size", ct.c_uint64),
+        ("arg", ct.c_uint64),
+        ("arg2", ct.c_uint64),
+        ("ts_ns", ct.c_uint64),
+        ("api", ct.c_uint32),
+        ("nest", ct.c_uint16),
+        ("tail", ct.c_uint16),
+        ("source", ct.c_uint32),
+        ("unsampled", ct.c_uint32),
+        ("ra", ct.c_uint64),
+    ]
 
 
 class Custom(ct.Structure):
-    _fields_ = [("source", ct.c_uint32), ("size_arg", ct.c_uint8), ("count_arg", ct.c_uint8),
-                ("out_arg", ct.c_uint8), ("ptr_arg", ct.c_uint8)]
+    _fields_ = [
+        ("source", ct.c_uint32),
+        ("size_arg", ct.c_uint8),
+        ("count_arg", ct.c_uint8),
+        ("out_arg", ct.c_uint8),
+        ("ptr_arg", ct.c_uint8),
+    ]
 
 
 class Event(ct.Structure):
-    _fields_ = [("type", ct.c_uint32), ("tid", ct.c_uint32), ("ts_ns", ct.c_uint64),
-                ("addr", ct.c_uint64), ("len", ct.c_uint64), ("addr2", ct.c_uint64),
-                ("len2", ct.c_uint64), ("stack_id", ct.c_uint64), ("ret", ct.c_int64),
-                ("flags", ct.c_uint32), ("prot", ct.c_uint32), ("fd", ct.c_int32),
-                ("in_api", ct.c_uint32), ("source", ct.c_uint32), ("pad", ct.c_uint32),
-                ("comm", ct.c_char * 16)]
+    _fields_ = [
+        ("type", ct.c_uint32),
+        ("tid", ct.c_uint32),
+        ("ts_ns", ct.c_uint64),
+        ("addr", ct.c_uint64),
+        ("len", ct.c_uint64),
+        ("addr2", ct.c_uint64),
+        ("len2", ct.c_uint64),
+        ("stack_id", ct.c_uint64),
+        ("ret", ct.c_int64),
+        ("flags", ct.c_uint32),
+        ("prot", ct.c_uint32),
+        ("fd", ct.c_int32),
+        ("in_api", ct.c_uint32),
+        ("source", ct.c_uint32),
+        ("pad", ct.c_uint32),
+        ("comm", ct.c_char * 16),
+    ]
 
 
 class Sysargs(ct.Structure):
-    _fields_ = [("a0", ct.c_uint64), ("a1", ct.c_uint64), ("a2", ct.c_uint64), ("a3", ct.c_uint64),
-                ("a4", ct.c_uint64), ("ts_ns", ct.c_uint64), ("rss", ct.c_int64), ("nr", ct.c_uint32),
-                ("pad", ct.c_uint32)]
+    _fields_ = [
+        ("a0", ct.c_uint64),
+        ("a1", ct.c_uint64),
+        ("a2", ct.c_uint64),
+        ("a3", ct.c_uint64),
+        ("a4", ct.c_uint64),
+        ("ts_ns", ct.c_uint64),
+        ("rss", ct.c_int64),
+        ("nr", ct.c_uint32),
+        ("pad", ct.c_uint32),
+    ]
 
 
 class Region(ct.Structure):
-    _fields_ = [("end", ct.c_uint64), ("stack_id", ct.c_uint64), ("ts_ns", ct.c_uint64),
-                ("tid", ct.c_uint32), ("source", ct.c_uint32)]
+    _fields_ = [
+        ("end", ct.c_uint64),
+        ("stack_id", ct.c_uint64),
+        ("ts_ns", ct.c_uint64),
+        ("tid", ct.c_uint32),
+        ("source", ct.c_uint32),
+    ]
 
 
 class ReleaseKey(ct.Structure):
@@ -147,8 +206,12 @@ class ReleaseKey(ct.Structure):
 
 
 class Release(ct.Structure):
-    _fields_ = [("calls", ct.c_uint64), ("requested_bytes", ct.c_uint64), ("released_bytes", ct.c_int64),
-                ("ns", ct.c_uint64)]
+    _fields_ = [
+        ("calls", ct.c_uint64),
+        ("requested_bytes", ct.c_uint64),
+        ("released_bytes", ct.c_int64),
+        ("ns", ct.c_uint64),
+    ]
 
 
 class Offcpu(ct.Structure):
@@ -167,8 +230,14 @@ class Tlb(ct.Structure):
     _fields_ = [("flushes", ct.c_uint64), ("pages", ct.c_uint64), ("full", ct.c_uint64)]
 
 
-TLB_REASONS = ("task_switch", "remote_shootdown", "local_shootdown", "local_mm_shootdown", "remote_ipi_send",
-               "remote_wrong_cpu")
+TLB_REASONS = (
+    "task_switch",
+    "remote_shootdown",
+    "local_shootdown",
+    "local_mm_shootdown",
+    "remote_ipi_send",
+    "remote_wrong_cpu",
+)
 
 
 class WaitWay(ct.Structure):
@@ -197,4 +266,4 @@ MAP_LAYOUTS = {
     "custom_fns": (ct.c_uint64, Custom),
     "probe_src": (ct.c_uint64, ct.c_uint32),
 }  # (Inflight is the value of task storage `inflight`, which BCC's Python cannot open; its
-   # layout is checked against gcc in tests/test_layout.py)
+# layout is checked against gcc in tests/test_layout.py)

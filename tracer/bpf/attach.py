@@ -3,6 +3,7 @@ and the CUDA driver (tracer/bpf/attach_cuda.py), through uprobe_multi links wher
 them (6.6+; one link per program, module and kind), uprobe sessions for sampled heap recordings
 (6.13+), else one perf event each; and the report of what was probed and how (meta.json `probes`).
 """
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -44,19 +45,19 @@ def heap_cookie(program: str, source: int | None) -> int:
 class AttachReport:
     allocator: str = ""
     allocator_kind: str = ""
-    attached: list[str] = field(default_factory=list)            # symbols probed
-    aliases: dict[str, str] = field(default_factory=dict)         # symbol -> symbol sharing its address
-    skipped: dict[str, str] = field(default_factory=dict)         # symbol -> reason
+    attached: list[str] = field(default_factory=list)  # symbols probed
+    aliases: dict[str, str] = field(default_factory=dict)  # symbol -> symbol sharing its address
+    skipped: dict[str, str] = field(default_factory=dict)  # symbol -> reason
     tracepoints: list[str] = field(default_factory=list)
-    placement: dict[str, str] = field(default_factory=dict)       # symbol -> where its entry probe sits
-    cuda: dict = field(default_factory=dict)                       # the CUDA driver's probes (tracer.allocators.cuda)
-    allocators: list = field(default_factory=list)                 # every allocator: allocators.discovery.Plan.as_dict
-    custom: list = field(default_factory=list)                     # --alloc-fn / --free-fn
+    placement: dict[str, str] = field(default_factory=dict)  # symbol -> where its entry probe sits
+    cuda: dict = field(default_factory=dict)  # the CUDA driver's probes (tracer.allocators.cuda)
+    allocators: list = field(default_factory=list)  # every allocator: allocators.discovery.Plan.as_dict
+    custom: list = field(default_factory=list)  # --alloc-fn / --free-fn
     returns: str = "classic"  # how the heap functions' returns are probed: session (uprobe_multi) or classic
-    returns_why: str = ""     # why classic return probes serve a sampled recording
-    uprobes: str = "perf"     # how uprobes are attached: multi (uprobe_multi links) or perf (one perf event each)
-    uprobes_why: str = ""     # why perf events
-    heap: str = "probes"      # how heap calls reach the probes: probes (every call traps) or inject (markers)
+    returns_why: str = ""  # why classic return probes serve a sampled recording
+    uprobes: str = "perf"  # how uprobes are attached: multi (uprobe_multi links) or perf (one perf event each)
+    uprobes_why: str = ""  # why perf events
+    heap: str = "probes"  # how heap calls reach the probes: probes (every call traps) or inject (markers)
 
 
 class Uprobes:
@@ -67,12 +68,24 @@ class Uprobes:
         self.pid, self.options = program.pid, program.options
         self._links: list[int] = []  # uprobe_multi link fds: closing one detaches its probes at once
         self._queued: dict[tuple[str, str, int], dict[int, int]] = {}  # (program, path, kind) -> {offset: cookie}
-        self.report = AttachReport(tracepoints=[
-            f"{c}:{n}" for c, n in [("syscalls", f"sys_{d}_{s}") for s in
-                                    ("mmap", "munmap", "mremap", "brk", "madvise") for d in ("enter", "exit")]
-            + [("task", "task_rename"), ("sched", "sched_process_exit"), ("sched", "sched_process_exec"),
-               ("sched", "sched_switch"), ("tlb", "tlb_flush")]
-            + ([("kmem", "rss_stat")] if program.rss_tracepoint else [])])
+        self.report = AttachReport(
+            tracepoints=[
+                f"{c}:{n}"
+                for c, n in [
+                    ("syscalls", f"sys_{d}_{s}")
+                    for s in ("mmap", "munmap", "mremap", "brk", "madvise")
+                    for d in ("enter", "exit")
+                ]
+                + [
+                    ("task", "task_rename"),
+                    ("sched", "sched_process_exit"),
+                    ("sched", "sched_process_exec"),
+                    ("sched", "sched_switch"),
+                    ("tlb", "tlb_flush"),
+                ]
+                + ([("kmem", "rss_stat")] if program.rss_tracepoint else [])
+            ]
+        )
         self._addressed: list[tuple] = []  # (path, file offset, map, value): written once mapped
         self._xol = 0  # the start of the target's [uprobes] page written to xol_cfg
 
@@ -96,7 +109,8 @@ class Uprobes:
             err = ct.get_errno()
             raise PermissionProblem(
                 f"cannot attach a uprobe to {os.path.basename(path)}+{offset:#x} ({fn_name}): "
-                f"{os.strerror(err) if err else 'unknown error'}")
+                f"{os.strerror(err) if err else 'unknown error'}"
+            )
         self.bpf._add_uprobe_fd(ev, fd)
 
     def flush(self) -> dict[tuple[str, str, int, int], str]:
@@ -119,11 +133,18 @@ class Uprobes:
                     groups += [[o] for o in offs]
                 else:
                     failed[(prog, path, offs[0], kind)] = (
-                        f"cannot attach a uprobe to {os.path.basename(path)}+{offs[0]:#x} ({prog}): {os.strerror(-fd)}")
+                        f"cannot attach a uprobe to {os.path.basename(path)}+{offs[0]:#x} ({prog}): {os.strerror(-fd)}"
+                    )
         return failed
 
-    def attach(self, plans: list, custom: list | None = None, sources: dict[str, int] | None = None,
-               maps: list | None = None, agent=None) -> AttachReport:
+    def attach(
+        self,
+        plans: list,
+        custom: list | None = None,
+        sources: dict[str, int] | None = None,
+        maps: list | None = None,
+        agent=None,
+    ) -> AttachReport:
         """Probes on every allocator planned (tracer.allocators.discovery.plan_allocator; the one serving
         malloc first) and on the user's functions (tracer.allocators.custom.Located). Return probes
         first, entries second: a call that enters between the two gets no entry state, rather
@@ -137,11 +158,13 @@ class Uprobes:
             rep.allocator, rep.allocator_kind = primary.path, primary.kind
         if self.options.mode == "residency":
             rep.skipped = dict.fromkeys(STANDARD, "residency mode: no allocator probes")
-            rep.allocators = [dict(pl.as_dict([]), skipped={"*": "residency mode: no allocator probes"})
-                              for pl in plans]
+            rep.allocators = [
+                dict(pl.as_dict([]), skipped={"*": "residency mode: no allocator probes"}) for pl in plans
+            ]
             self.faults.attach()
-            rep.tracepoints.append(f"perf:page-faults (software event, every {self.options.fault_sample}th, "
-                                   "per thread, inherited)")
+            rep.tracepoints.append(
+                f"perf:page-faults (software event, every {self.options.fault_sample}th, per thread, inherited)"
+            )
             return rep
         if primary is not None:
             for sym in ("malloc", "free"):
@@ -150,8 +173,9 @@ class Uprobes:
         if agent is not None:
             self._attach_markers(agent, custom or [], sources or {}, maps or [], plans)
             rep.allocators = [pl.as_dict([]) for pl in plans]
-            rep.custom = [{"spec": loc.fn.spec, "module": loc.path, "source": loc.fn.source}
-                          for loc, _src, _off in custom or []]
+            rep.custom = [
+                {"spec": loc.fn.spec, "module": loc.path, "source": loc.fn.source} for loc, _src, _off in custom or []
+            ]
             return rep
         self._attach_plans(plans, custom or [], sources or {}, maps or [])
         if plans:
@@ -160,8 +184,9 @@ class Uprobes:
             rep.aliases, rep.skipped = dict(first.aliases), dict(first.skipped)
             rep.placement = {pr.symbol: pr.reason for pr in first.probes if pr.moved}
         rep.allocators = [pl.as_dict() for pl in plans]
-        rep.custom = [{"spec": loc.fn.spec, "module": loc.path, "source": loc.fn.source}
-                      for loc, _src, _off in custom or []]
+        rep.custom = [
+            {"spec": loc.fn.spec, "module": loc.path, "source": loc.fn.source} for loc, _src, _off in custom or []
+        ]
         return rep
 
     def _attach_markers(self, agent, custom: list, sources: dict[str, int], maps: list, plans: list) -> None:
@@ -182,8 +207,9 @@ class Uprobes:
         t[ct.c_int(0)] = v
         self._attach_sys_marker(agent)
         self.report.heap = "inject"
-        self.report.attached = [h.spec.symbol for h in agent.hooks if not h.spec.sys_kind] + \
-            [pr.symbol for pl in purges for pr in pl.probes]
+        self.report.attached = [h.spec.symbol for h in agent.hooks if not h.spec.sys_kind] + [
+            pr.symbol for pl in purges for pr in pl.probes
+        ]
         self.report.skipped = {k: v for k, v in agent.refused.items() if v != NOT_HOOKED}  # purges: probed
 
     def _attach_sys_marker(self, agent) -> None:
@@ -212,8 +238,9 @@ class Uprobes:
                 fn = b"tracepoint__" + tp.encode().replace(b":", b"__")
                 self.bpf.attach_tracepoint(tp=tp.encode(), fn_name=fn)
         self.program.sys_tracepoints_off()
-        self.report.tracepoints = [tp for tp in self.report.tracepoints if not tp.startswith("syscalls:")] + \
-            self.program.sys_tracepoints_kept
+        self.report.tracepoints = [
+            tp for tp in self.report.tracepoints if not tp.startswith("syscalls:")
+        ] + self.program.sys_tracepoints_kept
 
     def attach_more(self, plans: list, sources: dict[str, int], maps: list) -> None:
         """Allocators found after the attach (a library dlopen'd since)."""
@@ -233,8 +260,9 @@ class Uprobes:
         fd_prog = self.bpf.funcs[b"heap_session"].fd
         for path, probes in by_path.items():
             offsets = sorted(probes)
-            fd = uprobe_multi_link(fd_prog, path, offsets, [probes[o] for o in offsets], self.pid,
-                                   attach_type=TRACE_UPROBE_SESSION)
+            fd = uprobe_multi_link(
+                fd_prog, path, offsets, [probes[o] for o in offsets], self.pid, attach_type=TRACE_UPROBE_SESSION
+            )
             if fd >= 0:
                 self._links.append(fd)
                 continue
@@ -265,15 +293,19 @@ class Uprobes:
                     self._addressed.append((pr.path, pr.offset, "probe_src", ct.c_uint32(src)))
         for loc, src, offset in custom:
             fn = loc.fn
-            spec = L.Custom(source=src, size_arg=_arg(fn.size_arg), count_arg=_arg(fn.count_arg),
-                            out_arg=_arg(fn.out_arg), ptr_arg=_arg(fn.ptr_arg))
+            spec = L.Custom(
+                source=src,
+                size_arg=_arg(fn.size_arg),
+                count_arg=_arg(fn.count_arg),
+                out_arg=_arg(fn.out_arg),
+                ptr_arg=_arg(fn.ptr_arg),
+            )
             todo.append((loc.path, offset, "custom_free_enter" if fn.free else "custom_enter", not fn.free, 0))
             self._addressed.append((loc.path, offset, "custom_fns", spec))
         self.update_addresses(maps)
         for path, off, prog, returns, _cookie in todo:
             if returns:  # the same address as the entry probe: one trap for both
-                self.add("custom_return" if prog == "custom_enter" else "alloc_return", path, off,
-                             BPF_PROBE_RETURN)
+                self.add("custom_return" if prog == "custom_enter" else "alloc_return", path, off, BPF_PROBE_RETURN)
         for path, off, prog, _returns, cookie in todo:
             self.add(prog, path, off, BPF_PROBE_ENTRY, cookie)
         failed = self.flush()

@@ -1,5 +1,6 @@
 """Probes on the CUDA driver's allocation calls (libcuda.so.1; tracer/allocators/cuda.py), placed as
 the allocator's are, attached with the recording's other uprobes (tracer/bpf/attach.py)."""
+
 from __future__ import annotations
 
 import os

@@ -13,6 +13,7 @@ arguments laid out as libstdc++'s (the C++11 ABI: pointer, length, 16-byte local
 capacity). Where libbcc lacks those symbols, or the layout check fails, BCC's own function is
 used: the result is the same module, only slower to build.
 """
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -61,8 +62,15 @@ class _Light:
         mod = self.new(_MODULE_BYTES)
         ct.memset(mod, 0, _MODULE_BYTES)
         ns, _k1 = _std_string(b"")
-        self.ctor(mod, flags, None, False, ct.addressof(ns), bool(allow_rlimit),
-                  device if isinstance(device, bytes | None) else None)
+        self.ctor(
+            mod,
+            flags,
+            None,
+            False,
+            ct.addressof(ns),
+            bool(allow_rlimit),
+            device if isinstance(device, bytes | None) else None,
+        )
         src, _k2 = _std_string(text if isinstance(text, bytes) else bytes(text))
         if self.load(mod, ct.addressof(src), cflags, ncflags) != 0:
             return None  # not destroyed: a module that failed halfway frees what it never made

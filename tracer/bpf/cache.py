@@ -26,6 +26,7 @@ change compiles afresh. The cache lives in
 
 This module does not import bcc (tracer/bpf/program.py does and passes it in).
 """
+
 from __future__ import annotations
 
 import base64
@@ -58,16 +59,28 @@ def libbcc():
         lib = ct.CDLL("libbcc.so.0", use_errno=True)
         vp, sz, cp = ct.c_void_p, ct.c_size_t, ct.c_char_p
         for name, res, args in [
-            ("bpf_num_tables", sz, [vp]), ("bpf_table_name", cp, [vp, sz]), ("bpf_table_fd_id", ct.c_int, [vp, sz]),
-            ("bpf_table_fd", ct.c_int, [vp, cp]), ("bpf_table_type_id", ct.c_int, [vp, sz]),
-            ("bpf_table_key_size_id", sz, [vp, sz]), ("bpf_table_leaf_size_id", sz, [vp, sz]),
-            ("bpf_table_max_entries_id", sz, [vp, sz]), ("bpf_table_flags_id", ct.c_int, [vp, sz]),
-            ("bpf_table_key_desc_id", cp, [vp, sz]), ("bpf_table_leaf_desc_id", cp, [vp, sz]),
-            ("bpf_num_functions", sz, [vp]), ("bpf_function_name", cp, [vp, sz]),
-            ("bpf_function_start", vp, [vp, cp]), ("bpf_function_size", sz, [vp, cp]),
-            ("bpf_module_license", cp, [vp]), ("bpf_module_kern_version", ct.c_uint, [vp]),
-            ("bcc_func_load", ct.c_int, [vp, ct.c_int, cp, vp, sz, cp, ct.c_uint, ct.c_int, cp, ct.c_uint, cp,
-                                         ct.c_int]),
+            ("bpf_num_tables", sz, [vp]),
+            ("bpf_table_name", cp, [vp, sz]),
+            ("bpf_table_fd_id", ct.c_int, [vp, sz]),
+            ("bpf_table_fd", ct.c_int, [vp, cp]),
+            ("bpf_table_type_id", ct.c_int, [vp, sz]),
+            ("bpf_table_key_size_id", sz, [vp, sz]),
+            ("bpf_table_leaf_size_id", sz, [vp, sz]),
+            ("bpf_table_max_entries_id", sz, [vp, sz]),
+            ("bpf_table_flags_id", ct.c_int, [vp, sz]),
+            ("bpf_table_key_desc_id", cp, [vp, sz]),
+            ("bpf_table_leaf_desc_id", cp, [vp, sz]),
+            ("bpf_num_functions", sz, [vp]),
+            ("bpf_function_name", cp, [vp, sz]),
+            ("bpf_function_start", vp, [vp, cp]),
+            ("bpf_function_size", sz, [vp, cp]),
+            ("bpf_module_license", cp, [vp]),
+            ("bpf_module_kern_version", ct.c_uint, [vp]),
+            (
+                "bcc_func_load",
+                ct.c_int,
+                [vp, ct.c_int, cp, vp, sz, cp, ct.c_uint, ct.c_int, cp, ct.c_uint, cp, ct.c_int],
+            ),
         ]:
             f = lib[name]  # a fresh function object: BCC's own declarations are left alone
             f.restype, f.argtypes = res, args
@@ -92,16 +105,22 @@ def key_flags(cflags: list[str]) -> list[str]:
 
 def same_tables(a: list[list], b: list[list]) -> bool:
     """Two table signatures equal but for the maps' sizes (SIZE_ONLY)."""
+
     def strip(sig):
         return [[v for i, v in enumerate(row) if i != MAX_ENTRIES] for row in sig]
+
     return strip(a) == strip(b)
 
 
 def cache_key(text: bytes, cflags: list[str], bcc_version: str) -> str:
     u = os.uname()
     h = hashlib.sha256()
-    for part in (f"format={CACHE_FORMAT}", f"kernel={u.release} {u.version} {u.machine}", f"bcc={bcc_version}",
-                 *key_flags(cflags)):
+    for part in (
+        f"format={CACHE_FORMAT}",
+        f"kernel={u.release} {u.version} {u.machine}",
+        f"bcc={bcc_version}",
+        *key_flags(cflags),
+    ):
         h.update(part.encode() + b"\0")
     h.update(text)
     return h.hexdigest()[:40]
@@ -152,7 +171,7 @@ def maps_only(text: bytes) -> bytes:
                 code_since_item.append(s[i:j])
             i = j
             continue
-        if c == "#" and depth == 0 and (i == 0 or s[s.rfind("\n", 0, i) + 1:i].strip() == ""):
+        if c == "#" and depth == 0 and (i == 0 or s[s.rfind("\n", 0, i) + 1 : i].strip() == ""):
             # a preprocessor line (with its continuations): kept as it is, ends the item
             j = i
             while True:
@@ -217,14 +236,18 @@ def maps_only(text: bytes) -> bytes:
     # BCC gives a map its BTF key and value types only when code uses the map: task storage
     # cannot be created without them. One tiny function (never loaded) right after each
     # task-storage declaration, so it sits in the same #if branch.
-    text_out = re.sub(r"^([ \t]*BPF_TASK_STORAGE\((\w+),[^;]*\);)",
-                      r"\1 int as_maps_only_\2(struct pt_regs *ctx) { return \2.task_storage_get("
-                      r"(struct task_struct *)bpf_get_current_task_btf(), 0, 0) != 0; }",
-                      text_out, flags=re.M)
+    text_out = re.sub(
+        r"^([ \t]*BPF_TASK_STORAGE\((\w+),[^;]*\);)",
+        r"\1 int as_maps_only_\2(struct pt_regs *ctx) { return \2.task_storage_get("
+        r"(struct task_struct *)bpf_get_current_task_btf(), 0, 0) != 0; }",
+        text_out,
+        flags=re.M,
+    )
     return text_out.encode()
 
 
 # --------------------------------------------------------------------------- entries
+
 
 def table_signature(module) -> list[list]:
     """What identifies the module's tables: name, type, key and leaf sizes, max entries, flags,
@@ -233,11 +256,18 @@ def table_signature(module) -> list[list]:
     sig = []
     for i in range(lib.as_bpf_num_tables(module)):
         name = lib.as_bpf_table_name(module, i)
-        sig.append([name.decode(), lib.as_bpf_table_type_id(module, i), lib.as_bpf_table_key_size_id(module, i),
-                    lib.as_bpf_table_leaf_size_id(module, i), lib.as_bpf_table_max_entries_id(module, i),
-                    lib.as_bpf_table_flags_id(module, i),
-                    (lib.as_bpf_table_key_desc_id(module, i) or b"").decode(),
-                    (lib.as_bpf_table_leaf_desc_id(module, i) or b"").decode()])
+        sig.append(
+            [
+                name.decode(),
+                lib.as_bpf_table_type_id(module, i),
+                lib.as_bpf_table_key_size_id(module, i),
+                lib.as_bpf_table_leaf_size_id(module, i),
+                lib.as_bpf_table_max_entries_id(module, i),
+                lib.as_bpf_table_flags_id(module, i),
+                (lib.as_bpf_table_key_desc_id(module, i) or b"").decode(),
+                (lib.as_bpf_table_leaf_desc_id(module, i) or b"").decode(),
+            ]
+        )
     return sig
 
 
@@ -245,8 +275,10 @@ def extract(module) -> dict | None:
     """The cache entry of a module compiled with AS_TGID = TGID_SENTINEL (its maps created, its
     functions not necessarily loaded); None when an instruction cannot be relocated."""
     lib = libbcc()
-    fds = {lib.as_bpf_table_fd_id(module, i): lib.as_bpf_table_name(module, i).decode()
-           for i in range(lib.as_bpf_num_tables(module))}
+    fds = {
+        lib.as_bpf_table_fd_id(module, i): lib.as_bpf_table_name(module, i).decode()
+        for i in range(lib.as_bpf_num_tables(module))
+    }
     funcs = {}
     for k in range(lib.as_bpf_num_functions(module)):
         name = lib.as_bpf_function_name(module, k)
@@ -270,16 +302,19 @@ def extract(module) -> dict | None:
         funcs[name.decode()] = {"code": base64.b64encode(code).decode(), "maps": maps, "tgid": tgid}
     if not any(f["tgid"] for f in funcs.values()):
         return None
-    return {"format": CACHE_FORMAT, "license": (lib.as_bpf_module_license(module) or b"").decode(),
-            "kern_version": lib.as_bpf_module_kern_version(module), "funcs": funcs,
-            "tables": table_signature(module)}
+    return {
+        "format": CACHE_FORMAT,
+        "license": (lib.as_bpf_module_license(module) or b"").decode(),
+        "kern_version": lib.as_bpf_module_kern_version(module),
+        "funcs": funcs,
+        "tables": table_signature(module),
+    }
 
 
 def _read(addr: int, size: int) -> bytes:
     import ctypes  # noqa: PLC0415
 
     return ctypes.string_at(addr, size)
-
 
 
 def relocate(entry: dict, name: str, pid: int, table_fd) -> bytes:
@@ -298,7 +333,6 @@ def relocate(entry: dict, name: str, pid: int, table_fd) -> bytes:
 def load(key: str) -> dict | None:
     entry = read_private(cache_dir("bpf") / f"{key}.json")
     return entry if isinstance(entry, dict) and entry.get("format") == CACHE_FORMAT else None
-
 
 
 def save(key: str, entry: dict) -> None:

@@ -6,6 +6,7 @@ target's allocators is ~0.5 s of Python. `EarlyProbes(target, opts)`, started by
 soon as the target is known, does the first in a thread while the main thread does the second;
 tracer.record.recorder.Recorder takes the result. Nothing here imports BCC or pyarrow at import time.
 """
+
 from __future__ import annotations
 
 import threading

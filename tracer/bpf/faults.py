@@ -1,5 +1,6 @@
 """Residency mode's page-fault perf events: one per thread of the target, sampling every
 `fault_sample`th user page fault into the program's fault_sample, and their exact counts."""
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -25,8 +26,8 @@ class FaultEvents:
         from bcc.perf import Perf  # noqa: PLC0415
 
         attr = Perf.perf_event_attr()
-        attr.type = 1     # PERF_TYPE_SOFTWARE
-        attr.config = 2   # PERF_COUNT_SW_PAGE_FAULTS
+        attr.type = 1  # PERF_TYPE_SOFTWARE
+        attr.config = 2  # PERF_COUNT_SW_PAGE_FAULTS
         attr.size = ct.sizeof(attr)
         attr.sample_period = self.options.fault_sample
         attr.inherit = 1
@@ -45,8 +46,9 @@ class FaultEvents:
                     if not os.path.exists(f"/proc/{self.pid}/task/{tid}"):
                         self._fault_fds[tid] = -1  # exited meanwhile
                         continue
-                    raise PermissionProblem(f"cannot open a page-fault perf event on thread {tid}; "
-                                            "run 'allocscope doctor'")
+                    raise PermissionProblem(
+                        f"cannot open a page-fault perf event on thread {tid}; run 'allocscope doctor'"
+                    )
                 self._fault_fds[tid] = fd
 
     def count(self) -> int:

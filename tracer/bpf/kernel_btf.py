@@ -6,6 +6,7 @@ they must read one — the target's anonymous RSS counter, mm->rss_stat[MM_ANONP
 entry and exit of every release — the offsets come from the running kernel's own BTF, through
 libbpf's BTF API (libbpf1, a dependency of BCC), and reach the program as -D flags.
 """
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -19,6 +20,7 @@ BTF_KIND_ARRAY, BTF_KIND_STRUCT, BTF_KIND_UNION, BTF_KIND_ENUM = 3, 4, 5, 6
 class RssOffsets:
     """Byte offsets: task_struct.mm, and the anonymous-pages count inside mm_struct (a
     percpu_counter's global `count` since 6.2, an atomic_long_t before)."""
+
     task_mm: int
     mm_anon: int
 
@@ -86,7 +88,7 @@ class _Btf:
             raise LookupError(f"BTF type {struct_tid} is not a struct")
         arr = (ct.c_uint32 * (3 * vlen)).from_address(p + 12)
         for i in range(vlen):
-            name_off, ty, off = arr[3 * i: 3 * i + 3]
+            name_off, ty, off = arr[3 * i : 3 * i + 3]
             bits = off & 0xFFFFFF if kflag else off
             name = (self.lib.btf__name_by_offset(self.btf, name_off) or b"").decode()
             if name == field:
@@ -149,11 +151,11 @@ def rss_offsets() -> RssOffsets:
         btf.close()
 
 
-
 @dataclass(frozen=True)
 class FileOffsets:
     """Byte offsets along task->files->fdt->fd[n]->f_inode->{i_mode, i_rdev, i_sb->s_magic}: what
     the probes read to tell a shared-memory or device mapping from a regular file's."""
+
     task_files: int
     files_fdt: int
     fdt_fd: int
@@ -165,11 +167,17 @@ class FileOffsets:
     sb_magic: int
 
     def cflags(self) -> list[str]:
-        return [f"-DAS_OFF_TASK_FILES={self.task_files}", f"-DAS_OFF_FILES_FDT={self.files_fdt}",
-                f"-DAS_OFF_FDT_FD={self.fdt_fd}", f"-DAS_OFF_FDT_MAX_FDS={self.fdt_max_fds}",
-                f"-DAS_OFF_FILE_INODE={self.file_inode}", f"-DAS_OFF_INODE_MODE={self.inode_mode}",
-                f"-DAS_OFF_INODE_RDEV={self.inode_rdev}", f"-DAS_OFF_INODE_SB={self.inode_sb}",
-                f"-DAS_OFF_SB_MAGIC={self.sb_magic}"]
+        return [
+            f"-DAS_OFF_TASK_FILES={self.task_files}",
+            f"-DAS_OFF_FILES_FDT={self.files_fdt}",
+            f"-DAS_OFF_FDT_FD={self.fdt_fd}",
+            f"-DAS_OFF_FDT_MAX_FDS={self.fdt_max_fds}",
+            f"-DAS_OFF_FILE_INODE={self.file_inode}",
+            f"-DAS_OFF_INODE_MODE={self.inode_mode}",
+            f"-DAS_OFF_INODE_RDEV={self.inode_rdev}",
+            f"-DAS_OFF_INODE_SB={self.inode_sb}",
+            f"-DAS_OFF_SB_MAGIC={self.sb_magic}",
+        ]
 
 
 @lru_cache(maxsize=1)
@@ -178,11 +186,21 @@ def file_offsets() -> FileOffsets:
     untracked, as before)."""
     btf = _Btf()
     try:
+
         def off(struct: str, field: str) -> int:
             return btf.member(btf.find(struct, BTF_KIND_STRUCT), field)[0]
-        return FileOffsets(off("task_struct", "files"), off("files_struct", "fdt"), off("fdtable", "fd"),
-                           off("fdtable", "max_fds"), off("file", "f_inode"), off("inode", "i_mode"),
-                           off("inode", "i_rdev"), off("inode", "i_sb"), off("super_block", "s_magic"))
+
+        return FileOffsets(
+            off("task_struct", "files"),
+            off("files_struct", "fdt"),
+            off("fdtable", "fd"),
+            off("fdtable", "max_fds"),
+            off("file", "f_inode"),
+            off("inode", "i_mode"),
+            off("inode", "i_rdev"),
+            off("inode", "i_sb"),
+            off("super_block", "s_magic"),
+        )
     finally:
         btf.close()
 
@@ -196,8 +214,10 @@ def _btf_flags(flags) -> list[str]:
     except OSError:
         return []
     try:
+
         def off(struct: str, field: str) -> int:
             return btf.member(btf.find(struct, BTF_KIND_STRUCT), field)[0]
+
         return flags(off)
     except LookupError:
         return []
@@ -209,19 +229,23 @@ def return_probe_offsets() -> list[str]:
     """-D flags for reading a pending return probe's real return address (probes/unwind_dwarf.h
     real_return): task_struct.utask, uprobe_task.return_instances, return_instance.{stack,
     orig_ret_vaddr, next}. [] when the BTF lacks one (the trampoline then stays a frame)."""
-    return _btf_flags(lambda off: [
-        f"-DAS_OFF_TASK_UTASK={off('task_struct', 'utask')}",
-        f"-DAS_OFF_UTASK_RI={off('uprobe_task', 'return_instances')}",
-        f"-DAS_OFF_RI_STACK={off('return_instance', 'stack')}",
-        f"-DAS_OFF_RI_ORIG={off('return_instance', 'orig_ret_vaddr')}",
-        f"-DAS_OFF_RI_NEXT={off('return_instance', 'next')}"])
+    return _btf_flags(
+        lambda off: [
+            f"-DAS_OFF_TASK_UTASK={off('task_struct', 'utask')}",
+            f"-DAS_OFF_UTASK_RI={off('uprobe_task', 'return_instances')}",
+            f"-DAS_OFF_RI_STACK={off('return_instance', 'stack')}",
+            f"-DAS_OFF_RI_ORIG={off('return_instance', 'orig_ret_vaddr')}",
+            f"-DAS_OFF_RI_NEXT={off('return_instance', 'next')}",
+        ]
+    )
 
 
 def fsbase_offset() -> list[str]:
     """-D flag for reading a task's thread pointer (task_struct.thread.fsbase; probes/regions.h
     agent_api, --inject). [] when the BTF lacks it (injected hooks then do not mark their mmaps)."""
-    return _btf_flags(lambda off: [
-        f"-DAS_OFF_TASK_FSBASE={off('task_struct', 'thread') + off('thread_struct', 'fsbase')}"])
+    return _btf_flags(
+        lambda off: [f"-DAS_OFF_TASK_FSBASE={off('task_struct', 'thread') + off('thread_struct', 'fsbase')}"]
+    )
 
 
 def char_major(name: str, devices: str = "/proc/devices") -> int:

@@ -1,6 +1,7 @@
 """Reading the program's maps and its event ring: everything returned is plain Python or numpy,
 copied out of BCC's ctypes buffers at once (BCC reuses them); and the few entries the tracer
 writes back (the peak wake, regions it takes over, bytes it freed itself)."""
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -32,11 +33,13 @@ class MapReader:
 
     def open_events(self, callback) -> None:
         """callback(Event copy) for every ring event, called from poll_events()."""
+
         def _cb(_ctx, data, _size):
             ev = L.Event()
             ct.memmove(ct.byref(ev), data, ct.sizeof(L.Event))
             callback(ev)
             return 0
+
         self._events_cb = _cb
         self.bpf[b"events"].open_ring_buffer(_cb)
 
@@ -69,8 +72,14 @@ class MapReader:
             while not stop():
                 kbuf, vbuf = bufs
                 cnt = ct.c_uint32(len(kbuf))
-                res = lookup(fd, None if first else ct.byref(in_batch), ct.byref(out_batch),
-                             kbuf.ctypes.data, vbuf.ctypes.data, ct.byref(cnt))
+                res = lookup(
+                    fd,
+                    None if first else ct.byref(in_batch),
+                    ct.byref(out_batch),
+                    kbuf.ctypes.data,
+                    vbuf.ctypes.data,
+                    ct.byref(cnt),
+                )
                 err = ct.get_errno()
                 n = cnt.value
                 if res != 0 and err == errno.ENOSPC and n == 0:

@@ -15,6 +15,7 @@ restart (entries added or deleted meanwhile may or may not be counted: a count w
 churn of one walk). Other maps are walked with BPF_MAP_GET_NEXT_KEY, which restarts from the first
 key when the current one is deleted (on a busy hash map that counted up to twice its entries).
 """
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -30,24 +31,36 @@ _HASH_TYPES = (1, 9)  # BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH (not the per-CP
 
 
 class _IdAttr(ct.Structure):  # start_id (GET_NEXT_ID) and prog_id/map_id (GET_FD_BY_ID) share `id`
-    _fields_ = [("id", ct.c_uint32), ("next_id", ct.c_uint32), ("open_flags", ct.c_uint32),
-                ("pad", ct.c_uint8 * 116)]
+    _fields_ = [("id", ct.c_uint32), ("next_id", ct.c_uint32), ("open_flags", ct.c_uint32), ("pad", ct.c_uint8 * 116)]
 
 
 class _InfoAttr(ct.Structure):
-    _fields_ = [("bpf_fd", ct.c_uint32), ("info_len", ct.c_uint32), ("info", ct.c_uint64),
-                ("pad", ct.c_uint8 * 112)]
+    _fields_ = [("bpf_fd", ct.c_uint32), ("info_len", ct.c_uint32), ("info", ct.c_uint64), ("pad", ct.c_uint8 * 112)]
 
 
 class _KeyAttr(ct.Structure):
-    _fields_ = [("map_fd", ct.c_uint32), ("pad0", ct.c_uint32), ("key", ct.c_uint64),
-                ("next_key", ct.c_uint64), ("flags", ct.c_uint64), ("pad", ct.c_uint8 * 96)]
+    _fields_ = [
+        ("map_fd", ct.c_uint32),
+        ("pad0", ct.c_uint32),
+        ("key", ct.c_uint64),
+        ("next_key", ct.c_uint64),
+        ("flags", ct.c_uint64),
+        ("pad", ct.c_uint8 * 96),
+    ]
 
 
 class _BatchAttr(ct.Structure):
-    _fields_ = [("in_batch", ct.c_uint64), ("out_batch", ct.c_uint64), ("keys", ct.c_uint64),
-                ("values", ct.c_uint64), ("count", ct.c_uint32), ("map_fd", ct.c_uint32),
-                ("elem_flags", ct.c_uint64), ("flags", ct.c_uint64), ("pad", ct.c_uint8 * 72)]
+    _fields_ = [
+        ("in_batch", ct.c_uint64),
+        ("out_batch", ct.c_uint64),
+        ("keys", ct.c_uint64),
+        ("values", ct.c_uint64),
+        ("count", ct.c_uint32),
+        ("map_fd", ct.c_uint32),
+        ("elem_flags", ct.c_uint64),
+        ("flags", ct.c_uint64),
+        ("pad", ct.c_uint8 * 72),
+    ]
 
 
 def _bpf(cmd: int, attr) -> int:
@@ -55,20 +68,37 @@ def _bpf(cmd: int, attr) -> int:
 
 
 LINK_CREATE = 28
-TRACE_UPROBE_MULTI = 48    # enum bpf_attach_type (uapi, append-only; kernel 6.6+)
+TRACE_UPROBE_MULTI = 48  # enum bpf_attach_type (uapi, append-only; kernel 6.6+)
 TRACE_UPROBE_SESSION = 57  # kernel 6.13+
-UPROBE_MULTI_RETURN = 1    # BPF_F_UPROBE_MULTI_RETURN
+UPROBE_MULTI_RETURN = 1  # BPF_F_UPROBE_MULTI_RETURN
 
 
 class _UprobeMultiAttr(ct.Structure):  # union bpf_attr, BPF_LINK_CREATE, .uprobe_multi
-    _fields_ = [("prog_fd", ct.c_uint32), ("target_fd", ct.c_uint32), ("attach_type", ct.c_uint32),
-                ("flags", ct.c_uint32), ("path", ct.c_uint64), ("offsets", ct.c_uint64),
-                ("ref_ctr_offsets", ct.c_uint64), ("cookies", ct.c_uint64), ("cnt", ct.c_uint32),
-                ("multi_flags", ct.c_uint32), ("pid", ct.c_uint32), ("pad", ct.c_uint8 * 52)]
+    _fields_ = [
+        ("prog_fd", ct.c_uint32),
+        ("target_fd", ct.c_uint32),
+        ("attach_type", ct.c_uint32),
+        ("flags", ct.c_uint32),
+        ("path", ct.c_uint64),
+        ("offsets", ct.c_uint64),
+        ("ref_ctr_offsets", ct.c_uint64),
+        ("cookies", ct.c_uint64),
+        ("cnt", ct.c_uint32),
+        ("multi_flags", ct.c_uint32),
+        ("pid", ct.c_uint32),
+        ("pad", ct.c_uint8 * 52),
+    ]
 
 
-def uprobe_multi_link(prog_fd: int, path: str, offsets: list[int], cookies: list[int], pid: int,
-                      attach_type: int = TRACE_UPROBE_MULTI, flags: int = 0) -> int:
+def uprobe_multi_link(
+    prog_fd: int,
+    path: str,
+    offsets: list[int],
+    cookies: list[int],
+    pid: int,
+    attach_type: int = TRACE_UPROBE_MULTI,
+    flags: int = 0,
+) -> int:
     """A uprobe_multi link: `prog_fd` (loaded with expected_attach_type `attach_type`) runs at each
     file offset of `path` in process `pid` — on entry, or on return with UPROBE_MULTI_RETURN; in
     a session (TRACE_UPROBE_SESSION) on entry and, when that run returned 0, on return.
@@ -77,9 +107,16 @@ def uprobe_multi_link(prog_fd: int, path: str, offsets: list[int], cookies: list
     n = len(offsets)
     p = ct.create_string_buffer(os.fsencode(path))
     offs, cks = (ct.c_uint64 * n)(*offsets), (ct.c_uint64 * n)(*cookies)
-    attr = _UprobeMultiAttr(prog_fd=prog_fd, attach_type=attach_type, path=ct.addressof(p),
-                            offsets=ct.addressof(offs), cookies=ct.addressof(cks), cnt=n,
-                            multi_flags=flags, pid=pid)
+    attr = _UprobeMultiAttr(
+        prog_fd=prog_fd,
+        attach_type=attach_type,
+        path=ct.addressof(p),
+        offsets=ct.addressof(offs),
+        cookies=ct.addressof(cks),
+        cnt=n,
+        multi_flags=flags,
+        pid=pid,
+    )
     fd = _bpf(LINK_CREATE, attr)
     return fd if fd >= 0 else -ct.get_errno()
 
@@ -129,8 +166,10 @@ def prog_stats(fd: int) -> tuple[int, int] | None:
     raw = _info(fd)
     if raw is None:
         return None
-    return (int.from_bytes(raw[_RUN_TIME_OFF:_RUN_TIME_OFF + 8], "little"),
-            int.from_bytes(raw[_RUN_CNT_OFF:_RUN_CNT_OFF + 8], "little"))
+    return (
+        int.from_bytes(raw[_RUN_TIME_OFF : _RUN_TIME_OFF + 8], "little"),
+        int.from_bytes(raw[_RUN_CNT_OFF : _RUN_CNT_OFF + 8], "little"),
+    )
 
 
 def _map_info(fd: int) -> tuple[str, int, int, int, int]:
@@ -138,7 +177,7 @@ def _map_info(fd: int) -> tuple[str, int, int, int, int]:
     raw = _info(fd)
     if raw is None:
         return "", 0, 0, 0, 0
-    field = [int.from_bytes(raw[i:i + 4], "little") for i in range(0, 20, 4)]  # type id key value max
+    field = [int.from_bytes(raw[i : i + 4], "little") for i in range(0, 20, 4)]  # type id key value max
     return raw[24:40].split(b"\0")[0].decode(), field[0], field[2], field[3], field[4]
 
 
@@ -186,18 +225,24 @@ def _batch_count(fd: int, key_size: int, value_size: int) -> int | None:
         if keys is None:  # buffers made once per chunk size, reused batch after batch
             keys = (ct.c_uint8 * (max(key_size, 1) * chunk))()
             values = (ct.c_uint8 * (max(value_size, 1) * chunk))()
-        attr = _BatchAttr(in_batch=0 if first else ct.addressof(token_in), out_batch=ct.addressof(token_out),
-                          keys=ct.addressof(keys), values=ct.addressof(values), count=chunk, map_fd=fd)
+        attr = _BatchAttr(
+            in_batch=0 if first else ct.addressof(token_in),
+            out_batch=ct.addressof(token_out),
+            keys=ct.addressof(keys),
+            values=ct.addressof(values),
+            count=chunk,
+            map_fd=fd,
+        )
         rc = _bpf(MAP_LOOKUP_BATCH, attr)
         err = ct.get_errno() if rc != 0 else 0
         if rc != 0 and err == errno.ENOSPC and chunk < 1 << 20:
-            chunk *= 4             # one bucket holds more entries than a chunk: nothing was read
+            chunk *= 4  # one bucket holds more entries than a chunk: nothing was read
             keys = values = None
             continue
         if rc != 0 and err != errno.ENOENT:
             return None
         n += attr.count
-        if rc != 0:                # ENOENT: the last buckets were read
+        if rc != 0:  # ENOENT: the last buckets were read
             return n
         ct.memmove(token_in, token_out, 8)
         first = False
@@ -211,8 +256,7 @@ def _count(fd: int, map_type: int, key_size: int, value_size: int, max_entries: 
     return _walk_count(fd, key_size, max_entries)
 
 
-def map_counts(pid: int, names: tuple[str, ...] = ("live", "stacks", "sites", "flows",
-                                                   "sysargs")) -> dict[str, int]:
+def map_counts(pid: int, names: tuple[str, ...] = ("live", "stacks", "sites", "flows", "sysargs")) -> dict[str, int]:
     """Entries in the named hash maps of the tracer `pid` (names as in probes/allocscope.c)."""
     out: dict[str, int] = {}
     for mid in sorted(tracer_objects(pid)["maps"]):

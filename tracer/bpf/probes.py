@@ -4,6 +4,7 @@ tracer/bpf/program.py), its uprobes (`uprobes`, tracer/bpf/attach.py; the CUDA d
 tracer/bpf/attach_cuda.py), residency mode's page-fault events (`faults`, tracer/bpf/faults.py)
 and its maps (`maps`, tracer/bpf/map_reads.py).
 """
+
 from __future__ import annotations
 
 from ..base.options import RecordOptions
@@ -67,8 +68,15 @@ class Probes:
         if self.unwind != "dwarf":
             return None
         from ..unwind.unwinder import Unwinder  # noqa: PLC0415
-        return Unwinder(self.bpf, self.pid, self.options.unwind_rows, progress,
-                        update_batch=self.program.lib.update_batch, lazy=lazy)
+
+        return Unwinder(
+            self.bpf,
+            self.pid,
+            self.options.unwind_rows,
+            progress,
+            update_batch=self.program.lib.update_batch,
+            lazy=lazy,
+        )
 
     def seed(self, mem: dict[str, int], brk: int | None) -> None:
         """What the probes cannot know from the attach on: the break (/proc/PID/maps' [heap]
@@ -105,7 +113,9 @@ class Probes:
             info = prog_stats(fn.fd)
             if info and info[1]:
                 out[name.decode() if isinstance(name, bytes) else str(name)] = {
-                    "run_time_ns": info[0], "run_cnt": info[1]}
+                    "run_time_ns": info[0],
+                    "run_cnt": info[1],
+                }
         return out
 
     def close(self) -> None:

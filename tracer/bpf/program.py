@@ -3,6 +3,7 @@ from the cache of compiled programs, tracer/bpf/cache.py), its maps created, the
 recording needs verified, the tracepoint programs attached. The one place besides
 tracer/doctor.py that imports bcc (uprobes: tracer/bpf/attach.py; the maps: tracer/bpf/map_reads.py).
 """
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -30,7 +31,8 @@ def _import_bcc():
     except ImportError as e:
         raise PermissionProblem(
             "cannot import BCC's Python bindings (Debian package python3-bpfcc); "
-            f"run 'make setup' or 'apt-get install python3-bpfcc' ({e})") from None
+            f"run 'make setup' or 'apt-get install python3-bpfcc' ({e})"
+        ) from None
     return bcc
 
 
@@ -43,15 +45,20 @@ class Libbcc:
         lib = ct.CDLL("libbcc.so.0", use_errno=True)
         self.attach_uprobe = lib["bpf_attach_uprobe"]  # a fresh function object, not BCC's
         self.attach_uprobe.restype = ct.c_int
-        self.attach_uprobe.argtypes = [ct.c_int, ct.c_int, ct.c_char_p, ct.c_char_p,
-                                       ct.c_uint64, ct.c_int, ct.c_uint32]
+        self.attach_uprobe.argtypes = [ct.c_int, ct.c_int, ct.c_char_p, ct.c_char_p, ct.c_uint64, ct.c_int, ct.c_uint32]
         self.update_batch = lib["bpf_update_batch"]
         self.update_batch.restype = ct.c_int
         self.update_batch.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p, ct.POINTER(ct.c_uint32)]
         self.lookup_batch = lib["bpf_lookup_batch"]
         self.lookup_batch.restype = ct.c_int
-        self.lookup_batch.argtypes = [ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_void_p,
-                                      ct.c_void_p, ct.POINTER(ct.c_uint32)]
+        self.lookup_batch.argtypes = [
+            ct.c_int,
+            ct.c_void_p,
+            ct.c_void_p,
+            ct.c_void_p,
+            ct.c_void_p,
+            ct.POINTER(ct.c_uint32),
+        ]
 
 
 def _bcc_version(bcc) -> str:
@@ -63,8 +70,15 @@ def _bcc_version(bcc) -> str:
     return f"{getattr(bcc, '__version__', '?')} {os.path.realpath(lib) if lib else ''} {st.st_size if st else ''}"
 
 
-def cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str],
-                preload: Sequence[tuple] = (), skip_sys: bool = False):
+def cached_bpf(
+    bcc,
+    entry: dict,
+    pid: int,
+    maps_text: bytes,
+    cflags: list[str],
+    preload: Sequence[tuple] = (),
+    skip_sys: bool = False,
+):
     """A BCC module whose tables come from compiling `maps_text` (declarations only) and whose
     programs are the cached instructions (tracer/bpf/cache.py), relocated to its map fds and
     `pid`, loaded as BCC's load_func loads, tracepoint programs attached as BCC's autoload does."""
@@ -87,9 +101,20 @@ def cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str],
             code = bpfcache.relocate(entry, func_name.decode(), pid, table_fd)
             buf = ct.create_string_buffer(code, len(code))
             log_level = 2 if self.debug & bcc.DEBUG_BPF_REGISTER_STATE else 1 if self.debug & bcc.DEBUG_BPF else 0
-            fd = lib.as_bcc_func_load(self.module, prog_type, func_name, buf, len(code),
-                                   entry["license"].encode(), entry["kern_version"], log_level, None, 0,
-                                   device, attach_type)
+            fd = lib.as_bcc_func_load(
+                self.module,
+                prog_type,
+                func_name,
+                buf,
+                len(code),
+                entry["license"].encode(),
+                entry["kern_version"],
+                log_level,
+                None,
+                0,
+                device,
+                attach_type,
+            )
             if fd < 0:
                 err = ct.get_errno()
                 if err == errno.EPERM:
@@ -123,7 +148,7 @@ def cached_bpf(bcc, entry: dict, pid: int, maps_text: bytes, cflags: list[str],
     for b in tps:
         if skip_sys and b.startswith(SYS_TP_PREFIX):
             continue  # --inject: attached later, only for the mmap-family calls the agent could not hook
-        bpf.attach_tracepoint(tp=b[len(b"tracepoint__"):].replace(b"__", b":"), fn_name=b)
+        bpf.attach_tracepoint(tp=b[len(b"tracepoint__") :].replace(b"__", b":"), fn_name=b)
     return bpf
 
 
@@ -161,16 +186,15 @@ def detach_all(bcc, bpf) -> None:
         return
     with ThreadPoolExecutor(max_workers=min(32, len(ups) + len(tps))) as pool:
         closed = list(pool.map(lib.bpf_close_perf_event_fd, [fd for _, fd in ups + tps]))
-    for (ev, _fd), res in zip(ups, closed[:len(ups)], strict=True):
+    for (ev, _fd), res in zip(ups, closed[: len(ups)], strict=True):
         if res >= 0:
             lib.bpf_detach_uprobe(ev)  # the tracefs event, if libbcc made one (not with the uprobe PMU)
             bpf._del_uprobe_fd(ev)
-    for (tp, _fd), res in zip(tps, closed[len(ups):], strict=True):
+    for (tp, _fd), res in zip(tps, closed[len(ups) :], strict=True):
         if res >= 0:
             cat, name = tp.split(b":")
             lib.bpf_detach_tracepoint(cat, name)
             del bpf.tracepoint_fds[tp]
-
 
 
 class Program:
@@ -229,8 +253,13 @@ class Program:
         flags = probe_cflags(self.options, launched, unwind, self.rss_tracepoint)
 
         def cflags(tgid: int) -> list[str]:
-            return [f"-I{L.PROBES_DIR}", f"-DAS_TGID={tgid}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}",
-                    "-Wno-macro-redefined", *flags]
+            return [
+                f"-I{L.PROBES_DIR}",
+                f"-DAS_TGID={tgid}",
+                f"-DAS_MAX_DEPTH={L.MAX_DEPTH}",
+                "-Wno-macro-redefined",
+                *flags,
+            ]
 
         t = time.perf_counter()
         if not enabled():
@@ -257,8 +286,15 @@ class Program:
         else:
             self.bpf_cache = "hit"
         try:
-            bpf = cached_bpf(bcc, entry, self.pid, bpfcache.maps_only(text), cflags(self.pid),
-                              self._programs_needed(unwind), skip_sys=self.options.inject)
+            bpf = cached_bpf(
+                bcc,
+                entry,
+                self.pid,
+                bpfcache.maps_only(text),
+                cflags(self.pid),
+                self._programs_needed(unwind),
+                skip_sys=self.options.inject,
+            )
         except Exception:  # noqa: BLE001 (BCC's bare Exception): compiled as without the cache
             bpf = None
         if bpf is None or not bpfcache.same_tables(bpfcache.table_signature(bpf.module), entry["tables"]):

@@ -1,6 +1,7 @@
 """What the BPF program of a recording is made of: probes/allocscope.c with its parts inlined
 (`bpf_text`), its compile-time parameters (`probe_cflags`), and which ways of attaching uprobes
 the running kernel offers (`links_choice`, `session_choice`). No BCC here."""
+
 from __future__ import annotations
 
 import os
@@ -19,10 +20,15 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
     """The compile-time parameters of probes/allocscope.c for a recording: every bound and mode
     comes from `opts` (tracer/base/options.py, the one place defaults live), the kernel-struct
     offsets from the running kernel's BTF (tracer/bpf/kernel_btf.py)."""
-    flags = [f"-DAS_MAX_LIVE={opts.max_live}", f"-DAS_MAX_STACKS={opts.max_stacks}",
-             f"-DAS_MAX_SITES={opts.max_sites}", f"-DAS_MAX_REGIONS={opts.max_regions}",
-             f"-DAS_RING_PAGES={opts.ring_pages}", f"-DAS_PAGE_SIZE={os.sysconf('SC_PAGE_SIZE')}",
-             f"-DAS_UVM_MAJOR={char_major('nvidia-uvm')}"]
+    flags = [
+        f"-DAS_MAX_LIVE={opts.max_live}",
+        f"-DAS_MAX_STACKS={opts.max_stacks}",
+        f"-DAS_MAX_SITES={opts.max_sites}",
+        f"-DAS_MAX_REGIONS={opts.max_regions}",
+        f"-DAS_RING_PAGES={opts.ring_pages}",
+        f"-DAS_PAGE_SIZE={os.sysconf('SC_PAGE_SIZE')}",
+        f"-DAS_UVM_MAJOR={char_major('nvidia-uvm')}",
+    ]
     if launched:
         flags.append("-DAS_WAIT_EXEC=1")
     if opts.probe_floor:
@@ -41,10 +47,13 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
     flags += fsbase_offset()
     if unwind == "dwarf":
         flags += return_probe_offsets()
-        flags += ["-DAS_UNWIND_DWARF=1", f"-DAS_UNWIND_ROWS={opts.unwind_rows}", f"-DAS_UNWIND_STEPS={UNWIND_STEPS}",
-                  f"-DAS_UNWIND_MODULES={MODULE_SLOTS}"]
+        flags += [
+            "-DAS_UNWIND_DWARF=1",
+            f"-DAS_UNWIND_ROWS={opts.unwind_rows}",
+            f"-DAS_UNWIND_STEPS={UNWIND_STEPS}",
+            f"-DAS_UNWIND_MODULES={MODULE_SLOTS}",
+        ]
     return flags
-
 
 
 def _kernel_below(release: str, version: tuple[int, int]) -> bool:
@@ -103,7 +112,7 @@ def bpf_text() -> bytes:
                 return f"/* {name}: above */"
             seen.add(name)
             return f"/* ---- {name} ---- */\n{expand(part)}\n/* ---- end of {name} ---- */"
+
         return re.sub(r'^#include "([\w.]+)"[ \t]*$', inline, path.read_text(), flags=re.M)
 
     return expand(L.SOURCE).encode()
-

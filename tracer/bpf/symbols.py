@@ -1,5 +1,6 @@
 """At what file offsets functions are, for probing them (the ELF reading itself is common.elf;
 which allocators a process has is tracer/allocators/discovery.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from common.elf import query_functions
 class SymbolOffsets:
     path: str
     offsets: dict[str, int] = field(default_factory=dict)  # defined function -> file offset
-    sizes: dict[str, int] = field(default_factory=dict)    # defined function -> st_size
+    sizes: dict[str, int] = field(default_factory=dict)  # defined function -> st_size
     static: bool = False  # no PT_INTERP / no .dynsym: statically linked
 
 

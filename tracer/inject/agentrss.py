@@ -8,6 +8,7 @@ been, ~9.2 MiB at most. Those
 pages are in the target's RssAnon, so the report's "other anonymous" holds them; this measures
 them (pagemap, once, when the meta is written at the end), so that the report can say how much.
 """
+
 from __future__ import annotations
 
 

@@ -1,6 +1,7 @@
 """What --inject hooks: the entry points of each allocator (and the mmap family's functions) the
 agent takes over, each proved movable on the code (tracer/inject/patching.py) and found in the
 running process."""
+
 from __future__ import annotations
 
 import os
@@ -17,12 +18,13 @@ from .ptrace import Memory
 @dataclass
 class HookSpec:
     """One allocator entry point to hook (from the allocator plans)."""
+
     symbol: str
     path: str
-    offset: int       # file offset of the function
-    size: int         # st_size (0: unknown)
-    program: str      # its BPF entry program: the hook's kind (the mmap family: sys:KIND:DEFINITION)
-    cookie: int       # enum as_api | source << 16
+    offset: int  # file offset of the function
+    size: int  # st_size (0: unknown)
+    program: str  # its BPF entry program: the hook's kind (the mmap family: sys:KIND:DEFINITION)
+    cookie: int  # enum as_api | source << 16
     source: str
 
     @property
@@ -45,14 +47,17 @@ def hook_specs(plans: list, cookies: dict[tuple[str, str], int]) -> tuple[list[H
         a = pl.allocator
         for pr in pl.probes:
             sym = pr.symbol
-            base = sym[len(a.prefix):] if a.prefix and sym.startswith(a.prefix) else sym
+            base = sym[len(a.prefix) :] if a.prefix and sym.startswith(a.prefix) else sym
             if pr.program not in HOOKS:
                 skipped[sym] = NOT_HOOKED  # tracer/allocators/purges.py: probed as without --inject
             elif base in THROWING:
                 skipped[sym] = "may throw (operator new): exceptions cannot unwind through a hook"
             else:
-                specs.append(HookSpec(sym, a.path, a.offsets[sym], a.sizes.get(sym, 0), pr.program,
-                                      cookies[(a.path, sym)], a.source))
+                specs.append(
+                    HookSpec(
+                        sym, a.path, a.offsets[sym], a.sizes.get(sym, 0), pr.program, cookies[(a.path, sym)], a.source
+                    )
+                )
     return specs, skipped
 
 
@@ -65,8 +70,11 @@ def sys_specs(maps: list[procfs.Mapping], exe: str, paths: list[str]) -> tuple[l
 
     exe_id = file_id(exe) if exe else None
     want = {file_id(p) for p in paths} - {None}
-    mods = [p for p in code_files(maps)
-            if os.path.basename(p).startswith(("libc.so", "libc-")) or file_id(p) == exe_id or file_id(p) in want]
+    mods = [
+        p
+        for p in code_files(maps)
+        if os.path.basename(p).startswith(("libc.so", "libc-")) or file_id(p) == exe_id or file_id(p) in want
+    ]
     specs: list[HookSpec] = []
     skipped: dict[str, str] = {}
     for kind, (names, _nr) in SYS_FAMILY.items():
@@ -102,14 +110,14 @@ def sys_all_or_nothing(hooks: list, refused: dict[str, str], specs: list[HookSpe
 @dataclass
 class Hook:
     spec: HookSpec
-    addr: int              # the function's address in the target
-    length: int            # displaced bytes
-    orig: bytes            # the first 16 bytes as they were
-    jump: bytes            # the 5 bytes written
-    word: int = 0          # aligned restore word
+    addr: int  # the function's address in the target
+    length: int  # displaced bytes
+    orig: bytes  # the first 16 bytes as they were
+    jump: bytes  # the 5 bytes written
+    word: int = 0  # aligned restore word
     wide: bool = False
     slot: int = 0
-    tramp: int = 0         # the trampoline: the real function for the hook
+    tramp: int = 0  # the trampoline: the real function for the hook
 
 
 def _runtime_address(maps: list[procfs.Mapping], path: str, offset: int) -> tuple[int, procfs.Mapping] | None:
@@ -117,8 +125,12 @@ def _runtime_address(maps: list[procfs.Mapping], path: str, offset: int) -> tupl
 
     fid = file_id(path)
     for m in maps:
-        if m.is_file and "x" in m.perms and m.offset <= offset < m.offset + (m.end - m.start) and \
-                (m.path == path or (fid is not None and file_id(m.path) == fid)):
+        if (
+            m.is_file
+            and "x" in m.perms
+            and m.offset <= offset < m.offset + (m.end - m.start)
+            and (m.path == path or (fid is not None and file_id(m.path) == fid))
+        ):
             return m.start + offset - m.offset, m
     return None
 
@@ -169,9 +181,13 @@ def sys_lines(hooks: list[Hook], refused: dict[str, str]) -> list[str]:
     for sym, reason in refused.items():
         lines.append(f"mmap family not hooked: {sym} ({reason})")
     if kept:
-        lines.append("keep their syscall tracepoints under --inject (every system call on the machine pays "
-                     f"its slow path while recording): {', '.join(kept)}")
+        lines.append(
+            "keep their syscall tracepoints under --inject (every system call on the machine pays "
+            f"its slow path while recording): {', '.join(kept)}"
+        )
     else:
-        lines.append("no syscall tracepoint under --inject; not seen then: system calls made without these "
-                     "functions (ld.so mapping libraries, syscall(2), inline system calls)")
+        lines.append(
+            "no syscall tracepoint under --inject; not seen then: system calls made without these "
+            "functions (ld.so mapping libraries, syscall(2), inline system calls)"
+        )
     return lines

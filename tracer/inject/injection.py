@@ -13,6 +13,7 @@ written back as they were, the watchdog is told to exit. If the tracer dies inst
 watchdog (polling the tracer's pidfd) puts the entry words back itself. The agent's pages stay
 mapped, inert: a thread may still be returning through a hook or a trampoline.
 """
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -45,6 +46,7 @@ from .ptrace import Memory, PtraceError, Stopped
 class Injection:
     """The agent in one process: hooks placed (`load`), sampling switched on (`enable`), and
     everything taken back (`detach`)."""
+
     pid: int
     sample_bytes: int
     agent: AgentImage
@@ -56,11 +58,11 @@ class Injection:
     watchdog_tid: int = 0
     syscall_insn: int = 0
     stopped_ms: list[float] = field(default_factory=list)
-    detached: str = ""     # how it ended: "restored", "watchdog", "exec", "exited"
+    detached: str = ""  # how it ended: "restored", "watchdog", "exec", "exited"
     counters: dict[str, int] = field(default_factory=dict)
-    specs: list[HookSpec] = field(default_factory=list)        # the allocators' entry points to hook
+    specs: list[HookSpec] = field(default_factory=list)  # the allocators' entry points to hook
     sys_hook_specs: list[HookSpec] = field(default_factory=list)  # the mmap family's
-    quiet: object = None   # quiet(tid): the probes ignore tid's system calls (0: none)
+    quiet: object = None  # quiet(tid): the probes ignore tid's system calls (0: none)
 
     @property
     def cfg_addr(self) -> int:
@@ -134,12 +136,13 @@ class Injection:
             self.detached = "exited"
             return self.detached
         if not self._agent_mapped():
-            self.detached = "exec"   # a new image: the hooks went with the old one
+            self.detached = "exec"  # a new image: the hooks went with the old one
             return self.detached
         cfg = self.read_config()
         if cfg is not None:
-            self.counters = {k: getattr(cfg, k) for k in ("sampled", "freed", "set_full", "thread_overflow", "foreign",
-                                                          "sys_marks")}
+            self.counters = {
+                k: getattr(cfg, k) for k in ("sampled", "freed", "set_full", "thread_overflow", "foreign", "sys_marks")
+            }
         mem = Memory(self.pid)
         try:
             with Stopped(self.pid) as st:
@@ -149,7 +152,7 @@ class Injection:
                 for h in self.hooks:
                     cur = mem.read(h.addr, patching.JMP_LEN)
                     if cur == h.jump:
-                        mem.write(h.addr, h.orig[:patching.JMP_LEN])
+                        mem.write(h.addr, h.orig[: patching.JMP_LEN])
                 self.set_field(mem, "state", STATE_DETACHING)
                 if self.pidfd >= 0 and self._pidfd_is_ours():
                     tid = self.pid if self.pid in st.tids else st.tids[0]
@@ -165,8 +168,11 @@ class Injection:
         finally:
             mem.close()
         deadline = time.monotonic() + 2
-        while time.monotonic() < deadline and self.watchdog_tid and \
-                os.path.exists(f"/proc/{self.pid}/task/{self.watchdog_tid}"):
+        while (
+            time.monotonic() < deadline
+            and self.watchdog_tid
+            and os.path.exists(f"/proc/{self.pid}/task/{self.watchdog_tid}")
+        ):
             time.sleep(0.01)
         return self.detached
 
@@ -189,16 +195,27 @@ class Injection:
     def report(self, tracepoints: list[str] | None = None) -> dict:
         """recording.probes.inject; `tracepoints`: the syscall tracepoints this recording kept (the
         mmap-family calls not hooked)"""
-        return {"agent": self.agent.path, "base": self.base,
-                "hooked": [{"symbol": h.spec.symbol, "module": h.spec.path, "source": h.spec.source,
-                            "displaced": h.length} for h in self.hooks if not h.spec.sys_kind],
-                "mmap_family": {"hooked": self.sys_hooked,
-                                "not_seen": "system calls made without these functions (ld.so mapping "
-                                            "libraries, syscall(2), inline system calls)"},
-                "tracepoints": list(tracepoints or []),
-                "skipped": dict(self.refused), "stopped_ms": [round(x, 2) for x in self.stopped_ms],
-                "watchdog_tid": self.watchdog_tid, "detached": self.detached, "counters": dict(self.counters),
-                "tables_resident_bytes": tables_resident(self.pid, self.tables)}
+        return {
+            "agent": self.agent.path,
+            "base": self.base,
+            "hooked": [
+                {"symbol": h.spec.symbol, "module": h.spec.path, "source": h.spec.source, "displaced": h.length}
+                for h in self.hooks
+                if not h.spec.sys_kind
+            ],
+            "mmap_family": {
+                "hooked": self.sys_hooked,
+                "not_seen": "system calls made without these functions (ld.so mapping "
+                "libraries, syscall(2), inline system calls)",
+            },
+            "tracepoints": list(tracepoints or []),
+            "skipped": dict(self.refused),
+            "stopped_ms": [round(x, 2) for x in self.stopped_ms],
+            "watchdog_tid": self.watchdog_tid,
+            "detached": self.detached,
+            "counters": dict(self.counters),
+            "tables_resident_bytes": tables_resident(self.pid, self.tables),
+        }
 
 
 def inject(pid: int, specs: list[HookSpec], skipped: dict[str, str], sample_bytes: int, quiet=None) -> Injection:

@@ -2,6 +2,7 @@
 behalf (mmap of the agent's file, its tables, a stub page near each allocator module, pidfd_open of
 the tracer, clone of the watchdog thread), the hooks are written, and no thread is left inside the
 bytes they displace. Nothing half-done stays when a step fails."""
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -120,8 +121,10 @@ class AgentLoader:
             # under the stop each entry's bytes are read again and must not have changed
             hooks, refused = plan_hooks(mem, maps, self.inj.specs)
             shooks, srefused = plan_hooks(mem, maps, self.inj.sys_hook_specs)
-            self._hooks_planned = (hooks + sys_all_or_nothing(shooks, srefused, self.inj.sys_hook_specs),
-                                   {**refused, **srefused})
+            self._hooks_planned = (
+                hooks + sys_all_or_nothing(shooks, srefused, self.inj.sys_hook_specs),
+                {**refused, **srefused},
+            )
             self._syscall_insn = _find_syscall_insn(mem, maps)
             with Stopped(self.inj.pid) as st:
                 t0 = time.perf_counter()
@@ -152,7 +155,7 @@ class AgentLoader:
                 if h.jump:
                     try:
                         if mem.read(h.addr, patching.JMP_LEN) == h.jump:
-                            mem.write(h.addr, h.orig[:patching.JMP_LEN])
+                            mem.write(h.addr, h.orig[: patching.JMP_LEN])
                     except OSError:
                         pass
             self.inj.hooks = []
@@ -173,12 +176,15 @@ class AgentLoader:
             if mem.read(h.addr, len(h.orig)) != h.orig:
                 refused[h.spec.symbol] = "its bytes changed while the process was being stopped"
                 hooks.remove(h)
-        hooks = [h for h in hooks if not h.spec.sys_kind] + \
-            sys_all_or_nothing([h for h in hooks if h.spec.sys_kind], refused, self.inj.sys_hook_specs)
+        hooks = [h for h in hooks if not h.spec.sys_kind] + sys_all_or_nothing(
+            [h for h in hooks if h.spec.sys_kind], refused, self.inj.sys_hook_specs
+        )
         self.inj.refused.update(refused)
         if not any(not h.spec.sys_kind for h in hooks):
-            raise InjectError("no allocator entry can be hooked safely: "
-                              + (next(iter(refused.items()))[1] if refused else "none found"))
+            raise InjectError(
+                "no allocator entry can be hooked safely: "
+                + (next(iter(refused.items()))[1] if refused else "none found")
+            )
         if len(hooks) > AS_MAX_HOOKS:
             raise InjectError(f"{len(hooks)} entry points: the agent holds {AS_MAX_HOOKS}")
         # 1. the agent's file, mapped as ld.so would (no relocations: none to apply)
@@ -192,8 +198,9 @@ class AgentLoader:
                 base = self._mmap(st, tid, 0, self.inj.agent.span, 0, MAP_PRIVATE | MAP_ANON)
                 for v, _mz, fz, off, prot in self.inj.agent.loads:
                     at = base + page_down(v)
-                    got = self._mmap(st, tid, at, page_up(v + fz) - page_down(v), prot,
-                                     MAP_PRIVATE | MAP_FIXED, fd, page_down(off))
+                    got = self._mmap(
+                        st, tid, at, page_up(v + fz) - page_down(v), prot, MAP_PRIVATE | MAP_FIXED, fd, page_down(off)
+                    )
                     if got != at:
                         raise InjectError("the agent's segments did not map where asked")
                 self.inj.base = base
@@ -201,8 +208,9 @@ class AgentLoader:
                 self.inj.syscall(st, tid, "close", fd)
             # 2. tables (thread states, sampled-pointer set, its counts, the filter) and the watchdog's stack
             tsize = TABLES_BYTES
-            self.inj.tables = self._mmap(st, tid, 0, page_up(tsize) + WATCHDOG_STACK, PROT_R | PROT_W,
-                                     MAP_PRIVATE | MAP_ANON | MAP_NORESERVE)
+            self.inj.tables = self._mmap(
+                st, tid, 0, page_up(tsize) + WATCHDOG_STACK, PROT_R | PROT_W, MAP_PRIVATE | MAP_ANON | MAP_NORESERVE
+            )
             # 3. a stub page near each module: slot, stub and trampoline per hooked function
             self._place_stubs(st, mem, tid, maps, hooks)
             # 4. the configuration
@@ -222,7 +230,7 @@ class AgentLoader:
                 n = 16 if h.wide else 8
                 orig = mem.read(h.word, n)
                 patched = bytearray(orig)
-                patched[h.addr - h.word:h.addr - h.word + patching.JMP_LEN] = h.jump
+                patched[h.addr - h.word : h.addr - h.word + patching.JMP_LEN] = h.jump
                 r.word_addr, r.wide = h.word, int(h.wide)
                 r.orig_word, r.patched_word = _word(orig), _word(patched)
                 if h.wide:
@@ -285,8 +293,7 @@ class AgentLoader:
         taken: list[tuple[int, int]] = []
         maps = procfs.read_maps(self.inj.pid)  # with the agent and its tables (mapped just now)
         for path, hs in by_module.items():
-            mods = [m for m in maps if m.path == path] or \
-                   [m for m in maps if m.start <= hs[0].addr < m.end]
+            mods = [m for m in maps if m.path == path] or [m for m in maps if m.start <= hs[0].addr < m.end]
             lo, hi = min(m.start for m in mods), max(m.end for m in mods)
             size = page_up(len(hs) * patching.ENTRY_SPAN)
             want = near_gap(maps, lo, hi, size, taken)
@@ -299,16 +306,19 @@ class AgentLoader:
             for i, h in enumerate(hs):
                 at = got + i * patching.ENTRY_SPAN
                 slot, stub, tramp = at, at + patching.SLOT_LEN, at + patching.SLOT_LEN + patching.STUB_LEN
-                code = patching.relocate(h.orig[:h.length], h.addr, tramp)
+                code = patching.relocate(h.orig[: h.length], h.addr, tramp)
                 code += patching.rel_jump(tramp + len(code), h.addr + h.length)  # the page is within reach
                 hook = self.inj.sym(h.spec.hook_symbol)
                 # the mmap family's calls take up to 6 arguments: no register carries the slot;
                 # each definition has a hook of its own, which finds its trampoline in as_cfg
-                enter = patching.abs_jump(hook).ljust(patching.STUB_LEN, b"\xcc") if h.spec.sys_kind \
+                enter = (
+                    patching.abs_jump(hook).ljust(patching.STUB_LEN, b"\xcc")
+                    if h.spec.sys_kind
                     else patching.stub(slot, hook)
+                )
                 blob = struct.pack("<QQ", tramp, h.spec.cookie) + enter + code
                 h.tramp = tramp
-                page[i * patching.ENTRY_SPAN:i * patching.ENTRY_SPAN + len(blob)] = blob
+                page[i * patching.ENTRY_SPAN : i * patching.ENTRY_SPAN + len(blob)] = blob
                 h.slot = slot
                 h.jump = patching.rel_jump(h.addr, stub)
             mem.write(got, bytes(page))

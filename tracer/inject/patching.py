@@ -7,6 +7,7 @@ no int3 (another tool's breakpoint), and no branch of the function landing insid
 over the whole function). The patched bytes must also lie in one aligned 8- or 16-byte word, so
 that the agent's watchdog can put them back with a single compare-and-swap.
 """
+
 from __future__ import annotations
 
 import struct
@@ -18,11 +19,11 @@ from capstone import x86_const as X
 _md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
 _md.detail = True
 
-JMP_LEN = 5          # e9 rel32
-SLOT_LEN = 16        # struct as_slot
-STUB_LEN = 24        # movabs $slot, %rcx; jmp *0(%rip); .quad hook
-ABS_JMP_LEN = 14     # jmp *0(%rip); .quad target
-ENTRY_SPAN = 128     # bytes per hooked function in a stub page
+JMP_LEN = 5  # e9 rel32
+SLOT_LEN = 16  # struct as_slot
+STUB_LEN = 24  # movabs $slot, %rcx; jmp *0(%rip); .quad hook
+ABS_JMP_LEN = 14  # jmp *0(%rip); .quad target
+ENTRY_SPAN = 128  # bytes per hooked function in a stub page
 
 
 class PatchRefused(Exception):
@@ -31,8 +32,8 @@ class PatchRefused(Exception):
 
 @dataclass
 class Displaced:
-    length: int          # bytes of whole instructions covering the jump
-    text: str            # what they are, for the record
+    length: int  # bytes of whole instructions covering the jump
+    text: str  # what they are, for the record
 
 
 def displaced(code: bytes, addr: int, func_size: int, func_code: bytes | None = None) -> Displaced:
@@ -42,12 +43,14 @@ def displaced(code: bytes, addr: int, func_size: int, func_code: bytes | None = 
     for insn in _md.disasm(code, addr):
         if insn.id in (X.X86_INS_INT3, X.X86_INS_INT, X.X86_INS_UD2):
             raise PatchRefused(f"{insn.mnemonic} at entry+{insn.address - addr} (another tool's breakpoint?)")
-        if insn.group(capstone.CS_GRP_RET) or insn.group(capstone.CS_GRP_INT) or \
-                insn.id in (X.X86_INS_LOOP, X.X86_INS_LOOPE, X.X86_INS_LOOPNE, X.X86_INS_JRCXZ,
-                            X.X86_INS_JECXZ) or (_branch(insn) and not _relative(insn) and not _rip_mem(insn)):
+        if (
+            insn.group(capstone.CS_GRP_RET)
+            or insn.group(capstone.CS_GRP_INT)
+            or insn.id in (X.X86_INS_LOOP, X.X86_INS_LOOPE, X.X86_INS_LOOPNE, X.X86_INS_JRCXZ, X.X86_INS_JECXZ)
+            or (_branch(insn) and not _relative(insn) and not _rip_mem(insn))
+        ):
             raise PatchRefused(f"a {insn.mnemonic} within the first {JMP_LEN} bytes")
-        if any(op.type == X.X86_OP_MEM and op.mem.base == X.X86_REG_RIP and op.mem.index != 0
-               for op in insn.operands):
+        if any(op.type == X.X86_OP_MEM and op.mem.base == X.X86_REG_RIP and op.mem.index != 0 for op in insn.operands):
             raise PatchRefused("an indexed RIP-relative operand")
         names.append(insn.mnemonic)
         n += insn.size
@@ -57,8 +60,12 @@ def displaced(code: bytes, addr: int, func_size: int, func_code: bytes | None = 
         raise PatchRefused(f"the function is shorter than {JMP_LEN} bytes of decodable code")
     if func_code is not None:
         for insn in _md.disasm(func_code, addr):
-            if (insn.group(capstone.CS_GRP_JUMP) or insn.group(capstone.CS_GRP_CALL)) and insn.operands \
-                    and insn.operands[0].type == X.X86_OP_IMM and addr < insn.operands[0].imm < addr + n:
+            if (
+                (insn.group(capstone.CS_GRP_JUMP) or insn.group(capstone.CS_GRP_CALL))
+                and insn.operands
+                and insn.operands[0].type == X.X86_OP_IMM
+                and addr < insn.operands[0].imm < addr + n
+            ):
                 raise PatchRefused(f"a branch at entry+{insn.address - addr} lands inside the first {n} bytes")
     return Displaced(n, "; ".join(names))
 
@@ -95,11 +102,11 @@ def relocate(code: bytes, src: int, dst: int) -> bytes:
         if _relative(insn):
             target = insn.operands[0].imm
             op = insn.bytes[0]
-            if op in (0xE8, 0xE9):                 # call/jmp rel32
+            if op in (0xE8, 0xE9):  # call/jmp rel32
                 out += bytes([op]) + _rel32(at, 5, target)
-            elif op == 0xEB:                       # jmp rel8
+            elif op == 0xEB:  # jmp rel8
                 out += b"\xe9" + _rel32(at, 5, target)
-            elif 0x70 <= op <= 0x7F:               # jcc rel8 -> jcc rel32
+            elif 0x70 <= op <= 0x7F:  # jcc rel8 -> jcc rel32
                 out += bytes([0x0F, 0x80 | (op & 0x0F)]) + _rel32(at, 6, target)
             elif op == 0x0F and 0x80 <= insn.bytes[1] <= 0x8F:
                 out += bytes(insn.bytes[:2]) + _rel32(at, 6, target)

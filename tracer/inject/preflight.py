@@ -1,5 +1,6 @@
 """Whether --inject can work in a process, read only (`doctor --pid`, and before every --inject):
 what would stop ptrace, and which entry points the hooks would take."""
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,10 @@ def can_inject(pid: int, exe: str) -> tuple[bool, list[str]]:
         return False, [why]
     seccomp = _status(pid).get("Seccomp", "0")
     if seccomp == "2":
-        lines.append("the process runs under a seccomp filter: if it forbids mmap, pidfd_open or clone, "
-                     "--inject stops with the call refused (nothing left in the process)")
+        lines.append(
+            "the process runs under a seccomp filter: if it forbids mmap, pidfd_open or clone, "
+            "--inject stops with the call refused (nothing left in the process)"
+        )
     try:
         read_agent(agent_path())
     except InjectError as e:

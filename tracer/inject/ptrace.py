@@ -8,6 +8,7 @@ kernel's restart logic leaves it alone, and the thread's own registers, put back
 call). All of a session's ptrace calls are made from the thread that attached (ptrace's rule):
 `Stopped` is used as a context manager within one function.
 """
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -29,9 +30,39 @@ _libc.ptrace.argtypes = [ct.c_long, ct.c_long, ct.c_void_p, ct.c_void_p]
 
 class Regs(ct.Structure):
     """struct user_regs_struct (x86-64)"""
-    _fields_ = [(n, ct.c_uint64) for n in (
-        "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8", "rax", "rcx", "rdx", "rsi",
-        "rdi", "orig_rax", "rip", "cs", "eflags", "rsp", "ss", "fs_base", "gs_base", "ds", "es", "fs", "gs")]
+
+    _fields_ = [
+        (n, ct.c_uint64)
+        for n in (
+            "r15",
+            "r14",
+            "r13",
+            "r12",
+            "rbp",
+            "rbx",
+            "r11",
+            "r10",
+            "r9",
+            "r8",
+            "rax",
+            "rcx",
+            "rdx",
+            "rsi",
+            "rdi",
+            "orig_rax",
+            "rip",
+            "cs",
+            "eflags",
+            "rsp",
+            "ss",
+            "fs_base",
+            "gs_base",
+            "ds",
+            "es",
+            "fs",
+            "gs",
+        )
+    ]
 
     def copy(self) -> Regs:
         r = Regs()
@@ -178,8 +209,9 @@ class Stopped:
                     out = self.getregs(tid)
                     self.setregs(tid, self.regs[tid])
                     self.signals.pop(tid, None)
-                    raise PtraceError(errno.EFAULT, f"injected code faulted at {out.rip:#x} "
-                                      f"(signal {os.WSTOPSIG(status)})")
+                    raise PtraceError(
+                        errno.EFAULT, f"injected code faulted at {out.rip:#x} (signal {os.WSTOPSIG(status)})"
+                    )
                 continue
         raise PtraceError(errno.EAGAIN, f"thread {tid} never reached its trap")
 

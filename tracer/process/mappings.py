@@ -1,5 +1,6 @@
 """The target's memory map while recording: what is mapped where, for resolving stack addresses
 to (module, build ID, file offset), and the `maps` table of the trace whenever it changes."""
+
 from __future__ import annotations
 
 import bisect
@@ -43,7 +44,7 @@ class MapIndex:
             return "", "", -1
         if not m.is_file:
             return m.path, "", -1
-        path = m.path[:-len(" (deleted)")] if m.path.endswith(" (deleted)") else m.path
+        path = m.path[: -len(" (deleted)")] if m.path.endswith(" (deleted)") else m.path
         return path, build_id(path), ip - m.start + m.offset
 
     def is_code(self, ip: int) -> bool:
@@ -61,7 +62,7 @@ class MapsWatcher:
         self.still_ours = still_ours or (lambda: True)  # False once the pid is another program
         self.current: list[procfs.Mapping] = []
         self.index = MapIndex([])
-        self.dirty = True                              # read again at the next snapshot
+        self.dirty = True  # read again at the next snapshot
         self.unwritten: list[procfs.Mapping] | None = None
         self.on_change = on_change or (lambda maps: None)
 
@@ -101,10 +102,16 @@ class MapsWatcher:
         self.unwritten = None
         if changed is None:
             return None
-        return pa.table({
-            "seq": [seq] * len(changed), "start": [m.start for m in changed],
-            "end": [m.end for m in changed], "perms": [m.perms for m in changed],
-            "offset": [m.offset for m in changed], "inode": [m.inode for m in changed],
-            "path": [m.path for m in changed],
-            "build_id": [build_id(m.path) if m.is_file and "x" in m.perms else "" for m in changed],
-        }, schema=F.SCHEMAS["maps"])
+        return pa.table(
+            {
+                "seq": [seq] * len(changed),
+                "start": [m.start for m in changed],
+                "end": [m.end for m in changed],
+                "perms": [m.perms for m in changed],
+                "offset": [m.offset for m in changed],
+                "inode": [m.inode for m in changed],
+                "path": [m.path for m in changed],
+                "build_id": [build_id(m.path) if m.is_file and "x" in m.perms else "" for m in changed],
+            },
+            schema=F.SCHEMAS["maps"],
+        )

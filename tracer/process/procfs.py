@@ -1,4 +1,5 @@
 """Readers for /proc/PID: cheap, no locks held on the target beyond what the kernel takes."""
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,16 @@ def read_maps(pid: int) -> list[Mapping]:
             if len(parts) < 5:
                 continue
             lo, hi = parts[0].split("-")
-            out.append(Mapping(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16),
-                               int(parts[4]), parts[5] if len(parts) > 5 else ""))
+            out.append(
+                Mapping(
+                    int(lo, 16),
+                    int(hi, 16),
+                    parts[1],
+                    int(parts[2], 16),
+                    int(parts[4]),
+                    parts[5] if len(parts) > 5 else "",
+                )
+            )
     return out
 
 
@@ -78,7 +87,7 @@ def stat_fields(pid: int) -> list[str]:
     """/proc/PID/stat split after the parenthesised comm (field 3 is index 0)."""
     with open(f"/proc/{pid}/stat") as f:
         data = f.read()
-    return data[data.rindex(")") + 2:].split()
+    return data[data.rindex(")") + 2 :].split()
 
 
 def starttime(pid: int) -> int:

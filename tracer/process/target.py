@@ -5,6 +5,7 @@ before exec (the probes attach to its pid first), then traced with ptrace for tw
 to hold it for a moment at exit, while its memory map still exists, and (DWARF unwinding) at
 each code mapping until that library's unwind rows are loaded.
 """
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -24,11 +25,11 @@ from . import procfs
 @dataclass
 class Target:
     pid: int
-    start: int                      # /proc start time: guards against pid reuse
+    start: int  # /proc start time: guards against pid reuse
     exe: str
     comm: str
     child: Child | None = None
-    release_fd: int = -1            # launch mode: write a byte to let the child exec
+    release_fd: int = -1  # launch mode: write a byte to let the child exec
     argv: list[str] = field(default_factory=list)
 
     def alive(self) -> bool:
@@ -58,8 +59,7 @@ def target_from_pgrep(pattern: str) -> Target:
     if len(found) > 1:
         listing = "; ".join(f"{pid}: {line[:60]}" for pid, line in found[:8])
         more = f" (+{len(found) - 8} more)" if len(found) > 8 else ""
-        raise TargetError(f"--pgrep {pattern!r} matches {len(found)} processes, give one with --pid: "
-                          f"{listing}{more}")
+        raise TargetError(f"--pgrep {pattern!r} matches {len(found)} processes, give one with --pid: {listing}{more}")
     return target_from_pid(found[0][0])
 
 
@@ -196,8 +196,15 @@ def target_from_command(argv: list[str]) -> Target:
             pass
         os._exit(127)
     os.close(r)
-    return Target(pid, procfs.starttime(pid), os.path.realpath(exe), os.path.basename(argv[0])[:15],
-                  child=Child(pid), release_fd=w, argv=list(argv))
+    return Target(
+        pid,
+        procfs.starttime(pid),
+        os.path.realpath(exe),
+        os.path.basename(argv[0])[:15],
+        child=Child(pid),
+        release_fd=w,
+        argv=list(argv),
+    )
 
 
 def release(target: Target) -> None:

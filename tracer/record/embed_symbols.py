@@ -12,6 +12,7 @@ symbolized on a machine that has none of these files:
 `name` the raw (mangled) symbol. A module's symbols go into the part of the interval that first
 put it on a stack. File and line numbers are not embedded. reports/symbolize/embedded.py reads them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable

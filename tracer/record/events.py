@@ -1,14 +1,27 @@
 """The events of a recording's ring buffer, as they come (Recorder.ring.on_event, from the poll):
 thread names and exits, exec, code mapped, peak wakes, purge calls; the rare mmap-family shapes
 queued and replayed in order after each poll (tracer/record/regions.py)."""
+
 from __future__ import annotations
 
 from ..allocators.retention import keep_purge, purge_function
 from ..base import layout as L
 
 EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_TRIM, EV_NAME, EV_EXIT, EV_EXEC, EV_CODE, EV_PEAK = (
-    L.enum(n) for n in ("AS_EV_MMAP", "AS_EV_MUNMAP", "AS_EV_MREMAP", "AS_EV_BRK", "AS_EV_TRIM",
-                        "AS_EV_THREAD_NAME", "AS_EV_THREAD_EXIT", "AS_EV_EXEC", "AS_EV_CODE", "AS_EV_PEAK"))
+    L.enum(n)
+    for n in (
+        "AS_EV_MMAP",
+        "AS_EV_MUNMAP",
+        "AS_EV_MREMAP",
+        "AS_EV_BRK",
+        "AS_EV_TRIM",
+        "AS_EV_THREAD_NAME",
+        "AS_EV_THREAD_EXIT",
+        "AS_EV_EXEC",
+        "AS_EV_CODE",
+        "AS_EV_PEAK",
+    )
+)
 SLOW_EVENTS = (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK)
 
 
@@ -21,7 +34,7 @@ class RingEvents:
 
     def __init__(self, rec) -> None:
         self.rec = rec
-        self.slow_events: list[L.Event] = []      # queued by on_event, replayed after each poll
+        self.slow_events: list[L.Event] = []  # queued by on_event, replayed after each poll
 
     def on_event(self, ev: L.Event) -> None:
         rec = self.rec
@@ -38,8 +51,9 @@ class RingEvents:
         elif typ == EV_CODE:
             rec.maps.now()  # a library's code was mapped: read maps now
         elif typ in (EV_NAME, EV_EXIT):
-            rec.snapshots.threads.event(rec.seq + 1, ts, tid, ev.comm.decode("utf-8", "replace"),
-                                        "rename" if typ == EV_NAME else "exit")
+            rec.snapshots.threads.event(
+                rec.seq + 1, ts, tid, ev.comm.decode("utf-8", "replace"), "rename" if typ == EV_NAME else "exit"
+            )
             return
         elif typ == EV_EXEC:
             # The program was replaced: the allocator we probe and every live block are gone.
@@ -71,8 +85,7 @@ class RingEvents:
         if not self.slow_events:
             return
         evs, self.slow_events = self.slow_events, []
-        replay = {EV_MMAP: rec.slow.mmap, EV_MUNMAP: rec.slow.munmap, EV_MREMAP: rec.slow.mremap,
-                  EV_BRK: rec.slow.brk}
+        replay = {EV_MMAP: rec.slow.mmap, EV_MUNMAP: rec.slow.munmap, EV_MREMAP: rec.slow.mremap, EV_BRK: rec.slow.brk}
         for ev in evs:
             replay[ev.type](ev)
         rec.slow.site_ext()

@@ -1,5 +1,6 @@
 """meta.json of a recording: the target, the host, what was probed and how, the limits, the mode,
 the unwinder's and the peaks' figures; at the end how it ended (common/tracefile/format.py)."""
+
 from __future__ import annotations
 
 import os
@@ -24,31 +25,54 @@ def trace_meta(rec, complete: bool) -> dict:
     if rec.unwinder is not None:
         unwind.update(rec.unwinder.meta())
     meta = {
-        "format": F.FORMAT, "version": F.VERSION, "complete": complete,
+        "format": F.FORMAT,
+        "version": F.VERSION,
+        "complete": complete,
         "tool": {"name": "allocscope", "version": tool_version()},
         "created": rec.wall0,
         "clock": {"monotonic_ns": rec.t0_ns, "wall_s": rec.wall0},
         "interval_s": o.interval,
         "labels": o.labels,
-        "target": {"pid": t.pid, "comm": t.comm, "exe": t.exe, "exe_build_id": build_id(t.exe),
-                   "launched": t.child is not None,
-                   **({"argv": t.argv or procfs.cmdline(t.pid)} if o.keep_cmdline else {})},
-        "host": {"kernel": platform.release(), "hostname": platform.node(),
-                 "page_size": os.sysconf("SC_PAGE_SIZE")},
-        "probes": {"allocator": rep.allocator, "allocator_kind": rep.allocator_kind,
-                   "attached": rep.attached, "aliases": rep.aliases, "skipped": rep.skipped,
-                   "tracepoints": rep.tracepoints, "placement": rep.placement, "cuda": rep.cuda,
-                   "allocators": rep.allocators, "custom": rep.custom,
-                   "returns": rep.returns, "returns_why": rep.returns_why,
-                   "uprobes": rep.uprobes, "uprobes_why": rep.uprobes_why, "heap": rep.heap,
-                   **({"inject": rec.injection.report(getattr(rec.probes, "sys_tracepoints_kept", []))}
-                      if rec.injection is not None else {})},
+        "target": {
+            "pid": t.pid,
+            "comm": t.comm,
+            "exe": t.exe,
+            "exe_build_id": build_id(t.exe),
+            "launched": t.child is not None,
+            **({"argv": t.argv or procfs.cmdline(t.pid)} if o.keep_cmdline else {}),
+        },
+        "host": {"kernel": platform.release(), "hostname": platform.node(), "page_size": os.sysconf("SC_PAGE_SIZE")},
+        "probes": {
+            "allocator": rep.allocator,
+            "allocator_kind": rep.allocator_kind,
+            "attached": rep.attached,
+            "aliases": rep.aliases,
+            "skipped": rep.skipped,
+            "tracepoints": rep.tracepoints,
+            "placement": rep.placement,
+            "cuda": rep.cuda,
+            "allocators": rep.allocators,
+            "custom": rep.custom,
+            "returns": rep.returns,
+            "returns_why": rep.returns_why,
+            "uprobes": rep.uprobes,
+            "uprobes_why": rep.uprobes_why,
+            "heap": rep.heap,
+            **(
+                {"inject": rec.injection.report(getattr(rec.probes, "sys_tracepoints_kept", []))}
+                if rec.injection is not None
+                else {}
+            ),
+        },
         "sources": {str(k): v for k, v in rec.source_names.items() if k >= L.enum("AS_SRC_DYNAMIC")},
-        "limits": {"max_live": o.max_live, "max_stacks": o.max_stacks, "max_sites": o.max_sites,
-                   "max_regions": o.max_regions},
+        "limits": {
+            "max_live": o.max_live,
+            "max_stacks": o.max_stacks,
+            "max_sites": o.max_sites,
+            "max_regions": o.max_regions,
+        },
         "mode": o.mode,
-        "sampling": {"sample_bytes": o.sample_bytes,
-                     "fault_sample": o.fault_sample if o.mode == "residency" else 0},
+        "sampling": {"sample_bytes": o.sample_bytes, "fault_sample": o.fault_sample if o.mode == "residency" else 0},
         "unwind": unwind,
         "waits": {"wait_min_ns": rec.snapshots.waits.wait_min_ns},
         **({"peaks": rec.peaks.meta()} if rec.peaks is not None else {}),
@@ -56,10 +80,16 @@ def trace_meta(rec, complete: bool) -> dict:
         "interval_reads": {"site_changes": reader.capacity if reader.enabled else 0, **reader.stats.as_dict()},
     }
     if complete:
-        meta.update({"end_reason": rec.end_reason, "intervals": rec.seq,
-                     "duration_s": (time.monotonic_ns() - rec.t0_ns) / 1e9,
-                     "target_exit": rec.target_exit, "exec_seen": rec.exec_seen,
-                     "final_snapshot_s": round(rec.final_snapshot_s, 3)})
+        meta.update(
+            {
+                "end_reason": rec.end_reason,
+                "intervals": rec.seq,
+                "duration_s": (time.monotonic_ns() - rec.t0_ns) / 1e9,
+                "target_exit": rec.target_exit,
+                "exec_seen": rec.exec_seen,
+                "final_snapshot_s": round(rec.final_snapshot_s, 3),
+            }
+        )
         if rec.bpf_stats:
             meta["bpf_stats"] = rec.bpf_stats  # with sysctl kernel.bpf_stats_enabled=1
     return meta

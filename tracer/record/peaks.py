@@ -17,6 +17,7 @@ at least max(MIN_GAP_NS, 4 x the last read's CPU time) apart (a wake inside the 
 end): the tracer spends at most about a fifth of its time on them, and a ramp from 0 to 100 GiB
 makes about 800 wakes (log growth of 1 %), a sawtooth under its old high none.
 """
+
 from __future__ import annotations
 
 import time
@@ -39,6 +40,7 @@ def margin(hwm: int) -> int:
 class PeakReading:
     """The kernel's counters at one wake: `sites` as read_sites() gives them, `totals` as
     read_totals(), the counters, the target's RSS, when (ts_ns: the read's start)."""
+
     ts_ns: int
     live: int
     sites: tuple[np.ndarray, np.ndarray]
@@ -55,12 +57,12 @@ class PeakWatch:
         self.probes = probes
         self.read_sites = probes.read_sites  # tracer/record/sitechanges.py: what changed since the interval
         self.rss: Callable[[], dict[str, int]] = rss or (lambda: {})
-        self.hwm = 0                 # the highest live total read at a wake
+        self.hwm = 0  # the highest live total read at a wake
         self.woken = False
         self.next_read_ns = 0
         self.pending: PeakReading | None = None  # the highest reading since the last flush
         self.reads = 0
-        self.read_ns = 0             # their time, summed
+        self.read_ns = 0  # their time, summed
         self.max_read_ns = 0
         self.wakes = 0
         self.written = 0
@@ -124,6 +126,13 @@ class PeakWatch:
         return p
 
     def meta(self) -> dict:
-        return {"margin_fraction": MARGIN_FRACTION, "margin_min_bytes": MARGIN_MIN_BYTES,
-                "hwm_bytes": self.hwm, "wakes": self.wakes, "reads": self.reads, "written": self.written,
-                "read_ms_total": round(self.read_ns / 1e6, 3), "read_ms_max": round(self.max_read_ns / 1e6, 3)}
+        return {
+            "margin_fraction": MARGIN_FRACTION,
+            "margin_min_bytes": MARGIN_MIN_BYTES,
+            "hwm_bytes": self.hwm,
+            "wakes": self.wakes,
+            "reads": self.reads,
+            "written": self.written,
+            "read_ms_total": round(self.read_ns / 1e6, 3),
+            "read_ms_max": round(self.max_read_ns / 1e6, 3),
+        }

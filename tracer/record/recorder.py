@@ -11,6 +11,7 @@ honoured. One that arrives while the probes are being compiled and attached stop
 detaches what was attached and raises Interrupted (nothing recorded, a trace already at the
 output path left where it was); one that arrives later ends the recording with a complete trace.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
     from ..inject.injection import Injection
 
 SRC = L.SOURCE_NAMES
+
+
 @dataclass
 class Summary:
     path: str
@@ -69,8 +72,15 @@ class Recorder:
     """One recording of one target. run() sets the probes up, records until the target exits,
     --duration passes or a signal comes, writes the final snapshot and returns a Summary."""
 
-    def __init__(self, target: Target, opts: RecordOptions, progress=None, stop: StopRequest | None = None,
-                 observer: Callable[[Snapshot], None] | None = None, early=None) -> None:
+    def __init__(
+        self,
+        target: Target,
+        opts: RecordOptions,
+        progress=None,
+        stop: StopRequest | None = None,
+        observer: Callable[[Snapshot], None] | None = None,
+        early=None,
+    ) -> None:
         self.early = early  # tracer.bpf.early.EarlyProbes: the probes being built since the CLI knew the target
         self.target = target
         self.opts = opts
@@ -88,15 +98,15 @@ class Recorder:
         self.seq = 0
         # what the tracer keeps between snapshots
         self.maps = MapsWatcher(target.pid, on_change=self._maps_changed, still_ours=self._still_ours)
-        self.tracker = RegionTracker()            # regions taken over from the kernel side (rare shapes)
+        self.tracker = RegionTracker()  # regions taken over from the kernel side (rare shapes)
         self.slow: SlowPath | None = None
-        self.ring = RingEvents(self)              # the ring's events, as they come
+        self.ring = RingEvents(self)  # the ring's events, as they come
         self.retention: AllocatorMeter | None = None  # each allocator's own mappings, every interval
         self.snapshots = Snapshots(self, target, opts)  # the trace tables' writers, every interval
-        self.peaks: PeakWatch | None = None       # peak snapshots (tracer/record/peaks.py), once the probes are live
-        self.cuda_module: str | None = None       # the libcuda.so.1 probed, once the target maps it
+        self.peaks: PeakWatch | None = None  # peak snapshots (tracer/record/peaks.py), once the probes are live
+        self.cuda_module: str | None = None  # the libcuda.so.1 probed, once the target maps it
         self.source_names: dict[int, str] = dict(SRC)  # + the ids given out below (meta.json `sources`)
-        self.plans: list[Plan] = []               # the allocators probed (the one serving malloc first)
+        self.plans: list[Plan] = []  # the allocators probed (the one serving malloc first)
         self.custom_fns: list[CustomFn] = parse_all(opts.alloc_fns, opts.free_fns)
         self.exec_seen = False
         self.attach_window_returns = 0
@@ -136,8 +146,12 @@ class Recorder:
         """Allocators in modules mapped since the attach (dlopen): probed too, each with its own
         source (heap:KIND[:PREFIX])."""
         probed = {(file_id(pl.allocator.path), pl.allocator.prefix) for pl in self.plans}
-        new = [a for path in code_files(maps)
-               for a in allocators_in(path, False) if (file_id(a.path), a.prefix) not in probed]
+        new = [
+            a
+            for path in code_files(maps)
+            for a in allocators_in(path, False)
+            if (file_id(a.path), a.prefix) not in probed
+        ]
         if not new or self.opts.mode == "residency" or self.probes is None:
             return
         plans = []
@@ -148,10 +162,12 @@ class Recorder:
         self.probes.uprobes.attach_more(plans, sources, maps)
         self.plans += plans
         if self.retention is not None:
-            self.retention.owners += [Owner(pl.allocator.source, pl.allocator.kind, pl.allocator.label, False)
-                                      for pl in plans]
-        self.progress("allocators loaded since: " + ", ".join(f"{pl.allocator.label} in {pl.allocator.path}"
-                                                            for pl in plans))
+            self.retention.owners += [
+                Owner(pl.allocator.source, pl.allocator.kind, pl.allocator.label, False) for pl in plans
+            ]
+        self.progress(
+            "allocators loaded since: " + ", ".join(f"{pl.allocator.label} in {pl.allocator.path}" for pl in plans)
+        )
 
     def _attach_cuda(self, maps: list[procfs.Mapping]) -> None:
         """Probe the CUDA driver's allocation calls once the target maps libcuda.so.1."""
@@ -168,10 +184,15 @@ class Recorder:
     def _check_stop(self, step: str) -> None:
         """During set-up: a signal ends it here, with nothing recorded."""
         if self.stop.reason is not None:
-            kept = f"; {self.opts.output} was left as it was" if self.opts.output and \
-                os.path.lexists(self.opts.output) else ""
-            raise Interrupted(f"interrupted ({self.stop.reason}) while {step}: the probes were detached and "
-                              f"nothing was recorded{kept}")
+            kept = (
+                f"; {self.opts.output} was left as it was"
+                if self.opts.output and os.path.lexists(self.opts.output)
+                else ""
+            )
+            raise Interrupted(
+                f"interrupted ({self.stop.reason}) while {step}: the probes were detached and "
+                f"nothing was recorded{kept}"
+            )
 
     def _start_writer(self) -> None:
         """The trace, once the probes are live: only now is an old trace moved to TRACE.old."""
@@ -208,13 +229,17 @@ class Recorder:
         maps = launch_maps(t) if launched else procfs.read_maps(t.pid)
         allocators = find_allocators(t.exe, maps)
         if not allocators or not allocators[0].serves_malloc:
-            raise TargetError(f"no malloc/free found in {t.exe} or its libraries "
-                              "(statically linked and stripped?); nothing to probe")
+            raise TargetError(
+                f"no malloc/free found in {t.exe} or its libraries (statically linked and stripped?); nothing to probe"
+            )
         alloc = allocators[0]
         self.snapshots.heaps.glibc = alloc.kind == "glibc"
         if self.opts.mode != "residency":
-            self.retention = AllocatorMeter(t.pid, self.opts.residency_budget_pages,
-                                            [Owner(a.source, a.kind, a.label, a.serves_malloc) for a in allocators])
+            self.retention = AllocatorMeter(
+                t.pid,
+                self.opts.residency_budget_pages,
+                [Owner(a.source, a.kind, a.label, a.serves_malloc) for a in allocators],
+            )
         located = [locate(fn, t.exe, maps) for fn in self.custom_fns]
         self.plans = [plan_allocator(a) for a in allocators]
         sources = {a.source: self._source_id(a.source) for a in allocators[1:]}
@@ -231,8 +256,11 @@ class Recorder:
         probes: Probes = early.result()
         self.probes = probes
         waited = time.perf_counter() - t_wait
-        for name, secs in [*probes.timings.items(), ("probes built (since the command knew the target)",
-                                                         early.seconds), ("waited for them here", waited)]:
+        for name, secs in [
+            *probes.timings.items(),
+            ("probes built (since the command knew the target)", early.seconds),
+            ("waited for them here", waited),
+        ]:
             self.phases.append((name, secs))
             if self.opts.verbose:
                 self.progress(f"start-up: {name} {1000 * secs:.0f} ms")
@@ -256,6 +284,7 @@ class Recorder:
                 def hold() -> None:
                     probes.maps.drain_events()
                     self.maps.now()
+
                 t.child.on_hold = hold
             self.slow = SlowPath(probes.maps, self.tracker, SRC)
             probes.seed(procfs.rss(t.pid) if not launched else {}, brk)
@@ -281,8 +310,9 @@ class Recorder:
             self._start_writer()
             snaps = self.snapshots
             if snaps.heaps.glibc and not launched:  # the blocks from before the attach still allocated
-                snaps.census_thread = threading.Thread(target=snaps.census, args=("attach",), name="census",
-                                                       daemon=True)
+                snaps.census_thread = threading.Thread(
+                    target=snaps.census, args=("attach",), name="census", daemon=True
+                )
                 snaps.census_thread.start()  # beside the loop: the ring keeps being drained
             self.snapshots.threads.seen(1, self.t0_ns, procfs.thread_names(t.pid) if not launched else {})
             release(t)
@@ -314,9 +344,17 @@ class Recorder:
             release(t)
         row = self.snapshots.last_row
         lost = sum(v for k, v in row.items() if k.startswith("lost_"))
-        return Summary(self.opts.output, (time.monotonic_ns() - self.t0_ns) / 1e9, self.seq, self.end_reason or "",
-                       row["live_bytes"], row["live_count"], len(self.snapshots.sites.current), lost,
-                       self.writer.bytes_written)
+        return Summary(
+            self.opts.output,
+            (time.monotonic_ns() - self.t0_ns) / 1e9,
+            self.seq,
+            self.end_reason or "",
+            row["live_bytes"],
+            row["live_count"],
+            len(self.snapshots.sites.current),
+            lost,
+            self.writer.bytes_written,
+        )
 
     def _loop(self, probes: Probes) -> None:
         """Poll events, snapshot every interval, until a reason to stop."""
@@ -362,8 +400,14 @@ def process_age_ms() -> float:
         return 0.0
 
 
-def record(target: Target, opts: RecordOptions, progress=None, stop: StopRequest | None = None,
-           observer: Callable[[Snapshot], None] | None = None, early=None) -> Summary:
+def record(
+    target: Target,
+    opts: RecordOptions,
+    progress=None,
+    stop: StopRequest | None = None,
+    observer: Callable[[Snapshot], None] | None = None,
+    early=None,
+) -> Summary:
     """Record `target` (tracer.process.target) until it exits, opts.duration passes or a signal comes.
     `stop`: the caller's installed StopRequest (the CLI's); without one, one is installed for
     the recording and the previous handlers are restored after. `early`: the probes the caller
@@ -391,8 +435,17 @@ def record(target: Target, opts: RecordOptions, progress=None, stop: StopRequest
             stop.restore()
 
 
-__all__ = ["DEFAULTS", "AllocscopeError", "RecordOptions", "Recorder", "Snapshot", "StopRequest", "Summary",
-           "record", "validate"]
+__all__ = [
+    "DEFAULTS",
+    "AllocscopeError",
+    "RecordOptions",
+    "Recorder",
+    "Snapshot",
+    "StopRequest",
+    "Summary",
+    "record",
+    "validate",
+]
 
 
 def _place_custom(loc: Located) -> int:

@@ -14,6 +14,7 @@ charged to the page. Mappings an allocator makes inside malloc/realloc (glibc's 
 thread heaps) belong to that call and are never tracked, and a munmap of a range that was never
 tracked changes nothing.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -31,6 +32,7 @@ MAP_FIXED = 0x10
 @dataclass
 class _Alloc:
     """One mmap/brk allocation; it may be split into several pieces by partial unmaps."""
+
     aid: int
     stack_id: int
     tid: int
@@ -53,7 +55,7 @@ class SiteStat:
 
 class RegionTracker:
     def __init__(self, initial_brk: int | None = None) -> None:
-        self._starts: list[int] = []               # sorted piece starts
+        self._starts: list[int] = []  # sorted piece starts
         self._pieces: dict[int, tuple[int, _Alloc]] = {}  # start -> (end, alloc)
         self._next_aid = 1
         self.brk = initial_brk
@@ -153,8 +155,19 @@ class RegionTracker:
             self.released.append((ts_ns, tid, why, hi - lo))
         return freed
 
-    def mmap(self, addr: int, length: int, flags: int, fd: int, stack_id: int, tid: int,
-             ts_ns: int, in_allocator: bool, prot: int = 3, source: str | None = None) -> None:
+    def mmap(
+        self,
+        addr: int,
+        length: int,
+        flags: int,
+        fd: int,
+        stack_id: int,
+        tid: int,
+        ts_ns: int,
+        in_allocator: bool,
+        prot: int = 3,
+        source: str | None = None,
+    ) -> None:
         """`source`: what the probes classified the mapping as ('' = not tracked); None: decide
         here, as the probes do (anonymous, outside an allocator call, not PROT_NONE)."""
         lo, hi = page_down(addr), page_up(addr + length)
@@ -219,8 +232,9 @@ class RegionTracker:
 
     def live(self) -> list[tuple[int, int, int, int, int, str]]:
         """(start, bytes, stack_id, tid, ts_ns, source) of every tracked piece."""
-        return [(s, end - s, a.stack_id, a.tid, a.ts_ns, a.source)
-                for s in self._starts for end, a in [self._pieces[s]]]
+        return [
+            (s, end - s, a.stack_id, a.tid, a.ts_ns, a.source) for s in self._starts for end, a in [self._pieces[s]]
+        ]
 
     def live_bytes(self) -> int:
         return sum(end - s for s, (end, _a) in self._pieces.items())
@@ -284,8 +298,14 @@ class SlowPath:
                     moved = True  # the probes freed or moved it since the read: read again
                     break
                 self._gone.add(start)
-                self.tracker.adopt(start, end, int(v["stack_id"]), int(v["tid"]), int(v["ts_ns"]),
-                                   self.source_names.get(int(v["source"]), "mmap"))
+                self.tracker.adopt(
+                    start,
+                    end,
+                    int(v["stack_id"]),
+                    int(v["tid"]),
+                    int(v["ts_ns"]),
+                    self.source_names.get(int(v["source"]), "mmap"),
+                )
                 self.taken_bytes += end - start
                 self.taken_count += 1
             if not moved:
@@ -296,8 +316,9 @@ class SlowPath:
         lo, hi = page_down(ev.addr), page_up(ev.addr + ev.len)
         self.take(lo, hi, ev.ts_ns)
         src = self.source_names.get(ev.source, "") if ev.source else ""
-        self.tracker.mmap(ev.addr, ev.len, ev.flags, ev.fd, ev.stack_id, ev.tid, ev.ts_ns, ev.in_api != 0,
-                          ev.prot, source=src)
+        self.tracker.mmap(
+            ev.addr, ev.len, ev.flags, ev.fd, ev.stack_id, ev.tid, ev.ts_ns, ev.in_api != 0, ev.prot, source=src
+        )
 
     def munmap(self, ev) -> None:
         self.take(page_down(ev.addr), page_up(ev.addr + ev.len), ev.ts_ns)

@@ -4,6 +4,7 @@ Light on purpose (no third-party import): the `allocscope` command installs one 
 first line (allocscope/cli/entry.py), so a Ctrl-C that comes while Python is still importing or BCC
 still compiling is honoured like any other.
 """
+
 from __future__ import annotations
 
 import signal

@@ -18,6 +18,7 @@ every interval, as before.
 What the interval snapshot needs besides: the live bytes per heap source and the threads not
 named yet are kept up to date from the changed rows, instead of a walk over every site.
 """
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -39,17 +40,19 @@ DIRTY_RELEASES, DIRTY_WAITS, DIRTY_FLOWS = 0, 1, 2  # chg_dirty (probes/changes.
 class SiteDelta:
     """Sites read at a peak wake: {raw key (stack, tid, source id): counters} of every site that
     changed since the last interval snapshot, as they were at the wake."""
+
     values: dict[tuple[int, int, int], tuple]
 
 
 @dataclass
 class ReadStats:
     """meta.json `interval_reads`: how the site reads went."""
-    changed_reads: int = 0      # reads of the named keys only
-    full_reads: int = 0         # whole-map reads (first, final, overflow, unwritten slot, off)
-    overflows: int = 0          # generations that named more keys than the buffer holds
-    unwritten: int = 0          # slots still unwritten at their second read
-    many: int = 0               # whole-map reads because more than a quarter of the sites changed
+
+    changed_reads: int = 0  # reads of the named keys only
+    full_reads: int = 0  # whole-map reads (first, final, overflow, unwritten slot, off)
+    overflows: int = 0  # generations that named more keys than the buffer holds
+    unwritten: int = 0  # slots still unwritten at their second read
+    many: int = 0  # whole-map reads because more than a quarter of the sites changed
     keys_looked_up: int = 0
     skipped_maps: dict[str, int] = field(default_factory=lambda: {"releases": 0, "waits": 0, "flows": 0})
 
@@ -88,19 +91,19 @@ class SiteReader:
     def __init__(self, capacity: int, enabled: bool = True) -> None:
         self.capacity = max(0, capacity)
         self.enabled = enabled and self.capacity > 0
-        self.probes: Any = None              # tracer/bpf/map_reads.py MapReader, from start()
+        self.probes: Any = None  # tracer/bpf/map_reads.py MapReader, from start()
         self.stats = ReadStats()
         self.gen = 0
-        self.must_full = True            # the next read reads the whole map (the first one does)
+        self.must_full = True  # the next read reads the whole map (the first one does)
         self.pending: set[tuple[int, int, int]] = set()  # raw keys changed since the last interval apply
-        self.live_src: dict[str, int] = {}   # live bytes per heap source (live_by_source of the table)
-        self.unnamed: set[int] = set()       # allocating threads not named yet
+        self.live_src: dict[str, int] = {}  # live bytes per heap source (live_by_source of the table)
+        self.unnamed: set[int] = set()  # allocating threads not named yet
         self.dirty_seen: dict[int, int] = {}  # chg_dirty sums last read
         self.tracker_flows: dict = {}
         self._lookup: _Lookup | None = None
-        self.n_sites = 0                     # rows of the site table, as last applied
+        self.n_sites = 0  # rows of the site table, as last applied
         self._maps: list[mmap.mmap] = []
-        self.ctl: Any = None                 # chg_ctl and site_chg, mapped (start())
+        self.ctl: Any = None  # chg_ctl and site_chg, mapped (start())
         self.slots: Any = None
 
     # --- set-up ---------------------------------------------------------------------------------
@@ -152,13 +155,13 @@ class SiteReader:
         if n > self.cap:
             self.stats.overflows += first
             return None
-        s = self.slots[p * self.slots_per_gen:p * self.slots_per_gen + n]
+        s = self.slots[p * self.slots_per_gen : p * self.slots_per_gen + n]
         ok = s["gen"] == g
         if not ok.all():
             if not first:
                 self.stats.unwritten += 1
                 return None  # still being written an interval later: read everything
-            s = s[ok]        # being written now: read again at the next interval
+            s = s[ok]  # being written now: read again at the next interval
         out = np.zeros(len(s), dtype=np.dtype(L.SiteKey))
         for f in KEY_FIELDS:
             out[f] = s[f]
@@ -169,7 +172,7 @@ class SiteReader:
         array, may repeat), or None when the whole map must be read."""
         h = self.gen
         prev = self._named(h - 1, False) if h > 1 else np.zeros(0, dtype=np.dtype(L.SiteKey))
-        self.ctl[1 + ((h + 1) & 1)] = 0   # the buffer of h + 1: held h - 1, read twice now
+        self.ctl[1 + ((h + 1) & 1)] = 0  # the buffer of h + 1: held h - 1, read twice now
         self.gen = h + 1
         self.ctl[0] = h + 1
         now = self._named(h, True)
@@ -257,8 +260,13 @@ class SiteReader:
                     now[key] = mine
                 else:
                     live = kv[0] + mine[0] - kv[2] - mine[2]
-                    now[key] = (kv[0] + mine[0], kv[1] + mine[1], kv[2] + mine[2], kv[3] + mine[3],
-                                max(kv[4], mine[4], live))
+                    now[key] = (
+                        kv[0] + mine[0],
+                        kv[1] + mine[1],
+                        kv[2] + mine[2],
+                        kv[3] + mine[3],
+                        max(kv[4], mine[4], live),
+                    )
         cur = table.current
         changed = []
         for key in sorted(now):

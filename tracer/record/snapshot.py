@@ -2,6 +2,7 @@
 events, flows, releases, waits, census, purges, the `intervals` row; the live blocks at the end),
 a peak snapshot when the kernel side woke the tracer at a new high, and what an observer
 (allocscope top) is handed. The table writers are tracer/record/trace_tables.py."""
+
 from __future__ import annotations
 
 import threading
@@ -36,14 +37,15 @@ from .trace_tables import (
 @dataclass
 class Snapshot:
     """What an observer (allocscope top) is handed after each interval."""
+
     seq: int
     final: bool
-    row: dict                                # the `intervals` row
-    sites: dict[SiteKey, tuple]              # cumulative (alloc_bytes, alloc_count, free_bytes, free_count, peak)
-    changed: list[SiteKey]                   # the sites that changed in this interval
-    stack_columns: dict[str, list] | None    # the `stacks` columns of stacks first seen now
-    names: dict[int, str]                    # thread names
-    allocator: str = ""                      # what is probed: "glibc /lib/.../libc.so.6", "+ CUDA driver"
+    row: dict  # the `intervals` row
+    sites: dict[SiteKey, tuple]  # cumulative (alloc_bytes, alloc_count, free_bytes, free_count, peak)
+    changed: list[SiteKey]  # the sites that changed in this interval
+    stack_columns: dict[str, list] | None  # the `stacks` columns of stacks first seen now
+    names: dict[int, str]  # thread names
+    allocator: str = ""  # what is probed: "glibc /lib/.../libc.so.6", "+ CUDA driver"
     # each allocator's own mappings at this interval: (source, label, mapped, resident, live, ranges)
     allocators: tuple = ()
     # the threads blocked at least --wait-min now: (tid, stack_id, since_ns, waited_ns, state)
@@ -65,10 +67,10 @@ class Snapshots:
         self.waits = WaitTable(max(0, round(opts.wait_min_ms * 1e6)))
         self.heaps = HeapMeter(target.pid, opts.residency_budget_pages, glibc=False)
         self.purges = PurgeLog()
-        self.peak_changed: list[SiteKey] = []     # sites a peak snapshot wrote, for the observer
+        self.peak_changed: list[SiteKey] = []  # sites a peak snapshot wrote, for the observer
         self.peak_stack_columns: list[dict[str, list]] = []  # the stacks columns those peak snapshots wrote
-        self.census_rows: list[tuple] = []        # glibc's arenas (tracer/allocators/census.py), not written yet
-        self.census_info: dict[str, dict] = {}    # meta.json `census`: how each one went
+        self.census_rows: list[tuple] = []  # glibc's arenas (tracer/allocators/census.py), not written yet
+        self.census_info: dict[str, dict] = {}  # meta.json `census`: how each one went
         self.census_thread: threading.Thread | None = None
         self.embedder = SymbolEmbedder() if opts.embed_symbols else None
         self.last_row: dict = {}
@@ -98,16 +100,32 @@ class Snapshots:
         counters = self._counters(dict(p.counters))
         mm_live = reg_bytes - rec.slow.taken_bytes + rec.tracker.live_bytes()
         mem = p.rss
-        row = {"seq": seq, "ts_ns": p.ts_ns, "elapsed_s": (p.ts_ns - rec.t0_ns) / 1e9,
-               **{k: mem.get(k, -1) for k in ("rss_bytes", "rss_anon_bytes", "rss_file_bytes", "rss_shmem_bytes",
-                                               "hwm_bytes")},
-               "heap_live_bytes": heap_live, "heap_peak_bytes": heap_peak, "mmap_live_bytes": mm_live,
-               "cuda_host_live_bytes": cuda_host, "device_live_bytes": dev_live, "device_peak_bytes": dev_peak,
-               "live_bytes": heap_live + mm_live + cuda_host,
-               "live_count": counters["n_allocs"] - counters["n_frees"] + reg_count - rec.slow.taken_count
-               + rec.tracker.live_count(),
-               "target_alive": 1, "arena_resident_bytes": -1, "residency_ms": p.read_ns / 1e6,
-               "measured_ns": p.ts_ns, "peak_snapshot": 1}
+        row = {
+            "seq": seq,
+            "ts_ns": p.ts_ns,
+            "elapsed_s": (p.ts_ns - rec.t0_ns) / 1e9,
+            **{
+                k: mem.get(k, -1)
+                for k in ("rss_bytes", "rss_anon_bytes", "rss_file_bytes", "rss_shmem_bytes", "hwm_bytes")
+            },
+            "heap_live_bytes": heap_live,
+            "heap_peak_bytes": heap_peak,
+            "mmap_live_bytes": mm_live,
+            "cuda_host_live_bytes": cuda_host,
+            "device_live_bytes": dev_live,
+            "device_peak_bytes": dev_peak,
+            "live_bytes": heap_live + mm_live + cuda_host,
+            "live_count": counters["n_allocs"]
+            - counters["n_frees"]
+            + reg_count
+            - rec.slow.taken_count
+            + rec.tracker.live_count(),
+            "target_alive": 1,
+            "arena_resident_bytes": -1,
+            "residency_ms": p.read_ns / 1e6,
+            "measured_ns": p.ts_ns,
+            "peak_snapshot": 1,
+        }
         row.update(counters)
         w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
 
@@ -136,13 +154,17 @@ class Snapshots:
         if part is not None:
             w.write_part("sites", seq, part)
         releases = self.releases.part(seq, self.site_reader.releases(final))
-        waits, blocked = self.waits.parts(seq, self.site_reader.waits(final), rec.probes.maps.read_offcpu(), now) \
-            if self.waits.wait_min_ns else (None, None)
+        waits, blocked = (
+            self.waits.parts(seq, self.site_reader.waits(final), rec.probes.maps.read_offcpu(), now)
+            if self.waits.wait_min_ns
+            else (None, None)
+        )
         wait_stacks, wait_tids = self.waits.take_new()
         # stacks first seen now (sites, events, waits and releases may name them)
         stack_columns = None
-        new_ids = self.stacks.new_ids({k[0] for k in changed} | self.events.stack_ids() | wait_stacks |
-                                      self.releases.stack_ids())
+        new_ids = self.stacks.new_ids(
+            {k[0] for k in changed} | self.events.stack_ids() | wait_stacks | self.releases.stack_ids()
+        )
         if new_ids:
             if readable:
                 rec.maps.refresh()
@@ -151,10 +173,17 @@ class Snapshots:
             if self.embedder is not None:  # symbol tables of the modules on these stacks
                 w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, stack_columns))
         if readable:  # names of allocating threads not seen yet
-            self.threads.look_up(rec.target.pid, self.site_reader.tids(self.sites.current, self.threads.names)
-                                 | self.events.tids() | wait_tids, seq, now)
-        for name, part in (("threads", self.threads.part(seq)), ("events", self.events.part(seq)),
-                           ("flows", self.site_reader.flows(seq, rec.tracker, final))):
+            self.threads.look_up(
+                rec.target.pid,
+                self.site_reader.tids(self.sites.current, self.threads.names) | self.events.tids() | wait_tids,
+                seq,
+                now,
+            )
+        for name, part in (
+            ("threads", self.threads.part(seq)),
+            ("events", self.events.part(seq)),
+            ("flows", self.site_reader.flows(seq, rec.tracker, final)),
+        ):
             if part is not None:
                 w.write_part(name, seq, part)
         if final:
@@ -186,10 +215,20 @@ class Snapshots:
             stack_columns = {k: [v for c in parts for v in c[k]] for k in parts[0]}
             self.peak_stack_columns = []
         if rec.observer is not None:
-            rec.observer(Snapshot(seq, final, row, self.sites.current, changed, stack_columns,
-                                   dict(self.threads.names), self._allocator_text(),
-                                   tuple(rec.retention.last) if rec.retention is not None else (),
-                                   tuple(self.waits.blocked)))
+            rec.observer(
+                Snapshot(
+                    seq,
+                    final,
+                    row,
+                    self.sites.current,
+                    changed,
+                    stack_columns,
+                    dict(self.threads.names),
+                    self._allocator_text(),
+                    tuple(rec.retention.last) if rec.retention is not None else (),
+                    tuple(self.waits.blocked),
+                )
+            )
 
     def census(self, when: str) -> None:
         """glibc's arenas read from outside (tracer/allocators/census.py): the rows go with the next snapshot."""
@@ -241,15 +280,29 @@ class Snapshots:
                 rec.writer.write_part("heaps", seq, part)
             res_ms += self._measure_allocators(seq)
         measured = time.monotonic_ns()  # the residency figures are of this instant, not of `now`
-        row = {"seq": seq, "ts_ns": now, "elapsed_s": (now - rec.t0_ns) / 1e9,
-               "rss_bytes": mem.get("rss_bytes", -1), "rss_anon_bytes": mem.get("rss_anon_bytes", -1),
-               "rss_file_bytes": mem.get("rss_file_bytes", -1), "rss_shmem_bytes": mem.get("rss_shmem_bytes", -1),
-               "hwm_bytes": mem.get("hwm_bytes", -1),
-               "heap_live_bytes": heap_live, "heap_peak_bytes": heap_peak, "mmap_live_bytes": mm_live,
-               "cuda_host_live_bytes": cuda_host, "device_live_bytes": dev_live, "device_peak_bytes": dev_peak,
-               "live_bytes": heap_live + mm_live + cuda_host, "live_count": heap_count + mm_count,
-               "target_alive": int(alive), "arena_resident_bytes": arena_res, "residency_ms": res_ms,
-               "measured_ns": measured if readable else now, "peak_snapshot": 0}
+        row = {
+            "seq": seq,
+            "ts_ns": now,
+            "elapsed_s": (now - rec.t0_ns) / 1e9,
+            "rss_bytes": mem.get("rss_bytes", -1),
+            "rss_anon_bytes": mem.get("rss_anon_bytes", -1),
+            "rss_file_bytes": mem.get("rss_file_bytes", -1),
+            "rss_shmem_bytes": mem.get("rss_shmem_bytes", -1),
+            "hwm_bytes": mem.get("hwm_bytes", -1),
+            "heap_live_bytes": heap_live,
+            "heap_peak_bytes": heap_peak,
+            "mmap_live_bytes": mm_live,
+            "cuda_host_live_bytes": cuda_host,
+            "device_live_bytes": dev_live,
+            "device_peak_bytes": dev_peak,
+            "live_bytes": heap_live + mm_live + cuda_host,
+            "live_count": heap_count + mm_count,
+            "target_alive": int(alive),
+            "arena_resident_bytes": arena_res,
+            "residency_ms": res_ms,
+            "measured_ns": measured if readable else now,
+            "peak_snapshot": 0,
+        }
         row.update(counters)
         self.last_row = row
         return row
@@ -263,8 +316,9 @@ class Snapshots:
         regions = [(s, v[0]) for s, v in zip(keys.tolist(), vals.tolist())]
         regions += [(r[0], r[0] + r[1]) for r in rec.tracker.live()]
         try:
-            rows, ms = rec.retention.measure(rec.probes.maps.read_untracked(), regions,
-                                              self.site_reader.live_by_source(self.sites.current))
+            rows, ms = rec.retention.measure(
+                rec.probes.maps.read_untracked(), regions, self.site_reader.live_by_source(self.sites.current)
+            )
         except OSError:
             return 0.0
         rec.writer.write_part("allocators", seq, allocator_part(seq, rows))

@@ -5,6 +5,7 @@ snapshots (what was written last, what is new). The Recorder calls them from its
 Tables and columns: common/tracefile/format.py. Everything here is per distinct site, stack,
 thread or mapping — never per allocation: per-allocation data stays in the kernel.
 """
+
 from __future__ import annotations
 
 import time
@@ -43,8 +44,9 @@ class SiteTable:
     def __init__(self) -> None:
         self.current: dict[SiteKey, tuple] = {}
 
-    def update(self, kernel_sites: list[tuple[np.ndarray, np.ndarray]], tracker: RegionTracker,
-               names: dict[int, str]) -> list[SiteKey]:
+    def update(
+        self, kernel_sites: list[tuple[np.ndarray, np.ndarray]], tracker: RegionTracker, names: dict[int, str]
+    ) -> list[SiteKey]:
         """Merge this snapshot's counters (source ids named by `names`); the keys that changed
         since the last one."""
         now: dict[SiteKey, tuple] = {}
@@ -58,8 +60,7 @@ class SiteTable:
                 now[key] = mine
             else:  # counters add up; the peak is the larger of the two views and the live now
                 live = k[0] + mine[0] - k[2] - mine[2]
-                now[key] = (k[0] + mine[0], k[1] + mine[1], k[2] + mine[2], k[3] + mine[3],
-                            max(k[4], mine[4], live))
+                now[key] = (k[0] + mine[0], k[1] + mine[1], k[2] + mine[2], k[3] + mine[3], max(k[4], mine[4], live))
         changed = [k for k, v in now.items() if self.current.get(k) != v]
         self.current = now
         return changed
@@ -92,9 +93,18 @@ class StackTable:
                 frames.insert(1, (extra, 1))
             for i, (ip, sc) in enumerate(frames):
                 mod, bid, off = index.resolve(ip)
-                for name, v in (("stack_id", sid), ("idx", i), ("ip", ip), ("module", mod), ("build_id", bid),
-                                ("offset", off), ("syscall", sc), ("function", None), ("file", None),
-                                ("line", None)):
+                for name, v in (
+                    ("stack_id", sid),
+                    ("idx", i),
+                    ("ip", ip),
+                    ("module", mod),
+                    ("build_id", bid),
+                    ("offset", off),
+                    ("syscall", sc),
+                    ("function", None),
+                    ("file", None),
+                    ("line", None),
+                ):
                     cols[name].append(v)
             self.known.add(sid)
         return cols
@@ -147,8 +157,24 @@ class EventLog:
         self.rows: list[tuple] = []
 
     def add(self, ev: L.Event, released: int = 0) -> None:
-        self.rows.append((ev.ts_ns, EVT.get(ev.type, str(ev.type)), ev.tid, ev.addr, ev.len, ev.addr2, ev.len2,
-                          ev.ret, ev.flags, ev.prot, ev.fd, API.get(ev.in_api, ""), ev.stack_id, released))
+        self.rows.append(
+            (
+                ev.ts_ns,
+                EVT.get(ev.type, str(ev.type)),
+                ev.tid,
+                ev.addr,
+                ev.len,
+                ev.addr2,
+                ev.len2,
+                ev.ret,
+                ev.flags,
+                ev.prot,
+                ev.fd,
+                API.get(ev.in_api, ""),
+                ev.stack_id,
+                released,
+            )
+        )
 
     def stack_ids(self) -> set[int]:
         return {r[12] for r in self.rows}
@@ -193,8 +219,9 @@ class ReleaseTable:
             key, val = (k[0], k[1], k[2], k[3]), tuple(v)
             if self.last.get(key) != val:
                 self.last[key] = val
-                rows.append((key[0], EVT.get(key[1], str(key[1])), API.get(key[2], ""), val[0], val[1], val[2],
-                             val[3], key[3]))
+                rows.append(
+                    (key[0], EVT.get(key[1], str(key[1])), API.get(key[2], ""), val[0], val[1], val[2], val[3], key[3])
+                )
         return table_part("releases", rows, seq) if rows else None
 
     def stack_ids(self) -> set[int]:
@@ -213,8 +240,9 @@ class WaitTable:
         self.blocked: list[tuple] = []  # the last snapshot's blocked threads (the `blocked` rows)
         self.ignore_tids: set[int] = set()  # --inject: the agent's watchdog, not the program's
 
-    def parts(self, seq: int, kernel: tuple[np.ndarray, np.ndarray], offcpu: tuple[np.ndarray, np.ndarray],
-              now_ns: int) -> tuple[pa.Table | None, pa.Table | None]:
+    def parts(
+        self, seq: int, kernel: tuple[np.ndarray, np.ndarray], offcpu: tuple[np.ndarray, np.ndarray], now_ns: int
+    ) -> tuple[pa.Table | None, pa.Table | None]:
         rows = []
         ignore = self.ignore_tids
         for k, v in zip(*(a.tolist() for a in kernel)):
@@ -237,8 +265,10 @@ class WaitTable:
                 self.new_stacks.add(sid)
                 self.new_tids.add(tid)
         self.blocked = blocked
-        return (table_part("waits", rows, seq) if rows else None,
-                table_part("blocked", blocked, seq) if blocked else None)
+        return (
+            table_part("waits", rows, seq) if rows else None,
+            table_part("blocked", blocked, seq) if blocked else None,
+        )
 
     def take_new(self) -> tuple[set[int], set[int]]:
         """Stacks and threads first named since the last call (for the stacks and threads tables)."""
@@ -295,18 +325,25 @@ class LiveTable:
         api[(api < 0) | (api >= len(self.names))] = 0
         src = vals["source"].astype(np.int32)
         src[(src < 0) | (src >= len(self.sources))] = 0
-        return pa.record_batch([
-            pa.array(np.full(len(addr), seq, dtype=np.int32)), pa.array(addr.astype(np.uint64)),
-            pa.array(vals["size"].astype(np.int64)), pa.array(vals["stack_id"].astype(np.uint64)),
-            pa.array(vals["tid"].astype(np.uint32)), pa.array(vals["ts_ns"].astype(np.int64)),
-            self.names.take(pa.array(api)), self.sources.take(pa.array(src))], schema=F.SCHEMAS["live"])
+        return pa.record_batch(
+            [
+                pa.array(np.full(len(addr), seq, dtype=np.int32)),
+                pa.array(addr.astype(np.uint64)),
+                pa.array(vals["size"].astype(np.int64)),
+                pa.array(vals["stack_id"].astype(np.uint64)),
+                pa.array(vals["tid"].astype(np.uint32)),
+                pa.array(vals["ts_ns"].astype(np.int64)),
+                self.names.take(pa.array(api)),
+                self.sources.take(pa.array(src)),
+            ],
+            schema=F.SCHEMAS["live"],
+        )
 
     def batches(self, seq: int, heaps, kept: list[tuple[np.ndarray, np.ndarray]]):
         heap_api = L.enum("AS_API_MMAP")  # the malloc family's apis are below it
         for keys, vals in self.probes.iter_live():
             if heaps is not None:  # glibc's own blocks outside its heaps: its mmapped chunks
-                out = outside_heaps(keys, heaps) & (vals["source"] == L.enum("AS_SRC_HEAP")) & \
-                    (vals["api"] < heap_api)
+                out = outside_heaps(keys, heaps) & (vals["source"] == L.enum("AS_SRC_HEAP")) & (vals["api"] < heap_api)
                 kept.append((keys[out].astype(np.uint64), vals["size"][out].astype(np.int64)))
             yield self._batch(seq, keys, vals)  # keys is a view of the read buffer: written now
         dk, dv = self.probes.read_dev_live()  # GPU memory and pinned registrations
@@ -317,10 +354,19 @@ class LiveTable:
         for start, v in zip(keys.tolist(), vals.tolist()):
             reg.append((start, v[0] - start, v[1], v[3], v[2], SRC.get(v[4], "mmap")))
         if reg:
-            yield pa.RecordBatch.from_pydict({
-                "seq": [seq] * len(reg), "addr": [r[0] for r in reg], "size": [r[1] for r in reg],
-                "stack_id": [r[2] for r in reg], "tid": [r[3] for r in reg], "ts_ns": [r[4] for r in reg],
-                "api": [r[5] for r in reg], "source": [r[5] for r in reg]}, schema=F.SCHEMAS["live"])
+            yield pa.RecordBatch.from_pydict(
+                {
+                    "seq": [seq] * len(reg),
+                    "addr": [r[0] for r in reg],
+                    "size": [r[1] for r in reg],
+                    "stack_id": [r[2] for r in reg],
+                    "tid": [r[3] for r in reg],
+                    "ts_ns": [r[4] for r in reg],
+                    "api": [r[5] for r in reg],
+                    "source": [r[5] for r in reg],
+                },
+                schema=F.SCHEMAS["live"],
+            )
 
     def write(self, writer, seq: int, pid: int | None) -> tuple[np.ndarray, np.ndarray] | None:
         """Stream the part; the blocks outside glibc's heaps when `pid` (glibc, readable)."""
@@ -334,5 +380,7 @@ class LiveTable:
         writer.write_part_batches("live", seq, F.SCHEMAS["live"], self.batches(seq, heaps, kept))
         if heaps is None:
             return None
-        return (np.concatenate([a for a, _ in kept]) if kept else np.empty(0, np.uint64),
-                np.concatenate([s for _, s in kept]) if kept else np.empty(0, np.int64))
+        return (
+            np.concatenate([a for a, _ in kept]) if kept else np.empty(0, np.uint64),
+            np.concatenate([s for _, s in kept]) if kept else np.empty(0, np.int64),
+        )

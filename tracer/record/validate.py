@@ -1,5 +1,6 @@
 """A recording's options checked before anything heavy is imported or attached (the CLI runs this
 first; tracer.record.recorder.record runs it again)."""
+
 from __future__ import annotations
 
 from common.errors import UsageError
@@ -20,8 +21,10 @@ def validate(opts: RecordOptions, output: bool = True) -> None:
         raise UsageError("--max-live must be at least 1024")
     if opts.uprobe_sessions == "on":
         if opts.sample_bytes <= 0 or opts.mode != "full":
-            raise UsageError("--uprobe-sessions on needs --sample-bytes N (a session only spares the return "
-                             "trap of calls a sampled recording does not keep)")
+            raise UsageError(
+                "--uprobe-sessions on needs --sample-bytes N (a session only spares the return "
+                "trap of calls a sampled recording does not keep)"
+            )
         if opts.uprobes == "perf":
             raise UsageError("--uprobe-sessions on needs uprobe_multi links: not with --uprobes perf")
     if opts.inject:
@@ -30,8 +33,10 @@ def validate(opts: RecordOptions, output: bool = True) -> None:
         if opts.sample_bytes <= 0:
             raise UsageError("--inject needs --sample-bytes N > 0 (only sampled calls reach the probes)")
         if opts.uprobe_sessions == "on":
-            raise UsageError("--inject and --uprobe-sessions on exclude each other (the agent samples in the "
-                             "process; no heap function is probed)")
+            raise UsageError(
+                "--inject and --uprobe-sessions on exclude each other (the agent samples in the "
+                "process; no heap function is probed)"
+            )
         if opts.probe_floor:
             raise UsageError("--inject and --probe-floor exclude each other")
     parse_all(opts.alloc_fns, opts.free_fns)

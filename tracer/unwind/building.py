@@ -1,6 +1,7 @@
 """Unwind rows built off the probes' start and kept: cached per build ID (load_rows), decoded in
 C where it can (tracer/unwind/native.py), built in a BuildPool (one worker per core) when stacks
 cross a module that has none yet (docs/startup.md), and the LPM prefixes of a module's range."""
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -25,6 +26,7 @@ from .native import build_info
 from .rows import CACHE_VERSION, ROW
 
 # --------------------------------------------------------------------------- cache
+
 
 def file_key(opened: OpenedElf) -> str:
     """Build ID, or a digest of the file's identity when it has none."""
@@ -61,6 +63,7 @@ def _save(cpath: Path, rows: np.ndarray) -> None:
 
 # --------------------------------------------------------------------------- LPM prefixes
 
+
 def prefixes(lo: int, hi: int) -> Iterator[tuple[int, int]]:
     """Aligned power-of-two blocks covering [lo, hi) exactly, as (address, prefix length)."""
     while lo < hi:
@@ -73,11 +76,11 @@ def prefixes(lo: int, hi: int) -> Iterator[tuple[int, int]]:
 
 # --------------------------------------------------------------------------- builds off the critical path
 
-INLINE_CFI_BYTES = 4 << 10    # a module with this little CFI is built at once (milliseconds), never pending
+INLINE_CFI_BYTES = 4 << 10  # a module with this little CFI is built at once (milliseconds), never pending
 INLINE_BUDGET_BYTES = 32 << 10  # ... up to this much CFI in all per recording
 NATIVE_INLINE_CFI_BYTES = 64 << 10  # the same with a compiled decoder (~10 ms a MiB of CFI)
 NATIVE_INLINE_BUDGET_BYTES = 1 << 20
-POLL_S = 0.1                  # `upending` slot 0 (every stack cut short) read this often; the rest when it moved
+POLL_S = 0.1  # `upending` slot 0 (every stack cut short) read this often; the rest when it moved
 
 
 def cfi_bytes(elf: ELFFile) -> int:
@@ -218,8 +221,9 @@ class BuildPool:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._ex is None:
-            self._ex = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                           initializer=_worker_init)
+            self._ex = ProcessPoolExecutor(
+                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init
+            )
         return self._ex
 
     def start(self, n: int) -> None:
@@ -246,9 +250,13 @@ class BuildPool:
             p.join(2)
 
 
-def build_all(paths: list[str], pool: BuildPool, progress: Callable[[str], None] | None = None,
-              use_cache: bool = True, names: dict[str, str] | None = None
-              ) -> dict[str, tuple[str, np.ndarray, float] | str]:
+def build_all(
+    paths: list[str],
+    pool: BuildPool,
+    progress: Callable[[str], None] | None = None,
+    use_cache: bool = True,
+    names: dict[str, str] | None = None,
+) -> dict[str, tuple[str, np.ndarray, float] | str]:
     """Build every uncached table of `paths` (several paths of one build ID once), all at once in
     `pool`, the biggest first; path -> (key, rows, seconds), or why it failed. A handful of small
     modules are built here, in this process: cheaper than starting workers. `names`: what

@@ -11,6 +11,7 @@ compressed .eh_frame), the rows come from pyelftools instead.
 can run per module in a process pool; the C call releases the GIL, so threads run in parallel
 too. The decoder holds nothing between calls.
 """
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -43,14 +44,21 @@ class CfiBuildError(Exception):
 
 
 class Result(ct.Structure):
-    _fields_ = [("rows", ct.c_void_p), ("nrows", ct.c_uint64), ("fdes", ct.c_uint64), ("sources", ct.c_uint32),
-                ("reserved", ct.c_uint32), ("error", ct.c_char * 240)]
+    _fields_ = [
+        ("rows", ct.c_void_p),
+        ("nrows", ct.c_uint64),
+        ("fdes", ct.c_uint64),
+        ("sources", ct.c_uint32),
+        ("reserved", ct.c_uint32),
+        ("error", ct.c_char * 240),
+    ]
 
 
 ABI = ct.sizeof(Result) << 8 | 1
 
 
 # --------------------------------------------------------------------------- the library
+
 
 def build_library(out: Path, cc: str | None = None) -> Path:
     """Compile tracer/unwind/cfi/cfi.c into `out` (plain C and libc)."""
@@ -105,6 +113,7 @@ def native_available() -> bool:
 
 
 # --------------------------------------------------------------------------- building rows
+
 
 def _types() -> bytes:
     from . import rows as U  # noqa: PLC0415 - rows import this module's callers

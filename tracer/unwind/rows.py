@@ -26,6 +26,7 @@ built — in a BuildPool, one worker per core, through load_rows — once stacks
 The rest: the cache and the builds (tracer/unwind/building.py), the maps (tracer/unwind/unwinder.py).
 Nothing here needs BCC: `Unwinder` gets the BCC table objects from tracer.bpf.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -42,17 +43,33 @@ from common.elf import segments, vaddr_to_offset
 
 from ..base import layout as L
 
-CACHE_VERSION = 2                 # 2: DW_CFA_def_cfa_sf scaled by the data alignment factor
-UNWIND_STEPS = 20                 # binary search steps in BPF (-DAS_UNWIND_STEPS)
-MAX_SLICE = 1 << UNWIND_STEPS     # rows one search can cover
+CACHE_VERSION = 2  # 2: DW_CFA_def_cfa_sf scaled by the data alignment factor
+UNWIND_STEPS = 20  # binary search steps in BPF (-DAS_UNWIND_STEPS)
+MAX_SLICE = 1 << UNWIND_STEPS  # rows one search can cover
 
 ROW = np.dtype([("pc", "<u4"), ("cfa_off", "<i2"), ("cfa_type", "u1"), ("rbp_off", "i1")])
 
 CFA_NONE, CFA_RSP, CFA_RBP, CFA_PLT, CFA_SIGNAL, CFA_STOP, CFA_UNSUPPORTED = (
-    L.enum(n) for n in ("AS_CFA_NONE", "AS_CFA_RSP", "AS_CFA_RBP", "AS_CFA_PLT", "AS_CFA_SIGNAL",
-                        "AS_CFA_STOP", "AS_CFA_UNSUPPORTED"))
-CFA_NAMES = {CFA_NONE: "none", CFA_RSP: "rsp", CFA_RBP: "rbp", CFA_PLT: "plt", CFA_SIGNAL: "signal",
-             CFA_STOP: "stop", CFA_UNSUPPORTED: "unsupported"}
+    L.enum(n)
+    for n in (
+        "AS_CFA_NONE",
+        "AS_CFA_RSP",
+        "AS_CFA_RBP",
+        "AS_CFA_PLT",
+        "AS_CFA_SIGNAL",
+        "AS_CFA_STOP",
+        "AS_CFA_UNSUPPORTED",
+    )
+)
+CFA_NAMES = {
+    CFA_NONE: "none",
+    CFA_RSP: "rsp",
+    CFA_RBP: "rbp",
+    CFA_PLT: "plt",
+    CFA_SIGNAL: "signal",
+    CFA_STOP: "stop",
+    CFA_UNSUPPORTED: "unsupported",
+}
 RBP_UNKNOWN = -128
 STACK_DWARF, STACK_TRUNCATED = 2, 4  # as_stack.flags (allocscope.h)
 
@@ -70,12 +87,13 @@ _SIGNAL_RA = bytes([0x77, 0xA8, 0x01])
 
 # --------------------------------------------------------------------------- table building
 
+
 @dataclass
 class TableInfo:
     rows: np.ndarray
     fdes: int = 0
     kinds: dict[str, int] = field(default_factory=dict)  # cfa type name -> rows
-    sources: list[str] = field(default_factory=list)     # sections used
+    sources: list[str] = field(default_factory=list)  # sections used
 
 
 def _encode(row: dict, ra_reg: int) -> tuple[int, int, int]:
@@ -86,11 +104,14 @@ def _encode(row: dict, ra_reg: int) -> tuple[int, int, int]:
         return CFA_STOP, 0, 0
     if cfa.expr is not None:
         expr = bytes(cfa.expr)
-        if (len(expr) == 11 and expr.startswith(_PLT_HEAD) and expr.endswith(_PLT_TAIL)
-                and 0x30 <= expr[6] <= 0x3F):
+        if len(expr) == 11 and expr.startswith(_PLT_HEAD) and expr.endswith(_PLT_TAIL) and 0x30 <= expr[6] <= 0x3F:
             return CFA_PLT, expr[6] - 0x30, 0
-        if (expr == _SIGNAL_CFA and ra is not None and ra.type == RegisterRule.EXPRESSION
-                and bytes(ra.arg) == _SIGNAL_RA):
+        if (
+            expr == _SIGNAL_CFA
+            and ra is not None
+            and ra.type == RegisterRule.EXPRESSION
+            and bytes(ra.arg) == _SIGNAL_RA
+        ):
             return CFA_SIGNAL, 0, 0
         return CFA_UNSUPPORTED, 0, 0
     if ra is None or ra.type != RegisterRule.OFFSET or ra.arg != -8:
@@ -123,9 +144,13 @@ def _strip_args_size(entry) -> None:
         if e is not None and "_decode_CFI_table" not in e.__dict__:
             cie = e if isinstance(e, CIE) else e.cie
             daf = cie.header["data_alignment_factor"] if isinstance(cie, CIE) else 1
-            e.instructions = [CallFrameInstruction(DW_CFA.def_cfa, [i.args[0], i.args[1] * daf])
-                              if i.opcode == DW_CFA.def_cfa_sf else i
-                              for i in e.instructions if i.opcode != DW_CFA_GNU_args_size]
+            e.instructions = [
+                CallFrameInstruction(DW_CFA.def_cfa, [i.args[0], i.args[1] * daf])
+                if i.opcode == DW_CFA.def_cfa_sf
+                else i
+                for i in e.instructions
+                if i.opcode != DW_CFA_GNU_args_size
+            ]
 
 
 def frame_dwarfinfo(elf: ELFFile) -> tuple[DWARFInfo | None, list[str]]:
@@ -141,15 +166,31 @@ def frame_dwarfinfo(elf: ELFFile) -> tuple[DWARFInfo | None, list[str]]:
         used.append(name)
     if not used:
         return None, []
-    cfg = DwarfConfig(little_endian=elf.little_endian, default_address_size=elf.elfclass // 8,
-                      machine_arch=elf.get_machine_arch())
-    none = dict.fromkeys(["debug_info_sec", "debug_aranges_sec", "debug_abbrev_sec", "debug_str_sec",
-                          "debug_loc_sec", "debug_ranges_sec", "debug_line_sec", "debug_pubtypes_sec",
-                          "debug_pubnames_sec", "debug_addr_sec", "debug_str_offsets_sec",
-                          "debug_line_str_sec", "debug_loclists_sec", "debug_rnglists_sec",
-                          "debug_sup_sec", "gnu_debugaltlink_sec", "debug_types_sec"])
-    return DWARFInfo(config=cfg, debug_frame_sec=secs[".debug_frame"], eh_frame_sec=secs[".eh_frame"],
-                     **none), used
+    cfg = DwarfConfig(
+        little_endian=elf.little_endian, default_address_size=elf.elfclass // 8, machine_arch=elf.get_machine_arch()
+    )
+    none = dict.fromkeys(
+        [
+            "debug_info_sec",
+            "debug_aranges_sec",
+            "debug_abbrev_sec",
+            "debug_str_sec",
+            "debug_loc_sec",
+            "debug_ranges_sec",
+            "debug_line_sec",
+            "debug_pubtypes_sec",
+            "debug_pubnames_sec",
+            "debug_addr_sec",
+            "debug_str_offsets_sec",
+            "debug_line_str_sec",
+            "debug_loclists_sec",
+            "debug_rnglists_sec",
+            "debug_sup_sec",
+            "gnu_debugaltlink_sec",
+            "debug_types_sec",
+        ]
+    )
+    return DWARFInfo(config=cfg, debug_frame_sec=secs[".debug_frame"], eh_frame_sec=secs[".eh_frame"], **none), used
 
 
 def build_table(elf: ELFFile) -> TableInfo:

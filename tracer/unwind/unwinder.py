@@ -3,6 +3,7 @@ each), the `umaps` LPM trie (address prefix -> slice, load bias) kept in step wi
 executable mappings, and the modules pending (`upending`: stacks cut short there) until built
 (tracer/unwind/building.py). Nothing here needs BCC: `Unwinder` gets the BCC table objects from
 tracer/bpf/."""
+
 from __future__ import annotations
 
 import ctypes as ct
@@ -23,33 +24,34 @@ from .rows import MAX_SLICE
 # --------------------------------------------------------------------------- BPF side
 
 MODULE_SLOTS = 1024  # `upending` entries (AS_UNWIND_MODULES, probes/unwind_dwarf.h); slot 0: their sum
-UMAP_PENDING = 1     # as_umap.flags (AS_UMAP_PENDING)
+UMAP_PENDING = 1  # as_umap.flags (AS_UMAP_PENDING)
 
 
 @dataclass
 class Module:
     key: str
     path: str
-    begin: int                          # first row in `urows`
+    begin: int  # first row in `urows`
     count: int
     slices: list[tuple[int, int, int, int]]  # (pc_lo, pc_hi, begin, count)
     cached: bool
     seconds: float
-    slot: int = 0                       # in `upending` (pending modules)
-    pending: bool = False               # registered, rows not loaded yet
+    slot: int = 0  # in `upending` (pending modules)
+    pending: bool = False  # registered, rows not loaded yet
 
 
 @dataclass
 class Pending:
     """A module registered without its rows: the stacks cut short there, and its build."""
+
     module: Module
-    open_path: str                      # the file to build from (/proc/PID/map_files/...)
+    open_path: str  # the file to build from (/proc/PID/map_files/...)
     cfi_bytes: int
-    stacks: int = 0                     # stacks cut short at it (upending[slot])
+    stacks: int = 0  # stacks cut short at it (upending[slot])
     first_ns: int = 0
     last_ns: int = 0
-    future: Future | None = None        # its build, while it runs
-    built_ns: int = 0                   # when its rows went in (CLOCK_MONOTONIC), 0: not yet
+    future: Future | None = None  # its build, while it runs
+    built_ns: int = 0  # when its rows went in (CLOCK_MONOTONIC), 0: not yet
     build_s: float = 0.0
     rows: int = 0
     error: str = ""
@@ -60,8 +62,13 @@ class UmapKey(ct.Structure):
 
 
 class Umap(ct.Structure):
-    _fields_ = [("bias", ct.c_uint64), ("begin", ct.c_uint32), ("count", ct.c_uint32),
-                ("module", ct.c_uint32), ("flags", ct.c_uint32)]
+    _fields_ = [
+        ("bias", ct.c_uint64),
+        ("begin", ct.c_uint32),
+        ("count", ct.c_uint32),
+        ("module", ct.c_uint32),
+        ("flags", ct.c_uint32),
+    ]
 
 
 class Urow(ct.Structure):
@@ -94,8 +101,17 @@ class Unwinder:
     in a BuildPool, most-hit first, and loads them. Eager (launch mode): every module's rows are
     loaded before the mapping is entered (preload: all at once in the pool)."""
 
-    def __init__(self, bpf, pid: int, capacity: int, progress: Callable[[str], None] | None = None,
-                 use_cache: bool = True, update_batch=None, lazy: bool = True, workers: int | None = None) -> None:
+    def __init__(
+        self,
+        bpf,
+        pid: int,
+        capacity: int,
+        progress: Callable[[str], None] | None = None,
+        use_cache: bool = True,
+        update_batch=None,
+        lazy: bool = True,
+        workers: int | None = None,
+    ) -> None:
         self.pid = pid
         self.rows_map = bpf[b"urows"]
         self.lpm = bpf[b"umaps"]
@@ -199,12 +215,13 @@ class Unwinder:
         rows = np.ascontiguousarray(rows)
         step = 1 << 16
         for a in range(0, len(rows), step):
-            chunk = rows[a:a + step]
+            chunk = rows[a : a + step]
             keys = np.arange(begin + a, begin + a + len(chunk), dtype=np.uint32)
             if self._update_batch is not None:
                 cnt = ct.c_uint32(len(chunk))
-                if self._update_batch(self.rows_map.map_fd, keys.ctypes.data, chunk.ctypes.data,
-                                      ct.byref(cnt)) == 0 and cnt.value == len(chunk):
+                if self._update_batch(
+                    self.rows_map.map_fd, keys.ctypes.data, chunk.ctypes.data, ct.byref(cnt)
+                ) == 0 and cnt.value == len(chunk):
                     continue
             leaf = self.rows_map.Leaf
             for k, (pc, off, typ, rbp) in zip(keys.tolist(), chunk.tolist()):
@@ -229,8 +246,9 @@ class Unwinder:
         self._total = total
         self._read_hits(waiting)
         changed = self._collect(waiting)
-        for p in sorted((p for p in waiting if p.stacks and p.future is None and p.module.pending),
-                        key=lambda p: -p.stacks):
+        for p in sorted(
+            (p for p in waiting if p.stacks and p.future is None and p.module.pending), key=lambda p: -p.stacks
+        ):
             if not self.pool.can_start(p.cfi_bytes):
                 break  # the most-hit waits for a worker (or memory), not overtaken
             p.future = self.pool.submit(p.open_path, p.cfi_bytes)
@@ -278,8 +296,10 @@ class Unwinder:
         for p, _fut in done:
             if not p.error:
                 p.built_ns = now
-                self.progress(f"unwind table for {os.path.basename(p.module.path)}: {p.rows} rows in "
-                              f"{p.build_s:.1f} s; stacks through it complete from +{self._rel(now):.1f} s")
+                self.progress(
+                    f"unwind table for {os.path.basename(p.module.path)}: {p.rows} rows in "
+                    f"{p.build_s:.1f} s; stacks through it complete from +{self._rel(now):.1f} s"
+                )
         return True
 
     def finish(self) -> None:
@@ -367,21 +387,38 @@ class Unwinder:
         first_s / last_s (seconds since the recording's start), built_s (when its rows went in;
         None: not by the end), build_s (the build's own seconds), rows, error."""
         crossed = [p for p in self.pending.values() if p.stacks or p.built_ns or p.error]
-        return {"modules": len(self.modules), "rows": self.next_row, "capacity": self.capacity,
-                "prefixes": len(self.entries), "seconds": round(self.seconds, 3),
-                "built": sorted(os.path.basename(m.path) for k, m in self.modules.items()
-                                if not (m.cached or m.pending or (k in self.pending and self.pending[k].error))),
-                "failed": dict(self.failed), "lazy": self.lazy,
-                "pending": [{"module": p.module.path, "stacks": p.stacks,
-                             "first_s": round(self._rel(p.first_ns), 3) if p.first_ns else None,
-                             "last_s": round(self._rel(p.last_ns), 3) if p.last_ns else None,
-                             "built_s": round(self._rel(p.built_ns), 3) if p.built_ns else None,
-                             "build_s": round(p.build_s, 3), "rows": p.rows, "error": p.error}
-                            for p in sorted(crossed, key=lambda p: -p.stacks)],
-                "never_crossed": sum(1 for p in self.pending.values() if p not in crossed)}
+        return {
+            "modules": len(self.modules),
+            "rows": self.next_row,
+            "capacity": self.capacity,
+            "prefixes": len(self.entries),
+            "seconds": round(self.seconds, 3),
+            "built": sorted(
+                os.path.basename(m.path)
+                for k, m in self.modules.items()
+                if not (m.cached or m.pending or (k in self.pending and self.pending[k].error))
+            ),
+            "failed": dict(self.failed),
+            "lazy": self.lazy,
+            "pending": [
+                {
+                    "module": p.module.path,
+                    "stacks": p.stacks,
+                    "first_s": round(self._rel(p.first_ns), 3) if p.first_ns else None,
+                    "last_s": round(self._rel(p.last_ns), 3) if p.last_ns else None,
+                    "built_s": round(self._rel(p.built_ns), 3) if p.built_ns else None,
+                    "build_s": round(p.build_s, 3),
+                    "rows": p.rows,
+                    "error": p.error,
+                }
+                for p in sorted(crossed, key=lambda p: -p.stacks)
+            ],
+            "never_crossed": sum(1 for p in self.pending.values() if p not in crossed),
+        }
 
 
 # --------------------------------------------------------------------------- recorder glue
+
 
 def start_unwinder(probes, maps: list[Mapping], launched: bool, progress=None) -> Unwinder | None:
     """Register the target's executable mappings before the probes attach: cached rows are
@@ -401,8 +438,12 @@ def start_unwinder(probes, maps: list[Mapping], launched: bool, progress=None) -
     return unw
 
 
-def warm(paths: list[str], progress: Callable[[str], None] | None = None, workers: int | None = None,
-         names: dict[str, str] | None = None) -> dict[str, tuple[str, np.ndarray, float] | str]:
+def warm(
+    paths: list[str],
+    progress: Callable[[str], None] | None = None,
+    workers: int | None = None,
+    names: dict[str, str] | None = None,
+) -> dict[str, tuple[str, np.ndarray, float] | str]:
     """Fill the cache with the tables of `paths` (doctor --warm), on every core."""
     pool = BuildPool(workers)
     try:
@@ -426,12 +467,16 @@ def warm_process(pid: int, say: Callable[[str], None], workers: int | None = Non
             names[paths[-1]] = m.path
     t0 = time.perf_counter()
     n = max(1, workers or os.cpu_count() or 1)
-    say(f"unwind tables of pid {pid}: {len(paths)} modules; building the uncached ones on {n} cores "
-        f"into {cache_dir('unwind')}")
+    say(
+        f"unwind tables of pid {pid}: {len(paths)} modules; building the uncached ones on {n} cores "
+        f"into {cache_dir('unwind')}"
+    )
     res = warm(paths, say, workers, names)
     bad = {p: r for p, r in res.items() if isinstance(r, str)}
     for p, why in bad.items():
         say(f"  not built: {names.get(p, p)}: {why}")
-    say(f"unwind tables of pid {pid}: {len(res) - len(bad)} built, {len(paths) - len(res)} cached already, "
-        f"{len(bad)} failed, in {time.perf_counter() - t0:.1f} s")
+    say(
+        f"unwind tables of pid {pid}: {len(res) - len(bad)} built, {len(paths) - len(res)} cached already, "
+        f"{len(bad)} failed, in {time.perf_counter() - t0:.1f} s"
+    )
     return not bad
