@@ -40,6 +40,7 @@ demo: setup ## record the bundled demo daemon and report it
 # tracer/unwind/cfi/ keeps its own style file); tests/targets, bench and demo C are not formatted.
 lint: venv ## ruff (lint and format check), mypy on allocscope/, reports/, common/, tracer/ (pyproject.toml), clang-format on probes/ and tracer/ C; a finding fails
 	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check --quiet . || { echo 'ruff format: run .venv/bin/ruff format .' >&2; exit 1; }
 	@$(VENV)/bin/mypy
 	@find probes tracer -name '*.[ch]' -print0 | xargs -0 clang-format --dry-run --Werror
 

@@ -434,7 +434,8 @@ def big_library(out: Path, functions: int = 4000) -> Path:
                 "#include <stdint.h>",
                 "#define NI __attribute__((noinline, noipa))",
                 "static void *kept[4096]; static unsigned nkept; uintptr_t mix;",
-                "NI void *big_leaf(size_t size) { void *p = malloc(size); kept[nkept++ & 4095] = p; mix ^= 1; return p; }",
+                "NI void *big_leaf(size_t size) { void *p = malloc(size); "
+                "kept[nkept++ & 4095] = p; mix ^= 1; return p; }",
                 "NI void *big_mid(int k, size_t size) { void *p = big_leaf(size); mix += (uintptr_t)k; return p; }",
                 "NI void big_entry(int k, size_t size) { void *p = big_mid(k, size); mix ^= (uintptr_t)p; }",
             ]

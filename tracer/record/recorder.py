@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING
 from common.errors import AllocscopeError, Interrupted, TargetError
 from common.tracefile.writer import NullWriter, TraceWriter, prepare_output
 
-from ..allocators.cuda import find_driver
 from ..allocators.custom import CustomFn, Located, locate, parse_all
-from ..allocators.discovery import Plan, allocators_in, code_files, file_id, find_allocators, plan_allocator
+from ..allocators.discovery import Plan, find_allocators, plan_allocator
 from ..allocators.retention import (
     AllocatorMeter,
     Owner,
@@ -40,6 +39,7 @@ from ..process.target import Target, launch_maps, release
 from ..unwind.unwinder import Unwinder, start_unwinder
 from .events import RingEvents
 from .injecting import inject_agent, uninject
+from .late_attach import attach_cuda, attach_new_allocators, source_id
 from .meta import trace_meta
 from .peaks import PeakWatch
 from .regions import RegionTracker, SlowPath
@@ -131,53 +131,8 @@ class Recorder:
             self.unwinder.update(maps)  # dlopen'd code gets its unwind tables
         if self.attach_report is not None and self.probes is not None:
             self.probes.uprobes.update_addresses(maps)  # modules mapped since: their entries' addresses
-            self._attach_new_allocators(maps)
-        self._attach_cuda(maps)  # the CUDA driver dlopen'd since
-
-    def _source_id(self, name: str) -> int:
-        for sid, n in self.source_names.items():
-            if n == name:
-                return sid
-        sid = max(L.enum("AS_SRC_DYNAMIC") - 1, *self.source_names) + 1
-        self.source_names[sid] = name
-        return sid
-
-    def _attach_new_allocators(self, maps: list[procfs.Mapping]) -> None:
-        """Allocators in modules mapped since the attach (dlopen): probed too, each with its own
-        source (heap:KIND[:PREFIX])."""
-        probed = {(file_id(pl.allocator.path), pl.allocator.prefix) for pl in self.plans}
-        new = [
-            a
-            for path in code_files(maps)
-            for a in allocators_in(path, False)
-            if (file_id(a.path), a.prefix) not in probed
-        ]
-        if not new or self.opts.mode == "residency" or self.probes is None:
-            return
-        plans = []
-        for a in new:
-            a.source = f"heap:{a.label}"
-            plans.append(plan_allocator(a))
-        sources = {pl.allocator.source: self._source_id(pl.allocator.source) for pl in plans}
-        self.probes.uprobes.attach_more(plans, sources, maps)
-        self.plans += plans
-        if self.retention is not None:
-            self.retention.owners += [
-                Owner(pl.allocator.source, pl.allocator.kind, pl.allocator.label, False) for pl in plans
-            ]
-        self.progress(
-            "allocators loaded since: " + ", ".join(f"{pl.allocator.label} in {pl.allocator.path}" for pl in plans)
-        )
-
-    def _attach_cuda(self, maps: list[procfs.Mapping]) -> None:
-        """Probe the CUDA driver's allocation calls once the target maps libcuda.so.1."""
-        if self.cuda_module is not None or self.attach_report is None or self.probes is None:
-            return
-        path = find_driver(maps)
-        if path is not None:
-            self.cuda_module = path
-            cuda = self.probes.attach_cuda(path)
-            self.progress(f"CUDA driver {path}: {len(cuda.get('attached', []))} calls probed")
+            attach_new_allocators(self, maps)
+        attach_cuda(self, maps)  # the CUDA driver dlopen'd since
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -242,8 +197,8 @@ class Recorder:
             )
         located = [locate(fn, t.exe, maps) for fn in self.custom_fns]
         self.plans = [plan_allocator(a) for a in allocators]
-        sources = {a.source: self._source_id(a.source) for a in allocators[1:]}
-        custom = [(loc, self._source_id(loc.fn.source), _place_custom(loc)) for loc in located]
+        sources = {a.source: source_id(self.source_names, a.source) for a in allocators[1:]}
+        custom = [(loc, source_id(self.source_names, loc.fn.source), _place_custom(loc)) for loc in located]
         brk = None
         if not launched:
             self.maps.seed(maps)
@@ -292,7 +247,7 @@ class Recorder:
             self.attach_report = probes.uprobes.attach(self.plans, custom, sources, maps, agent=self.injection)
             if self.injection is not None:
                 self.injection.enable()
-            self._attach_cuda(maps)
+            attach_cuda(self, maps)
             self._phase("attach")
             self.peaks = PeakWatch(probes.maps, lambda: procfs.rss(t.pid))
             self.snapshots.site_reader.start(probes.maps, self.peaks)

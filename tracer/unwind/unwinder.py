@@ -382,39 +382,44 @@ class Unwinder:
         return key
 
     def meta(self) -> dict:
-        """meta.json `unwind` (with the probes' mode): `pending` lists every module stacks were cut
-        short at (or that was built) while its table was not loaded, most-hit first — stacks,
-        first_s / last_s (seconds since the recording's start), built_s (when its rows went in;
-        None: not by the end), build_s (the build's own seconds), rows, error."""
-        crossed = [p for p in self.pending.values() if p.stacks or p.built_ns or p.error]
-        return {
-            "modules": len(self.modules),
-            "rows": self.next_row,
-            "capacity": self.capacity,
-            "prefixes": len(self.entries),
-            "seconds": round(self.seconds, 3),
-            "built": sorted(
-                os.path.basename(m.path)
-                for k, m in self.modules.items()
-                if not (m.cached or m.pending or (k in self.pending and self.pending[k].error))
-            ),
-            "failed": dict(self.failed),
-            "lazy": self.lazy,
-            "pending": [
-                {
-                    "module": p.module.path,
-                    "stacks": p.stacks,
-                    "first_s": round(self._rel(p.first_ns), 3) if p.first_ns else None,
-                    "last_s": round(self._rel(p.last_ns), 3) if p.last_ns else None,
-                    "built_s": round(self._rel(p.built_ns), 3) if p.built_ns else None,
-                    "build_s": round(p.build_s, 3),
-                    "rows": p.rows,
-                    "error": p.error,
-                }
-                for p in sorted(crossed, key=lambda p: -p.stacks)
-            ],
-            "never_crossed": sum(1 for p in self.pending.values() if p not in crossed),
-        }
+        """meta.json `unwind`: see unwinder_meta."""
+        return unwinder_meta(self)
+
+
+def unwinder_meta(u: Unwinder) -> dict:
+    """meta.json `unwind` of an Unwinder `u` (with the probes' mode): `pending` lists every module stacks were cut
+    short at (or that was built) while its table was not loaded, most-hit first — stacks,
+    first_s / last_s (seconds since the recording's start), built_s (when its rows went in;
+    None: not by the end), build_s (the build's own seconds), rows, error."""
+    crossed = [p for p in u.pending.values() if p.stacks or p.built_ns or p.error]
+    return {
+        "modules": len(u.modules),
+        "rows": u.next_row,
+        "capacity": u.capacity,
+        "prefixes": len(u.entries),
+        "seconds": round(u.seconds, 3),
+        "built": sorted(
+            os.path.basename(m.path)
+            for k, m in u.modules.items()
+            if not (m.cached or m.pending or (k in u.pending and u.pending[k].error))
+        ),
+        "failed": dict(u.failed),
+        "lazy": u.lazy,
+        "pending": [
+            {
+                "module": p.module.path,
+                "stacks": p.stacks,
+                "first_s": round(u._rel(p.first_ns), 3) if p.first_ns else None,
+                "last_s": round(u._rel(p.last_ns), 3) if p.last_ns else None,
+                "built_s": round(u._rel(p.built_ns), 3) if p.built_ns else None,
+                "build_s": round(p.build_s, 3),
+                "rows": p.rows,
+                "error": p.error,
+            }
+            for p in sorted(crossed, key=lambda p: -p.stacks)
+        ],
+        "never_crossed": sum(1 for p in u.pending.values() if p not in crossed),
+    }
 
 
 # --------------------------------------------------------------------------- recorder glue
