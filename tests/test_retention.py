@@ -3,7 +3,7 @@ each allocator's advice names."""
 
 from __future__ import annotations
 
-from reports.analysis.residency import allocator_advice, conf_env
+from reports.analysis.advice import allocator_advice, conf_env
 from tracer.allocators.arenas import merge_ranges
 from tracer.allocators.retention import intersect_ranges, keep_purge, purge_function, subtract_ranges
 

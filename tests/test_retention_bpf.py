@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from support import CFLAGS_FP, Proc, attached, build, cli, need, record_run, report_json, wait_for
 
+from reports.analysis.advice import allocator_advice
 from reports.analysis.diff import diff_traces
-from reports.analysis.residency import allocator_advice
 from reports.render.diff_text import diff_to_text
 from reports.trace import load_trace
 

@@ -8,7 +8,8 @@ stacks that reach it (a work-stealing pool reaches one call through many) are su
 
 This module builds the report document and re-exports the pieces, which live by concern in this
 package: stacks (symbolizing, folding, locations), sources, timeline (series, growth, verdicts),
-sites (ranked tables), threads, totals and residency (arenas, the RSS split, trims and releases).
+sites (ranked tables), threads, totals, residency (arenas, the RSS split), allocator_memory (each
+allocator's retained and released memory), advice, releases (trims and releases).
 
 Python API (notebooks get exactly what `allocscope report` prints):
 
@@ -34,15 +35,14 @@ from __future__ import annotations
 from common.errors import UsageError
 from common.tracefile.reader import Trace
 
+from .advice import allocator_advice, residency_advice
+from .allocator_memory import allocator_releases
 from .findings import report_findings
 from .releases import RELEASE_KINDS, release_table, releases_by_thread, trims  # noqa: F401
 from .residency import (  # noqa: F401
     ARENA_COLUMNS,
-    allocator_advice,
-    allocator_releases,
     arena_table,
     live_bytes_by_api,
-    residency_advice,
     rss_decomposition,
     shared_split,
 )

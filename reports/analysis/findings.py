@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 
 from ..units import human_bytes, human_rate
-from .residency import conf_env
+from .advice import conf_env
 
 MAX_FINDINGS = 6
 PEAK_MAX_HOLDERS = 3  # locations named as holding the peak...
@@ -46,7 +46,7 @@ NOT_LOST = {"lost_stack_pending"}  # stacks cut short while a table was built: n
 DIFF_MIN_SHARE = 0.10  # a diff names a change >= 10% of the larger live peak
 GROUP_MIN_CHANGE = 0.25  # a thread group's peak moved by >= 25% of its larger peak (and DIFF_MIN_SHARE)
 
-# The knob that returns an allocator's retained memory, by kind (reports.analysis.residency's advice, short).
+# The knob that returns an allocator's retained memory, by kind (reports.analysis.advice, short).
 KNOBS = {
     "glibc": "MALLOC_ARENA_MAX=2..4 caps the arenas, malloc_trim(0) after bursts returns free pages",
     "tcmalloc": "TCMALLOC_RELEASE_RATE=10 (default 1) returns free spans sooner",
