@@ -1,12 +1,13 @@
 """What the tests share (fixtures are in conftest.py, the bpf(2) layer in tracer/bpf/objects.py):
 
 * paths and flags: ROOT, TARGETS_SRC, CFLAGS_FP, IN_CI (CI=true: what would be skipped fails);
-* `build`: compile a C/C++/Rust target; `need_tool` / `need`: a tool or file a test needs, a skip
-  here and a failure under CI=true (scripts/setup-host.sh installs every one of them);
+* `build`: compile a C/C++/Rust target; `run_c_with_header`: a C main() against allocscope.h;
+  `need_tool` / `need`: a tool or file a test needs, a skip here and a failure under CI=true
+  (scripts/setup-host.sh installs every one of them);
 * the CLI: `cli` (run and capture), `cli_bg` (started), `report_json`, `one_line_error`; both
   warm the unwind cache of the test's own targets first (`warm_targets`);
 * processes: `Proc` (a target whose stdout lines are awaited through a reader thread),
-  `wait_for`, `attached`, `record_run`;
+  `wait_for`, `attached`, `record_run` (its parts: `record_attached`, `stop_tracer`);
 * frames of a JSON report: `functions`.
 """
 
@@ -83,6 +84,18 @@ def build(
     INPUTS`. Frame pointers and -g by default; raises when the compiler fails."""
     subprocess.run([cc, *flags, "-o", str(exe), *map(str, inputs)], check=True, cwd=cwd)
     return Path(exe)
+
+
+def run_c_with_header(tmp: Path, body: Sequence[str]) -> str:
+    """Compile and run, in `tmp`, a C main() of `body` lines that sees probes/allocscope.h as BPF
+    does (sizeof / offsetof checks of the layouts the tracer shares with the kernel); its stdout."""
+    from tracer.base.layout import PROBES_DIR
+
+    head = ["#include <stdio.h>", "#include <stddef.h>", "#include <linux/types.h>", '#include "allocscope.h"']
+    src = tmp / "sz.c"
+    src.write_text("\n".join([*head, "int main(void){", *body, "return 0;}"]))
+    exe = build(tmp / "sz", src, flags=[f"-I{PROBES_DIR}"])
+    return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
 
 
 def chromium(exe: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
@@ -322,11 +335,23 @@ def record_run(
     SIGINT (exit 0)."""
     tgt = procs(*argv)
     tgt.expect("ready")
-    tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", interval, *record_args)
-    wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
-    assert tr.poll() is None, tr.stderr.read()
+    tr = record_attached(tracers, tgt.pid, out, "--interval", interval, *record_args)
     tgt.signal(signal.SIGUSR1)
     tgt.expect(done)
-    time.sleep(float(interval) + 0.1)
+    stop_tracer(tr, float(interval) + 0.1)
+
+
+def record_attached(tracers, pid: int, out, *args) -> subprocess.Popen:
+    """`record --pid PID -o OUT ARGS` started by the `tracers` fixture: the tracer, once its probes
+    are attached (it must not have exited)."""
+    tr = tracers("record", "--pid", pid, "-o", out, *args)
+    wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
+    assert tr.poll() is None, tr.stderr.read()
+    return tr
+
+
+def stop_tracer(tr: subprocess.Popen, after: float) -> None:
+    """Give the tracer `after` seconds more (its last interval), then SIGINT: it must exit 0."""
+    time.sleep(after)
     tr.send_signal(signal.SIGINT)
     assert tr.wait(60) == 0, tr.stderr.read()

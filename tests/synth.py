@@ -194,6 +194,12 @@ class SynthTrace:
             )
         )
 
+    def _columns(self, part: str, seq: int, /, **cols: list) -> None:
+        """Write the `part` of interval `seq` from its columns (the seq column added; positional
+        parameters, since a column may be called `name`)."""
+        n = len(next(iter(cols.values())))
+        self.w.write_part(part, seq, pa.table({"seq": [seq] * n, **cols}, schema=F.SCHEMAS[part]))
+
     def heaps(self, rows: list[tuple]) -> None:
         """The tracer's end-of-run `heaps` table: (start, end, reserved_end, kind, arena,
         resident_bytes, estimated) per glibc heap or mmapped chunk range."""
@@ -223,42 +229,30 @@ class SynthTrace:
         rows = [(k, v) for k, v in self._state.items() if self._prev.get(k) != v]
         self._prev = dict(self._state)
         if rows:
-            self.w.write_part(
+            self._columns(
                 "sites",
                 seq,
-                pa.table(
-                    {
-                        "seq": [seq] * len(rows),
-                        "stack_id": [k[0] for k, _ in rows],
-                        "tid": [k[1] for k, _ in rows],
-                        "source": [k[2] for k, _ in rows],
-                        "alloc_bytes": [v[0] for _, v in rows],
-                        "alloc_count": [v[1] for _, v in rows],
-                        "free_bytes": [v[2] for _, v in rows],
-                        "free_count": [v[3] for _, v in rows],
-                        "peak_live_bytes": [v[4] for _, v in rows],
-                    },
-                    schema=F.SCHEMAS["sites"],
-                ),
+                stack_id=[k[0] for k, _ in rows],
+                tid=[k[1] for k, _ in rows],
+                source=[k[2] for k, _ in rows],
+                alloc_bytes=[v[0] for _, v in rows],
+                alloc_count=[v[1] for _, v in rows],
+                free_bytes=[v[2] for _, v in rows],
+                free_count=[v[3] for _, v in rows],
+                peak_live_bytes=[v[4] for _, v in rows],
             )
         if self._stack_rows:
             self.w.write_part("stacks", seq, pa.Table.from_pylist(self._stack_rows, schema=F.SCHEMAS["stacks"]))
             self._stack_rows = []
         if self._threads:
             r = self._threads
-            self.w.write_part(
+            self._columns(
                 "threads",
                 seq,
-                pa.table(
-                    {
-                        "seq": [seq] * len(r),
-                        "ts_ns": [MONO0] * len(r),
-                        "tid": [x[0] for x in r],
-                        "name": [x[1] for x in r],
-                        "event": [x[2] for x in r],
-                    },
-                    schema=F.SCHEMAS["threads"],
-                ),
+                ts_ns=[MONO0] * len(r),
+                tid=[x[0] for x in r],
+                name=[x[1] for x in r],
+                event=[x[2] for x in r],
             )
             self._threads = []
         if self._events:
@@ -286,21 +280,15 @@ class SynthTrace:
             self._events = []
         if flows:
             items = sorted(flows.items())
-            self.w.write_part(
+            self._columns(
                 "flows",
                 seq,
-                pa.table(
-                    {
-                        "seq": [seq] * len(items),
-                        "alloc_tid": [k[0] for k, _ in items],
-                        "free_tid": [k[1] for k, _ in items],
-                        "bytes": [v[0] for _, v in items],
-                        "count": [v[1] for _, v in items],
-                        "wait_ns_sum": [v[2] for _, v in items],
-                        "wait_ns_max": [v[3] for _, v in items],
-                    },
-                    schema=F.SCHEMAS["flows"],
-                ),
+                alloc_tid=[k[0] for k, _ in items],
+                free_tid=[k[1] for k, _ in items],
+                bytes=[v[0] for _, v in items],
+                count=[v[1] for _, v in items],
+                wait_ns_sum=[v[2] for _, v in items],
+                wait_ns_max=[v[3] for _, v in items],
             )
 
         def live_of(sources=None, but=()):

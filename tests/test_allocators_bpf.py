@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -133,7 +132,7 @@ PRELOADS = {
 def test_preloaded_allocator_exact(targets, tmp_path, tracers, name):
     """The exact-figure target (tests/targets/apis.c) under tcmalloc or mimalloc preloaded:
     the same per-site and per-thread figures as under glibc."""
-    from support import Proc, attached, wait_for
+    from support import Proc, record_attached, stop_tracer
     from test_record_bpf import EXPECTED
     from test_record_bpf import by_function as apis_by_function
 
@@ -142,14 +141,10 @@ def test_preloaded_allocator_exact(targets, tmp_path, tracers, name):
     try:
         tgt.expect("ready")
         out = tmp_path / f"{name}.allocscope"
-        tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5")
-        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
-        assert tr.poll() is None, tr.stderr.read()
+        tr = record_attached(tracers, tgt.pid, out, "--interval", "0.5")
         tgt.signal(signal.SIGUSR1)
         tgt.expect("done")
-        time.sleep(0.6)
-        tr.send_signal(signal.SIGINT)
-        assert tr.wait(60) == 0, tr.stderr.read()
+        stop_tracer(tr, 0.6)
     finally:
         tgt.kill()
     rep = report_json(out)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 import re
 import signal
-import time
 
 import pytest
-from support import Proc, attached, cli, report_json, wait_for
+from support import Proc, cli, record_attached, report_json, stop_tracer, wait_for
 
 from reports.trace import load_trace
 from reports.units import human_bytes
@@ -36,18 +35,14 @@ def _record(targets, tracers, out, *extra) -> tuple[int, ...]:
     tgt = Proc([targets["census"]])
     try:
         tgt.expect("ready")
-        tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.5", *extra)
-        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
-        assert tr.poll() is None, tr.stderr.read()
+        tr = record_attached(tracers, tgt.pid, out, "--interval", "0.5", *extra)
         # the census at the attach runs beside the loop; its part goes with the next snapshot
         wait_for(lambda: any((out / "parts").glob("census-*")), timeout=60, what="the census at the attach")
         tgt.signal(signal.SIGUSR1)
         m = TRUTH.match(tgt.expect("truth "))
         assert m
         tgt.expect("done")
-        time.sleep(0.7)
-        tr.send_signal(signal.SIGINT)
-        assert tr.wait(60) == 0, tr.stderr.read()
+        stop_tracer(tr, 0.7)
     finally:
         tgt.kill()
     return tuple(map(int, m.groups()))

@@ -218,14 +218,15 @@ def check(path: Path, reference, stacks=None) -> None:
         diff_to_text(diff_traces(reference, t))
 
 
-def _run(base: Path, tmp: Path, mutations: list) -> None:
+def _run(base: Path, tmp: Path, mutations: list, stacks=None) -> None:
+    """Check a fresh copy of the trace `base` with `mutations` applied against its reference."""
     work = tmp / "t.allocscope"
     if work.exists():
         shutil.rmtree(work)
     shutil.copytree(base, work)
     for m in mutations:
         mutate(work, m)
-    check(work, _reference[base])
+    check(work, _reference[base], stacks)
 
 
 _reference: dict[Path, object] = {}
@@ -256,13 +257,7 @@ def test_fuzz_recorded_trace(recorded_trace, tmp_path):
     @settings(max_examples=EXTRA or 30, **SETTINGS)
     @given(st.lists(MUTATION, min_size=1, max_size=3))
     def run(mutations):
-        work = tmp_path / "t.allocscope"
-        if work.exists():
-            shutil.rmtree(work)
-        shutil.copytree(recorded_trace, work)
-        for m in mutations:
-            mutate(work, m)
-        check(work, ref, stacks)
+        _run(recorded_trace, tmp_path, mutations, stacks)
 
     t0 = time.monotonic()
     run()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from support import build
+from support import run_c_with_header
 
 from tracer.base import layout as L
 
@@ -23,7 +23,6 @@ def test_enums_parsed_from_header():
 
 def test_event_layout_matches_c_compiler(tmp_path):
     """Compile a C program with the header and print sizeof/offsetof of each struct."""
-    src = tmp_path / "sz.c"
     structs = {
         "as_stack": L.Stack,
         "as_live": L.Live,
@@ -40,25 +39,12 @@ def test_event_layout_matches_c_compiler(tmp_path):
         "as_dev_key": L.DevKey,
         "as_custom": L.Custom,
     }
-    lines = [
-        "#include <stdio.h>",
-        "#include <stddef.h>",
-        "#include <linux/types.h>",
-        '#include "allocscope.h"',
-        "int main(void){",
-    ]
+    lines = []
     for cname, cls in structs.items():
         lines.append(f'printf("{cname} %zu\\n", sizeof(struct {cname}));')
         for fname, _ in cls._fields_:
             lines.append(f'printf("{cname}.{fname} %zu\\n", offsetof(struct {cname}, {fname}));')
-    lines.append("return 0;}")
-    src.write_text("\n".join(lines))
-    exe = tmp_path / "sz"
-    build(exe, src, flags=[f"-I{L.PROBES_DIR}"])
-    got = dict(
-        line.split()
-        for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
-    )
+    got = dict(line.split() for line in run_c_with_header(tmp_path, lines).splitlines())
     for cname, cls in structs.items():
         assert int(got[cname]) == ct.sizeof(cls), cname
         for fname, _ in cls._fields_:

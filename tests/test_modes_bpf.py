@@ -24,24 +24,29 @@ def by_function(rep: dict) -> dict[str, dict]:
     return agg
 
 
-@pytest.mark.parametrize("sessions", ["on", "off"])
-def test_sampled_estimates_within_error_bars(targets, tmp_path, sessions):
-    """The same estimates through uprobe sessions (an unsampled call takes no return probe) and
-    through classic return probes (the fallback of kernels before 6.13)."""
-    out = tmp_path / "sampled.allocscope"
+def record_sampled(out: Path, target: Path, sample_bytes: int, sessions: str) -> None:
+    """Record `target` from its start with --sample-bytes and --uprobe-sessions on|off into `out`."""
     cli(
         "record",
         "-q",
         "--sample-bytes",
-        "8192",
+        str(sample_bytes),
         "--uprobe-sessions",
         sessions,
         "-o",
         str(out),
         "--",
-        str(targets["sizes"]),
+        str(target),
         check=True,
     )
+
+
+@pytest.mark.parametrize("sessions", ["on", "off"])
+def test_sampled_estimates_within_error_bars(targets, tmp_path, sessions):
+    """The same estimates through uprobe sessions (an unsampled call takes no return probe) and
+    through classic return probes (the fallback of kernels before 6.13)."""
+    out = tmp_path / "sampled.allocscope"
+    record_sampled(out, targets["sizes"], 8192, sessions)
     rep = report_json(out)
     probes = rep["recording"]["probes"]
     assert probes["returns"] == ("session" if sessions == "on" else "classic")
@@ -70,19 +75,7 @@ def test_sampled_realloc_frees_the_tracked_block(targets, tmp_path, sessions):
     """A sampled block realloc'ed to an unsampled size: the new block is not recorded, the old
     one is freed exactly (in a session the entry keeps the return probe for such a call)."""
     out = tmp_path / "shrink.allocscope"
-    cli(
-        "record",
-        "-q",
-        "--sample-bytes",
-        "16384",
-        "--uprobe-sessions",
-        sessions,
-        "-o",
-        str(out),
-        "--",
-        str(targets["shrink"]),
-        check=True,
-    )
+    record_sampled(out, targets["shrink"], 16384, sessions)
     rep = report_json(out)
     assert rep["recording"]["probes"]["returns"] == ("session" if sessions == "on" else "classic")
     agg = by_function(rep)
@@ -106,19 +99,7 @@ def test_session_skips_return_probes_of_unsampled_calls(targets, tmp_path):
         runs = {}
         for sessions in ("on", "off"):
             out = tmp_path / f"{sessions}.allocscope"
-            cli(
-                "record",
-                "-q",
-                "--sample-bytes",
-                "8192",
-                "--uprobe-sessions",
-                sessions,
-                "-o",
-                str(out),
-                "--",
-                str(targets["sizes"]),
-                check=True,
-            )
+            record_sampled(out, targets["sizes"], 8192, sessions)
             meta = json.loads((out / "meta.json").read_text())
             rep = report_json(out)
             allocs = sum(s["alloc_count"] for s in rep["sites"] if "heap" in s["sources"])

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import CFLAGS_FP, Proc, attached, build, cli, need, record_run, report_json, wait_for
+from support import CFLAGS_FP, Proc, build, cli, need, record_attached, record_run, report_json, stop_tracer
 
 from reports.analysis.advice import allocator_advice
 from reports.analysis.diff import diff_traces
@@ -65,11 +65,7 @@ def _record(retain: Path, tmp_path: Path, tracers, name: str) -> tuple[Path, dic
     try:
         tgt.expect("ready")
         out = tmp_path / f"{name}.allocscope"
-        tr = tracers(
-            "record", "--pid", tgt.pid, "-o", out, "--interval", "0.5", *(INJECT if name.endswith("-inject") else ())
-        )
-        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
-        assert tr.poll() is None, tr.stderr.read()
+        tr = record_attached(tracers, tgt.pid, out, "--interval", "0.5", *(INJECT if name.endswith("-inject") else ()))
         tgt.signal(signal.SIGUSR1)
         freed = _truth(tgt.expect("truth "))
         tgt.expect("freed")
@@ -77,9 +73,7 @@ def _record(retain: Path, tmp_path: Path, tracers, name: str) -> tuple[Path, dic
         tgt.signal(signal.SIGUSR1)
         purged = _truth(tgt.expect("truth "))
         tgt.expect("purged")
-        time.sleep(1.3)
-        tr.send_signal(signal.SIGINT)
-        assert tr.wait(60) == 0, tr.stderr.read()
+        stop_tracer(tr, 1.3)
     finally:
         tgt.kill()
     return out, freed, purged

@@ -150,25 +150,14 @@ def test_row_layout_matches_header(tmp_path):
     """The numpy row and the ctypes classes agree with allocscope.h (what BPF reads)."""
     import ctypes as ct
 
-    from tracer.base import layout as L
-
     lines = [
-        "#include <stdio.h>",
-        "#include <stddef.h>",
-        "#include <linux/types.h>",
-        '#include "allocscope.h"',
-        "int main(void){",
         'printf("%zu %zu %zu %zu %zu\\n", sizeof(struct as_urow), offsetof(struct as_urow, cfa_off),'
         " offsetof(struct as_urow, cfa_type), offsetof(struct as_urow, rbp_off), sizeof(struct as_umap_key));",
         'printf("%zu %zu %zu %zu\\n", sizeof(struct as_umap), offsetof(struct as_umap, count),'
         " offsetof(struct as_umap, module), offsetof(struct as_umap, flags));",
         'printf("%zu %zu %u\\n", sizeof(struct as_upending), offsetof(struct as_upending, last_ns), AS_UMAP_PENDING);',
-        "return 0;}",
     ]
-    src = tmp_path / "sz.c"
-    src.write_text("\n".join(lines))
-    support.build(tmp_path / "sz", src, flags=[f"-I{L.PROBES_DIR}"])
-    out = subprocess.run([str(tmp_path / "sz")], capture_output=True, text=True, check=True).stdout.split()
+    out = support.run_c_with_header(tmp_path, lines).split()
     assert [int(x) for x in out] == [
         UR.ROW.itemsize,
         UR.ROW.fields["cfa_off"][1],

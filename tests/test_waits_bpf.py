@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import re
 import signal
-import time
 
 import pytest
 from rust_targets import RUSTD_SRC, build_rustd
-from support import Proc, attached, cli, report_json, wait_for
+from support import Proc, cli, record_attached, report_json, stop_tracer
 
 pytestmark = pytest.mark.bpf
 
@@ -99,15 +98,11 @@ def test_waits_under_inject(targets, tracers, tmp_path):
     tgt = Proc([targets["waits"], "--signal"])
     try:
         tgt.expect("ready")
-        tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.25", "--inject", "--sample-bytes", n)
-        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
-        assert tr.poll() is None, tr.stderr.read()
+        tr = record_attached(tracers, tgt.pid, out, "--interval", "0.25", "--inject", "--sample-bytes", n)
         tgt.signal(signal.SIGUSR1)
         assert tgt.p.wait(30) == 0
         stdout = "".join(iter(lambda: tgt.lines.get(timeout=5), None))
-        time.sleep(0.4)
-        tr.send_signal(signal.SIGINT)
-        assert tr.wait(60) == 0, tr.stderr.read()
+        stop_tracer(tr, 0.4)
     finally:
         tgt.kill()
     own = _own(stdout)
@@ -156,14 +151,10 @@ def test_rust_sync_channel_send_is_the_wait(tmp_path, procs, tracers):
     out = tmp_path / "rustd-wait.allocscope"
     tgt = procs(exe, "--partitions", "8", "--hold", "1", "--mb", "4", "--records", "10", "--gpu-ms", "400")
     tgt.expect("ready")
-    tr = tracers("record", "--pid", tgt.pid, "-o", out, "--interval", "0.25")
-    wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
-    assert tr.poll() is None, tr.stderr.read()
+    tr = record_attached(tracers, tgt.pid, out, "--interval", "0.25")
     tgt.signal(signal.SIGUSR1)
     tgt.expect("done", timeout=60)
-    time.sleep(0.5)
-    tr.send_signal(signal.SIGINT)
-    assert tr.wait(60) == 0, tr.stderr.read()
+    stop_tracer(tr, 0.5)
     w = report_json(out)["waits"]
     send = [d for d in w["off_cpu"] if d["function"].endswith("hand_off")]
     assert len(send) == 1, [(d["function"], d["line"]) for d in w["off_cpu"]]

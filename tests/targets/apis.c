@@ -21,6 +21,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common.h"
+
 #define NOINLINE __attribute__((noinline))
 #define PAGE 4096
 
@@ -202,8 +204,6 @@ static void *beta_main(void *arg)
     return NULL;
 }
 
-static void on_usr1(int sig) { (void)sig; }
-
 int main(int argc, char **argv)
 {
     int wait_signal = 0, linger = 0;
@@ -217,14 +217,9 @@ int main(int argc, char **argv)
     pre_attach_alloc();
     if (wait_signal) {
         sigset_t set;
-        sigemptyset(&set);
-        sigaddset(&set, SIGUSR1);
-        sigprocmask(SIG_BLOCK, &set, NULL);
+        block_usr1(&set);
         signal(SIGUSR1, on_usr1);
-        printf("ready %d\n", (int)getpid());
-        fflush(stdout);
-        int sig;
-        sigwait(&set, &sig);
+        ready_wait_usr1(&set);
     }
     free_preattach();
     pthread_t a, b;
@@ -233,9 +228,6 @@ int main(int argc, char **argv)
     pthread_create(&b, NULL, beta_main, NULL);
     pthread_join(b, NULL);
     printf("done\n");
-    fflush(stdout);
-    if (linger)
-        for (;;)
-            pause();
+    flush_linger(linger);
     return 0;
 }

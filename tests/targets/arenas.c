@@ -19,6 +19,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common.h"
+
 #define BLK 8000
 #define HEAP_MAX (64UL << 20)
 
@@ -73,26 +75,18 @@ int main(int argc, char **argv)
 {
     int linger = argc > 1 && !strcmp(argv[1], "--linger");
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &set, NULL);
+    block_usr1(&set);
     pthread_barrier_init(&created, NULL, 4);
     pthread_barrier_init(&go, NULL, 4);
     pthread_t t[3];
     for (int i = 0; i < 3; i++)
         pthread_create(&t[i], NULL, thread_main, (void *)(intptr_t)(i + 1));
     pthread_barrier_wait(&created);
-    printf("ready %d\n", (int)getpid());
-    fflush(stdout);
-    int sig;
-    sigwait(&set, &sig);
+    ready_wait_usr1(&set);
     pthread_barrier_wait(&go);
     for (int i = 0; i < 3; i++)
         pthread_join(t[i], NULL);
     printf("done\n");
-    fflush(stdout);
-    if (linger)
-        for (;;)
-            pause();
+    flush_linger(linger);
     return 0;
 }

@@ -17,6 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "common.h"
+
 #define NOINLINE __attribute__((noinline))
 #define THREADS 8
 #define BLOCKS 192
@@ -63,9 +65,7 @@ int main(void)
 {
     sigset_t usr1;
     int sig;
-    sigemptyset(&usr1);
-    sigaddset(&usr1, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &usr1, NULL);
+    block_usr1(&usr1);
     setvbuf(stdout, NULL, _IOLBF, 0);
     pthread_barrier_init(&held, NULL, THREADS + 1);
     pthread_barrier_init(&freed, NULL, THREADS + 1);

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
+
 #define NOINLINE __attribute__((noinline))
 #define WORKERS 4
 #define PRE_BLOCKS 5000
@@ -85,9 +87,7 @@ int main(void)
 {
     sigset_t usr1;
     int sig;
-    sigemptyset(&usr1);
-    sigaddset(&usr1, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &usr1, NULL);
+    block_usr1(&usr1);
     setvbuf(stdout, NULL, _IOLBF, 0);
     pthread_barrier_init(&allocated, NULL, WORKERS + 1);
     pthread_barrier_init(&go, NULL, WORKERS + 1);

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "common.h"
+
 #define NOINLINE __attribute__((noinline, noipa))
 void *volatile kept[1000];
 int nkept;
@@ -23,13 +25,8 @@ NOINLINE void via_b(size_t n) { tag = 2; kept[nkept++] = leaf(n); }
 int main(void)
 {
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    printf("ready %d\n", (int)getpid());
-    fflush(stdout);
-    int sig;
-    sigwait(&set, &sig);
+    block_usr1(&set);
+    ready_wait_usr1(&set);
     for (int i = 0; i < 300; i++)
         via_a(111);
     for (int i = 0; i < 300; i++)

@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
 #define N 20011
 #define SZ 4000
 
@@ -70,13 +72,8 @@ int main(int argc, char **argv)
     pthread_setname_np(pthread_self(), "trimmer");
     if (argc > 1 && !strcmp(argv[1], "--wait-signal")) {
         sigset_t set;
-        sigemptyset(&set);
-        sigaddset(&set, SIGUSR1);
-        sigprocmask(SIG_BLOCK, &set, NULL);
-        printf("ready %d\n", (int)getpid());
-        fflush(stdout);
-        int sig;
-        sigwait(&set, &sig);
+        block_usr1(&set);
+        ready_wait_usr1(&set);
     }
     fragment_main_arena();
     trim_once(1);

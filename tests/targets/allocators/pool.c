@@ -18,6 +18,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../common.h"
+
 #define NOINLINE __attribute__((noinline))
 #define SLAB (64 * 1024)
 
@@ -113,27 +115,17 @@ static void *pooler(void *arg)
     return NULL;
 }
 
-static void on_usr1(int sig) { (void)sig; }
-
 int main(int argc, char **argv)
 {
     int linger = argc > 1 && !strcmp(argv[1], "--linger");
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &set, NULL);
+    block_usr1(&set);
     signal(SIGUSR1, on_usr1);
-    printf("ready %d\n", (int)getpid());
-    fflush(stdout);
-    int sig;
-    sigwait(&set, &sig);
+    ready_wait_usr1(&set);
     pthread_t t;
     pthread_create(&t, NULL, pooler, NULL);
     pthread_join(t, NULL);
     printf("done slabs=%d\n", pool.slabs);
-    fflush(stdout);
-    if (linger)
-        for (;;)
-            pause();
+    flush_linger(linger);
     return 0;
 }

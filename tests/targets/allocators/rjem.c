@@ -17,6 +17,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../common.h"
+
 #define NOINLINE __attribute__((noinline))
 #define USED __attribute__((used, noinline))
 #define MALLOCX_ZERO 0x40
@@ -151,8 +153,6 @@ static void *worker(void *arg)
     return NULL;
 }
 
-static void on_usr1(int sig) { (void)sig; }
-
 int main(int argc, char **argv)
 {
     int linger = argc > 1 && !strcmp(argv[1], "--linger");
@@ -160,21 +160,13 @@ int main(int argc, char **argv)
     bump = arena;
     arena_end = arena + (64 << 20);
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &set, NULL);
+    block_usr1(&set);
     signal(SIGUSR1, on_usr1);
-    printf("ready %d\n", (int)getpid());
-    fflush(stdout);
-    int sig;
-    sigwait(&set, &sig);
+    ready_wait_usr1(&set);
     pthread_t t;
     pthread_create(&t, NULL, worker, NULL);
     pthread_join(t, NULL);
     printf("done\n");
-    fflush(stdout);
-    if (linger)
-        for (;;)
-            pause();
+    flush_linger(linger);
     return 0;
 }

@@ -19,6 +19,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../common.h"
+
 #define NOINLINE __attribute__((noinline))
 #define MIB (1024 * 1024)
 #define PAGE 4096
@@ -265,8 +267,6 @@ static void *cudart(void *arg)
         }                                                                                          \
     } while (0)
 
-static void on_usr1(int sig) { (void)sig; }
-
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -276,14 +276,9 @@ int main(int argc, char **argv)
     int linger = argc > 2 && !strcmp(argv[2], "--linger");
     self_path = argv[0];
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &set, NULL);
+    block_usr1(&set);
     signal(SIGUSR1, on_usr1);
-    printf("ready %d\n", (int)getpid());
-    fflush(stdout);
-    int sig;
-    sigwait(&set, &sig);
+    ready_wait_usr1(&set);
 
     char path[4096];
     snprintf(path, sizeof path, "%s/libcuda.so.1", argv[1]);
@@ -334,9 +329,6 @@ int main(int argc, char **argv)
     pthread_create(&t[3], NULL, cudart, NULL);
     pthread_join(t[3], NULL);
     printf("done\n");
-    fflush(stdout);
-    if (linger)
-        for (;;)
-            pause();
+    flush_linger(linger);
     return 0;
 }

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "../common.h"
+
 #define NOINLINE __attribute__((noinline))
 void *volatile sink;
 void *volatile kept[1000]; /* read by no one: volatile keeps gcc from eliding the calls */
@@ -41,13 +43,8 @@ int main(int argc, char **argv)
     (void)argc;
     (void)argv;
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    printf("ready %d\n", (int)getpid());
-    fflush(stdout);
-    int sig;
-    sigwait(&set, &sig);
+    block_usr1(&set);
+    ready_wait_usr1(&set);
     jem_leak();
     jem_calloc();
     jem_realloc();
