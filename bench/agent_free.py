@@ -36,24 +36,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-CFLAGS = [
-    "-O2",
-    "-fPIC",
-    "-ffreestanding",
-    "-fno-builtin",
-    "-fno-stack-protector",
-    "-fno-omit-frame-pointer",
-    "-fcf-protection=none",
-    "-fvisibility=hidden",
-    "-mgeneral-regs-only",
-    "-mcx16",
-    "-fasynchronous-unwind-tables",
-    "-fno-jump-tables",
-    "-Wall",
-    "-Wextra",
-    "-Werror",
-    "-c",
-]
+sys.path.insert(0, str(ROOT))
+from tracer.inject.agent import AGENT_CODE_CFLAGS  # noqa: E402
+
+CFLAGS = [*AGENT_CODE_CFLAGS, "-c"]  # the tracer's own flags for agent.c
 MODES = ("plain", "before", "after")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -236,3 +237,45 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float:
     if sxx == 0:
         return 0.0
     return sum((p[0] - mx) * (p[1] - my) for p in points) / sxx * 3600
+
+
+# ---------------------------------------------------------------------------------------------
+# redis: redis-server under redis-benchmark
+
+# redis-benchmark's load in the scripts that share it: 50 clients, 100000 keys, 64-byte values
+REDIS_LOAD = ["-c", "50", "-r", "100000", "-d", "64"]
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_server_cmd(exe: str, port: int, *extra: str) -> list[str]:
+    """redis-server (exe) on port without persistence (no RDB snapshots, no AOF); extra: more flags."""
+    return [exe, "--port", str(port), "--save", "", "--appendonly", "no", *extra]
+
+
+def redis_ping(port: int, timeout: float = 1) -> bool:
+    """Whether a redis-server on 127.0.0.1:port answers PING."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def wait_redis(srv: subprocess.Popen, port: int, timeout: float = 30) -> None:
+    """Until srv answers PING on port; TrialError when it exits first, or (srv killed) after timeout."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if srv.poll() is not None:
+            raise TrialError(f"redis-server exited ({srv.returncode}) on port {port}")
+        if redis_ping(port):
+            return
+        time.sleep(0.05)
+    stop_process(srv, signal.SIGKILL)
+    raise TrialError("redis-server did not answer PING")

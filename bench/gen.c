@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "ready.h"
+
 void *volatile sink;
 #define SITE(k) __attribute__((noinline)) void site##k(long n) { for (long i = 0; i < n; i++) sink = malloc(32); }
 SITE(0) SITE(1) SITE(2) SITE(3) SITE(4) SITE(5) SITE(6) SITE(7)
@@ -13,14 +15,7 @@ static void (*sites[8])(long) = {site0, site1, site2, site3, site4, site5, site6
 int main(int argc, char **argv)
 {
     long n = argc > 1 ? atol(argv[1]) : 1000000;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    printf("ready %d\n", (int)getpid());
-    fflush(stdout);
-    int sig;
-    sigwait(&set, &sig);
+    ready_then_wait();
     for (int k = 0; k < 8; k++)
         sites[k](n / 8);
     printf("done\n");

@@ -17,11 +17,12 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from benchlib import REDIS_LOAD, free_port, redis_ping, redis_server_cmd
 
 CONFIGS = {
     "untraced": None,
@@ -30,12 +31,6 @@ CONFIGS = {
     "residency": ["--mode", "residency"],
     "floor-residency": ["--probe-floor", "--mode", "residency"],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def attach(exe: str, pid: int, out: str, extra: list[str]) -> subprocess.Popen:
@@ -66,19 +61,14 @@ def redis_trial(exe: str, rdir: str, cfg: str, out: str, requests: int, r: int =
     env = {**os.environ, "LD_LIBRARY_PATH": rdir}
     port = free_port()
     srv = subprocess.Popen(
-        [os.path.join(rdir, "redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
+        redis_server_cmd(os.path.join(rdir, "redis-server"), port),
         stdout=subprocess.DEVNULL,
         env=env,
     )
     cli = [os.path.join(rdir, "redis-benchmark"), "-p", str(port)]
     for _ in range(400):  # a PING over TCP (redis-benchmark can hang on a server not yet listening)
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    break
-        except OSError:
-            pass
+        if redis_ping(port):
+            break
         time.sleep(0.05)
     tr = None
     detail: dict = {}
@@ -93,12 +83,7 @@ def redis_trial(exe: str, rdir: str, cfg: str, out: str, requests: int, r: int =
                 "set,get,lpush,lpop",
                 "-n",
                 str(requests),
-                "-c",
-                "50",
-                "-r",
-                "100000",
-                "-d",
-                "64",
+                *REDIS_LOAD,
                 "-q",
                 "--csv",
             ],

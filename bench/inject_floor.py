@@ -52,7 +52,18 @@ import threading
 import time
 from pathlib import Path
 
-from benchlib import TracerMonitor, TrialError, read_line, sched_cpu, settle, stop_process
+from benchlib import (
+    REDIS_LOAD,
+    TracerMonitor,
+    TrialError,
+    free_port,
+    read_line,
+    redis_server_cmd,
+    sched_cpu,
+    settle,
+    stop_process,
+    wait_redis,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -236,12 +247,6 @@ class Tracer:
 # the two daemons
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def redis_cmd(port: int, cmd: str) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(cmd.encode() + b"\r\n")
@@ -288,37 +293,17 @@ class Redis:
         srv = subprocess.Popen(
             pinned(
                 self.b.cpus.redis,
-                [
-                    os.path.join(self.b.redis_dir, "redis-server"),
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    str(d),
-                ],
+                redis_server_cmd(
+                    os.path.join(self.b.redis_dir, "redis-server"), port, "--bind", "127.0.0.1", "--dir", str(d)
+                ),
             ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=self.env,
             start_new_session=True,
         )
-        end = time.monotonic() + 30
-        while time.monotonic() < end:
-            if srv.poll() is not None:
-                raise TrialError(f"redis-server exited {srv.returncode}")
-            try:
-                if redis_cmd(port, "PING").startswith(b"+PONG"):
-                    return srv, port
-            except OSError:
-                pass
-            time.sleep(0.05)
-        stop_process(srv, signal.SIGKILL)
-        raise TrialError("redis-server did not answer PING")
+        wait_redis(srv, port)
+        return srv, port
 
     def load(self, port: int, n: int) -> dict[str, float]:
         p = subprocess.run(
@@ -334,12 +319,7 @@ class Redis:
                     self.tests,
                     "-n",
                     str(n),
-                    "-c",
-                    "50",
-                    "-r",
-                    "100000",
-                    "-d",
-                    "64",
+                    *REDIS_LOAD,
                     "--csv",
                 ],
             ),

@@ -28,13 +28,14 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchlib import REDIS_LOAD, free_port, redis_ping, redis_server_cmd
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -281,30 +282,19 @@ def sites_trial(root: Path, exe: Path, n: int, k: int, seconds: float, tmp: Path
         tgt.wait()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def redis_trial(root: Path, rdir: Path, seconds: float, tmp: Path, tag: str) -> dict:
     env = {**os.environ, "LD_LIBRARY_PATH": str(rdir)}
     port = free_port()
     srv = subprocess.Popen(
-        [str(rdir / "redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
+        redis_server_cmd(str(rdir / "redis-server"), port),
         stdout=subprocess.DEVNULL,
         env=env,
     )
     load = None
     try:
         for _ in range(400):
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
+            if redis_ping(port):
+                break
             time.sleep(0.05)
         trace = tmp / f"{tag}-redis.allocscope"
         started = [float("inf")]
@@ -320,12 +310,7 @@ def redis_trial(root: Path, rdir: Path, seconds: float, tmp: Path, tag: str) -> 
                     "set,get,lpush,lpop",
                     "-n",
                     "100000000",
-                    "-c",
-                    "50",
-                    "-r",
-                    "100000",
-                    "-d",
-                    "64",
+                    *REDIS_LOAD,
                     "-q",
                     "-l",
                 ],

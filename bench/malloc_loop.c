@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ready.h"
+
 static long iters = 500000;
 static int depth = 0;
 static const size_t sizes[] = {16, 24, 48, 64, 100, 256, 512, 1024, 4096, 16384};
@@ -62,16 +64,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--wait-signal"))
             wait = 1;
     }
-    if (wait) {
-        sigset_t set;
-        sigemptyset(&set);
-        sigaddset(&set, SIGUSR1);
-        sigprocmask(SIG_BLOCK, &set, NULL);
-        printf("ready %d\n", (int)getpid());
-        fflush(stdout);
-        int sig;
-        sigwait(&set, &sig);
-    }
+    if (wait)
+        ready_then_wait();
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     pthread_t t[64];

@@ -38,7 +38,6 @@ import select
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,12 +52,15 @@ from benchlib import (
     TrialError,
     attach_allocscope,
     exported,
+    free_port,
     kill_pid,
     proc_cpu,
     read_line,
+    redis_server_cmd,
     sched_cpu,
     settle,
     stop_process,
+    wait_redis,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -327,12 +329,6 @@ class DemoWorkload(SignalledProgram):
         )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def allocator_object(pid: int) -> str | None:
     """The shared object that provides malloc in pid when it is not libc (redis: jemalloc)."""
     try:
@@ -370,39 +366,13 @@ class RedisWorkload(Workload):
         d = tmp / f"redis-{port}"
         d.mkdir(exist_ok=True)
         srv = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(d),
-                "--protected-mode",
-                "yes",
-            ],
+            redis_server_cmd("redis-server", port, "--bind", "127.0.0.1", "--dir", str(d), "--protected-mode", "yes"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        end = time.monotonic() + 30
-        while time.monotonic() < end:
-            if srv.poll() is not None:
-                raise TrialError(f"redis-server exited ({srv.returncode}) on port {port}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return srv, port
-            except OSError:
-                pass
-            time.sleep(0.05)
-        stop_process(srv, signal.SIGKILL)
-        raise TrialError("redis-server did not answer PING")
+        wait_redis(srv, port)
+        return srv, port
 
     def benchmark(self, port: int) -> tuple[float, dict]:
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ready.h"
+
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv[2] = {PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
 static int turn;
@@ -40,14 +42,7 @@ static void *player(void *arg)
 int main(int argc, char **argv)
 {
     n = argc > 1 ? atol(argv[1]) : 200000;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    printf("ready %d\n", (int)getpid());
-    fflush(stdout);
-    int sig;
-    sigwait(&set, &sig);
+    ready_then_wait();
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     pthread_t t[2];

@@ -106,6 +106,16 @@ def oldest_ages(
     return out
 
 
+DEVICE_SITE_KEYS = (
+    "device_live_bytes",
+    "device_live_count",
+    "device_peak_bytes",
+    "device_alloc_bytes",
+    "device_alloc_count",
+    "device_free_bytes",
+    "device_free_count",
+)
+
 RANK_COLUMNS = [
     "rank",
     "site",
@@ -125,13 +135,7 @@ RANK_COLUMNS = [
     "verdict",
     "timeline",
     "at_peak_bytes",
-    "device_live_bytes",
-    "device_live_count",
-    "device_peak_bytes",
-    "device_alloc_bytes",
-    "device_alloc_count",
-    "device_free_bytes",
-    "device_free_count",
+    *DEVICE_SITE_KEYS,
     "live_by_source",
     "stack",
     "stacks",
@@ -347,17 +351,6 @@ def site_dict(r, names: dict[int, str], points: list[int]) -> dict:
         **{c: int(getattr(r, c)) for c in DEVICE_SITE_KEYS},
         "live_by_source": dict(r.live_by_source),
     }
-
-
-DEVICE_SITE_KEYS = (
-    "device_live_bytes",
-    "device_live_count",
-    "device_peak_bytes",
-    "device_alloc_bytes",
-    "device_alloc_count",
-    "device_free_bytes",
-    "device_free_count",
-)
 
 
 def _gpu_ranks(sites: pd.DataFrame) -> tuple[list[int], list[int]]:

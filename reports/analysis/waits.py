@@ -17,6 +17,7 @@ import os
 import re
 from collections import defaultdict
 
+from common.tracefile.names import TLB_REASONS
 from common.tracefile.reader import Trace
 
 from .sources import is_device
@@ -428,16 +429,6 @@ def freeing_costs(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]]) -> dic
             for r in g.sort_values("duration_ns", ascending=False).itertuples()
         ]
     return out
-
-
-TLB_REASONS = (
-    "task_switch",
-    "remote_shootdown",
-    "local_shootdown",
-    "local_mm_shootdown",
-    "remote_ipi_send",
-    "remote_wrong_cpu",
-)
 
 
 def tlb_flushes(trace: Trace) -> dict[str, dict[str, int]]:

@@ -11,6 +11,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from common.tracefile.names import TLB_REASONS  # noqa: F401 (the index of tlb_flushes, read as layout.TLB_REASONS)
+
 PROBES_DIR = Path(__file__).resolve().parents[2] / "probes"
 HEADER = PROBES_DIR / "allocscope.h"
 SOURCE = PROBES_DIR / "allocscope.c"
@@ -228,16 +230,6 @@ class Wait(ct.Structure):
 
 class Tlb(ct.Structure):
     _fields_ = [("flushes", ct.c_uint64), ("pages", ct.c_uint64), ("full", ct.c_uint64)]
-
-
-TLB_REASONS = (
-    "task_switch",
-    "remote_shootdown",
-    "local_shootdown",
-    "local_mm_shootdown",
-    "remote_ipi_send",
-    "remote_wrong_cpu",
-)
 
 
 class WaitWay(ct.Structure):

@@ -261,14 +261,18 @@ class Program:
                 *flags,
             ]
 
-        t = time.perf_counter()
-        if not enabled():
-            self.bpf_cache = "off"
+        def compile_whole(cache: str, step: str, t: float):
+            """The program compiled here, for this pid (no cache entry used); its time under `step`."""
+            self.bpf_cache = cache
             with bcclight.light(bcc):
                 bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
             fill_sys_tails(bcc, bpf)
-            self.timings["compile (BCC, clang)"] = time.perf_counter() - t
+            self.timings[step] = time.perf_counter() - t
             return bpf
+
+        t = time.perf_counter()
+        if not enabled():
+            return compile_whole("off", "compile (BCC, clang)", t)
         key = bpfcache.cache_key(text, cflags(bpfcache.TGID_SENTINEL), _bcc_version(bcc))
         entry = bpfcache.load(key)
         if entry is None:
@@ -276,12 +280,7 @@ class Program:
             self.timings["compile (BCC, clang)"] = time.perf_counter() - t
             t = time.perf_counter()
             if entry is None:
-                self.bpf_cache = "uncached"
-                with bcclight.light(bcc):
-                    bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
-                fill_sys_tails(bcc, bpf)
-                self.timings["compile again (not cacheable)"] = time.perf_counter() - t
-                return bpf
+                return compile_whole("uncached", "compile again (not cacheable)", t)
             self.bpf_cache = "miss"
         else:
             self.bpf_cache = "hit"
@@ -300,12 +299,7 @@ class Program:
         if bpf is None or not bpfcache.same_tables(bpfcache.table_signature(bpf.module), entry["tables"]):
             if bpf is not None:
                 bpf.cleanup()  # the maps-only source declares other maps: never trust the entry
-            self.bpf_cache = "uncached"
-            with bcclight.light(bcc):
-                bpf = bcc.BPF(text=text, cflags=cflags(self.pid))
-            fill_sys_tails(bcc, bpf)
-            self.timings["compile (tables differ from the cache's)"] = time.perf_counter() - t
-            return bpf
+            return compile_whole("uncached", "compile (tables differ from the cache's)", t)
         if self.bpf_cache == "miss":
             bpfcache.save(key, entry)
         self.timings[f"maps + tracepoints (cache {self.bpf_cache})"] = time.perf_counter() - t

@@ -17,11 +17,10 @@ from ..base.cc import CompileError, compile_c
 AGENT_DIR = Path(__file__).resolve().parent / "agent"
 AGENT_SOURCES = (AGENT_DIR / "agent.c", AGENT_DIR / "agent.h")
 AGENT_NAME = "allocscope-agent.so"
-AGENT_CFLAGS = [
+# How agent.c's code is compiled (bench/agent_free.py compiles it into its harness with these).
+AGENT_CODE_CFLAGS = [
     "-O2",
     "-fPIC",
-    "-shared",
-    "-nostdlib",
     "-ffreestanding",
     "-fno-builtin",
     "-fno-stack-protector",
@@ -35,6 +34,11 @@ AGENT_CFLAGS = [
     "-Wall",
     "-Wextra",
     "-Werror",
+]
+AGENT_CFLAGS = [
+    *AGENT_CODE_CFLAGS,
+    "-shared",
+    "-nostdlib",
     "-Wl,-z,norelro",
     "-Wl,-z,noexecstack",
     "-Wl,--build-id=none",

@@ -34,6 +34,25 @@ from .trace_tables import (
 )
 
 
+def memory_columns(
+    mem: dict, heap_live: int, heap_peak: int, mm_live: int, cuda_host: int, dev_live: int, dev_peak: int
+) -> dict:
+    """An interval row's memory columns, in the schema's order: the RSS figures of
+    procfs.rss (-1 where not read) and the probes' totals."""
+    return {
+        **{
+            k: mem.get(k, -1) for k in ("rss_bytes", "rss_anon_bytes", "rss_file_bytes", "rss_shmem_bytes", "hwm_bytes")
+        },
+        "heap_live_bytes": heap_live,
+        "heap_peak_bytes": heap_peak,
+        "mmap_live_bytes": mm_live,
+        "cuda_host_live_bytes": cuda_host,
+        "device_live_bytes": dev_live,
+        "device_peak_bytes": dev_peak,
+        "live_bytes": heap_live + mm_live + cuda_host,
+    }
+
+
 @dataclass
 class Snapshot:
     """What an observer (allocscope top) is handed after each interval."""
@@ -104,17 +123,7 @@ class Snapshots:
             "seq": seq,
             "ts_ns": p.ts_ns,
             "elapsed_s": (p.ts_ns - rec.t0_ns) / 1e9,
-            **{
-                k: mem.get(k, -1)
-                for k in ("rss_bytes", "rss_anon_bytes", "rss_file_bytes", "rss_shmem_bytes", "hwm_bytes")
-            },
-            "heap_live_bytes": heap_live,
-            "heap_peak_bytes": heap_peak,
-            "mmap_live_bytes": mm_live,
-            "cuda_host_live_bytes": cuda_host,
-            "device_live_bytes": dev_live,
-            "device_peak_bytes": dev_peak,
-            "live_bytes": heap_live + mm_live + cuda_host,
+            **memory_columns(mem, heap_live, heap_peak, mm_live, cuda_host, dev_live, dev_peak),
             "live_count": counters["n_allocs"]
             - counters["n_frees"]
             + reg_count
@@ -284,18 +293,7 @@ class Snapshots:
             "seq": seq,
             "ts_ns": now,
             "elapsed_s": (now - rec.t0_ns) / 1e9,
-            "rss_bytes": mem.get("rss_bytes", -1),
-            "rss_anon_bytes": mem.get("rss_anon_bytes", -1),
-            "rss_file_bytes": mem.get("rss_file_bytes", -1),
-            "rss_shmem_bytes": mem.get("rss_shmem_bytes", -1),
-            "hwm_bytes": mem.get("hwm_bytes", -1),
-            "heap_live_bytes": heap_live,
-            "heap_peak_bytes": heap_peak,
-            "mmap_live_bytes": mm_live,
-            "cuda_host_live_bytes": cuda_host,
-            "device_live_bytes": dev_live,
-            "device_peak_bytes": dev_peak,
-            "live_bytes": heap_live + mm_live + cuda_host,
+            **memory_columns(mem, heap_live, heap_peak, mm_live, cuda_host, dev_live, dev_peak),
             "live_count": heap_count + mm_count,
             "target_alive": int(alive),
             "arena_resident_bytes": arena_res,
