@@ -37,6 +37,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+from benchlib import write_lines  # noqa: E402
+
 from tracer.inject.agent import AGENT_CODE_CFLAGS  # noqa: E402
 
 CFLAGS = [*AGENT_CODE_CFLAGS, "-c"]  # the tracer's own flags for agent.c
@@ -234,8 +236,7 @@ def main() -> int:
                     f"{statistics.median(na['after']):.1f} |"
                 )
         say(f"\nLoad average at the end: {load()}; {time.monotonic() - t0:.0f} s.")
-    if a.out:
-        Path(a.out).write_text("\n".join(lines) + "\n")
+    write_lines(a.out, lines)
     return 0
 
 

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests"))
-from benchlib import attach_allocscope, read_line, sched_cpu, stop_process  # noqa: E402
+from benchlib import attach_allocscope, read_line, sched_cpu, stop_process, write_lines  # noqa: E402
 
 
 def stats(p: subprocess.Popen) -> dict:
@@ -179,8 +179,7 @@ def main() -> int:
                 cells.append(f"{statistics.median(v):.2%} ({min(v):.2%}–{max(v):.2%})")
             say(f"| {c} | {' | '.join(cells)} |")
     say(f"\nLoad average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.")
-    if a.out:
-        Path(a.out).write_text("\n".join(lines) + "\n")
+    write_lines(a.out, lines)
     return 0
 
 
