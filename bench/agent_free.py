@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
-from benchlib import write_lines  # noqa: E402
+from benchlib import perf_by_symbol, write_lines  # noqa: E402
 
 from tracer.inject.agent import AGENT_CODE_CFLAGS  # noqa: E402
 
@@ -96,12 +96,7 @@ def attributed(exe: Path, args: list[str], calls: dict[str, int], freq: int, td:
         check=True,
         capture_output=True,
     )
-    rep = subprocess.run(
-        ["perf", "report", "-i", str(data), "--stdio", "-n", "--sort", "sym"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    rep = perf_by_symbol(data)
     samples: dict[str, int] = {}
     for line in rep.splitlines():
         w = line.split()

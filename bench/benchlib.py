@@ -171,6 +171,16 @@ def record_cmd(python: str | Path, pid: int | str, out: Path, *args: str) -> lis
     return [str(python), "-m", "allocscope", "record", "-q", "--pid", str(pid), "-o", str(out), *args]
 
 
+def perf_by_symbol(data: Path) -> str:
+    """`perf report` of the recording `data`, by symbol with sample counts, as text."""
+    return subprocess.run(
+        ["perf", "report", "-i", str(data), "--stdio", "-n", "--sort", "sym"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
 def write_lines(path: str | Path | None, lines: list[str]) -> None:
     """The lines a script printed, one a line, into `path` (its --out); nothing without one."""
     if path:
