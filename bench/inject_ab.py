@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests"))
-from benchlib import attach_allocscope, read_line, sched_cpu, stop_process, perf_by_symbol, write_lines  # noqa: E402
+from benchlib import attach_allocscope, perf_by_symbol, read_line, sched_cpu, stop_process, write_lines  # noqa: E402
 
 
 def stats(p: subprocess.Popen) -> dict:
