@@ -37,6 +37,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+from benchlib import perf_by_symbol, write_lines  # noqa: E402
+
 from tracer.inject.agent import AGENT_CODE_CFLAGS  # noqa: E402
 
 CFLAGS = [*AGENT_CODE_CFLAGS, "-c"]  # the tracer's own flags for agent.c
@@ -94,12 +96,7 @@ def attributed(exe: Path, args: list[str], calls: dict[str, int], freq: int, td:
         check=True,
         capture_output=True,
     )
-    rep = subprocess.run(
-        ["perf", "report", "-i", str(data), "--stdio", "-n", "--sort", "sym"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    rep = perf_by_symbol(data)
     samples: dict[str, int] = {}
     for line in rep.splitlines():
         w = line.split()
@@ -234,8 +231,7 @@ def main() -> int:
                     f"{statistics.median(na['after']):.1f} |"
                 )
         say(f"\nLoad average at the end: {load()}; {time.monotonic() - t0:.0f} s.")
-    if a.out:
-        Path(a.out).write_text("\n".join(lines) + "\n")
+    write_lines(a.out, lines)
     return 0
 
 

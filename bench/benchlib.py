@@ -166,6 +166,27 @@ def settle(mon: TracerMonitor, quiet: float = 0.05, window: float = 0.5, limit: 
         last = now
 
 
+def record_cmd(python: str | Path, pid: int | str, out: Path, *args: str) -> list[str]:
+    """The command line `allocscope record -q --pid PID -o OUT ARGS`, run by `python`."""
+    return [str(python), "-m", "allocscope", "record", "-q", "--pid", str(pid), "-o", str(out), *args]
+
+
+def perf_by_symbol(data: Path) -> str:
+    """`perf report` of the recording `data`, by symbol with sample counts, as text."""
+    return subprocess.run(
+        ["perf", "report", "-i", str(data), "--stdio", "-n", "--sort", "sym"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def write_lines(path: str | Path | None, lines: list[str]) -> None:
+    """The lines a script printed, one a line, into `path` (its --out); nothing without one."""
+    if path:
+        Path(path).write_text("\n".join(lines) + "\n")
+
+
 def attach_allocscope(
     pid: int, out: Path, args: list[str], python: str | Path, cwd: str | Path, timeout: float = 300
 ) -> tuple[subprocess.Popen, TracerMonitor]:
@@ -173,7 +194,7 @@ def attach_allocscope(
     it has attached, written its first snapshot (maps, build IDs: start-up work too) and gone
     idle. Raises TrialError with its last line of stderr when it fails or does not attach."""
     proc = subprocess.Popen(
-        [str(python), "-m", "allocscope", "record", "-q", "--pid", str(pid), "-o", str(out), *args],
+        record_cmd(python, pid, out, *args),
         cwd=str(cwd),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchlib import write_lines
 from elftools.elf.elffile import ELFFile
 
 from tracer.unwind import native as cfirows
@@ -96,8 +97,7 @@ def main() -> None:
         )
         lines.append(line)
         print(line, flush=True)
-    if a.out:
-        Path(a.out).write_text("\n".join(lines) + "\n")
+    write_lines(a.out, lines)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests"))
-from benchlib import attach_allocscope, read_line, sched_cpu, stop_process  # noqa: E402
+from benchlib import attach_allocscope, perf_by_symbol, read_line, sched_cpu, stop_process, write_lines  # noqa: E402
 
 
 def stats(p: subprocess.Popen) -> dict:
@@ -38,12 +38,7 @@ def stats(p: subprocess.Popen) -> dict:
 
 def hook_shares(data: Path) -> dict[str, float]:
     """Share of the process's perf samples in each of the agent's hooks (as_h_*)."""
-    rep = subprocess.run(
-        ["perf", "report", "-i", str(data), "--stdio", "-n", "--sort", "sym"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    rep = perf_by_symbol(data)
     total, out = 0, {}
     for line in rep.splitlines():
         w = line.split()
@@ -179,8 +174,7 @@ def main() -> int:
                 cells.append(f"{statistics.median(v):.2%} ({min(v):.2%}–{max(v):.2%})")
             say(f"| {c} | {' | '.join(cells)} |")
     say(f"\nLoad average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.")
-    if a.out:
-        Path(a.out).write_text("\n".join(lines) + "\n")
+    write_lines(a.out, lines)
     return 0
 
 

@@ -247,6 +247,13 @@ class Tracer:
 # the two daemons
 
 
+def end_trial(tr: Tracer | None, srv: subprocess.Popen) -> None:
+    """A trial's cleanup, whatever happened: the tracer (if any) and the target killed."""
+    if tr is not None:
+        tr.kill()
+    stop_process(srv, signal.SIGKILL, 30)
+
+
 def redis_cmd(port: int, cmd: str) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(cmd.encode() + b"\r\n")
@@ -360,18 +367,13 @@ class Redis:
             }
             if mode in ESTIMATED:
                 res["truth"] = used_memory(port) - used0
-            if tr is not None:
-                res["meta"] = tr.finish()
-                if mode in ESTIMATED and self.b.estimates:
-                    res["estimate"] = self.b.estimate(tr.trace, None)
+            self.b.finish_trace(res, tr, mode, None)
             stop_process(srv, signal.SIGTERM, 60)
             if tr is not None:
                 tr.after_target_exit()
             return res
         finally:
-            if tr is not None:
-                tr.kill()
-            stop_process(srv, signal.SIGKILL, 30)
+            end_trial(tr, srv)
 
 
 class Rustd:
@@ -419,10 +421,7 @@ class Rustd:
             }
             if mode in ESTIMATED:
                 res["truth"] = s1["cache_bytes"]
-            if tr is not None:
-                res["meta"] = tr.finish()
-                if mode in ESTIMATED and self.b.estimates:
-                    res["estimate"] = self.b.estimate(tr.trace, "cache_entry")
+            self.b.finish_trace(res, tr, mode, "cache_entry")
             stop_process(srv, signal.SIGTERM, 60)
             if srv.returncode != 0:
                 raise TrialError(f"rustd exited {srv.returncode}")
@@ -430,9 +429,7 @@ class Rustd:
                 tr.after_target_exit()
             return res
         finally:
-            if tr is not None:
-                tr.kill()
-            stop_process(srv, signal.SIGKILL, 30)
+            end_trial(tr, srv)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -496,6 +493,13 @@ class Bench:
     def say(self, line: str = "") -> None:
         print(line, flush=True)
         self.lines.append(line)
+
+    def finish_trace(self, res: dict, tr: Tracer | None, mode: str, function: str | None) -> None:
+        """A traced trial's tracer stopped: its meta (and, where estimated, the estimate) into `res`."""
+        if tr is not None:
+            res["meta"] = tr.finish()
+            if mode in ESTIMATED and self.estimates:
+                res["estimate"] = self.estimate(tr.trace, function)
 
     def estimate(self, trace: Path, function: str | None) -> dict:
         p = subprocess.run(
@@ -696,9 +700,7 @@ def syscall_tax(b: Bench, rounds: int, calls: int, best: int) -> list[str]:
             except TrialError as e:
                 print(f"  syscall tax round {r + 1} {c}: failed: {e}", flush=True)
             finally:
-                if tr is not None:
-                    tr.kill()
-                stop_process(srv, signal.SIGKILL, 30)
+                end_trial(tr, srv)
             print(
                 f"  tax round {r + 1} {c}: getppid {res[c][-1] if res[c] else '-'} ns, "
                 f"hand-off {sw[c][-1] if sw[c] else '-'} ns",
@@ -817,9 +819,7 @@ def sigkill_check(b: Bench, wl) -> str:
     except (TrialError, OSError, subprocess.CalledProcessError) as e:
         return f"{wl.name}: SIGKILL check failed: {e}"
     finally:
-        if tr is not None:
-            tr.kill()
-        stop_process(srv, signal.SIGKILL, 30)
+        end_trial(tr, srv)
 
 
 def wl_port(srv: subprocess.Popen) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+from benchlib import record_cmd  # noqa: E402
 
 
 def main() -> None:
@@ -44,21 +45,7 @@ def main() -> None:
             line = p.stdout.readline().split()
             out = Path(td) / f"r{blk}.allocscope"
             subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "allocscope",
-                    "record",
-                    "-q",
-                    "--pid",
-                    line[1],
-                    "-o",
-                    str(out),
-                    "--duration",
-                    str(args.seconds),
-                    "--interval",
-                    "0.5",
-                ],
+                record_cmd(sys.executable, line[1], out, "--duration", str(args.seconds), "--interval", "0.5"),
                 cwd=str(ROOT),
                 check=True,
                 stdout=subprocess.DEVNULL,

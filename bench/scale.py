@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import record_cmd
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
@@ -41,23 +43,17 @@ def main() -> None:
         pid = gen.stdout.readline().split()[1]
         out = Path(args.keep or td) / "scale.allocscope"
         tr = subprocess.Popen(
-            [
+            record_cmd(
                 sys.executable,
-                "-m",
-                "allocscope",
-                "record",
-                "-q",
-                "--pid",
                 pid,
-                "-o",
-                str(out),
+                out,
                 "--max-live",
                 str(int(args.n * 1.25) + 65536),
                 "--interval",
                 "2",
                 "--unwind",
                 "fp",
-            ],
+            ),
             cwd=str(ROOT),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

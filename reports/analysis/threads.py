@@ -39,14 +39,13 @@ def split_device(st: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+# a thread's (or thread group's) host-memory columns, in both tables
+HOST_COLUMNS = ["live_bytes", "live_count", "peak_live_bytes", "alloc_bytes", "alloc_count"]
+
 THREAD_COLUMNS = [
     "tid",
     "name",
-    "live_bytes",
-    "live_count",
-    "peak_live_bytes",
-    "alloc_bytes",
-    "alloc_count",
+    *HOST_COLUMNS,
     "device_live_bytes",
     "device_live_count",
     "device_peak_bytes",
@@ -90,11 +89,7 @@ def thread_group(name: str) -> str:
 THREAD_GROUP_COLUMNS = [
     "group",
     "threads",
-    "live_bytes",
-    "live_count",
-    "peak_live_bytes",
-    "alloc_bytes",
-    "alloc_count",
+    *HOST_COLUMNS,
     "device_live_bytes",
     "device_peak_bytes",
 ]

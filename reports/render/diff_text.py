@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..units import human_bytes, human_delta
 from .shared import (
     COLUMN_TITLES,
+    DIFF_ALLOCATOR_HEADERS,
     NOUNS,
     Style,
     collapsed_frames,
@@ -186,14 +187,7 @@ def diff_to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site:
             "  " + line
             for line in table(
                 [
-                    "allocator",
-                    "A retained",
-                    "B retained",
-                    "delta",
-                    "A resident",
-                    "B resident",
-                    "A live",
-                    "B live",
+                    *DIFF_ALLOCATOR_HEADERS,
                     "A before attach",
                     "B before attach",
                     "A released",

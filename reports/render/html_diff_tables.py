@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..units import human_bytes, human_delta
 from .diff_text import ratio_text
 from .html_cells import TOP_SITES_TABLE, bytes_cell, esc, frames_cell, html_table, label_text
-from .shared import COLUMN_TITLES, listed, location_text
+from .shared import COLUMN_TITLES, DIFF_ALLOCATOR_HEADERS, listed, location_text
 
 
 def diff_table(diff_doc: dict) -> str:
@@ -137,14 +137,7 @@ def diff_allocators_table(doc: dict) -> str:
     return (
         html_table(
             [
-                "allocator",
-                "A retained",
-                "B retained",
-                "delta",
-                "A resident",
-                "B resident",
-                "A live",
-                "B live",
+                *DIFF_ALLOCATOR_HEADERS,
                 "A released",
                 "B released",
             ],

@@ -11,6 +11,18 @@ from ..wrappers import frame_name
 LOCATION_FRAME_KEYS = ("function", "module", "file", "line", "call", "inside")
 
 
+# the first columns of a diff's allocator table, text and HTML
+DIFF_ALLOCATOR_HEADERS = [
+    "allocator",
+    "A retained",
+    "B retained",
+    "delta",
+    "A resident",
+    "B resident",
+    "A live",
+    "B live",
+]
+
 SORT_TITLES = {"live": "live bytes", "peak": "peak live bytes", "growth": "growth", "age": "oldest allocation"}
 
 
