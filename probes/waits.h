@@ -7,8 +7,10 @@
  * threshold (`wait_cfg[0]`, ns, set by the tracer: --wait-min), else only counted. No ring event:
  * the tracer reads `waits` and the threads blocked now (`offcpu`) each interval.
  *
- * Cost: the program runs on every context switch of the machine. For other processes it is one
- * hash lookup (is the incoming task a blocked target thread?) and a compare; for a target thread
+ * Cost: the program runs on every context switch of the machine. As a raw tracepoint (the task
+ * offsets from the kernel's BTF) it costs other processes one read of the incoming task's tgid and
+ * a compare, no tracepoint record filled; the classic tracepoint (no BTF) fills the record and
+ * makes one hash lookup (is the incoming task a blocked target thread?). For a target thread
  * that blocks, its user stack — the same as one of its last AS_WAIT_WAYS waits' (same ip, sp, bp:
  * an event loop, a worker blocking in the same few calls) is taken from `wait_memo`, not unwound
  * again. A stack cut short is not kept there: the module it stopped at may have its unwind rows
@@ -95,6 +97,36 @@ static __always_inline u64 wait_stack(void *ctx, u32 tid)
     w->stack_id = sid;
     m->next += 1; /* the thread's own entry: nobody else writes it */
     return sid;
+}
+
+/* A raw sched_switch's prev_state as the classic tracepoint reports it (1 sleeping, S; 2
+ * uninterruptible, D; 0 anything else: idle kernel waits, stopped, traced, exiting), the way
+ * __trace_sched_switch_state folds it (TASK_REPORT bits; TASK_IDLE apart; RTLOCK_WAIT as D). */
+static __always_inline long switch_state(u32 raw)
+{
+    if ((raw & 0x402) == 0x402) /* TASK_IDLE: TASK_UNINTERRUPTIBLE | TASK_NOLOAD */
+        return 0;
+    if (raw & 0x1000) /* TASK_RTLOCK_WAIT */
+        return 2;
+    u32 m = raw & 0x7f; /* TASK_REPORT */
+    if (m == 1)
+        return 1;
+    return m == 2 || m == 3 ? 2 : 0;
+}
+
+/* A target thread blocks (current, switched out in `state`): when, and its user stack. */
+static __always_inline int wait_began(void *ctx, long state)
+{
+    u32 zero = 0;
+    u64 *min = wait_cfg.lookup(&zero);
+    if (!min || *min == 0)
+        return 0;
+    struct as_offcpu w = {.ts_ns = bpf_ktime_get_ns(), .state = (u32)state};
+    u32 tid = current_tid();
+    count(AS_CNT_WAITS, 1);
+    w.stack_id = wait_stack(ctx, tid);
+    offcpu.update(&tid, &w);
+    return 0;
 }
 
 #endif /* AS_WAITS_H */

@@ -10,6 +10,7 @@ that time themselves (CLOCK_MONOTONIC around the call).
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 
@@ -43,6 +44,9 @@ def test_waits_holdings_and_freeing_costs(targets, tmp_path):
     out = tmp_path / "waits.allocscope"
     p = cli("record", "-q", "-o", str(out), "--interval", "0.25", "--", str(targets["waits"]), check=True)
     own = _own(p.stdout)
+    # the box-wide programs run raw (no tracepoint record filled per context switch or flush)
+    probes = json.loads((out / "meta.json").read_text())["probes"]
+    assert probes["raw_tracepoints"] == ["sched:sched_switch", "tlb:tlb_flush"], probes["tracepoints"]
     rep = report_json(out)
     w = rep["waits"]
     assert w["traced"] and w["wait_min_ms"] == 1.0 and w["lost"] == 0

@@ -49,6 +49,7 @@ class AttachReport:
     aliases: dict[str, str] = field(default_factory=dict)  # symbol -> symbol sharing its address
     skipped: dict[str, str] = field(default_factory=dict)  # symbol -> reason
     tracepoints: list[str] = field(default_factory=list)
+    raw_tracepoints: list[str] = field(default_factory=list)  # of those, attached raw (no record filled)
     placement: dict[str, str] = field(default_factory=dict)  # symbol -> where its entry probe sits
     cuda: dict = field(default_factory=dict)  # the CUDA driver's probes (tracer.allocators.cuda)
     allocators: list = field(default_factory=list)  # every allocator: allocators.discovery.Plan.as_dict
@@ -86,6 +87,8 @@ class Uprobes:
                 + ([("kmem", "rss_stat")] if program.rss_tracepoint else [])
             ]
         )
+        raw = {tp.decode() for tp in program.bpf.raw_tracepoint_fds}
+        self.report.raw_tracepoints = [tp for tp in self.report.tracepoints if tp.split(":")[-1] in raw]
         self._addressed: list[tuple] = []  # (path, file offset, map, value): written once mapped
         self._xol = 0  # the start of the target's [uprobes] page written to xol_cfg
 

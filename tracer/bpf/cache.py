@@ -282,7 +282,7 @@ def extract(module) -> dict | None:
     funcs = {}
     for k in range(lib.as_bpf_num_functions(module)):
         name = lib.as_bpf_function_name(module, k)
-        if name.startswith(AUTOLOADED) and not name.startswith(b"tracepoint__"):
+        if name.startswith(AUTOLOADED) and not name.startswith((b"tracepoint__", b"raw_tracepoint__")):
             return None  # BCC would attach it at load: only tracepoints are attached from the cache
         start, size = lib.as_bpf_function_start(module, name), lib.as_bpf_function_size(module, name)
         if not start or size % 8:

@@ -13,7 +13,8 @@ import ctypes as ct
 from dataclasses import dataclass
 from functools import lru_cache
 
-BTF_KIND_ARRAY, BTF_KIND_STRUCT, BTF_KIND_UNION, BTF_KIND_ENUM = 3, 4, 5, 6
+BTF_KIND_PTR, BTF_KIND_ARRAY, BTF_KIND_STRUCT, BTF_KIND_UNION, BTF_KIND_ENUM = 2, 3, 4, 5, 6
+BTF_KIND_TYPEDEF, BTF_KIND_FUNC_PROTO = 8, 13
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,18 @@ class _Btf:
             raise LookupError(f"BTF type {tid} is not an array")
         elem, _index, nelems = (ct.c_uint32 * 3).from_address(p + 12)
         return elem, nelems
+
+    def proto_params(self, typedef: str) -> int:
+        """The number of parameters of the function-pointer typedef `typedef` (a raw tracepoint's
+        btf_trace_<event>: its first is the context, the rest the tracepoint's arguments)."""
+        tid = self.resolve(self.find(typedef, BTF_KIND_TYPEDEF))
+        _p, _name, kind, _vlen, _kflag, target = self._type(tid)
+        if kind == BTF_KIND_PTR:
+            tid = target
+        _p, _name, kind, vlen, *_ = self._type(tid)
+        if kind != BTF_KIND_FUNC_PROTO:
+            raise LookupError(f"{typedef} is not a function pointer")
+        return vlen
 
     def enumerator(self, value_name: str) -> int:
         """The value of an enumerator, whatever (possibly anonymous) enum declares it."""
@@ -246,6 +259,37 @@ def fsbase_offset() -> list[str]:
     return _btf_flags(
         lambda off: [f"-DAS_OFF_TASK_FSBASE={off('task_struct', 'thread') + off('thread_struct', 'fsbase')}"]
     )
+
+
+@lru_cache(maxsize=1)
+def switch_offsets() -> tuple[str, ...]:
+    """-D flags for the raw sched_switch program (probes/waits.bpf.c): task_struct.pid and .tgid
+    (the incoming task is looked at only when it is the target's), and where the outgoing task's
+    state is: the raw tracepoint's fourth argument (bool preempt, prev, next, unsigned int
+    prev_state; 5.18+), else task_struct.__state (AS_OFF_TASK_STATE). () when the BTF lacks one:
+    the classic sched:sched_switch tracepoint serves instead."""
+    try:
+        btf = _Btf()
+    except OSError:
+        return ()
+    try:
+        task = btf.find("task_struct", BTF_KIND_STRUCT)
+        flags = [f"-DAS_OFF_TASK_PID={btf.member(task, 'pid')[0]}", f"-DAS_OFF_TASK_TGID={btf.member(task, 'tgid')[0]}"]
+        try:
+            if btf.proto_params("btf_trace_sched_switch") >= 5:
+                return (*flags, "-DAS_SWITCH_STATE_ARG=1")
+        except LookupError:
+            pass
+        for field in ("__state", "state"):
+            try:
+                return (*flags, f"-DAS_OFF_TASK_STATE={btf.member(task, field)[0]}")
+            except LookupError:
+                continue
+        return ()
+    except LookupError:
+        return ()
+    finally:
+        btf.close()
 
 
 def char_major(name: str, devices: str = "/proc/devices") -> int:

@@ -89,8 +89,12 @@ class Probes:
         t[t.Key(0)] = t.Leaf(wait_min)
         if not wait_min:  # not traced: no program on every context switch of the machine
             try:
-                self.bpf.detach_tracepoint(tp=b"sched:sched_switch")
+                if b"sched_switch" in self.bpf.raw_tracepoint_fds:
+                    self.bpf.detach_raw_tracepoint(tp=b"sched_switch")
+                else:
+                    self.bpf.detach_tracepoint(tp=b"sched:sched_switch")
                 self.report.tracepoints = [x for x in self.report.tracepoints if x != "sched:sched_switch"]
+                self.report.raw_tracepoints = [x for x in self.report.raw_tracepoints if x != "sched:sched_switch"]
             except Exception:  # noqa: BLE001 (BCC's bare Exception): it stays, returning at once
                 pass
         if self.program.rss_tracepoint:

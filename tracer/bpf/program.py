@@ -127,11 +127,12 @@ def cached_bpf(
     with bcclight.light(bcc):
         bpf = CachedBPF(text=maps_text, cflags=cflags)
     tps = [name.encode() for name in entry["funcs"] if name.startswith("tracepoint__")]
+    raws = [name.encode() for name in entry["funcs"] if name.startswith("raw_tracepoint__")]
     # The verifier runs in the loading thread, and libbcc's call releases the GIL: the programs
     # known to be needed are verified two at a time. A failure here is left for the load that
     # needs the program (it raises there, as it would have without this).
     sys = [(n, bcc.BPF.TRACEPOINT) for n in SYS_TAILS if n.decode() in entry["funcs"]]
-    todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + sys
+    todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + [(b, bcc.BPF.RAW_TRACEPOINT) for b in raws] + sys
     todo += [item for item in preload if item[0].decode() in entry["funcs"]]
 
     def try_load(item) -> None:
@@ -149,6 +150,8 @@ def cached_bpf(
         if skip_sys and b.startswith(SYS_TP_PREFIX):
             continue  # --inject: attached later, only for the mmap-family calls the agent could not hook
         bpf.attach_tracepoint(tp=b[len(b"tracepoint__") :].replace(b"__", b":"), fn_name=b)
+    for b in raws:
+        bpf.attach_raw_tracepoint(tp=b[len(b"raw_tracepoint__") :], fn_name=b)
     return bpf
 
 

@@ -13,7 +13,7 @@ from ..base import layout as L
 from ..base.options import RecordOptions
 from ..unwind.rows import UNWIND_STEPS
 from ..unwind.unwinder import MODULE_SLOTS
-from .kernel_btf import char_major, file_offsets, fsbase_offset, return_probe_offsets, rss_offsets
+from .kernel_btf import char_major, file_offsets, fsbase_offset, return_probe_offsets, rss_offsets, switch_offsets
 
 
 def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoint: bool) -> list[str]:
@@ -45,6 +45,7 @@ def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoin
     # --inject: the agent's thread table says which mmap/brk an allocator makes (compiled in every
     # variant, idle without an agent: an --inject recording shares the program of a sampled one)
     flags += fsbase_offset()
+    flags += switch_offsets()  # the raw sched_switch program (else the classic tracepoint)
     if unwind == "dwarf":
         flags += return_probe_offsets()
         flags += [

@@ -49,6 +49,7 @@ def trace_meta(rec, complete: bool) -> dict:
             "aliases": rep.aliases,
             "skipped": rep.skipped,
             "tracepoints": rep.tracepoints,
+            "raw_tracepoints": rep.raw_tracepoints,
             "placement": rep.placement,
             "cuda": rep.cuda,
             "allocators": rep.allocators,
