@@ -383,6 +383,7 @@ def record(
             target.child.kill()  # never leave a launched child blocked before exec
         raise
     finally:
+        target.close()  # its pidfd
         if target.release_fd >= 0:
             os.close(target.release_fd)
             target.release_fd = -1
