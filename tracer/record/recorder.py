@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.errors import AllocscopeError, Interrupted, TargetError
-from common.tracefile.writer import NullWriter, TraceWriter, prepare_output
+from common.tracefile.writer import SYNC_S, NullWriter, TraceWriter, prepare_output
 
 from ..allocators.custom import CustomFn, Located, locate, parse_all
 from ..allocators.discovery import Plan, find_allocators, plan_allocator
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from ..inject.injection import Injection
 
 SRC = L.SOURCE_NAMES
+HOLD_S = SYNC_S  # --inject, intervals of 1 s or more: small parts written together this often (_start_writer)
 BUSY_WAKE_NS = 100_000_000  # the loop's longest sleep while something needs it (_wake_cap)
 IDLE_WAKE_NS = 1_000_000_000  # ... and while nothing does: events, signals and the snapshot wake it
 
@@ -156,7 +157,11 @@ class Recorder:
         """The trace, once the probes are live: only now is an old trace moved to TRACE.old."""
         if self.opts.output:
             prepare_output(self.opts.output, self.opts.force)
-            self.writer = TraceWriter(self.opts.output)
+            # --inject is for daemons that must keep their throughput, and the tracer shares their
+            # CPUs: its small parts are held and written every HOLD_S (with the fsync batch), not
+            # one Parquet file per table per interval (issue 33; what a SIGKILL loses: writer.py)
+            hold = HOLD_S if self.opts.inject and self.opts.interval >= 1.0 else 0.0
+            self.writer = TraceWriter(self.opts.output, hold_s=hold)
         self.writer.write_meta(trace_meta(self, False))
 
     def _phase(self, name: str) -> None:
@@ -343,7 +348,6 @@ class Recorder:
                 next_snap += interval_ns
                 if next_snap < now:  # the snapshot took longer than an interval
                     next_snap = now + interval_ns
-
 
     def _wake_cap(self) -> int:
         """The longest the loop sleeps in one poll (ns). Ring events (a peak wake, code mapped,
