@@ -60,6 +60,32 @@ def test_target_alive_uses_the_guard():
         p.wait()
 
 
+def test_target_alive_polls_a_pidfd_not_proc(monkeypatch):
+    """Issue 33: the recorder asks alive() ~3 times a snapshot; after the first (the start-time
+    guard) the answer comes from a pidfd, never /proc/PID/stat again; a zombie and a reaped
+    process are not alive, and stay so."""
+    from tracer.process.target import Target
+
+    p = subprocess.Popen(["sleep", "30"])
+    t = Target(p.pid, procfs.starttime(p.pid), "/bin/sleep", "sleep")
+    reads = []
+    real = procfs.stat_fields
+    monkeypatch.setattr(procfs, "stat_fields", lambda pid: reads.append(pid) or real(pid))
+    try:
+        assert t.alive()
+        assert len(reads) == 1  # the guard, once
+        assert all(t.alive() for _ in range(50)) and len(reads) == 1
+        p.kill()
+        deadline = time.monotonic() + 5
+        while procfs.state(p.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not t.alive() and not t.readable()  # a zombie, not reaped yet
+    finally:
+        p.wait()
+    assert not t.alive()
+    t.close()
+
+
 def test_check_target_refuses_our_own_pid():
     with pytest.raises(TargetError, match="allocscope itself"):
         procfs.check_target(os.getpid())

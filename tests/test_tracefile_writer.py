@@ -205,3 +205,74 @@ def test_sigkilled_writer_leaves_every_finished_interval(tmp_path):
     assert sorted(set(t.sites["seq"])) == list(range(1, last + 1))
     assert len(t.sites) == sum(1 + s % 50 for s in range(1, last + 1))
     assert t.threads["seq"].tolist() == list(range(1, last + 1))
+
+
+def test_held_parts_read_back_exactly_one_file_per_table_per_hold(tmp_path):
+    """hold_s (issue 33, --inject): small parts are written together every hold_s seconds, the
+    first interval at once; a large part writes what is held first; the trace reads back the
+    same rows as one written part by part, and a reader stops at the last `intervals` part
+    written (what a SIGKILL would leave)."""
+    clock = Clock()
+    held, plain = tmp_path / "h.allocscope", tmp_path / "p.allocscope"
+    wh = TraceWriter(str(held), hold_s=5.0, clock=clock)
+    wp = TraceWriter(str(plain))
+    for w in (wh, wp):
+        w.write_meta({**META, "version": 6})
+    for seq in range(1, 12):
+        for w in (wh, wp):
+            w.write_part("sites", seq, sites(seq, seq if seq != 9 else 20000))  # 9: a large part
+            if seq % 4 == 0:
+                w.write_part(
+                    "flows",
+                    seq,
+                    pa.table(
+                        {
+                            "seq": [seq],
+                            "alloc_tid": [1],
+                            "free_tid": [2],
+                            "bytes": [seq],
+                            "count": [1],
+                            "wait_ns_sum": [0],
+                            "wait_ns_max": [0],
+                        },
+                        schema=F.SCHEMAS["flows"],
+                    ),
+                )
+            w.write_part("intervals", seq, interval(seq))
+        clock.t += 1.0
+        if seq == 7:  # intervals 1 (at once) and 1..6 (t = 5 s) written; 7 held
+            assert load_trace(str(held)).intervals["seq"].tolist() == list(range(1, 7))
+    assert sorted(os.listdir(held / F.PARTS)) == sorted(
+        [F.part_name("sites", 1), F.part_name("intervals", 1)]  # the first interval at once
+        + [F.part_name("sites", 6), F.part_name("flows", 4), F.part_name("intervals", 6)]  # t = 5 s
+        + [F.part_name("sites", 8), F.part_name("flows", 8), F.part_name("intervals", 8)]  # before the large one
+        + [F.part_name("sites", 9)]  # the large part, at once; 9..11 held: a SIGKILL now loses them
+    )
+    assert wh.parts_written == 9 and wp.parts_written == 11 * 2 + 2
+    assert load_trace(str(held)).intervals["seq"].tolist() == list(range(1, 9))  # what a kill leaves
+    for w in (wh, wp):
+        w.write_meta({**META, "version": 6, "complete": True})
+        w.close()
+    a, b = load_trace(str(held)), load_trace(str(plain))
+    assert a.warnings == [] == b.warnings
+    for table in ("intervals", "sites", "flows"):
+        assert getattr(a, table).equals(getattr(b, table)), table
+    assert len(a.sites) == sum(range(1, 12)) - 9 + 20000
+
+
+def test_reader_refuses_a_held_part_with_rows_of_an_earlier_part(tmp_path):
+    """Version 6: a part holds the rows after its table's part before it, up to its name; rows
+    outside that are a foreign part, skipped with a warning (as before for one interval)."""
+    w = TraceWriter(str(tmp_path / "r.allocscope"))
+    w.write_meta({**META, "version": 6, "complete": True})
+    w.write_part("sites", 2, pa.concat_tables([sites(1, 2), sites(2, 1)]))
+    w.write_part("sites", 3, pa.concat_tables([sites(2, 1), sites(3, 1)]))  # 2 belongs to the part before
+    for seq in (1, 2, 3):
+        w.write_part("intervals", seq, interval(seq))
+    w.close()
+    t = load_trace(str(tmp_path / "r.allocscope"))
+    assert t.sites["seq"].tolist() == [1, 1, 2]
+    assert t.warnings == [
+        f"part {F.part_name('sites', 3)} is not a valid sites part, skipped "
+        "(its rows are of interval 2..3, its name says 3)"
+    ]

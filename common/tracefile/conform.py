@@ -129,11 +129,13 @@ INTERVAL_COLUMNS = (
 NULLABLE = {"stacks": {"function", "file", "line"}}
 
 
-def conform_part(table: str, tab, schemas: dict, seq: int | None = None):
+def conform_part(table: str, tab, schemas: dict, seq: int | None = None, after: int | None = None):
     """`tab` (one part of `table`, named with interval `seq`) with the table's columns and types,
     rows with missing values dropped: (table, rows dropped). Raises ValueError saying why when
     the part does not hold that table (wrong columns, values that do not fit the types, rows of
-    another interval than its name says: the tracer writes each part's rows with its own seq).
+    other intervals than its name says: a part holds rows of the intervals after `after` (the
+    seq of its table's part before it; None: seq - 1) up to `seq` — one interval up to version 5,
+    several when the writer held them, version 6).
     Tables without a fixed schema (intervals: its counters vary) only need an integer `seq`."""
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.compute as pc  # noqa: PLC0415
@@ -180,8 +182,10 @@ def conform_part(table: str, tab, schemas: dict, seq: int | None = None):
         check = list(INTERVAL_COLUMNS)
     if seq is not None and "seq" in tab.column_names and tab.num_rows:
         lo, hi = pc.min(tab["seq"]).as_py(), pc.max(tab["seq"]).as_py()
-        if (lo is not None and lo != seq) or (hi is not None and hi != seq):
-            raise ValueError(f"its rows are of interval {lo}..{hi}, its name says {seq}")
+        first = seq if after is None else after + 1
+        if (lo is not None and lo < first) or (hi is not None and hi > seq):
+            want = str(seq) if first >= seq else f"{first}..{seq}"
+            raise ValueError(f"its rows are of interval {lo}..{hi}, its name says {want}")
     keep = None
     for c in check:
         if tab[c].null_count:

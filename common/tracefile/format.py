@@ -1,11 +1,14 @@
-"""The trace format (version 5, `VERSION` below; older traces stay readable): a directory, written
+"""The trace format (version 6, `VERSION` below; older traces stay readable): a directory, written
 by the tracer, read by reports.
 
     TRACE/
       meta.json                   format, version, target, labels, probes, clock; `complete` last
       parts/<table>-<seq>.parquet one Parquet file per table per interval, written under a
                                   temporary name and renamed, so a file that exists is whole
-                                  (codec and encodings vary: small parts are plain, writer.py)
+                                  (codec and encodings vary: small parts are plain, writer.py);
+                                  from version 6 a part may hold the rows of several intervals:
+                                  those after its table's part before it, up to <seq> (the
+                                  writer held them, writer.py hold_s)
 
 Tables (columns; `seq` is the interval number, 1-based):
   intervals  seq, ts_ns, elapsed_s, rss_bytes, rss_anon_bytes, rss_file_bytes, rss_shmem_bytes,
@@ -72,8 +75,9 @@ import pyarrow as pa
 
 from .names import FORMAT, META, PARTS  # noqa: F401 (the names live where no pyarrow is imported)
 
-VERSION = 5  # 2: the `releases` table; `events` holds only what went to user space; 3: `allocators`, `purges`;
-# 4: `waits`, `blocked`, releases' duration_ns and stack_id; 5: `census`, intervals.peak_snapshot
+VERSION = 6  # 2: the `releases` table; `events` holds only what went to user space; 3: `allocators`, `purges`;
+# 4: `waits`, `blocked`, releases' duration_ns and stack_id; 5: `census`, intervals.peak_snapshot;
+# 6: a part may hold several intervals' rows (held parts, writer.py)
 # Columns added in a later version, and what they read as in a trace written before it.
 ADDED_COLUMNS: dict[str, dict[str, int]] = {"releases": {"duration_ns": 0, "stack_id": 0}}
 

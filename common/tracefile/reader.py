@@ -223,12 +223,15 @@ def load_trace(path: str, progress=None) -> Trace:
             parts[parsed[0]].append((parsed[1], n))
     meta, warnings = sanitize(meta)  # fields of the wrong type: dropped, with a warning
     frames: dict = {}
+    held = meta.get("version", 0) >= 6  # parts may hold several intervals' rows (writer.py hold_s)
 
     def read(table: str, max_seq: int | None):
         chunks = []
+        after = 0  # a part holds rows of the intervals after its table's part before it (version 6)
         for seq, n in sorted(parts.get(table, [])):
             if max_seq is not None and seq > max_seq:
                 continue
+            after, prev = seq, after
             try:
                 # The live table can hold millions of rows: its few distinct strings are read
                 # as dictionaries (categoricals in pandas), never as one Python string a row.
@@ -237,7 +240,7 @@ def load_trace(path: str, progress=None) -> Trace:
                 warnings.append(f"unreadable part {n} skipped ({str(e).splitlines()[0][:80]})")
                 continue
             try:  # a part holding another table (or damaged values) is skipped, never mixed in
-                chunk, dropped = conform_part(table, chunk, F.SCHEMAS, seq)
+                chunk, dropped = conform_part(table, chunk, F.SCHEMAS, seq, prev if held else None)
             except ValueError as e:
                 warnings.append(f"part {n} is not a valid {table} part, skipped ({e})")
                 continue

@@ -19,6 +19,16 @@ types read back as the same Arrow types): zstd and dictionary pages made them la
 fresh zstd context per column chunk was a tenth of the tracer's CPU. Readers read whatever
 codec the Parquet footer names.
 
+Held parts (hold_s > 0; the recorder asks for it, tracer/record/recorder.py): small parts are kept
+in memory and written together every `hold_s` seconds, at the end of an interval (its
+`intervals` part last), one part per table holding the rows of all the intervals since the last
+write, named with the last of them (the trace format's version 6); a large part, a streamed one,
+sync(), write_meta() and close() write what is held first. Each Parquet file costs ~0.1 ms of
+CPU to write whatever its rows (the `intervals` part, ~70 columns, ~0.8 ms), so holding 4 s cuts
+the writer's CPU about fourfold. What a SIGKILL loses on top: the intervals finished since the
+last write (less than hold_s seconds of them); the trace still reads whole up to the one before.
+The first interval is written at once (a trace exists as soon as the recording does).
+
 Files are created 0600 inside a 0700 directory, never through a symlink, and the writer never
 replaces a path that is not an allocscope trace.
 """
@@ -42,6 +52,7 @@ from .paths import check_output, is_trace_dir, prepare_output  # noqa: F401 (the
 
 SYNC_S = 5.0  # seconds between batched fsyncs of the parts (power-loss durability; 0: every part)
 SMALL_PART_BYTES = 64 << 10  # parts under this (Arrow bytes) are written plain
+HOLD_BYTES = 4 << 20  # held parts (Arrow bytes) past this are written at the interval's end, whatever hold_s
 SMALL_PART_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False, "store_schema": False}
 
 
@@ -55,7 +66,12 @@ def parquet_options(table: str, nbytes: int | None, small_part_bytes: int = SMAL
 
 class TraceWriter:
     def __init__(
-        self, path: str, sync_s: float = SYNC_S, small_part_bytes: int = SMALL_PART_BYTES, clock=time.monotonic
+        self,
+        path: str,
+        sync_s: float = SYNC_S,
+        small_part_bytes: int = SMALL_PART_BYTES,
+        clock=time.monotonic,
+        hold_s: float = 0.0,
     ) -> None:
         self.path = path
         try:
@@ -76,6 +92,11 @@ class TraceWriter:
         self._pool: ThreadPoolExecutor | None = None  # the fsync thread, started with the first batch
         self._batch: Future | None = None  # the batch it is fsyncing
         self.syncs = 0  # batches fsynced (tests, bench)
+        self.hold_s = hold_s
+        self._held: list[tuple[str, int, pa.Table]] = []  # (table, seq, part) not written yet, in order
+        self._held_bytes = 0
+        self._written_at: float | None = None  # when held intervals were last written (None: never)
+        self.parts_written = 0  # Parquet files (tests, bench)
 
     def _fail(self, name: str, e: OSError) -> OutputError:
         if e.errno == errno.ENOSPC or "No space left" in str(e):
@@ -153,10 +174,49 @@ class TraceWriter:
     def write_part(self, table: str, seq: int, data: pa.Table) -> None:
         if data.num_rows == 0 and table != "intervals":
             return
+        nbytes = data.get_total_buffer_size()
+        if self.hold_s > 0 and nbytes < self.small_part_bytes:
+            self._held.append((table, seq, data))
+            self._held_bytes += nbytes
+            if table == "intervals" and (
+                self._written_at is None
+                or self._clock() - self._written_at >= self.hold_s
+                or self._held_bytes >= HOLD_BYTES
+            ):
+                self.write_held()
+            return
+        self.write_held()  # first: a part's rows come after those of its table's part before it
+        self._write(table, seq, data, nbytes)
+
+    def _write(self, table: str, seq: int, data: pa.Table, nbytes: int) -> None:
         buf = io.BytesIO()
-        pq.write_table(data, buf, **parquet_options(table, data.get_total_buffer_size(), self.small_part_bytes))
+        pq.write_table(data, buf, **parquet_options(table, nbytes, self.small_part_bytes))
         name = F.part_name(table, seq)
         self._part_written(table, name, self._atomic_write(self._partsfd, name, buf.getbuffer(), self.sync_s <= 0))
+        self.parts_written += 1
+
+    def write_held(self) -> None:
+        """Write the held parts: per table one part of all its rows, named with its last seq; the
+        `intervals` part last (a reader takes nothing named after the last one)."""
+        if not self._held:
+            return
+        held, self._held, self._held_bytes = self._held, [], 0
+        tables: dict[str, list[tuple[int, pa.Table]]] = {}
+        for table, seq, data in held:
+            tables.setdefault(table, []).append((seq, data))
+        if "intervals" in tables:
+            tables["intervals"] = tables.pop("intervals")  # last
+            self._written_at = self._clock()
+        for table, parts in tables.items():
+            try:
+                data = pa.concat_tables([d for _, d in parts], promote_options="default") if len(parts) > 1 else None
+            except (pa.ArrowException, ValueError, TypeError):  # columns that disagree: one part each
+                data = None
+            if data is None:
+                for seq, d in parts:
+                    self._write(table, seq, d, d.get_total_buffer_size())
+            else:
+                self._write(table, parts[-1][0], data, data.get_total_buffer_size())
 
     def write_part_batches(self, table: str, seq: int, schema: pa.Schema, batches) -> int:
         """Stream record batches (an iterable, consumed once) into one part, one row group per
@@ -164,6 +224,7 @@ class TraceWriter:
         is large). Same guarantees as write_part: temporary name, rename; nothing is written
         when there are no rows. Returns the rows written."""
         rows = 0
+        self.write_held()
 
         def fill(fd: int) -> bool:
             nonlocal rows
@@ -182,7 +243,9 @@ class TraceWriter:
         return rows
 
     def sync(self) -> None:
-        """fsync every part written so far, then their directory; returns when they are on disk."""
+        """Write what is held; fsync every part written so far, then their directory; returns
+        when they are on disk."""
+        self.write_held()
         self._wait_batch()
         names, self._unsynced = self._unsynced, []
         self._synced_at = self._clock()

@@ -51,6 +51,8 @@ class RingEvents:
         elif typ == EV_CODE:
             rec.maps.now()  # a library's code was mapped: read maps now
         elif typ in (EV_NAME, EV_EXIT):
+            if typ == EV_EXIT and ev.ret:  # the last thread: the loop looks at the target at once
+                rec.group_exit = True
             rec.snapshots.threads.event(
                 rec.seq + 1, ts, tid, ev.comm.decode("utf-8", "replace"), "rename" if typ == EV_NAME else "exit"
             )

@@ -229,6 +229,10 @@ class Unwinder:
 
     # -- pending modules -------------------------------------------------------------------
 
+    def waiting(self) -> bool:
+        """Modules are pending: tick() has work every POLL_S (the recorder's loop wakes that often)."""
+        return any(p.module.pending for p in self.pending.values())
+
     def tick(self, force: bool = False) -> bool:
         """Read which pending modules stacks crossed, build them (most-hit first, as many at once
         as the pool has workers and memory allows), load the ones built. At most every POLL_S:
