@@ -157,6 +157,7 @@ def main() -> None:
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="inject-paired-"))
     work.mkdir(parents=True, exist_ok=True)
     b = Bench(a, work)
+    b.cpus.client = b.cpus.client[:1]  # redis-benchmark is one thread: one CPU, no migrations
     load0 = Path("/proc/loadavg").read_text().split()[:3]
     b.say(f"## `--inject` on one running daemon, attached and detached — {time.strftime('%Y-%m-%d %H:%M')}\n")
     b.say(f"Command: `{' '.join(sys.argv)}`\n")
