@@ -51,7 +51,8 @@ for line in sys.stdin:
 
 class Child:
     def __init__(self) -> None:
-        self.p = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        pipe = subprocess.PIPE
+        self.p = subprocess.Popen([sys.executable, "-c", CHILD], stdin=pipe, stdout=pipe, text=True)
         self.pid = self.p.pid
 
     def do(self, *words) -> int:
