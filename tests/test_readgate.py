@@ -189,4 +189,3 @@ def test_without_a_change_count_every_snapshot_reads_once(counted):
             assert snap(s, seq, counted) == (1, 2, 16 * P, 4 * P)
     finally:
         c.close()
-
