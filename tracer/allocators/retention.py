@@ -82,6 +82,7 @@ class AllocatorMeter:
         self.known: dict[int, int] = {}  # untracked ranges seen (start -> end), ours
         self.glibc_chunk: dict[tuple[int, int], bool] = {}  # range -> starts with a glibc mmapped chunk
         self.last: list[tuple] = []
+        self.per: dict[str, list[tuple[int, int]]] = {}  # each allocator's ranges at the last measure
 
     def _glibc(self) -> Owner | None:
         return next((o for o in self.owners if o.kind == "glibc"), None)
@@ -114,7 +115,25 @@ class AllocatorMeter:
     ) -> tuple[list[tuple], float]:
         """Rows (source, kind, mapped_bytes, resident_bytes, live_bytes, ranges) and the ms taken."""
         t0 = time.perf_counter()
-        maps = procfs.read_maps(self.pid) if maps is None else maps
+        self.per = self._ranges(untracked, regions, procfs.read_maps(self.pid) if maps is None else maps)
+        return self._resident(live_by_source), (time.perf_counter() - t0) * 1e3
+
+    def remeasure(self, live_by_source: dict[str, int]) -> tuple[list[tuple], float]:
+        """measure() over the last measure's ranges: when nothing they are made of (the maps, the
+        untracked LRU, the regions) can have changed since (tracer/record/readgate.py)."""
+        t0 = time.perf_counter()
+        return self._resident(live_by_source), (time.perf_counter() - t0) * 1e3
+
+    def relive(self, live_by_source: dict[str, int]) -> list[tuple]:
+        """The last measure's rows with the live bytes of now: when nothing the measure reads
+        can have changed since (tracer/record/readgate.py), its mapped and resident bytes hold."""
+        self.last = [(*r[:4], int(live_by_source.get(r[0], 0)), r[5]) for r in self.last]
+        return self.last
+
+    def _ranges(
+        self, untracked: dict[int, int], regions: list[tuple[int, int]], maps: list[procfs.Mapping]
+    ) -> dict[str, list[tuple[int, int]]]:
+        """Each allocator's own ranges (its source -> merged ranges)."""
         self.known.update(untracked)
         anon = merge_ranges((m.start, m.end) for m in maps if m.is_anonymous)
         mapped = merge_ranges((m.start, m.end) for m in maps)
@@ -152,10 +171,13 @@ class AllocatorMeter:
             finally:
                 if fd >= 0:
                     os.close(fd)
+        return {src: merge_ranges(rs) for src, rs in per.items()}
+
+    def _resident(self, live_by_source: dict[str, int]) -> list[tuple]:
         rows = []
         with resident_meter(self.pid, self.budget) as pm:
             for o in self.owners:
-                rs = merge_ranges(per[o.source])
+                rs = self.per.get(o.source, [])
                 res = sum(pm.resident_many(rs)) if rs else 0
                 rows.append(
                     (
@@ -168,7 +190,7 @@ class AllocatorMeter:
                     )
                 )
         self.last = rows
-        return rows, (time.perf_counter() - t0) * 1e3
+        return rows
 
 
 def live_by_source(sites: dict) -> dict[str, int]:

@@ -29,6 +29,7 @@ from .agent import (
     STATE_DETACHING,
     STATE_UNHOOKED,
     SYS,
+    SYS_FAMILY,
     AgentImage,
     AsConfig,
     InjectError,
@@ -63,6 +64,7 @@ class Injection:
     specs: list[HookSpec] = field(default_factory=list)  # the allocators' entry points to hook
     sys_hook_specs: list[HookSpec] = field(default_factory=list)  # the mmap family's
     quiet: object = None  # quiet(tid): the probes ignore tid's system calls (0: none)
+    marks_fd: int = field(default=-1, repr=False)  # /proc/PID/mem, read-only: sys_marks()
 
     @property
     def cfg_addr(self) -> int:
@@ -109,6 +111,26 @@ class Injection:
         finally:
             mem.close()
 
+    def sys_marks(self) -> int | None:
+        """The agent's count of the mmap family's calls made through its hooks (as_cfg.sys_marks:
+        every call counted once it returned; munmap, madvise and brk before the call too), one
+        8-byte read of the target's memory. None when a call of the family is not hooked (it
+        keeps its tracepoint, and is counted nowhere), once detached, or when it cannot be read."""
+        if self.detached or not self.hooks or set(SYS_FAMILY) - set(self.sys_hooked):
+            return None
+        try:
+            if self.marks_fd < 0:
+                self.marks_fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+            b = os.pread(self.marks_fd, 8, self.cfg_addr + AsConfig.sys_marks.offset)
+        except OSError:
+            return None
+        return int.from_bytes(b, "little") if len(b) == 8 else None
+
+    def close_marks(self) -> None:
+        if self.marks_fd >= 0:
+            os.close(self.marks_fd)
+            self.marks_fd = -1
+
     def read_config(self) -> AsConfig | None:
         try:
             mem = Memory(self.pid)
@@ -130,6 +152,7 @@ class Injection:
     def detach(self) -> str:
         """Every entry put back byte for byte (threads stopped), the watchdog told to exit.
         Returns how it ended; idempotent."""
+        self.close_marks()
         if self.detached or not self.hooks:
             return self.detached
         if not os.path.exists(f"/proc/{self.pid}"):

@@ -4,6 +4,7 @@ to (module, build ID, file offset), and the `maps` table of the trace whenever i
 from __future__ import annotations
 
 import bisect
+import time
 
 import pyarrow as pa
 
@@ -52,10 +53,18 @@ class MapIndex:
         return m is not None and "x" in m.perms
 
 
+REREAD_S = 10.0  # a keyed read older than this is taken again whatever the key says (tracer/record/readgate.py)
+
+
 class MapsWatcher:
     """The target's maps as last read, the index built from every version seen, and the
     versions not yet written to the trace. `on_change(maps)` is told of each new version (the
-    DWARF unwinder loads the rows of new code; the CUDA probes attach to a new driver)."""
+    DWARF unwinder loads the rows of new code; the CUDA probes attach to a new driver).
+
+    A snapshot's readers of /proc/PID/maps (this watcher, the heap and allocator meters, the
+    final live table and census) share one read through `read(seq, key)`: at most one per
+    snapshot, none when `key` says nothing can have changed the mappings since the last read
+    (tracer/record/readgate.py)."""
 
     def __init__(self, pid: int, on_change=None, still_ours=None) -> None:
         self.pid = pid
@@ -65,6 +74,37 @@ class MapsWatcher:
         self.dirty = True  # read again at the next snapshot
         self.unwritten: list[procfs.Mapping] | None = None
         self.on_change = on_change or (lambda maps: None)
+        self.last: list[procfs.Mapping] | None = None  # as last read, whoever read it
+        self.last_seq = 0  # the snapshot it was read for (0: read outside a snapshot)
+        self.last_key: tuple | None = None  # the change key taken before that read (None: none)
+        self.last_ns = 0
+        self.generation = 0  # bumped whenever a read differs from the one before
+        self.reads = 0
+
+    def read(self, seq: int = 0, key: tuple | None = None) -> list[procfs.Mapping]:
+        """/proc/PID/maps for snapshot `seq` (0: outside one: read now). Not read again within a
+        snapshot, nor while `key` (readgate.TargetState.maps_key, taken before this call; None:
+        unknown) equals the key taken before the last read and that read is younger than
+        REREAD_S. A read equal to the last returns the last list itself. OSError: unreadable."""
+        now = time.monotonic_ns()
+        last = self.last
+        if (
+            last is not None
+            and seq
+            and (
+                self.last_seq == seq
+                or (key is not None and key == self.last_key and now - self.last_ns < REREAD_S * 1e9)
+            )
+        ):
+            return last
+        maps = procfs.read_maps(self.pid)
+        self.reads += 1
+        if maps == last:
+            maps = last
+        else:
+            self.generation += 1
+        self.last, self.last_seq, self.last_key, self.last_ns = maps, seq, key if seq else None, now
+        return maps
 
     def seed(self, maps: list[procfs.Mapping]) -> None:
         """The maps read before the attach (pid mode): the first `maps` part."""
@@ -72,11 +112,11 @@ class MapsWatcher:
         self.index = MapIndex(maps)
         self.unwritten = maps
 
-    def refresh(self) -> list[procfs.Mapping] | None:
-        """Read /proc/PID/maps; the new version when it changed, None otherwise or when it
-        cannot be read."""
+    def refresh(self, seq: int = 0, key: tuple | None = None) -> list[procfs.Mapping] | None:
+        """The maps of snapshot `seq` (read(seq, key); 0: read now); the new version when it
+        changed, None otherwise or when it cannot be read."""
         try:
-            maps = procfs.read_maps(self.pid)
+            maps = self.read(seq, key)
         except OSError:
             return None
         if not self.still_ours() or maps == self.current:
@@ -92,11 +132,11 @@ class MapsWatcher:
         if changed is not None:
             self.unwritten = changed
 
-    def part(self, seq: int, readable: bool) -> pa.Table | None:
+    def part(self, seq: int, readable: bool, key: tuple | None = None) -> pa.Table | None:
         """The `maps` part of this snapshot: the latest version, if any is unwritten."""
         changed = None
         if self.dirty or seq == 1:
-            changed = self.refresh() if readable else None
+            changed = self.refresh(seq, key) if readable else None
             self.dirty = False
         changed = self.unwritten or changed
         self.unwritten = None

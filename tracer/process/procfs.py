@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from common.errors import TargetError, UsageError
 
 PF_KTHREAD = 0x00200000
+PAGE = mmap.PAGESIZE
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,11 @@ def read_status(pid: int) -> dict[str, int | str]:
 
 def rss(pid: int) -> dict[str, int]:
     """RSS split, in bytes: rss, anon, file, shmem, hwm (peak RSS the kernel saw)."""
-    s = read_status(pid)
+    return rss_of(read_status(pid))
+
+
+def rss_of(s: dict[str, int | str]) -> dict[str, int]:
+    """rss() from fields of /proc/PID/status already read."""
     return {
         "rss_bytes": int(s.get("VmRSS", 0)),
         "rss_anon_bytes": int(s.get("RssAnon", 0)),
@@ -81,6 +88,35 @@ def rss(pid: int) -> dict[str, int]:
         "rss_shmem_bytes": int(s.get("RssShmem", 0)),
         "hwm_bytes": int(s.get("VmHWM", 0)),
     }
+
+
+@lru_cache(maxsize=1)
+def rss_counters_exact() -> bool:
+    """Whether /proc/PID/status shows every page faulted in at once (recent kernels sum the per-CPU
+    RSS counters for it; from 6.2 until that fix (6.16) they were read unsummed, and older kernels
+    cached them per thread): 64
+    pages of our own touched one by one, RssAnon read after each (False, the cautious answer,
+    also when something else of ours freed memory meanwhile)."""
+    n = 64
+    try:
+        buf = mmap.mmap(-1, n * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:
+        return False
+    try:
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            buf.madvise(mmap.MADV_NOHUGEPAGE)  # one page a fault, whatever the THP settings
+        before = rss_of(read_status(os.getpid()))["rss_anon_bytes"]
+        for i in range(n):
+            buf[i * PAGE] = 1
+            now = rss_of(read_status(os.getpid()))["rss_anon_bytes"]
+            if now <= before:
+                return False
+            before = now
+        return True
+    except OSError:
+        return False
+    finally:
+        buf.close()
 
 
 def stat_fields(pid: int) -> list[str]:

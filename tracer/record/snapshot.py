@@ -19,6 +19,7 @@ from ..process import procfs
 from ..process.target import Target
 from .embed_symbols import SymbolEmbedder
 from .peaks import PeakReading
+from .readgate import MeasureGate, TargetState, target_state
 from .sitechanges import SiteReader
 from .trace_tables import (
     EventLog,
@@ -94,6 +95,8 @@ class Snapshots:
         self.embedder = SymbolEmbedder() if opts.embed_symbols else None
         self.last_row: dict = {}
         self.last_rss: dict[str, int] = {}
+        self.gate = MeasureGate()  # whether the last resident-page figures still hold (readgate.py)
+        self.arena_res = -1  # the heap meter's last figure
 
     def _peak_snapshot(self, p: PeakReading) -> None:
         """A peak snapshot (tracer/record/peaks.py) as its own interval: the sites as read at the wake,
@@ -152,8 +155,9 @@ class Snapshots:
         w = rec.writer
         alive = rec.target.alive()
         readable = rec.target.readable() and not rec.exec_seen  # after exec: another program's maps
+        state = self._look(readable, final)  # before any read of the maps: what can have changed
 
-        part = rec.maps.part(seq, readable)
+        part = rec.maps.part(seq, readable, state.maps_key)
         if part is not None:
             w.write_part("maps", seq, part)
         # sites: the kernel side plus what the rare-shape tracker allocated and freed
@@ -176,7 +180,7 @@ class Snapshots:
         )
         if new_ids:
             if readable:
-                rec.maps.refresh()
+                rec.maps.refresh(seq, state.maps_key)
             stack_columns = self.stacks.columns(rec.probes.maps.read_stacks(new_ids), rec.maps.index)
             w.write_part("stacks", seq, pa.table(stack_columns, schema=F.SCHEMAS["stacks"]))
             if self.embedder is not None:  # symbol tables of the modules on these stacks
@@ -198,11 +202,11 @@ class Snapshots:
         if final:
             live_pid = rec.target.pid if readable and self.heaps.glibc else None
             live = LiveTable(rec.probes.maps, rec.tracker, rec.source_names)
-            self.heaps.live_blocks = live.write(w, seq, live_pid)
+            self.heaps.live_blocks = live.write(w, seq, live_pid, lambda: rec.maps.read(seq))
             if self.census_thread is not None:
                 self.census_thread.join()
             if live_pid is not None:
-                self.census("end")
+                self.census("end", seq)
         if self.census_rows:
             rows, self.census_rows = self.census_rows, []
             w.write_part("census", seq, table_part("census", rows, seq))
@@ -212,7 +216,7 @@ class Snapshots:
         part = self.purges.part(seq)
         if part is not None:
             w.write_part("purges", seq, part)
-        row = self._interval_row(seq, now, alive, readable, final)
+        row = self._interval_row(seq, now, alive, readable, final, state)
         w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
         if rec.peaks is not None:
             rec.peaks.take(row["live_bytes"])  # a slow rise re-arms the wake from this snapshot's live
@@ -239,15 +243,17 @@ class Snapshots:
                 )
             )
 
-    def census(self, when: str) -> None:
-        """glibc's arenas read from outside (tracer/allocators/census.py): the rows go with the next snapshot."""
+    def census(self, when: str, seq: int = 0) -> None:
+        """glibc's arenas read from outside (tracer/allocators/census.py): the rows go with the next
+        snapshot; `seq`: the snapshot whose maps it shares (0: read its own)."""
         rec = self.rec
         if not rec.opts.census_budget_s or rec.opts.mode == "residency":
             return
         from ..allocators.census import run_census  # noqa: PLC0415
 
         try:
-            rows, info = run_census(rec.target.pid, budget_s=rec.opts.census_budget_s)
+            maps = rec.maps.read(seq) if seq else None
+            rows, info = run_census(rec.target.pid, maps, budget_s=rec.opts.census_budget_s)
         except Exception as e:  # noqa: BLE001 - the census is an extra: a bug in it never costs the recording
             self.census_info[when] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
             return
@@ -270,24 +276,28 @@ class Snapshots:
             counters["n_faults"] = rec.probes.faults.count()
         return counters
 
-    def _interval_row(self, seq: int, now: int, alive: bool, readable: bool, final: bool) -> dict:
+    def _look(self, readable: bool, final: bool) -> TargetState:
+        """The target's RSS figures for the row and its change keys (tracer/record/readgate.py):
+        the agent's count of mmap-family calls first, then /proc/PID/status; no key at the end
+        (the last snapshot reads and measures everything)."""
+        rec = self.rec
+        if not readable:
+            return TargetState({})
+        marks = rec.injection.sys_marks() if rec.injection is not None and not final else None
+        return target_state(rec.target.pid, marks)
+
+    def _interval_row(self, seq: int, now: int, alive: bool, readable: bool, final: bool, state: TargetState) -> dict:
         rec = self.rec
         counters = self._counters(rec.probes.maps.read_counters())
         heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = rec.probes.maps.read_totals()
         heap_count = counters["n_allocs"] - counters["n_frees"]
         mm_live = reg_bytes - rec.slow.taken_bytes + rec.tracker.live_bytes()
         mm_count = reg_count - rec.slow.taken_count + rec.tracker.live_count()
-        try:
-            mem = procfs.rss(rec.target.pid) if readable else {}
-        except OSError:
-            mem = {}
+        mem = state.rss
         self.last_rss = mem or self.last_rss
         arena_res, res_ms = -1, 0.0
         if readable:
-            arena_res, res_ms, part = self.heaps.measure(seq, final)
-            if part is not None:
-                rec.writer.write_part("heaps", seq, part)
-            res_ms += self._measure_allocators(seq)
+            arena_res, res_ms = self._measure(seq, final, state)
         measured = time.monotonic_ns()  # the residency figures are of this instant, not of `now`
         row = {
             "seq": seq,
@@ -305,19 +315,55 @@ class Snapshots:
         self.last_row = row
         return row
 
-    def _measure_allocators(self, seq: int) -> float:
-        """Each allocator's resident, mapped and live bytes (the `allocators` part); its ms."""
+    def _measure(self, seq: int, final: bool, state: TargetState) -> tuple[int, float]:
+        """The resident-page measures (glibc's heaps, each allocator's own mappings) of this
+        snapshot: over the last measure's ranges while no mapping can have changed, and not at
+        all while the page counters are the same too (tracer/record/readgate.py; live bytes are
+        always new): (heap resident bytes, ms taken)."""
+        rec = self.rec
+        t = time.monotonic_ns()
+        try:
+            maps = rec.maps.read(seq, state.maps_key)  # the snapshot's one read, shared
+        except OSError:
+            maps = None
+        if maps is None:
+            self.gate.forget()
+            return -1, 0.0
+        same_ranges, same_pages = self.gate.check(state, rec.maps.generation, t)
+        if same_pages and not final:
+            if rec.retention is not None:
+                rows = rec.retention.relive(self.site_reader.live_by_source(self.sites.current))
+                rec.writer.write_part("allocators", seq, allocator_part(seq, rows))
+            return self.arena_res, 0.0
+        same_ranges = same_ranges and not final
+        arena_res, res_ms, part = self.heaps.measure(seq, final, maps, same_ranges)
+        if part is not None:
+            rec.writer.write_part("heaps", seq, part)
+        ms, ok = self._measure_allocators(seq, maps, same_ranges)
+        self.arena_res = arena_res
+        if ok and arena_res != -1:
+            self.gate.taken(state, rec.maps.generation, t)
+        else:
+            self.gate.forget()
+        return arena_res, res_ms + ms
+
+    def _measure_allocators(self, seq: int, maps: list[procfs.Mapping], same_ranges: bool) -> tuple[float, bool]:
+        """Each allocator's resident, mapped and live bytes (the `allocators` part); its ms, and
+        whether it was measured. `same_ranges`: over the ranges of the last measure (no
+        mmap-family call since: the regions and the untracked LRU are as they were)."""
         rec = self.rec
         if rec.retention is None:
-            return 0.0
-        keys, vals = rec.probes.maps.read_regions()
-        regions = [(s, v[0]) for s, v in zip(keys.tolist(), vals.tolist())]
-        regions += [(r[0], r[0] + r[1]) for r in rec.tracker.live()]
+            return 0.0, True
+        live = self.site_reader.live_by_source(self.sites.current)
         try:
-            rows, ms = rec.retention.measure(
-                rec.probes.maps.read_untracked(), regions, self.site_reader.live_by_source(self.sites.current)
-            )
+            if same_ranges:
+                rows, ms = rec.retention.remeasure(live)
+            else:
+                keys, vals = rec.probes.maps.read_regions()
+                regions = [(s, v[0]) for s, v in zip(keys.tolist(), vals.tolist())]
+                regions += [(r[0], r[0] + r[1]) for r in rec.tracker.live()]
+                rows, ms = rec.retention.measure(rec.probes.maps.read_untracked(), regions, live, maps)
         except OSError:
-            return 0.0
+            return 0.0, False
         rec.writer.write_part("allocators", seq, allocator_part(seq, rows))
-        return ms
+        return ms, True

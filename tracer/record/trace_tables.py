@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from common.tracefile import format as F
 
-from ..allocators.arenas import Pagemap, chunk_ranges, find_heaps, outside_heaps
+from ..allocators.arenas import Heap, Pagemap, chunk_ranges, find_heaps, outside_heaps
 from ..base import layout as L
 from ..process import procfs
 from ..process.mappings import MapIndex
@@ -284,12 +284,22 @@ class HeapMeter:
     def __init__(self, pid: int, budget_pages: int, glibc: bool) -> None:
         self.pid, self.budget, self.glibc = pid, budget_pages, glibc
         self.live_blocks: tuple[np.ndarray, np.ndarray] | None = None  # (addresses, sizes) outside heaps
+        self.heaps: list[Heap] | None = None  # as found at the last measure
 
-    def measure(self, seq: int, final: bool) -> tuple[int, float, pa.Table | None]:
-        """(resident bytes of the heaps, ms it took, the `heaps` part at the end)."""
+    def measure(
+        self, seq: int, final: bool, maps: list[procfs.Mapping] | None = None, same_heaps: bool = False
+    ) -> tuple[int, float, pa.Table | None]:
+        """(resident bytes of the heaps, ms it took, the `heaps` part at the end); `maps`: the
+        snapshot's read of /proc/PID/maps (None: read here); `same_heaps`: the heaps are those of
+        the last measure (no mapping can have changed since: tracer/record/readgate.py)."""
         t0 = time.perf_counter()
         try:
-            heaps = find_heaps(self.pid, procfs.read_maps(self.pid))
+            if same_heaps and self.heaps is not None:
+                heaps = self.heaps
+            else:
+                self.heaps = None
+                heaps = find_heaps(self.pid, procfs.read_maps(self.pid) if maps is None else maps)
+                self.heaps = heaps
             spans = [(h.start, h.end, h.reserved_end, h.kind, h.arena) for h in heaps]
             if final and self.live_blocks is not None and self.glibc:
                 spans += [(lo, hi, hi, "mmap", "mmap") for lo, hi in chunk_ranges(self.live_blocks, heaps)]
@@ -368,12 +378,13 @@ class LiveTable:
                 schema=F.SCHEMAS["live"],
             )
 
-    def write(self, writer, seq: int, pid: int | None) -> tuple[np.ndarray, np.ndarray] | None:
-        """Stream the part; the blocks outside glibc's heaps when `pid` (glibc, readable)."""
+    def write(self, writer, seq: int, pid: int | None, read_maps=None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Stream the part; the blocks outside glibc's heaps when `pid` (glibc, readable);
+        `read_maps()`: the snapshot's maps (default: /proc/PID/maps read here)."""
         heaps = None
         if pid is not None:
             try:
-                heaps = find_heaps(pid, procfs.read_maps(pid))
+                heaps = find_heaps(pid, read_maps() if read_maps is not None else procfs.read_maps(pid))
             except OSError:
                 heaps = None
         kept: list[tuple[np.ndarray, np.ndarray]] = []

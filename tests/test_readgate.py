@@ -1,0 +1,191 @@
+"""One /proc/PID/maps read per snapshot, none when nothing can have changed the mappings, and the
+resident-page measures only when something they measure can have changed (issue #33,
+tracer/record/readgate.py): the snapshot's readers (the maps watcher, the heap meter, the
+allocator meter) on a child process whose mappings and pages the test changes, the agent's count
+of mmap-family calls faked. Reads of the maps and page scans counted; figures exact."""
+
+from __future__ import annotations
+
+import mmap
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tracer.allocators import retention
+from tracer.allocators.retention import AllocatorMeter, Owner
+from tracer.base.options import RecordOptions
+from tracer.process import procfs
+from tracer.process.mappings import MapsWatcher
+from tracer.record import trace_tables
+from tracer.record.snapshot import Snapshots
+
+P = mmap.PAGESIZE
+CHILD = r"""
+import ctypes, mmap, sys
+P = mmap.PAGESIZE
+held = {}
+for line in sys.stdin:
+    cmd, name, *a = line.split()
+    if cmd == "map":  # map NAME PAGES TOUCHED
+        m = mmap.mmap(-1, int(a[0]) * P, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        m.madvise(mmap.MADV_NOHUGEPAGE)  # one page a fault
+        c = ctypes.c_char.from_buffer(m)
+        addr = ctypes.addressof(c)
+        del c
+        held[name] = m
+        a = [0, a[1]]
+    else:  # unmap NAME, touch NAME FROM TO
+        if cmd == "unmap":
+            held.pop(name).close()
+        addr = 0
+    if cmd in ("map", "touch"):  # touch NAME FROM TO
+        m = held[name]
+        for i in range(int(a[0]), int(a[1])):
+            m[i * P] = 1
+    print(addr, flush=True)
+"""
+
+
+class Child:
+    def __init__(self) -> None:
+        pipe = subprocess.PIPE
+        self.p = subprocess.Popen([sys.executable, "-c", CHILD], stdin=pipe, stdout=pipe, text=True)
+        self.pid = self.p.pid
+
+    def do(self, *words) -> int:
+        assert self.p.stdin is not None and self.p.stdout is not None
+        self.p.stdin.write(" ".join(map(str, words)) + "\n")
+        self.p.stdin.flush()
+        return int(self.p.stdout.readline())
+
+    def close(self) -> None:
+        self.p.kill()
+        self.p.wait()
+
+
+class FakeAgent:
+    """Injection.sys_marks: the agent's count of mmap-family calls through its hooks."""
+
+    def __init__(self) -> None:
+        self.marks = 0
+
+    def sys_marks(self) -> int:
+        return self.marks
+
+
+class FakeProbes:
+    """The probes' untracked LRU (an allocator's own mappings) and regions (none)."""
+
+    def __init__(self) -> None:
+        self.untracked: dict[int, int] = {}
+
+    def read_regions(self):
+        return np.empty(0, np.uint64), np.empty(0, np.uint64)
+
+    def read_untracked(self) -> dict[int, int]:
+        return dict(self.untracked)
+
+
+class Parts:
+    def __init__(self) -> None:
+        self.written: list[tuple[str, int]] = []
+
+    def write_part(self, name: str, seq: int, _part) -> None:
+        self.written.append((name, seq))
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of /proc/PID/maps reads and resident-page scans (allocator meter, heap meter)."""
+    n = {"maps": 0, "scans": 0}
+    read_maps, meter, pagemap = procfs.read_maps, retention.resident_meter, trace_tables.Pagemap
+
+    def reading(pid):
+        n["maps"] += 1
+        return read_maps(pid)
+
+    def scanning(real):
+        def f(*a, **k):
+            n["scans"] += 1
+            return real(*a, **k)
+
+        return f
+
+    monkeypatch.setattr(procfs, "read_maps", reading)
+    monkeypatch.setattr(retention, "resident_meter", scanning(meter))
+    monkeypatch.setattr(trace_tables, "Pagemap", scanning(pagemap))
+    return n
+
+
+def snapshots(pid: int, agent) -> Snapshots:
+    rec = SimpleNamespace(
+        injection=agent,
+        target=SimpleNamespace(pid=pid),
+        maps=MapsWatcher(pid),
+        retention=AllocatorMeter(pid, 1 << 18, [Owner("heap", "jemalloc", "jemalloc", True)]),
+        writer=Parts(),
+        probes=SimpleNamespace(maps=FakeProbes()),
+        tracker=SimpleNamespace(live=lambda: []),
+    )
+    return Snapshots(rec, rec.target, RecordOptions())
+
+
+def snap(s: Snapshots, seq: int, counted: dict) -> tuple[int, int, int, int]:
+    """The readers of the maps in one snapshot, in Snapshots.snapshot's order: the `maps` part, the
+    stacks' refresh, the resident-page measures. (maps reads, scans, mapped, resident) of it."""
+    before = dict(counted)
+    st = s._look(True, False)
+    s.rec.maps.part(seq, True, st.maps_key)
+    s.rec.maps.refresh(seq, st.maps_key)  # new stacks to resolve
+    s._measure(seq, False, st)
+    assert ("allocators", seq) in s.rec.writer.written
+    _src, _label, mapped, resident, _live, _n = s.rec.retention.last[0]
+    return counted["maps"] - before["maps"], counted["scans"] - before["scans"], mapped, resident
+
+
+def test_maps_read_once_and_only_after_a_change(counted):
+    c = Child()
+    try:
+        agent = FakeAgent()
+        s = snapshots(c.pid, agent)
+        a = c.do("map", "a", 16, 4)  # an allocator's mapping (the probes' untracked LRU has it)
+        s.rec.probes.maps.untracked[a] = a + 16 * P
+        exact = procfs.rss_counters_exact()
+        # the first snapshot: one read shared by every reader, both meters scan
+        assert snap(s, 1, counted) == (1, 2, 16 * P, 4 * P)
+        # nothing changed: no read; no scan where the RSS counters are exact sums
+        assert snap(s, 2, counted) == (0, 0 if exact else 2, 16 * P, 4 * P)
+        # pages faulted in, no mapping change: no read; scanned again over the same ranges
+        c.do("touch", "a", 4, 7)
+        assert snap(s, 3, counted) == (0, 2, 16 * P, 7 * P)
+        # a mapping the hooks did not see (VmSize changed): read; not the allocator's
+        c.do("map", "b", 8, 2)
+        assert snap(s, 4, counted) == (1, 2, 16 * P, 7 * P)
+        assert snap(s, 5, counted) == (0, 0 if exact else 2, 16 * P, 7 * P)
+        # an allocator's munmap and mmap of the same size (no VM counter moves): the hooks count
+        # them, the probes' LRU has the new one: read, its pages measured
+        c.do("unmap", "b")
+        agent.marks += 2
+        b = c.do("map", "b", 8, 5)
+        s.rec.probes.maps.untracked[b] = b + 8 * P
+        assert snap(s, 6, counted) == (1, 2, 24 * P, 12 * P)
+        assert s.rec.maps.reads == 3
+    finally:
+        c.close()
+
+
+def test_without_a_change_count_every_snapshot_reads_once(counted):
+    """Without --inject (or with a call of the family left to its tracepoint: sys_marks None)
+    nothing says what changed: one read a snapshot, shared, and the measures every time."""
+    c = Child()
+    try:
+        s = snapshots(c.pid, None)
+        a = c.do("map", "a", 16, 4)
+        s.rec.probes.maps.untracked[a] = a + 16 * P
+        for seq in (1, 2, 3):
+            assert snap(s, seq, counted) == (1, 2, 16 * P, 4 * P)
+    finally:
+        c.close()
