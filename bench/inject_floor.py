@@ -185,10 +185,13 @@ class Tracer:
             threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
         else:
             self.trace = bench.work / f"{name}.allocscope"
+            exe, args = bench.exe, MODES[mode] or []
+            if args and args[0].startswith("@"):  # --define NAME='@EXE ARGS': another allocscope
+                exe, args = args[0][1:], args[1:]
             self.proc = subprocess.Popen(
                 pinned(
                     bench.cpus.tracer,
-                    [bench.exe, "record", "-q", "--pid", str(pid), "-o", str(self.trace), "--force", *MODES[mode]],
+                    [exe, "record", "-q", "--pid", str(pid), "-o", str(self.trace), "--force", *args],
                 ),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
@@ -845,7 +848,8 @@ def main() -> None:
         default=[],
         metavar="NAME=ARGS",
         help="an ad-hoc allocscope mode: NAME records with the `record` arguments ARGS, e.g. "
-        "inject-nowait='--inject --wait-min 0' (repeatable; add NAME to --modes)",
+        "inject-nowait='--inject --wait-min 0' (repeatable; add NAME to --modes); ARGS starting "
+        "with @EXE: that allocscope instead (an A/B of two checkouts)",
     )
     ap.add_argument("--workloads", default="redis,rustd")
     ap.add_argument("--tax-rounds", type=int, default=5)
