@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -185,6 +186,15 @@ def write_lines(path: str | Path | None, lines: list[str]) -> None:
     """The lines a script printed, one a line, into `path` (its --out); nothing without one."""
     if path:
         Path(path).write_text("\n".join(lines) + "\n")
+
+
+def finish_results(out: str | Path, lines: list[str], work: Path, keep: bool) -> None:
+    """A results script's end, whatever happened: its lines into `out`, its work directory
+    removed unless the user keeps it (--workdir)."""
+    write_lines(out, lines)
+    print(f"\nwritten: {out}")
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def attach_allocscope(

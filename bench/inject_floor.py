@@ -56,6 +56,7 @@ from benchlib import (
     REDIS_LOAD,
     TracerMonitor,
     TrialError,
+    finish_results,
     free_port,
     read_line,
     redis_server_cmd,
@@ -933,10 +934,7 @@ def main() -> None:
         load1 = Path("/proc/loadavg").read_text().split()[:3]
         b.say(f"\nLoad average at the end: {' '.join(load1)}.")
     finally:
-        Path(a.out).write_text("\n".join(b.lines) + "\n")
-        print(f"\nwritten: {a.out}")
-        if not a.workdir:
-            shutil.rmtree(work, ignore_errors=True)
+        finish_results(a.out, b.lines, work, bool(a.workdir))
 
 
 if __name__ == "__main__":

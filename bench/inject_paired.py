@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import signal
 import statistics
 import sys
@@ -36,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import TrialError, sched_cpu, stop_process
+from benchlib import TrialError, finish_results, sched_cpu, stop_process
 from inject_floor import MODES, Bench, Redis, Rustd, Tracer, physical_cpus
 
 REPLACE = {"heaptrack"}  # modes that cannot detach
@@ -176,10 +175,7 @@ def main() -> None:
         b.say("Throughput kept, median over the traced windows: " + "; ".join(goals) + ".")
         b.say(f"\nLoad average at the end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}.")
     finally:
-        Path(a.out).write_text("\n".join(b.lines) + "\n")
-        print(f"\nwritten: {a.out}")
-        if not a.workdir:
-            shutil.rmtree(work, ignore_errors=True)
+        finish_results(a.out, b.lines, work, bool(a.workdir))
 
 
 if __name__ == "__main__":
