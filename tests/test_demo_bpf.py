@@ -53,12 +53,14 @@ def test_demo_finds_the_pile_up(tmp_path):
         assert "synthesize_partition" in first_row, text
         assert text.index("Held at the peak") < text.index("locations by live bytes at the end")
     # Why it stays (issue 21): the bug's workers are blocked in channel_push, each holding its
-    # partition — as many as the daemon's own "waiting" counter says, within one partition
+    # partition — more of them than the 3 permits allow, and no more than the daemon's own
+    # "waiting" counter ever reached (its peak is instantaneous; the snapshots, 0.5 s apart, see
+    # the pile-up at their own moments: 7, 8 or 9 of its 9 in runs on this box)
     w, own = res["waits"]["bug"], res["waits"]["daemon_bug"]
     assert own["peak_waiting"] >= 4, own
     assert w["lead"]["function"] == "channel_push", w["lead"]
-    assert abs(w["threads"] - own["peak_waiting"]) <= 1, (w, own)
-    assert abs(w["what_blocks"] - own["peak_waiting"]) <= 1, (w, own)
+    assert 3 < w["threads"] <= own["peak_waiting"] + 1, (w, own)
+    assert abs(w["what_blocks"] - w["threads"]) <= 1, (w, own)
     assert w["what_bytes"] == w["what_blocks"] * (MIB8 + 32)  # a partition: its 32-byte header + 8 MiB
     assert {t["name"][:8] for t in w["lead"]["thread_list"]} == {"pworker-"}
     # fixed: no more threads wait in channel_push than the permits allow
