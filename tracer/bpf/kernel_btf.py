@@ -10,6 +10,8 @@ libbpf's BTF API (libbpf1, a dependency of BCC), and reach the program as -D fla
 from __future__ import annotations
 
 import ctypes as ct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -136,12 +138,44 @@ class _Btf:
         raise LookupError(value_name)
 
 
+_shared: _Btf | None = None  # the load kept open by one_load()
+
+
+@contextmanager
+def one_load() -> Iterator[None]:
+    """Within it, the lookups below share one load of the kernel's BTF (~11 ms each, ~6 MiB
+    while open) instead of loading it each; closed at the end."""
+    global _shared
+    if _shared is not None:
+        yield
+        return
+    try:
+        _shared = _Btf()
+    except OSError:
+        yield  # each lookup then fails as it would alone
+        return
+    try:
+        yield
+    finally:
+        _shared.close()
+        _shared = None
+
+
+def _load() -> _Btf:
+    return _shared if _shared is not None else _Btf()
+
+
+def _done(btf: _Btf) -> None:
+    if btf is not _shared:
+        btf.close()
+
+
 @lru_cache(maxsize=1)
 def rss_offsets() -> RssOffsets:
     """Where the probes read the current task's anonymous RSS (pages). Raises OSError or
     LookupError when this kernel's BTF does not describe it (the probes then fall back to the
     kmem:rss_stat tracepoint)."""
-    btf = _Btf()
+    btf = _load()
     try:
         task = btf.find("task_struct", BTF_KIND_STRUCT)
         task_mm, _ = btf.member(task, "mm")
@@ -161,7 +195,7 @@ def rss_offsets() -> RssOffsets:
             return RssOffsets(task_mm, rss_off + count_off + anon * btf.size(elem))
         raise LookupError(f"mm_struct.rss_stat of an unknown type ({name or kind})")
     finally:
-        btf.close()
+        _done(btf)
 
 
 @dataclass(frozen=True)
@@ -197,7 +231,7 @@ class FileOffsets:
 def file_offsets() -> FileOffsets:
     """Raises OSError or LookupError when the kernel's BTF lacks one (file mappings then stay
     untracked, as before)."""
-    btf = _Btf()
+    btf = _load()
     try:
 
         def off(struct: str, field: str) -> int:
@@ -215,7 +249,7 @@ def file_offsets() -> FileOffsets:
             off("super_block", "s_magic"),
         )
     finally:
-        btf.close()
+        _done(btf)
 
 
 @lru_cache(maxsize=1)
@@ -223,7 +257,7 @@ def _btf_flags(flags) -> list[str]:
     """flags(off) with off(struct, field) the byte offset of a kernel struct member from the
     running kernel's BTF; [] when the BTF or a member is missing."""
     try:
-        btf = _Btf()
+        btf = _load()
     except OSError:
         return []
     try:
@@ -235,7 +269,7 @@ def _btf_flags(flags) -> list[str]:
     except LookupError:
         return []
     finally:
-        btf.close()
+        _done(btf)
 
 
 def return_probe_offsets() -> list[str]:
@@ -269,7 +303,7 @@ def switch_offsets() -> tuple[str, ...]:
     prev_state; 5.18+), else task_struct.__state (AS_OFF_TASK_STATE). () when the BTF lacks one:
     the classic sched:sched_switch tracepoint serves instead."""
     try:
-        btf = _Btf()
+        btf = _load()
     except OSError:
         return ()
     try:
@@ -289,7 +323,7 @@ def switch_offsets() -> tuple[str, ...]:
     except LookupError:
         return ()
     finally:
-        btf.close()
+        _done(btf)
 
 
 def char_major(name: str, devices: str = "/proc/devices") -> int:

@@ -13,13 +13,26 @@ from ..base import layout as L
 from ..base.options import RecordOptions
 from ..unwind.rows import UNWIND_STEPS
 from ..unwind.unwinder import MODULE_SLOTS
-from .kernel_btf import char_major, file_offsets, fsbase_offset, return_probe_offsets, rss_offsets, switch_offsets
+from .kernel_btf import (
+    char_major,
+    file_offsets,
+    fsbase_offset,
+    one_load,
+    return_probe_offsets,
+    rss_offsets,
+    switch_offsets,
+)
 
 
 def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoint: bool) -> list[str]:
     """The compile-time parameters of probes/allocscope.c for a recording: every bound and mode
     comes from `opts` (tracer/base/options.py, the one place defaults live), the kernel-struct
-    offsets from the running kernel's BTF (tracer/bpf/kernel_btf.py)."""
+    offsets from the running kernel's BTF (tracer/bpf/kernel_btf.py), loaded once for all."""
+    with one_load():
+        return _probe_cflags(opts, launched, unwind, rss_tracepoint)
+
+
+def _probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoint: bool) -> list[str]:
     flags = [
         f"-DAS_MAX_LIVE={opts.max_live}",
         f"-DAS_MAX_STACKS={opts.max_stacks}",
