@@ -31,6 +31,7 @@ enum as_api {
     AS_API_MALLOC_TRIM = 11,
     AS_API_MMAP = 12, /* syscalls seen outside any allocator call */
     AS_API_BRK = 13,
+    AS_API_MALLCTL = 14, /* jemalloc's mallctl(name, ...): a purge call (as malloc_trim) when the name asks one */
     /* The CUDA driver API (libcuda.so.1): its own per-thread call state (cu_inflight), so the
      * driver's own mallocs inside a call still count as heap allocations. */
     AS_API_CU_ALLOC = 20,         /* cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocFromPoolAsync: *dptr */
@@ -81,6 +82,7 @@ enum as_counter {
     AS_CNT_WAIT_SHORT_NS,     /* ... their time off-CPU, summed */
     AS_CNT_WAIT_STACK_MEMO,   /* wait stacks taken from the thread's last wait (same ip, sp, bp) */
     AS_LOST_WAIT_FULL,        /* waits map full: a long wait not attributed to a stack */
+    AS_CNT_CTL_SKIPPED,       /* jemalloc mallctl calls that asked no purge (statistics): not reported */
     AS_CNT_MAX = 40,
 };
 

@@ -88,6 +88,11 @@ int malloc_trim_enter(struct pt_regs *ctx)
     return api_enter(ctx, AS_API_MALLOC_TRIM);
 }
 
+int mallctl_enter(struct pt_regs *ctx)
+{
+    return api_enter(ctx, AS_API_MALLCTL);
+}
+
 int free_enter(struct pt_regs *ctx)
 {
     if (is_target())
@@ -114,7 +119,7 @@ int heap_entry(struct pt_regs *ctx)
     u64 size = 0, arg = 0;
     if (!heap_args(ctx, api, &size, &arg))
         return 0;
-    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, 0, src);
+    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), as_api_call(api), size, arg, 0, src);
 }
 
 #ifdef AS_SESSION
@@ -144,6 +149,7 @@ int heap_session(struct pt_regs *ctx)
     }
     if (!heap_args(ctx, api, &size, &arg))
         return 1;
+    api = as_api_call(api);
     struct as_inflight *cur = thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!cur) {
         count(AS_LOST_INFLIGHT_FULL, 1);

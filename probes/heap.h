@@ -331,7 +331,28 @@ static __always_inline u64 mul_size(u64 a, u64 b)
     return r < lo ? 0 : r;
 }
 
-/* The size and the pointer argument of heap call `api` from its registers; 0: not a heap call. */
+/* 1: jemalloc's mallctl `name` asks for a purge ("arena.<i>.purge", "arena.<i>.decay", a name ending
+ * ".reset"); 0: anything else (statistics: redis reads them through mallctl ~10 times a cron tick).
+ * Only purges open a call state, so a statistics read costs no ring event and no tracer wake-up. */
+#define AS_CTL_NAME 64
+static __always_inline int mallctl_purges(u64 name)
+{
+    char n[AS_CTL_NAME] = {};
+    if (bpf_probe_read_user_str(n, sizeof(n), (void *)name) <= 1)
+        return 0;
+#pragma unroll
+    for (int i = 0; i + 6 < AS_CTL_NAME; i++) {
+        if ((n[i] == 'p' && n[i + 1] == 'u' && n[i + 2] == 'r' && n[i + 3] == 'g' && n[i + 4] == 'e') ||
+            (n[i] == 'd' && n[i + 1] == 'e' && n[i + 2] == 'c' && n[i + 3] == 'a' && n[i + 4] == 'y') ||
+            (n[i] == '.' && n[i + 1] == 'r' && n[i + 2] == 'e' && n[i + 3] == 's' && n[i + 4] == 'e' &&
+             n[i + 5] == 't' && n[i + 6] == 0))
+            return 1;
+    }
+    return 0;
+}
+
+/* The size and the pointer argument of heap call `api` from its registers; 0: not a heap call (nor
+ * a purge: a mallctl that asks none). */
 static __always_inline int heap_args(struct pt_regs *ctx, u32 api, u64 *size, u64 *arg)
 {
     switch (api) {
@@ -359,6 +380,12 @@ static __always_inline int heap_args(struct pt_regs *ctx, u32 api, u64 *size, u6
     case AS_API_MEMALIGN:
         *size = PT_REGS_PARM2(ctx);
         return 1;
+    case AS_API_MALLCTL:
+        if (!mallctl_purges(PT_REGS_PARM1(ctx))) {
+            count(AS_CNT_CTL_SKIPPED, 1);
+            return 0;
+        }
+        /* fall through: a purge call */
     case AS_API_MALLOC_TRIM:
         *size = (u64)rss_anon();
         *arg = PT_REGS_PARM1(ctx);
@@ -366,6 +393,12 @@ static __always_inline int heap_args(struct pt_regs *ctx, u32 api, u64 *size, u6
     default:
         return 0;
     }
+}
+
+/* The call as the state records it: a mallctl that passed heap_args is a purge call. */
+static __always_inline u32 as_api_call(u32 api)
+{
+    return api == AS_API_MALLCTL ? AS_API_MALLOC_TRIM : api;
 }
 
 /* free(p), and every other free the cookie or the symbol says takes the pointer first. */
@@ -384,8 +417,10 @@ static __always_inline int api_enter(struct pt_regs *ctx, u32 api)
     if (!is_target())
         return 0;
     u64 size = 0, arg = 0;
-    heap_args(ctx, api, &size, &arg);
-    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), api, size, arg, 0, entry_source(ctx));
+    if (!heap_args(ctx, api, &size, &arg))
+        return 0;
+    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), as_api_call(api), size, arg, 0,
+                       entry_source(ctx));
 }
 
 #endif /* AS_HEAP_H */

@@ -88,10 +88,10 @@ MIMALLOC = {
     "mi_free_size_aligned": "free_enter",
 }
 # Each allocator's purge calls: probed like malloc_trim (the drop of anon RSS across the call is
-# what they released; the event names the allocator by its source). jemalloc's mallctl is probed
-# whatever the name asked: the tracer keeps the purge/decay ones.
+# what they released; the event names the allocator by its source). jemalloc's mallctl: the probe
+# reads the name and reports only purges (probes/heap.h mallctl_purges), not statistics reads.
 PURGES = {
-    "jemalloc": {"mallctl": "malloc_trim_enter"},
+    "jemalloc": {"mallctl": "mallctl_enter"},
     "tcmalloc": {
         "MallocExtension_ReleaseFreeMemory": "malloc_trim_enter",
         "MallocExtension_ReleaseToSystem": "malloc_trim_enter",
@@ -190,8 +190,8 @@ def _entries(syms: ModuleSymbols, table: dict[str, str], prefix: str = "") -> di
     return {prefix + name: prog for name, prog in table.items() if prefix + name in syms.names}
 
 
-ALLOCATORS_FACT = "allocators-1"  # tracer/allocators/facts.py kind; bump when allocators_in's answer changes
-PLACEMENT_FACT = "placement-1"  # likewise for tracer/allocators/placement.py's
+ALLOCATORS_FACT = "allocators-2"  # tracer/allocators/facts.py kind; bump when allocators_in's answer changes
+PLACEMENT_FACT = "placement-2"  # likewise for tracer/allocators/placement.py's
 
 
 def allocators_in(path: str, is_exe: bool) -> list[Allocator]:
@@ -345,6 +345,7 @@ def _reads() -> dict[str, tuple[int, ...]]:
         "valloc_enter": (di,),
         "pvalloc_enter": (di,),
         "malloc_trim_enter": (di,),
+        "mallctl_enter": (di,),
         "free_enter": (di,),
     }
 

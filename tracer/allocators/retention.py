@@ -230,11 +230,6 @@ def purge_function(kind: str, pid: int, arg: int) -> tuple[str, str]:
     return "malloc_trim", str(arg)
 
 
-def keep_purge(function: str, name: str) -> bool:
-    """mallctl reads statistics far more often than it purges: only its purge/decay calls."""
-    return function != "mallctl" or "purge" in name or "decay" in name or name.endswith(".reset")
-
-
 class PurgeLog:
     """The `purges` table: each allocator's purge calls, as they come."""
 

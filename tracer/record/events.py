@@ -4,7 +4,7 @@ queued and replayed in order after each poll (tracer/record/regions.py)."""
 
 from __future__ import annotations
 
-from ..allocators.retention import keep_purge, purge_function
+from ..allocators.retention import purge_function
 from ..base import layout as L
 
 EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_TRIM, EV_NAME, EV_EXIT, EV_EXEC, EV_CODE, EV_PEAK = (
@@ -76,9 +76,8 @@ class RingEvents:
         source = rec.source_names.get(ev.source, "heap") if ev.source else "heap"
         plan = next((pl for pl in rec.plans if pl.allocator.source == source), None)
         kind = plan.allocator.kind if plan is not None else "glibc"
-        function, name = purge_function(kind, rec.target.pid, ev.addr)
-        if keep_purge(function, name):
-            rec.snapshots.purges.add(ev.ts_ns, ev.tid, source, function, name, ev.len2, _s64(ev.len), _s64(ev.addr2))
+        function, name = purge_function(kind, rec.target.pid, ev.addr)  # mallctl: purges only (the probe)
+        rec.snapshots.purges.add(ev.ts_ns, ev.tid, source, function, name, ev.len2, _s64(ev.len), _s64(ev.addr2))
         return function == "malloc_trim"
 
     def replay_slow(self) -> None:
