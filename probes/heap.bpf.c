@@ -118,7 +118,7 @@ int heap_entry(struct pt_regs *ctx)
     }
     u64 size = 0, arg = 0;
     if (!heap_args(ctx, api, &size, &arg))
-        return 0;
+        return mallctl_entered(ctx, api, src);
     return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), as_api_call(api), size, arg, 0, src);
 }
 

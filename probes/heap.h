@@ -263,6 +263,8 @@ static __always_inline int alloc_leave(struct pt_regs *ctx, int session)
     case AS_API_MALLOC_TRIM:
         emit_trim(tid, &in, (s64)(int)ret, now);
         return 0;
+    case AS_API_MALLCTL: /* a statistics read (mallctl_entered): its state only matched this return */
+        return 0;
     case AS_API_POSIX_MEMALIGN:
         if ((int)ret != 0) {
             count(AS_CNT_FAILED, 1);
@@ -401,6 +403,16 @@ static __always_inline u32 as_api_call(u32 api)
     return api == AS_API_MALLCTL ? AS_API_MALLOC_TRIM : api;
 }
 
+/* heap_args refused `api`: a mallctl that asks no purge still opens a state when its return is
+ * probed anyway (classic probes, return links), so that the return matches it and reports nothing
+ * (alloc_leave) rather than counting an unmatched return. Sessions simply skip the return. */
+static __always_inline int mallctl_entered(struct pt_regs *ctx, u32 api, u32 src)
+{
+    if (api != AS_API_MALLCTL)
+        return 0;
+    return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), AS_API_MALLCTL, 0, 0, 0, src);
+}
+
 /* free(p), and every other free the cookie or the symbol says takes the pointer first. */
 static __always_inline void free_arg1(struct pt_regs *ctx)
 {
@@ -418,7 +430,7 @@ static __always_inline int api_enter(struct pt_regs *ctx, u32 api)
         return 0;
     u64 size = 0, arg = 0;
     if (!heap_args(ctx, api, &size, &arg))
-        return 0;
+        return mallctl_entered(ctx, api, entry_source(ctx));
     return enter_state(ctx, thread_state(BPF_LOCAL_STORAGE_GET_F_CREATE), as_api_call(api), size, arg, 0,
                        entry_source(ctx));
 }
