@@ -38,7 +38,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from benchlib import attach_allocscope, read_line, stop_process  # noqa: E402
 
-SWITCH_PROG = "tracepoint__sched__sched_switch"
+# the raw tracepoint where the kernel's BTF gives the offsets, else the classic one
+SWITCH_PROGS = ("raw_tracepoint__sched_switch", "tracepoint__sched__sched_switch")
 CONFIGS = {"untraced": None, "waits-off": ["--wait-min", "0"], "waits": [], "waits-all": ["--wait-min", "0.001"]}
 
 
@@ -77,7 +78,8 @@ def trial(exe: Path, cfg: str, handoffs: int, tmp: Path) -> tuple[float, int, di
             check=True,
         )
         waits = json.loads(rep.stdout)["waits"]["blocking_switches"]
-        stats = json.loads((out / "meta.json").read_text()).get("bpf_stats", {}).get(SWITCH_PROG, {})
+        all_stats = json.loads((out / "meta.json").read_text()).get("bpf_stats", {})
+        stats = next((all_stats[p] for p in SWITCH_PROGS if p in all_stats), {})
     return secs, waits, stats
 
 

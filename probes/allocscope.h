@@ -262,9 +262,9 @@ struct as_release {
 };
 
 /* Value of `offcpu` (key: tid): a target thread that blocked (sched_switch out while sleeping,
- * S, or uninterruptible, D) and is not back on-CPU yet. */
+ * S, or uninterruptible, D) and is not back on-CPU yet, or (ts_ns 0) one that is back. */
 struct as_offcpu {
-    __u64 ts_ns;    /* when it blocked */
+    __u64 ts_ns;    /* when it blocked; 0: running again */
     __u64 stack_id; /* its user stack then */
     __u32 state;    /* sched_switch's prev_state: 1 S, 2 D */
     __u32 pad;

@@ -17,9 +17,9 @@ RAW_TRACEPOINT_PROBE(sched_switch) /* (bool preempt, prev, next[, unsigned int p
         u32 next = 0;
         bpf_probe_read_kernel(&next, sizeof(next), next_task + AS_OFF_TASK_PID);
         struct as_offcpu *o = offcpu.lookup(&next);
-        if (o) { /* a blocked target thread runs again */
+        if (o && o->ts_ns) { /* a blocked target thread runs again */
             wait_ended(next, o, bpf_ktime_get_ns());
-            offcpu.delete(&next);
+            o->ts_ns = 0;
         }
     }
     if (!is_target() || ctx->args[0]) /* preempted: still runnable, not a wait */
@@ -40,9 +40,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
 {
     u32 next = (u32)args->next_pid;
     struct as_offcpu *o = offcpu.lookup(&next);
-    if (o) { /* a blocked target thread runs again */
+    if (o && o->ts_ns) { /* a blocked target thread runs again */
         wait_ended(next, o, bpf_ktime_get_ns());
-        offcpu.delete(&next);
+        o->ts_ns = 0;
     }
     if (!is_target())
         return 0;

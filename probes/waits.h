@@ -2,7 +2,8 @@
  * (sched:sched_switch), so the reports can join memory to waiting: who holds what while blocked.
  *
  * A target thread that blocks (switched out sleeping, S, or uninterruptible, D; a preempted
- * thread is runnable, not waiting) gets an `offcpu` entry: when, and its user stack then. On its
+ * thread is runnable, not waiting) fills its `offcpu` entry: when, and its user stack then (the
+ * entry, made at its first wait, stays until it exits; ts_ns 0 while it runs). On its
  * switch back in the wait is summed per (stack, thread) in `waits` when it lasted at least the
  * threshold (`wait_cfg[0]`, ns, set by the tracer: --wait-min), else only counted. No ring event:
  * the tracer reads `waits` and the threads blocked now (`offcpu`) each interval.
@@ -121,10 +122,20 @@ static __always_inline int wait_began(void *ctx, long state)
     u64 *min = wait_cfg.lookup(&zero);
     if (!min || *min == 0)
         return 0;
-    struct as_offcpu w = {.ts_ns = bpf_ktime_get_ns(), .state = (u32)state};
+    u64 now = bpf_ktime_get_ns();
     u32 tid = current_tid();
     count(AS_CNT_WAITS, 1);
-    w.stack_id = wait_stack(ctx, tid);
+    u64 sid = wait_stack(ctx, tid);
+    /* The thread's entry stays between its waits (ts_ns 0 while it runs; the exit program deletes
+     * it): a blocking switch rewrites it in place rather than inserting and deleting an element. */
+    struct as_offcpu *o = offcpu.lookup(&tid);
+    if (o) {
+        o->stack_id = sid;
+        o->state = (u32)state;
+        o->ts_ns = now; /* last: nonzero says blocked */
+        return 0;
+    }
+    struct as_offcpu w = {.ts_ns = now, .stack_id = sid, .state = (u32)state};
     offcpu.update(&tid, &w);
     return 0;
 }

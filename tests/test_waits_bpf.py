@@ -18,6 +18,8 @@ import pytest
 from rust_targets import RUSTD_SRC, build_rustd
 from support import Proc, cli, record_attached, report_json, stop_tracer
 
+from reports.trace import load_trace
+
 pytestmark = pytest.mark.bpf
 
 
@@ -50,6 +52,14 @@ def test_waits_holdings_and_freeing_costs(targets, tmp_path):
     rep = report_json(out)
     w = rep["waits"]
     assert w["traced"] and w["wait_min_ms"] == 1.0 and w["lost"] == 0
+    # a thread's offcpu entry outlives its waits (ts 0 while it runs): only real waits are blocked
+    # rows, each begun within the recording (main ran again after its 1.5 s with the mutex held)
+    t = load_trace(out)
+    iv = t.intervals.set_index("seq")["ts_ns"]
+    b = t.blocked
+    span = int(iv.max() - iv.min()) + 2_000_000_000
+    assert len(b) and (b["since_ns"] >= int(iv.min()) - 2_000_000_000).all(), b
+    assert ((b["waited_ns"] > 0) & (b["waited_ns"] <= span)).all(), b
     # held while waiting: at the peak the three holders are blocked in wait_for_gate, each holding
     # exactly what it allocated in hold_buffers
     pk = w["peak"]

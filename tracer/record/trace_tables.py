@@ -260,7 +260,7 @@ class WaitTable:
             if tid in ignore:
                 continue
             since, sid, state = v[0], v[1], v[2]
-            if now_ns - since >= self.wait_min_ns:
+            if since and now_ns - since >= self.wait_min_ns:  # since 0: running (its entry kept)
                 blocked.append((tid, sid, since, now_ns - since, "D" if state == 2 else "S"))
                 self.new_stacks.add(sid)
                 self.new_tids.add(tid)
