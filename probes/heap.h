@@ -334,7 +334,7 @@ static __always_inline u64 mul_size(u64 a, u64 b)
 }
 
 /* 1: jemalloc's mallctl `name` asks for a purge ("arena.<i>.purge", "arena.<i>.decay", a name ending
- * ".reset"); 0: anything else (statistics: redis reads them through mallctl ~10 times a cron tick).
+ * ".reset"); 0: anything else (statistics: redis reads them through mallctl ~40 times a second).
  * Only purges are reported: a statistics read costs no ring event and no tracer wake-up. */
 #define AS_CTL_NAME 64
 static __always_inline int mallctl_purges(u64 name)
