@@ -333,9 +333,11 @@ static __always_inline u64 mul_size(u64 a, u64 b)
     return r < lo ? 0 : r;
 }
 
-/* 1: jemalloc's mallctl `name` asks for a purge ("arena.<i>.purge", "arena.<i>.decay", a name ending
- * ".reset"); 0: anything else (statistics: redis reads them through mallctl ~40 times a second).
- * Only purges are reported: a statistics read costs no ring event and no tracer wake-up. */
+/* 1: jemalloc's mallctl `name` asks for a purge (a name ending ".purge", ".decay" or ".reset":
+ * "arena.<i>.purge", "arena.<i>.decay", "prof.reset"); 0: anything else: statistics and settings
+ * ("epoch", "stats.resident", "stats.arenas.<i>.dirty_purged", "opt.dirty_decay_ms"), which redis
+ * reads ~40 times a second. Only purges are reported: a read costs no ring event and no tracer
+ * wake-up. */
 #define AS_CTL_NAME 64
 static __always_inline int mallctl_purges(u64 name)
 {
@@ -344,10 +346,11 @@ static __always_inline int mallctl_purges(u64 name)
         return 0;
 #pragma unroll
     for (int i = 0; i + 6 < AS_CTL_NAME; i++) {
-        if ((n[i] == 'p' && n[i + 1] == 'u' && n[i + 2] == 'r' && n[i + 3] == 'g' && n[i + 4] == 'e') ||
-            (n[i] == 'd' && n[i + 1] == 'e' && n[i + 2] == 'c' && n[i + 3] == 'a' && n[i + 4] == 'y') ||
-            (n[i] == '.' && n[i + 1] == 'r' && n[i + 2] == 'e' && n[i + 3] == 's' && n[i + 4] == 'e' &&
-             n[i + 5] == 't' && n[i + 6] == 0))
+        if (n[i] != '.' || n[i + 6] != 0)
+            continue;
+        if ((n[i + 1] == 'p' && n[i + 2] == 'u' && n[i + 3] == 'r' && n[i + 4] == 'g' && n[i + 5] == 'e') ||
+            (n[i + 1] == 'd' && n[i + 2] == 'e' && n[i + 3] == 'c' && n[i + 4] == 'a' && n[i + 5] == 'y') ||
+            (n[i + 1] == 'r' && n[i + 2] == 'e' && n[i + 3] == 's' && n[i + 4] == 'e' && n[i + 5] == 't'))
             return 1;
     }
     return 0;

@@ -84,6 +84,9 @@ static void truth(void)
         je_ctl("stats.allocated", &allocated, &sz, NULL, 0);
         sz = sizeof(size_t);
         je_ctl("stats.resident", &resident, &sz, NULL, 0);
+        long decay_ms = 0; /* a setting read whose name has "decay" in it: no purge either */
+        sz = sizeof(decay_ms);
+        je_ctl("opt.dirty_decay_ms", &decay_ms, &sz, NULL, 0);
         live = allocated;
         retained = resident - allocated;
     } else if (tc_prop) {
