@@ -7,8 +7,10 @@ once the live total (heap API + regions + CUDA host memory, the intervals' `live
 the threshold in totals[7], one AS_EV_PEAK event goes out and the wake is disarmed. The tracer
 then reads the `sites` map at once (`PeakWatch.read`, a batch read: milliseconds), keeps that
 reading when its live total is the highest of the interval, and re-arms the wake at its live
-total + the margin. The reading kept is written as its own `intervals` row (`peak_snapshot` 1)
-with its `sites` part, just before the next interval snapshot (record.py `_peak_snapshot`).
+total (as read before the sites) + the margin; a total already past that when armed (a burst
+that finished rising during the read) makes it read again. The reading kept is written as its
+own `intervals` row (`peak_snapshot` 1) with its `sites` part, just before the next interval
+snapshot (record.py `_peak_snapshot`).
 
 Margin: max(1 % of the high-water mark, 1 MiB) — the composition written is that of a moment
 whose live total is within the margin of the highest (the last wake came at most one margin
@@ -68,7 +70,14 @@ class PeakWatch:
         self.written = 0
 
     def arm(self) -> None:
-        self.probes.set_peak_wake(self.hwm + margin(self.hwm))
+        """Wake at the high-water mark + the margin. The kernel side looks only at allocations, so
+        a rise that passed that threshold before it was set (during the read that armed it)
+        wakes nothing: the total is looked at once after arming, and a read is due when it
+        is past already (a burst that finished rising during a read was kept 21 MiB short)."""
+        threshold = self.hwm + margin(self.hwm)
+        self.probes.set_peak_wake(threshold)
+        if self._live() > threshold:
+            self.woken = True
 
     def disarm(self) -> None:
         self.probes.set_peak_wake(0)
@@ -91,6 +100,7 @@ class PeakWatch:
         """Read the per-stack counters now; keep them when the highest since the last flush;
         re-arm the wake above what was read."""
         t0, c0 = time.monotonic_ns(), time.thread_time_ns()
+        live0 = self._live()  # the sites read next are at least this new: the wake is armed from it
         sites = self.read_sites()
         totals = self.probes.read_totals()
         counters = self.probes.read_counters()
@@ -100,9 +110,11 @@ class PeakWatch:
         except OSError:
             rss = {}
         live = totals[0] + totals[2] + totals[4]
-        if self.pending is None or live > self.pending.live:
+        # at an equal total the later reading wins: its sites are the newer (a read again after a
+        # rise that ended during the last one finds the same total, the sites complete)
+        if self.pending is None or live >= self.pending.live:
             self.pending = PeakReading(t0, live, sites, totals, counters, rss, t1 - t0)
-        self.hwm = max(self.hwm, live)
+        self.hwm = max(self.hwm, min(live, live0))
         self.reads += 1
         self.read_ns += t1 - t0
         self.max_read_ns = max(self.max_read_ns, t1 - t0)
@@ -112,6 +124,10 @@ class PeakWatch:
         # was missed when a descheduled read pushed the next one past it)
         self.next_read_ns = t1 + max(MIN_GAP_NS, 4 * (c1 - c0))
         self.arm()
+
+    def _live(self) -> int:
+        t = self.probes.read_totals()
+        return t[0] + t[2] + t[4]
 
     def take(self, regular_live: int | None = None) -> PeakReading | None:
         """The reading to write now (and forget), before the interval snapshot; `regular_live`:
