@@ -122,9 +122,13 @@ def test_residency_under_inject(targets, tracers, tmp_path):
         f"retained {ford} -> {g['retained']}; agent tables {dec['inject_agent_bytes']}, other anon "
         f"{dec['other_anon_bytes']}"
     )
+    # how each census went (arenas found, chunks, ms, sampled) and its rows: on a failure, which
+    # arena or heap the end census saw differently
+    t = load_trace(out)
+    why = (t.meta["census"], t.census.to_dict("records"))
     assert 0 < err < 0.1 * since and abs(g["live"] - since) <= 1.7 * err, (g, since)
-    assert abs(g["live_before_attach"] - before_chunk) <= 1.7 * err + headers, (g, before_chunk, headers)
-    assert near(g["retained"], ford), (g, ford)
+    assert abs(g["live_before_attach"] - before_chunk) <= 1.7 * err + headers, (g, before_chunk, headers, why)
+    assert near(g["retained"], ford), (g, ford, why)
     assert dec["sum_bytes"] == dec["rss_bytes"] and dec["live_heap_error_bytes"] == err
     # the agent's tables are in other anon, measured: without them it is as small as without
     # --inject (stacks and the program's own: < 1 MiB here)

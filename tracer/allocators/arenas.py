@@ -41,38 +41,42 @@ class Heap:
 
 
 def find_heaps(pid: int, maps: list[Mapping]) -> list[Heap]:
-    """glibc heaps of the process: the brk heap and every thread-arena heap."""
+    """glibc heaps of the process: the brk heap and every thread-arena heap.
+
+    A thread heap is the 64 MiB-aligned reservation glibc maps with MAP_NORESERVE: its read-write
+    part from the aligned start, then the PROT_NONE rest (none once grown to 64 MiB). The kernel
+    merges an adjacent mapping of the same kind into that read-write part (allocscope's own
+    --inject agent tables, mapped below a heap, did: the census lost a whole arena), so the heap
+    is the last 64 MiB boundary inside a read-write mapping, not the mapping's start."""
     ms = sorted(maps, key=lambda m: m.start)
     heaps: list[Heap] = []
     for m in ms:
         if m.path == "[heap]":
             heaps.append(Heap(m.start, m.end, m.end, "main", "main"))
-    candidates = []
+    candidates = []  # (heap start, end of its read-write part, end of the reservation)
     for i, m in enumerate(ms):
-        if not (m.is_anonymous and m.perms.startswith("rw") and m.start % HEAP_MAX == 0 and m.size <= HEAP_MAX):
+        if not (m.is_anonymous and m.perms.startswith("rw")):
             continue
+        start = (m.end - 1) // HEAP_MAX * HEAP_MAX
+        if start < m.start:
+            continue  # no 64 MiB boundary inside
         reserved = m.end
-        if i + 1 < len(ms):
+        if reserved < start + HEAP_MAX and i + 1 < len(ms):
             nxt = ms[i + 1]
-            if (
-                nxt.is_anonymous
-                and nxt.perms.startswith("---")
-                and nxt.start == m.end
-                and nxt.end <= m.start + HEAP_MAX
-            ):
-                reserved = nxt.end
-        if reserved != m.start + HEAP_MAX:
+            if nxt.is_anonymous and nxt.perms.startswith("---") and nxt.start == m.end:
+                reserved = min(nxt.end, start + HEAP_MAX)
+        if reserved != start + HEAP_MAX:
             continue  # not a whole 64 MiB heap reservation
-        candidates.append((m, reserved))
+        candidates.append((start, m.end, reserved))
     if not candidates:
         return heaps
-    ptrs = _read_words(pid, [m.start for m, _ in candidates])
-    ranges = [(m.start, m.end) for m, _ in candidates]
-    for (m, reserved), ar in zip(candidates, ptrs):
+    ptrs = _read_words(pid, [start for start, _, _ in candidates])
+    ranges = [(start, end) for start, end, _ in candidates]
+    for (start, end, reserved), ar in zip(candidates, ptrs):
         # ar_ptr points into the first heap of its arena (the malloc_state follows heap_info).
         if ar is None or not any(lo <= ar < hi for lo, hi in ranges):
             continue
-        heaps.append(Heap(m.start, m.end, reserved, "thread", f"{ar:#x}"))
+        heaps.append(Heap(start, end, reserved, "thread", f"{ar:#x}"))
     return heaps
 
 
