@@ -33,6 +33,11 @@ MARGIN_MIN_BYTES = 1 << 20
 MIN_GAP_NS = 2_000_000  # 2 ms between two reads at least
 
 
+def live_total(totals: tuple[int, ...]) -> int:
+    """The live total peak_watch compares (read_totals: heap API + regions + CUDA host memory)."""
+    return totals[0] + totals[2] + totals[4]
+
+
 def margin(hwm: int) -> int:
     """Bytes the live total must rise above `hwm` before the next peak snapshot."""
     return max(int(hwm * MARGIN_FRACTION), MARGIN_MIN_BYTES)
@@ -109,7 +114,7 @@ class PeakWatch:
             rss = self.rss()
         except OSError:
             rss = {}
-        live = totals[0] + totals[2] + totals[4]
+        live = live_total(totals)
         # at an equal total the later reading wins: its sites are the newer (a read again after a
         # rise that ended during the last one finds the same total, the sites complete)
         if self.pending is None or live >= self.pending.live:
@@ -126,8 +131,7 @@ class PeakWatch:
         self.arm()
 
     def _live(self) -> int:
-        t = self.probes.read_totals()
-        return t[0] + t[2] + t[4]
+        return live_total(self.probes.read_totals())
 
     def take(self, regular_live: int | None = None) -> PeakReading | None:
         """The reading to write now (and forget), before the interval snapshot; `regular_live`:
