@@ -63,12 +63,17 @@ class Tmux:
         self.run("send-keys", "-t", "top", *keys)
 
     def wait_screen(self, pred, what: str, timeout: float = 30) -> list[str]:
+        """The screen once `pred` holds on it and it is whole: the same on two captures in a row.
+        curses sends a frame's changes top-down, and a capture taken while they are still
+        arriving (a loaded box) has the new sort label above the previous frame's rows."""
         last: list[str] = []
+        before: list[str] | None = None
 
         def check():
-            nonlocal last
+            nonlocal last, before
             last = self.screen()
-            return pred(last)
+            whole, before = last == before, last
+            return whole and pred(last)
 
         try:
             wait_for(check, timeout=timeout, what=what, step=0.2)
