@@ -106,16 +106,17 @@ static inline u64 rdtsc(void)
     return ((u64)hi << 32) | lo;
 }
 
-static inline struct as_thread *self(void)
+/* The thread's slot when it is not at its home (the first of its probe window), or not there yet:
+ * out of line, so that the hooks' common case keeps no register for it. */
+__attribute__((noinline)) static struct as_thread *self_slow(u64 key)
 {
-    u64 key = thread_key();
     struct as_thread *tab = (struct as_thread *)as_cfg.threads;
     u32 bits = as_cfg.thread_bits;
     u64 mask = (1ULL << bits) - 1, h = ((key >> 4) * GOLDEN) >> (64 - bits);
     for (u32 i = 0; i < AS_THREAD_PROBES; i++) {
         struct as_thread *t = &tab[(h + i) & mask];
         u64 k = __atomic_load_n(&t->key, __ATOMIC_RELAXED);
-        if (likely(k == key))
+        if (k == key)
             return t;
         if (k == 0 && __sync_bool_compare_and_swap(&t->key, 0, key)) {
             u64 seed = (key ^ rdtsc()) * GOLDEN;
@@ -125,6 +126,17 @@ static inline struct as_thread *self(void)
     }
     __atomic_fetch_add(&as_cfg.thread_overflow, 1, __ATOMIC_RELAXED);
     return &spare;
+}
+
+/* The calling thread's slot: its home slot, almost always (probes/regions.h agent_api looks
+ * for it the same way). */
+static inline struct as_thread *self(void)
+{
+    u64 key = thread_key();
+    struct as_thread *t = (struct as_thread *)as_cfg.threads + (((key >> 4) * GOLDEN) >> (64 - as_cfg.thread_bits));
+    if (likely(__atomic_load_n(&t->key, __ATOMIC_RELAXED) == key))
+        return t;
+    return self_slow(key);
 }
 
 /* 1: keep a block of `size` bytes, with probability min(1, size/N) (probes/heap.h sample_keep) */
@@ -301,15 +313,13 @@ __attribute__((noinline)) static u64 call_sampled(u64 a, u64 b, u64 c, const str
         u64 *ra_slot = RA_SLOT();                                       \
         u64 size = (SIZE);                                              \
         int k = keep(t, size);                                          \
-        t->depth = 1;                                                   \
         t->sp = (u64)ra_slot;                                           \
         t->ra = *ra_slot;                                               \
-        t->api = API(s);                                                \
+        t->call = API(s) | 1ULL << 32; /* api, depth 1: one store */    \
         if (unlikely(k) || (KIND == 1 && maybe_sampled(a)))             \
             return call_sampled(a, b, c, s, t, size, KIND, k, ra_slot); \
         u64 r = f(a, b, c);                                             \
-        t->api = 0;                                                     \
-        t->depth = 0;                                                   \
+        t->call = 0;                                                    \
         return r;                                                       \
     }
 

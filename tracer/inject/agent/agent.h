@@ -41,8 +41,13 @@ struct as_thread {
     u64 rng;
     u64 sp;    /* the open call's stack slot holding its return address */
     u64 ra;    /* that return address */
-    u32 api;   /* the running call (enum as_api), 0: none */
-    u32 depth; /* 1 while a hooked call runs: calls made inside it pass through */
+    union {
+        struct {
+            u32 api;   /* the running call (enum as_api), 0: none */
+            u32 depth; /* 1 while a hooked call runs: calls made inside it pass through */
+        };
+        u64 call; /* both, set and cleared in one store */
+    };
     u32 sys;   /* 1 while a hooked mmap-family call runs: one definition calling another reports once */
     u32 spare1;
     u64 spare[2];
