@@ -31,13 +31,24 @@ def test_agent_is_freestanding():
 
 def test_agent_set_is_exact(tmp_path):
     """The free check (the filter of page counts, then the set's counts) finds every sampled
-    block and reports no other: tests/targets/agent/agent_set.c, the agent's hooks called directly."""
+    block and reports no other; the fork guard tells the process from its child without a system
+    call: tests/targets/agent/agent_set.c, the agent's hooks called directly."""
     exe = build(
         tmp_path / "agent_set", TARGETS_SRC / "agent" / "agent_set.c", flags=["-O2", "-mcx16", f"-I{agent.AGENT_DIR}"]
     )
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
-    phases = [dict(kv.split("=") for kv in line.split()[1:]) for line in r.stdout.splitlines()]
+    lines = {line.split()[0]: line for line in r.stdout.splitlines()}
+    phases = [
+        dict(kv.split("=") for kv in line.split()[1:]) for line in r.stdout.splitlines() if line.startswith("phase")
+    ]
     assert r.returncode == 0 and len(phases) == 2, r.stdout + r.stderr
+    # the fork guard: a process marks its samples by its guard page (its pid is set wrong), a fork's child none
+    assert lines["fork"].split()[1:] == [
+        "parent_sampled=1000",
+        "parent_foreign=0",
+        "child_sampled=0",
+        "child_foreign=1000",
+    ]
     saturated, real = phases
     # every block sampled, 256 page counts: all stuck at 255, and still every free found
     assert saturated["sampled"] == saturated["freed"] == "600000" and saturated["stuck"] == "256"

@@ -72,7 +72,7 @@ SYS_FAMILY = {
 SYS_KINDS = list(SYS_FAMILY)  # enum as_sys_kind's order
 SYS_DEFS = 4  # definitions of one call hooked at most (AS_SYS_DEFS)
 
-AS_MAGIC, AS_VERSION, AS_MAX_HOOKS = 0x31746E6567617361, 5, 96
+AS_MAGIC, AS_VERSION, AS_MAX_HOOKS = 0x31746E6567617361, 6, 96
 STATE_LOADING, STATE_HOOKED, STATE_DETACHING, STATE_UNHOOKED = 0, 1, 2, 3
 WD_NONE, WD_RUNNING, WD_EXITED = 0, 1, 2
 THREAD_BITS, SET_BITS = 14, 17  # 16384 threads (1 MiB), 131072 buckets of 8 (8 MiB + 128 KiB)
@@ -83,9 +83,19 @@ TABLES_BYTES = (THREAD_SLOT << THREAD_BITS) + (64 << SET_BITS) + (1 << SET_BITS)
 WATCHDOG_POLL_MS = 100
 WATCHDOG_STACK = 64 << 10
 
-SYS = {"mmap": 9, "mprotect": 10, "munmap": 11, "rt_sigprocmask": 14, "close": 3, "openat": 257, "pidfd_open": 434}
+SYS = {
+    "mmap": 9,
+    "mprotect": 10,
+    "madvise": 28,
+    "munmap": 11,
+    "rt_sigprocmask": 14,
+    "close": 3,
+    "openat": 257,
+    "pidfd_open": 434,
+}
 PROT_R, PROT_W, PROT_X = 1, 2, 4
 MAP_PRIVATE, MAP_FIXED, MAP_ANON, MAP_NORESERVE, MAP_FIXED_NOREPLACE = 0x02, 0x10, 0x20, 0x4000, 0x100000
+MADV_WIPEONFORK = 18  # the fork guard's page (agent.c ours())
 CLONE_FLAGS = 0x100 | 0x200 | 0x400 | 0x800 | 0x10000 | 0x40000  # VM FS FILES SIGHAND THREAD SYSVSEM
 
 
@@ -142,6 +152,7 @@ class AsConfig(ct.Structure):
         ("foreign", u64),
         ("sys_orig", (u64 * SYS_DEFS) * len(SYS_KINDS)),
         ("sys_marks", u64),
+        ("guard", u64),
     ]
 
 

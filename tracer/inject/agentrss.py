@@ -2,9 +2,9 @@
 
 The agent's tables (tracer/inject/agent.py: the thread states, 1 MiB; the set of sampled pointers, 8 MiB
 of buckets a pointer lands in by its hash, and 128 KiB of counts; 16 KiB of page counts in front of
-them; the watchdog's stack) are an anonymous mapping made with MAP_NORESERVE: only the pages touched
-are resident, ~4 KiB for each sampled block (live or since freed) until every page of the set has
-been, ~9.2 MiB at most. Those
+them; the watchdog's stack; the fork guard's page) are an anonymous mapping made with
+MAP_NORESERVE: only the pages touched are resident, ~4 KiB for each sampled block (live or since
+freed) until every page of the set has been, ~9.2 MiB at most. Those
 pages are in the target's RssAnon, so the report's "other anonymous" holds them; this measures
 them (pagemap, once, when the meta is written at the end), so that the report can say how much.
 """
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 
 def tables_span() -> int:
-    """Bytes of the agent's tables mapping (its thread states, set, counts and watchdog stack)."""
-    from common.pages import page_up  # noqa: PLC0415
+    """Bytes of the agent's tables mapping (its thread states, set, counts, watchdog stack and
+    fork guard's page)."""
+    from common.pages import PAGE, page_up  # noqa: PLC0415
 
     from .agent import TABLES_BYTES, WATCHDOG_STACK  # noqa: PLC0415
 
-    return page_up(TABLES_BYTES) + WATCHDOG_STACK
+    return page_up(TABLES_BYTES) + WATCHDOG_STACK + PAGE
 
 
 def tables_resident(pid: int, tables: int) -> int | None:

@@ -20,6 +20,7 @@ from .agent import (
     AS_VERSION,
     CLONE_FLAGS,
     FILTER_BITS,
+    MADV_WIPEONFORK,
     MAP_ANON,
     MAP_FIXED,
     MAP_FIXED_NOREPLACE,
@@ -206,11 +207,22 @@ class AgentLoader:
                 self.inj.base = base
             finally:
                 self.inj.syscall(st, tid, "close", fd)
-            # 2. tables (thread states, sampled-pointer set, its counts, the filter) and the watchdog's stack
+            # 2. tables (thread states, sampled-pointer set, its counts, the filter), the watchdog's
+            # stack, and the fork guard's page (agent.c ours(): wiped in a fork's child)
             tsize = TABLES_BYTES
             self.inj.tables = self._mmap(
-                st, tid, 0, page_up(tsize) + WATCHDOG_STACK, PROT_R | PROT_W, MAP_PRIVATE | MAP_ANON | MAP_NORESERVE
+                st,
+                tid,
+                0,
+                page_up(tsize) + WATCHDOG_STACK + PAGE,
+                PROT_R | PROT_W,
+                MAP_PRIVATE | MAP_ANON | MAP_NORESERVE,
             )
+            guard = self.inj.tables + page_up(tsize) + WATCHDOG_STACK
+            if self.inj.syscall(st, tid, "madvise", guard, PAGE, MADV_WIPEONFORK) == 0:
+                mem.write(guard, struct.pack("<Q", 1))
+            else:
+                guard = 0  # a kernel before 4.14: the hooks ask getpid
             # 3. a stub page near each module: slot, stub and trampoline per hooked function
             self._place_stubs(st, mem, tid, maps, hooks)
             # 4. the configuration
@@ -223,7 +235,7 @@ class AgentLoader:
             cfg.set = self.inj.tables + (THREAD_SLOT << THREAD_BITS)
             cfg.spill = cfg.set + (64 << SET_BITS)
             cfg.filter, cfg.filter_bits = cfg.spill + (1 << SET_BITS), FILTER_BITS
-            cfg.nhooks = len(hooks)
+            cfg.nhooks, cfg.guard = len(hooks), guard
             perms = {m.start: m for m in maps}
             for i, h in enumerate(hooks):
                 r = cfg.hooks[i]

@@ -4,7 +4,7 @@
 #define AS_AGENT_H
 
 #define AS_AGENT_MAGIC 0x31746e6567617361ULL /* "asagent1" */
-#define AS_AGENT_VERSION 5
+#define AS_AGENT_VERSION 6
 #define AS_MAX_HOOKS 96
 #define AS_THREAD_PROBES 8 /* slots tried per thread key (probes/regions.h reads as many) */
 #define AS_SET_SPILL 4     /* buckets a sampled pointer may land in */
@@ -97,6 +97,9 @@ struct as_config {
      * called (one per reported call: two for munmap, madvise, brk) */
     u64 sys_orig[AS_SYS_KINDS][AS_SYS_DEFS];
     volatile u64 sys_marks;
+    /* a word on a page of its own, madvise(MADV_WIPEONFORK): 1 in the traced process, 0 in a fork's
+     * child (0 here: no such page, the hooks ask getpid) */
+    u64 guard;
 };
 
 #endif
