@@ -42,9 +42,32 @@ from benchlib import TrialError, finish_results, stop_process
 from inject_floor import MODES, Bench, Redis, Rustd, Tracer, physical_cpus
 from inject_paired import window
 
-from tracer.inject.agent import AsConfig, read_agent
+# struct as_config (tracer/inject/agent/agent.h): u64 magic, u32 version, u32 size, u32 enabled
+MAGIC, ENABLED = 0x31746E6567617361, 16
 
-ENABLED = AsConfig.enabled.offset
+
+def elf_symbol(path: str, name: str) -> tuple[int, int]:
+    """(st_value, the lowest PT_LOAD p_vaddr) of `name` in the ELF64 file `path` (.symtab): no
+    dependency, so that this runs with the GPU box's python too."""
+    data = Path(path).read_bytes()
+    shoff, phoff = struct.unpack_from("<Q", data, 0x28)[0], struct.unpack_from("<Q", data, 0x20)[0]
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    first = min(
+        struct.unpack_from("<Q", data, phoff + i * phentsize + 16)[0]
+        for i in range(phnum)
+        if struct.unpack_from("<I", data, phoff + i * phentsize)[0] == 1
+    )
+    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    for sec in secs:
+        if sec[1] != 2:  # SHT_SYMTAB
+            continue
+        strtab = secs[sec[6]]
+        for off in range(sec[4], sec[4] + sec[5], 24):
+            st_name, _info, _other, _shndx, value, _size = struct.unpack_from("<IBBHQQ", data, off)
+            end = data.index(b"\0", strtab[4] + st_name)
+            if data[strtab[4] + st_name : end] == name.encode():
+                return value, first
+    raise TrialError(f"{path}: no symbol {name}")
 
 
 def agent_cfg(pid: int) -> int:
@@ -53,9 +76,13 @@ def agent_cfg(pid: int) -> int:
         for line in f:
             parts = line.split()
             if len(parts) >= 6 and parts[5].endswith("allocscope-agent.so") and int(parts[2], 16) == 0:
-                img = read_agent(parts[5])
-                first = min(v for v, *_ in img.loads)
-                return int(parts[0].split("-")[0], 16) - (first & ~0xFFF) + img.symbols["as_cfg"][0]
+                value, first = elf_symbol(parts[5], "as_cfg")
+                cfg = int(parts[0].split("-")[0], 16) - (first & ~0xFFF) + value
+                with open(f"/proc/{pid}/mem", "rb") as m:
+                    m.seek(cfg)
+                    if struct.unpack("<Q", m.read(8))[0] != MAGIC:
+                        raise TrialError(f"no agent configuration at {cfg:#x} in {pid}")
+                return cfg
     raise TrialError(f"no agent mapped in {pid}")
 
 
