@@ -79,7 +79,8 @@ static int phase(u64 sample_bytes, long n, long ops, u64 max_size, u32 filter_bi
         stuck += c == 255;
         odd += c != 0 && c != 255;
     }
-    printf("phase filter_bits=%u sample_bytes=%lu sampled=%ld freed=%lu set_full=%lu wrong=%ld left=%ld counts=%ld stuck=%ld "
+    printf("phase filter_bits=%u sample_bytes=%lu sampled=%ld freed=%lu set_full=%lu wrong=%ld left=%ld counts=%ld "
+           "stuck=%ld "
            "odd=%ld\n",
            filter_bits, sample_bytes, sampled, as_cfg.freed, as_cfg.set_full, wrong, left, counts, stuck, odd);
     free(pool);

@@ -39,8 +39,8 @@ struct as_slot {
 struct as_thread {
     u64 key;
     u64 rng;
-    u64 sp;    /* the open call's stack slot holding its return address */
-    u64 ra;    /* that return address */
+    u64 sp; /* the open call's stack slot holding its return address */
+    u64 ra; /* that return address */
     union {
         struct {
             u32 api;   /* the running call (enum as_api), 0: none */
@@ -48,7 +48,7 @@ struct as_thread {
         };
         u64 call; /* both, set and cleared in one store */
     };
-    u32 sys;   /* 1 while a hooked mmap-family call runs: one definition calling another reports once */
+    u32 sys; /* 1 while a hooked mmap-family call runs: one definition calling another reports once */
     u32 spare1;
     u64 spare[2];
 };
