@@ -129,12 +129,45 @@ def table(b: Bench, name: str, res: dict[str, list[dict]]) -> list[str]:
     return goals
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def say_header(b: Bench, title: str) -> None:
+    """The results file's title, the command and the machine (CPUs, kernel, load, layout)."""
+    load0 = Path("/proc/loadavg").read_text().split()[:3]
+    b.say(f"## {title} — {time.strftime('%Y-%m-%d %H:%M')}\n")
+    b.say(f"Command: `{' '.join(sys.argv)}`\n")
+    b.say(
+        f"Machine: {os.cpu_count()} CPUs ({len(physical_cpus())} physical cores usable), kernel "
+        f"{platform.release()}, load average at the start {' '.join(load0)}. CPUs: {b.cpus.describe()}.\n"
+    )
+
+
+def common_args(ap: argparse.ArgumentParser) -> None:
+    """The arguments every inject_*.py bench on one daemon takes: allocscope, the results file,
+    where the daemons are."""
     ap.add_argument("allocscope")
     ap.add_argument("out", help="markdown results file")
     ap.add_argument("--bins", help="rustd built by bench/inject_floor.py --build-bins")
     ap.add_argument("--redis-dir", help="redis-server, redis-benchmark and the libraries they need")
+
+
+def run_workloads(b: Bench, a: argparse.Namespace, measure, summary: str, work: Path, keep: bool) -> None:
+    """Each of a.workloads: its header, then `measure(name, workload)` (its summary lines); the
+    summary line, the load at the end; the results file written whatever happened."""
+    goals: list[str] = []
+    try:
+        wls = {"redis": Redis(b, a.requests), "rustd": Rustd(b, a.seconds)}
+        for name in a.workloads.split(","):
+            b.say(f"### {name}: {wls[name].header()}\n")
+            goals += measure(name, wls[name])
+            b.say()
+        b.say(summary + "; ".join(goals) + ".")
+        b.say(f"\nLoad average at the end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}.")
+    finally:
+        finish_results(a.out, b.lines, work, keep)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common_args(ap)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--requests", type=int, default=100000, help="redis-benchmark -n per test and window")
     ap.add_argument("--seconds", type=float, default=5.0, help="rustd's window")
@@ -157,25 +190,15 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     b = Bench(a, work)
     b.cpus.client = b.cpus.client[:1]  # redis-benchmark is one thread: one CPU, no migrations
-    load0 = Path("/proc/loadavg").read_text().split()[:3]
-    b.say(f"## `--inject` on one running daemon, attached and detached — {time.strftime('%Y-%m-%d %H:%M')}\n")
-    b.say(f"Command: `{' '.join(sys.argv)}`\n")
-    b.say(
-        f"Machine: {os.cpu_count()} CPUs ({len(physical_cpus())} physical cores usable), kernel "
-        f"{platform.release()}, load average at the start {' '.join(load0)}. CPUs: {b.cpus.describe()}.\n"
+    say_header(b, "`--inject` on one running daemon, attached and detached")
+    run_workloads(
+        b,
+        a,
+        lambda name, wl: table(b, name, paired(b, wl, modes, a.rounds)),
+        "Throughput kept, median over the traced windows: ",
+        work,
+        bool(a.workdir),
     )
-    goals = []
-    try:
-        wls = {"redis": Redis(b, a.requests), "rustd": Rustd(b, a.seconds)}
-        for name in a.workloads.split(","):
-            b.say(f"### {name}: {wls[name].header()}\n")
-            res = paired(b, wls[name], modes, a.rounds)
-            goals += table(b, name, res)
-            b.say()
-        b.say("Throughput kept, median over the traced windows: " + "; ".join(goals) + ".")
-        b.say(f"\nLoad average at the end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}.")
-    finally:
-        finish_results(a.out, b.lines, work, bool(a.workdir))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import signal
 import statistics
 import struct
@@ -38,9 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import TrialError, finish_results, stop_process
-from inject_floor import MODES, Bench, Redis, Rustd, Tracer, physical_cpus
-from inject_paired import window
+from benchlib import TrialError, stop_process
+from inject_floor import MODES, Bench, Redis, Tracer
+from inject_paired import common_args, run_workloads, say_header, window
 
 # struct as_config (tracer/inject/agent/agent.h): u64 magic, u32 version, u32 size, u32 enabled
 MAGIC, ENABLED = 0x31746E6567617361, 16
@@ -151,10 +150,7 @@ def table(b: Bench, name: str, res: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("allocscope")
-    ap.add_argument("out", help="markdown results file")
-    ap.add_argument("--bins", help="rustd built by bench/inject_floor.py --build-bins")
-    ap.add_argument("--redis-dir", help="redis-server, redis-benchmark and the libraries they need")
+    common_args(ap)
     ap.add_argument("--pairs", type=int, default=30, help="on-windows per workload")
     ap.add_argument("--requests", type=int, default=25000, help="redis-benchmark -n per test and window")
     ap.add_argument("--seconds", type=float, default=1.0, help="rustd's window")
@@ -173,24 +169,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="inject-toggle-"))
     b = Bench(a, work)
     b.cpus.client = b.cpus.client[:1]
-    load0 = Path("/proc/loadavg").read_text().split()[:3]
-    b.say(f"## `--inject`'s hooks on and off under one recording — {time.strftime('%Y-%m-%d %H:%M')}\n")
-    b.say(f"Command: `{' '.join(sys.argv)}`\n")
-    b.say(
-        f"Machine: {os.cpu_count()} CPUs ({len(physical_cpus())} physical cores usable), kernel "
-        f"{platform.release()}, load average at the start {' '.join(load0)}. CPUs: {b.cpus.describe()}.\n"
+    say_header(b, "`--inject`'s hooks on and off under one recording")
+    run_workloads(
+        b,
+        a,
+        lambda name, wl: [table(b, name, toggled(b, wl, a.pairs))],
+        "Hooks on against off, with the recording attached throughout: ",
+        work,
+        False,
     )
-    goals = []
-    try:
-        wls = {"redis": Redis(b, a.requests), "rustd": Rustd(b, a.seconds)}
-        for name in a.workloads.split(","):
-            b.say(f"### {name}: {wls[name].header()}\n")
-            goals.append(table(b, name, toggled(b, wls[name], a.pairs)))
-            b.say()
-        b.say("Hooks on against off, with the recording attached throughout: " + "; ".join(goals) + ".")
-        b.say(f"\nLoad average at the end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}.")
-    finally:
-        finish_results(a.out, b.lines, work, False)
 
 
 if __name__ == "__main__":
