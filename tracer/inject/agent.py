@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import AllocscopeError
-from common.pages import page_up
+from common.pages import PAGE, page_up
 
 from ..base.cachedir import cache_dir
 from ..base.cc import CompileError, compile_c
@@ -82,6 +82,9 @@ FILTER_BITS = 14  # 16 KiB of page counts in front of the set's (agent.c "the fi
 TABLES_BYTES = (THREAD_SLOT << THREAD_BITS) + (64 << SET_BITS) + (1 << SET_BITS) + (1 << FILTER_BITS)
 WATCHDOG_POLL_MS = 100
 WATCHDOG_STACK = 64 << 10
+# the tables mapping: the tables, the watchdog's stack, then the fork guard's page (agent.c ours())
+GUARD_OFFSET = page_up(TABLES_BYTES) + WATCHDOG_STACK
+TABLES_SPAN = GUARD_OFFSET + PAGE
 
 SYS = {
     "mmap": 9,

@@ -15,11 +15,9 @@ from __future__ import annotations
 def tables_span() -> int:
     """Bytes of the agent's tables mapping (its thread states, set, counts, watchdog stack and
     fork guard's page)."""
-    from common.pages import PAGE, page_up  # noqa: PLC0415
+    from .agent import TABLES_SPAN  # noqa: PLC0415
 
-    from .agent import TABLES_BYTES, WATCHDOG_STACK  # noqa: PLC0415
-
-    return page_up(TABLES_BYTES) + WATCHDOG_STACK + PAGE
+    return TABLES_SPAN
 
 
 def tables_resident(pid: int, tables: int) -> int | None:

@@ -20,6 +20,7 @@ from .agent import (
     AS_VERSION,
     CLONE_FLAGS,
     FILTER_BITS,
+    GUARD_OFFSET,
     MADV_WIPEONFORK,
     MAP_ANON,
     MAP_FIXED,
@@ -33,11 +34,10 @@ from .agent import (
     STATE_DETACHING,
     STATE_HOOKED,
     SYS_KINDS,
-    TABLES_BYTES,
+    TABLES_SPAN,
     THREAD_BITS,
     THREAD_SLOT,
     WATCHDOG_POLL_MS,
-    WATCHDOG_STACK,
     WD_NONE,
     AsConfig,
     InjectError,
@@ -209,16 +209,10 @@ class AgentLoader:
                 self.inj.syscall(st, tid, "close", fd)
             # 2. tables (thread states, sampled-pointer set, its counts, the filter), the watchdog's
             # stack, and the fork guard's page (agent.c ours(): wiped in a fork's child)
-            tsize = TABLES_BYTES
             self.inj.tables = self._mmap(
-                st,
-                tid,
-                0,
-                page_up(tsize) + WATCHDOG_STACK + PAGE,
-                PROT_R | PROT_W,
-                MAP_PRIVATE | MAP_ANON | MAP_NORESERVE,
+                st, tid, 0, TABLES_SPAN, PROT_R | PROT_W, MAP_PRIVATE | MAP_ANON | MAP_NORESERVE
             )
-            guard = self.inj.tables + page_up(tsize) + WATCHDOG_STACK
+            guard = self.inj.tables + GUARD_OFFSET
             if self.inj.syscall(st, tid, "madvise", guard, PAGE, MADV_WIPEONFORK) == 0:
                 mem.write(guard, struct.pack("<Q", 1))
             else:
@@ -263,7 +257,7 @@ class AgentLoader:
             self.inj.syscall(st, tid, "rt_sigprocmask", 0, scratch + 256, scratch + 264, 8)
             r = st.regs[tid].copy()
             r.rip, r.rdi = self.inj.sym("as_clone_entry"), CLONE_FLAGS
-            r.rsi = self.inj.tables + page_up(tsize) + WATCHDOG_STACK - 64
+            r.rsi = self.inj.tables + GUARD_OFFSET - 64  # the top of the watchdog's stack
             out = st.run_until_trap(tid, r, step=False)
             self.inj.syscall(st, tid, "rt_sigprocmask", 2, scratch + 264, 0, 8)
             child = out.rax - (1 << 64) if out.rax >= 1 << 63 else out.rax
