@@ -24,9 +24,12 @@ def test_agent_is_freestanding():
     undef = subprocess.run(["nm", "-u", path], capture_output=True, text=True, check=True).stdout
     assert undef.strip() == "", undef  # no libc, nothing to resolve
     with open(path, "rb") as f:
-        for marker in ("as_mark_alloc", "as_mark_free"):
-            f.seek(img.file_offset(marker))
-            assert f.read(1) == b"\x55", marker  # push %rbp: an instruction uprobes emulate
+        for marker in ("as_mark_alloc", "as_mark_free", "as_mark_sys"):
+            # nopl 0(%rax,%rax,1) (a probe on it becomes a call on 6.18), then push %rbp (emulated)
+            f.seek(img.marker_offset(marker, nop5=True))
+            assert f.read(6) == bytes.fromhex("0f1f44000055"), marker
+            f.seek(img.marker_offset(marker, nop5=False))
+            assert f.read(3) == bytes.fromhex("555dc3"), marker
 
 
 def test_agent_set_is_exact(tmp_path):

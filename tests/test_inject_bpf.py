@@ -121,7 +121,17 @@ def c_target(tmp_path_factory) -> Path:
     return build(tmp_path_factory.mktemp("inject") / "inject", TARGETS_SRC / "inject.c", flags=C_FLAGS)
 
 
-def test_inject_c_estimates_restore_fork(tmp_path, procs, tracers, c_target):
+def kernel_optimizes_nop5() -> bool:
+    return b" arch_uprobe_optimize\n" in Path("/proc/kallsyms").read_bytes()
+
+
+@pytest.mark.parametrize("marker", ["default", "push"])
+def test_inject_c_estimates_restore_fork(tmp_path, procs, tracers, c_target, monkeypatch, marker):
+    """`push`: the markers' probes on their push %rbp (ALLOCSCOPE_UPROBE_NOP5=0), as on a kernel that
+    does not optimize a uprobe on a 5-byte nop; `default`: on the nop where this one does."""
+    if marker == "push":
+        monkeypatch.setenv("ALLOCSCOPE_UPROBE_NOP5", "0")
+    nop5 = marker == "default" and kernel_optimizes_nop5()
     tgt = procs(c_target, "--threads", 2)
     tgt.expect("ready")
     before = entry_bytes(tgt.pid)
@@ -144,6 +154,9 @@ def test_inject_c_estimates_restore_fork(tmp_path, procs, tracers, c_target):
     assert any(m.path.endswith("allocscope-agent.so") for m in procfs.read_maps(tgt.pid))
     tgt.signal(signal.SIGUSR1)
     tgt.expect("held")
+    # an optimized probe is a call into the trampoline page the kernel maps into the process
+    trampoline = [m for m in procfs.read_maps(tgt.pid) if m.path == "[uprobes-trampoline]"]
+    assert bool(trampoline) == nop5, trampoline
     tgt.signal(signal.SIGHUP)  # fork + exec under injection: the child runs the hooks too
     assert tgt.expect("child").split() == ["child", "0"]
     time.sleep(0.6)
@@ -160,6 +173,7 @@ def test_inject_c_estimates_restore_fork(tmp_path, procs, tracers, c_target):
 
     rep = report_json(out)
     inj = check_injected_meta(rep, {"malloc", "free", "calloc", "realloc"})
+    assert inj["marker_probe"] == ("nop5" if nop5 else "push"), inj["marker_probe"]
     large, small = location(rep, "hold_large"), location(rep, "hold_small")
     assert (large["live_bytes"], large["live_count"]) == (24 << 20, 24)  # >= N: every block, exact
     within_error(small, 4000 * 4096)

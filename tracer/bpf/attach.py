@@ -16,6 +16,7 @@ from ..allocators.discovery import STANDARD
 from ..allocators.purges import NOT_HOOKED, purge_plans
 from ..base import layout as L
 from .faults import FaultEvents
+from .kernel_btf import optimizes_nop5_uprobes
 from .objects import TRACE_UPROBE_SESSION, UPROBE_MULTI_RETURN, uprobe_multi_link
 from .program import Program, sys_tracepoints
 
@@ -199,8 +200,10 @@ class Uprobes:
         purges = purge_plans(plans)
         self._attach_plans(purges, custom, sources, maps)
         img = agent.agent
-        self.add("mark_alloc", img.path, img.file_offset("as_mark_alloc"), BPF_PROBE_ENTRY)
-        self.add("mark_free", img.path, img.file_offset("as_mark_free"), BPF_PROBE_ENTRY)
+        nop5 = optimizes_nop5_uprobes()
+        agent.marker_probe = "nop5" if nop5 else "push"
+        self.add("mark_alloc", img.path, img.marker_offset("as_mark_alloc", nop5), BPF_PROBE_ENTRY)
+        self.add("mark_free", img.path, img.marker_offset("as_mark_free", nop5), BPF_PROBE_ENTRY)
         failed = self.flush()
         if failed:
             raise PermissionProblem(next(iter(failed.values())))
@@ -227,7 +230,8 @@ class Uprobes:
                 tails = self.bpf[b"msys_tails"]
                 for i, name in enumerate((b"msys_unwind", b"msys_keep")):
                     tails[ct.c_int(i)] = ct.c_int(self.program.load(name).fd)
-            self.add("mark_sys", agent.agent.path, agent.agent.file_offset("as_mark_sys"), BPF_PROBE_ENTRY)
+            nop5 = agent.marker_probe == "nop5"  # as the other markers (_attach_markers)
+            self.add("mark_sys", agent.agent.path, agent.agent.marker_offset("as_mark_sys", nop5), BPF_PROBE_ENTRY)
             failed = self.flush()
             if failed:
                 raise PermissionProblem(next(iter(failed.values())))

@@ -10,13 +10,14 @@ libbpf's BTF API (libbpf1, a dependency of BCC), and reach the program as -D fla
 from __future__ import annotations
 
 import ctypes as ct
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
 BTF_KIND_PTR, BTF_KIND_ARRAY, BTF_KIND_STRUCT, BTF_KIND_UNION, BTF_KIND_ENUM = 2, 3, 4, 5, 6
-BTF_KIND_TYPEDEF, BTF_KIND_FUNC_PROTO = 8, 13
+BTF_KIND_TYPEDEF, BTF_KIND_FUNC, BTF_KIND_FUNC_PROTO = 8, 12, 13
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,28 @@ def fsbase_offset() -> list[str]:
     return _btf_flags(
         lambda off: [f"-DAS_OFF_TASK_FSBASE={off('task_struct', 'thread') + off('thread_struct', 'fsbase')}"]
     )
+
+
+@lru_cache(maxsize=1)
+def optimizes_nop5_uprobes() -> bool:
+    """True when a uprobe on a 5-byte nop becomes a call, not a breakpoint trap: x86-64 kernels
+    since 6.18 rewrite the nop into a call to a trampoline that makes the uprobe system call
+    (arch_uprobe_optimize); a hit costs ~35 % less (bench/marker_trap.py). --inject's markers
+    start with one (tracer/inject/agent.py marker_offset). ALLOCSCOPE_UPROBE_NOP5=0 turns it off
+    (the markers' probes then sit on their push %rbp, as on older kernels)."""
+    if os.environ.get("ALLOCSCOPE_UPROBE_NOP5") == "0":
+        return False
+    try:
+        btf = _load()
+    except OSError:
+        return False
+    try:
+        btf.find("arch_uprobe_optimize", BTF_KIND_FUNC)
+        return True
+    except LookupError:
+        return False
+    finally:
+        _done(btf)
 
 
 @lru_cache(maxsize=1)

@@ -17,6 +17,11 @@ from ..base.cc import CompileError, compile_c
 AGENT_DIR = Path(__file__).resolve().parent / "agent"
 AGENT_SOURCES = (AGENT_DIR / "agent.c", AGENT_DIR / "agent.h")
 AGENT_NAME = "allocscope-agent.so"
+# The markers the hooks call on a sampled call (agent.c "Markers"): their code, nopl 0(%rax,%rax,1);
+# push %rbp; pop %rbp; ret. The probe sits on the nop (offset 0) or on the push.
+MARKERS = ("as_mark_alloc", "as_mark_free", "as_mark_sys")
+MARKER_CODE = bytes.fromhex("0f1f440000555dc3")
+MARKER_PUSH_AT = 5
 # How agent.c's code is compiled (bench/agent_free.py compiles it into its harness with these).
 AGENT_CODE_CFLAGS = [
     "-O2",
@@ -198,6 +203,11 @@ class AgentImage:
     def span(self) -> int:
         return page_up(max(v + m for v, m, _f, _o, _p in self.loads))
 
+    def marker_offset(self, name: str, nop5: bool) -> int:
+        """Where a marker's uprobe goes in the file: on its 5-byte nop where the kernel optimizes
+        such a probe (kernel_btf.optimizes_nop5_uprobes), else on its push %rbp (agent.c "Markers")."""
+        return self.file_offset(name) + (0 if nop5 else MARKER_PUSH_AT)
+
     def file_offset(self, name: str) -> int:
         va = self.symbols[name][0]
         for v, _m, f, off, _p in self.loads:
@@ -227,17 +237,21 @@ def read_agent(path: str) -> AgentImage:
         symbols = {s.name: (s["st_value"], s["st_size"]) for s in symtab.iter_symbols() if s.name}
     need = {
         "as_cfg",
-        "as_mark_alloc",
-        "as_mark_free",
-        "as_mark_sys",
+        *MARKERS,
         "as_clone_entry",
         *HOOKS.values(),
         *(f"as_hs_{k}_{i}" for k in SYS_KINDS for i in range(SYS_DEFS)),
     }
     if not need <= symbols.keys():
         raise InjectError(f"{path}: not the allocscope agent (missing {sorted(need - symbols.keys())[0]})")
+    img = AgentImage(path, loads, symbols)
+    with open(path, "rb") as f:
+        for name in MARKERS:
+            f.seek(img.file_offset(name))
+            if f.read(len(MARKER_CODE)) != MARKER_CODE:
+                raise InjectError(f"{path}: agent of another version ({name} is not nop5; push %rbp; pop %rbp; ret)")
     if symbols["as_cfg"][1] != ct.sizeof(AsConfig):
         raise InjectError(
             f"{path}: agent of another version (as_cfg is {symbols['as_cfg'][1]} bytes, expected {ct.sizeof(AsConfig)})"
         )
-    return AgentImage(path, loads, symbols)
+    return img

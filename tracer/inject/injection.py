@@ -65,6 +65,7 @@ class Injection:
     sys_hook_specs: list[HookSpec] = field(default_factory=list)  # the mmap family's
     quiet: object = None  # quiet(tid): the probes ignore tid's system calls (0: none)
     marks_fd: int = field(default=-1, repr=False)  # /proc/PID/mem, read-only: sys_marks()
+    marker_probe: str = ""  # where the markers' uprobes sit: "nop5" (optimized) or "push" (emulated)
 
     @property
     def cfg_addr(self) -> int:
@@ -234,6 +235,7 @@ class Injection:
             "tracepoints": list(tracepoints or []),
             "skipped": dict(self.refused),
             "stopped_ms": [round(x, 2) for x in self.stopped_ms],
+            "marker_probe": self.marker_probe,
             "watchdog_tid": self.watchdog_tid,
             "detached": self.detached,
             "counters": dict(self.counters),

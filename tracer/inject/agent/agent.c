@@ -40,18 +40,17 @@ typedef u64 (*as_fn3)(u64, u64, u64);
 HIDDEN struct as_config as_cfg __attribute__((used, aligned(64))) = {
     .magic = AS_AGENT_MAGIC, .version = AS_AGENT_VERSION, .size = sizeof(struct as_config)};
 
-/* Markers: empty functions whose first instruction (push %rbp) the kernel emulates under a uprobe.
- * Written in assembly so that no compiler removes the calls; CFI for unwinders. */
-__asm__(".text\n"
-        ".globl as_mark_alloc\n.hidden as_mark_alloc\n.type as_mark_alloc,@function\n.p2align 4\n"
-        "as_mark_alloc:\n.cfi_startproc\npush %rbp\n.cfi_def_cfa_offset 16\n.cfi_offset %rbp,-16\n"
-        "pop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n.size as_mark_alloc,.-as_mark_alloc\n"
-        ".globl as_mark_free\n.hidden as_mark_free\n.type as_mark_free,@function\n.p2align 4\n"
-        "as_mark_free:\n.cfi_startproc\npush %rbp\n.cfi_def_cfa_offset 16\n.cfi_offset %rbp,-16\n"
-        "pop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n.size as_mark_free,.-as_mark_free\n"
-        ".globl as_mark_sys\n.hidden as_mark_sys\n.type as_mark_sys,@function\n.p2align 4\n"
-        "as_mark_sys:\n.cfi_startproc\npush %rbp\n.cfi_def_cfa_offset 16\n.cfi_offset %rbp,-16\n"
-        "pop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n.size as_mark_sys,.-as_mark_sys\n");
+/* Markers: empty functions that carry allocscope's uprobes. Each starts with a 5-byte nop, then
+ * push %rbp: on a kernel that optimizes a uprobe on a 5-byte nop (x86-64, 6.18: the probe becomes
+ * a call into a trampoline that makes the uprobe system call, no breakpoint trap) the probe sits on
+ * the nop, ~35 % cheaper a hit; elsewhere it sits on the push, an instruction the kernel emulates
+ * (tracer/inject/agent.py marker_offset). Written in assembly so that no compiler removes the
+ * calls; CFI for unwinders. */
+#define MARKER(name)                                                                                       \
+    ".globl " name "\n.hidden " name "\n.type " name ",@function\n.p2align 4\n" name ":\n.cfi_startproc\n" \
+    ".byte 0x0f,0x1f,0x44,0x00,0x00\npush %rbp\n.cfi_def_cfa_offset 16\n.cfi_offset %rbp,-16\n"            \
+    "pop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n.size " name ",.-" name "\n"
+__asm__(".text\n" MARKER("as_mark_alloc") MARKER("as_mark_free") MARKER("as_mark_sys"));
 /* p, the requested size, the bytes it stands for, the slot's cookie (enum as_api | source << 16),
  * the hook's frame (caller's %rbp at [fp], return address at [fp + 8], caller's %rsp fp + 16) */
 void as_mark_alloc(u64 p, u64 size, u64 weight, u64 cookie, void *fp);
