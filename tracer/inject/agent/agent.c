@@ -19,8 +19,8 @@
  *
  * Safety: a hook never allocates; a call made from inside a hooked call (an allocator calling
  * its own public entry) passes through; the tables are lock-free (compare-and-swap); a fork's
- * child marks nothing (getpid on the sampled path only); the watchdog thread (raw clone, every
- * signal blocked, no TLS use) unhooks the process when the tracer's pidfd says it died. */
+ * child marks nothing (a guard word its fork wipes: ours() below); the watchdog thread (raw clone,
+ * every signal blocked, no TLS use) unhooks the process when the tracer's pidfd says it died. */
 
 typedef unsigned long u64;
 typedef long s64;
