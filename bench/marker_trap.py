@@ -45,17 +45,18 @@ def load_bcc(bundle: str | None):
     return BPF
 
 
-def marker_offset(exe: Path) -> int:
-    """The file offset of `marker` in the loop program (ELF .symtab through nm and readelf)."""
-    nm = subprocess.run(["nm", str(exe)], capture_output=True, text=True, check=True).stdout
-    va = next(int(line.split()[0], 16) for line in nm.splitlines() if line.endswith(" marker"))
-    segs = subprocess.run(["readelf", "-lW", str(exe)], capture_output=True, text=True, check=True).stdout
-    for line in segs.splitlines():
-        f = line.split()
-        if f and f[0] == "LOAD":
-            off, vaddr, filesz = int(f[1], 16), int(f[2], 16), int(f[4], 16)
-            if vaddr <= va < vaddr + filesz:
-                return va - vaddr + off
+def marker_offset(exe: Path) -> tuple[int, bytes]:
+    """The file offset of `marker` in the loop program, and its first 8 bytes."""
+    from elftools.elf.elffile import ELFFile
+
+    with open(exe, "rb") as f:
+        elf = ELFFile(f)
+        va = next(s["st_value"] for s in elf.get_section_by_name(".symtab").iter_symbols() if s.name == "marker")
+        for seg in elf.iter_segments():
+            if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= va < seg["p_vaddr"] + seg["p_filesz"]:
+                off = va - seg["p_vaddr"] + seg["p_offset"]
+                f.seek(off)
+                return off, f.read(8)
     raise SystemExit("marker not in a loaded segment")
 
 
@@ -69,16 +70,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=2_000_000)
     ap.add_argument("--bundle", help="an allocscope bundle's folder: its BCC (a box without BCC)")
+    ap.add_argument("--loop", help="marker_loop built already (a box without gcc); default: built here")
     ap.add_argument("--out", help="also write the lines here (markdown)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("marker_trap.py: needs root (uprobes)")
     BPF = load_bcc(a.bundle)
-    work = Path(tempfile.mkdtemp(prefix="marker-trap-"))
-    exe = work / "marker_loop"
-    subprocess.run(["gcc", "-O2", "-o", str(exe), str(HERE / "marker_loop.c")], check=True)
-    code = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(exe)], capture_output=True, text=True).stdout
-    at = marker_offset(exe)
+    if a.loop:
+        exe = Path(a.loop).resolve()
+    else:
+        exe = Path(tempfile.mkdtemp(prefix="marker-trap-")) / "marker_loop"
+        subprocess.run(["gcc", "-O2", "-o", str(exe), str(HERE / "marker_loop.c")], check=True)
+    at, code = marker_offset(exe)
     b = BPF(text="int hit(void *ctx) { return 0; }")
     per: dict[str, list[float]] = {"unprobed": [], "probe on the nop5": [], "probe on push %rbp": []}
     for _ in range(a.rounds):
@@ -105,9 +108,7 @@ def main() -> int:
     for name, v in per.items():
         m = statistics.median(v)
         lines.append(f"| {name} | {m:.1f} | {min(v):.1f}–{max(v):.1f} | {m / push * 100:.0f} % |")
-    lines += ["", "The marker's code, as compiled:", "", "```"]
-    lines += [ln for ln in code.split("<marker>:", 1)[1].split("\n\n")[0].splitlines() if ln.strip()]
-    lines += ["```", ""]
+    lines += ["", f"The marker's bytes: `{code.hex(' ')}` (nopl 0(%rax,%rax,1); push %rbp; pop %rbp; ret).", ""]
     print("\n".join(lines))
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
