@@ -129,6 +129,27 @@ def test_builtin_wrappers_fold(stack, site):
     assert names(A.fold_frames(frames(*stack))) == site
 
 
+def test_inject_agent_frames_fold():
+    # --inject --unwind fp: the frame-pointer walk starts inside the agent's hook (its file is the
+    # agent's: tracer/inject/agent.py AGENT_NAME); the hook, the allocator shims and Rust's
+    # GlobalAlloc forwarding fold away, the code that asked stays
+    agent = "/opt/allocscope/python/tracer/inject/agent/allocscope-agent.so"
+    stack = (
+        *frames("call_sampled", "as_h_calloc", module=agent),
+        *frames(
+            "<rustd::Jem as core::alloc::global::GlobalAlloc>::alloc_zeroed",
+            "__rustc::__rust_alloc_zeroed",
+            "alloc::raw_vec::RawVecInner<A>::try_allocate_in",
+            "rustd::serve::cache_entry",
+            "rustd::serve::worker",
+        ),
+    )
+    assert names(A.fold_frames(stack)) == ["rustd::serve::cache_entry", "rustd::serve::worker"]
+    # a program's own function of the same name is not the agent's
+    own = frames("as_h_calloc", "main")
+    assert names(A.fold_frames(own)) == ["as_h_calloc", "main"]
+
+
 def test_statically_linked_program_is_not_folded_away():
     # redis linked statically with its allocator: one module; malloc's internals go, the program stays.
     static = frames(

@@ -6,10 +6,12 @@ from __future__ import annotations
 import ctypes as ct
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 from support import TARGETS_SRC, build, cli, one_line_error
 
+from reports.analysis.stacks import AGENT_MODULE
 from tracer.inject import agent, loading, patching
 from tracer.inject.patching import PatchRefused
 from tracer.process.procfs import Mapping
@@ -30,6 +32,11 @@ def test_agent_is_freestanding():
             assert f.read(6) == bytes.fromhex("0f1f44000055"), marker
             f.seek(img.marker_offset(marker, nop5=False))
             assert f.read(3) == bytes.fromhex("555dc3"), marker
+
+
+def test_reports_know_the_agents_file():
+    # reports fold the agent's frames by its file name (they never import the tracer)
+    assert AGENT_MODULE == agent.AGENT_NAME == Path(agent.agent_path()).name
 
 
 def test_agent_set_is_exact(tmp_path):

@@ -189,6 +189,16 @@ def is_allocator_entry(function: str) -> bool:
     return bool(_ENTRY_RX.match(_PREFIX_RX.sub("", function)))
 
 
+# The --inject agent's file (tracer/inject/agent.py AGENT_NAME): its hooks stand in for the
+# allocator entry points they hooked. A DWARF stack starts at a hook's caller; a frame-pointer
+# one (--unwind fp) holds the hook's frames too (`as_h_calloc`, `call_sampled`).
+AGENT_MODULE = "allocscope-agent.so"
+
+
+def is_agent_frame(f: FrameInfo) -> bool:
+    return os.path.basename(f.module or "") == AGENT_MODULE
+
+
 # The CUDA runtime's and driver's allocation calls (and their frees): allocator entry points like
 # malloc. The runtime and the driver are stripped in the vendor's builds: the frames inside a call
 # are `libcudart.so.13+0x41b5e`, `libcuda.so.580.159.04+0x…`, with whatever the driver called
@@ -233,7 +243,7 @@ def fold_frames(frames: tuple[FrameInfo, ...], fold: Folding | None = None) -> t
     fold = fold or DEFAULT_FOLDING
     cut, call = 0, None
     for j, f in enumerate(frames[:-1]):
-        if is_allocator_entry(f.function):
+        if is_allocator_entry(f.function) or is_agent_frame(f):
             if all(g.module == f.module or is_wrapper(g.function) for g in frames[:j]):
                 cut, call = j + 1, None
         elif (
