@@ -75,6 +75,8 @@ def main() -> int:
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("marker_trap.py: needs root (uprobes)")
+    if not any(os.path.exists(f"{d}/uprobe_events") for d in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")):
+        subprocess.run(["mount", "-t", "tracefs", "nodev", "/sys/kernel/tracing"], check=False)  # as the bundle does
     BPF = load_bcc(a.bundle)
     if a.loop:
         exe = Path(a.loop).resolve()
