@@ -208,6 +208,24 @@ def check_uprobe_links() -> Check:
     )
 
 
+def check_marker_probes() -> Check:
+    """Where --inject's markers are probed (tracer/inject/agent.py marker_offset): on a 5-byte nop,
+    which kernels since 6.18 turn into a call (no breakpoint trap per sampled call), or on the push
+    after it (emulated after a trap). Never a failure."""
+    from .bpf.kernel_btf import optimizes_nop5_uprobes  # noqa: PLC0415
+
+    if optimizes_nop5_uprobes():
+        return Check(
+            "inject markers", True, "a uprobe on a 5-byte nop becomes a call: --inject's sampled calls skip the trap"
+        )
+    return Check(
+        "inject markers",
+        True,
+        "uprobes on a 5-byte nop are not optimized here (x86-64 kernels since 6.18 do): "
+        "--inject's sampled calls trap (~0.5 µs each)",
+    )
+
+
 def check_btf() -> Check:
     ok = os.path.exists("/sys/kernel/btf/vmlinux")
     return Check(
@@ -230,7 +248,7 @@ def run_checks() -> list[Check]:
         check_btf(),
     ]
     if all(c.ok for c in checks):
-        checks += [check_uprobe_links(), check_compile()]
+        checks += [check_uprobe_links(), check_marker_probes(), check_compile()]
     return checks
 
 

@@ -300,7 +300,7 @@ def fsbase_offset() -> list[str]:
 def optimizes_nop5_uprobes() -> bool:
     """True when a uprobe on a 5-byte nop becomes a call, not a breakpoint trap: x86-64 kernels
     since 6.18 rewrite the nop into a call to a trampoline that makes the uprobe system call
-    (arch_uprobe_optimize); a hit costs ~35 % less (bench/marker_trap.py). --inject's markers
+    (arch_uprobe_optimize); a hit costs 35–55 % less (bench/marker_trap.py). --inject's markers
     start with one (tracer/inject/agent.py marker_offset). ALLOCSCOPE_UPROBE_NOP5=0 turns it off
     (the markers' probes then sit on their push %rbp, as on older kernels)."""
     if os.environ.get("ALLOCSCOPE_UPROBE_NOP5") == "0":
