@@ -43,9 +43,9 @@ HIDDEN struct as_config as_cfg __attribute__((used, aligned(64))) = {
 /* Markers: empty functions that carry allocscope's uprobes. Each starts with a 5-byte nop, then
  * push %rbp: on a kernel that optimizes a uprobe on a 5-byte nop (x86-64, 6.18: the probe becomes
  * a call into a trampoline that makes the uprobe system call, no breakpoint trap) the probe sits on
- * the nop, 35–55 % cheaper a hit (bench/marker_trap.py); elsewhere it sits on the push, an instruction the kernel emulates
- * (tracer/inject/agent.py marker_offset). Written in assembly so that no compiler removes the
- * calls; CFI for unwinders. */
+ * the nop, 35–55 % cheaper a hit (bench/marker_trap.py); elsewhere it sits on the push, an
+ * instruction the kernel emulates (tracer/inject/agent.py marker_offset). Written in assembly so
+ * that no compiler removes the calls; CFI for unwinders. */
 #define MARKER(name)                                                                                       \
     ".globl " name "\n.hidden " name "\n.type " name ",@function\n.p2align 4\n" name ":\n.cfi_startproc\n" \
     ".byte 0x0f,0x1f,0x44,0x00,0x00\npush %rbp\n.cfi_def_cfa_offset 16\n.cfi_offset %rbp,-16\n"            \
