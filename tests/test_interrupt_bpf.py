@@ -25,14 +25,21 @@ def _old_trace(path: Path) -> bytes:
     return (path / "meta.json").read_bytes()
 
 
+@pytest.fixture
+def compiling(monkeypatch):
+    """Start-up long enough to be interrupted: the probes compiled by BCC (several seconds here),
+    not loaded from the object cache (well under a second, which a fixed delay would miss)."""
+    monkeypatch.setenv("ALLOCSCOPE_BPF_CACHE", "0")
+
+
 @pytest.mark.parametrize("delay", [0.3, 1.5])
-def test_sigint_while_starting_records_nothing(targets, procs, tmp_path, delay):
+def test_sigint_while_starting_records_nothing(targets, procs, tmp_path, delay, compiling):
     tgt = procs(targets["busy"])
     tgt.expect("ready")
     out = tmp_path / "run.allocscope"
     before = _old_trace(out)
     tr = cli_bg("record", "--pid", str(tgt.pid), "-o", str(out))
-    time.sleep(delay)  # BCC is still compiling (several seconds here)
+    time.sleep(delay)  # BCC is still compiling
     tr.send_signal(signal.SIGINT)
     rc = tr.wait(60)
     err = tr.stderr.read()
@@ -65,7 +72,7 @@ def test_sigint_once_attached_finishes_a_short_trace(targets, procs, tmp_path):
     assert tgt.p.poll() is None
 
 
-def test_sigint_while_starting_a_launched_command(tmp_path):
+def test_sigint_while_starting_a_launched_command(tmp_path, compiling):
     """Launch mode: the child, still blocked before exec, is killed; nothing is left running."""
     import subprocess
 
