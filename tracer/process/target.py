@@ -194,12 +194,20 @@ class Child:
         return self.returncode
 
     def kill(self) -> None:
+        """SIGKILL, then reap it (5 s at most). A released child is traced: killed, it stops once
+        more at its exit event (PTRACE_O_TRACEEXIT), and is let go from there; wait()'s resume
+        first would try to detach it while it runs, fail, and leave it held."""
         if self.returncode is None:
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self.wait(5)
+            end = time.monotonic() + 5
+            while self.poll() is None and time.monotonic() < end:
+                if self.exiting:
+                    self.resume()  # held at its exit stop: let it finish
+                else:
+                    time.sleep(0.01)
 
 
 def _command_exe(argv: list[str]) -> str:

@@ -403,8 +403,10 @@ def record(
         left = rec.early if rec is not None else early
         if left is not None:
             left.discard()  # the recording never took the probes: free them
-        if target.child is not None and target.child.poll() is None and target.release_fd >= 0:
-            target.child.kill()  # never leave a launched child blocked before exec
+        if target.child is not None and target.child.poll() is None:
+            # a launched command, blocked before exec or released already (it is, while the probes
+            # are compiled): killed and reaped now, not left for PTRACE_O_EXITKILL after we are gone
+            target.child.kill()
         raise
     finally:
         target.close()  # its pidfd
