@@ -1,5 +1,5 @@
 """The live view of `allocscope top` and `record`'s status line, fed synthetic snapshots the way
-the recorder's observer is (reports/live/model.py, reports/live/text.py, allocscope/cli/watch.py): exact
+the recorder's observer is (reports/live/model.py, reports/live/text.py, allocscope/cli/observers.py): exact
 per-site and per-thread figures, the age bound, folding, sorting, symbolization once per stack,
 and the screens and blocks they render. No BPF: the real thing is tests/test_top_bpf.py."""
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 from support import ROOT, cli, one_line_error, wait_for
 
-from allocscope.cli.watch import BatchPrinter, StatusLine
+from allocscope.cli.observers import BatchPrinter, StatusLine
 from reports.live.model import AGE_POINTS, LiveModel, StatusModel, oldest_age_bound
 from reports.live.text import ScreenState, batch_block, screen_lines, screen_text, status_text
 from reports.symbolize import Frame

@@ -138,7 +138,7 @@ def top_preview(exe: Path, pw: int, partitions: int, say) -> str:
     from tracer.process.target import target_from_command  # noqa: PLC0415
     from tracer.record.signals import StopRequest  # noqa: PLC0415
 
-    from .watch import record_batch  # noqa: PLC0415
+    from .observers import record_batch  # noqa: PLC0415
 
     argv = [str(exe), "--pw", str(pw), "--partitions", str(partitions), "--bug"]
     say(

@@ -87,7 +87,7 @@ def record(
         raise
     status = None
     if not quiet and sys.stderr.isatty():
-        from .watch import StatusLine  # noqa: PLC0415
+        from .observers import StatusLine  # noqa: PLC0415
 
         status = StatusLine(sys.stderr)
     try:

@@ -131,7 +131,7 @@ def top(
 def _last_words(text: str) -> None:
     """Print what the closed view leaves on the terminal; when that fails (the terminal is
     gone), stdout is silenced: the trace is finalized all the same."""
-    from .watch import silence  # noqa: PLC0415
+    from .observers import silence  # noqa: PLC0415
 
     try:
         click.echo(text, nl=False)
@@ -141,7 +141,7 @@ def _last_words(text: str) -> None:
 
 
 def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None):
-    from .watch import record_batch  # noqa: PLC0415
+    from .observers import record_batch  # noqa: PLC0415
 
     s, printer = record_batch(
         target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by, early=early
