@@ -37,6 +37,7 @@ from common.tracefile.reader import Trace
 
 from .advice import allocator_advice, residency_advice
 from .allocator_memory import allocator_releases
+from .ending import recording_end
 from .findings import report_findings
 from .releases import RELEASE_KINDS, release_table, releases_by_thread, trims  # noqa: F401
 from .residency import (  # noqa: F401
@@ -207,6 +208,7 @@ def build_report(
         "recording": {
             "complete": trace.complete,
             "end_reason": meta.get("end_reason"),
+            "end": recording_end(meta),
             "interval_s": meta.get("interval_s"),
             "allocator": (meta.get("probes") or {}).get("allocator"),
             "allocator_kind": (meta.get("probes") or {}).get("allocator_kind"),

@@ -24,6 +24,7 @@ import os
 
 from ..units import human_bytes, human_rate
 from .advice import conf_env
+from .ending import end_finding
 
 MAX_FINDINGS = 6
 PEAK_MAX_HOLDERS = 3  # locations named as holding the peak...
@@ -363,7 +364,8 @@ def report_findings(doc: dict) -> list[dict]:
         f for f in (_growing_finding(doc), _retained_finding(doc), _release_finding(doc), _loss_finding(doc)) if f
     ]
     device = _device_finding(doc)
-    if not (wait or others or burst(doc) or device):
+    end = end_finding(doc)
+    if not (end or wait or others or burst(doc) or device):
         tot = doc["totals"]
         return [
             finding(
@@ -379,6 +381,6 @@ def report_findings(doc: dict) -> list[dict]:
             )
         ]
     peak, merged = _peak_finding(doc, wait)
-    out = [f for f in (peak, device, None if merged or not wait else _wait_finding(doc, wait)) if f]
+    out = [f for f in (end, peak, device, None if merged or not wait else _wait_finding(doc, wait)) if f]
     out += others
     return out[:MAX_FINDINGS]
