@@ -1,0 +1,1 @@
+"""`allocscope watch`: follow a daemon across restarts, one trace per incarnation (docs/watch.md)."""
