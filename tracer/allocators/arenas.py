@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -98,14 +99,43 @@ def _read_words(pid: int, addrs: list[int]) -> list[int | None]:
     return out
 
 
+PFN_MASK = (1 << 55) - 1
+
+
+@lru_cache(maxsize=1)
+def zero_pfn() -> int | None:
+    """The page frame of the kernel's shared zero page (None when pagemap hides frames: no
+    CAP_SYS_ADMIN). A read of untouched anonymous memory maps it, and so does a read through
+    /proc/PID/mem (glibc's census reads every heap that way): present in pagemap, but no RSS."""
+    m = mmap.mmap(-1, PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        _ = m[0]  # a read fault: the zero page is mapped
+        ref = ctypes.c_char.from_buffer(m)
+        addr = ctypes.addressof(ref)
+        del ref
+        fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+        try:
+            e = int.from_bytes(os.pread(fd, 8, addr // PAGE * 8), "little")
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    finally:
+        m.close()
+    pfn = e & PFN_MASK
+    return pfn if e >> 63 and pfn else None
+
+
 class Pagemap:
-    """Resident bytes of address ranges of one process, from /proc/PID/pagemap."""
+    """Resident bytes of address ranges of one process, from /proc/PID/pagemap: present pages,
+    the shared zero page left out (it is no RSS; a read through /proc/PID/mem maps it)."""
 
     def __init__(self, pid: int, budget_pages: int = DEFAULT_BUDGET) -> None:
         self.fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY)
         self.budget = budget_pages
         self.pages_read = 0
         self.estimated = False
+        self.zero = zero_pfn()
 
     def close(self) -> None:
         os.close(self.fd)
@@ -120,7 +150,10 @@ class Pagemap:
         data = os.pread(self.fd, 8 * n, 8 * first_page)
         self.pages_read += len(data) // 8
         arr = np.frombuffer(data[: len(data) // 8 * 8], dtype="<u8")
-        return int(np.count_nonzero(arr >> np.uint64(63)))
+        present = (arr >> np.uint64(63)).astype(bool)
+        if self.zero is not None:
+            present &= (arr & np.uint64(PFN_MASK)) != np.uint64(self.zero)
+        return int(np.count_nonzero(present))
 
     def resident(self, start: int, end: int, budget: int | None = None) -> int:
         """Resident bytes in [start, end). Exact while the range fits the budget (pages);
