@@ -22,10 +22,12 @@ fi
 # crates of tests/targets/rustd (tests/test_rustd_bpf.py, built offline from
 # /usr/share/cargo/registry): librust-rayon-dev, librust-tokio-dev, librust-jemalloc-sys-dev, and
 # cargo (Debian's, unless one is there). clang-format: `make lint` checks the C of probes/ and tracer/.
+# prometheus (+ promtool): tests/test_prometheus_bpf.py runs its own server on loopback against
+# `--metrics`, and checks contrib/prometheus/ with promtool; the package's own service is disabled.
 pkgs=(python3-bpfcc libbpfcc linux-headers-amd64 gcc g++ make python3-venv libc6-dev libc6-dbg binutils dwz
       chromium fonts-dejavu-core bpfcc-tools redis-server redis-tools libjemalloc2
       libtcmalloc-minimal4 libgoogle-perftools4 libmimalloc2.0 tmux
-      librust-rayon-dev librust-tokio-dev librust-jemalloc-sys-dev clang-format)
+      librust-rayon-dev librust-tokio-dev librust-jemalloc-sys-dev clang-format prometheus)
 if ! command -v rustc >/dev/null && [ ! -x "$HOME/.cargo/bin/rustc" ] && [ ! -x /usr/local/cargo/bin/rustc ]; then
   pkgs+=(rustc)
 fi
@@ -34,7 +36,11 @@ if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ] && [ ! -x 
 fi
 # shellcheck source=scripts/pkgs.sh
 . "$(dirname "${BASH_SOURCE[0]}")/pkgs.sh"
+had_prometheus=$(dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -c "install ok installed" || true)
 ensure_pkgs "${pkgs[@]}"
+if [ "$had_prometheus" = 0 ] && [ -d /run/systemd/system ]; then
+  systemctl disable --now prometheus >/dev/null 2>&1 || true  # installed for the tests: no server left listening
+fi
 
 # 2. Kernel headers: BCC compiles against /lib/modules/$(uname -r)/build. When no
 #    package matches the running kernel, link the newest Debian headers there.
