@@ -7,7 +7,7 @@
 #              are older than what LLVM 14 needs (GLIBCXX_3.4.30)
 #   python/    bcc (python3-bpfcc: pure Python over ctypes), allocscope's packages, and the wheels
 #              allocscope needs besides pandas/pyarrow/numpy (click, pyelftools, cxxfilt,
-#              rust-demangler, protobuf abi3, capstone): one copy serves python 3.11-3.13
+#              rust-demangler, protobuf abi3, capstone, prometheus-client): one copy serves python 3.11-3.13
 #   kernel/    Debian's newest linux-headers (common + amd64 merged, x86 only), for BCC_KERNEL_SOURCE
 #   bin/allocscope, libexec/bootstrap.py: the launcher (bundle/ in the repo)
 set -euo pipefail
@@ -59,7 +59,7 @@ for p in allocscope common tracer reports probes; do
 done
 whl=build/bundle/wheels
 mkdir -p "$whl"
-reqs=(click pyelftools cxxfilt rust-demangler protobuf capstone)
+reqs=(click pyelftools cxxfilt rust-demangler protobuf capstone prometheus-client)
 pip_dl=(python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$whl"
         --python-version 3.11 --implementation cp
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64
