@@ -1,14 +1,143 @@
-"""How the target ended (`recording.end`) and the finding that says it first."""
+"""How the target ended (`recording.end`) and the finding that says it first.
+
+meta.json's `end` is written by the tracer (tracer/process/ending.py): `reason` ("exited",
+"killed", "oom_killed", "exec", "stopped"), `exit_code`, `signal`, `oom` ({scope, cgroup,
+limit_bytes}), `time` (seconds after the probes went live) and `last_alive` (the snapshot that
+last measured the target alive: the end's RSS figures are that snapshot's, a dead process has
+none). A killed or OOM-killed target's report opens with what it held when it died."""
 
 from __future__ import annotations
 
+import time
+
+from ..units import human_bytes
+
 
 def recording_end(meta: dict) -> dict | None:
-    """meta.json's `end` as the report's `recording.end` (None for traces written before it)."""
+    """meta.json's `end` as the report's `recording.end`, with `wall_s` (the end's wall-clock
+    time); None for traces written before it (their `end_reason` still says it)."""
     end = meta.get("end")
-    return dict(end) if isinstance(end, dict) else None
+    if not isinstance(end, dict):
+        return None
+    out = dict(end)
+    wall0 = (meta.get("clock") or {}).get("wall_s")
+    if isinstance(wall0, int | float) and isinstance(end.get("time"), int | float):
+        out["wall_s"] = wall0 + end["time"]
+    return out
+
+
+def elapsed_text(s: float) -> str:
+    """'+2h13m', '+4m05s', '+12.3s'."""
+    if s >= 3600:
+        return f"+{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    if s >= 60:
+        return f"+{int(s // 60)}m{int(s % 60):02d}s"
+    return f"+{s:.1f}s"
+
+
+def end_text(end: dict | None, fallback: str | None = None) -> str:
+    """The header's 'ended: ...' words: 'OOM-killed by the memory cgroup /x (limit 2.0 GiB)',
+    'killed by SIGKILL', 'exited with code 3', or the older `end_reason`."""
+    if not end:
+        return fallback or "interrupted"
+    reason = end.get("reason")
+    if reason == "oom_killed":
+        oom = end.get("oom") or {}
+        if oom.get("scope") == "cgroup":
+            lim = oom.get("limit_bytes")
+            limit = f" (limit {human_bytes(lim)})" if lim else ""
+            return f"OOM-killed by the memory cgroup {oom.get('cgroup')}{limit}"
+        return "OOM-killed (the whole machine was out of memory)"
+    if reason == "killed":
+        return f"killed by {end.get('signal') or 'a signal'}"
+    if reason == "exited":
+        code = end.get("exit_code")
+        return f"exited with code {code}" if code is not None else "exited"
+    if reason == "exec":
+        return "the target exec'd another program"
+    return f"stopped ({fallback})" if fallback and fallback != "target exited" else "stopped"
+
+
+def _rss_clause(doc: dict) -> str:
+    dec = doc.get("rss_decomposition") or {}
+    rss = int(dec.get("rss_bytes") or doc["totals"].get("rss_bytes") or 0)
+    if not rss:
+        return ""
+    parts = [f"live heap {human_bytes(int(dec.get('live_heap_bytes') or 0))}"]
+    retained = int(dec.get("retained_bytes") or 0) + int(dec.get("before_or_retained_bytes") or 0)
+    if retained:
+        parts.append(f"retained or from before the attach {human_bytes(retained)}")
+    parts.append(f"other anon {human_bytes(int(dec.get('other_anon_bytes') or 0))}")
+    if dec.get("file_bytes"):
+        parts.append(f"file {human_bytes(int(dec['file_bytes']))}")
+    return f"RSS {human_bytes(rss)} = " + " + ".join(parts) if dec else f"RSS {human_bytes(rss)}"
+
+
+def _held_at_end(doc: dict) -> tuple[str, dict] | None:
+    """'hold_partitions restartd.c:36 held 300.0 MiB' for the location holding most at the end."""
+    from .findings import where_text  # noqa: PLC0415 (findings imports this module)
+
+    rows = [r for r in doc.get("locations") or doc.get("sites") or [] if r.get("live_bytes")]
+    if not rows:
+        return None
+    top = max(rows, key=lambda r: r["live_bytes"])
+    return f"{where_text(top)} held {human_bytes(int(top['live_bytes']))}", top
+
+
+def _waiting_at_end(doc: dict) -> str:
+    """'3 threads blocked in send_to_gpu demo.c:40 held 50.0 MiB' from the last snapshot with
+    blocked threads holding memory, when it is the last snapshot or the one before."""
+    timeline = (doc.get("waits") or {}).get("timeline") or []
+    if not timeline:
+        return ""
+    last = timeline[-1]
+    seqs = doc.get("timeline_seq") or []
+    if seqs and last.get("seq", 0) < seqs[-1] - 1:
+        return ""
+    held = [(k, v) for k, v in (last.get("by_location") or {}).items() if v.get("held_bytes")]
+    if not held:
+        return ""
+    key, v = max(held, key=lambda kv: kv[1]["held_bytes"])
+    func, _, rest = key.partition("|")
+    where = func + (" " + rest.rsplit("|", 1)[-1] if "|" in rest else "")
+    return f"{v['threads']} threads blocked in {where} held {human_bytes(int(v['held_bytes']))}"
 
 
 def end_finding(doc: dict) -> dict | None:
-    """The first finding of a killed or OOM-killed target (None otherwise)."""
-    return None
+    """The first finding of a killed or OOM-killed target: how, when, and what it held then (the
+    last measurement while it was alive); None for any other end."""
+    from .findings import finding  # noqa: PLC0415
+
+    end = (doc.get("recording") or {}).get("end") or {}
+    if end.get("reason") not in ("killed", "oom_killed"):
+        return None
+    head = end_text(end)
+    head = head[0].upper() + head[1:]
+    when = []
+    if end.get("wall_s"):
+        when.append(time.strftime("%H:%M:%S", time.localtime(end["wall_s"])))
+    if end.get("time") is not None:
+        when.append(elapsed_text(float(end["time"])))
+    text = head + (f" at {', '.join(when)}" if when else "")
+    clauses = [c for c in (_rss_clause(doc),) if c]
+    held = _held_at_end(doc)
+    if held:
+        clauses.append(held[0])
+    wait = _waiting_at_end(doc)
+    if wait:
+        clauses.append(wait)
+    if clauses:
+        text += ": at the " + ("kill" if end["reason"] == "oom_killed" or end.get("signal") == "SIGKILL" else "end")
+        text += ", " + "; ".join(clauses)
+    return finding(
+        "ended",
+        text + ".",
+        "Totals",
+        "header",
+        reason=end["reason"],
+        signal=end.get("signal"),
+        oom=end.get("oom"),
+        location=held[1].get("location") if held else None,
+        live_bytes=int(held[1]["live_bytes"]) if held else 0,
+        rss_bytes=int((doc.get("rss_decomposition") or {}).get("rss_bytes") or doc["totals"].get("rss_bytes") or 0),
+    )

@@ -36,6 +36,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import Folding, FrameInfo, peak_seq, site_timeline, symbolize_stacks
+from ..analysis.ending import end_text
 from ..trace import Trace
 from ..units import human_bytes
 from .flamegraph import folded_stacks
@@ -339,7 +340,7 @@ def to_html(
             if gpu.get("driver")
             else ""
         ),
-        end_reason=esc(rec.get("end_reason") or "interrupted"),
+        end_reason=esc(end_text(rec.get("end"), rec.get("end_reason"))),
         cards=cards_html,
         decomposition=decomposition_html(report_doc),
         notes=notes_html,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from ..analysis.ending import end_text
 from ..units import human_bytes, human_rate
 from .shared import (
     COLUMN_TITLES,
@@ -59,9 +60,8 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     gpu = doc.get("gpu") or {}
     if gpu.get("driver"):
         out.append(driver_text(gpu))
-    out.append(
-        f"{tot['intervals']} intervals, {tot['duration_s']:.1f}s; ended: {rec.get('end_reason') or 'interrupted'}"
-    )
+    ended = end_text(rec.get("end"), rec.get("end_reason"))
+    out.append(f"{tot['intervals']} intervals, {tot['duration_s']:.1f}s; ended: {ended}")
     if doc.get("folded"):
         out.append(s.dim("folded out of sites: " + folded_text(doc["folded"])))
     if doc.get("source_filter"):

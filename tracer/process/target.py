@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from common.errors import TargetError, UsageError
 
-from . import procfs
+from . import ending, procfs
 
 
 @dataclass
@@ -35,6 +35,10 @@ class Target:
     # a pidfd of the process once alive() is first asked (-1: not yet; -2: none, /proc is read)
     _pidfd: int = field(default=-1, init=False, repr=False, compare=False)
     _exited: bool = field(default=False, init=False, repr=False, compare=False)
+    # its wait status once it ended (exit code or signal: tracer/process/ending.py), None: not known
+    exit_status: int | None = field(default=None, init=False, repr=False, compare=False)
+    # `watch` (tracer/watch/gate.py) stopped it at its exec: release() calls this to let it run
+    on_release: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def alive(self) -> bool:
         """The process is still running (not a zombie; a reused pid is not it). The recorder asks
@@ -52,8 +56,14 @@ class Target:
             alive = not select.select([self._pidfd], [], [], 0)[0]
         if not alive:
             self._exited = True
-            self.close()
+            self._ended()
         return alive
+
+    def _ended(self) -> None:
+        """Take its wait status (from the pidfd, before closing it), then close the pidfd."""
+        if self.exit_status is None and self.child is None:
+            self.exit_status = ending.exit_status(self._pidfd, self.pid, self.start)
+        self.close()
 
     def _open_pidfd(self) -> None:
         try:
@@ -67,7 +77,7 @@ class Target:
         self._pidfd = fd
         if not procfs.is_alive(self.pid, self.start):  # the pid is another process's by now (or a zombie)
             self._exited = True
-            self.close()
+            self._ended()
 
     def close(self) -> None:
         """Close the pidfd alive() opened (alive() still answers after: from /proc)."""
@@ -254,6 +264,9 @@ def target_from_command(argv: list[str]) -> Target:
 
 
 def release(target: Target) -> None:
+    if target.on_release is not None:  # stopped at its exec by the watch: let it run
+        go, target.on_release = target.on_release, None
+        go()
     if target.release_fd >= 0:
         os.write(target.release_fd, b"g")
         os.close(target.release_fd)

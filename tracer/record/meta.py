@@ -84,6 +84,7 @@ def trace_meta(rec, complete: bool) -> dict:
         meta.update(
             {
                 "end_reason": rec.end_reason,
+                "end": rec.end,
                 "intervals": rec.seq,
                 "duration_s": (time.monotonic_ns() - rec.t0_ns) / 1e9,
                 "target_exit": rec.target_exit,

@@ -34,6 +34,7 @@ from ..allocators.retention import (
 from ..base import layout as L
 from ..base.options import DEFAULTS, RecordOptions
 from ..process import procfs
+from ..process.ending import CgroupWatch, describe_end
 from ..process.mappings import MapsWatcher
 from ..process.target import Target, launch_maps, release
 from ..unwind.unwinder import Unwinder, start_unwinder
@@ -118,6 +119,9 @@ class Recorder:
         self.target_exit: int | None = None
         self.bpf_stats: dict = {}
         self.injection: Injection | None = None  # --inject: the agent in the target
+        self.started = False  # the trace is being written: the target's end ends the recording
+        self.cgroups: CgroupWatch | None = None  # the target's memory cgroups at the start (OOM kills)
+        self.end: dict | None = None  # meta.json `end` (tracer/process/ending.py), at the end
         self.phases: list[tuple[str, float]] = []  # start-up: (phase, seconds), in order (--verbose prints them)
         self._phase_t0 = self._phase_t = time.perf_counter()
 
@@ -174,6 +178,40 @@ class Recorder:
             self.progress(f"start-up: {name} {ms:.0f} ms" + (" since the process started" if name == "live" else ""))
 
     def run(self) -> Summary:
+        """Record; a target that ends before the recording started (while the probes were being
+        built or attached: a daemon racing to its OOM kill) is one TargetError, never a traceback."""
+        try:
+            return self._run()
+        except AllocscopeError:
+            raise
+        except Exception as e:
+            if self.started or self.target.alive():
+                raise
+            t = self.target
+            raise TargetError(
+                f"process {t.pid} ({t.comm}) ended while allocscope was attaching "
+                f"({self._ended_text()}); nothing was recorded ({type(e).__name__} in the attach)"
+            ) from None
+
+    def _ended_text(self) -> str:
+        end = describe_end("target exited", self._exit_status(), self.cgroups)
+        if end["reason"] == "oom_killed":
+            return "OOM-killed"
+        if end["signal"]:
+            return f"killed by {end['signal']}"
+        return f"exit code {end['exit_code']}" if end["exit_code"] is not None else "exited"
+
+    def _exit_status(self) -> int | None:
+        """The target's wait status once it ended (None: not known)."""
+        t = self.target
+        if t.child is not None:
+            rc = t.child.returncode if t.child.returncode is not None else self.target_exit
+            if rc is None or rc == -1 and not t.child.exiting:
+                return None
+            return (-rc) & 0x7F if rc < 0 else (rc & 0xFF) << 8
+        return t.exit_status
+
+    def _run(self) -> Summary:
         self._phase_t0 = self._phase_t = time.perf_counter()
         if self.opts.verbose:
             self.progress(f"start-up: before the recorder (interpreter, CLI, target) {process_age_ms():.0f} ms")
@@ -189,6 +227,7 @@ class Recorder:
         self._phase("start building the probes (in a thread)")
         t = self.target
         launched = t.child is not None
+        self.cgroups = CgroupWatch.of(t.pid)  # how an OOM kill will be told, if one comes
         maps = launch_maps(t) if launched else procfs.read_maps(t.pid)
         allocators = find_allocators(t.exe, maps)
         if not allocators or not allocators[0].serves_malloc:
@@ -271,6 +310,7 @@ class Recorder:
             if self.unwinder is not None:
                 self.unwinder.t0_ns = self.t0_ns  # `unwind.pending` times are since this
             self._start_writer()
+            self.started = True
             snaps = self.snapshots
             if snaps.heaps.glibc and not launched:  # the blocks from before the attach still allocated
                 snaps.census_thread = threading.Thread(
@@ -293,6 +333,12 @@ class Recorder:
             if t.child is not None:  # launched
                 t.child.resume()
                 self.target_exit = t.child.wait(timeout=0.2)
+            self.end = describe_end(
+                self.end_reason or "", self._exit_status(), self.cgroups, (time.monotonic_ns() - self.t0_ns) / 1e9
+            )
+            last = self.snapshots.last_alive
+            if last is not None and self.end["reason"] != "stopped":
+                self.end["last_alive"] = {"seq": last[0], "elapsed_s": (last[1] - self.t0_ns) / 1e9}
             self.bpf_stats = probes.program_stats()
             if self.unwinder is not None:
                 self.unwinder.finish()  # the last truncation counts; builds still running stopped

@@ -95,6 +95,7 @@ class Snapshots:
         self.embedder = SymbolEmbedder() if opts.embed_symbols else None
         self.last_row: dict = {}
         self.last_rss: dict[str, int] = {}
+        self.last_alive: tuple[int, int] | None = None  # (seq, ts_ns) of the last RSS read while alive
         self.gate = MeasureGate()  # whether the last resident-page figures still hold (readgate.py)
         self.arena_res = -1  # the heap meter's last figure
 
@@ -294,7 +295,12 @@ class Snapshots:
         mm_live = reg_bytes - rec.slow.taken_bytes + rec.tracker.live_bytes()
         mm_count = reg_count - rec.slow.taken_count + rec.tracker.live_count()
         mem = state.rss
-        self.last_rss = mem or self.last_rss
+        if mem:
+            self.last_rss, self.last_alive = mem, (seq, now)
+        elif final and not alive and self.last_rss:
+            # a dead process has no RSS: the row at its end carries the last one measured while it
+            # was alive (meta.json `end.last_alive` says when), never a dead process's zeros
+            mem = self.last_rss
         arena_res, res_ms = -1, 0.0
         if readable:
             arena_res, res_ms = self._measure(seq, final, state)
