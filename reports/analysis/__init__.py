@@ -39,6 +39,7 @@ from .advice import allocator_advice, residency_advice
 from .allocator_memory import allocator_releases
 from .ending import recording_end
 from .findings import report_findings
+from .invariants import check_report
 from .releases import RELEASE_KINDS, release_table, releases_by_thread, trims  # noqa: F401
 from .residency import (  # noqa: F401
     ARENA_COLUMNS,
@@ -177,7 +178,8 @@ def build_report(
     whatever it is (`by` stack: locations by location). `stacks` (from symbolize_stacks) saves
     symbolizing again when the caller has them; `fold` (parse_fold) adds wrappers to fold,
     listed in `folded`. `findings` (findings.report_findings) comes first: the answer
-    in at most 6 sentences, each naming the table it comes from."""
+    in at most 6 sentences, each naming the table it comes from. Every document is checked
+    for parts larger than their whole (invariants.check_report: `recording.invariants`)."""
     if by not in GROUPINGS:
         raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")
     if stacks is None:
@@ -214,7 +216,7 @@ def build_report(
             "allocator_kind": (meta.get("probes") or {}).get("allocator_kind"),
             "allocators": list((meta.get("probes") or {}).get("allocators") or []),
             "probes": meta.get("probes"),
-            "warnings": trace.warnings,
+            "warnings": list(trace.warnings),
             "unwind_pending": unwind_pending(trace),
         },
         "totals": tot,
@@ -266,4 +268,6 @@ def build_report(
         "allocator_releases": allocator_releases(trace)[1],
         "waits": held_while_waiting(trace, stacks),
     }
-    return {"schema": REPORT_SCHEMA, "findings": report_findings(doc), **doc}
+    out = {"schema": REPORT_SCHEMA, "findings": report_findings(doc), **doc}
+    check_report(out)
+    return out

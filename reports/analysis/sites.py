@@ -394,7 +394,9 @@ def gpu_summary(trace: Trace, tot: dict, sites: pd.DataFrame, locations: pd.Data
 
 def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[int, int]]:
     """The report's `at_peak` block — seq and elapsed_s of `peak_seq` (None when nothing was
-    live), live_bytes (the process's live total then), peak_first (see `peak_first`),
+    live), live_bytes (the process's live total then; at least the sum of the sites' bytes at
+    that moment: the kernel's total and its per-site counters are read a moment apart, and in a
+    burst the sites can run ahead, so no site holds more than 100 % of it), peak_first (see `peak_first`),
     max_fraction (its threshold), peak_snapshot (True when that moment is a peak snapshot, read
     when the live total passed its high-water mark, not an interval's end), margin_bytes (the
     peak snapshots' margin: live_bytes is within it of totals.peak_live_bytes; 0 in a trace
@@ -407,7 +409,7 @@ def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[in
     block = {
         "seq": seq,
         "elapsed_s": None if seq is None else json_num(float(elapsed_s(trace)[seq]), 3),
-        "live_bytes": 0 if seq is None else int(live[seq]),
+        "live_bytes": 0 if seq is None else max(int(live[seq]), int(sites["at_peak_bytes"].sum()) if len(sites) else 0),
         "peak_first": peak_first(tot),
         "max_fraction": PEAK_FIRST_MAX_FRACTION,
         "peak_snapshot": bool(seq is not None and snap.get(seq)),

@@ -6,7 +6,9 @@
  * (below the mmap threshold), touches them, and frees all but every 50th: ~78 MB of free chunks
  * that glibc cannot give back by trimming the top of the heap. malloc_trim(0) then madvises
  * their whole free pages away; a second malloc_trim(0) finds nothing new to release but still
- * returns 1. Each line: "trimN ret=R released=BYTES dur_ns=NS" (RssAnon before - after).
+ * returns 1. Each line: "trimN ret=R released=BYTES dur_ns=NS" (RssAnon before - after); then
+ * "heap rss=BYTES live=BYTES": smaps' Rss of [heap] after the trims, and the usable bytes of the
+ * blocks still allocated (tests/test_trim_bpf.py).
  */
 #define _GNU_SOURCE
 #include <malloc.h>
@@ -56,6 +58,23 @@ __attribute__((noinline)) void fragment_main_arena(void)
             free(blocks[i]);
 }
 
+static long heap_rss(void)
+{
+    char line[512];
+    long kb = -1;
+    int in_heap = 0;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        if (strchr(line, '-') && strstr(line, " rw"))
+            in_heap = strstr(line, "[heap]") != NULL;
+        else if (in_heap && sscanf(line, "Rss: %ld kB", &kb) == 1)
+            break;
+    }
+    if (f)
+        fclose(f);
+    return kb * 1024;
+}
+
 __attribute__((noinline)) void trim_once(int n)
 {
     long before = rss_anon();
@@ -78,6 +97,11 @@ int main(int argc, char **argv)
     fragment_main_arena();
     trim_once(1);
     trim_once(2);
+    long live = 0;
+    for (int i = 0; i < N; i++)
+        if (i % 50 == 49 || i == N - 1)
+            live += malloc_usable_size(blocks[i]);
+    printf("heap rss=%ld live=%ld\n", heap_rss(), live);
     printf("done\n");
     fflush(stdout);
     return 0;

@@ -1,0 +1,111 @@
+"""No part larger than the whole: cheap checks of a finished report document, run by
+build_report on every report. A violation is a figure the process itself contradicts (an
+allocator resident beyond the RSS it is part of, a split whose part outgrows its whole, a
+finding stating a share over 100 %): the report says so in `recording.invariants` and among
+`recording.warnings`; under ALLOCSCOPE_INVARIANTS=fail (the test suite sets it) build_report
+raises instead, so every report a test builds is checked.
+
+    >>> report_violations(doc)   # ['glibc resident 146.5 MiB > RSS 16.9 MiB', ...]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ..units import human_bytes
+
+SLACK_BYTES = 64 << 10  # RSS and the allocators' pages are read a few ms apart: 16 pages of slack
+STRICT_ENV = "ALLOCSCOPE_INVARIANTS"  # "fail": build_report raises on a violation
+SPLIT_PARTS = (
+    "live_heap_bytes",
+    "live_before_attach_bytes",
+    "retained_bytes",
+    "before_or_retained_bytes",
+    "other_anon_bytes",
+    "file_bytes",
+    "shmem_bytes",
+)
+PERCENT = re.compile(r"(\d+(?:\.\d+)?)%")
+
+
+class InvariantError(AssertionError):
+    """A report contradicts itself (raised only under ALLOCSCOPE_INVARIANTS=fail)."""
+
+
+def _over(part: int, whole: int) -> bool:
+    return part > whole + SLACK_BYTES
+
+
+def _split(dec: dict) -> list[str]:
+    out: list[str] = []
+    rss = int(dec.get("rss_bytes") or 0)
+    if rss <= 0:
+        return out
+    for k in SPLIT_PARTS:
+        v = int(dec.get(k) or 0)
+        if v < 0 or _over(v, rss):
+            out.append(f"RSS split: {k} {human_bytes(v)} outside 0..RSS {human_bytes(rss)}")
+    total = int(dec.get("sum_bytes") or 0)
+    if _over(total, rss):
+        out.append(f"RSS split: the parts sum to {human_bytes(total)} > RSS {human_bytes(rss)}")
+    res = dec.get("allocator_resident_bytes")
+    if res is not None and _over(int(res), rss):
+        out.append(f"RSS split: the allocators' resident {human_bytes(int(res))} > RSS {human_bytes(rss)}")
+    for a in dec.get("allocators") or []:
+        name, ar = a.get("name", "?"), int(a.get("resident") or 0)
+        if _over(ar, rss):
+            out.append(f"{name} resident {human_bytes(ar)} > RSS {human_bytes(rss)}")
+        inner = int(a.get("retained") or 0) + int(a.get("live_before_attach") or 0)
+        if _over(inner, ar):
+            out.append(f"{name}: retained + live before the attach {human_bytes(inner)} > resident {human_bytes(ar)}")
+    return out
+
+
+def _arenas(doc: dict, rss: int) -> list[str]:
+    out: list[str] = []
+    known = [a for a in doc.get("arenas") or [] if a.get("resident_bytes") is not None]
+    total = sum(int(a["resident_bytes"]) for a in known)
+    if rss > 0 and _over(total, rss):
+        out.append(f"arenas: resident {human_bytes(total)} > RSS {human_bytes(rss)}")
+    for a in known:
+        inner = int(a.get("retained_bytes") or 0) + int(a.get("live_before_bytes") or 0)
+        if _over(inner, int(a["resident_bytes"])):
+            out.append(
+                f"arena {a.get('id')}: retained + live before the attach {human_bytes(inner)} "
+                f"> its resident {human_bytes(int(a['resident_bytes']))}"
+            )
+    return out
+
+
+def _findings(doc: dict) -> list[str]:
+    out: list[str] = []
+    for i, f in enumerate(doc.get("findings") or [], 1):
+        over = [p for p in PERCENT.findall(str(f.get("text") or "")) if float(p) > 100.05]
+        if over:
+            out.append(f"finding {i} states a share over 100 %: {', '.join(p + '%' for p in over)}")
+    return out
+
+
+def report_violations(doc: dict) -> list[str]:
+    """Each way the allocscope.report/1 document `doc` (findings included) contradicts itself:
+    an allocator's resident, or all of them, beyond the RSS at the end; a part of the RSS split
+    outside 0..RSS, or the parts summing beyond it; an allocator's or arena's retained plus live
+    before the attach beyond its resident; a finding stating a share over 100 %. [] when none."""
+    dec = doc.get("rss_decomposition") or {}
+    rss = int(dec.get("rss_bytes") or (doc.get("totals") or {}).get("rss_bytes") or 0)
+    return _split(dec) + _arenas(doc, rss) + _findings(doc)
+
+
+def check_report(doc: dict) -> list[str]:
+    """report_violations(doc), recorded in the document (`recording.invariants`, and each among
+    `recording.warnings` as 'report check: ...'); raised (InvariantError) under
+    ALLOCSCOPE_INVARIANTS=fail."""
+    bad = report_violations(doc)
+    rec = doc.setdefault("recording", {})
+    rec["invariants"] = bad
+    if bad:
+        rec["warnings"] = [*(rec.get("warnings") or []), *(f"report check: {b}" for b in bad)]
+        if os.environ.get(STRICT_ENV) == "fail":
+            raise InvariantError("; ".join(bad))
+    return bad
