@@ -259,3 +259,33 @@ def source_option(f):
         "globs allowed ('heap*', 'custom:*'). Totals stay the whole process's. "
         "Repeatable.",
     )(f)
+
+
+def metrics_options(f):
+    """--metrics HOST:PORT and --metrics-top K: the recording's figures for Prometheus
+    (allocscope/cli/metrics.py, docs/fleet.md)."""
+    for opt in reversed(
+        [
+            click.option(
+                "--metrics",
+                "metrics",
+                metavar="HOST:PORT",
+                help="Serve the recording's figures to Prometheus on http://HOST:PORT/metrics (RSS, live "
+                "bytes by source and allocator, the top locations, held while waiting, losses, how "
+                "the target ended); every series carries the --label pairs. Use 127.0.0.1 unless "
+                "the scraper is elsewhere. docs/fleet.md.",
+            ),
+            click.option(
+                "--metrics-top",
+                "metrics_top",
+                type=click.IntRange(min=1, max=1000),
+                default=10,
+                show_default=True,
+                metavar="K",
+                help="With --metrics: series for the K locations with most live bytes and the K waits "
+                "holding most (the label set stays bounded).",
+            ),
+        ]
+    ):
+        f = opt(f)
+    return f

@@ -10,9 +10,17 @@ import click
 from common.errors import UsageError
 
 from .base import CONTEXT, Command
-from .options import probe_options, target_options, trace_options
+from .options import metrics_options, probe_options, target_options, trace_options
 from .output import progress
-from .recording import check_inject, early_stop, record_options, resolve_target, start_probes, summary_text
+from .recording import (
+    check_inject,
+    early_stop,
+    record_options,
+    resolve_target,
+    start_metrics,
+    start_probes,
+    summary_text,
+)
 
 
 @click.command(cls=Command, context_settings={**CONTEXT, "ignore_unknown_options": False})
@@ -31,9 +39,23 @@ from .recording import check_inject, early_stop, record_options, resolve_target,
     help="Resolve the target and print every allocator found and each probe it would get "
     "(where, and why there); attach nothing, write nothing.",
 )
+@metrics_options
 @probe_options
 def record(
-    pid, pattern, command, output, labels, force, keep_cmdline, embed_symbols, duration, quiet, dry_run, **probe
+    pid,
+    pattern,
+    command,
+    output,
+    labels,
+    force,
+    keep_cmdline,
+    embed_symbols,
+    duration,
+    quiet,
+    dry_run,
+    metrics,
+    metrics_top,
+    **probe,
 ):
     """Record allocations of a running process (--pid/--pgrep) or of a command it starts (-- CMD).
 
@@ -50,6 +72,7 @@ def record(
       allocscope record --pid 4242 -o run.allocscope --duration 30
       allocscope record --pgrep 'provingd --pw 12' -o pw12.allocscope --label pw=12
       allocscope record -o demo.allocscope -- ./provingd --pw 4
+      allocscope record --pid 4242 -o run.allocscope --label pw=12 --metrics 127.0.0.1:9479
     """
     from tracer.doctor import require_root  # noqa: PLC0415
     from tracer.record.signals import StopRequest  # noqa: PLC0415
@@ -71,6 +94,9 @@ def record(
     )
     check_inject(opts, command)
     validate(opts, output=False)
+    from .metrics import check_metrics, end_reason, fan_out  # noqa: PLC0415 (light: no pandas)
+
+    check_metrics(metrics, opts.labels)
     if dry_run:
         from tracer.dryrun import describe  # noqa: PLC0415
 
@@ -78,28 +104,37 @@ def record(
         return
     require_root()
     validate(opts)
-    target = resolve_target(pid, pattern, command)
-    early = start_probes(target, opts)  # built in a thread while the tracer's modules load
+    exporter = start_metrics(metrics, opts, metrics_top, None if quiet else progress)  # listening first
     try:
-        from tracer.record import recorder as rec  # noqa: PLC0415
-    except BaseException:
-        early.discard()
-        raise
-    status = None
-    if not quiet and sys.stderr.isatty():
-        from .observers import StatusLine  # noqa: PLC0415
+        target = resolve_target(pid, pattern, command)
+        if exporter is not None:
+            exporter.target_started(target.pid, target.comm, output, launched=target.child is not None)
+        early = start_probes(target, opts)  # built in a thread while the tracer's modules load
+        try:
+            from tracer.record import recorder as rec  # noqa: PLC0415
+        except BaseException:
+            early.discard()
+            raise
+        status = None
+        if not quiet and sys.stderr.isatty():
+            from .observers import StatusLine  # noqa: PLC0415
 
-        status = StatusLine(sys.stderr)
-    try:
-        s = rec.record(
-            target,
-            opts,
-            None if quiet else status.progress if status else progress,
-            stop=stop,
-            observer=status.observe if status else None,
-            early=early,
-        )
+            status = StatusLine(sys.stderr)
+        try:
+            s = rec.record(
+                target,
+                opts,
+                None if quiet else status.progress if status else progress,
+                stop=stop,
+                observer=fan_out(status.observe if status else None, exporter.observe if exporter else None),
+                early=early,
+            )
+        finally:
+            if status is not None:
+                status.close()
+        if exporter is not None:
+            exporter.target_ended(end_reason(s, output))
     finally:
-        if status is not None:
-            status.close()
+        if exporter is not None:
+            exporter.close()
     click.echo(summary_text(s))

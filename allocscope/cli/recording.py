@@ -70,6 +70,19 @@ def start_probes(target, opts):
     return EarlyProbes(target.pid, opts, target.child is not None)
 
 
+def start_metrics(listen: str | None, opts, top_k: int, progress=None):
+    """--metrics: the exporter (allocscope/cli/metrics.py), serving from now on; None without
+    --metrics. The caller says when the target starts (`target_started`) and ends, and closes it."""
+    if not listen:
+        return None
+    from .metrics import MetricsExporter  # noqa: PLC0415
+
+    exporter = MetricsExporter(listen, opts.labels, top_k)
+    if progress is not None:
+        progress(f"metrics on {exporter.url}")
+    return exporter
+
+
 def summary_text(s) -> str:
     """The one line a recording ends with (tracer.record.recorder.Summary)."""
     from reports.units import human_bytes  # noqa: PLC0415

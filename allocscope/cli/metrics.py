@@ -1,0 +1,213 @@
+"""`--metrics HOST:PORT` (watch, record, top): the recording's figures in Prometheus' exposition
+format over HTTP, served by prometheus_client from its own registry in a daemon thread
+(docs/fleet.md). The figures are computed by reports.live.metrics in a thread of ours, once per
+snapshot; a scrape only formats the last computed ones."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+
+from common.errors import UsageError
+
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[V6]:PORT' -> (host, port); UsageError in one line otherwise."""
+    host, sep, port = (listen or "").rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"--metrics wants HOST:PORT (e.g. --metrics 127.0.0.1:9479), not {listen!r}")
+    return host, int(port)
+
+
+def check_labels(labels: dict[str, str]) -> None:
+    """Every --label key must be a Prometheus label name, and none of the exporter's own."""
+    from reports.live.metrics import OWN_LABELS  # noqa: PLC0415
+
+    for k in labels:
+        if not LABEL_NAME.fullmatch(k) or k.startswith("__"):
+            raise UsageError(f"--label {k}=...: with --metrics a label name is [a-zA-Z_][a-zA-Z0-9_]* (not __...)")
+        if k in OWN_LABELS:
+            raise UsageError(f"--label {k}=...: with --metrics {k!r} is a label of the exporter's own; pick another")
+
+
+def check_metrics(listen: str | None, labels: dict[str, str]) -> None:
+    """--metrics and the --label pairs checked before anything is attached or listened on."""
+    if listen is not None:
+        parse_listen(listen)
+        check_labels(labels)
+
+
+def fan_out(*observers):
+    """One recorder observer calling each of `observers` that is not None (None when none is)."""
+    live = [o for o in observers if o is not None]
+    if len(live) <= 1:
+        return live[0] if live else None
+
+    def observe(snap) -> None:
+        for o in live:
+            o(snap)
+
+    return observe
+
+
+def cgroup_limit(pid: int) -> int | None:
+    """The tightest memory.max over the cgroups (v2) of `pid`, from its own to the root; None when
+    there is none (or no cgroup v2)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            path = next((line[3:].strip() for line in f if line.startswith("0::")), None)
+    except OSError:
+        return None
+    best = None
+    while path:
+        try:
+            with open(CGROUP_ROOT + path.rstrip("/") + "/memory.max") as f:
+                text = f.read().strip()
+            if text.isdigit():
+                best = int(text) if best is None else min(best, int(text))
+        except OSError:
+            pass
+        if path == "/":
+            break
+        path = os.path.dirname(path.rstrip("/")) or "/"
+    return best
+
+
+class _Collector:
+    """prometheus_client's view of the FleetMetrics: the target's labels added to every series."""
+
+    def __init__(self, metrics, labels: dict[str, str]) -> None:
+        self.metrics = metrics
+        self.names = list(labels)
+        self.values = list(labels.values())
+
+    def collect(self):
+        from prometheus_client.core import (  # noqa: PLC0415
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            InfoMetricFamily,
+        )
+
+        for f in self.metrics.families():
+            own = [k for k, _ in f.samples[0][0]] if f.samples else []
+            if f.kind == "info":
+                m = InfoMetricFamily(f.name, f.help, labels=self.names)
+                for labels, _v in f.samples:
+                    m.add_metric(self.values, dict(labels))
+            else:
+                cls = CounterMetricFamily if f.kind == "counter" else GaugeMetricFamily
+                m = cls(f.name, f.help, labels=self.names + own)
+                for labels, v in f.samples:
+                    m.add_metric(self.values + [val for _, val in labels], v)
+            yield m
+
+
+class MetricsExporter:
+    """Serves a recording's metrics on `listen` (HOST:PORT) with the target's `labels` on every
+    series and the top `top_k` locations and waits. `observe` is a recorder observer (cheap: a
+    queue put); `target_started`/`target_ended` mark incarnations (watch: every restart)."""
+
+    def __init__(self, listen: str, labels: dict[str, str], top_k: int = 10, fold=None) -> None:
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415
+        from prometheus_client.exposition import start_http_server  # noqa: PLC0415
+
+        from reports.live.metrics import FleetMetrics  # noqa: PLC0415
+
+        from .observers import Pump  # noqa: PLC0415
+
+        host, port = parse_listen(listen)
+        if top_k < 1:
+            raise UsageError(f"--metrics-top wants a positive number, not {top_k}")
+        check_labels(labels)
+        self.labels = dict(labels)
+        self.metrics = FleetMetrics(top_k, fold)
+        self.pid = 0
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self.metrics, self.labels))  # type: ignore[arg-type]
+        try:
+            self.server, self.thread = start_http_server(port, host, self.registry)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise UsageError(f"--metrics {listen}: the address is in use (another exporter there?)") from None
+            if isinstance(e, socket.gaierror) or e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                raise UsageError(f"--metrics {listen}: no such local address") from None
+            raise UsageError(f"--metrics {listen}: cannot listen there: {e.strerror or e}") from None
+        self.address = self.server.server_address[:2]
+        self.pump = Pump(self._handle, "allocscope-metrics")
+        self.closed = False
+
+    @property
+    def url(self) -> str:
+        host, port = str(self.address[0]), int(self.address[1])
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
+    def observe(self, snap) -> None:  # in the recorder's thread: a queue put
+        self.pump.observe(("snap", snap))
+
+    def target_started(self, pid: int, comm: str, trace_path: str | None, launched: bool = False) -> None:
+        self.pump.observe(("start", (pid, comm, trace_path, launched)))
+
+    def target_ended(self, reason: str) -> None:
+        self.pump.observe(("end", reason))
+
+    def _handle(self, item) -> None:
+        what, arg = item
+        m = self.metrics
+        if what == "snap":
+            if self.pid and not arg.final:
+                m.cgroup_limit = cgroup_limit(self.pid)
+            m.update(arg)
+        elif what == "start":
+            self.pid = int(arg[0])
+            m.cgroup_limit = cgroup_limit(self.pid) if self.pid else None
+            m.started(*arg)
+        elif what == "end":
+            self.pid = 0
+            m.ended(arg)
+        else:
+            arg.set()  # flush
+
+    def flush(self) -> None:
+        """Wait until everything queued so far is in the served figures (tests)."""
+        import threading  # noqa: PLC0415
+
+        done = threading.Event()
+        self.pump.observe(("flush", done))
+        done.wait()
+
+    def close(self) -> None:
+        """Stop serving (what was queued is handled first)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.pump.close()
+        finally:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def end_reason(summary, trace_path: str | None) -> str:
+    """recording.end.reason of a finished recording: meta.json's `end` when the trace has it,
+    else from the recorder's words ("target exited", "target exec'd ...", a signal, --duration)."""
+    import json  # noqa: PLC0415
+
+    if trace_path:
+        try:
+            with open(os.path.join(trace_path, "meta.json")) as f:
+                end = json.load(f).get("end")
+            if isinstance(end, dict) and end.get("reason"):
+                return str(end["reason"])
+        except (OSError, ValueError, AttributeError):
+            pass
+    said = getattr(summary, "end_reason", "") or ""
+    if said == "target exited":
+        return "exited"
+    return "exec" if said.startswith("target exec") else "stopped"
