@@ -14,6 +14,7 @@ from common.errors import UsageError
 
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 CGROUP_ROOT = "/sys/fs/cgroup"
+UNLIMITED = 1 << 62  # cgroup v1 says "no limit" with a page-rounded LONG_MAX
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -58,26 +59,40 @@ def fan_out(*observers):
 
 
 def cgroup_limit(pid: int) -> int | None:
-    """The tightest memory.max over the cgroups (v2) of `pid`, from its own to the root; None when
-    there is none (or no cgroup v2)."""
+    """The tightest memory limit over the memory cgroups of `pid`, from its own to the root:
+    memory.max (cgroup v2) or memory.limit_in_bytes (v1, /sys/fs/cgroup/memory); None when
+    there is none."""
+    v1 = v2 = None
     try:
         with open(f"/proc/{pid}/cgroup") as f:
-            path = next((line[3:].strip() for line in f if line.startswith("0::")), None)
-    except OSError:
+            for line in f:
+                _n, ctrls, path = line.rstrip("\n").split(":", 2)
+                if ctrls == "":
+                    v2 = path
+                elif "memory" in ctrls.split(","):
+                    v1 = path
+    except (OSError, ValueError):
         return None
+    if v1 is not None and os.path.isdir(CGROUP_ROOT + "/memory"):
+        return _tightest(CGROUP_ROOT + "/memory", v1, "memory.limit_in_bytes")
+    if v2 is not None:
+        return _tightest(CGROUP_ROOT, v2, "memory.max")
+    return None
+
+
+def _tightest(root: str, path: str, name: str) -> int | None:
     best = None
-    while path:
+    while True:
         try:
-            with open(CGROUP_ROOT + path.rstrip("/") + "/memory.max") as f:
+            with open(f"{root}{path.rstrip('/')}/{name}") as f:
                 text = f.read().strip()
-            if text.isdigit():
+            if text.isdigit() and int(text) < UNLIMITED:
                 best = int(text) if best is None else min(best, int(text))
         except OSError:
             pass
-        if path == "/":
-            break
+        if path in ("/", ""):
+            return best
         path = os.path.dirname(path.rstrip("/")) or "/"
-    return best
 
 
 class _Collector:
