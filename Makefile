@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup host venv agent cfi lint demo test test-unit test-bpf bench bundle clean
+.PHONY: help setup host venv agent cfi prebuilt lint demo test test-unit test-bpf bench bundle clean
 help: ## this list
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
@@ -30,7 +30,13 @@ $(CFI): tracer/unwind/cfi/cfi.c tracer/unwind/native.py
 
 cfi: venv $(CFI) ## the unwind-table decoder (plain C; without it pyelftools decodes, 100-300x slower)
 
-setup: host venv $(AGENT) $(CFI) ## everything the tool needs on this box
+PREBUILT := probes/prebuilt/allocscope-bpf.json
+$(PREBUILT): $(filter-out probes/watch.bpf.c,$(wildcard probes/*.c probes/*.h)) tracer/bpf/source.py tracer/bpf/prebuilt.py tracer/bpf/kernel_btf.py | $(STAMP)
+	@$(PY) -m tracer.bpf.prebuilt $@
+
+prebuilt: venv $(PREBUILT) ## the BPF programs compiled once (every option loads from them; no compile per run)
+
+setup: host venv $(AGENT) $(CFI) $(PREBUILT) ## everything the tool needs on this box
 	@$(PY) -m compileall -q allocscope tracer reports common >/dev/null  # bytecode now: PYTHONDONTWRITEBYTECODE boxes recompile every start
 
 demo: setup ## record the bundled demo daemon and report it
@@ -67,4 +73,4 @@ bundle: ## dist/allocscope-VERSION-x86_64.tar.xz: relocatable, BCC and kernel he
 	@bash scripts/bundle.sh
 
 clean: ## remove build products (keeps .venv)
-	rm -rf build tests/targets/bin *.egg-info .pytest_cache $(AGENT) $(CFI)
+	rm -rf build tests/targets/bin *.egg-info .pytest_cache $(AGENT) $(CFI) probes/prebuilt

@@ -8,6 +8,24 @@
 #include <linux/sched.h>
 #include "allocscope.h"
 
+/* A load-time constant: the value is moved into a register the compiler cannot see through (an
+ * empty asm), so it is never folded into other constants or code: the program is compiled once
+ * with a marker value per constant, and the loader rewrites that one move for each recording
+ * (tracer/bpf/prebuilt.py; the verifier then knows the value exactly, as if compiled in).
+ * tracer/bpf/source.py wraps every value that depends on the kernel or the options in it. */
+#define AS_K(v) as_k((u64)(v))
+static __always_inline u64 as_k(u64 v)
+{
+    asm volatile("" : "+r"(v));
+    return v;
+}
+#ifndef AS_LAUNCHED
+#define AS_LAUNCHED 0 /* launch mode: ignore everything until the target's exec */
+#endif
+#ifndef AS_FLOOR
+#define AS_FLOOR 0 /* the trap floor (bench/overhead.py): every program returns at once */
+#endif
+
 #if (AS_MAX_DEPTH & (AS_MAX_DEPTH - 1)) != 0
 #error "AS_MAX_DEPTH must be a power of 2"
 #endif
@@ -74,29 +92,24 @@ static __always_inline int injecting(void)
     return q && *q && *q == (u32)bpf_get_current_pid_tgid();
 }
 
-#ifdef AS_WAIT_EXEC
-/* Launch mode: the target is forked by the tracer and traced only once it has exec'd, so the
- * tracer's own pre-exec allocations in the child never count. */
+/* Launch mode (AS_LAUNCHED): the target is forked by the tracer and traced only once it has
+ * exec'd, so the tracer's own pre-exec allocations in the child never count. */
 BPF_ARRAY(armed, u32, 1);
 
 static __always_inline int is_target(void)
 {
+    if (AS_FLOOR)
+        return 0; /* the trap floor: every probe attached, every program returning at once */
     if ((bpf_get_current_pid_tgid() >> 32) != AS_TGID)
         return 0;
-    u32 zero = 0;
-    u32 *a = armed.lookup(&zero);
-    return a && *a && !target_gone();
+    if (AS_LAUNCHED) {
+        u32 zero = 0;
+        u32 *a = armed.lookup(&zero);
+        if (!a || !*a)
+            return 0;
+    }
+    return !target_gone();
 }
-#else
-static __always_inline int is_target(void)
-{
-    return (bpf_get_current_pid_tgid() >> 32) == AS_TGID && !target_gone();
-}
-#endif
-#ifdef AS_FLOOR
-/* The trap floor (bench/overhead.py): every probe attached, every program returning at once. */
-#define is_target() 0
-#endif
 #define is_target_sys() (is_target() && !injecting()) /* the mmap-family syscall programs */
 
 static __always_inline u32 current_tid(void)

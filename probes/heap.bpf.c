@@ -133,9 +133,8 @@ int heap_entry(struct pt_regs *ctx)
  * address (bpf_get_func_ip) differs from the instruction pointer (the caller's). */
 int heap_session(struct pt_regs *ctx)
 {
-#ifdef AS_FLOOR
-    return 0; /* the trap floor keeps every return probe: the three traps of classic probes */
-#endif
+    if (AS_FLOOR)
+        return 0; /* the trap floor keeps every return probe: the three traps of classic probes */
     if (PT_REGS_IP(ctx) != bpf_get_func_ip(ctx))
         return alloc_leave(ctx, 1);
     if (!is_target())

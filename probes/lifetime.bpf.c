@@ -43,14 +43,14 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
 {
     if ((bpf_get_current_pid_tgid() >> 32) != AS_TGID)
         return 0;
-#ifdef AS_WAIT_EXEC
-    u32 zero = 0, one = 1;
-    u32 *a = armed.lookup(&zero);
-    if (a && *a == 0) {
-        armed.update(&zero, &one); /* the launched command starts: trace from here */
-        return 0;
+    if (AS_LAUNCHED) {
+        u32 zero = 0, one = 1;
+        u32 *a = armed.lookup(&zero);
+        if (a && *a == 0) {
+            armed.update(&zero, &one); /* the launched command starts: trace from here */
+            return 0;
+        }
     }
-#endif
     if (target_gone())
         return 0; /* a reused pid exec'ing: not ours */
     u32 zero_g = 0, one_g = 1;

@@ -110,11 +110,11 @@ static __always_inline void mmap_exit_sid(void *ctx, struct as_sysargs *a, u64 l
     e->in_api = api;
     e->ret = (s64)lo;
     submit(e);
-#if defined(AS_UNWIND_DWARF) && defined(AS_WAIT_EXEC)
+#ifdef AS_UNWIND_DWARF
     /* Launch mode: hold the main thread at each file mapped executable (the loader mapping a
      * library) until the tracer has mapped its unwind rows: the tracer is its ptrace parent, sees
      * the stop, loads, and resumes it with the signal suppressed (tracer/unwind/unwinder.py). */
-    if (code && fd >= 0 && tid == AS_TGID)
+    if (AS_LAUNCHED && code && fd >= 0 && tid == AS_TGID)
         bpf_send_signal_thread(19 /* SIGSTOP */);
 #endif
 }

@@ -78,7 +78,48 @@ def check_bcc() -> Check:
     return Check("BCC python", True, f"bcc from {os.path.dirname(bcc.__file__)}")
 
 
-def check_headers() -> Check:
+def prebuilt_serves() -> tuple[bool, str]:
+    """(the probes built once, tracer/bpf/prebuilt.py, serve this kernel, why not / where)."""
+    try:
+        from .base.options import RecordOptions  # noqa: PLC0415
+        from .bpf import prebuilt  # noqa: PLC0415
+        from .bpf.kernel_btf import rss_offsets  # noqa: PLC0415
+        from .bpf.source import probe_config  # noqa: PLC0415
+
+        try:
+            rss_offsets()
+            rss_tracepoint = False
+        except (OSError, LookupError):
+            rss_tracepoint = True
+        flags, consts = probe_config(RecordOptions(), False, "dwarf", rss_tracepoint)
+        prebuilt.find(flags, consts)
+        return True, str(prebuilt.STORE)
+    except Exception as e:  # noqa: BLE001 (NotPrebuilt, or no BTF to read the offsets from)
+        return False, str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+
+
+def check_prebuilt() -> Check:
+    ok, why = prebuilt_serves()
+    if ok:
+        return Check(
+            "prebuilt probes",
+            True,
+            f"{why} serves this kernel: no compiler and no kernel headers needed, every option loads from it",
+        )
+    return Check(
+        "prebuilt probes",
+        check_headers(prebuilt_ok=False).ok,
+        f"not used here ({why}): BCC compiles the probes on this box (kernel headers needed; "
+        "6-15 s the first time for each option variant, then cached)",
+        "make setup (builds probes/prebuilt/); a kernel with BTF (CONFIG_DEBUG_INFO_BTF=y)",
+    )
+
+
+def check_headers(prebuilt_ok: bool | None = None) -> Check:
+    if prebuilt_ok is None:
+        prebuilt_ok = prebuilt_serves()[0]
+    if prebuilt_ok:
+        return Check("kernel headers", True, "not needed: the prebuilt probes serve this kernel (no compile)")
     rel = platform.release()
     build = f"/lib/modules/{rel}/build"
     env = os.environ.get("BCC_KERNEL_SOURCE")  # BCC reads it instead of /lib/modules (the bundle sets it)
@@ -246,6 +287,7 @@ def run_checks() -> list[Check]:
         check_uprobes(),
         check_tracepoints(),
         check_btf(),
+        check_prebuilt(),
     ]
     if all(c.ok for c in checks):
         checks += [check_uprobe_links(), check_marker_probes(), check_compile()]
@@ -266,6 +308,11 @@ def check_compile() -> Check:
             if p.unwind == "dwarf"
             else f"without the DWARF unwinder ({p.unwind_error[:120]}): stacks will use frame pointers"
         )
+        how = (
+            "loads from the prebuilt programs (no compile)"
+            if p.program.bpf_cache == "prebuilt"
+            else f"compiles here ({p.program.prebuilt_why[:120]})"
+        )
         p.close()
     except Exception as e:  # noqa: BLE001 - report whatever BCC says
         return Check(
@@ -274,7 +321,7 @@ def check_compile() -> Check:
             f"does not load: {str(e).splitlines()[0][:200]}",
             "run scripts/setup-host.sh; see the checks above",
         )
-    return Check("probe program", True, f"probes/allocscope.c compiles and passes the verifier, {unwind}")
+    return Check("probe program", True, f"probes/allocscope.c {how} and passes the verifier, {unwind}")
 
 
 def require_root() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,9 +21,10 @@ from ..base.cachedir import enabled
 from ..base.options import RecordOptions
 from . import bcc_lean as bcclight
 from . import cache as bpfcache
+from . import prebuilt
 from .kernel_btf import rss_offsets
 from .objects import TRACE_UPROBE_MULTI, TRACE_UPROBE_SESSION
-from .source import bpf_text, links_choice, probe_cflags, session_choice
+from .source import bpf_text, const_flags, links_choice, probe_config, session_choice
 
 
 def _import_bcc():
@@ -225,7 +227,8 @@ class Program:
         self.timings["import bcc"] = time.perf_counter() - t
         self.bcc = bcc
         self.lib = Libbcc()
-        self.bpf_cache = ""  # how the programs were obtained: hit, miss (compiled, cached), off, uncached
+        self.bpf_cache = ""  # how the programs were obtained: prebuilt, hit, miss (compiled, cached), off, uncached
+        self.prebuilt_why = ""  # why the prebuilt programs (tracer/bpf/prebuilt.py) did not serve, if not
         try:
             self.bpf = self._compile(launched, self.unwind)
             t = time.perf_counter()
@@ -248,20 +251,39 @@ class Program:
             self.sys_tracepoints_off()
 
     def _compile(self, launched: bool, unwind: str):
-        """The BCC module of probes/allocscope.c for this recording, its programs from the cache of
-        compiled programs when it has them (tracer/bpf/cache.py), else compiled by clang (and
+        """The BCC module of probes/allocscope.c for this recording: from the programs built once
+        (tracer/bpf/prebuilt.py) when they serve this kernel and these options, else from the
+        cache of programs compiled on this box (tracer/bpf/cache.py), else compiled by clang (and
         cached). Either way the maps are created here and the tracepoint programs attached."""
         bcc = self.bcc
+        flags, consts = probe_config(self.options, launched, unwind, self.rss_tracepoint, self.pid)
+        t = time.perf_counter()
+        if os.environ.get("ALLOCSCOPE_PREBUILT") != "0":
+            try:
+                pre = prebuilt.find(flags, consts)
+                bpf = prebuilt.load(
+                    bcc, pre, flags, consts, self._programs_needed(unwind), skip_sys=self.options.inject
+                )
+                self.bpf_cache = "prebuilt"
+                self.timings["maps + programs + tracepoints (prebuilt, no compile)"] = time.perf_counter() - t
+                return bpf
+            except prebuilt.NotPrebuilt as e:
+                self.prebuilt_why = str(e)
+            except Exception as e:  # noqa: BLE001 (a map the kernel refused: compiled as before)
+                self.prebuilt_why = f"prebuilt programs not loaded: {e}"
+            if self.options.verbose:
+                print(f"allocscope: start-up: compiling the probes here: {self.prebuilt_why}", file=sys.stderr)
+        else:
+            self.prebuilt_why = "ALLOCSCOPE_PREBUILT=0"
         text = bpf_text()
-        flags = probe_cflags(self.options, launched, unwind, self.rss_tracepoint)
 
         def cflags(tgid: int) -> list[str]:
             return [
                 f"-I{L.PROBES_DIR}",
-                f"-DAS_TGID={tgid}",
                 f"-DAS_MAX_DEPTH={L.MAX_DEPTH}",
                 "-Wno-macro-redefined",
                 *flags,
+                *const_flags({**consts, "AS_TGID": tgid}),
             ]
 
         def compile_whole(cache: str, step: str, t: float):

@@ -1,6 +1,6 @@
 """What the BPF program of a recording is made of: probes/allocscope.c with its parts inlined
-(`bpf_text`), its compile-time parameters (`probe_cflags`), and which ways of attaching uprobes
-the running kernel offers (`links_choice`, `session_choice`). No BCC here."""
+(`bpf_text`), its parameters (`probe_config`: compile-time flags and load-time constants), and
+which ways of attaching uprobes the running kernel offers (`links_choice`, `session_choice`). No BCC here."""
 
 from __future__ import annotations
 
@@ -23,16 +23,61 @@ from .kernel_btf import (
     switch_offsets,
 )
 
+# The values a recording gives the program at load time (probes/common.h AS_K: one move of an
+# immediate the loader rewrites, tracer/bpf/prebuilt.py), in a fixed order: their markers in a
+# prebuilt program are CONST_MARKER + 0x100 * index. Kernel-struct offsets (AS_OFF_*) are
+# load-time too, each named in the program by its flag.
+LOAD_TIME = ("AS_TGID", "AS_LAUNCHED", "AS_FLOOR", "AS_UVM_MAJOR", "AS_SAMPLE_BYTES", "AS_FAULT_SAMPLE")
 
-def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoint: bool) -> list[str]:
-    """The compile-time parameters of probes/allocscope.c for a recording: every bound and mode
-    comes from `opts` (tracer/base/options.py, the one place defaults live), the kernel-struct
-    offsets from the running kernel's BTF (tracer/bpf/kernel_btf.py), loaded once for all."""
+
+def is_load_time(name: str) -> bool:
+    return name in LOAD_TIME or name.startswith("AS_OFF_")
+
+
+def probe_config(
+    opts: RecordOptions, launched: bool, unwind: str, rss_tracepoint: bool, pid: int = 0
+) -> tuple[list[str], dict[str, int]]:
+    """The parameters of probes/allocscope.c for a recording: (compile-time -D flags, load-time
+    constants). Every bound and mode comes from `opts` (tracer/base/options.py, the one place
+    defaults live), the kernel-struct offsets from the running kernel's BTF
+    (tracer/bpf/kernel_btf.py), loaded once for all. The compile-time flags are what a program
+    built once must match (the variant: DWARF or frame pointers, the RSS tracepoint, which kernel
+    offsets exist, the page size; the map sizes, which only size maps); the constants are set
+    at load, so that sampling, residency mode, launch mode and the kernel's offsets need no
+    compile of their own (sampled, residency and session programs are always compiled in)."""
     with one_load():
-        return _probe_cflags(opts, launched, unwind, rss_tracepoint)
+        flags = _probe_flags(opts, unwind, rss_tracepoint)
+    consts: dict[str, int] = {
+        "AS_TGID": pid,
+        "AS_LAUNCHED": int(launched),
+        "AS_FLOOR": int(opts.probe_floor),
+        "AS_UVM_MAJOR": char_major("nvidia-uvm"),
+        "AS_SAMPLE_BYTES": max(0, opts.sample_bytes),
+        "AS_FAULT_SAMPLE": opts.fault_sample if opts.mode == "residency" else 1,
+    }
+    compile_time = []
+    for f in flags:
+        name, _, value = f[2:].partition("=")
+        if is_load_time(name):
+            consts[name] = int(value)
+        else:
+            compile_time.append(f)
+    return compile_time, consts
 
 
-def _probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoint: bool) -> list[str]:
+def const_flags(consts: dict[str, int]) -> list[str]:
+    """-D flags giving each load-time constant its value through AS_K (probes/common.h)."""
+    return [f"-D{name}=AS_K({value})" for name, value in consts.items()]
+
+
+def probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoint: bool, pid: int = 0) -> list[str]:
+    """Every -D flag of a compile of probes/allocscope.c for this recording (probe_config's two
+    parts, the constants with their values)."""
+    flags, consts = probe_config(opts, launched, unwind, rss_tracepoint, pid)
+    return flags + const_flags(consts)
+
+
+def _probe_flags(opts: RecordOptions, unwind: str, rss_tracepoint: bool) -> list[str]:
     flags = [
         f"-DAS_MAX_LIVE={opts.max_live}",
         f"-DAS_MAX_STACKS={opts.max_stacks}",
@@ -40,23 +85,16 @@ def _probe_cflags(opts: RecordOptions, launched: bool, unwind: str, rss_tracepoi
         f"-DAS_MAX_REGIONS={opts.max_regions}",
         f"-DAS_RING_PAGES={opts.ring_pages}",
         f"-DAS_PAGE_SIZE={os.sysconf('SC_PAGE_SIZE')}",
-        f"-DAS_UVM_MAJOR={char_major('nvidia-uvm')}",
+        "-DAS_SESSION=1",  # the uprobe-session programs (loaded only where the kernel has them)
+        "-DAS_FAULTS=1",  # residency mode's perf-event programs (loaded only in that mode)
     ]
-    if launched:
-        flags.append("-DAS_WAIT_EXEC=1")
-    if opts.probe_floor:
-        flags.append("-DAS_FLOOR=1")
     flags += ["-DAS_RSS_TRACEPOINT=1"] if rss_tracepoint else rss_offsets().cflags()
     try:
         flags += file_offsets().cflags()
     except (OSError, LookupError):
         pass  # mappings of shared memory and device files stay untracked
-    if opts.sample_bytes > 0:  # with the uprobe-session programs (used where the kernel has them)
-        flags += [f"-DAS_SAMPLE_BYTES={opts.sample_bytes}ULL", "-DAS_SESSION=1"]
-    if opts.mode == "residency":
-        flags += ["-DAS_FAULTS=1", f"-DAS_FAULT_SAMPLE={opts.fault_sample}"]
     # --inject: the agent's thread table says which mmap/brk an allocator makes (compiled in every
-    # variant, idle without an agent: an --inject recording shares the program of a sampled one)
+    # variant, idle without an agent)
     flags += fsbase_offset()
     flags += switch_offsets()  # the raw sched_switch program (else the classic tracepoint)
     if unwind == "dwarf":

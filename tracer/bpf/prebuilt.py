@@ -1,0 +1,634 @@
+"""The probes compiled once, at `make setup` / `make bundle`, loaded on any kernel with BTF.
+
+BCC compiles probes/allocscope.c with clang against kernel headers on every new box and for
+every option variant (6-10 s each here, 11 s on the GPU box). Here the program is compiled once
+per *variant* — what still changes the C: DWARF or frame-pointer unwinding, the kmem:rss_stat
+program, which kernel offsets exist, the page size — into `probes/prebuilt/allocscope-bpf.json`,
+and every recording loads from it:
+
+* what depends on the recording or the kernel reaches the program as a load-time constant
+  (probes/common.h AS_K: the target's pid, launch mode, the trap floor, --sample-bytes,
+  --fault-sample, the nvidia-uvm major, every kernel-struct offset from the running kernel's
+  BTF). The build gives each a marker value; the one `mov` of each marker is recorded and
+  rewritten at load (the verifier sees the real value, as if compiled in). An instruction whose
+  immediate is near a marker but is not that move fails the build: a folded constant is never
+  shipped;
+* map references (`ld_imm64 rX, MAP_FD`) are recorded by table name and rewritten with this
+  run's map fds; the maps are created here through bpf(2) from the stored table signature
+  (names, types, sizes, flags; the sizes that options set — SIZE_ONLY — from the options; the
+  task-storage map's BTF written here), no compile at all;
+* the tracepoint programs were compiled against the build box's tracefs formats: each format's
+  fields are stored and compared with the running kernel's before use (a difference: not used).
+
+Programs are loaded with BPF_PROG_LOAD and handed to BCC's Python as its own `Function`s; the
+object `load()` returns is a `bcc.BPF` without a module, so tables, the ring buffer and the
+attach calls of the rest of the tracer work unchanged. Where the store lacks the variant (a
+kernel without BTF, an older kernel's raw tracepoint shape, a changed source) the tracer
+compiles with BCC as before (tracer/bpf/cache.py); `allocscope doctor` says which applies.
+
+Build: `python -m tracer.bpf.prebuilt [OUT]` (make setup does it when probes/ changed).
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes as ct
+import hashlib
+import json
+import os
+import struct
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from ..base import layout as L
+from ..base.options import RecordOptions
+from .cache import BPF_LD_IMM64, BPF_PSEUDO_MAP_FD, INSN, SIZE_ONLY
+from .source import bpf_text, const_flags, probe_config
+
+FORMAT = 1
+STORE = L.PROBES_DIR / "prebuilt" / "allocscope-bpf.json"
+MARKER_BASE = 0x5A000000  # markers: MARKER_BASE + 0x100 * k, far above any offset, pid or size here
+MARKER_SPAN = 0x01000000
+# (unwind, rss_tracepoint): what the store holds, every option of the CLI loading from these
+VARIANTS = (("dwarf", False), ("fp", False), ("dwarf", True), ("fp", True))
+# Marker sizes for the maps sized by options: a table whose max_entries is one of them is sized
+# by that option at load (the ring buffer: AS_RING_PAGES pages).
+SIZE_MARKERS = {
+    "AS_MAX_LIVE": 10007,
+    "AS_MAX_STACKS": 10009,
+    "AS_MAX_SITES": 10037,
+    "AS_MAX_REGIONS": 10039,
+    "AS_RING_PAGES": 64,
+    "AS_UNWIND_ROWS": 10061,
+}
+BPF_MAP_TYPE_RINGBUF, BPF_MAP_TYPE_TASK_STORAGE = 27, 29
+BPF_CALL, BPF_PSEUDO_KFUNC_CALL = 0x85, 2
+MOV_IMM = (0xB7, 0xB4)  # BPF_ALU64|BPF_MOV|BPF_K, BPF_ALU|BPF_MOV|BPF_K
+TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+
+
+class NotPrebuilt(Exception):
+    """The store cannot serve this recording (the reason is the message)."""
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def source_digest() -> str:
+    """What the store was built from: the program text and this loader's format."""
+    return hashlib.sha256(b"format=%d\0" % FORMAT + bpf_text()).hexdigest()[:32]
+
+
+def variant_key(flags: list[str], consts: dict[str, int]) -> str:
+    """The compile-time flags (the map sizes without their values) and the names of the constants."""
+    parts = []
+    for f in flags:
+        name = f[2:].partition("=")[0]
+        parts.append(f"-D{name}=*" if name in SIZE_ONLY else f)
+    return " ".join(sorted(parts)) + " | " + " ".join(sorted(consts))
+
+
+def _format_fields(category: str, name: str) -> str | None:
+    """The field lines of a tracepoint's format (what BCC's args struct is made of), or None."""
+    for root in TRACEFS:
+        try:
+            text = Path(root, "events", category, name, "format").read_text()
+        except OSError:
+            continue
+        return "\n".join(line.strip() for line in text.splitlines() if line.strip().startswith("field:"))
+    return None
+
+
+def _tracepoint_of(func: str) -> tuple[str, str] | None:
+    if not func.startswith("tracepoint__"):
+        return None
+    cat, _, name = func[len("tracepoint__") :].partition("__")
+    return cat, name
+
+
+# --------------------------------------------------------------------------- build
+
+
+def _compile_variant(unwind: str, rss_tracepoint: bool) -> dict:
+    """One variant compiled by BCC with marker values, as a store entry (raises when the
+    instructions cannot be relocated)."""
+    import bcc  # noqa: PLC0415 (only the build needs it for compiling)
+
+    from . import bcc_lean  # noqa: PLC0415
+    from .cache import libbcc, table_signature  # noqa: PLC0415
+
+    opts = RecordOptions()
+    flags, consts = probe_config(opts, False, unwind, rss_tracepoint)
+    sized = []
+    for f in flags:
+        name = f[2:].partition("=")[0]
+        sized.append(f"-D{name}={SIZE_MARKERS[name]}" if name in SIZE_MARKERS else f)
+    markers = {name: MARKER_BASE + 0x100 * (k + 1) for k, name in enumerate(sorted(consts))}
+    cflags = [f"-I{L.PROBES_DIR}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}", "-Wno-macro-redefined", *sized]
+    cflags += const_flags(markers)
+
+    class Compiled(bcc.BPF):
+        def _trace_autoload(self) -> None:
+            pass  # nothing is loaded from this module
+
+    with bcc_lean.light(bcc):
+        mod = Compiled(text=bpf_text(), cflags=cflags)
+    try:
+        lib = libbcc()
+        module = mod.module
+        n_tables = lib.as_bpf_num_tables(module)
+        fds = {lib.as_bpf_table_fd_id(module, i): lib.as_bpf_table_name(module, i).decode() for i in range(n_tables)}
+        by_marker = {v: k for k, v in markers.items()}
+        funcs: dict[str, Any] = {}
+        formats: dict[str, str] = {}
+        for k in range(lib.as_bpf_num_functions(module)):
+            fname = lib.as_bpf_function_name(module, k).decode()
+            start, size = (
+                lib.as_bpf_function_start(module, fname.encode()),
+                lib.as_bpf_function_size(module, fname.encode()),
+            )
+            if not start or size % 8:
+                raise NotPrebuilt(f"{fname}: no instructions")
+            code = ct.string_at(start, size)
+            maps, cref = [], []
+            idx, n = 0, size // 8
+            while idx < n:
+                op, regs, _off, imm = INSN.unpack_from(code, idx * 8)
+                src = regs >> 4
+                if op == BPF_LD_IMM64:
+                    hi = INSN.unpack_from(code, idx * 8 + 8)[3] if idx + 1 < n else 0
+                    if src == BPF_PSEUDO_MAP_FD and imm in fds:
+                        maps.append([idx, fds[imm]])
+                    elif src != 0:
+                        raise NotPrebuilt(f"{fname}: ld_imm64 src {src} at {idx}")
+                    elif imm in by_marker and hi == 0:
+                        cref.append([idx, by_marker[imm]])
+                    elif MARKER_BASE <= imm < MARKER_BASE + MARKER_SPAN:
+                        raise NotPrebuilt(f"{fname}: a folded constant at {idx} ({imm:#x})")
+                    idx += 2
+                    continue
+                if op == BPF_CALL and src == BPF_PSEUDO_KFUNC_CALL:
+                    raise NotPrebuilt(f"{fname}: a kfunc call at {idx}")
+                if imm in by_marker and op in MOV_IMM:
+                    cref.append([idx, by_marker[imm]])
+                elif MARKER_BASE <= imm < MARKER_BASE + MARKER_SPAN:
+                    raise NotPrebuilt(f"{fname}: a folded constant at {idx} ({imm:#x}, op {op:#x})")
+                idx += 1
+            funcs[fname] = {"code": base64.b64encode(code).decode(), "maps": maps, "consts": cref}
+            tp = _tracepoint_of(fname)
+            if tp is not None:
+                fields = _format_fields(*tp)
+                if fields is None:
+                    raise NotPrebuilt(f"no tracefs format for {tp[0]}:{tp[1]}")
+                formats[fname] = fields
+        tables = table_signature(module)
+        marker_sizes = {v: k for k, v in SIZE_MARKERS.items()}
+        for row in tables:
+            if row[1] == BPF_MAP_TYPE_RINGBUF:
+                row.append(
+                    "AS_RING_PAGES" if row[4] == SIZE_MARKERS["AS_RING_PAGES"] * os.sysconf("SC_PAGE_SIZE") else None
+                )
+            else:
+                row.append(marker_sizes.get(row[4]))
+        return {
+            "variant": variant_key(flags, consts),
+            "unwind": unwind,
+            "rss_tracepoint": rss_tracepoint,
+            "license": (lib.as_bpf_module_license(module) or b"").decode(),
+            "funcs": funcs,
+            "tables": tables,
+            "formats": formats,
+        }
+    finally:
+        mod.cleanup()
+
+
+def _compile_in_child(args) -> dict:
+    return _compile_variant(*args)
+
+
+def build(out: Path = STORE) -> dict:
+    """Compile every variant (in a process each, two at a time at most per core) into `out`."""
+    from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
+    from multiprocessing import get_context  # noqa: PLC0415
+
+    workers = max(1, min(len(VARIANTS), os.cpu_count() or 1))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        entries = list(pool.map(_compile_in_child, VARIANTS))
+    u = os.uname()
+    store = {
+        "format": FORMAT,
+        "source": source_digest(),
+        "built_on": f"{u.release} {u.machine}",
+        "variants": {e["variant"]: e for e in entries},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(store))
+    os.replace(tmp, out)
+    return store
+
+
+# --------------------------------------------------------------------------- the store at run time
+
+_STORE: dict | None = None
+_STORE_LOCK = threading.Lock()
+
+
+def load_store(path: Path = STORE) -> dict:
+    """The store (read once per process); NotPrebuilt when missing or built from other source."""
+    global _STORE
+    with _STORE_LOCK:
+        if _STORE is None or path != STORE:
+            try:
+                store = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                raise NotPrebuilt(
+                    f"no prebuilt programs ({path}: {getattr(e, 'strerror', None) or e}); run 'make setup'"
+                ) from None
+            if store.get("format") != FORMAT or store.get("source") != source_digest():
+                raise NotPrebuilt(f"{path} was built from other probe sources; run 'make setup'")
+            if path != STORE:
+                return store
+            _STORE = store
+        return _STORE
+
+
+def find(flags: list[str], consts: dict[str, int], store: dict | None = None) -> dict:
+    """The store's entry for a recording's parameters (probe_config), its tracepoint formats
+    checked against this kernel's; NotPrebuilt says why not."""
+    store = store if store is not None else load_store()
+    entry = store["variants"].get(variant_key(flags, consts))
+    if entry is None:
+        raise NotPrebuilt("no prebuilt variant for this kernel and these options (compiled here instead)")
+    for name, value in consts.items():
+        if not -(1 << 31) <= value < (1 << 31):
+            raise NotPrebuilt(f"{name}={value} does not fit an instruction's immediate (compiled here instead)")
+    for fname, fields in entry["formats"].items():
+        tp = _tracepoint_of(fname)
+        assert tp is not None
+        if _format_fields(*tp) != fields:
+            raise NotPrebuilt(f"tracepoint {tp[0]}:{tp[1]} differs from the build box's")
+    return entry
+
+
+def relocate(entry: dict, name: str, consts: dict[str, int], table_fd) -> bytes:
+    """The instructions of `name` with this run's map fds and constants."""
+    f = entry["funcs"][name]
+    code = bytearray(base64.b64decode(f["code"]))
+    for idx, table in f["maps"]:
+        op, regs, off, _imm = INSN.unpack_from(code, idx * 8)
+        INSN.pack_into(code, idx * 8, op, regs, off, table_fd(table))
+    for idx, cname in f["consts"]:
+        value = consts[cname]
+        op, regs, off, _imm = INSN.unpack_from(code, idx * 8)
+        if op == BPF_LD_IMM64:
+            INSN.pack_into(code, idx * 8, op, regs, off, value & 0xFFFFFFFF)
+            op2, regs2, off2, _ = INSN.unpack_from(code, idx * 8 + 8)
+            INSN.pack_into(code, idx * 8 + 8, op2, regs2, off2, struct.unpack("<i", struct.pack("<I", value >> 32))[0])
+        else:
+            if not -(1 << 31) <= value < (1 << 31):
+                raise NotPrebuilt(f"{cname}={value} does not fit the instruction's immediate")
+            INSN.pack_into(code, idx * 8, op, regs, off, value)
+    return bytes(code)
+
+
+# --------------------------------------------------------------------------- bpf(2)
+
+_libc = ct.CDLL(None, use_errno=True)
+NR_BPF = 321
+MAP_CREATE, PROG_LOAD, BTF_LOAD = 0, 5, 18
+
+
+class _MapAttr(ct.Structure):
+    _fields_ = [
+        ("map_type", ct.c_uint32),
+        ("key_size", ct.c_uint32),
+        ("value_size", ct.c_uint32),
+        ("max_entries", ct.c_uint32),
+        ("map_flags", ct.c_uint32),
+        ("inner_map_fd", ct.c_uint32),
+        ("numa_node", ct.c_uint32),
+        ("map_name", ct.c_char * 16),
+        ("map_ifindex", ct.c_uint32),
+        ("btf_fd", ct.c_uint32),
+        ("btf_key_type_id", ct.c_uint32),
+        ("btf_value_type_id", ct.c_uint32),
+        ("btf_vmlinux_value_type_id", ct.c_uint32),
+        ("map_extra", ct.c_uint64),
+        ("pad", ct.c_uint8 * 64),
+    ]
+
+
+class _ProgAttr(ct.Structure):
+    _fields_ = [
+        ("prog_type", ct.c_uint32),
+        ("insn_cnt", ct.c_uint32),
+        ("insns", ct.c_uint64),
+        ("license", ct.c_uint64),
+        ("log_level", ct.c_uint32),
+        ("log_size", ct.c_uint32),
+        ("log_buf", ct.c_uint64),
+        ("kern_version", ct.c_uint32),
+        ("prog_flags", ct.c_uint32),
+        ("prog_name", ct.c_char * 16),
+        ("prog_ifindex", ct.c_uint32),
+        ("expected_attach_type", ct.c_uint32),
+        ("pad", ct.c_uint8 * 96),
+    ]
+
+
+class _BtfAttr(ct.Structure):
+    _fields_ = [
+        ("btf", ct.c_uint64),
+        ("btf_log_buf", ct.c_uint64),
+        ("btf_size", ct.c_uint32),
+        ("btf_log_size", ct.c_uint32),
+        ("btf_log_level", ct.c_uint32),
+        ("pad", ct.c_uint8 * 100),
+    ]
+
+
+def _bpf(cmd: int, attr) -> int:
+    return _libc.syscall(NR_BPF, cmd, ct.byref(attr), ct.sizeof(attr))
+
+
+def _storage_btf(value_size: int) -> int:
+    """A BTF object for a task-storage map: [1] int (the key), [2] unsigned char, [3] an array
+    of value_size of them (the value). Its fd."""
+    strs = b"\0int\0unsigned char\0"
+    types = struct.pack("<IIII", 1, 1 << 24, 4, (1 << 24) | 32)  # int: signed, 32 bits
+    types += struct.pack("<IIII", 5, 1 << 24, 1, 8)  # unsigned char: 8 bits
+    types += struct.pack("<III", 0, 3 << 24, 0) + struct.pack("<III", 2, 1, value_size)  # array
+    hdr = struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(types), len(types), len(strs))
+    blob = ct.create_string_buffer(hdr + types + strs)
+    log = ct.create_string_buffer(4096)
+    attr = _BtfAttr(btf=ct.addressof(blob), btf_size=len(hdr + types + strs))
+    fd = _bpf(BTF_LOAD, attr)
+    if fd < 0:
+        attr = _BtfAttr(
+            btf=ct.addressof(blob),
+            btf_size=len(hdr + types + strs),
+            btf_log_buf=ct.addressof(log),
+            btf_log_size=4096,
+            btf_log_level=1,
+        )
+        _bpf(BTF_LOAD, attr)
+        raise OSError(ct.get_errno(), f"BTF for task storage: {log.value.decode(errors='replace')[-300:]}")
+    return fd
+
+
+def create_map(row: list, max_entries: int) -> int:
+    name, mtype, key_size, leaf_size, _max, flags = row[:6]
+    attr = _MapAttr(
+        map_type=mtype,
+        key_size=key_size,
+        value_size=leaf_size,
+        max_entries=max_entries,
+        map_flags=flags,
+        map_name=name.encode()[:15],
+    )
+    btf_fd = -1
+    if mtype == BPF_MAP_TYPE_TASK_STORAGE:
+        btf_fd = _storage_btf(leaf_size)
+        attr.btf_fd, attr.btf_key_type_id, attr.btf_value_type_id = btf_fd, 1, 3
+    try:
+        fd = _bpf(MAP_CREATE, attr)
+        if fd < 0:
+            err = ct.get_errno()
+            raise OSError(err, f"cannot create map {name}: {os.strerror(err)}")
+        return fd
+    finally:
+        if btf_fd >= 0:
+            os.close(btf_fd)  # the map holds its own reference
+
+
+def load_prog(name: str, code: bytes, prog_type: int, license: str, attach_type: int) -> int:
+    buf = ct.create_string_buffer(code, len(code))
+    lic = ct.create_string_buffer(license.encode())
+    attr = _ProgAttr(
+        prog_type=prog_type,
+        insn_cnt=len(code) // 8,
+        insns=ct.addressof(buf),
+        license=ct.addressof(lic),
+        prog_name=name.encode()[:15],
+        expected_attach_type=max(attach_type, 0),
+    )
+    fd = _bpf(PROG_LOAD, attr)
+    if fd >= 0:
+        return fd
+    err = ct.get_errno()
+    if err == 1:  # EPERM
+        raise PermissionError("Need super-user privileges to run")
+    size = 1 << 22
+    log = ct.create_string_buffer(size)
+    attr.log_level, attr.log_size, attr.log_buf = 1, size, ct.addressof(log)
+    fd = _bpf(PROG_LOAD, attr)
+    if fd >= 0:
+        return fd  # loaded the second time (a transient failure)
+    tail = log.value.decode(errors="replace").strip().splitlines()[-3:]
+    raise Exception(f"Failed to load BPF program {name.encode()!r}: {os.strerror(err)}: {' / '.join(tail)}")
+
+
+# --------------------------------------------------------------------------- the BCC object
+
+
+class _Module:
+    """What BCC's table classes ask a module for (bcc.table reads type, flags and max entries
+    through libbcc): answered from the store's table signature by `_TableLib`."""
+
+    def __init__(self, rows: list[list], sizes: dict[str, int]) -> None:
+        self.rows = rows
+        self.sizes = sizes
+
+
+class _TableLib:
+    """bcc.table's `lib`, answering the three questions its table classes ask a module for when
+    the module is a _Module; every other call goes to libbcc unchanged."""
+
+    def __init__(self, lib) -> None:
+        self._lib = lib
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def bpf_table_type_id(self, module, map_id):
+        return module.rows[map_id][1] if isinstance(module, _Module) else self._lib.bpf_table_type_id(module, map_id)
+
+    def bpf_table_flags_id(self, module, map_id):
+        return module.rows[map_id][5] if isinstance(module, _Module) else self._lib.bpf_table_flags_id(module, map_id)
+
+    def bpf_table_max_entries_id(self, module, map_id):
+        if isinstance(module, _Module):
+            return module.sizes[module.rows[map_id][0]]
+        return self._lib.bpf_table_max_entries_id(module, map_id)
+
+
+def _install_table_lib(bcc) -> None:
+    import bcc.table as bt  # noqa: PLC0415
+
+    if not isinstance(bt.lib, _TableLib):
+        bt.lib = _TableLib(bt.lib)
+
+
+def table_sizes(entry: dict, flags: list[str]) -> dict[str, int]:
+    """max_entries of every table: the build's, or the option's for the maps options size."""
+    values = {}
+    for f in flags:
+        name, _, v = f[2:].partition("=")
+        if name in SIZE_ONLY:
+            values[name] = int(v)
+    page = os.sysconf("SC_PAGE_SIZE")
+    sizes = {}
+    for row in entry["tables"]:
+        size_flag = row[8]
+        if size_flag is None:
+            sizes[row[0]] = row[4]
+        elif row[1] == BPF_MAP_TYPE_RINGBUF:
+            sizes[row[0]] = values[size_flag] * page
+        else:
+            sizes[row[0]] = values[size_flag]
+    return sizes
+
+
+def load(bcc, entry: dict, flags: list[str], consts: dict[str, int], preload=(), skip_sys: bool = False):
+    """A bcc.BPF of the store's `entry` for a recording: maps created, the tracepoint programs
+    and those in `preload` loaded (verified two at a time), the tracepoints attached."""
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    from .program import SYS_TAILS, SYS_TP_PREFIX, fill_sys_tails  # noqa: PLC0415
+
+    _install_table_lib(bcc)
+    sizes = table_sizes(entry, flags)
+    rows = entry["tables"]
+    names = {row[0]: i for i, row in enumerate(rows)}
+
+    class PrebuiltBPF(bcc.BPF):
+        def __init__(self) -> None:  # bcc.BPF.__init__ without its compile
+            import atexit  # noqa: PLC0415
+
+            self.kprobe_fds: dict = {}
+            self.uprobe_fds: dict = {}
+            self.tracepoint_fds: dict = {}
+            self.raw_tracepoint_fds: dict = {}
+            self.kfunc_entry_fds: dict = {}
+            self.kfunc_exit_fds: dict = {}
+            self.lsm_fds: dict = {}
+            self.perf_buffers: dict = {}
+            self.open_perf_events: dict = {}
+            self._ringbuf_manager = None
+            self.tracefile = None
+            self.debug = 0
+            self.funcs: dict = {}
+            self.tables: dict = {}
+            self.module = None
+            self.map_fds: dict[str, int] = {}
+            self._lock = threading.Lock()
+            atexit.register(self.cleanup)
+            try:
+                for row in rows:
+                    self.map_fds[row[0]] = create_map(row, sizes[row[0]])
+            except Exception:
+                self.close()
+                raise
+            self.module = _Module(rows, sizes)
+
+        def _trace_autoload(self) -> None:
+            pass
+
+        def get_table(self, name, keytype=None, leaftype=None, reducer=None):
+            name_s = name.decode() if isinstance(name, bytes) else name
+            if name_s not in names:
+                raise KeyError(name)
+            row = rows[names[name_s]]
+            if keytype is None and row[6]:
+                keytype = bcc.BPF._decode_table_type(json.loads(row[6]))
+            if leaftype is None:
+                leaftype = bcc.BPF._decode_table_type(json.loads(row[7]))
+            return bcc.table.Table(
+                self, names[name_s], self.map_fds[name_s], keytype, leaftype, name_s.encode(), reducer=reducer
+            )
+
+        def load_func(self, func_name, prog_type, device=None, attach_type=-1):
+            func_name = func_name.encode() if isinstance(func_name, str) else func_name
+            with self._lock:
+                if func_name in self.funcs:
+                    return self.funcs[func_name]
+            fname = func_name.decode()
+            if fname not in entry["funcs"]:
+                raise Exception(f"Unknown program {func_name}")
+            code = relocate(entry, fname, consts, lambda t: self.map_fds[t])
+            fd = load_prog(fname, code, prog_type, entry["license"], attach_type)
+            fn = bcc.BPF.Function(self, func_name, fd)
+            with self._lock:
+                if func_name in self.funcs:  # loaded meanwhile by another thread
+                    os.close(fd)
+                    return self.funcs[func_name]
+                self.funcs[func_name] = fn
+            return fn
+
+        def close(self) -> None:
+            for name, fn in list(self.funcs.items()):
+                os.close(fn.fd)
+                del self.funcs[name]
+            for name, fd in list(getattr(self, "map_fds", {}).items()):
+                os.close(fd)
+                del self.map_fds[name]
+            self.module = None
+
+    bpf = PrebuiltBPF()
+    try:
+        tps = [n.encode() for n in entry["funcs"] if n.startswith("tracepoint__")]
+        raws = [n.encode() for n in entry["funcs"] if n.startswith("raw_tracepoint__")]
+        sys = [(n, bcc.BPF.TRACEPOINT) for n in SYS_TAILS if n.decode() in entry["funcs"]]
+        todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + [(b, bcc.BPF.RAW_TRACEPOINT) for b in raws] + sys
+        todo += [item for item in preload if item[0].decode() in entry["funcs"]]
+        # the verifier runs in the loading thread with the GIL released: two at a time, the
+        # slowest first (the DWARF unwinders and sched_switch); a failure is left for the load
+        # that needs the program (it raises there)
+        todo.sort(key=lambda item: -len(entry["funcs"][item[0].decode()]["code"]))
+
+        def try_load(item) -> None:
+            try:
+                bpf.load_func(*item)
+            except Exception:  # noqa: BLE001
+                pass
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            list(pool.map(try_load, todo))
+        fill_sys_tails(bcc, bpf)
+        for b in tps:
+            if skip_sys and b.startswith(SYS_TP_PREFIX):
+                continue  # --inject: attached later, only for the calls the agent could not hook
+            bpf.attach_tracepoint(tp=b[len(b"tracepoint__") :].replace(b"__", b":"), fn_name=b)
+        for b in raws:
+            bpf.attach_raw_tracepoint(tp=b[len(b"raw_tracepoint__") :], fn_name=b)
+    except BaseException:
+        bpf.cleanup()
+        raise
+    return bpf
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0]) if argv else STORE
+    import time  # noqa: PLC0415
+
+    t = time.perf_counter()
+    try:
+        store = build(out)
+    except NotPrebuilt as e:
+        print(f"allocscope: prebuilt probes: {e}", file=sys.stderr)
+        return 1
+    size = out.stat().st_size
+    print(
+        f"allocscope: prebuilt probes: {len(store['variants'])} variants in {out} "
+        f"({size // 1024} KiB, {time.perf_counter() - t:.1f} s)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
