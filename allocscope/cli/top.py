@@ -12,9 +12,17 @@ from common.errors import UsageError
 from tracer.base.options import TOP_INTERVAL
 
 from .base import CONTEXT, Command
-from .options import by_option, fold_option, probe_options, target_options, trace_options
+from .options import by_option, fold_option, metrics_options, probe_options, target_options, trace_options
 from .output import progress
-from .recording import check_inject, early_stop, record_options, resolve_target, start_probes, summary_text
+from .recording import (
+    check_inject,
+    early_stop,
+    record_options,
+    resolve_target,
+    start_metrics,
+    start_probes,
+    summary_text,
+)
 
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 SORT_CHOICES = ("live", "growth", "peak", "age")
@@ -55,6 +63,7 @@ SORT_CHOICES = ("live", "growth", "peak", "age")
 @trace_options
 @by_option
 @fold_option
+@metrics_options
 @probe_options(interval=TOP_INTERVAL)
 def top(
     pid,
@@ -72,6 +81,8 @@ def top(
     embed_symbols,
     by,
     fold,
+    metrics,
+    metrics_top,
     **probe,
 ):
     """Watch a process's memory live: RSS, live bytes, and the locations and threads holding them,
@@ -92,6 +103,7 @@ def top(
       allocscope top --pgrep provingd
       allocscope top --pid 4242 --sort growth -o run.allocscope
       allocscope top --pid 4242 --batch --interval 5 | tee memory.log
+      allocscope top --pid 4242 --batch --metrics 127.0.0.1:9479 > /dev/null
     """
     from reports.wrappers import parse_fold  # noqa: PLC0415 (no pandas: see start_probes below)
     from tracer.doctor import require_root  # noqa: PLC0415
@@ -111,21 +123,33 @@ def top(
     opts.first_snapshot_s = 0.2  # the first frame right after the attach, then every interval
     check_inject(opts, command)
     validate(opts, output=False)
+    from .metrics import check_metrics, end_reason  # noqa: PLC0415 (light: no pandas)
+
+    check_metrics(metrics, opts.labels)
     require_root()
     validate(opts)
-    target = resolve_target(pid, pattern, command)
-    early = start_probes(target, opts)  # built in a thread while the tracer and the reports load
+    exporter = start_metrics(metrics, opts, metrics_top, progress if batch else None)
     try:
-        from tracer.record import recorder as rec  # noqa: PLC0415
-    except BaseException:
-        early.discard()
-        raise
-    if batch:
-        s = _batch(target, opts, stop, folding, sort, top_n, iterations, by, early)
-        if s is not None:
-            click.echo(summary_text(s), err=True)
-    else:
-        _screen(rec, target, opts, stop, folding, sort, threads_view, by, early)
+        target = resolve_target(pid, pattern, command)
+        if exporter is not None:
+            exporter.target_started(target.pid, target.comm, output, launched=target.child is not None)
+        early = start_probes(target, opts)  # built in a thread while the tracer and the reports load
+        try:
+            from tracer.record import recorder as rec  # noqa: PLC0415
+        except BaseException:
+            early.discard()
+            raise
+        if batch:
+            s = _batch(target, opts, stop, folding, sort, top_n, iterations, by, early, exporter)
+            if s is not None:
+                click.echo(summary_text(s), err=True)
+        else:
+            s = _screen(rec, target, opts, stop, folding, sort, threads_view, by, early, exporter)
+        if exporter is not None and s is not None:
+            exporter.target_ended(end_reason(s, output))
+    finally:
+        if exporter is not None:
+            exporter.close()
 
 
 def _last_words(text: str) -> None:
@@ -140,19 +164,38 @@ def _last_words(text: str) -> None:
         silence(sys.stdout)
 
 
-def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None):
+def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None, exporter=None):
     from .observers import record_batch  # noqa: PLC0415
 
-    s, printer = record_batch(
-        target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by, early=early
-    )
+    if exporter is None:
+        s, printer = record_batch(
+            target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by, early=early
+        )
+        return None if printer.closed else s
+    # --metrics: record_batch's recording, the exporter watching beside the printer
+    from tracer.record import recorder as rec  # noqa: PLC0415
+
+    from .metrics import fan_out  # noqa: PLC0415
+    from .observers import BatchPrinter  # noqa: PLC0415
+
+    printer = BatchPrinter(sys.stdout, stop, folding, sort, top_n, iterations, by)
+    try:
+        s = rec.record(
+            target, opts, progress, stop=stop, observer=fan_out(printer.observe, exporter.observe), early=early
+        )
+    except BaseException:
+        printer.pump.close(check=False)
+        raise
+    printer.pump.close()
+    printer.write(f"-- ended: {s.end_reason}\n")
     return None if printer.closed else s
 
 
-def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None):
+def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None, exporter=None):
     from reports.live.model import LiveModel  # noqa: PLC0415
     from reports.live.text import ScreenState, mode_text, screen_text  # noqa: PLC0415
 
+    from .metrics import fan_out  # noqa: PLC0415
     from .screen import Screen  # noqa: PLC0415
 
     state = ScreenState(
@@ -164,7 +207,8 @@ def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None
     screen = Screen(LiveModel(folding, by=by), stop, state, redraw_each=target.child is not None)
     screen.start()
     try:
-        s = rec.record(target, opts, screen.progress, stop=stop, observer=screen.observe, early=early)
+        observer = screen.observe if exporter is None else fan_out(screen.observe, exporter.observe)
+        s = rec.record(target, opts, screen.progress, stop=stop, observer=observer, early=early)
     except BaseException:
         screen.close()
         raise
@@ -174,3 +218,4 @@ def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None
     screen.finish(f"ended: {reason}; {written}", wait)
     if reason != "SIGHUP":  # after a hang-up the terminal is gone: the trace is finalized, nothing to say
         _last_words(screen_text(screen.last_frame) + summary_text(s) + "\n")
+    return s
