@@ -17,8 +17,9 @@ from .record import record
 from .recording import early_stop
 from .report import report
 from .top import top
+from .watch import watch
 
-RECORDING_COMMANDS = ("record", "top")  # they handle SIGINT/SIGTERM/SIGHUP themselves
+RECORDING_COMMANDS = ("record", "top", "watch")  # they handle SIGINT/SIGTERM/SIGHUP themselves
 
 
 class Group(click.Group):
@@ -54,7 +55,7 @@ def main() -> None:
     """
 
 
-for command in (record, report, diff, top, doctor, demo):
+for command in (record, report, diff, top, watch, doctor, demo):
     main.add_command(command)
 
 if __name__ == "__main__":

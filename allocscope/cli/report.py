@@ -49,11 +49,12 @@ from .output import emit, progress
 @click.option(
     "--at",
     "at",
-    type=click.Choice(["end", "peak"]),
     default="end",
     show_default=True,
-    help="pprof and folded: the stacks live at the end, or at the moment of the live peak (for "
-    "`go tool pprof -diff_base A.pb.gz B.pb.gz` of two runs' peaks).",
+    metavar="end|peak|TRIGGER",
+    help="pprof and folded: the stacks live at the end, at the moment of the live peak (for "
+    "`go tool pprof -diff_base A.pb.gz B.pb.gz` of two runs' peaks), or at a snapshot a trigger kept "
+    "(`watch --when-rss`: rss).",
 )
 @by_option
 @fold_option
@@ -101,6 +102,12 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
         from reports.analysis import peak_seq  # noqa: PLC0415
 
         at_seq = peak_seq(t)
+    elif at != "end":
+        named = {str(x.get("name")): x.get("seq") for x in t.meta.get("triggers") or [] if isinstance(x, dict)}
+        if at not in named:
+            have = ", ".join(sorted(named)) or "none"
+            raise UsageError(f"--at {at}: not end, peak or a snapshot this trace kept (its triggers: {have})")
+        at_seq = int(named[at])
     if fmt == "pprof":
         from reports.render.pprof import to_pprof  # noqa: PLC0415
 

@@ -274,6 +274,40 @@ class TraceWriter:
             raise self._fail(F.PARTS, e) from None
         self.syncs += 1
 
+    @property
+    def parts_fd(self) -> int:
+        """The parts directory (a reader of the parts written so far: tracer/watch/keep.py)."""
+        return self._partsfd
+
+    def replace_parts(self, fill) -> None:
+        """Replace the whole parts directory in one step (`allocscope watch --keep`: old intervals
+        dropped, tracer/watch/keep.py): what is held is written and every part fsynced, then
+        `fill(new_dirfd, old_dirfd)` fills a new directory beside it (hard links of the parts that
+        stay, the new ones written and fsynced), and the two are exchanged atomically
+        (renameat2 RENAME_EXCHANGE): a reader, or a crash at any moment, sees the old set or the
+        new one, never a mix. The old set is removed after."""
+        self.sync()
+        new, old = f".{F.PARTS}.new", f".{F.PARTS}.old"
+        for stale in (new, old):
+            _remove_dir(self._dirfd, stale)
+        try:
+            os.mkdir(new, 0o700, dir_fd=self._dirfd)
+            newfd = os.open(new, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._dirfd)
+            try:
+                fill(newfd, self._partsfd)
+                os.fsync(newfd)
+            finally:
+                os.close(newfd)
+            _exchange(self._dirfd, new, F.PARTS)
+            os.fsync(self._dirfd)
+            os.close(self._partsfd)
+            self._partsfd = os.open(F.PARTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._dirfd)
+            os.rename(new, old, src_dir_fd=self._dirfd, dst_dir_fd=self._dirfd)
+        except OSError as e:
+            _remove_dir(self._dirfd, new)
+            raise self._fail(F.PARTS, e) from None
+        _remove_dir(self._dirfd, old)
+
     def write_meta(self, meta: dict) -> None:
         """Rewrite meta.json, fsynced, after fsyncing every part before it: `complete: true`
         on disk means every part is."""
@@ -295,6 +329,36 @@ class TraceWriter:
             if fd >= 0:
                 os.close(fd)
         self._partsfd = self._dirfd = -1
+
+
+def _exchange(dirfd: int, a: str, b: str) -> None:
+    """Swap two names of one directory atomically (renameat2 RENAME_EXCHANGE, Linux 3.15)."""
+    import ctypes  # noqa: PLC0415
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(dirfd, a.encode(), dirfd, b.encode(), 2) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _remove_dir(dirfd: int, name: str) -> None:
+    """Remove directory `name` (of dirfd) and the files in it; nothing if it is not there."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dirfd)
+    except OSError:
+        return
+    try:
+        for n in os.listdir(fd):
+            try:
+                os.unlink(n, dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=dirfd)
+    except OSError:
+        pass
 
 
 class NullWriter:

@@ -95,9 +95,11 @@ class Target:
 def target_from_pid(pid: int) -> Target:
     procfs.check_target(pid)
     try:
-        return Target(pid, procfs.starttime(pid), procfs.exe(pid), procfs.comm(pid))
+        t = Target(pid, procfs.starttime(pid), procfs.exe(pid), procfs.comm(pid))
     except OSError:
         raise TargetError(f"process {pid} exited before it could be traced") from None
+    t.alive()  # its pidfd, now: how it ends is read from it (tracer/process/ending.py), reaped or not
+    return t
 
 
 def target_from_pgrep(pattern: str) -> Target:

@@ -78,6 +78,8 @@ def trace_meta(rec, complete: bool) -> dict:
         "waits": {"wait_min_ns": rec.snapshots.waits.wait_min_ns},
         **({"peaks": rec.peaks.meta()} if rec.peaks is not None else {}),
         **({"census": rec.snapshots.census_info} if rec.snapshots.census_info else {}),
+        **({"kept": rec.kept} if rec.kept else {}),
+        **({"triggers": rec.triggers} if rec.triggers else {}),
         "interval_reads": {"site_changes": reader.capacity if reader.enabled else 0, **reader.stats.as_dict()},
     }
     if complete:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from common.errors import AllocscopeError, Interrupted, TargetError
 from common.tracefile.writer import SYNC_S, NullWriter, TraceWriter, prepare_output
@@ -119,6 +119,10 @@ class Recorder:
         self.target_exit: int | None = None
         self.bpf_stats: dict = {}
         self.injection: Injection | None = None  # --inject: the agent in the target
+        self.hold_s: float | None = None  # the writer's hold (None: HOLD_S under --inject, else none)
+        self.watch: Any = None  # the Watcher recording this incarnation (tracer/watch/), if any
+        self.kept: dict | None = None  # watch --keep: what was dropped (meta.json `kept`, tracer/watch/keep.py)
+        self.triggers: list[dict] = []  # watch --when-rss: the named snapshots (meta.json `triggers`)
         self.started = False  # the trace is being written: the target's end ends the recording
         self.cgroups: CgroupWatch | None = None  # the target's memory cgroups at the start (OOM kills)
         self.end: dict | None = None  # meta.json `end` (tracer/process/ending.py), at the end
@@ -165,6 +169,8 @@ class Recorder:
             # CPUs: its small parts are held and written every HOLD_S (with the fsync batch), not
             # one Parquet file per table per interval (issue 33; what a SIGKILL loses: writer.py)
             hold = HOLD_S if self.opts.inject and self.opts.interval >= 1.0 else 0.0
+            if self.hold_s is not None:  # the watch's: a day of recording in few files (tracer/watch/)
+                hold = self.hold_s
             self.writer = TraceWriter(self.opts.output, hold_s=hold)
         self.writer.write_meta(trace_meta(self, False))
 
@@ -229,6 +235,13 @@ class Recorder:
         launched = t.child is not None
         self.cgroups = CgroupWatch.of(t.pid)  # how an OOM kill will be told, if one comes
         maps = launch_maps(t) if launched else procfs.read_maps(t.pid)
+        real_maps = maps
+        # stopped at its exec by the watch (tracer/watch/gate.py): only the program and ld.so are
+        # mapped yet; its libraries are found as launch mode finds them, and probed by path
+        held = t.on_release is not None
+        if held:
+            have = {m.path for m in maps}
+            maps = maps + [m for m in launch_maps(t) if m.path not in have]
         allocators = find_allocators(t.exe, maps)
         if not allocators or not allocators[0].serves_malloc:
             raise TargetError(
@@ -248,7 +261,7 @@ class Recorder:
         custom = [(loc, source_id(self.source_names, loc.fn.source), _place_custom(loc)) for loc in located]
         brk = None
         if not launched:
-            self.maps.seed(maps)
+            self.maps.seed(real_maps)
             heap = next((m for m in maps if m.path == "[heap]"), None)
             brk = heap.end if heap else None
         self._phase("maps, allocators, symbol scans")
@@ -276,7 +289,9 @@ class Recorder:
                 self.maps.seed(maps)
                 self._phase(f"inject the agent (threads stopped {inj.stopped_ms[0]:.1f} ms)")
             probes.maps.open_events(self.ring.on_event)
-            self.unwinder = start_unwinder(probes, maps, launched, self.progress)
+            self.unwinder = start_unwinder(probes, maps, launched or held, self.progress)
+            if held and self.unwinder is not None:  # the program and ld.so are mapped already
+                self.unwinder.update(real_maps)
             self._phase("unwind tables")
             pandas.join()
             self._phase("import pandas (the rest, in a thread since the start)")
@@ -312,7 +327,7 @@ class Recorder:
             self._start_writer()
             self.started = True
             snaps = self.snapshots
-            if snaps.heaps.glibc and not launched:  # the blocks from before the attach still allocated
+            if snaps.heaps.glibc and not launched and not held:  # the blocks from before the attach still allocated
                 snaps.census_thread = threading.Thread(
                     target=snaps.census, args=("attach",), name="census", daemon=True
                 )

@@ -1,0 +1,196 @@
+"""`allocscope watch`: follow a daemon for days, across restarts, one trace per incarnation
+(tracer/watch/watcher.py; docs/watch.md). A thin adapter; heavy imports happen inside."""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+from common.errors import UsageError
+
+from .base import CONTEXT, Command
+from .options import metrics_options, probe_options
+from .output import progress
+from .recording import early_stop, parse_labels, record_options
+
+WATCH_MODE = "residency"  # the default a production daemon carries for days (docs/watch.md: its cost)
+DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def parse_duration(text: str, what: str) -> float:
+    """'90', '90s', '30m', '2h', '1d' -> seconds."""
+    m = DURATION.match(text or "")
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"{what} {text!r}: give seconds, or a number with s, m, h or d (30m, 2h)")
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2) or "s"]
+
+
+def parse_size(text: str, what: str) -> int:
+    """'2G', '2GiB', '512M', '1073741824' -> bytes (powers of 1024)."""
+    m = SIZE.match(text or "")
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"{what} {text!r}: give bytes, or a number with K, M, G or T (2G, 512MiB)")
+    unit = (m.group(2) or "B").upper()[:1]
+    return int(float(m.group(1)) * {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit])
+
+
+@click.command(cls=Command, context_settings={**CONTEXT, "ignore_unknown_options": False})
+@click.option("--pid", "-p", type=int, help="Follow this process, then every process that runs its command line.")
+@click.option(
+    "--pgrep",
+    "pattern",
+    metavar="PATTERN",
+    help="Follow the processes whose full command line matches PATTERN (regex, like pgrep -f), one at a time.",
+)
+@click.option(
+    "-o", "--output", "out_dir", required=True, metavar="DIR", help="Directory of the traces, one per incarnation."
+)
+@click.option(
+    "--keep",
+    metavar="DURATION",
+    default="2h",
+    show_default=True,
+    help="Interval history kept per trace (90s, 30m, 2h, 1d, or 'all'); older intervals are dropped. "
+    "The live state, the composition at the peak, at each trigger and at the end are always kept.",
+)
+@click.option(
+    "--max-traces",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    metavar="N",
+    help="Traces kept in DIR: starting a new one removes the oldest beyond N (only allocscope traces are removed).",
+)
+@click.option(
+    "--when-rss",
+    metavar="SIZE",
+    help="When the target's RSS passes SIZE (2G, 512MiB), keep the composition at that moment as a named "
+    "snapshot (report --at rss) and run --on-trigger.",
+)
+@click.option(
+    "--on-trigger",
+    metavar="CMD",
+    help="A shell command run when --when-rss fires, with ALLOCSCOPE_TRACE, ALLOCSCOPE_PID, "
+    "ALLOCSCOPE_RSS_BYTES and ALLOCSCOPE_TRIGGER in its environment.",
+)
+@click.option(
+    "--comm",
+    "comms",
+    multiple=True,
+    metavar="NAME",
+    help="A program name (as ps shows it) whose execs are held so the new incarnation is traced from its "
+    "first allocation; the names of the incarnations seen and PATTERN's first word are held anyway. Repeatable.",
+)
+@click.option(
+    "--no-hold",
+    is_flag=True,
+    help="Never stop a new incarnation at its exec: attach when it is found (within a second; what it "
+    "allocated before is not seen).",
+)
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Tag every trace (and every metric series) with KEY=VALUE (e.g. --label pw=12). Repeatable.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+@metrics_options
+@probe_options
+@click.pass_context
+def watch(
+    ctx,
+    pid,
+    pattern,
+    out_dir,
+    keep,
+    max_traces,
+    when_rss,
+    on_trigger,
+    comms,
+    no_hold,
+    labels,
+    quiet,
+    metrics,
+    metrics_top,
+    **probe,
+):
+    """Follow a daemon for days, across restarts: one trace per incarnation, each with how it ended.
+
+    Runs until stopped (Ctrl-C, SIGTERM: the recording under way is finished). A process that
+    matches when the watch starts is attached as `record --pid` would; after that, each new
+    incarnation (a restart by systemd) is stopped at its exec while the probes attach and is let
+    go once they are live (a second or two), so it is traced from its first allocation. Each
+    trace is DIR/COMM-PID-DATE-TIME.allocscope and reads with `report` and `diff` like any other;
+    its report says how the target ended (exited, killed, OOM-killed with the cgroup's limit).
+
+    The default mode is `--mode residency` (the mmap family, sampled page faults and waits: the
+    cost a production daemon can carry for days; it cannot see heap blocks below glibc's mmap
+    threshold or frees of heap blocks); `--mode full`, `--sample-bytes N` or `--inject` choose
+    another (their cost: README, OVERHEAD).
+
+    \b
+    Examples:
+      allocscope watch --pgrep '^/usr/bin/provingd' -o /var/lib/allocscope --label pw=12
+      allocscope watch --pid 4242 -o traces --keep 30m --when-rss 600G --on-trigger 'logger "$ALLOCSCOPE_TRACE"'
+      allocscope watch --pgrep provingd -o traces --metrics 127.0.0.1:9479
+    Exit status: 0 stopped by a signal; 2 usage; 4 permissions/BPF.
+    """
+    from tracer.doctor import require_root  # noqa: PLC0415
+    from tracer.record.signals import StopRequest  # noqa: PLC0415
+    from tracer.record.validate import validate  # noqa: PLC0415
+
+    stop = early_stop() or StopRequest().install()
+    stop.quiet = quiet
+    if (pid is None) == (pattern is None):
+        raise UsageError("give exactly one of --pid PID or --pgrep PATTERN")
+    if ctx.get_parameter_source("mode") == click.core.ParameterSource.DEFAULT and not (
+        probe.get("inject") or probe.get("sample_bytes")
+    ):
+        probe["mode"] = WATCH_MODE
+    keep_s = None if keep.strip().lower() == "all" else parse_duration(keep, "--keep")
+    rss = parse_size(when_rss, "--when-rss") if when_rss else None
+    if on_trigger and rss is None:
+        raise UsageError("--on-trigger needs a trigger: --when-rss SIZE")
+    opts = record_options(None, labels, quiet=quiet, **probe)
+    opts.labels = parse_labels(labels)
+    validate(opts, output=False)
+    from tracer.watch.watcher import Watcher, WatchOptions  # noqa: PLC0415
+
+    from .metrics import check_metrics  # noqa: PLC0415
+
+    check_metrics(metrics, opts.labels)
+    require_root()
+    validate(opts)
+    wopts = WatchOptions(
+        out_dir=out_dir,
+        pattern=pattern,
+        pid=pid,
+        keep_s=keep_s,
+        max_traces=max_traces,
+        when_rss=rss,
+        on_trigger=on_trigger,
+        hold=not no_hold,
+        comms=list(comms),
+    )
+    say = (lambda msg: None) if quiet else progress
+    exporter = None
+    if metrics:
+        from .metrics import MetricsExporter  # noqa: PLC0415
+
+        exporter = MetricsExporter(metrics, opts.labels, metrics_top)
+        say(f"metrics on {exporter.url}")
+    try:
+        watcher = Watcher(wopts, opts, say, stop, listener=exporter)
+        from tracer.watch.keep import install as install_keep  # noqa: PLC0415
+        from tracer.watch.triggers import install as install_triggers  # noqa: PLC0415
+
+        install_keep(watcher)
+        install_triggers(watcher)
+        done = watcher.run()
+    finally:
+        if exporter is not None:
+            exporter.close()
+    progress(f"watch stopped ({stop.reason or 'done'}): {len(done)} incarnation(s) traced in {out_dir}")

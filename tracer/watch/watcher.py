@@ -1,0 +1,373 @@
+"""`allocscope watch`: follow a daemon for days, across restarts, one trace per incarnation.
+
+The watcher runs until stopped (SIGINT, SIGTERM, SIGHUP: the recording under way is finished, a
+complete trace). It follows the processes whose command line matches the pattern (--pgrep, like
+`pgrep -f`; --pid: that process's exact command line), one at a time:
+
+* a process already running when the watch starts, or one found by a look at /proc (every
+  `SCAN_S`), is attached as `record --pid` would (what it allocated before is not seen);
+* a process that execs a program of a watched name (the comm of every incarnation seen, and the
+  pattern's first word) is stopped at its exec by the gate (tracer/watch/gate.py); if its command
+  line matches and no other incarnation is alive, the probes attach to it while it is stopped and
+  it is let go once they are live: traced from its first allocation. Any other is let go at once.
+
+Each incarnation is recorded into its own trace `DIR/COMM-PID-YYYYmmdd-HHMMSS.allocscope`,
+complete when it ends (its end named: tracer/process/ending.py); old traces rotate
+(`--max-traces`); `--keep` bounds each trace's interval history (tracer/watch/keep.py);
+`--when-rss` keeps a named snapshot when RSS passes a size (tracer/watch/triggers.py).
+A target that ends at any moment is a one-line note, and the watch goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from common.errors import AllocscopeError, TargetError, UsageError
+from common.tracefile import format as F
+
+from ..base.options import RecordOptions
+from ..process import procfs
+from ..process.target import target_from_pid
+from ..record.recorder import Recorder, Summary
+from ..record.signals import StopRequest
+
+if TYPE_CHECKING:
+    from .gate import ExecGate
+
+SCAN_S = 1.0  # how often /proc is looked at for a matching process the gate did not hold
+WATCH_HOLD_S = 30.0  # a watched recording's small parts are written together this often (writer.py hold_s)
+
+
+@dataclass
+class WatchOptions:
+    out_dir: str
+    pattern: str | None = None  # --pgrep
+    pid: int | None = None  # --pid: that process, then what runs its command line
+    keep_s: float | None = None  # --keep: seconds of interval history kept per trace (None: all)
+    max_traces: int = 20  # --max-traces: traces kept in out_dir (the oldest removed first)
+    when_rss: int | None = None  # --when-rss: bytes
+    on_trigger: str | None = None  # --on-trigger: a shell command run when a trigger fires
+    hold: bool = True  # stop new incarnations at their exec (--no-hold: attach as found)
+    comms: list[str] = field(default_factory=list)  # --comm: program names the gate holds
+
+
+@dataclass
+class Incarnation:
+    """One traced incarnation: what the watch says of it at its end."""
+
+    pid: int
+    path: str
+    held: bool
+    summary: Summary | None = None
+    error: str | None = None
+
+
+def trace_name(comm: str, pid: int, wall: float) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", comm) or "target"
+    return f"{safe}-{pid}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(wall))}.allocscope"
+
+
+def is_trace(path: str) -> bool:
+    try:
+        with open(os.path.join(path, F.META), "rb") as f:
+            return b'"allocscope.trace"' in f.read(4096)
+    except OSError:
+        return False
+
+
+def traces_in(out_dir: str) -> list[str]:
+    """The traces under out_dir, oldest first (by their names' time, then mtime)."""
+    found = []
+    for n in os.listdir(out_dir):
+        p = os.path.join(out_dir, n)
+        if n.endswith(".allocscope") and os.path.isdir(p) and not os.path.islink(p) and is_trace(p):
+            found.append((os.stat(p).st_mtime, p))
+    return [p for _, p in sorted(found)]
+
+
+def rotate(out_dir: str, max_traces: int, progress: Callable[[str], None]) -> list[str]:
+    """Remove the oldest traces so that a new one makes at most max_traces; only directories that
+    are allocscope traces are ever removed. Returns what was removed."""
+    old = traces_in(out_dir)
+    gone = old[: max(0, len(old) - (max_traces - 1))]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+        for extra in (p + ".old",):
+            if os.path.isdir(extra) and is_trace(extra):
+                shutil.rmtree(extra, ignore_errors=True)
+    if gone:
+        progress(f"rotated out {len(gone)} old trace(s) (--max-traces {max_traces})")
+    return gone
+
+
+def command_pattern(pid: int) -> tuple[str, str]:
+    """--pid: (the regex matching exactly its command line, its comm)."""
+    try:
+        args = procfs.cmdline(pid)
+        comm = procfs.comm(pid)
+    except OSError:
+        raise TargetError(f"no process with pid {pid}") from None
+    if not args:
+        raise TargetError(f"pid {pid} has no command line (a kernel thread or a zombie)")
+    return "^" + re.escape(" ".join(args)) + "$", comm
+
+
+def first_word_comm(pattern: str) -> str | None:
+    """The program name a pattern's first word names ('^/usr/bin/provingd --pw' -> 'provingd'),
+    when it is a plain word; None when it is a regex of its own."""
+    word = pattern.lstrip("^").split(" ", 1)[0]
+    base = os.path.basename(word)
+    return base[:15] if re.fullmatch(r"[A-Za-z0-9_.+-]+", base) else None
+
+
+class Watcher:
+    """The watch: run() returns when stopped; incarnations lists what it traced."""
+
+    def __init__(
+        self,
+        wopts: WatchOptions,
+        ropts: RecordOptions,
+        progress: Callable[[str], None],
+        stop: StopRequest,
+        listener=None,
+    ) -> None:
+        self.w = wopts
+        self.ropts = ropts
+        self.progress = progress
+        self.stop = stop
+        self.listener = listener  # an object with target_started/target_ended/observe (metrics), or None
+        self.incarnations: list[Incarnation] = []
+        self.pending: queue.Queue[tuple[int, bool]] = queue.Queue()  # (pid, held at its exec)
+        self.seen: set[tuple[int, int]] = set()  # (pid, start time) traced or let go
+        self.current: tuple[int, int] | None = None  # the incarnation being recorded (pid, start)
+        self.gate: ExecGate | None = None
+        self._gate_thread: threading.Thread | None = None
+        self._closing = threading.Event()
+        self.observers: list[Callable] = []  # more observers of each snapshot (keep, triggers)
+        self.recorder: Recorder | None = None
+        if wopts.pid is not None:
+            self.pattern, comm = command_pattern(wopts.pid)
+            self.comms = {comm, *wopts.comms}
+        else:
+            assert wopts.pattern is not None
+            self.pattern = wopts.pattern
+            word = first_word_comm(wopts.pattern)
+            self.comms = {c for c in (word, *wopts.comms) if c}
+        try:
+            self.rx = re.compile(self.pattern)
+        except re.error as e:
+            raise UsageError(f"--pgrep pattern {self.pattern!r} is not a valid regular expression: {e}") from None
+
+    # --- finding incarnations -----------------------------------------------------------------
+
+    def _matches(self, pid: int) -> bool:
+        try:
+            args = procfs.cmdline(pid)
+        except OSError:
+            return False
+        return bool(args) and bool(self.rx.search(" ".join(args)))
+
+    def _key(self, pid: int) -> tuple[int, int] | None:
+        try:
+            return pid, procfs.starttime(pid)
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _current_alive(self) -> bool:
+        cur = self.current
+        return cur is not None and procfs.is_alive(*cur)
+
+    def _on_held(self, pid: int) -> None:
+        """In the gate's thread: a watched program was stopped at its exec."""
+        gate = self.gate
+        assert gate is not None
+        if not self._matches(pid):
+            gate.release(pid)  # same program name, another command line: not ours
+            return
+        if self._current_alive():  # another instance beside the one traced: not followed
+            gate.release(pid)
+            self.progress(f"pid {pid} started while pid {self.current[0]} is traced: let go, not traced")  # type: ignore[index]
+            return
+        self.pending.put((pid, True))
+
+    def _gate_loop(self) -> None:
+        gate = self.gate
+        assert gate is not None
+        while not self._closing.is_set():
+            try:
+                gate.poll(200)
+                while True:
+                    held = gate.events.get_nowait()
+                    self._on_held(held.pid)
+            except queue.Empty:
+                continue
+            except Exception as e:  # noqa: BLE001 - the gate's thread must never die silently
+                self.progress(f"exec gate: {type(e).__name__}: {e}")
+                time.sleep(0.2)
+
+    def _scan(self) -> list[int]:
+        """Matching processes not traced yet, oldest first."""
+        out = []
+        for pid, _ in procfs.pgrep(self.pattern):
+            key = self._key(pid)
+            if key is not None and key not in self.seen and key != self.current:
+                out.append((key[1], pid))
+        return [pid for _, pid in sorted(out)]
+
+    def _next(self) -> tuple[int, bool] | None:
+        """The next incarnation to trace (pid, held), or None once stopped."""
+        next_scan = 0.0
+        while self.stop.reason is None:
+            try:
+                pid, held = self.pending.get(timeout=0.1)
+                key = self._key(pid)
+                if key is None or key in self.seen:
+                    if held and self.gate is not None:
+                        self.gate.release(pid)
+                    continue
+                return pid, held
+            except queue.Empty:
+                pass
+            now = time.monotonic()
+            if now >= next_scan:
+                next_scan = now + SCAN_S
+                found = self._scan()
+                if found:
+                    if len(found) > 1:
+                        self.progress(f"{len(found)} processes match; following the oldest, pid {found[0]}")
+                    return found[0], False
+        return None
+
+    # --- the watch ----------------------------------------------------------------------------
+
+    def warm(self) -> None:
+        """Build the probes once before watching (their compile is cached, tracer/bpf/cache.py): an
+        incarnation held at its exec then waits for a load from the cache, not for a compile."""
+        from ..bpf.early import EarlyProbes  # noqa: PLC0415 (BCC)
+
+        t = time.perf_counter()
+        EarlyProbes(os.getpid(), self.ropts, False).result().close()
+        self.progress(f"probes built in {time.perf_counter() - t:.1f}s ({self.ropts.mode} mode)")
+
+    def run(self) -> list[Incarnation]:
+        os.makedirs(self.w.out_dir, mode=0o700, exist_ok=True)
+        self.warm()
+        if self.stop.reason is not None:
+            return self.incarnations
+        if self.w.hold:
+            from .gate import ExecGate  # noqa: PLC0415 (BCC)
+
+            self.gate = ExecGate(sorted(self.comms))
+            self._gate_thread = threading.Thread(target=self._gate_loop, name="exec gate", daemon=True)
+            self._gate_thread.start()
+        try:
+            what = f"--pid {self.w.pid}'s command line" if self.w.pid is not None else f"--pgrep {self.pattern!r}"
+            held = f"; new incarnations of {', '.join(sorted(self.comms))} are held at their exec" if self.gate else ""
+            self.progress(f"watching {what}{held}; traces in {self.w.out_dir}; Ctrl-C to stop")
+            while self.stop.reason is None:
+                nxt = self._next()
+                if nxt is None:
+                    break
+                self._trace(*nxt)
+        finally:
+            self._closing.set()
+            if self._gate_thread is not None:
+                self._gate_thread.join(timeout=2)
+            if self.gate is not None:
+                for pid, _ in list(self.pending.queue):
+                    self.gate.release(pid)
+                self.gate.close()
+        return self.incarnations
+
+    def _trace(self, pid: int, held: bool) -> None:
+        key = self._key(pid)
+        if key is None:
+            if held and self.gate is not None:
+                self.gate.release(pid)
+            self.progress(f"pid {pid} ended before it could be traced")
+            return
+        self.seen.add(key)
+        try:
+            target = target_from_pid(pid)
+        except AllocscopeError as e:
+            if held and self.gate is not None:
+                self.gate.release(pid)
+            self.progress(f"pid {pid}: {e}")
+            return
+        if held and self.gate is not None:
+            gate = self.gate
+            target.on_release = lambda: gate.release(pid)
+        if self.gate is not None:
+            self.gate.watch(target.comm)
+        wall = time.time()
+        path = os.path.join(self.w.out_dir, trace_name(target.comm, pid, wall))
+        rotate(self.w.out_dir, self.w.max_traces, self.progress)
+        inc = Incarnation(pid, path, held)
+        self.incarnations.append(inc)
+        self.current = key
+        opts = replace(self.ropts, output=path, force=False)
+        if self.listener is not None:
+            self.listener.target_started(pid, target.comm, path)
+        t0 = time.monotonic()
+        rec = Recorder(target, opts, self.progress, self.stop, observer=self._observe)
+        rec.hold_s = WATCH_HOLD_S if opts.interval < WATCH_HOLD_S else 0.0
+        rec.watch = self  # tracer/watch/keep.py and triggers.py reach the watch's options through it
+        self.recorder = rec
+        reason = None
+        try:
+            inc.summary = rec.run()
+            reason = (rec.end or {}).get("reason")
+            self._said_end(inc, rec)
+        except AllocscopeError as e:
+            inc.error = str(e)
+            self.progress(f"pid {pid}: {e}")
+            reason = _reason_of(e)
+        finally:
+            if rec.early is not None:
+                rec.early.discard()
+            target.close()
+            if target.on_release is not None:  # never attached: let it go
+                with contextlib.suppress(Exception):
+                    target.on_release()
+            self.current = None
+            self.recorder = None
+            self.stop.finalizing = False
+            if self.listener is not None and reason is not None:
+                self.listener.target_ended(reason)
+        if self.stop.reason is None and time.monotonic() - t0 < 0.5:
+            time.sleep(0.2)  # a pid that ends at once: the gate's next event, not a busy loop
+
+    def _said_end(self, inc: Incarnation, rec: Recorder) -> None:
+        s = inc.summary
+        assert s is not None
+        end = rec.end or {}
+        how = {"killed": f"killed by {end.get('signal')}", "exited": f"exited (code {end.get('exit_code')})"}.get(
+            str(end.get("reason")), str(end.get("reason") or s.end_reason)
+        )
+        if end.get("reason") == "oom_killed":
+            oom = end.get("oom") or {}
+            how = f"OOM-killed ({oom.get('scope')} {oom.get('cgroup') or ''}, limit {oom.get('limit_bytes')} bytes)"
+        self.progress(
+            f"pid {inc.pid} {how}: wrote {inc.path} ({s.intervals} intervals, "
+            f"{s.seconds:.1f}s{', traced from its exec' if inc.held else ''})"
+        )
+
+    def _observe(self, snap) -> None:
+        if self.listener is not None:
+            self.listener.observe(snap)
+        for obs in self.observers:
+            obs(self, snap)
+
+
+def _reason_of(e: AllocscopeError) -> str | None:
+    """The end reason of an incarnation that ended before its recording began."""
+    return "exited" if isinstance(e, TargetError) and "ended while" in str(e) else None
