@@ -43,6 +43,44 @@ def by_function(rep):
     return agg
 
 
+# gpu_driver.c's allocation calls: (function, call) -> the key its CUDA bytes are in (issue 46)
+DRIVER_CALLS = {
+    ("dev_alloc", "cuMemAlloc_v2"): "device_live_bytes",
+    ("dev_async", "cuMemAllocAsync"): "device_alloc_bytes",
+    ("dev_async_ptsz", "cuMemAllocAsync_ptsz"): "device_live_bytes",
+    ("dev_create", "cuMemCreate"): "device_live_bytes",
+    ("host_pinned", "cuMemAllocHost_v2"): "live_bytes",
+    ("host_pinned", "cuMemHostAlloc"): "live_bytes",
+    ("host_managed", "cuMemAllocManaged"): "live_bytes",
+    ("host_register", "cuMemHostRegister_v2"): "live_bytes",
+}
+
+
+def calls_one_row(rep):
+    """One CUDA call, one row: each allocation call of gpu_driver.c is one location holding its
+    CUDA memory and the driver's mallocs inside it (`fn via call`), no row of the same function
+    without the call holds CUDA memory, and no location is a bare libcuda return address."""
+    locs = rep.get("locations") or []
+    for (fn, call), key in DRIVER_CALLS.items():
+        rows = [x for x in locs if x["function"] == fn and x.get("call") == call]
+        cuda = [x for x in rows if int(x.get(key) or 0) > 0]
+        row(f"driver: {fn} via {call}: rows with its memory", 1, len(cuda))
+    bare = [
+        x["function"]
+        for x in locs
+        if x["function"].startswith("libcuda") and "+0x" in x["function"] and not x.get("inside")
+    ]
+    row("driver: bare libcuda+0x... locations", 0, len(bare))
+    uncalled = [
+        x["function"]
+        for x in locs
+        if x["function"] in {fn for fn, _ in DRIVER_CALLS}
+        and not x.get("call")
+        and (x.get("device_live_bytes") or set(x.get("sources") or ()) & {"cuda-pinned", "cuda-managed"})
+    ]
+    row("driver: CUDA memory at a row without its call", 0, len(uncalled))
+
+
 def report(exe, trace, outdir, name):
     p = sh([exe, "report", trace, "--format", "json", "-o", os.path.join(outdir, name + ".json")])
     if p.returncode:
@@ -135,6 +173,7 @@ def main():
                 ("host_managed", "live_bytes", 16 * MIB),
             ):
                 row(f"driver: {fn} {key}", want, agg.get(fn, {}).get(key, 0))
+            calls_one_row(rep)
             mg = [ln for ln in p.stdout.splitlines() if ln.startswith("memgetinfo_delta")]
             row("driver: cuMemGetInfo free delta (info)", "-", mg[0].split()[1] if mg else "?", True)
         else:

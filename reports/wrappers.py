@@ -164,10 +164,15 @@ class Folding:
 DEFAULT_FOLDING = Folding()
 
 
+NO_CALLER = "[no caller with a symbol]"  # the function of a stripped library's location with no caller known
+
+
 def frame_name(function: str, where: str = "", call: str | None = None, inside: str | None = None) -> str:
     """A frame or location as people read it: the function and `where` (' file.c:12'), then the
     CUDA call it made (' via cudaMalloc', stacks.fold_frames), and for a stripped module's frames
     kept under the code that called into them (stacks.located) 'inside libcuda.so.1, called
-    from cuCtxCreate_v2'."""
+    from cuCtxCreate_v2' ('inside libcuda.so.1, no caller with a symbol': NO_CALLER)."""
     text = f"{function}{where}" + (f" via {call}" if call else "")
+    if inside and function == NO_CALLER:
+        return f"inside {os.path.basename(inside)}, no caller with a symbol" + (f" via {call}" if call else "")
     return f"inside {os.path.basename(inside)}, called from {text}" if inside else text

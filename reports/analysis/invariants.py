@@ -33,30 +33,42 @@ class InvariantError(AssertionError):
     """A report contradicts itself (raised only under ALLOCSCOPE_INVARIANTS=fail)."""
 
 
+def _n(v) -> int:
+    """An int of a document's figure; 0 for None or NaN (pandas' missing values)."""
+    try:
+        return int(v) if v is not None and v == v else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _known(v) -> bool:
+    return v is not None and v == v
+
+
 def _over(part: int, whole: int) -> bool:
     return part > whole + SLACK_BYTES
 
 
 def _split(dec: dict) -> list[str]:
     out: list[str] = []
-    rss = int(dec.get("rss_bytes") or 0)
+    rss = _n(dec.get("rss_bytes"))
     if rss <= 0:
         return out
     for k in SPLIT_PARTS:
-        v = int(dec.get(k) or 0)
+        v = _n(dec.get(k))
         if v < 0 or _over(v, rss):
             out.append(f"RSS split: {k} {human_bytes(v)} outside 0..RSS {human_bytes(rss)}")
-    total = int(dec.get("sum_bytes") or 0)
+    total = _n(dec.get("sum_bytes"))
     if _over(total, rss):
         out.append(f"RSS split: the parts sum to {human_bytes(total)} > RSS {human_bytes(rss)}")
     res = dec.get("allocator_resident_bytes")
-    if res is not None and _over(int(res), rss):
-        out.append(f"RSS split: the allocators' resident {human_bytes(int(res))} > RSS {human_bytes(rss)}")
+    if _known(res) and _over(_n(res), rss):
+        out.append(f"RSS split: the allocators' resident {human_bytes(_n(res))} > RSS {human_bytes(rss)}")
     for a in dec.get("allocators") or []:
-        name, ar = a.get("name", "?"), int(a.get("resident") or 0)
+        name, ar = a.get("name", "?"), _n(a.get("resident"))
         if _over(ar, rss):
             out.append(f"{name} resident {human_bytes(ar)} > RSS {human_bytes(rss)}")
-        inner = int(a.get("retained") or 0) + int(a.get("live_before_attach") or 0)
+        inner = _n(a.get("retained")) + _n(a.get("live_before_attach"))
         if _over(inner, ar):
             out.append(f"{name}: retained + live before the attach {human_bytes(inner)} > resident {human_bytes(ar)}")
     return out
@@ -64,16 +76,16 @@ def _split(dec: dict) -> list[str]:
 
 def _arenas(doc: dict, rss: int) -> list[str]:
     out: list[str] = []
-    known = [a for a in doc.get("arenas") or [] if a.get("resident_bytes") is not None]
-    total = sum(int(a["resident_bytes"]) for a in known)
+    known = [a for a in doc.get("arenas") or [] if _known(a.get("resident_bytes"))]
+    total = sum(_n(a["resident_bytes"]) for a in known)
     if rss > 0 and _over(total, rss):
         out.append(f"arenas: resident {human_bytes(total)} > RSS {human_bytes(rss)}")
     for a in known:
-        inner = int(a.get("retained_bytes") or 0) + int(a.get("live_before_bytes") or 0)
-        if _over(inner, int(a["resident_bytes"])):
+        inner = _n(a.get("retained_bytes")) + _n(a.get("live_before_bytes"))
+        if _over(inner, _n(a["resident_bytes"])):
             out.append(
                 f"arena {a.get('id')}: retained + live before the attach {human_bytes(inner)} "
-                f"> its resident {human_bytes(int(a['resident_bytes']))}"
+                f"> its resident {human_bytes(_n(a['resident_bytes']))}"
             )
     return out
 
@@ -93,7 +105,7 @@ def report_violations(doc: dict) -> list[str]:
     outside 0..RSS, or the parts summing beyond it; an allocator's or arena's retained plus live
     before the attach beyond its resident; a finding stating a share over 100 %. [] when none."""
     dec = doc.get("rss_decomposition") or {}
-    rss = int(dec.get("rss_bytes") or (doc.get("totals") or {}).get("rss_bytes") or 0)
+    rss = _n(dec.get("rss_bytes")) or _n((doc.get("totals") or {}).get("rss_bytes"))
     return _split(dec) + _arenas(doc, rss) + _findings(doc)
 
 

@@ -68,7 +68,7 @@ WRAPPER_PATTERNS = [
 
 _WRAPPER_RX = re.compile("|".join(WRAPPER_PATTERNS))
 
-from ..wrappers import APP_WRAPPERS, DEFAULT_FOLDING, USER_FOLD, Folding, parse_fold  # noqa: E402, F401 (their home: no pandas)
+from ..wrappers import APP_WRAPPERS, DEFAULT_FOLDING, NO_CALLER, USER_FOLD, Folding, parse_fold  # noqa: E402, F401 (their home: no pandas)
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,10 @@ def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, 
 
     if trace.stacks.empty:
         return {0: UNKNOWN_STACK}
-    return symbolize_stack_rows(trace.stacks, Symbolizer(progress=progress), lambda: embedded_symbols(trace))
+    out = symbolize_stack_rows(trace.stacks, Symbolizer(progress=progress), lambda: embedded_symbols(trace))
+    s = trace.sites
+    cuda = s.loc[s["source"].isin(_CUDA_SOURCES), "stack_id"].unique() if not s.empty else ()
+    return restore_cuda_calls(out, {int(x) for x in cuda})
 
 
 def symbolize_stack_rows(
@@ -224,6 +227,45 @@ def _in_cuda(g: FrameInfo, entry: FrameInfo) -> bool:
     )
 
 
+_CUDA_FREE_RX = re.compile(r"Free|Release|Unregister|Unmap")  # the calls that give CUDA memory back
+_CUDA_SOURCES = ("cuda-device", "cuda-pinned", "cuda-managed")  # sources.CUDA_SOURCES (no import: a cycle)
+
+
+def restore_cuda_calls(stacks: dict[int, tuple[FrameInfo, ...]], cuda_ids: Iterable[int]) -> dict[int, tuple]:
+    """The CUDA call's own frame put back on the stacks of its allocations (`cuda_ids`: stacks of
+    CUDA memory, taken at the call's return, so the call is not on them): a stack of the
+    driver's own host mallocs inside that call holds the call's frame (`cuMemAlloc_v2`, a
+    .dynsym name) followed by exactly the frames of the CUDA memory's stack — the same return
+    addresses — so the call is known, and the CUDA memory and the driver's mallocs inside the
+    call fold to one site (`device_weights via cuMemAlloc_v2`), not two. A stack matched by two
+    different calls (two calls on one source line) is left as it is. Returns `stacks` (changed
+    in place)."""
+    want: dict[tuple[FrameInfo, ...], list[int]] = {}  # stacks of one symbolized shape: several ids
+    for i in cuda_ids:
+        st = stacks.get(i)
+        if st and not any(g.function.startswith("cu") and _CUDA_ENTRY_RX.match(g.function) for g in st):
+            want.setdefault(st, []).append(i)
+    if not want:
+        return stacks
+    found: dict[tuple[FrameInfo, ...], set[tuple[str, str]]] = {}
+    for frames in stacks.values():
+        for j, f in enumerate(frames[:-1]):
+            if (
+                f.function.startswith("cu")
+                and _CUDA_ENTRY_RX.match(f.function)
+                and not _CUDA_FREE_RX.search(f.function)
+            ):
+                tail = frames[j + 1 :]
+                if tail in want:
+                    found.setdefault(tail, set()).add((f.function, f.module))
+    for tail, calls in found.items():
+        if len({fn for fn, _ in calls}) == 1:
+            fn, module = min(calls)
+            for d in want[tail]:
+                stacks[d] = (FrameInfo(fn, module, None, None), *tail)
+    return stacks
+
+
 def fold_frames(frames: tuple[FrameInfo, ...], fold: Folding | None = None) -> tuple[FrameInfo, ...]:
     """Drop the innermost frames that belong to the allocator: its internals (sysmalloc,
     _int_malloc... — frames of the same module inside an allocator entry point), the entry
@@ -320,18 +362,26 @@ def located(site: SiteKey) -> FrameInfo:
     (the key is that frame's own), and never one location per return address.
 
     That frame must be the stripped module's own (an exported call: cuCtxCreate_v2), or the
-    stripped module a shared library (its threads: under start_thread). A stripped executable's
+    stripped module a shared library (its threads: under start_thread). The CUDA driver's and
+    runtime's stripped frames with no symbol anywhere outside them (a stack cut short inside
+    the driver) are one location for the library (`NO_CALLER`: "inside libcuda.so.1, no caller
+    with a symbol"): their bare return addresses never stand alone as locations; another
+    library's keep one location per address (unrelated code never merged). A stripped executable's
     frames under libc's __libc_start_call_main or start_thread would be the whole program in one
     row: they keep their addresses, as a stack without any symbol does."""
     f = site[0] if site else UNKNOWN_STACK[0]
     if f.module and not f.inside and _NO_SYMBOL_RX.search(f.function):
+        shared = bool(_SHARED_LIB_RX.search(os.path.basename(f.module)))
         for g in site[1:]:
             if key_quality(g) != "address":
-                if g.module == f.module or _SHARED_LIB_RX.search(os.path.basename(f.module)):
+                if g.module == f.module or shared:
                     return FrameInfo(
                         g.function, g.module, g.file, g.line, inlined=g.inlined, call=f.call, inside=f.module
                     )
                 break
+        else:
+            if _CUDA_MODULE_RX.match(os.path.basename(f.module)):  # no symbol anywhere: the driver's one row
+                return FrameInfo(NO_CALLER, f.module, None, None, call=f.call, inside=f.module)
     return f
 
 
