@@ -9,6 +9,7 @@
 #              allocscope needs besides pandas/pyarrow/numpy (click, pyelftools, cxxfilt,
 #              rust-demangler, protobuf abi3, capstone, prometheus-client): one copy serves python 3.11-3.13
 #   kernel/    Debian's newest linux-headers (common + amd64 merged, x86 only), for BCC_KERNEL_SOURCE
+#              (only where the prebuilt probes, python/probes/prebuilt/, do not serve: no BTF)
 #   bin/allocscope, libexec/bootstrap.py: the launcher (bundle/ in the repo)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,6 +30,13 @@ common_hdr=${arch_hdr%-amd64}-common
 
 rm -rf "$stage"
 mkdir -p "$stage"/{bin,libexec,lib/fallback,python,kernel} dist
+
+# 0. The probes compiled once (tracer/bpf/prebuilt.py, probes/prebuilt/): the bundle loads them on
+#    any kernel with BTF, no compiler or headers used there. Rebuilt when probes/ changed.
+py=.venv/bin/python; [ -x "$py" ] || py=python3
+if ! "$py" -c 'from tracer.bpf import prebuilt; prebuilt.load_store()' 2>/dev/null; then
+  "$py" -m tracer.bpf.prebuilt
+fi
 
 # 1. Shared libraries: libbcc's closure, glibc's own left to the box.
 glibc_re='^(libc|libm|libdl|libpthread|librt|libresolv|libutil|ld-linux-x86-64)\.so'

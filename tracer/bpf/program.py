@@ -261,9 +261,7 @@ class Program:
         if os.environ.get("ALLOCSCOPE_PREBUILT") != "0":
             try:
                 pre = prebuilt.find(flags, consts)
-                bpf = prebuilt.load(
-                    bcc, pre, flags, consts, self._programs_needed(unwind), skip_sys=self.options.inject
-                )
+                bpf = prebuilt.load(bcc, pre, flags, consts, self.programs_needed(unwind), skip_sys=self.options.inject)
                 self.bpf_cache = "prebuilt"
                 self.timings["maps + programs + tracepoints (prebuilt, no compile)"] = time.perf_counter() - t
                 return bpf
@@ -316,7 +314,7 @@ class Program:
                 self.pid,
                 bpfcache.maps_only(text),
                 cflags(self.pid),
-                self._programs_needed(unwind),
+                self.programs_needed(unwind),
                 skip_sys=self.options.inject,
             )
         except Exception:  # noqa: BLE001 (BCC's bare Exception): compiled as without the cache
@@ -350,7 +348,7 @@ class Program:
         if bpf is not None:
             bpf.cleanup()
 
-    def _programs_needed(self, unwind: str) -> list[tuple]:
+    def programs_needed(self, unwind: str) -> list[tuple]:
         """(program, type) that _load_allocator_programs loads, to verify them in parallel."""
         if self.options.mode == "residency":
             names = [b"fault_sample"] + ([b"fault_unwind", b"fault_keep"] if unwind == "dwarf" else [])
