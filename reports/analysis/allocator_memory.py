@@ -17,13 +17,14 @@ def _last_allocators(trace: Trace) -> pd.DataFrame:
 
 
 def _first_resident(trace: Trace) -> dict[str, int]:
-    """{source: resident bytes of its own mappings in the first `allocators` row}: what each
-    allocator held when the probes attached."""
+    """{source: resident bytes of its own mappings in the first `allocators` row, less the live
+    bytes allocated since the attach then}: what each allocator held from before the attach (the
+    first row may come after a burst the probes saw: that burst is no memory from before)."""
     a = trace.allocators
     if a is None or a.empty:
         return {}
     first = a[a["seq"] == a["seq"].min()]
-    return {str(r.source): int(r.resident_bytes) for r in first.itertuples()}
+    return {str(r.source): max(0, int(r.resident_bytes) - int(r.live_bytes)) for r in first.itertuples()}
 
 
 def allocator_modules(trace: Trace) -> dict[str, dict]:
@@ -138,7 +139,8 @@ def allocator_split(trace: Trace, arenas: pd.DataFrame) -> list[dict] | None:
     is none; retained: free and resident — resident − live − live_before_attach, at least 0
     (without a census: resident − live in a launched recording, where nothing predates the
     attach; in an attached one, the part of resident − live up to what its mappings held
-    resident at the attach is `before_or_retained` — blocks from before the attach or free
+    resident at the attach — the first measure, less the live bytes allocated since then — is
+    `before_or_retained` — blocks from before the attach or free
     memory, not separable without a census — and only the rest is retained).
     None for a trace without the `allocators` table (version 2)."""
     last = _last_allocators(trace)

@@ -124,10 +124,10 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
                 else ""
             )
             how = f"; census {a['census']}" if a.get("live_before_attach") is not None else ""
-            rest = (
+            rest = f" + retained (free) {human_bytes(a['retained'])}" + (
                 f" + before the attach or retained {human_bytes(a['before_or_retained'])}"
                 if a.get("before_or_retained")
-                else f" + retained (free) {human_bytes(a['retained'])}"
+                else ""
             )
             err = f" ±{human_bytes(a['live_error'])}" if a.get("live_error") else ""
             out.append(

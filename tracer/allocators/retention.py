@@ -17,7 +17,11 @@ traced region or a glibc heap, and gives each range to an allocator:
 Residency is read with ioctl(PAGEMAP_SCAN) (runs of present pages, exact) where the kernel has it,
 else from /proc/PID/pagemap within the page budget. Live bytes per allocator are its sites' live
 bytes (source `heap` for the one serving malloc, `heap:KIND[:PREFIX]` for the others). Memory an
-allocator mapped before the attach is not in the LRU: it is counted as other anonymous memory.
+allocator mapped before the attach is not in the LRU; mimalloc's is found by its shape
+(`mimalloc_ranges`: its segments are mapped at 32 MiB-aligned hint addresses between 2 and 30
+TiB, where nothing else maps), so pages a burst after the attach touches in segments reserved
+before it count as mimalloc's, not other anonymous memory. Other allocators' memory from before
+the attach stays other anonymous memory.
 """
 
 from __future__ import annotations
@@ -56,6 +60,23 @@ def subtract_ranges(ranges: list[tuple[int, int]], cuts: list[tuple[int, int]]) 
         if cur < hi:
             out.append((cur, hi))
     return out
+
+
+# mimalloc 2.x (os.c `_mi_os_get_aligned_hint`): segments of up to 1 GiB are mapped at hint
+# addresses from 2 TiB, wrapping after 30 TiB (above 32 TiB: its huge OS pages), aligned to the
+# segment size (32 MiB).
+MI_HINT_BASE, MI_HINT_MAX = 2 << 40, 30 << 40
+
+
+def mimalloc_ranges(maps: list[procfs.Mapping]) -> list[tuple[int, int]]:
+    """The read-write anonymous mappings of mimalloc's segment area ([2 TiB, 30 TiB)): its
+    segments, whenever they were mapped (before the attach too); nothing else maps there unless
+    it asks for those addresses."""
+    return merge_ranges(
+        (m.start, m.end)
+        for m in maps
+        if m.is_anonymous and m.perms.startswith("rw") and MI_HINT_BASE <= m.start < MI_HINT_MAX
+    )
 
 
 def intersect_ranges(ranges: list[tuple[int, int]], vmas: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -159,6 +180,11 @@ class AllocatorMeter:
             if owner is not None:
                 per[owner.source].append((h.start, h.end))
         ranges = subtract_ranges(intersect_ranges(merge_ranges(self.known.items()), anon), cuts)
+        mi = next((o for o in self.owners if o.kind == "mimalloc"), None)
+        if mi is not None:  # its segments by their shape, those from before the attach too
+            seg = subtract_ranges(mimalloc_ranges(maps), cuts)
+            per[mi.source] += seg
+            ranges = subtract_ranges(ranges, seg)
         if ranges:
             fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY) if glibc is not None and other is not None else -1
             try:

@@ -20,6 +20,12 @@
  *   glibc:    mallinfo2: uordblks + hblkhd (live), fordblks (retained)
  * The purge: mallctl("arena.4096.purge"), MallocExtension_ReleaseFreeMemory(), mi_collect(true),
  * malloc_trim(0).
+ *   --warm: before "ready", the same burst once in thread "warmer", which frees all but one
+ *   block in 32 (mimalloc: then waits for its delayed decommit of the free pages; the segments
+ *   stay, holding the kept blocks) and ends: the allocator's memory is mapped before a tracer attaches,
+ *   and the burst after reuses it (mimalloc: reclaims the abandoned segments). mimalloc's
+ *   resident for the truth is then the RSS now less the RSS at "ready": what the burst made
+ *   appear (its peak would be the warm-up's).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -53,6 +59,7 @@ static mi_info_t mi_info;
 static mi_collect_t mi_coll;
 static mi_usable_t mi_usable;
 static size_t mi_base_rss; /* RSS before the burst */
+static bool warm_base;     /* --warm: the burst's resident is the RSS now less mi_base_rss */
 
 static size_t rss_bytes(void)
 {
@@ -101,7 +108,7 @@ static void truth(void)
                 live += mi_usable(blocks[i]);
         mi_info(&e, &u, &s, &rss, &peak, &commit, &pc, &faults);
         (void)rss; /* mimalloc 2.0's current_rss is its commit estimate, not resident memory */
-        resident = peak - mi_base_rss;
+        resident = (warm_base ? rss_bytes() : peak) - mi_base_rss;
         retained = resident > live ? resident - live : 0;
     } else {
         struct mallinfo2 mi = mallinfo2();
@@ -163,7 +170,31 @@ static void *hold(void *(*fn)(void *))
     return NULL;
 }
 
+static void *warmed[4096]; /* the warm-up's blocks kept: one in 32, live before the attach */
+
+static void *warm(void *arg)
+{
+    (void)arg;
+    prctl(PR_SET_NAME, "warmer");
+    for (int i = 0; i < nblocks; i++) {
+        warmed[i] = malloc(size);
+        memset(warmed[i], 1, size);
+    }
+    for (int i = 0; i < nblocks; i++)
+        if (i % 32 != 31) {
+            free(warmed[i]);
+            warmed[i] = NULL;
+        }
+    for (int k = 0; k < 3 && mi_coll; k++) {
+        usleep(300 * 1000); /* past mimalloc 2.0's segment_decommit_delay (500 ms): its next */
+        free(malloc(64));   /* call decommits the free slices; the segments stay, each */
+        mi_coll(false);     /* holding a kept block */
+    }
+    return NULL; /* the thread ends: its segments are abandoned, for the burster to reclaim */
+}
+
 static void *hold_burst(void *a) { (void)a; return hold(burst); }
+
 static void *hold_purge(void *a) { (void)a; return hold(purge); }
 
 static void run(void *(*fn)(void *), int upto)
@@ -179,8 +210,13 @@ static void run(void *(*fn)(void *), int upto)
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i + 1 < argc; i++) {
-        if (!strcmp(argv[i], "--blocks"))
+    bool warmup = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--warm"))
+            warmup = true;
+        else if (i + 1 == argc)
+            break;
+        else if (!strcmp(argv[i], "--blocks"))
             nblocks = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mib"))
             size = (size_t)atoi(argv[++i]) << 20;
@@ -205,6 +241,13 @@ int main(int argc, char **argv)
     sigemptyset(&set);
     sigaddset(&set, SIGUSR1);
     sigprocmask(SIG_BLOCK, &set, NULL);
+    if (warmup) {
+        pthread_t w;
+        pthread_create(&w, NULL, warm, NULL);
+        pthread_join(w, NULL);
+        warm_base = true;
+        mi_base_rss = rss_bytes(); /* what appears from now on: the burst's */
+    }
     printf("ready %d %s\n", (int)getpid(), alloc_name);
     fflush(stdout);
     int sig;
