@@ -60,9 +60,9 @@ def _million(tmp_path):
             m = (sid == s) & (tid == th)
             per[(s, th, "heap")] = (int(size[m].sum()), int(m.sum()), 0, 0)
     per[(mmap_sid, 101, "mmap")] = (3 << 20, 3, 0, 0)
-    t.interval({k: (v[0] // 2, v[1] // 2, 0, 0) for k, v in per.items()}, rss=2 << 30)
-    t.interval({}, rss=2 << 30)
-    t.interval(per, rss=2 << 30)
+    t.interval({k: (v[0] // 2, v[1] // 2, 0, 0) for k, v in per.items()}, rss=3 << 30)
+    t.interval({}, rss=3 << 30)
+    t.interval(per, rss=3 << 30)
     t.heaps(
         [
             (MAIN[0], MAIN[1], MAIN[1], "main", "main", 2 << 30, 0),

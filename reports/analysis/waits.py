@@ -9,6 +9,14 @@ waiting": at the snapshot where blocked threads held most, which threads, blocke
 stack's innermost frame outside the waiting machinery: pthread_cond_wait, futex, sem_wait,
 std::sync, parking_lot... fold to their caller), for how long, holding what, by the location
 that allocated it.
+
+Handoff (issue 46): what a thread allocated and other threads free (the `flows` table) was
+passed on. A blocked thread whose allocations other threads mostly free holds only what it has
+not passed on yet: the memory of an allocation whose code it is still in (`still_owns`: its wait
+stack and the allocation's stack part in the function that called the allocating one, the wait
+after the allocation's line — a send that has not completed). The rest of what it allocated and
+is live is `handed_on` (held by the threads that free it, or on their way), not "held" by an idle
+thread. docs/waits.md says what allocation events alone can and cannot tell.
 """
 
 from __future__ import annotations
@@ -112,6 +120,60 @@ def _loc(frames: tuple[FrameInfo, ...]) -> dict:
     }
 
 
+OWN_MAX_DEPTH = 4  # still_owns: how far out from the allocating location the stacks may part
+
+
+def still_owns(alloc: tuple[FrameInfo, ...], wait: tuple[FrameInfo, ...]) -> bool:
+    """Whether a thread blocked at the folded wait stack `wait` still holds a block allocated at
+    the folded site `alloc` (both innermost first) as its own work in progress: compared from the
+    outermost frame, where the two stacks first differ they are in one function (a function
+    that called both the allocation and the wait, e.g. a worker loop or a job), that function is
+    the allocating location itself or its caller, and the wait comes after the allocation in it
+    (a greater line; unknown lines: yes). A thread whose stacks part further out (an idle pool
+    thread: the job that allocated has returned) or that waits before the allocating line (at
+    the top of its next iteration) has passed what it allocated on."""
+    a, w = alloc[::-1], wait[::-1]
+    k = 0
+    while k < len(a) and k < len(w) and a[k] == w[k]:
+        k += 1
+    if k >= len(a) or k >= len(w):
+        return True  # one stack inside the other: blocked inside the allocating code
+    fa, fw = a[k], w[k]
+    if (fa.function, fa.module) == (fw.function, fw.module):  # one function, two lines
+        if len(a) - 1 - k > OWN_MAX_DEPTH:
+            return False
+        return fa.line is None or fw.line is None or fw.line > fa.line
+    # the last frame in common called both from one line (one expression: `g(acc, f(elt))`)
+    return k > 0 and len(a) - k <= OWN_MAX_DEPTH
+
+
+def _handoffs(trace: Trace) -> dict[int, dict[int, int]]:
+    """{allocating tid: {freeing tid: bytes}} of the threads whose freed allocations other threads
+    freed more of (in bytes) than they did themselves, over the whole recording (`flows`)."""
+    f = trace.final_flows()
+    if f.empty:
+        return {}
+    out: dict[int, dict[int, int]] = {}
+    own: dict[int, int] = defaultdict(int)
+    for a, b, n in zip(f["alloc_tid"].tolist(), f["free_tid"].tolist(), f["bytes"].tolist()):
+        if int(a) == int(b):
+            own[int(a)] += int(n)
+        elif int(n) > 0:
+            out.setdefault(int(a), {})[int(b)] = out.get(int(a), {}).get(int(b), 0) + int(n)
+    return {t: to for t, to in out.items() if sum(to.values()) > own.get(t, 0)}
+
+
+def name_pattern(names: list[str]) -> str:
+    """'synth-*' for synth-1..synth-24, 'gpu/finalizer' for two distinct names: digit runs as *,
+    the distinct patterns joined by '/', most frequent first (at most 4)."""
+    counts: dict[str, int] = {}
+    for n in names:
+        k = re.sub(r"\d+", "*", n)
+        counts[k] = counts.get(k, 0) + 1
+    pats = sorted(counts, key=lambda k: (-counts[k], k))
+    return "/".join(pats[:4]) + ("/..." if len(pats) > 4 else "")
+
+
 class _Locations:
     """stack_id -> wait location (folded wait stack) and allocation location (folded site)."""
 
@@ -119,6 +181,7 @@ class _Locations:
         self.stacks = stacks
         self._wait: dict[int, tuple] = {}
         self._alloc: dict[int, tuple] = {}
+        self._site: dict[int, tuple] = {}
 
     def wait(self, sid: int) -> tuple[tuple[FrameInfo, ...], tuple[FrameInfo, ...]]:
         """(the wait location as a one-frame tuple, the folded wait stack)."""
@@ -129,8 +192,14 @@ class _Locations:
 
     def alloc(self, sid: int) -> tuple[FrameInfo, ...]:
         if sid not in self._alloc:
-            self._alloc[sid] = group_of(fold_frames(self.stacks.get(sid, UNKNOWN_STACK)), "location")
+            self._alloc[sid] = group_of(self.site(sid), "location")
         return self._alloc[sid]
+
+    def site(self, sid: int) -> tuple[FrameInfo, ...]:
+        """The folded allocation stack (the site) of `sid`."""
+        if sid not in self._site:
+            self._site[sid] = fold_frames(self.stacks.get(sid, UNKNOWN_STACK))
+        return self._site[sid]
 
 
 def _held_at(trace: Trace, tids: set[int], seqs: list[int]) -> dict[int, dict[int, dict[tuple, list[int]]]]:
@@ -202,6 +271,7 @@ def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], t
     bl = trace.blocked
     seqs = sorted(int(q) for q in bl["seq"].unique()) if not bl.empty else []
     held = _held_at(trace, {int(t) for t in bl["tid"].unique()} if seqs else set(), seqs)
+    handoffs = _handoffs(trace) if seqs else {}
     per_seq: dict[int, list[dict]] = {}
     for q, g in bl.groupby("seq") if seqs else ():
         rows = []
@@ -209,6 +279,11 @@ def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], t
             g["tid"].tolist(), g["stack_id"].tolist(), g["waited_ns"].tolist(), g["state"].tolist()
         ):
             h = held.get(int(q), {}).get(int(tid), {})
+            handed: dict[tuple, list[int]] = {}
+            if int(tid) in handoffs:  # what it passed on is not its to hold
+                wait = locs.wait(int(sid))[1]
+                handed = {k: v for k, v in h.items() if not still_owns(locs.site(k[0]), wait)}
+                h = {k: v for k, v in h.items() if k not in handed}
             rows.append(
                 {
                     "tid": int(tid),
@@ -217,17 +292,21 @@ def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], t
                     "state": state,
                     "held": h,
                     "held_bytes": sum(v[0] for v in h.values()),
+                    "handed": handed,
+                    "handed_bytes": sum(v[0] for v in handed.values()),
+                    "passed_to": handoffs.get(int(tid), {}) if handed else {},
                 }
             )
         per_seq[int(q)] = rows
     # the timeline: blocked threads and what they held, per interval, per wait location
     for q in seqs:
         rows = per_seq[q]
-        by: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        by: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
         for r in rows:
             k = location_key(locs.wait(r["stack_id"])[0])
             by[k][0] += 1
             by[k][1] += r["held_bytes"]
+            by[k][2] += r["handed_bytes"]
         out["timeline"].append(
             {
                 "seq": q,
@@ -235,7 +314,10 @@ def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], t
                 "blocked": len(rows),
                 "holding": sum(1 for r in rows if r["held_bytes"]),
                 "held_bytes": sum(r["held_bytes"] for r in rows),
-                "by_location": {k: {"threads": v[0], "held_bytes": v[1]} for k, v in by.items()},
+                "handed_on_bytes": sum(r["handed_bytes"] for r in rows),
+                "by_location": {
+                    k: {"threads": v[0], "held_bytes": v[1], "handed_on_bytes": v[2]} for k, v in by.items()
+                },
             }
         )
     if seqs:
@@ -275,13 +357,35 @@ def _peak(q: int, rows: list[dict], el: dict, names: dict, locs: _Locations, top
                 h[1] += n
                 if locs.alloc(sid)[0].function not in inside:
                     kept[-1] += b
+        handed: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+        passed: dict[int, int] = defaultdict(int)
+        for r in rs:
+            for (sid, _src), (b, n) in r["handed"].items():
+                h = handed[locs.alloc(sid)]
+                h[0] += b
+                h[1] += n
+            for t, b in r["passed_to"].items():
+                passed[t] += b
         folded = locs.wait(rs[0]["stack_id"])[1]
+        handing = [r for r in rs if r["handed_bytes"]]
         by_location.append(
             {
                 **_loc(wloc),
                 "threads": len(rs),
                 "holding_threads": sum(1 for r in rs if r["held_bytes"]),
                 "held_bytes": sum(r["held_bytes"] for r in rs),
+                "handed_on_bytes": sum(r["handed_bytes"] for r in rs),
+                "handing_threads": len(handing),
+                "allocated_by": name_pattern([names.get(r["tid"], "?") for r in handing]) if handing else None,
+                "passed_to": [
+                    {"tid": t, "name": names.get(t, "?"), "bytes": b}
+                    for t, b in sorted(passed.items(), key=lambda kv: -kv[1])
+                ][:top],
+                "passed_to_names": name_pattern([names.get(t, "?") for t in passed]) if passed else None,
+                "handed_on": [
+                    {**_loc(a), "bytes": v[0], "blocks": v[1]}
+                    for a, v in sorted(handed.items(), key=lambda kv: -kv[1][0])
+                ][:top],
                 "kept_bytes": sum(kept),
                 "keeping_threads": sum(1 for k in kept if k),
                 "longest_s": max(r["waited_ns"] for r in rs) / 1e9,
@@ -294,8 +398,9 @@ def _peak(q: int, rows: list[dict], el: dict, names: dict, locs: _Locations, top
                         "waited_s": r["waited_ns"] / 1e9,
                         "state": r["state"],
                         "held_bytes": r["held_bytes"],
+                        "handed_on_bytes": r["handed_bytes"],
                     }
-                    for r in sorted(rs, key=lambda r: -r["held_bytes"])
+                    for r in sorted(rs, key=lambda r: (-r["held_bytes"], -r["handed_bytes"]))
                 ],
                 "held": [
                     {**_loc(a), "bytes": v[0], "blocks": v[1]}
@@ -310,6 +415,7 @@ def _peak(q: int, rows: list[dict], el: dict, names: dict, locs: _Locations, top
         "blocked": len(rows),
         "holding": sum(1 for r in rows if r["held_bytes"]),
         "held_bytes": sum(r["held_bytes"] for r in rows),
+        "handed_on_bytes": sum(r["handed_bytes"] for r in rows),
         "by_location": by_location,
     }
 

@@ -12,6 +12,19 @@ def _where(d: dict) -> str:
     return frame_text(d)
 
 
+def handoff_text(d: dict) -> str:
+    """'take_job handoff.c:57: 16.0 MiB allocated by synth-*, passed on to finalizer
+    (make_partition), not held by the 4 threads waiting there' for a wait location whose
+    blocked threads handed what they allocated on (reports/analysis/waits.py)."""
+    what = ", ".join(h["function"] for h in (d.get("handed_on") or [])[:3])
+    idle = d["handing_threads"]
+    return (
+        f"{_where(d)}: {human_bytes(d['handed_on_bytes'])} allocated by {d.get('allocated_by') or '?'}, "
+        f"passed on to {d.get('passed_to_names') or '?'}" + (f" ({what})" if what else "") + f", not held by "
+        f"the {idle} thread{'s' if idle != 1 else ''} waiting there"
+    )
+
+
 def waits_text(w: dict, s: Style, top: int) -> list[str]:
     """The "Held while waiting" section and the off-CPU table (reports/analysis/waits.py)."""
     if not w.get("traced"):
@@ -23,9 +36,12 @@ def waits_text(w: dict, s: Style, top: int) -> list[str]:
         out.append(s.bold("Held while waiting") + s.dim(f"  (no thread was blocked at a snapshot; {thr})"))
     else:
         when = f"+{pk['elapsed_s']:.1f}s, " if pk.get("elapsed_s") is not None else ""
+        handed = (
+            f"; {human_bytes(pk['handed_on_bytes'])} they allocated was passed on" if pk.get("handed_on_bytes") else ""
+        )
         out.append(
             s.bold("Held while waiting") + f"  ({when}interval {pk['seq']}: {pk['blocked']} threads blocked, "
-            f"{pk['holding']} of them holding {human_bytes(pk['held_bytes'])}; {thr})"
+            f"{pk['holding']} of them holding {human_bytes(pk['held_bytes'])}{handed}; {thr})"
         )
         rows = []
         for d in pk["by_location"][:top]:
@@ -35,6 +51,7 @@ def waits_text(w: dict, s: Style, top: int) -> list[str]:
                     _where(d) + (" [in free]" if d.get("in_free") else ""),
                     str(d["threads"]),
                     human_bytes(d["held_bytes"]),
+                    human_bytes(d["handed_on_bytes"]) if d.get("handed_on_bytes") else "-",
                     f"{d['longest_s']:.2f}s",
                     held or "-",
                 ]
@@ -42,9 +59,14 @@ def waits_text(w: dict, s: Style, top: int) -> list[str]:
         out += [
             "  " + line
             for line in table(
-                ["waiting in", "threads", "held", "longest", "what they hold (allocated at)"], rows, "lrrrl"
+                ["waiting in", "threads", "held", "passed on", "longest", "what they hold (allocated at)"],
+                rows,
+                "lrrrrl",
             )
         ]
+        for d in pk["by_location"][:top]:
+            if d.get("handed_on_bytes"):
+                out.append("  " + handoff_text(d))
         lead = pk["by_location"][0] if pk["by_location"] else None
         if lead and lead["held_bytes"]:
             names = ", ".join(
