@@ -77,11 +77,18 @@ def _held_at_end(doc: dict) -> tuple[str, dict] | None:
     """'hold_partitions restartd.c:36 held 300.0 MiB' for the location holding most at the end."""
     from .findings import where_text  # noqa: PLC0415 (findings imports this module)
 
-    rows = [r for r in doc.get("locations") or doc.get("sites") or [] if r.get("live_bytes")]
+    rows = [(_held(r), r) for r in doc.get("locations") or doc.get("sites") or []]
+    rows = [(b, r) for b, r in rows if b > 0]
     if not rows:
         return None
-    top = max(rows, key=lambda r: r["live_bytes"])
-    return f"{where_text(top)} held {human_bytes(int(top['live_bytes']))}", top
+    held, top = max(rows, key=lambda br: br[0])
+    return f"{where_text(top)} held {human_bytes(held)}", top | {"held_bytes": held}
+
+
+def _held(row: dict) -> int:
+    """A row's live bytes, less its sampled first touches (residency mode's `fault` source counts
+    pages touched, not memory held: the mmap rows hold those pages)."""
+    return int(row.get("live_bytes") or 0) - int((row.get("live_by_source") or {}).get("fault") or 0)
 
 
 def _waiting_at_end(doc: dict) -> str:
@@ -98,6 +105,8 @@ def _waiting_at_end(doc: dict) -> str:
     if not held:
         return ""
     key, v = max(held, key=lambda kv: kv[1]["held_bytes"])
+    if v["held_bytes"] > int(doc["totals"].get("live_bytes") or 0):
+        return ""  # counts pages first touched (residency mode's faults), not memory held: not said
     func, _, rest = key.partition("|")
     where = func + (" " + rest.rsplit("|", 1)[-1] if "|" in rest else "")
     return f"{v['threads']} threads blocked in {where} held {human_bytes(int(v['held_bytes']))}"
@@ -138,6 +147,6 @@ def end_finding(doc: dict) -> dict | None:
         signal=end.get("signal"),
         oom=end.get("oom"),
         location=held[1].get("location") if held else None,
-        live_bytes=int(held[1]["live_bytes"]) if held else 0,
+        live_bytes=int(held[1]["held_bytes"]) if held else 0,
         rss_bytes=int((doc.get("rss_decomposition") or {}).get("rss_bytes") or doc["totals"].get("rss_bytes") or 0),
     )

@@ -48,8 +48,12 @@ class RingEvents:
             self.slow_events.append(ev)  # replayed in order once the poll returns (replay_slow)
             if typ == EV_MMAP and ev.prot & 0x4 and not ev.in_api:
                 rec.maps.now()  # code mapped MAP_FIXED (ld.so, dlopen): read maps now
+                if rec.on_code_mapped is not None:
+                    rec.on_code_mapped()  # watch: its unwind rows are loaded; the held loader goes on
         elif typ == EV_CODE:
             rec.maps.now()  # a library's code was mapped: read maps now
+            if rec.on_code_mapped is not None:
+                rec.on_code_mapped()
         elif typ in (EV_NAME, EV_EXIT):
             if typ == EV_EXIT and ev.ret:  # the last thread: the loop looks at the target at once
                 rec.group_exit = True

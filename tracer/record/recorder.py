@@ -121,6 +121,8 @@ class Recorder:
         self.injection: Injection | None = None  # --inject: the agent in the target
         self.hold_s: float | None = None  # the writer's hold (None: HOLD_S under --inject, else none)
         self.watch: Any = None  # the Watcher recording this incarnation (tracer/watch/), if any
+        # watch: called once a code mapping's maps and unwind rows are in (the gate holds the loader)
+        self.on_code_mapped: Callable[[], None] | None = None
         self.kept: dict | None = None  # watch --keep: what was dropped (meta.json `kept`, tracer/watch/keep.py)
         self.triggers: list[dict] = []  # watch --when-rss: the named snapshots (meta.json `triggers`)
         self.started = False  # the trace is being written: the target's end ends the recording

@@ -81,7 +81,7 @@ class ExecGate:
         self.watched = self.bpf["watched"]
         self.events: queue.Queue[Held] = queue.Queue()
         self.comms: set[str] = set()
-        self.released: set[int] = set()
+        self.code_holds: dict[int, float] = {}  # pid -> when it stopped at a code mapping (kind 2)
         fd = self.held.map_fd
         os.set_inheritable(fd, True)
         try:
@@ -102,6 +102,36 @@ class ExecGate:
         ev = ct.cast(data, ct.POINTER(_Event)).contents
         if ev.kind == 1:
             self.events.put(Held(int(ev.pid), int(ev.ts_ns)))
+        elif ev.kind == 2:
+            self.code_holds[int(ev.pid)] = time.monotonic()
+
+    def follow(self, pid: int, seconds: float) -> None:
+        """Stop `pid` at each file it maps executable for the next `seconds` (kind 2 holds): the
+        loader mapping its libraries, until their unwind rows are loaded (release_code)."""
+        until = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(seconds * 1e9)
+        self.bpf["follow"][ct.c_uint32(pid)] = ct.c_uint64(until)
+
+    def unfollow(self, pid: int) -> None:
+        try:
+            del self.bpf["follow"][ct.c_uint32(pid)]
+        except KeyError:
+            pass
+        self.release_code(pid)
+
+    def release_code(self, pid: int) -> None:
+        """Let `pid` go from a stop at a code mapping (the tracer has loaded what it maps). The
+        `held` map says whether it is held (its event may not have reached our thread yet)."""
+        self.code_holds.pop(pid, None)
+        if self.held.get(ct.c_uint32(pid)) is not None:
+            self.release(pid)
+
+    def release_stale(self, after_s: float = 1.0) -> None:
+        """Code holds the tracer did not release within after_s: let them go anyway (a stack
+        cut short is better than a daemon that waits)."""
+        now = time.monotonic()
+        for pid, t in list(self.code_holds.items()):
+            if now - t >= after_s:
+                self.release_code(pid)
 
     def watch(self, comm: str) -> None:
         """Hold every exec of a program named `comm` (its first 15 bytes, as the kernel keeps it)."""

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from .gate import ExecGate
 
 SCAN_S = 1.0  # how often /proc is looked at for a matching process the gate did not hold
+FOLLOW_S = 10.0  # a held incarnation is stopped at each library the loader maps, this long after its exec
 WATCH_HOLD_S = 30.0  # a watched recording's small parts are written together this often (writer.py hold_s)
 
 
@@ -192,6 +193,8 @@ class Watcher:
         assert gate is not None
         if not self._matches(pid):
             gate.release(pid)  # same program name, another command line: not ours
+            if not os.path.exists(f"/proc/{pid}"):
+                self.progress(f"pid {pid} ended while held at its exec, before it could be traced")
             return
         if self._current_alive():  # another instance beside the one traced: not followed
             gate.release(pid)
@@ -204,7 +207,8 @@ class Watcher:
         assert gate is not None
         while not self._closing.is_set():
             try:
-                gate.poll(200)
+                gate.poll(100)
+                gate.release_stale()
                 while True:
                     held = gate.events.get_nowait()
                     self._on_held(held.pid)
@@ -233,6 +237,8 @@ class Watcher:
                 if key is None or key in self.seen:
                     if held and self.gate is not None:
                         self.gate.release(pid)
+                    if key is None:
+                        self.progress(f"pid {pid} ended while held at its exec, before it could be traced")
                     continue
                 return pid, held
             except queue.Empty:
@@ -303,9 +309,12 @@ class Watcher:
                 self.gate.release(pid)
             self.progress(f"pid {pid}: {e}")
             return
+        rec_hook = None
         if held and self.gate is not None:
             gate = self.gate
             target.on_release = lambda: gate.release(pid)
+            gate.follow(pid, FOLLOW_S)  # the libraries it maps next: their unwind rows first
+            rec_hook = lambda: gate.release_code(pid)
         if self.gate is not None:
             self.gate.watch(target.comm)
         wall = time.time()
@@ -321,6 +330,7 @@ class Watcher:
         rec = Recorder(target, opts, self.progress, self.stop, observer=self._observe)
         rec.hold_s = WATCH_HOLD_S if opts.interval < WATCH_HOLD_S else 0.0
         rec.watch = self  # tracer/watch/keep.py and triggers.py reach the watch's options through it
+        rec.on_code_mapped = rec_hook
         self.recorder = rec
         reason = None
         try:
@@ -335,6 +345,8 @@ class Watcher:
             if rec.early is not None:
                 rec.early.discard()
             target.close()
+            if held and self.gate is not None:
+                self.gate.unfollow(pid)
             if target.on_release is not None:  # never attached: let it go
                 with contextlib.suppress(Exception):
                     target.on_release()
