@@ -102,6 +102,7 @@ class FleetMetrics:
         self.trace_path: str | None = None
         self.launched = False  # a launched command: nothing predates the attach
         self.cgroup_limit: int | None = None
+        self.names: dict[int, str] = {}  # the model's site index -> its location's name
         self._reset()
         self._families: list[Family] = []
         self._publish()
@@ -126,6 +127,7 @@ class FleetMetrics:
         self.trace_path = trace_path
         self.info = {"pid": str(pid), "comm": comm or "", "trace": trace_path or ""}
         self.model = LiveModel(self.fold, symbolizer=self._symbolizer(), by="location")
+        self.names = {}
         self._reset()
         self._publish()
 
@@ -242,9 +244,12 @@ class FleetMetrics:
                     )
                 )
             locs: dict[str, int] = {}
+            names = self.names
             for s in self.model.sites:
                 if s.live > 0:
-                    name = location_name(s.frames)
+                    name = names.get(s.index)
+                    if name is None:
+                        name = names[s.index] = location_name(s.frames)
                     locs[name] = locs.get(name, 0) + s.live
             fam.append(
                 Family(
