@@ -62,3 +62,5 @@ def test_handed_on_partitions_are_not_held_by_idle_threads(targets, procs, trace
     handed = human_bytes(sum(v["live"] for v in idle.values()))
     want = rf"take_job handoff\.c:\d+  \[handoff\]: {re.escape(handed)} allocated by synth-\*, passed on to finalizer"
     assert re.search(want, text), text
+    page = cli("report", str(out), "--format", "html", check=True).stdout
+    assert "allocated by synth-*, passed on to finalizer" in page

@@ -232,6 +232,14 @@ def waits_html(doc: dict) -> str:
                 frames_cell([d]) + (" <em>in free</em>" if d.get("in_free") else ""),
                 esc(d["threads"]),
                 bytes_cell(d["held_bytes"]),
+                (
+                    bytes_cell(d["handed_on_bytes"])
+                    + esc(
+                        f" allocated by {d.get('allocated_by') or '?'}, passed on to {d.get('passed_to_names') or '?'}"
+                    )
+                    if d.get("handed_on_bytes")
+                    else "-"
+                ),
                 esc(f"{d['longest_s']:.2f}s"),
                 "<br>".join(
                     f"{esc(h['function'])} {bytes_cell(h['bytes'])} in {esc(h['blocks'])}" for h in d["held"][:4]
@@ -242,9 +250,9 @@ def waits_html(doc: dict) -> str:
         ]
         parts.append(
             html_table(
-                ["waiting in", "threads", "held", "longest", "what they hold (allocated at)", "threads"],
+                ["waiting in", "threads", "held", "passed on", "longest", "what they hold (allocated at)", "threads"],
                 rows,
-                {1, 2, 3},
+                {1, 2, 4},
             )
         )
     else:
