@@ -42,6 +42,6 @@ def test_advice_knobs():
         ],
     }
     adv = allocator_advice(dec)
-    assert any("180 MiB (45% of RSS)" in a and "_RJEM_MALLOC_CONF=dirty_decay_ms" in a for a in adv), adv
-    assert any("100 MiB (25% of RSS)" in a and "TCMALLOC_RELEASE_RATE" in a and "released 3 MiB" in a for a in adv)
+    assert any("180.0 MiB (45% of RSS)" in a and "_RJEM_MALLOC_CONF=dirty_decay_ms" in a for a in adv), adv
+    assert any("100.0 MiB (25% of RSS)" in a and "TCMALLOC_RELEASE_RATE" in a and "released 3.0 MiB" in a for a in adv)
     assert not any("mimalloc" in a for a in adv)  # 12% of RSS: under the 20% bar

@@ -7,6 +7,7 @@ import pandas as pd
 
 from common.tracefile.reader import Trace
 
+from ..units import human_bytes
 from .allocator_memory import allocator_modules
 
 
@@ -26,8 +27,8 @@ def allocator_advice(dec: dict | None, trace: Trace | None = None) -> list[str]:
         ret = a["retained"]
         if ret <= 0.2 * rss or a["kind"] == "glibc":
             continue  # glibc: residency_advice, by arena
-        what = f"{a['name']} retains {ret >> 20} MiB ({100 * ret // rss}% of RSS) of freed pages"
-        rel = f"; it released {a['released'] >> 20} MiB so far" if a["released"] else ""
+        what = f"{a['name']} retains {human_bytes(ret)} ({100 * ret // rss}% of RSS) of freed pages"
+        rel = f"; it released {human_bytes(a['released'])} so far" if a["released"] else ""
         if a["kind"] == "jemalloc":
             env = conf_env(
                 mods.get(a["source"], {}).get("prefix", "") or (a["name"].split(":", 1)[1] if ":" in a["name"] else "")
@@ -65,13 +66,13 @@ def residency_advice(arenas: pd.DataFrame, dec: dict | None) -> list[str]:
     m_ret = int(arenas.loc[arenas["kind"] == "main", "retained_bytes"].sum())
     if t_ret > 0.2 * rss and thread["id"].nunique() > 1:
         out.append(
-            f"{thread['id'].nunique()} glibc thread arenas retain {t_ret >> 20} MiB "
+            f"{thread['id'].nunique()} glibc thread arenas retain {human_bytes(t_ret)} "
             f"({100 * t_ret // rss}% of RSS) that the program freed: cap them with MALLOC_ARENA_MAX=2..4, "
             "or call malloc_trim(0) after bursts"
         )
     if m_ret > 0.2 * rss:
         out.append(
-            f"the main heap retains {m_ret >> 20} MiB ({100 * m_ret // rss}% of RSS) of freed memory: "
+            f"the main heap retains {human_bytes(m_ret)} ({100 * m_ret // rss}% of RSS) of freed memory: "
             "malloc_trim(0) returns whole free pages; if it sits at the top of the heap, lower "
             "M_TRIM_THRESHOLD (GLIBC_TUNABLES=glibc.malloc.trim_threshold=...)"
         )
