@@ -53,6 +53,35 @@ TRACEPOINT_PROBE(sched, sched_switch)
 }
 #endif
 
+#ifdef AS_WAIT_TAILS
+/* The raw sched_switch's stack unwound (waits.h wait_began hands it over when not memoized). */
+int wait_unwind(struct bpf_raw_tracepoint_args *ctx)
+{
+    u32 zero = 0;
+    struct as_wait_pending *p = wait_pending.lookup(&zero);
+    if (!p)
+        return 0;
+    p->sid = capture_syscall_stack(ctx);
+    wait_tails.call(ctx, 1);
+    count(AS_LOST_STACK_ERR, 1);
+    wait_record(p->tid, p->sid, p->state, p->now); /* no keep program: kept without the memo */
+    return 0;
+}
+
+int wait_keep(struct bpf_raw_tracepoint_args *ctx)
+{
+    u32 zero = 0;
+    struct as_wait_pending *p = wait_pending.lookup(&zero);
+    if (!p)
+        return 0;
+    struct as_wait_memo *m = wait_memo.lookup(&p->tid);
+    if (m)
+        wait_memo_keep(m, p->ip, p->sp, p->bp, p->sid);
+    wait_record(p->tid, p->sid, p->state, p->now);
+    return 0;
+}
+#endif
+
 /* What unmapping costs the other CPUs: TLB flushes by reason (0 task switch, 1 remote shootdown
  * received, 2 local shootdown, 3 local mm shootdown, 4 remote IPI sent, 5 remote wrong CPU). */
 RAW_TRACEPOINT_PROBE(tlb_flush) /* (int reason, unsigned long pages): raw, no buffer filled */

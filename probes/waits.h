@@ -60,22 +60,44 @@ static __always_inline void wait_ended(u32 tid, struct as_offcpu *o, u64 now)
     map_dirty(AS_DIRTY_WAITS);
 }
 
-static __always_inline u64 wait_stack(void *ctx, u32 tid)
+/* The raw sched_switch with the DWARF unwinder hands a stack it must unwind to wait_unwind and
+ * wait_keep (waits.bpf.c) by tail call, as the syscall exits do (syscalls.h): the unwinder then sits
+ * in a program of its own, verified beside the others at start, not inlined in the program of every
+ * context switch (1.1 s of the verifier's time on the path to live probes, 0.4 s now). */
+#if defined(AS_UNWIND_DWARF) && defined(AS_OFF_TASK_TGID)
+#define AS_WAIT_TAILS 1
+struct as_wait_pending {
+    u64 now, ip, sp, bp, sid;
+    u32 tid, state;
+};
+BPF_PERCPU_ARRAY(wait_pending, struct as_wait_pending, 1);
+BPF_PROG_ARRAY(wait_tails, 2); /* 0: wait_unwind, 1: wait_keep (raw tracepoint programs, set by the tracer) */
+#endif
+
+static __always_inline void wait_regs(u64 *ip, u64 *sp, u64 *bp)
 {
     struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-    u64 ip = 0, sp = 0, bp = 0;
-    bpf_probe_read_kernel(&ip, sizeof(ip), &regs->ip);
-    bpf_probe_read_kernel(&sp, sizeof(sp), &regs->sp);
-    bpf_probe_read_kernel(&bp, sizeof(bp), &regs->bp);
+    bpf_probe_read_kernel(ip, sizeof(*ip), &regs->ip);
+    bpf_probe_read_kernel(sp, sizeof(*sp), &regs->sp);
+    bpf_probe_read_kernel(bp, sizeof(*bp), &regs->bp);
+}
+
+/* The thread's memo of its last waits' stacks (made at its first wait), or NULL. */
+static __always_inline struct as_wait_memo *wait_memo_of(u32 tid)
+{
     struct as_wait_memo *m = wait_memo.lookup(&tid);
     if (!m) {
         struct as_wait_memo z = {};
         wait_memo.update(&tid, &z);
         m = wait_memo.lookup(&tid);
-        if (!m)
-            return capture_syscall_stack(ctx);
     }
+    return m;
+}
+
+/* The stack id of a wait at (ip, sp, bp) when one of the thread's last waits was there, else 0. */
+static __always_inline u64 wait_memo_hit(struct as_wait_memo *m, u64 ip, u64 sp, u64 bp)
+{
 #pragma unroll
     for (int i = 0; i < AS_WAIT_WAYS; i++) {
         struct as_wait_way *w = &m->way[i];
@@ -84,12 +106,18 @@ static __always_inline u64 wait_stack(void *ctx, u32 tid)
             return w->stack_id;
         }
     }
-    u64 sid = capture_syscall_stack(ctx);
+    return 0;
+}
+
+/* Keep a freshly unwound stack in the memo, unless it was cut short (e.g. at a module whose rows
+ * are being built): then it is unwound again next time. */
+static __always_inline void wait_memo_keep(struct as_wait_memo *m, u64 ip, u64 sp, u64 bp, u64 sid)
+{
 #ifdef AS_UNWIND_DWARF
     u32 zero = 0;
     struct as_stack *st = scratch.lookup(&zero);
     if (st && (st->flags & AS_STACK_TRUNCATED))
-        return sid; /* cut short (e.g. at a module whose rows are being built): unwound again next time */
+        return;
 #endif
     struct as_wait_way *w = &m->way[m->next & (AS_WAIT_WAYS - 1)];
     w->ip = ip;
@@ -97,7 +125,22 @@ static __always_inline u64 wait_stack(void *ctx, u32 tid)
     w->bp = bp;
     w->stack_id = sid;
     m->next += 1; /* the thread's own entry: nobody else writes it */
-    return sid;
+}
+
+/* The blocked thread's `offcpu` entry: when, in which state, at which stack. The entry stays
+ * between its waits (ts_ns 0 while it runs; the exit program deletes it): a blocking switch
+ * rewrites it in place rather than inserting and deleting an element. */
+static __always_inline void wait_record(u32 tid, u64 sid, long state, u64 now)
+{
+    struct as_offcpu *o = offcpu.lookup(&tid);
+    if (o) {
+        o->stack_id = sid;
+        o->state = (u32)state;
+        o->ts_ns = now; /* last: nonzero says blocked */
+        return;
+    }
+    struct as_offcpu w = {.ts_ns = now, .stack_id = sid, .state = (u32)state};
+    offcpu.update(&tid, &w);
 }
 
 /* A raw sched_switch's prev_state as the classic tracepoint reports it (1 sleeping, S; 2
@@ -125,18 +168,31 @@ static __always_inline int wait_began(void *ctx, long state)
     u64 now = bpf_ktime_get_ns();
     u32 tid = current_tid();
     count(AS_CNT_WAITS, 1);
-    u64 sid = wait_stack(ctx, tid);
-    /* The thread's entry stays between its waits (ts_ns 0 while it runs; the exit program deletes
-     * it): a blocking switch rewrites it in place rather than inserting and deleting an element. */
-    struct as_offcpu *o = offcpu.lookup(&tid);
-    if (o) {
-        o->stack_id = sid;
-        o->state = (u32)state;
-        o->ts_ns = now; /* last: nonzero says blocked */
-        return 0;
+    u64 ip = 0, sp = 0, bp = 0;
+    wait_regs(&ip, &sp, &bp);
+    struct as_wait_memo *m = wait_memo_of(tid);
+    u64 sid = m ? wait_memo_hit(m, ip, sp, bp) : 0;
+    if (!sid) {
+#ifdef AS_WAIT_TAILS
+        struct as_wait_pending *p = wait_pending.lookup(&zero);
+        if (p) {
+            p->now = now;
+            p->ip = ip;
+            p->sp = sp;
+            p->bp = bp;
+            p->sid = 0;
+            p->tid = tid;
+            p->state = (u32)state;
+            wait_tails.call(ctx, 0); /* -> wait_unwind -> wait_keep */
+        }
+        count(AS_LOST_STACK_ERR, 1); /* no tail call: the wait is kept without its stack */
+#else
+        sid = capture_syscall_stack(ctx);
+        if (m)
+            wait_memo_keep(m, ip, sp, bp, sid);
+#endif
     }
-    struct as_offcpu w = {.ts_ns = now, .stack_id = sid, .state = (u32)state};
-    offcpu.update(&tid, &w);
+    wait_record(tid, sid, state, now);
     return 0;
 }
 

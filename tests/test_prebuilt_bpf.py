@@ -20,7 +20,7 @@ from common.errors import AllocscopeError, UsageError
 from tracer.base.options import RecordOptions
 from tracer.bpf import prebuilt
 from tracer.bpf.cache import INSN
-from tracer.bpf.program import SYS_TAILS, Program
+from tracer.bpf.program import Program, tail_programs
 from tracer.bpf.source import links_choice, probe_config, session_choice
 from tracer.record.validate import validate
 
@@ -84,12 +84,13 @@ def programs(p: Program, entry: dict, unwind: str) -> list[tuple[str, int, int]]
             out.append((name, TRACEPOINT, -1))
         elif name.startswith("raw_tracepoint__"):
             out.append((name, RAW_TRACEPOINT, -1))
-    out += [(n.decode(), TRACEPOINT, -1) for n in SYS_TAILS if n.decode() in entry["funcs"]]
+    tails = [(n.decode(), t) for n, t in tail_programs(p.bcc, entry["funcs"])]
+    out += [(n, t, -1) for n, t in tails]
     for item in p.programs_needed(unwind):
         out.append((item[0].decode(), item[1], item[3] if len(item) > 3 else -1))
     if p.options.mode == "full":
         for name in entry["funcs"]:
-            if name.startswith(("tracepoint__", "raw_tracepoint__", "fault_")) or name.encode() in SYS_TAILS:
+            if name.startswith(("tracepoint__", "raw_tracepoint__", "fault_")) or name in dict(tails):
                 continue
             if name in SESSION_PROGS and not p.session:
                 continue

@@ -498,7 +498,7 @@ def load(bcc, entry: dict, flags: list[str], consts: dict[str, int], preload=(),
     and those in `preload` loaded (verified two at a time), the tracepoints attached."""
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
-    from .program import SYS_TAILS, SYS_TP_PREFIX, fill_sys_tails  # noqa: PLC0415
+    from .program import SYS_TP_PREFIX, fill_sys_tails, tail_programs  # noqa: PLC0415
 
     _install_table_lib(bcc)
     sizes = table_sizes(entry, flags)
@@ -582,12 +582,12 @@ def load(bcc, entry: dict, flags: list[str], consts: dict[str, int], preload=(),
     try:
         tps = [n.encode() for n in entry["funcs"] if n.startswith("tracepoint__")]
         raws = [n.encode() for n in entry["funcs"] if n.startswith("raw_tracepoint__")]
-        sys = [(n, bcc.BPF.TRACEPOINT) for n in SYS_TAILS if n.decode() in entry["funcs"]]
+        sys = tail_programs(bcc, entry["funcs"])
         todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + [(b, bcc.BPF.RAW_TRACEPOINT) for b in raws] + sys
         todo += [item for item in preload if item[0].decode() in entry["funcs"]]
-        # the verifier runs in the loading thread with the GIL released: two at a time, the
-        # slowest first (the DWARF unwinders and sched_switch); a failure is left for the load
-        # that needs the program (it raises there)
+        # the verifier runs in the loading thread with the GIL released: up to four at a time
+        # (two on two cores), the slowest first (the DWARF unwinders); a failure is left for the
+        # load that needs the program (it raises there)
         todo.sort(key=lambda item: -len(entry["funcs"][item[0].decode()]["code"]))
 
         def try_load(item) -> None:
@@ -596,7 +596,7 @@ def load(bcc, entry: dict, flags: list[str], consts: dict[str, int], preload=(),
             except Exception:  # noqa: BLE001
                 pass
 
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
             list(pool.map(try_load, todo))
         fill_sys_tails(bcc, bpf)
         for b in tps:

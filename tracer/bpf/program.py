@@ -133,7 +133,7 @@ def cached_bpf(
     # The verifier runs in the loading thread, and libbcc's call releases the GIL: the programs
     # known to be needed are verified two at a time. A failure here is left for the load that
     # needs the program (it raises there, as it would have without this).
-    sys = [(n, bcc.BPF.TRACEPOINT) for n in SYS_TAILS if n.decode() in entry["funcs"]]
+    sys = tail_programs(bcc, entry["funcs"])
     todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + [(b, bcc.BPF.RAW_TRACEPOINT) for b in raws] + sys
     todo += [item for item in preload if item[0].decode() in entry["funcs"]]
 
@@ -166,16 +166,30 @@ def sys_tracepoints(kind: str) -> list[str]:
 
 
 SYS_TAILS = (b"sys_unwind", b"sys_keep")  # probes/syscalls.bpf.c: the stack of an mmap or brk exit (DWARF)
+WAIT_TAILS = (b"wait_unwind", b"wait_keep")  # probes/waits.bpf.c: the stack of a wait (DWARF, raw sched_switch)
+
+
+def tail_programs(bcc, funcs) -> list[tuple[bytes, int]]:
+    """(program, type) of the tail-called programs `funcs` (names) has: loaded, and their tables
+    filled, before the tracepoints attach (fill_sys_tails)."""
+    names = {f.decode() if isinstance(f, bytes) else f for f in funcs}
+    out = [(n, bcc.BPF.TRACEPOINT) for n in SYS_TAILS if n.decode() in names]
+    return out + [(n, bcc.BPF.RAW_TRACEPOINT) for n in WAIT_TAILS if n.decode() in names]
 
 
 def fill_sys_tails(bcc, bpf) -> None:
-    """The programs the mmap and brk exits hand their stack over to (syscalls.h sys_handoff)."""
-    try:
-        table = bpf[b"sys_tails"]
-    except KeyError:
-        return  # --unwind fp: the exits take the stack themselves
-    for i, name in enumerate(SYS_TAILS):
-        table[ct.c_int(i)] = ct.c_int(bpf.load_func(name, bcc.BPF.TRACEPOINT).fd)
+    """The programs the mmap and brk exits (syscalls.h sys_handoff) and the raw sched_switch
+    (waits.h wait_began) hand a stack to unwind over to."""
+    for table_name, names, ptype in (
+        (b"sys_tails", SYS_TAILS, bcc.BPF.TRACEPOINT),
+        (b"wait_tails", WAIT_TAILS, bcc.BPF.RAW_TRACEPOINT),
+    ):
+        try:
+            table = bpf[table_name]
+        except KeyError:
+            continue  # --unwind fp (or the classic sched_switch): the programs take the stack themselves
+        for i, name in enumerate(names):
+            table[ct.c_int(i)] = ct.c_int(bpf.load_func(name, ptype).fd)
 
 
 def detach_all(bcc, bpf) -> None:
