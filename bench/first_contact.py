@@ -77,8 +77,8 @@ def record(a, pid: int, args: list[str], cache: Path, env_extra: dict, out: Path
     th.join(5)
     phases = {}
     for _s, x in lines:
-        if "start-up: " in x:
-            name, _, ms = x.split("start-up: ", 1)[1].rpartition(" ")
+        if "start-up: " in x and x.endswith(" ms"):
+            name, _, ms = x.split("start-up: ", 1)[1][: -len(" ms")].rpartition(" ")
             if ms.isdigit():
                 phases[name] = int(ms)
     if live_s != live_s:  # nan: never live
@@ -87,17 +87,20 @@ def record(a, pid: int, args: list[str], cache: Path, env_extra: dict, out: Path
 
 
 def probes_phase(r: dict) -> str:
-    """The phase that made the probes: prebuilt load, cache hit, or a compile."""
+    """The phase that made the probes (prebuilt load, cache hit, or a compile), and the one
+    before the recorder (interpreter, CLI, target)."""
     ph = r["phases"]
+    before = next((v for k, v in ph.items() if k.startswith("before the recorder")), None)
+    pre = f"pre {before / 1000:.1f}s, " if before is not None else ""
     for k, v in ph.items():
         if k.startswith("compile"):
-            return f"compile {v / 1000:.1f}s"
+            return f"{pre}compile {v / 1000:.1f}s"
     for k, v in ph.items():
         if "prebuilt" in k:
-            return f"prebuilt {v / 1000:.1f}s"
+            return f"{pre}prebuilt {v / 1000:.1f}s"
         if "cache hit" in k:
-            return f"cache hit {v / 1000:.1f}s"
-    return "?"
+            return f"{pre}cache hit {v / 1000:.1f}s"
+    return pre + "?"
 
 
 def start(argv: list[str]) -> subprocess.Popen:
