@@ -3,9 +3,11 @@ loaded from lib/ by absolute path (so nothing is put in LD_LIBRARY_PATH or PYTHO
 programs allocscope launches), bundled kernel headers for BCC when the box has none."""
 
 import ctypes
+import importlib.util
 import os
 import platform
 import sys
+import threading
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIB = os.path.join(HERE, "lib")
@@ -36,15 +38,53 @@ def _use_system(soname):
     return True
 
 
-def preload():
+def _order():
     with open(os.path.join(LIB, "ORDER")) as f:
-        order = [line.strip() for line in f if line.strip()]
-    for rel in order:
-        soname = os.path.basename(rel)
-        if rel.startswith("fallback/") and _use_system(soname):
-            ctypes.CDLL(soname, mode=ctypes.RTLD_GLOBAL)
-            continue
+        return [line.strip() for line in f if line.strip()]
+
+
+def _load(rel):
+    soname = os.path.basename(rel)
+    if rel.startswith("fallback/") and _use_system(soname):
+        ctypes.CDLL(soname, mode=ctypes.RTLD_GLOBAL)
+    else:
         ctypes.CDLL(os.path.join(LIB, rel), mode=ctypes.RTLD_GLOBAL)
+
+
+def preload():
+    for rel in _order():
+        _load(rel)
+
+
+# What is needed before BCC: libbpf (tracer/bpf/kernel_btf.py reads the kernel's BTF with it) and
+# what it links. The rest — libbcc with LLVM and clang, ~150 MB — is loaded when `bcc` is first
+# imported, in the thread that builds the probes (tracer/bpf/early.py), not before the CLI runs.
+EAGER = ("libz.so.1", "libelf.so.1", "libbpf.so.1")
+
+
+class _BccLibraries:
+    """A meta path finder that loads the bundle's libraries at the first `import bcc` (then steps
+    aside: the import itself is the normal one)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.done = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "bcc" and not self.done:
+            with self.lock:
+                if not self.done:
+                    preload()
+                    self.done = True
+        return None
+
+
+def preload_lazily():
+    order = _order()
+    for rel in order:
+        if os.path.basename(rel) in EAGER:
+            _load(rel)
+    sys.meta_path.insert(0, _BccLibraries())
 
 
 def kernel_headers():
@@ -70,18 +110,18 @@ def main():
     os.environ["ALLOCSCOPE_BUNDLE"] = HERE
     kernel_headers()
     try:
-        preload()
+        if os.environ.get("ALLOCSCOPE_PRELOAD") == "1":
+            preload()  # everything now (as before: a library that fails to load fails here)
+        else:
+            preload_lazily()
     except OSError as e:
         sys.exit(
             f"allocscope bundle: cannot load BCC's libraries from {LIB}: {e}\n"
             "(the bundle needs glibc >= 2.36 on x86-64)"
         )
-    missing = []
-    for mod in ("pandas", "pyarrow", "numpy"):
-        try:
-            __import__(mod)
-        except ImportError:
-            missing.append(mod)
+    # found, not imported: importing pandas and pyarrow here took ~0.5-1 s before the CLI ran
+    # (the recorder imports them in a thread, beside the probes' build)
+    missing = [mod for mod in ("pandas", "pyarrow", "numpy") if importlib.util.find_spec(mod) is None]
     if missing:
         sys.exit(
             f"allocscope bundle: {sys.executable} has no {', '.join(missing)}; the bundle relies on the "
