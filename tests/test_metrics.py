@@ -88,6 +88,7 @@ def test_figures_labels_and_incarnations(exporter):
         (("location", CONFIG_SITE), ("pw", "12")): 2000,
     }
     assert one(s, "allocscope_lost_events_total", kind="live_full") == 3
+    assert 0 < one(s, "allocscope_exporter_cpu_seconds_total") < 60
     assert one(s, "allocscope_target_info", pid="101", comm="grower", trace="/var/lib/allocscope/grower-101.allocscope")
     assert {dict(lb)["reason"]: v for lb, v in series(s, "allocscope_target_ends_total").items()} == {
         "exited": 0,

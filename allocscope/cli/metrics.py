@@ -9,6 +9,8 @@ import errno
 import os
 import re
 import socket
+import threading
+import time
 
 from common.errors import UsageError
 
@@ -95,13 +97,27 @@ def _tightest(root: str, path: str, name: str) -> int | None:
         path = os.path.dirname(path.rstrip("/")) or "/"
 
 
-class _Collector:
-    """prometheus_client's view of the FleetMetrics: the target's labels added to every series."""
+class Cost:
+    """CPU seconds the exporter spent (its thread, and the scrapes' threads while collecting)."""
 
-    def __init__(self, metrics, labels: dict[str, str]) -> None:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seconds = 0.0
+
+    def add(self, since: float) -> None:
+        with self.lock:
+            self.seconds += time.thread_time() - since
+
+
+class _Collector:
+    """prometheus_client's view of the FleetMetrics: the target's labels added to every series,
+    and the exporter's own CPU (allocscope_exporter_cpu_seconds_total)."""
+
+    def __init__(self, metrics, labels: dict[str, str], cost: Cost) -> None:
         self.metrics = metrics
         self.names = list(labels)
         self.values = list(labels.values())
+        self.cost = cost
 
     def collect(self):
         from prometheus_client.core import (  # noqa: PLC0415
@@ -110,6 +126,14 @@ class _Collector:
             InfoMetricFamily,
         )
 
+        t0 = time.thread_time()
+        own_cpu = CounterMetricFamily(
+            "allocscope_exporter_cpu_seconds",
+            "CPU the exporter used in the tracer: its figures per snapshot and the scrapes",
+            labels=self.names,
+        )
+        own_cpu.add_metric(self.values, self.cost.seconds)
+        yield own_cpu
         for f in self.metrics.families():
             own = [k for k, _ in f.samples[0][0]] if f.samples else []
             if f.kind == "info":
@@ -122,6 +146,7 @@ class _Collector:
                 for labels, v in f.samples:
                     m.add_metric(self.values + [val for _, val in labels], v)
             yield m
+        self.cost.add(t0)
 
 
 class MetricsExporter:
@@ -145,7 +170,8 @@ class MetricsExporter:
         self.metrics = FleetMetrics(top_k, fold)
         self.pid = 0
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(self.metrics, self.labels))  # type: ignore[arg-type]
+        self.cost = Cost()
+        self.registry.register(_Collector(self.metrics, self.labels, self.cost))  # type: ignore[arg-type]
         try:
             self.server, self.thread = start_http_server(port, host, self.registry)
         except OSError as e:
@@ -173,6 +199,13 @@ class MetricsExporter:
         self.pump.observe(("end", reason))
 
     def _handle(self, item) -> None:
+        t0 = time.thread_time()
+        try:
+            self._apply(item)
+        finally:
+            self.cost.add(t0)
+
+    def _apply(self, item) -> None:
         what, arg = item
         m = self.metrics
         if what == "snap":
@@ -191,8 +224,6 @@ class MetricsExporter:
 
     def flush(self) -> None:
         """Wait until everything queued so far is in the served figures (tests)."""
-        import threading  # noqa: PLC0415
-
         done = threading.Event()
         self.pump.observe(("flush", done))
         done.wait()
