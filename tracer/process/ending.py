@@ -4,13 +4,15 @@ the OOM killer chose it, and in which memory cgroup, at what limit.
 * The wait status of a process that is not our child: a pidfd opened while it ran answers
   PIDFD_GET_INFO with PIDFD_INFO_EXIT once it is reaped (Linux 6.15); before that, while it is a
   zombie, /proc/PID/stat's field 52 holds it (Linux 3.5). A launched command's comes from waitpid.
-* An OOM kill: the memory cgroups from the target's own up to the root are read when the
-  recording starts (`CgroupWatch`): each one's `memory.max` and `memory.events` (`oom`: the
-  cgroup hit its limit and reclaim failed; `oom_kill`: processes in it killed by an OOM killer),
-  and /proc/vmstat's `oom_kill` (every OOM kill of the machine). A target killed by SIGKILL whose
-  cgroup's `oom_kill` rose meanwhile was killed by the OOM killer: `scope` "cgroup" with the
-  deepest cgroup whose `oom` rose and that has a limit (the one that was full), "global" when
-  none did (the whole machine was out of memory). A SIGKILL with no OOM kill counted is "killed".
+* An OOM kill: the target's memory cgroups, its own up to the root, are read when the recording
+  starts (`CgroupWatch`; cgroup v1's memory controller where the box mounts one, else v2): each
+  one's limit (v2 `memory.max`, v1 `memory.limit_in_bytes`) and OOM counters (v2 `memory.events`:
+  `oom` the cgroup hit its limit, `oom_kill` processes in it killed by an OOM killer; v1
+  `memory.oom_control`'s `oom_kill`, `memory.failcnt`). A target killed by SIGKILL whose own
+  cgroup's `oom_kill` rose meanwhile was killed by an OOM killer: `scope` "cgroup" with the
+  deepest cgroup whose `oom` rose and that has a limit (the one that was full), "global" when none
+  did (the machine was out of memory). A SIGKILL with no OOM kill counted there is "killed"; so is
+  one on a box without a memory cgroup to read (an OOM kill elsewhere must not name this process).
 """
 
 from __future__ import annotations
@@ -81,26 +83,43 @@ def signal_name(sig: int) -> str:
 
 
 def read_events(path: str) -> dict[str, int]:
-    """A cgroup's memory.events (missing: {})."""
+    """A memory cgroup's OOM counters: cgroup v2's memory.events, or v1's memory.oom_control
+    (its `oom_kill`) with memory.failcnt as `oom` (missing: {})."""
     out: dict[str, int] = {}
-    try:
-        with open(os.path.join(path, "memory.events")) as f:
-            for line in f:
-                k, _, v = line.partition(" ")
-                out[k] = int(v)
-    except (OSError, ValueError):
-        return {}
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            with open(os.path.join(path, name)) as f:
+                for line in f:
+                    k, _, v = line.partition(" ")
+                    if v.strip().isdigit():
+                        out[k] = int(v)
+        except OSError:
+            continue
+        if name == "memory.oom_control":
+            try:
+                with open(os.path.join(path, "memory.failcnt")) as f:
+                    out["oom"] = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                pass
+        return out
     return out
 
 
+V1_UNLIMITED = 1 << 62  # memory.limit_in_bytes of a v1 cgroup without a limit (PAGE_COUNTER_MAX pages)
+
+
 def read_limit(path: str) -> int | None:
-    """A cgroup's memory.max in bytes (None: "max", or not a memory cgroup)."""
-    try:
-        with open(os.path.join(path, "memory.max")) as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+    """A memory cgroup's limit in bytes: v2's memory.max, v1's memory.limit_in_bytes (None: none)."""
+    for name in ("memory.max", "memory.limit_in_bytes"):
+        try:
+            with open(os.path.join(path, name)) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if not text.isdigit():
+            return None
+        return int(text) if int(text) < V1_UNLIMITED else None
+    return None
 
 
 def vm_oom_kills() -> int:
@@ -114,15 +133,24 @@ def vm_oom_kills() -> int:
     return 0
 
 
-def cgroup_of(pid: int) -> str | None:
-    """The target's cgroup v2 path ("/system.slice/x.service"), None without cgroup v2."""
+def memory_cgroup(pid: int) -> tuple[str, str] | None:
+    """(the target's memory cgroup path, the hierarchy's mount): cgroup v1's memory controller
+    where the box has one, else cgroup v2's unified hierarchy; None without either."""
+    v1 = v2 = None
     try:
         with open(f"/proc/{pid}/cgroup") as f:
             for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip() or "/"
-    except OSError:
+                _, ctrl, path = line.rstrip("\n").split(":", 2)
+                if ctrl == "" and line.startswith("0::"):
+                    v2 = path or "/"
+                elif "memory" in ctrl.split(","):
+                    v1 = path or "/"
+    except (OSError, ValueError):
         return None
+    if v1 is not None and os.path.isdir(os.path.join(CGROUP_ROOT, "memory")):
+        return v1, os.path.join(CGROUP_ROOT, "memory")
+    if v2 is not None and os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
+        return v2, CGROUP_ROOT
     return None
 
 
@@ -131,27 +159,30 @@ class Cgroup:
     path: str  # as /proc/PID/cgroup says it ("/" the root)
     limit: int | None
     events: dict[str, int]
+    dir: str = ""  # where its files are
 
 
 @dataclass
 class CgroupWatch:
     """The target's memory cgroups (its own first) and the machine's OOM kill count, as they were
-    when the recording started; `end()` compares them with now."""
+    when the recording started; `oom()` compares them with now."""
 
     cgroups: list[Cgroup] = field(default_factory=list)
     vm_oom_kill: int = 0
 
     @classmethod
     def of(cls, pid: int) -> CgroupWatch:
-        path = cgroup_of(pid)
+        found = memory_cgroup(pid)
         groups = []
-        while path is not None:
-            d = CGROUP_ROOT + (path if path != "/" else "")
-            if os.path.isdir(d):
-                groups.append(Cgroup(path, read_limit(d), read_events(d)))
-            if path == "/":
-                break
-            path = os.path.dirname(path) or "/"
+        if found is not None:
+            path, mount = found
+            while True:
+                d = mount + (path if path != "/" else "")
+                if os.path.isdir(d):
+                    groups.append(Cgroup(path, read_limit(d), read_events(d), d))
+                if path == "/":
+                    break
+                path = os.path.dirname(path) or "/"
         return cls(groups, vm_oom_kills())
 
     def limit(self) -> tuple[str, int] | None:
@@ -163,17 +194,17 @@ class CgroupWatch:
         return path, lim
 
     def oom(self) -> dict | None:
-        """`recording.end.oom` when an OOM kill was counted over the target since the start, else None."""
+        """`recording.end.oom` when the kernel counted an OOM kill in the target's own memory
+        cgroup since the start (any OOM killer: the cgroup's or the machine's), else None. Without
+        a memory cgroup to read nothing is claimed: another process's OOM kill elsewhere on the
+        box must not name this one."""
         if not self.cgroups:
-            killed = vm_oom_kills() > self.vm_oom_kill
-            return {"scope": "global", "cgroup": None, "limit_bytes": None} if killed else None
+            return None
         leaf = self.cgroups[0]
-        now = read_events(CGROUP_ROOT + (leaf.path if leaf.path != "/" else ""))
-        if now.get("oom_kill", 0) <= leaf.events.get("oom_kill", 0) and vm_oom_kills() <= self.vm_oom_kill:
+        if read_events(leaf.dir).get("oom_kill", 0) <= leaf.events.get("oom_kill", 0):
             return None
         for g in self.cgroups:  # the deepest one that hit its limit
-            d = CGROUP_ROOT + (g.path if g.path != "/" else "")
-            if g.limit is not None and read_events(d).get("oom", 0) > g.events.get("oom", 0):
+            if g.limit is not None and read_events(g.dir).get("oom", 0) > g.events.get("oom", 0):
                 return {"scope": "cgroup", "cgroup": g.path, "limit_bytes": g.limit}
         return {"scope": "global", "cgroup": None, "limit_bytes": None}
 
