@@ -7,18 +7,25 @@
  * per malloc leaves the kernel. Rare events (mmap family, brk, madvise,
  * malloc_trim, thread names, exit, exec) go through the `events` ring buffer.
  *
- * Compile-time parameters (cflags -D..., all set by tracer/bpf/source.py probe_cflags from the
- * recording's options, tracer/base/options.py, where their defaults live):
+ * Parameters (cflags -D..., all set by tracer/bpf/source.py probe_config from the recording's
+ * options, tracer/base/options.py, where their defaults live). Load-time constants, each an
+ * AS_K(value) (common.h) that tracer/bpf/prebuilt.py rewrites in the program built once:
  *   AS_TGID         process to trace
+ *   AS_LAUNCHED     launch mode: ignore everything until the target's exec
+ *   AS_FLOOR        the trap floor (benchmarks): every program returns at once
+ *   AS_SAMPLE_BYTES byte-weighted sampling, one per N bytes (0: every call)
+ *   AS_FAULT_SAMPLE residency mode: one page fault in N
+ *   AS_UVM_MAJOR    nvidia-uvm's character major (0: none)
+ *   AS_OFF_*        kernel struct offsets from the running kernel's BTF (tracer/bpf/kernel_btf.py)
+ * Compile-time (a variant of the build; the sizes only size maps):
  *   AS_MAX_LIVE     outstanding allocations tracked
  *   AS_MAX_STACKS   distinct stacks
  *   AS_MAX_SITES    distinct (stack, thread, source)
  *   AS_MAX_REGIONS  mmap-family allocations accounted here
  *   AS_RING_PAGES   ring buffer size in pages
  *   AS_PAGE_SIZE    the target's page size
- *   AS_WAIT_EXEC    launch mode: ignore everything until the target's exec
- *   AS_OFF_*        kernel struct offsets from the running kernel's BTF (tracer/bpf/kernel_btf.py)
- *   AS_SAMPLE_BYTES, AS_FAULTS + AS_FAULT_SAMPLE, AS_UNWIND_DWARF, AS_FLOOR: modes
+ *   AS_UNWIND_DWARF, AS_RSS_TRACEPOINT; AS_SESSION and AS_FAULTS (always: the uprobe-session and
+ *   residency programs are compiled in and loaded only where used)
  *
  * Stacks: user stacks are captured in return probes, where the first frame
  * is the return address into the caller, so the immediate caller is never
