@@ -11,6 +11,7 @@ import json
 import signal
 import socket
 import subprocess
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -136,6 +137,17 @@ class Prometheus:
         r = self.query(q)
         return float(r[0]["value"][1]) if len(r) == 1 else None
 
+    def until(self, q: str, ok, timeout: float) -> float:
+        """The value of `q` (one series) once `ok(value)` holds; fails with the last answer."""
+        end = time.monotonic() + timeout
+        last: list[dict] = []
+        while time.monotonic() < end:
+            last = self.query(q)
+            if len(last) == 1 and ok(float(last[0]["value"][1])):
+                return float(last[0]["value"][1])
+            time.sleep(0.5)
+        raise AssertionError(f"{q} in Prometheus after {timeout}s: {last}")
+
     def stop(self) -> None:
         self.p.kill()
         self.p.wait(10)
@@ -200,31 +212,21 @@ def test_prometheus_scrapes_watch(tmp_path, procs, tracers, prometheus):
 
     # the site's live bytes as Prometheus stored them: the daemon's own count, within one allocation
     site = 'allocscope_location_live_bytes{location=~"hold_blocks .*"}'
-    got = wait_for(
-        lambda: (v := prom.value(site)) is not None and abs(v - (main_bytes + waiter_bytes)) <= SIZE and v,
-        timeout=90,
-        what=f"{site} = {main_bytes + waiter_bytes} in Prometheus (last: {prom.query(site)})",
-    )
-    assert abs(got - (main_bytes + waiter_bytes)) <= SIZE
+    got = prom.until(site, lambda v: abs(v - (main_bytes + waiter_bytes)) <= SIZE, timeout=90)
+    assert abs(got - (main_bytes + waiter_bytes)) <= SIZE, (got, main_bytes + waiter_bytes)
     labels = prom.query(site)[0]["metric"]
     assert labels["pw"] == "2" and labels["job"] == "allocscope" and labels["instance"] == f"127.0.0.1:{port}"
     assert labels["location"].startswith("hold_blocks holder.c:"), labels
     rss = prom.value('allocscope_rss_bytes{pw="2"}')
     assert rss is not None and rss >= main_bytes + waiter_bytes
-    waiting = wait_for(
-        lambda: prom.value('allocscope_waiting_held_bytes{wait=~"wait_at_gate .*"}'), timeout=30, what="the waiter"
-    )
+    waiting = prom.until('allocscope_waiting_held_bytes{wait=~"wait_at_gate .*"}', lambda v: v > 0, timeout=30)
     assert abs(waiting - waiter_bytes) <= SIZE, (waiting, waiter_bytes)
     info = prom.query('allocscope_target_info{pw="2"}')
     trace = Path(info[0]["metric"]["trace"])
     assert info[0]["metric"]["pid"] == str(tgt.pid) and trace.parent == out and (trace / "meta.json").exists()
 
     tgt.kill()  # SIGKILL: watch stays, waiting for the next incarnation
-    wait_for(
-        lambda: prom.value('allocscope_target_ends_total{reason="killed",pw="2"}') == 1,
-        timeout=60,
-        what=f"ends_total killed = 1 (last: {prom.query('allocscope_target_ends_total')})",
-    )
+    prom.until('allocscope_target_ends_total{reason="killed",pw="2"}', lambda v: v == 1, timeout=60)
     assert prom.value('allocscope_up{pw="2"}') == 0
     assert prom.value('sum(allocscope_target_ends_total{pw="2"})') == 1
     assert tr.poll() is None, "watch keeps watching after its target was killed"
