@@ -209,8 +209,18 @@ def settle(mon: TracerMonitor, quiet: float = 0.05, window: float = 0.5, limit: 
 
 
 def record_cmd(python: str | Path, pid: int | str, out: Path, *args: str) -> list[str]:
-    """The command line `allocscope record -q --pid PID -o OUT ARGS`, run by `python`."""
+    """The command line `allocscope record -q --pid PID -o OUT ARGS`, run by `python`; with ARGS
+    starting with "watch": `allocscope watch -q --pid PID -o OUT REST` (OUT: its traces' directory)."""
+    if args[:1] == ("watch",):
+        return [str(python), "-m", "allocscope", "watch", "-q", "--pid", str(pid), "-o", str(out), *args[1:]]
     return [str(python), "-m", "allocscope", "record", "-q", "--pid", str(pid), "-o", str(out), *args]
+
+
+def first_interval(out: Path) -> bool:
+    """A recording's first snapshot is on disk (`watch`: in one of the traces under OUT)."""
+    return (out / "parts" / "intervals-000001.parquet").exists() or any(
+        out.glob("*.allocscope/parts/intervals-000001.parquet")
+    )
 
 
 def perf_by_symbol(data: Path) -> str:
@@ -253,7 +263,7 @@ def attach_allocscope(
     )
     mon = TracerMonitor(proc.pid, {pid})
     end = time.monotonic() + timeout
-    while not (out / "parts" / "intervals-000001.parquet").exists():
+    while not first_interval(out):
         if proc.poll() is not None or time.monotonic() > end:
             stop_process(proc)
             mon.stop()

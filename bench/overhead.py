@@ -83,6 +83,8 @@ ALLOCSCOPE_CONFIGS = {
 EXTRA_CONFIGS = {
     "allocscope-rsstp": ["--rss-tracepoint"],
     "allocscope-residency-rsstp": ["--mode", "residency", "--rss-tracepoint"],
+    "allocscope-watch": ["watch"],  # `allocscope watch --pid PID` in its default mode (residency)
+    "allocscope-watch-nowaits": ["watch", "--wait-min", "0"],
 }
 # which floor each mode is measured against
 FLOOR_OF = {
@@ -93,6 +95,8 @@ FLOOR_OF = {
     "allocscope-rsstp": "floor",
     "allocscope-residency": "floor-residency",
     "allocscope-residency-rsstp": "floor-residency",
+    "allocscope-watch": "floor-residency",
+    "allocscope-watch-nowaits": "floor-residency",
 }
 MEMLEAK_CONFIGS = {"memleak": [], "memleak-combined": ["--combined-only"], "memleak-s10": ["-s", "10"]}
 MEMLEAK_INTERVAL = "5"  # memleak-bpfcc's own default report interval
