@@ -70,7 +70,12 @@ def _rss_clause(doc: dict) -> str:
     parts.append(f"other anon {human_bytes(int(dec.get('other_anon_bytes') or 0))}")
     if dec.get("file_bytes"):
         parts.append(f"file {human_bytes(int(dec['file_bytes']))}")
-    return f"RSS {human_bytes(rss)} = " + " + ".join(parts) if dec else f"RSS {human_bytes(rss)}"
+    text = f"RSS {human_bytes(rss)} = " + " + ".join(parts) if dec else f"RSS {human_bytes(rss)}"
+    last = (doc["recording"].get("end") or {}).get("last_alive") or {}
+    end_s = (doc["recording"].get("end") or {}).get("time")
+    if last.get("elapsed_s") is not None and end_s is not None and end_s - last["elapsed_s"] >= 0.5:
+        text += f" (RSS last read alive at +{last['elapsed_s']:.1f}s)"  # a dead process has none
+    return text
 
 
 def _held_at_end(doc: dict) -> tuple[str, dict] | None:
