@@ -128,6 +128,37 @@ def test_top_k_bounds_the_locations(exporter):
     assert series(scrape(exp), "allocscope_location_live_bytes") == {(("location", CONFIG_SITE), ("pw", "12")): 9000}
 
 
+def test_a_stalled_exporter_merges_snapshots(exporter):
+    """While the exporter's thread is stuck (here: its first symbolization blocks), snapshots
+    are merged into the one waiting, not queued: once it runs again it handles a few and its
+    figures are exactly those of all 40."""
+    import threading
+
+    gate = threading.Event()
+
+    class Stuck(FakeSymbolizer):
+        def symbolize(self, *a, **kw):
+            gate.wait(30)
+            return super().symbolize(*a, **kw)
+
+    exp = exporter()
+    exp.metrics.sym = Stuck()
+    exp.target_started(7, "grower", None)
+    feed = Feed()
+    for k in range(1, 41):
+        upd = {(GROW, T_GROW, "heap"): (3333 * k, k, 0, 0, 3333 * k)}
+        if k == 20:
+            upd[(CONFIG, T_MAIN, "heap")] = (2000, 1, 0, 0, 2000)  # a stack first seen while stuck
+        exp.observe(feed.step(float(k), upd))
+    gate.set()
+    s = scrape(exp)
+    assert exp.snapshots <= 3, exp.snapshots
+    assert series(s, "allocscope_location_live_bytes") == {
+        (("location", GROW_SITE), ("pw", "12")): 40 * 3333,
+        (("location", CONFIG_SITE), ("pw", "12")): 2000,
+    }
+
+
 def test_allocator_split_sums_to_resident(exporter):
     """An attached recording without a census: what the allocator's mappings held at the attach
     is before_or_retained, never retained; a launched one: all free memory is retained."""

@@ -149,6 +149,40 @@ class _Collector:
         self.cost.add(t0)
 
 
+class Merged:
+    """Snapshots (tracer.record.snapshot.Snapshot) taken as one: the site counters are cumulative
+    and `sites` is the recorder's current table, so the latest snapshot with the union of the
+    changed keys and of the new stacks is what all of them were, in order."""
+
+    def __init__(self, snap) -> None:
+        self.seq, self.final, self.row, self.sites = snap.seq, snap.final, snap.row, snap.sites
+        self.changed = list(snap.changed)
+        self.stack_columns = {k: list(v) for k, v in snap.stack_columns.items()} if snap.stack_columns else None
+        self.names = dict(snap.names)
+        self.allocator = getattr(snap, "allocator", "")
+        self.allocators = getattr(snap, "allocators", ())
+        self.first_allocators = self.allocators  # the earliest rows: what was resident at the attach
+        self.blocked = getattr(snap, "blocked", ())
+        self.count = 1
+
+    def merge(self, snap) -> None:
+        self.seq, self.final, self.row, self.sites = snap.seq, snap.final, snap.row, snap.sites
+        seen = set(self.changed)
+        self.changed += [k for k in snap.changed if k not in seen]
+        if snap.stack_columns:
+            if self.stack_columns is None:
+                self.stack_columns = {k: list(v) for k, v in snap.stack_columns.items()}
+            else:
+                for k, v in snap.stack_columns.items():
+                    self.stack_columns[k] += list(v)
+        self.names.update(snap.names)
+        self.allocator = getattr(snap, "allocator", "") or self.allocator
+        self.allocators = getattr(snap, "allocators", ()) or self.allocators
+        self.first_allocators = self.first_allocators or self.allocators
+        self.blocked = getattr(snap, "blocked", ())
+        self.count += 1
+
+
 class MetricsExporter:
     """Serves a recording's metrics on `listen` (HOST:PORT) with the target's `labels` on every
     series and the top `top_k` locations and waits. `observe` is a recorder observer (cheap: a
@@ -181,6 +215,9 @@ class MetricsExporter:
                 raise UsageError(f"--metrics {listen}: no such local address") from None
             raise UsageError(f"--metrics {listen}: cannot listen there: {e.strerror or e}") from None
         self.address = self.server.server_address[:2]
+        self.lock = threading.Lock()
+        self.open: Merged | None = None  # the snapshot queued and not yet taken
+        self.snapshots = 0  # (merged) snapshots handled
         self.pump = Pump(self._handle, "allocscope-metrics")
         self.closed = False
 
@@ -189,14 +226,26 @@ class MetricsExporter:
         host, port = str(self.address[0]), int(self.address[1])
         return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
-    def observe(self, snap) -> None:  # in the recorder's thread: a queue put
-        self.pump.observe(("snap", snap))
+    def observe(self, snap) -> None:
+        """In the recorder's thread: a queue put, or, while the snapshot queued last is still
+        waiting (the exporter's thread is behind: a first symbolization, a busy box), merged
+        into it — the queue holds at most one snapshot per incarnation, whatever the delay."""
+        with self.lock:
+            if self.open is not None:
+                self.open.merge(snap)
+                return
+            self.open = Merged(snap)
+            self.pump.observe(("snap", self.open))
 
     def target_started(self, pid: int, comm: str, trace_path: str | None, launched: bool = False) -> None:
-        self.pump.observe(("start", (pid, comm, trace_path, launched)))
+        with self.lock:
+            self.open = None  # the next snapshot is the new incarnation's
+            self.pump.observe(("start", (pid, comm, trace_path, launched)))
 
     def target_ended(self, reason: str) -> None:
-        self.pump.observe(("end", reason))
+        with self.lock:
+            self.open = None
+            self.pump.observe(("end", reason))
 
     def _handle(self, item) -> None:
         t0 = time.thread_time()
@@ -209,6 +258,10 @@ class MetricsExporter:
         what, arg = item
         m = self.metrics
         if what == "snap":
+            with self.lock:
+                if self.open is arg:
+                    self.open = None  # taken: what comes next is queued anew
+            self.snapshots += 1
             if self.pid and not arg.final:
                 m.cgroup_limit = cgroup_limit(self.pid)
             m.update(arg)

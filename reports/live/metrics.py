@@ -174,8 +174,9 @@ class FleetMetrics:
         rows = getattr(snap, "allocators", ()) or ()
         if rows:
             self.allocators = tuple(rows)
-            if self.resident_at_attach is None:
-                self.resident_at_attach = {str(r[0]): int(r[3]) for r in rows}
+            if self.resident_at_attach is None:  # several snapshots handled as one: the first's rows
+                first = getattr(snap, "first_allocators", ()) or rows
+                self.resident_at_attach = {str(r[0]): int(r[3]) for r in first}
         if self.before_attach is None and not self.launched and self.census_tries < CENSUS_TRIES:
             self.census_tries += 1
             self.before_attach = census_before_attach(self.trace_path)
