@@ -2,7 +2,7 @@
 its own config and storage in a temporary directory, killed at the end and by `timeout` if the
 test dies) scrapes `allocscope watch --metrics` over a daemon holding known bytes at known
 places, and the figures are read back through Prometheus' HTTP query API; the daemon is then
-SIGKILLed and the end is counted. The trace the info metric names is read with DuckDB. The
+SIGKILLed and the end is counted, then started again: a restart, the new pid in the info metric. The trace the info metric names is read with DuckDB. The
 rule file passes `promtool check rules` and its unit tests. Without BPF: tests/test_metrics.py."""
 
 from __future__ import annotations
@@ -230,6 +230,13 @@ def test_prometheus_scrapes_watch(tmp_path, procs, tracers, prometheus):
     assert prom.value('allocscope_up{pw="2"}') == 0
     assert prom.value('sum(allocscope_target_ends_total{pw="2"})') == 1
     assert tr.poll() is None, "watch keeps watching after its target was killed"
+
+    # the daemon restarted (the same command line): a new incarnation, its own series
+    again = procs(exe)
+    again.expect("ready")
+    prom.until('allocscope_target_restarts_total{pw="2"}', lambda v: v == 1, timeout=60)
+    prom.until(f'allocscope_target_info{{pw="2",pid="{again.pid}"}}', lambda v: v == 1, timeout=30)
+    assert prom.value('allocscope_up{pw="2"}') == 1
     tr.send_signal(signal.SIGINT)
     assert tr.wait(60) == 0, tr.stderr.read()
 
