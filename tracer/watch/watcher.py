@@ -43,6 +43,7 @@ from ..record.signals import StopRequest
 if TYPE_CHECKING:
     from .gate import ExecGate
 
+DEBUG = bool(os.environ.get("ALLOCSCOPE_WATCH_DEBUG"))  # every exec the gate holds, and what is done with it
 SCAN_S = 1.0  # how often /proc is looked at for a matching process the gate did not hold
 FOLLOW_S = 10.0  # a held incarnation is stopped at each library the loader maps, this long after its exec
 WATCH_HOLD_S = 30.0  # a watched recording's small parts are written together this often (writer.py hold_s)
@@ -191,6 +192,9 @@ class Watcher:
         """In the gate's thread: a watched program was stopped at its exec."""
         gate = self.gate
         assert gate is not None
+        if DEBUG:
+            cmd = " ".join(procfs.cmdline(pid)) if os.path.exists(f"/proc/{pid}") else "(gone)"
+            self.progress(f"debug: pid {pid} held at its exec: {cmd!r}; traced now: {self.current}")
         if not self._matches(pid):
             gate.release(pid)  # same program name, another command line: not ours
             if not os.path.exists(f"/proc/{pid}"):
