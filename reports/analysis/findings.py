@@ -92,18 +92,30 @@ def rows_noun(by: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- report
+def held_bytes(r: dict, key: str) -> int:
+    """A row's `key` (live_bytes or at_peak_bytes) less its page-fault samples (source `fault`,
+    residency mode: first touches, cumulative, never freed): they are no live bytes, and the
+    live total the row is a share of has none. At the peak the samples taken by the end are
+    taken off (at most what it had then: at least 0)."""
+    fault = int((r.get("live_by_source") or {}).get("fault") or 0)
+    return max(0, int(r.get(key) or 0) - fault)
+
+
 def peak_holders(doc: dict) -> tuple[list[dict], int, bool]:
     """(rows named as holding the memory, the total they are a share of, at the peak?): by
     bytes at the peak when the report leads with the peak (at_peak.peak_first), else by live
-    bytes at the end."""
+    bytes at the end (`held_bytes`: page-fault samples left out)."""
     rows, _ = listed_rows(doc)
     first = bool((doc.get("at_peak") or {}).get("peak_first"))
     key = "at_peak_bytes" if first else "live_bytes"
     whole = int((doc.get("at_peak") or {}).get("live_bytes") or 0) if first else int(doc["totals"]["live_bytes"])
-    ranked = sorted((r for r in rows if r.get(key)), key=lambda r: -r[key])
+    ranked = sorted((r for r in rows if held_bytes(r, key)), key=lambda r: -held_bytes(r, key))
     named: list[dict] = []
     for r in ranked[:PEAK_MAX_HOLDERS]:
-        if named and (r[key] < PEAK_MIN_SHARE * whole or sum(x[key] for x in named) >= PEAK_ENOUGH_SHARE * whole):
+        if named and (
+            held_bytes(r, key) < PEAK_MIN_SHARE * whole
+            or sum(held_bytes(x, key) for x in named) >= PEAK_ENOUGH_SHARE * whole
+        ):
             break
         named.append(r)
     return named, whole, first
@@ -138,7 +150,9 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
     if not named:
         return None, False
     key = "at_peak_bytes" if first else "live_bytes"
-    parts = [f"{where_text(r)} held {human_bytes(r[key])} ({percent(r[key], whole)})" for r in named]
+    parts = [
+        f"{where_text(r)} held {human_bytes(held_bytes(r, key))} ({percent(held_bytes(r, key), whole)})" for r in named
+    ]
     if first:
         ap = doc["at_peak"]
         when = f"{ap['elapsed_s']:.1f}s" if ap.get("elapsed_s") is not None else f"interval {ap['seq']}"
@@ -154,7 +168,7 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
             {
                 "location": r.get("location"),
                 "function": r["frames"][0]["function"] if r.get("frames") else r.get("function"),
-                "bytes": int(r[key]),
+                "bytes": held_bytes(r, key),
             }
             for r in named
         ],

@@ -147,20 +147,38 @@ def still_owns(alloc: tuple[FrameInfo, ...], wait: tuple[FrameInfo, ...]) -> boo
     return k > 0 and len(a) - k <= OWN_MAX_DEPTH
 
 
-def _handoffs(trace: Trace) -> dict[int, dict[int, int]]:
-    """{allocating tid: {freeing tid: bytes}} of the threads whose freed allocations other threads
-    freed more of (in bytes) than they did themselves, over the whole recording (`flows`)."""
+def _handoffs(trace: Trace, names: dict[int, str]) -> dict[int, dict[int, int]]:
+    """{allocating tid: {freeing tid: bytes}} of the threads that hand their memory on: those of
+    a pool (one name pattern, `name_pattern`: synth-1..24 are synth-*) whose freed allocations
+    other threads freed more of (in bytes) than each allocating thread did itself, over the whole
+    recording (`flows`). Judged per pool, not per thread: a worker whose partitions are all still
+    live downstream at the end was never seen handing one on, its pool was. The freeing threads
+    are its own flows', else its pool's."""
     f = trace.final_flows()
     if f.empty:
         return {}
-    out: dict[int, dict[int, int]] = {}
-    own: dict[int, int] = defaultdict(int)
+    pool: dict[int, str] = {}
+    own: dict[str, int] = defaultdict(int)
+    other: dict[str, int] = defaultdict(int)
+    to: dict[int, dict[int, int]] = {}
+    pool_to: dict[str, dict[int, int]] = {}
     for a, b, n in zip(f["alloc_tid"].tolist(), f["free_tid"].tolist(), f["bytes"].tolist()):
-        if int(a) == int(b):
-            own[int(a)] += int(n)
-        elif int(n) > 0:
-            out.setdefault(int(a), {})[int(b)] = out.get(int(a), {}).get(int(b), 0) + int(n)
-    return {t: to for t, to in out.items() if sum(to.values()) > own.get(t, 0)}
+        a, b, n = int(a), int(b), int(n)
+        k = pool.setdefault(a, name_pattern([names.get(a, str(a))]))
+        if a == b:
+            own[k] += n
+        elif n > 0:
+            other[k] += n
+            to.setdefault(a, {})[b] = to.get(a, {}).get(b, 0) + n
+            pool_to.setdefault(k, {})[b] = pool_to.get(k, {}).get(b, 0) + n
+    handing = {k for k in other if other[k] > own.get(k, 0)}
+    s = trace.sites
+    tids = {int(t) for t in s["tid"].unique()} if not s.empty else set()
+    return {
+        t: to.get(t) or pool_to[k]
+        for t in tids | set(pool)
+        if (k := pool.get(t) or name_pattern([names.get(t, str(t))])) in handing
+    }
 
 
 def name_pattern(names: list[str]) -> str:
@@ -271,7 +289,7 @@ def held_while_waiting(trace: Trace, stacks: dict[int, tuple[FrameInfo, ...]], t
     bl = trace.blocked
     seqs = sorted(int(q) for q in bl["seq"].unique()) if not bl.empty else []
     held = _held_at(trace, {int(t) for t in bl["tid"].unique()} if seqs else set(), seqs)
-    handoffs = _handoffs(trace) if seqs else {}
+    handoffs = _handoffs(trace, names) if seqs else {}
     per_seq: dict[int, list[dict]] = {}
     for q, g in bl.groupby("seq") if seqs else ():
         rows = []
