@@ -338,6 +338,14 @@ def rich_trace(path: Path, pw: str) -> str:
     t.meta["sampling"] = {"sample_bytes": 4096}
     t.meta["probes"]["inject"] = {"tables_resident_bytes": 1 << 16}  # --inject: the agent's tables
     t.meta["waits"] = {"wait_min_ns": 1_000_000}
+    t.meta["end"] = {  # an OOM kill (tracer/process/ending.py)
+        "reason": "oom_killed",
+        "exit_code": None,
+        "signal": "SIGKILL",
+        "oom": {"scope": "cgroup", "cgroup": "/system.slice/synthd.service", "limit_bytes": 2 << 30},
+        "time": 3.5,
+        "last_alive": {"seq": 3, "elapsed_s": 3.0},
+    }
     t.meta["probes"]["allocators"] = [
         {
             "kind": "glibc",

@@ -80,7 +80,9 @@ def totals(trace: Trace) -> dict:
         "heap_live_bytes": int(last.get("heap_live_bytes", 0)),
         "mmap_live_bytes": int(last.get("mmap_live_bytes", 0)),
         "duration_s": float(last.get("elapsed_s", 0.0)),
-        "intervals": int(last["seq"]) - int(peak_rows(iv).sum()),
+        # the intervals the trace holds (watch --keep drops old ones: counted apart)
+        "intervals": len(iv) - int(peak_rows(iv).sum()),
+        "intervals_dropped": int((trace.meta.get("kept") or {}).get("dropped_intervals") or 0),
         "peak_snapshots": int(peak_rows(iv).sum()),
         "peak_margin_bytes": peak_margin(trace, max((_col_max(iv, c) for c in peak_cols), default=0)),
         "device_bytes": _last(last, "device_live_bytes"),

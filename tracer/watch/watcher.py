@@ -171,38 +171,34 @@ class Watcher:
 
     # --- finding incarnations -----------------------------------------------------------------
 
-    def _matches(self, pid: int) -> bool:
-        try:
-            args = procfs.cmdline(pid)
-        except OSError:
-            return False
-        return bool(args) and bool(self.rx.search(" ".join(args)))
-
     def _key(self, pid: int) -> tuple[int, int] | None:
         try:
             return pid, procfs.starttime(pid)
         except (OSError, ValueError, IndexError):
             return None
 
-    def _current_alive(self) -> bool:
-        cur = self.current
-        return cur is not None and procfs.is_alive(*cur)
-
     def _on_held(self, pid: int) -> None:
         """In the gate's thread: a watched program was stopped at its exec."""
         gate = self.gate
         assert gate is not None
+        try:
+            args = procfs.cmdline(pid)
+            gone = procfs.state(pid) in ("Z", "X", "x")
+        except (OSError, ValueError, IndexError):
+            args, gone = [], True
         if DEBUG:
-            cmd = " ".join(procfs.cmdline(pid)) if os.path.exists(f"/proc/{pid}") else "(gone)"
-            self.progress(f"debug: pid {pid} held at its exec: {cmd!r}; traced now: {self.current}")
-        if not self._matches(pid):
-            gate.release(pid)  # same program name, another command line: not ours
-            if not os.path.exists(f"/proc/{pid}"):
-                self.progress(f"pid {pid} ended while held at its exec, before it could be traced")
-            return
-        if self._current_alive():  # another instance beside the one traced: not followed
+            self.progress(f"debug: pid {pid} held at its exec: {' '.join(args)!r}; gone {gone}; traced: {self.current}")
+        if gone:
             gate.release(pid)
-            self.progress(f"pid {pid} started while pid {self.current[0]} is traced: let go, not traced")  # type: ignore[index]
+            self.progress(f"pid {pid} ended while held at its exec, before it could be traced")
+            return
+        if not self.rx.search(" ".join(args)):
+            gate.release(pid)  # same program name, another command line: not ours
+            return
+        cur = self.current
+        if cur is not None and procfs.is_alive(*cur):  # another instance beside the one traced: not followed
+            gate.release(pid)
+            self.progress(f"pid {pid} started while pid {cur[0]} is traced: let go, not traced")
             return
         self.pending.put((pid, True))
 
