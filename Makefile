@@ -32,7 +32,7 @@ cfi: venv $(CFI) ## the unwind-table decoder (plain C; without it pyelftools dec
 
 PREBUILT := probes/prebuilt/allocscope-bpf.json
 $(PREBUILT): $(filter-out probes/watch.bpf.c,$(wildcard probes/*.c probes/*.h)) tracer/bpf/source.py tracer/bpf/prebuilt.py tracer/bpf/kernel_btf.py | $(STAMP)
-	@$(PY) -m tracer.bpf.prebuilt $@
+	@$(PY) -m tracer.bpf.prebuilt $@ || echo 'make: the prebuilt probes were not built (see above): recordings compile them with BCC on this box (allocscope doctor)' >&2
 
 prebuilt: venv $(PREBUILT) ## the BPF programs compiled once (every option loads from them; no compile per run)
 

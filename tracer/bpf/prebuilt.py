@@ -618,8 +618,8 @@ def main(argv: list[str]) -> int:
     t = time.perf_counter()
     try:
         store = build(out)
-    except NotPrebuilt as e:
-        print(f"allocscope: prebuilt probes: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 (NotPrebuilt, or BCC's bare Exception when clang fails)
+        print(f"allocscope: prebuilt probes not built: {str(e).splitlines()[0] if str(e) else e!r}", file=sys.stderr)
         return 1
     size = out.stat().st_size
     print(
