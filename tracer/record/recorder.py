@@ -326,6 +326,11 @@ class Recorder:
             self.wall0 = time.time()
             if self.unwinder is not None:
                 self.unwinder.t0_ns = self.t0_ns  # `unwind.pending` times are since this
+            if not launched and not t.alive():  # it ended while the probes were attached: no trace
+                raise TargetError(
+                    f"process {t.pid} ({t.comm}) ended while allocscope was attaching ({self._ended_text()}); "
+                    "nothing was recorded"
+                )
             self._start_writer()
             self.started = True
             snaps = self.snapshots
