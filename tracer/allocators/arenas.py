@@ -102,28 +102,52 @@ def _read_words(pid: int, addrs: list[int]) -> list[int | None]:
 PFN_MASK = (1 << 55) - 1
 
 
-@lru_cache(maxsize=1)
-def zero_pfn() -> int | None:
-    """The page frame of the kernel's shared zero page (None when pagemap hides frames: no
-    CAP_SYS_ADMIN). A read of untouched anonymous memory maps it, and so does a read through
-    /proc/PID/mem (glibc's census reads every heap that way): present in pagemap, but no RSS."""
-    m = mmap.mmap(-1, PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+HUGE = 2 << 20  # a PMD's worth of pages: the huge zero page's span
+
+
+def _pfn_of(addr: int) -> int | None:
+    """The page frame mapped at `addr` in this process (None: not present, or frames hidden)."""
+    fd = os.open("/proc/self/pagemap", os.O_RDONLY)
     try:
-        _ = m[0]  # a read fault: the zero page is mapped
-        ref = ctypes.c_char.from_buffer(m)
-        addr = ctypes.addressof(ref)
-        del ref
-        fd = os.open("/proc/self/pagemap", os.O_RDONLY)
-        try:
-            e = int.from_bytes(os.pread(fd, 8, addr // PAGE * 8), "little")
-        finally:
-            os.close(fd)
-    except OSError:
-        return None
+        e = int.from_bytes(os.pread(fd, 8, addr // PAGE * 8), "little")
     finally:
-        m.close()
-    pfn = e & PFN_MASK
-    return pfn if e >> 63 and pfn else None
+        os.close(fd)
+    return (e & PFN_MASK) or None if e >> 63 else None
+
+
+@lru_cache(maxsize=1)
+def zero_pfns() -> tuple[int | None, int | None]:
+    """(the page frame of the kernel's shared zero page, the first frame of its huge zero page),
+    each None when not found (pagemap hides frames without CAP_SYS_ADMIN; no transparent huge
+    pages). A read of untouched anonymous memory maps one of them, and so does a read through
+    /proc/PID/mem (glibc's census reads every heap that way): present in pagemap, but no RSS."""
+    out: list[int | None] = []
+    for size, huge in ((PAGE, False), (2 * HUGE, True)):
+        try:
+            m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except OSError:
+            out.append(None)
+            continue
+        try:
+            ref = ctypes.c_char.from_buffer(m)
+            base = ctypes.addressof(ref)
+            del ref
+            at = (base + HUGE - 1) // HUGE * HUGE if huge else base
+            if huge:
+                m.madvise(mmap.MADV_HUGEPAGE, at - base, HUGE)
+            _ = m[at - base]  # a read fault: the zero page (a huge one where THP applies)
+            pfn = _pfn_of(at)
+            out.append(pfn if not huge or (pfn is not None and pfn != out[0] and pfn % 512 == 0) else None)
+        except (OSError, ValueError, AttributeError):
+            out.append(None)
+        finally:
+            m.close()
+    return out[0], out[1]
+
+
+def zero_pfn() -> int | None:
+    """The shared zero page's frame (zero_pfns)."""
+    return zero_pfns()[0]
 
 
 class Pagemap:
@@ -135,7 +159,7 @@ class Pagemap:
         self.budget = budget_pages
         self.pages_read = 0
         self.estimated = False
-        self.zero = zero_pfn()
+        self.zero, self.huge_zero = zero_pfns()
 
     def close(self) -> None:
         os.close(self.fd)
@@ -151,8 +175,12 @@ class Pagemap:
         self.pages_read += len(data) // 8
         arr = np.frombuffer(data[: len(data) // 8 * 8], dtype="<u8")
         present = (arr >> np.uint64(63)).astype(bool)
-        if self.zero is not None:
-            present &= (arr & np.uint64(PFN_MASK)) != np.uint64(self.zero)
+        if self.zero is not None or self.huge_zero is not None:
+            pfn = arr & np.uint64(PFN_MASK)
+            if self.zero is not None:
+                present &= pfn != np.uint64(self.zero)
+            if self.huge_zero is not None:
+                present &= (pfn < np.uint64(self.huge_zero)) | (pfn >= np.uint64(self.huge_zero + 512))
         return int(np.count_nonzero(present))
 
     def resident(self, start: int, end: int, budget: int | None = None) -> int:
