@@ -145,11 +145,6 @@ def zero_pfns() -> tuple[int | None, int | None]:
     return out[0], out[1]
 
 
-def zero_pfn() -> int | None:
-    """The shared zero page's frame (zero_pfns)."""
-    return zero_pfns()[0]
-
-
 class Pagemap:
     """Resident bytes of address ranges of one process, from /proc/PID/pagemap: present pages,
     the shared zero page left out (it is no RSS; a read through /proc/PID/mem maps it)."""
