@@ -4,7 +4,8 @@
   an anonymous mapping aligned to 64 MiB (HEAP_MAX_SIZE on 64-bit), its unused tail reserved
   PROT_NONE. The 8 bytes at its start are `heap_info.ar_ptr`, read from /proc/PID/mem — the only
   target memory allocscope reads — to group several heaps of one arena.
-* Residency comes from /proc/PID/pagemap (bit 63: present) for those ranges only: 8 bytes read per
+* Residency comes from /proc/PID/pagemap (bit 63: present; the kernel's zero pages, which a read
+  of an untouched page maps, left out: zero_pfns) for those ranges only: 8 bytes read per
   4 KiB page, never a walk of every mapping like /proc/PID/smaps (seconds on a 200 GB daemon,
   holding its mmap lock). A per-call page budget bounds the cost; above it, evenly spaced
   windows are sampled and the result is marked estimated.
