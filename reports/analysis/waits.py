@@ -125,13 +125,15 @@ OWN_MAX_DEPTH = 4  # still_owns: how far out from the allocating location the st
 
 def still_owns(alloc: tuple[FrameInfo, ...], wait: tuple[FrameInfo, ...]) -> bool:
     """Whether a thread blocked at the folded wait stack `wait` still holds a block allocated at
-    the folded site `alloc` (both innermost first) as its own work in progress: compared from the
-    outermost frame, where the two stacks first differ they are in one function (a function
-    that called both the allocation and the wait, e.g. a worker loop or a job), that function is
-    the allocating location itself or its caller, and the wait comes after the allocation in it
-    (a greater line; unknown lines: yes). A thread whose stacks part further out (an idle pool
-    thread: the job that allocated has returned) or that waits before the allocating line (at
-    the top of its next iteration) has passed what it allocated on."""
+    the folded site `alloc` (both innermost first) as its own work in progress. Compared from the
+    outermost frame, the stacks part in a function that called both the allocation and the wait
+    (a worker loop, a job; rayon's map_fold closure, `g(acc, f(elt))`, calling the map closure
+    and then the for_each one), at most OWN_MAX_DEPTH frames out from the allocating location:
+    at two lines of it, the wait after the allocation (a greater line; unknown lines: yes), or at
+    one line (one expression). A thread whose stacks part further out (an idle pool thread: the
+    job that allocated has returned to the pool's main loop) or that waits before the allocating
+    line (at the top of its next iteration) has passed what it allocated on; one blocked inside
+    the allocating code still owns it."""
     a, w = alloc[::-1], wait[::-1]
     k = 0
     while k < len(a) and k < len(w) and a[k] == w[k]:
@@ -182,8 +184,8 @@ def _handoffs(trace: Trace, names: dict[int, str]) -> dict[int, dict[int, int]]:
 
 
 def name_pattern(names: list[str]) -> str:
-    """'synth-*' for synth-1..synth-24, 'gpu/finalizer' for two distinct names: digit runs as *,
-    the distinct patterns joined by '/', most frequent first (at most 4)."""
+    """'synth-*' for synth-1..synth-24, 'finalizer/gpu' for those two names: digit runs as *, the
+    distinct patterns joined by '/', most frequent first, then by name (at most 4)."""
     counts: dict[str, int] = {}
     for n in names:
         k = re.sub(r"\d+", "*", n)
