@@ -181,13 +181,19 @@ NET = re.compile(
 )
 
 
+# The one exception: `--metrics HOST:PORT` (issue 44, docs/fleet.md) serves Prometheus from this
+# module, and only when asked.
+SERVES_METRICS = ROOT / "allocscope" / "cli" / "metrics.py"
+
+
 def test_no_network_code_anywhere():
-    """The tracer and the reports open no socket, bind nothing, listen nowhere, fetch nothing."""
+    """The tracer and the reports open no socket, bind nothing, listen nowhere, fetch nothing
+    (the --metrics exporter aside)."""
     hits = []
     for pkg in ("allocscope", "tracer", "reports", "probes"):
         for dirpath, _, files in os.walk(ROOT / pkg):
             for f in files:
-                if f.endswith((".py", ".c", ".h")):
+                if f.endswith((".py", ".c", ".h")) and Path(dirpath, f) != SERVES_METRICS:
                     text = Path(dirpath, f).read_text(encoding="utf-8", errors="replace")
                     hits += [f"{pkg}/{f}: {m.group(0).strip()}" for m in NET.finditer(text)]
     assert not hits, hits
