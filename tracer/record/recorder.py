@@ -331,6 +331,9 @@ class Recorder:
                     f"process {t.pid} ({t.comm}) ended while allocscope was attaching ({self._ended_text()}); "
                     "nothing was recorded"
                 )
+            # the names before the trace is announced (meta.json): a test or a user acting on it at
+            # once (exec renames the thread) must not find the new name taken for the old one's
+            self.snapshots.threads.seen(1, self.t0_ns, procfs.thread_names(t.pid) if not launched else {})
             self._start_writer()
             self.started = True
             snaps = self.snapshots
@@ -339,7 +342,6 @@ class Recorder:
                     target=snaps.census, args=("attach",), name="census", daemon=True
                 )
                 snaps.census_thread.start()  # beside the loop: the ring keeps being drained
-            self.snapshots.threads.seen(1, self.t0_ns, procfs.thread_names(t.pid) if not launched else {})
             release(t)
             self.progress(f"recording pid {t.pid} ({t.comm}); allocator {alloc.kind} {alloc.path}; Ctrl-C to stop")
             self._loop(probes)
