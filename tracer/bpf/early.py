@@ -30,9 +30,13 @@ class EarlyProbes:
 
     def _build(self) -> None:
         try:
+            t = time.perf_counter()
             from .probes import Probes  # noqa: PLC0415 (imports bcc)
 
+            imported = time.perf_counter() - t
             self._probes = Probes(self.pid, self.opts, launched=self.launched)
+            program = self._probes.program
+            program.timings = {"import the probes' modules (in the thread)": imported, **program.timings}
         except BaseException as e:  # noqa: BLE001 (re-raised in the thread that takes the result)
             self._error = e
         self.seconds = time.perf_counter() - self.t_start

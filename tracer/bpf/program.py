@@ -229,13 +229,14 @@ class Program:
         self.fault_prog: Any = None  # residency mode: fault_sample, loaded (a BCC function)
         self.unwind = self.options.unwind  # "fp" when the verifier refused the DWARF unwinder
         self.unwind_error = ""  # why DWARF unwinding fell back to frame pointers, if it did
+        t0 = time.perf_counter()
         self.rss_tracepoint = self.options.rss_tracepoint
         if not self.rss_tracepoint:
             try:
                 rss_offsets()
             except (OSError, LookupError):
                 self.rss_tracepoint = True  # this kernel's BTF does not say where the counter is
-        self.timings: dict[str, float] = {}  # start-up phases: name -> seconds (Recorder --verbose)
+        self.timings: dict[str, float] = {"kernel BTF (offsets)": time.perf_counter() - t0}  # name -> s (--verbose)
         t = time.perf_counter()
         bcc = _import_bcc()
         self.timings["import bcc"] = time.perf_counter() - t
@@ -270,7 +271,9 @@ class Program:
         cache of programs compiled on this box (tracer/bpf/cache.py), else compiled by clang (and
         cached). Either way the maps are created here and the tracepoint programs attached."""
         bcc = self.bcc
+        t = time.perf_counter()
         flags, consts = probe_config(self.options, launched, unwind, self.rss_tracepoint, self.pid)
+        self.timings["the program's parameters (kernel BTF)"] = time.perf_counter() - t
         t = time.perf_counter()
         if os.environ.get("ALLOCSCOPE_PREBUILT") != "0":
             try:
