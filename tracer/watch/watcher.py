@@ -355,6 +355,7 @@ class Watcher:
             self.stop.finalizing = False
             if self.listener is not None and reason is not None:
                 self.listener.target_ended(reason)
+        give_back_memory()
         if self.stop.reason is None and time.monotonic() - t0 < 0.5:
             time.sleep(0.2)  # a pid that ends at once: the gate's next event, not a busy loop
 
@@ -378,6 +379,26 @@ class Watcher:
             self.listener.observe(snap)
         for obs in self.observers:
             obs(self, snap)
+
+
+def give_back_memory() -> None:
+    """Between incarnations, what the last recording freed goes back to the system: the
+    cyclic garbage, Arrow's pool, and glibc's arenas (the recording's threads each had one).
+    Without it a watch grew ~4.5 MiB per incarnation (bench/watch_soak.py)."""
+    import ctypes  # noqa: PLC0415
+    import gc  # noqa: PLC0415
+
+    gc.collect()
+    try:
+        import pyarrow as pa  # noqa: PLC0415
+
+        pa.default_memory_pool().release_unused()
+    except Exception:  # noqa: BLE001 - an older pyarrow: nothing to give back there
+        pass
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _reason_of(e: AllocscopeError) -> str | None:
