@@ -2,8 +2,9 @@
 its own config and storage in a temporary directory, killed at the end and by `timeout` if the
 test dies) scrapes `allocscope watch --metrics` over a daemon holding known bytes at known
 places, and the figures are read back through Prometheus' HTTP query API; the daemon is then
-SIGKILLed and the end is counted, then started again: a restart, the new pid in the info metric. The trace the info metric names is read with DuckDB. The
-rule file passes `promtool check rules` and its unit tests. Without BPF: tests/test_metrics.py."""
+SIGKILLed and the end is counted, then started again: a restart, the new pid in the info metric.
+The trace the info metric names is read with DuckDB. The rule file passes `promtool check rules`
+and its unit tests. Without BPF: tests/test_metrics.py."""
 
 from __future__ import annotations
 
