@@ -200,12 +200,19 @@ def test_watcher_killed_leaves_no_daemon_stopped(targets, procs, watches, tmp_pa
     exe = targets["restartd"]
     w = watches("--pgrep", f"^{exe} hold", "-o", tmp_path / "t", "--interval", "0.5")
     w.expect("watching", 240)
+    from tracer.bpf.objects import prog_exists, tracer_objects
+
+    gate = tracer_objects(w.p.pid)["progs"]  # the gate's programs
+    assert gate
     d = procs(exe, "hold", 4)
     wait_for(lambda: state(d.pid) in ("T", "t"), timeout=10, what="held at its exec")
+    progs = gate | tracer_objects(w.p.pid)["progs"]
     w.p.send_signal(signal.SIGKILL)  # while the probes attach to the held daemon
     w.p.wait(10)
     assert held_line(d) == (4 * BLOCK, 4)  # the guardian let it go: it ran
     assert state(d.pid) in ("S", "R")
+    # no BPF program of the watch is left loaded (the gate's and the recording's, whatever it had)
+    wait_for(lambda: not any(prog_exists(p) for p in progs), timeout=10, what="the watch's programs gone")
 
 
 def test_record_pid_target_dies_during_attach(targets, procs, tmp_path):
