@@ -120,6 +120,7 @@ class Recorder:
         self.bpf_stats: dict = {}
         self.injection: Injection | None = None  # --inject: the agent in the target
         self.hold_s: float | None = None  # the writer's hold (None: HOLD_S under --inject, else none)
+        self.observer_polls = True  # the observer needs the loop's 100 ms wakes (`top`: its keys); watch: no
         self.watch: Any = None  # the Watcher recording this incarnation (tracer/watch/), if any
         # watch: called once a code mapping's maps and unwind rows are in (the gate holds the loader)
         self.on_code_mapped: Callable[[], None] | None = None
@@ -427,7 +428,7 @@ class Recorder:
         Each wake costs the tracer ~0.1 ms of CPU (issue 33)."""
         if (
             self.group_exit
-            or self.observer is not None
+            or (self.observer is not None and self.observer_polls)
             or self.target.child is not None
             or (self.unwinder is not None and self.unwinder.waiting())
         ):

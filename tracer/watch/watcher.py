@@ -331,6 +331,7 @@ class Watcher:
         rec.hold_s = WATCH_HOLD_S if opts.interval < WATCH_HOLD_S else 0.0
         rec.watch = self  # tracer/watch/keep.py and triggers.py reach the watch's options through it
         rec.on_code_mapped = rec_hook
+        rec.observer_polls = False  # its observers are queued work: no 100 ms wakes for them
         self.recorder = rec
         reason = None
         try:
