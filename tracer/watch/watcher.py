@@ -36,6 +36,7 @@ from common.tracefile import format as F
 
 from ..base.options import RecordOptions
 from ..process import procfs
+from ..process.ending import describe_end
 from ..process.target import target_from_pid
 from ..record.recorder import Recorder, Summary
 from ..record.signals import StopRequest
@@ -341,7 +342,9 @@ class Watcher:
         except AllocscopeError as e:
             inc.error = str(e)
             self.progress(f"pid {pid}: {e}")
-            reason = _reason_of(e)
+            if isinstance(e, TargetError) and "ended while" in str(e):  # before its recording began
+                target.alive()
+                reason = describe_end("target exited", target.exit_status, None)["reason"]
         finally:
             if rec.early is not None:
                 rec.early.discard()
@@ -400,8 +403,3 @@ def give_back_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-def _reason_of(e: AllocscopeError) -> str | None:
-    """The end reason of an incarnation that ended before its recording began."""
-    return "exited" if isinstance(e, TargetError) and "ended while" in str(e) else None
