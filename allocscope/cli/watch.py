@@ -100,7 +100,7 @@ def few_arenas(n: int = 2) -> None:
     "--no-hold",
     is_flag=True,
     help="Never stop a new incarnation at its exec: attach when it is found (within a second; what it "
-    "allocated before is not seen).",
+    "allocated before is not seen). Implied by --inject (it patches an allocator already mapped).",
 )
 @click.option(
     "--label",
@@ -186,7 +186,9 @@ def watch(
         max_traces=max_traces,
         when_rss=rss,
         on_trigger=on_trigger,
-        hold=not no_hold,
+        # --inject patches an allocator the process has mapped: a process held at its exec has none
+        # yet, so under --inject new incarnations are attached when found (within a second)
+        hold=not no_hold and not opts.inject,
         comms=list(comms),
     )
     say = (lambda msg: None) if quiet else progress
