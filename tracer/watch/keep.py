@@ -12,6 +12,10 @@ old one). What is always kept, whatever was dropped:
   `intervals` row and blocked threads;
 * everything that is not per interval: stacks, threads, events, census, purges, symbols, live.
 
+The parts older than 10 minutes (or --keep, the shorter) are merged into one part per table at
+the same step (the reader takes a part's rows after its table's part before it: format version
+6), so a trace holds a few dozen files however long it runs.
+
 Rows kept for a pinned interval P are written with seq P (the state as of P), so the reports read
 a dropped range as a gap in the timeline. meta.json's `kept` says what was dropped:
 {keep_s, dropped_intervals, dropped_through_seq, dropped_through_s, compactions, pinned}; the
@@ -41,6 +45,7 @@ KEYED = {  # cumulative tables: the last row of each key up to a pinned interval
 SNAPSHOTS = ("maps", "heaps")  # whole snapshots: the last one up to a pinned interval
 AT_SEQ = ("blocked",)  # rows of the pinned intervals themselves
 REDUCED = ("intervals", *KEYED, *SNAPSHOTS, *AT_SEQ)
+MERGE_S = 600.0  # parts older than this (or than --keep) are merged into one per table: few files
 
 
 def period(keep_s: float) -> float:
@@ -63,7 +68,10 @@ def install(watcher) -> None:
             return
         st["next"] = time.monotonic() + period(w.w.keep_s)
         try:
-            cut(rec, w.w.keep_s)
+            if cut(rec, w.w.keep_s) and rec.kept:
+                from ..record.meta import trace_meta  # noqa: PLC0415
+
+                rec.writer.write_meta(trace_meta(rec, False))  # what was dropped, said at once
         except Exception as e:  # noqa: BLE001 - the history stays longer; the recording goes on
             w.progress(f"--keep: could not drop old intervals ({type(e).__name__}: {str(e)[:120]})")
 
@@ -109,9 +117,10 @@ def _as_of(tab: pa.Table, p: int, keys: tuple[str, ...] | None) -> pa.Table:
     return rows.set_column(rows.schema.get_field_index("seq"), "seq", seq)
 
 
-def cut(rec, keep_s: float) -> bool:
-    """Drop the intervals of `rec`'s trace older than keep_s (see the module docstring). Returns
-    whether anything was dropped."""
+def cut(rec, keep_s: float, merge_s: float | None = None) -> bool:
+    """Drop the intervals of `rec`'s trace older than keep_s, and merge the parts older than
+    merge_s (default: MERGE_S or keep_s, the smaller) into one part per table (see the module
+    docstring). Returns whether the parts directory was replaced."""
     w = rec.writer
     if not isinstance(w, TraceWriter):
         return False
@@ -120,56 +129,74 @@ def cut(rec, keep_s: float) -> bool:
     ivals = parts.get("intervals") or []
     if len(ivals) < 2:
         return False
-    horizon = time.monotonic_ns() - int(keep_s * 1e9)
+    now = time.monotonic_ns()
+    horizon = now - int(keep_s * 1e9)
+    merge_horizon = now - int(min(MERGE_S, keep_s) if merge_s is None else merge_s) * 1_000_000_000
     base = dict(getattr(rec, "kept", None) or {})
     done_through = int(base.get("dropped_through_seq") or 0)
     # C: the newest `intervals` part whose rows are all older than the horizon (parts end at
-    # interval boundaries, for every table alike: writer.py), never the newest part
+    # interval boundaries, for every table alike: writer.py), never the newest part; M likewise
+    # for the merge
     tab = _read(w.parts_fd, [n for _, n in ivals])
     assert tab is not None
     last_ts = {int(s): int(t) for s, t in zip(tab["seq"].to_pylist(), tab["ts_ns"].to_pylist())}
     cands = [seq for seq, _ in ivals[:-1] if last_ts.get(seq, horizon) < horizon and seq > done_through]
-    if not cands:
-        return False
-    c = max(cands)
+    mcands = [seq for seq, _ in ivals[:-1] if last_ts.get(seq, merge_horizon) < merge_horizon]
+    c = max(cands) if cands else 0
+    pinned: list[int] = []
+    n_dropped = 0
     dropped = tab.filter(pc.less_equal(tab["seq"], c))
-    lives = dropped["live_bytes"].to_pylist()
-    seqs = dropped["seq"].to_pylist()
-    peak = max(zip(lives, seqs))[1] if seqs else c
-    triggers = [t["seq"] for t in getattr(rec, "triggers", []) if t.get("seq") and t["seq"] <= c]
-    pinned = sorted({c, peak, *triggers})
-    n_dropped = sum(1 for s in seqs if s not in set(pinned))
-    if n_dropped == 0:
+    if c:
+        lives = dropped["live_bytes"].to_pylist()
+        seqs = dropped["seq"].to_pylist()
+        peak = max(zip(lives, seqs))[1] if seqs else c
+        triggers = [t["seq"] for t in getattr(rec, "triggers", []) if t.get("seq") and t["seq"] <= c]
+        pinned = sorted({c, peak, *triggers})
+        n_dropped = sum(1 for s in seqs if s not in set(pinned))
+        if n_dropped == 0:
+            c = 0
+    m = max(mcands) if mcands else 0
+
+    def lows(table: str) -> int:
+        return c if c and table in REDUCED else 0
+
+    merging = {t for t, plist in parts.items() if sum(1 for s, _ in plist if lows(t) < s <= m) > 1}
+    if not c and not merging:
         return False
+
+    def write(fd_dir: int, table: str, seq: int, out: pa.Table) -> None:
+        name = F.part_name(table, seq)
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd_dir)
+        with os.fdopen(fd, "wb") as f:
+            pq.write_table(out, f, **parquet_options(table, None))
+            f.flush()
+            os.fsync(f.fileno())
 
     def fill(newfd: int, oldfd: int) -> None:
         for table, plist in parts.items():
-            old = [(s, n) for s, n in plist if s <= c]
-            keep = [n for s, n in plist if s > c]
-            if table not in REDUCED or not old:
-                keep = [n for _, n in plist]
-                old = []
-            for n in keep:
-                os.link(n, n, src_dir_fd=oldfd, dst_dir_fd=newfd)
-            if not old:
-                continue
-            t = _read(oldfd, [n for _, n in old])
-            assert t is not None
-            if table == "intervals" or table in AT_SEQ:
-                out = t.filter(pc.is_in(t["seq"], pa.array(pinned, t.schema.field("seq").type)))
-            else:
-                keys = KEYED.get(table)
-                out = pa.concat_tables([_as_of(t, p, keys) for p in pinned])
-            if out.num_rows == 0 and table != "intervals":
-                continue
-            name = F.part_name(table, c)
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=newfd)
-            with os.fdopen(fd, "wb") as f:
-                pq.write_table(out, f, **parquet_options(table, None))
-                f.flush()
-                os.fsync(f.fileno())
+            lo = lows(table)
+            old = [(s, n) for s, n in plist if s <= lo]
+            mid = [(s, n) for s, n in plist if lo < s <= m] if table in merging else []
+            for s, n in plist:
+                if s > lo and (s, n) not in mid:
+                    os.link(n, n, src_dir_fd=oldfd, dst_dir_fd=newfd)
+            if old:
+                t = _read(oldfd, [n for _, n in old])
+                assert t is not None
+                if table == "intervals" or table in AT_SEQ:
+                    out = t.filter(pc.is_in(t["seq"], pa.array(pinned, t.schema.field("seq").type)))
+                else:
+                    out = pa.concat_tables([_as_of(t, p, KEYED.get(table)) for p in pinned])
+                if out.num_rows or table == "intervals":
+                    write(newfd, table, c, out)
+            if mid:  # one part of their rows, named with the last: the rows after the part before it
+                t = _read(oldfd, [n for _, n in mid])
+                assert t is not None
+                write(newfd, table, mid[-1][0], t)
 
     w.replace_parts(fill)
+    if not c:
+        return True
     elapsed = dropped["elapsed_s"].to_pylist()
     rec.kept = {
         "keep_s": keep_s,
@@ -179,7 +206,4 @@ def cut(rec, keep_s: float) -> bool:
         "compactions": int(base.get("compactions") or 0) + 1,
         "pinned": pinned,
     }
-    from ..record.meta import trace_meta  # noqa: PLC0415
-
-    w.write_meta(trace_meta(rec, False))
     return True
