@@ -293,19 +293,24 @@ class Proc:
     """A target process whose stdout lines can be awaited (a reader thread queues them: select()
     on a buffered pipe would miss lines already read ahead)."""
 
-    def __init__(self, argv: list, **popen_kw) -> None:
+    def __init__(self, argv: list, read: str = "stdout", **popen_kw) -> None:
+        """`read`: the stream whose lines expect() waits for (stdout, or stderr: `allocscope watch`)."""
         popen_kw.setdefault("stderr", subprocess.PIPE)
-        self.p = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE, text=True, **popen_kw)
+        popen_kw.setdefault("stdout", subprocess.PIPE)
+        self.p = subprocess.Popen([str(a) for a in argv], text=True, **popen_kw)
         self.pid = self.p.pid
         self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self.said: list[str] = []  # every line read so far
+        threading.Thread(target=self._pump, args=(getattr(self.p, read),), daemon=True).start()
 
-    def _pump(self) -> None:
-        for line in self.p.stdout:
+    def _pump(self, stream) -> None:
+        for line in stream:
+            self.said.append(line)
             self.lines.put(line)
         self.lines.put(None)  # EOF
 
-    def expect(self, prefix: str, timeout: float = 60) -> str:
+    def expect(self, prefix: str, timeout: float = 60, anywhere: bool = False) -> str:
+        """The next line that starts with `prefix` (`anywhere`: holds it), skipping the others."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             try:
@@ -314,9 +319,12 @@ class Proc:
                 break
             if line is None:
                 break
-            if line.startswith(prefix):
+            if line.startswith(prefix) or (anywhere and prefix in line):
                 return line
-        raise AssertionError(f"target did not print {prefix!r} (rc={self.p.poll()})")
+        raise AssertionError(self.missed(prefix))
+
+    def missed(self, what: str) -> str:
+        return f"target did not print {what!r} (rc={self.p.poll()})"
 
     def signal(self, sig: int) -> None:
         os.kill(self.pid, sig)

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from support import ROOT, cli, report_json, wait_for
+from support import ROOT, Proc, cli, report_json, wait_for
 
 pytestmark = pytest.mark.bpf
 
@@ -29,54 +27,32 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 CHUNK = (BLOCK + 16 + PAGE - 1) // PAGE * PAGE  # glibc's mmapped chunk of one block: header, pages
 
 
-class Watch:
-    """`allocscope watch ARGS` with its stderr lines awaited in order."""
+class Watch(Proc):
+    """`allocscope watch ARGS` with its stderr lines awaited in order (anywhere in a line)."""
 
     def __init__(self, *args) -> None:
-        self.p = subprocess.Popen(
-            [sys.executable, "-X", "faulthandler", "-m", "allocscope", "watch", *map(str, args)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=str(ROOT),
-        )
-        self.lines: queue.Queue = queue.Queue()
-        self.all: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
+        cmd = [sys.executable, "-X", "faulthandler", "-m", "allocscope", "watch", *map(str, args)]
+        super().__init__(cmd, read="stderr", cwd=str(ROOT))
 
-    def _pump(self) -> None:
-        for line in self.p.stderr:
-            self.all.append(line)
-            self.lines.put(line)
-        self.lines.put(None)
+    @property
+    def all(self) -> list[str]:
+        return self.said
 
-    def expect(self, needle: str, timeout: float = 60) -> str:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            try:
-                line = self.lines.get(timeout=max(0.01, end - time.monotonic()))
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            if needle in line:
-                return line
+    def expect(self, needle: str, timeout: float = 60, anywhere: bool = True) -> str:
+        return super().expect(needle, timeout, anywhere)
+
+    def missed(self, what: str) -> str:
         if self.p.poll() is None:  # where it is: every thread's stack (faulthandler), then the lines
             self.p.send_signal(signal.SIGABRT)
             self.p.wait(10)
             time.sleep(0.3)
-        raise AssertionError(f"watch did not say {needle!r}; it said:\n{''.join(self.all)}")
+        return f"watch did not say {what!r}; it said:\n{''.join(self.said)}"
 
     def stop(self) -> int:
         self.p.send_signal(signal.SIGINT)
         rc = self.p.wait(60)
         time.sleep(0.1)
         return rc
-
-    def kill(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(10)
 
 
 @pytest.fixture
