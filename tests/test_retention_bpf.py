@@ -75,7 +75,7 @@ def _record(retain: Path, tmp_path: Path, tracers, name: str) -> tuple[Path, dic
         tgt.signal(signal.SIGUSR1)
         freed = _truth(tgt.expect("truth "))
         tgt.expect("freed")
-        time.sleep(1.3)  # two intervals with the target still
+        time.sleep(2.5)  # intervals with the target still (five: a loaded box may lag one or two)
         tgt.signal(signal.SIGUSR1)
         purged = _truth(tgt.expect("truth "))
         tgt.expect("purged")
