@@ -55,7 +55,9 @@ def test_handed_on_partitions_are_not_held_by_idle_threads(targets, procs, trace
     assert {t["tid"]: t["handed_on_bytes"] for t in take["thread_list"]} == {v["tid"]: v["live"] for v in idle.values()}
     assert (take["allocated_by"], take["passed_to_names"]) == ("synth-*", "finalizer"), take
     assert [h["function"] for h in take["handed_on"]] == ["make_partition"]
-    assert pk["held_bytes"] < 4 * PART  # the senders' partitions (and main's stdio buffer), nothing more
+    # the senders' partitions (and main's stdio buffer), nothing more: how many the senders made is
+    # timing (a sender may have an earlier one still live downstream), their count is the daemon's
+    assert send["held_bytes"] <= pk["held_bytes"] < send["held_bytes"] + (64 << 10), (pk["held_bytes"], send)
     # the findings and the text say so
     assert not any("take_job" in f["text"] for f in rep["findings"]), rep["findings"]
     text = cli("report", str(out), check=True).stdout
