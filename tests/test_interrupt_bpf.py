@@ -28,7 +28,9 @@ def _old_trace(path: Path) -> bytes:
 @pytest.fixture
 def compiling(monkeypatch):
     """Start-up long enough to be interrupted: the probes compiled by BCC (several seconds here),
-    not loaded from the object cache (well under a second, which a fixed delay would miss)."""
+    neither loaded from the prebuilt store nor from the object cache (live within about a second,
+    which a fixed delay would miss: CI's SIGINT at 1.0 s once came after the probes were live)."""
+    monkeypatch.setenv("ALLOCSCOPE_PREBUILT", "0")
     monkeypatch.setenv("ALLOCSCOPE_BPF_CACHE", "0")
 
 

@@ -63,9 +63,12 @@ def _record(retain: Path, tmp_path: Path, tracers, name: str) -> tuple[Path, dic
     if lib:
         env["LD_PRELOAD"] = need([lib], f"{name} (a Debian package make setup installs)")
     if name.startswith("mimalloc"):
-        # mimalloc purges freed pages on its own 10 ms after (at its next call): the truth printed
-        # after the frees could shrink before the tracer reads it. Only the purge call purges now
-        # (mi_collect(true) forces it).
+        # mimalloc decommits freed pages on its own, 25 ms (pages) and 500 ms (segments) after, at
+        # its next call (printf's own malloc will do): the truth printed after the frees could
+        # shrink before the tracer reads it (CI read 11 % less once). Only the purge call purges
+        # now: mi_collect(true) forces it. Debian's 2.0.9 names the delays decommit_delay and
+        # segment_decommit_delay; 2.1 and later purge_delay.
+        env["MIMALLOC_DECOMMIT_DELAY"] = env["MIMALLOC_SEGMENT_DECOMMIT_DELAY"] = "100000"
         env["MIMALLOC_PURGE_DELAY"] = "100000"
     tgt = Proc([retain, *args], env=env, stdin=__import__("subprocess").PIPE)
     try:
