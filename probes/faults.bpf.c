@@ -11,7 +11,7 @@ int fault_sample(struct bpf_perf_event_data *ctx)
         return 0;
     count(AS_CNT_FAULT_SAMPLES, 1);
     u64 ip = 0, sp = 0, bp = 0;
-    fault_regs(&ip, &sp, &bp);
+    syscall_regs(&ip, &sp, &bp);
     u64 sid = scache_lookup(ip, sp, bp);
     if (sid) {
         fault_charge(sid);
@@ -30,8 +30,13 @@ int fault_unwind(struct bpf_perf_event_data *ctx)
     if (!p)
         return 0;
     u64 ip = 0, sp = 0, bp = 0;
-    fault_regs(&ip, &sp, &bp);
-    p->sid = unwind_store(ip, sp, bp, 1);
+    syscall_regs(&ip, &sp, &bp);
+    u64 sid = 0;
+    if (!unwind_chunk(ip, sp, bp, 1, &sid)) {
+        ftails.call(ctx, 0); /* the next frames: this program again */
+        sid = unwind_cut();
+    }
+    p->sid = sid;
     ftails.call(ctx, 1);
     fault_charge(p->sid);
     return 0;
@@ -44,7 +49,7 @@ int fault_keep(struct bpf_perf_event_data *ctx)
     if (!p)
         return 0;
     u64 ip = 0, sp = 0, bp = 0;
-    fault_regs(&ip, &sp, &bp);
+    syscall_regs(&ip, &sp, &bp);
     scache_fill(ip, sp, bp, p->sid);
     fault_charge(p->sid);
     return 0;

@@ -41,17 +41,6 @@ static __always_inline void fault_charge(u64 sid)
     s->peak_live_bytes = s->alloc_bytes;
 }
 
-/* The user registers of the faulting thread: those of the fault itself, or of the syscall
- * whose kernel code touched user memory. */
-static __always_inline void fault_regs(u64 *ip, u64 *sp, u64 *bp)
-{
-    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-    bpf_probe_read_kernel(ip, sizeof(*ip), &regs->ip);
-    bpf_probe_read_kernel(sp, sizeof(*sp), &regs->sp);
-    bpf_probe_read_kernel(bp, sizeof(*bp), &regs->bp);
-}
-
 #if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0
 BPF_PROG_ARRAY(ftails, 2); /* 0: fault_unwind, 1: fault_keep (perf-event programs) */
 #endif

@@ -174,7 +174,12 @@ static __always_inline int unwind_pending(struct pt_regs *ctx, int session)
     struct as_pending *p = pending.lookup(&zero);
     if (!p)
         return 0;
-    p->sid = unwind_store(p->ip, p->sp, p->bp, 0);
+    u64 sid = 0;
+    if (!unwind_chunk(p->ip, p->sp, p->bp, 0, &sid)) {
+        tail_to(ctx, session, 0); /* the next frames: this program again */
+        sid = unwind_cut();
+    }
+    p->sid = sid;
     tail_to(ctx, session, 1);
     tail_failed(p);
     return 0;

@@ -73,21 +73,33 @@ static __always_inline u64 capture_stack_skip(void *ctx, u32 flags, u64 extra, u
     return store_stack(st);
 }
 
+/* The user registers the thread entered the kernel with (a syscall, a fault, or the syscall
+ * whose kernel code touched user memory): where its stack starts; DWARF unwinding looks the
+ * syscall wrapper's own row up (exact = 1), which finds its caller. */
+static __always_inline void syscall_regs(u64 *ip, u64 *sp, u64 *bp)
+{
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    bpf_probe_read_kernel(ip, sizeof(*ip), &regs->ip);
+    bpf_probe_read_kernel(sp, sizeof(*sp), &regs->sp);
+    bpf_probe_read_kernel(bp, sizeof(*bp), &regs->bp);
+}
+
 static __always_inline u64 capture_syscall_stack(void *ctx)
 {
+#ifdef AS_UNWIND_DWARF
+    u64 ip = 0, sp = 0, bp = 0;
+    syscall_regs(&ip, &sp, &bp);
+    return capture_dwarf(ip, sp, bp, 1);
+#else
     struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
     u64 sp = 0, word = 0;
     bpf_probe_read_kernel(&sp, sizeof(sp), &regs->sp);
-#ifdef AS_UNWIND_DWARF
-    u64 ip = 0, bp = 0; /* DWARF: the syscall wrapper's own row finds its caller */
-    bpf_probe_read_kernel(&ip, sizeof(ip), &regs->ip);
-    bpf_probe_read_kernel(&bp, sizeof(bp), &regs->bp);
-    return capture_dwarf(ip, sp, bp, 1);
-#endif
     if (sp)
         bpf_probe_read_user(&word, sizeof(word), (void *)sp);
     return capture_stack(ctx, AS_STACK_SYSCALL, word);
+#endif
 }
 
 #endif /* AS_STACKS_H */

@@ -11,7 +11,13 @@ int sys_unwind(void *ctx)
     struct as_sys_pending *p = sys_pending.lookup(&zero);
     if (!p)
         return 0;
-    p->sid = capture_syscall_stack(ctx);
+    u64 ip = 0, sp = 0, bp = 0, sid = 0;
+    syscall_regs(&ip, &sp, &bp);
+    if (!unwind_chunk(ip, sp, bp, 1, &sid)) {
+        sys_tails.call(ctx, 0); /* the next frames: this program again */
+        sid = unwind_cut();
+    }
+    p->sid = sid;
     sys_tails.call(ctx, 1);
     count(AS_LOST_STACK_ERR, 1);
     return 0;
@@ -29,7 +35,12 @@ int msys_unwind(struct pt_regs *ctx)
     struct as_sys_pending *p = sys_pending.lookup(&zero);
     if (!p)
         return 0;
-    p->sid = capture_dwarf(p->oip, p->osp, p->obp, 0);
+    u64 sid = 0;
+    if (!unwind_chunk(p->oip, p->osp, p->obp, 0, &sid)) {
+        msys_tails.call(ctx, 0); /* the next frames: this program again */
+        sid = unwind_cut();
+    }
+    p->sid = sid;
     msys_tails.call(ctx, 1);
     count(AS_LOST_STACK_ERR, 1);
     return 0;

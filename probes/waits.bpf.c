@@ -61,7 +61,13 @@ int wait_unwind(struct bpf_raw_tracepoint_args *ctx)
     struct as_wait_pending *p = wait_pending.lookup(&zero);
     if (!p)
         return 0;
-    p->sid = capture_syscall_stack(ctx);
+    u64 ip = 0, sp = 0, bp = 0, sid = 0;
+    syscall_regs(&ip, &sp, &bp);
+    if (!unwind_chunk(ip, sp, bp, 1, &sid)) {
+        wait_tails.call(ctx, 0); /* the next frames: this program again */
+        sid = unwind_cut();
+    }
+    p->sid = sid;
     wait_tails.call(ctx, 1);
     count(AS_LOST_STACK_ERR, 1);
     wait_record(p->tid, p->sid, p->state, p->now); /* no keep program: kept without the memo */
