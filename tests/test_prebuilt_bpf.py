@@ -176,3 +176,47 @@ def test_recording_from_the_store_needs_no_compiler(tmp_path, targets, extra):
     assert live["leak_malloc"] == [7 * 1013, 7, 7], live.get("leak_malloc")
     assert live["leak_calloc"] == [11 * 17 * 61, 11, 11], live.get("leak_calloc")
     assert live["pre_attach_alloc"][:2] == [0, 0] and live["pre_attach_alloc"][2] == 5  # after the exec: all seen
+
+
+GATE_CHECK = r"""
+import os, shutil, subprocess, sys, time
+from tracer.watch.gate import ExecGate, wait_stopped
+exe = os.path.join(sys.argv[1], "asgatecheck")
+shutil.copy("/bin/sleep", exe)
+gate = ExecGate(["asgatecheck"])
+print("compiled:", gate.compiled_why)
+p = subprocess.Popen([exe, "30"])
+try:
+    gate.poll(2000)
+    held = gate.events.get(timeout=2)
+    print("held:", held.pid == p.pid, wait_stopped(p.pid, 2.0), gate.holding() == [p.pid])
+    gate.release(p.pid)
+    time.sleep(0.2)
+    with open(f"/proc/{p.pid}/stat") as f:
+        print("after release:", f.read().split(") ")[1][0], gate.holding())
+finally:
+    gate.close()
+    p.kill()
+    p.wait()
+"""
+
+
+def test_watch_gate_from_the_store_needs_no_compiler(tmp_path):
+    """The watch's exec gate (probes/watch.bpf.c) comes from the same store: loaded with BCC
+    pointed at no kernel headers (a compile would fail), it stops an exec of a watched name
+    before its first instruction and lets it go on release."""
+    _store()
+    import subprocess
+    import sys
+
+    env = dict(os.environ, BCC_KERNEL_SOURCE=str(tmp_path / "none"))
+    p = subprocess.run(
+        [sys.executable, "-c", GATE_CHECK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(prebuilt.L.PROBES_DIR.parent),
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines() == ["compiled: None", "held: True True True", "after release: S []"], p.stdout

@@ -32,7 +32,9 @@ class Watch(Proc):
 
     def __init__(self, *args) -> None:
         cmd = [sys.executable, "-X", "faulthandler", "-m", "allocscope", "watch", *map(str, args)]
-        super().__init__(cmd, read="stderr", cwd=str(ROOT))
+        # its debug lines (each hold and release, and why) say what happened when a test fails
+        env = dict(os.environ, ALLOCSCOPE_WATCH_DEBUG="1")
+        super().__init__(cmd, read="stderr", cwd=str(ROOT), env=env)
 
     @property
     def all(self) -> list[str]:
@@ -109,6 +111,7 @@ def test_watch_follows_restarts_and_names_each_end(targets, procs, watches, tmp_
         w.expect(f"pid {s.pid}", 30 if was in ("T", "t") else 0.1)  # one line: it ended while held
     assert w.stop() == 0
     err = "".join(w.all)
+    print(err)  # shown when the test fails: the watch's debug lines, each hold and release
     assert "Traceback" not in err, err
     traces = sorted(out.glob("restartd-*.allocscope"))
     by_pid = {json.loads((t / "meta.json").read_text())["target"]["pid"]: t for t in traces}
@@ -122,7 +125,8 @@ def test_watch_follows_restarts_and_names_each_end(targets, procs, watches, tmp_
         mapped = sum(r["live_by_source"].get("mmap", 0) for r in rows)
         # the composition at the kill: every block the daemon said it holds, from the first one
         # (held at its exec, and at each library the loader maps until its unwind rows are in)
-        assert mapped == blocks * CHUNK, (blocks, [(r["function"], r["live_by_source"]) for r in rep["locations"][:6]])
+        top = [(r["function"], r["live_by_source"]) for r in rep["locations"][:6]]
+        assert mapped == blocks * CHUNK, (blocks, top)
         first = rep["findings"][0]
         assert first["kind"] == "ended" and first["text"].startswith("Killed by SIGKILL"), first
         held = sum(r["live_bytes"] - r["live_by_source"].get("fault", 0) for r in rows)  # pages, not touches

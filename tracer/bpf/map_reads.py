@@ -202,7 +202,10 @@ class MapReader:
         table = self.bpf[b"counters"]
         names = L.counter_names()
         out = {}
-        for idx, name in names.items():
+        # frees first: a free counted is of an allocation counted before it, so allocations read
+        # after them are never fewer (read the other way round while threads churn, the live
+        # count came out at -1 block)
+        for idx, name in sorted(names.items(), key=lambda kv: kv[1] != "n_frees"):
             out[name] = int(sum(table[table.Key(idx)]))
         return out
 

@@ -47,8 +47,9 @@ from ..base.options import RecordOptions
 from .cache import BPF_LD_IMM64, BPF_PSEUDO_MAP_FD, INSN, SIZE_ONLY
 from .source import bpf_text, const_flags, probe_config
 
-FORMAT = 1
+FORMAT = 2  # 2: the watch's gate beside the variants (`watch`)
 STORE = L.PROBES_DIR / "prebuilt" / "allocscope-bpf.json"
+WATCH_SOURCE = L.PROBES_DIR / "watch.bpf.c"  # the night watch's exec gate (tracer/watch/gate.py)
 MARKER_BASE = 0x5A000000  # markers: MARKER_BASE + 0x100 * k, far above any offset, pid or size here
 MARKER_SPAN = 0x01000000
 # (unwind, rss_tracepoint): what the store holds, every option of the CLI loading from these
@@ -77,8 +78,9 @@ class NotPrebuilt(Exception):
 
 
 def source_digest() -> str:
-    """What the store was built from: the program text and this loader's format."""
-    return hashlib.sha256(b"format=%d\0" % FORMAT + bpf_text()).hexdigest()[:32]
+    """What the store was built from: the programs' text and this loader's format."""
+    text = b"format=%d\0" % FORMAT + bpf_text() + b"\0" + WATCH_SOURCE.read_bytes()
+    return hashlib.sha256(text).hexdigest()[:32]
 
 
 def variant_key(flags: list[str], consts: dict[str, int]) -> str:
@@ -114,11 +116,6 @@ def _tracepoint_of(func: str) -> tuple[str, str] | None:
 def _compile_variant(unwind: str, rss_tracepoint: bool) -> dict:
     """One variant compiled by BCC with marker values, as a store entry (raises when the
     instructions cannot be relocated)."""
-    import bcc  # noqa: PLC0415 (only the build needs it for compiling)
-
-    from . import bcc_lean  # noqa: PLC0415
-    from .cache import libbcc, table_signature  # noqa: PLC0415
-
     opts = RecordOptions()
     flags, consts = probe_config(opts, False, unwind, rss_tracepoint)
     sized = []
@@ -129,12 +126,30 @@ def _compile_variant(unwind: str, rss_tracepoint: bool) -> dict:
     cflags = [f"-I{L.PROBES_DIR}", f"-DAS_MAX_DEPTH={L.MAX_DEPTH}", "-Wno-macro-redefined", *sized]
     cflags += const_flags(markers)
 
+    entry = _compile(bpf_text(), cflags, markers)
+    return {"variant": variant_key(flags, consts), "unwind": unwind, "rss_tracepoint": rss_tracepoint, **entry}
+
+
+def _compile_watch() -> dict:
+    """The watch's exec gate (probes/watch.bpf.c): no constants, fixed sizes."""
+    return {"variant": "watch", **_compile(WATCH_SOURCE.read_bytes(), [], {}, sized=False)}
+
+
+def _compile(text: bytes, cflags: list[str], markers: dict[str, int], sized: bool = True) -> dict:
+    """`text` compiled by BCC: each function's instructions with the places of its map
+    references and marker constants, the tables' signature (`sized`: with the options that size
+    them, SIZE_MARKERS), the tracepoints' formats."""
+    import bcc  # noqa: PLC0415 (only the build needs it for compiling)
+
+    from . import bcc_lean  # noqa: PLC0415
+    from .cache import libbcc, table_signature  # noqa: PLC0415
+
     class Compiled(bcc.BPF):
         def _trace_autoload(self) -> None:
             pass  # nothing is loaded from this module
 
     with bcc_lean.light(bcc):
-        mod = Compiled(text=bpf_text(), cflags=cflags)
+        mod = Compiled(text=text, cflags=cflags)
     try:
         lib = libbcc()
         module = mod.module
@@ -184,18 +199,15 @@ def _compile_variant(unwind: str, rss_tracepoint: bool) -> dict:
                     raise NotPrebuilt(f"no tracefs format for {tp[0]}:{tp[1]}")
                 formats[fname] = fields
         tables = table_signature(module)
-        marker_sizes = {v: k for k, v in SIZE_MARKERS.items()}
+        # a table whose size is a marker is sized by that option at load (none in the watch's)
+        marker_sizes = {v: k for k, v in SIZE_MARKERS.items() if k != "AS_RING_PAGES"} if sized else {}
+        ring_marker = SIZE_MARKERS["AS_RING_PAGES"] * os.sysconf("SC_PAGE_SIZE") if sized else -1
         for row in tables:
             if row[1] == BPF_MAP_TYPE_RINGBUF:
-                row.append(
-                    "AS_RING_PAGES" if row[4] == SIZE_MARKERS["AS_RING_PAGES"] * os.sysconf("SC_PAGE_SIZE") else None
-                )
+                row.append("AS_RING_PAGES" if row[4] == ring_marker else None)
             else:
                 row.append(marker_sizes.get(row[4]))
         return {
-            "variant": variant_key(flags, consts),
-            "unwind": unwind,
-            "rss_tracepoint": rss_tracepoint,
             "license": (lib.as_bpf_module_license(module) or b"").decode(),
             "funcs": funcs,
             "tables": tables,
@@ -206,7 +218,7 @@ def _compile_variant(unwind: str, rss_tracepoint: bool) -> dict:
 
 
 def _compile_in_child(args) -> dict:
-    return _compile_variant(*args)
+    return _compile_watch() if args == "watch" else _compile_variant(*args)
 
 
 def build(out: Path = STORE) -> dict:
@@ -216,13 +228,15 @@ def build(out: Path = STORE) -> dict:
 
     workers = max(1, min(len(VARIANTS), os.cpu_count() or 1))
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        entries = list(pool.map(_compile_in_child, VARIANTS))
+        entries = list(pool.map(_compile_in_child, [*VARIANTS, "watch"]))
+    watch = entries.pop()
     u = os.uname()
     store = {
         "format": FORMAT,
         "source": source_digest(),
         "built_on": f"{u.release} {u.machine}",
         "variants": {e["variant"]: e for e in entries},
+        "watch": watch,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
@@ -266,12 +280,29 @@ def find(flags: list[str], consts: dict[str, int], store: dict | None = None) ->
     for name, value in consts.items():
         if not -(1 << 31) <= value < (1 << 31):
             raise NotPrebuilt(f"{name}={value} does not fit an instruction's immediate (compiled here instead)")
+    check_formats(entry)
+    return entry
+
+
+def check_formats(entry: dict) -> None:
+    """NotPrebuilt when a tracepoint of `entry` has other fields on this kernel than on the
+    build box (BCC built the program's view of its arguments from the build box's format)."""
     for fname, fields in entry["formats"].items():
         tp = _tracepoint_of(fname)
         assert tp is not None
         if _format_fields(*tp) != fields:
             raise NotPrebuilt(f"tracepoint {tp[0]}:{tp[1]} differs from the build box's")
-    return entry
+
+
+def load_watch(bcc):
+    """The watch's exec gate from the store, its tracepoints attached (NotPrebuilt: compile it)."""
+    if os.environ.get("ALLOCSCOPE_PREBUILT") == "0":
+        raise NotPrebuilt("ALLOCSCOPE_PREBUILT=0")
+    entry = load_store().get("watch")
+    if entry is None:
+        raise NotPrebuilt("the store has no watch gate; run 'make setup'")
+    check_formats(entry)
+    return load(bcc, entry, [], {})
 
 
 def relocate(entry: dict, name: str, consts: dict[str, int], table_fd) -> bytes:

@@ -23,6 +23,8 @@ from common.errors import PermissionProblem
 
 from ..base.layout import PROBES_DIR
 
+DEBUG = bool(os.environ.get("ALLOCSCOPE_WATCH_DEBUG"))  # each release, and why (stderr)
+
 GUARD = r"""
 import ctypes, os, signal, struct, sys
 fd = int(sys.argv[1])
@@ -79,9 +81,15 @@ class ExecGate:
             import bcc  # noqa: PLC0415
         except ImportError as e:
             raise PermissionProblem(f"the watch's exec gate needs BCC ({e})") from None
-        text = (PROBES_DIR / "watch.bpf.c").read_text()
+        from ..bpf import prebuilt  # noqa: PLC0415
+
+        self.compiled_why: str | None = None  # why BCC compiled the gate here (None: the prebuilt one)
         try:
-            self.bpf = bcc.BPF(text=text)
+            try:
+                self.bpf = prebuilt.load_watch(bcc)  # built once at make setup: no compile, no headers
+            except prebuilt.NotPrebuilt as e:
+                self.compiled_why = str(e)
+                self.bpf = bcc.BPF(text=(PROBES_DIR / "watch.bpf.c").read_text())
         except Exception as e:  # noqa: BLE001 - BCC raises plain Exception on a failed load
             raise PermissionProblem(f"the watch's exec gate did not load: {str(e).splitlines()[0][:160]}") from None
         self.held = self.bpf["held"]
@@ -130,7 +138,7 @@ class ExecGate:
         `held` map says whether it is held (its event may not have reached our thread yet)."""
         self.code_holds.pop(pid, None)
         if self.held.get(ct.c_uint32(pid)) is not None:
-            self.release(pid)
+            self.release(pid, "its code mapping's rows are in")
 
     def release_stale(self, after_s: float = 1.0) -> None:
         """Code holds the tracer did not release within after_s: let them go anyway (a stack
@@ -138,6 +146,8 @@ class ExecGate:
         now = time.monotonic()
         for pid, t in list(self.code_holds.items()):
             if now - t >= after_s:
+                if DEBUG:
+                    print(f"allocscope: debug: pid {pid} held at a code mapping for {now - t:.1f}s", file=sys.stderr)
                 self.release_code(pid)
 
     def watch(self, comm: str) -> None:
@@ -154,10 +164,12 @@ class ExecGate:
     def holding(self) -> list[int]:
         return [int(k.value) for k in self.held]
 
-    def release(self, pid: int) -> None:
+    def release(self, pid: int, why: str = "") -> None:
         """Let a held process run (SIGCONT), and forget it. Forgotten first: once running, the
         loader maps its libraries at once, and a follow stop (kind 2) is taken only for a pid not
         in `held`; the guardian is told first, so a watcher that dies in between still lets it go."""
+        if DEBUG:
+            print(f"allocscope: debug: the gate lets pid {pid} go ({why or 'watcher'})", file=sys.stderr)
         if self.guard.stdin is not None:
             try:
                 self.guard.stdin.write(f"{pid}\n".encode())
@@ -180,7 +192,7 @@ class ExecGate:
     def close(self) -> None:
         """Release every pid still held, unload the program, let the guardian go."""
         for pid in self.holding():
-            self.release(pid)
+            self.release(pid, "the gate closes")
         self.bpf.cleanup()
         if self.guard.stdin is not None:
             self.guard.stdin.close()

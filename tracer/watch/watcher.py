@@ -273,7 +273,16 @@ class Watcher:
         if self.w.hold:
             from .gate import ExecGate  # noqa: PLC0415 (BCC)
 
+            others = [pid for pid, _ in procfs.pgrep(r"(allocscope|bootstrap\.py)\s+watch(\s|$)") if pid != os.getpid()]
+            if others:  # each gate continues what it does not follow: a SIGCONT ends every stop
+                self.progress(
+                    f"another allocscope watch runs (pid {', '.join(map(str, others[:3]))}): two watches of one "
+                    "program name let each other's held incarnations go (their first allocations may be missed)"
+                )
+
             self.gate = ExecGate(sorted(self.comms))
+            if DEBUG and self.gate.compiled_why:
+                self.progress(f"debug: the exec gate was compiled here: {self.gate.compiled_why}")
             self._gate_thread = threading.Thread(target=self._gate_loop, name="exec gate", daemon=True)
             self._gate_thread.start()
         try:
@@ -313,7 +322,7 @@ class Watcher:
         rec_hook = None
         if held and self.gate is not None:
             gate = self.gate
-            target.on_release = lambda: gate.release(pid)
+            target.on_release = lambda: gate.release(pid, "the probes are live")
             gate.follow(pid, FOLLOW_S)  # the libraries it maps next: their unwind rows first
             rec_hook = lambda: gate.release_code(pid)
         if self.gate is not None:
