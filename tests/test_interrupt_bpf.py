@@ -25,26 +25,39 @@ def _old_trace(path: Path) -> bytes:
     return (path / "meta.json").read_bytes()
 
 
-@pytest.fixture
-def compiling(monkeypatch):
-    """Start-up long enough to be interrupted: the probes compiled by BCC (several seconds here),
-    neither loaded from the prebuilt store nor from the object cache (live within about a second,
-    which a fixed delay would miss: CI's SIGINT at 1.0 s once came after the probes were live)."""
-    monkeypatch.setenv("ALLOCSCOPE_PREBUILT", "0")
-    monkeypatch.setenv("ALLOCSCOPE_BPF_CACHE", "0")
+BUILDING = "start-up: start building the probes"  # --verbose: the probes' thread has started
 
 
-@pytest.mark.parametrize("delay", [0.3, 1.5])
-def test_sigint_while_starting_records_nothing(targets, procs, tmp_path, delay, compiling):
+def _interrupt(tr, moment: str) -> str:
+    """SIGINT at `moment` of the start-up: "python" while the interpreter and the CLI start (0.2 s
+    in), "probes" as the probes' thread starts loading them (--verbose says so; live comes ~0.5-1 s
+    later here, the prebuilt programs' load and verification: no fixed delay would be sure to land
+    in it). The lines it printed (and prints until it exits), but for the start-up phases."""
+    lines = []
+    if moment == "python":
+        time.sleep(0.2)
+    else:
+        for line in tr.stderr:
+            lines.append(line)
+            if BUILDING in line:
+                break
+    tr.send_signal(signal.SIGINT)
+    rc = tr.wait(60)
+    lines += tr.stderr.readlines()
+    tr.rc = rc
+    assert not any("recording pid" in line for line in lines), lines  # it was interrupted while starting
+    return "".join(line for line in lines if "allocscope: start-up: " not in line)
+
+
+@pytest.mark.parametrize("moment", ["python", "probes"])
+def test_sigint_while_starting_records_nothing(targets, procs, tmp_path, moment):
     tgt = procs(targets["busy"])
     tgt.expect("ready")
     out = tmp_path / "run.allocscope"
     before = _old_trace(out)
-    tr = cli_bg("record", "--pid", str(tgt.pid), "-o", str(out))
-    time.sleep(delay)  # BCC is still compiling
-    tr.send_signal(signal.SIGINT)
-    rc = tr.wait(60)
-    err = tr.stderr.read()
+    tr = cli_bg("record", "--verbose", "--pid", str(tgt.pid), "-o", str(out))
+    err = _interrupt(tr, moment)
+    rc = tr.rc
     assert rc == 130, (rc, err)
     assert err.count("\n") == 1 and err.startswith("allocscope: interrupted (SIGINT) while "), err
     assert "nothing was recorded" in err and f"{out} was left as it was" in err, err
@@ -74,17 +87,20 @@ def test_sigint_once_attached_finishes_a_short_trace(targets, procs, tmp_path):
     assert tgt.p.poll() is None
 
 
-def test_sigint_while_starting_a_launched_command(tmp_path, compiling):
+def test_sigint_while_starting_a_launched_command(tmp_path):
     """Launch mode: the child, still blocked before exec, is killed; nothing is left running."""
     import subprocess
 
     out = tmp_path / "launch.allocscope"
-    tr = cli_bg("record", "-o", str(out), "--", "sleep", "30")
-    time.sleep(1.0)
+    tr = cli_bg("record", "--verbose", "-o", str(out), "--", "sleep", "30")
+    for line in tr.stderr:  # forked (blocked before exec) before the probes are built
+        if BUILDING in line:
+            break
     child = subprocess.run(["pgrep", "-P", str(tr.pid)], capture_output=True, text=True).stdout.split()
+    assert child, "the launched command is forked before the probes are built"
     tr.send_signal(signal.SIGINT)
     rc = tr.wait(60)
-    err = tr.stderr.read()
+    err = "".join(line for line in tr.stderr.readlines() if "allocscope: start-up: " not in line)
     assert rc == 130 and "nothing was recorded" in err, (rc, err)
     assert not out.exists()
     for pid in child:  # killed and reaped before record exits (not left for PTRACE_O_EXITKILL)
