@@ -115,7 +115,17 @@ def test_retained_and_released_per_allocator(retain, tmp_path, tracers, name):
     live, resident = int(mine["live_bytes"]), int(mine["resident_bytes"])
     retained = resident - live
     assert abs(live - freed["live"]) <= 0.01 * freed["live"], (name, live, freed)
-    assert abs(retained - freed["retained"]) <= 0.10 * freed["retained"], (name, retained, freed)
+    want = freed["retained"]
+    if kind == "mimalloc":
+        # mimalloc 2.0 has no resident figure: retain.c's truth is its peak RSS less the live
+        # blocks, which also counts pages mimalloc gave back before the tracer read (twice 10.7 and
+        # 11.4 % above under CI's load, allocscope at the freed blocks + 0.8 MB both times). The
+        # exact truth here: the freed blocks, every page written (retain: all but one in 8).
+        args = CASES[name][1]
+        nblocks, mib = int(args[args.index("--blocks") + 1]), int(args[args.index("--mib") + 1])
+        want = sum(1 for i in range(nblocks) if i % 8 != 7) * (mib << 20)
+        assert want <= freed["retained"], (want, freed)
+    assert abs(retained - want) <= 0.10 * want, (name, retained, want, freed)
     ivr = iv[iv["seq"] == seq].iloc[0]
     other = int(ivr["rss_anon_bytes"]) - int(rows["resident_bytes"].sum())
     assert 0 <= other < 0.10 * int(ivr["rss_bytes"]), (name, other, int(ivr["rss_bytes"]))
