@@ -5,19 +5,32 @@ BCC compiles the probes against whatever kernel headers the box has (Debian's 6.
 they must read one — the target's anonymous RSS counter, mm->rss_stat[MM_ANONPAGES], at the
 entry and exit of every release — the offsets come from the running kernel's own BTF, through
 libbpf's BTF API (libbpf1, a dependency of BCC), and reach the program as -D flags.
+
+Reading them walks the BTF through a few hundred ctypes calls (the enumerator lookup through every
+type): ~30-60 ms alone, several times that while other threads of the tracer import modules (each
+call gives the GIL away and waits to get it back). The answers change only with the kernel, so
+they are kept per kernel and boot in `$ALLOCSCOPE_CACHE_DIR/kernel/` (`_remember`): a warm start
+reads one small JSON file and loads no BTF at all.
 """
 
 from __future__ import annotations
 
 import ctypes as ct
+import hashlib
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
+from typing import Any
+
+from ..base.cachedir import cache_dir, enabled, read_private, write_private
 
 BTF_KIND_PTR, BTF_KIND_ARRAY, BTF_KIND_STRUCT, BTF_KIND_UNION, BTF_KIND_ENUM = 2, 3, 4, 5, 6
 BTF_KIND_TYPEDEF, BTF_KIND_FUNC, BTF_KIND_FUNC_PROTO = 8, 12, 13
+VMLINUX = "/sys/kernel/btf/vmlinux"
+FACTS_VERSION = 1  # bump when a fact's meaning or shape changes
 
 
 @dataclass(frozen=True)
@@ -139,31 +152,36 @@ class _Btf:
         raise LookupError(value_name)
 
 
-_shared: _Btf | None = None  # the load kept open by one_load()
+_shared: _Btf | None = None  # the load kept open by one_load(), made at its first use
+_sharing = False
 
 
 @contextmanager
 def one_load() -> Iterator[None]:
     """Within it, the lookups below share one load of the kernel's BTF (~11 ms each, ~6 MiB
-    while open) instead of loading it each; closed at the end."""
-    global _shared
-    if _shared is not None:
+    while open) instead of loading it each — made only if a lookup is not kept already (a warm
+    start loads none); closed at the end."""
+    global _shared, _sharing
+    if _sharing:
         yield
         return
-    try:
-        _shared = _Btf()
-    except OSError:
-        yield  # each lookup then fails as it would alone
-        return
+    _sharing = True
     try:
         yield
     finally:
-        _shared.close()
-        _shared = None
+        _sharing = False
+        if _shared is not None:
+            _shared.close()
+            _shared = None
 
 
 def _load() -> _Btf:
-    return _shared if _shared is not None else _Btf()
+    global _shared
+    if not _sharing:
+        return _Btf()
+    if _shared is None:
+        _shared = _Btf()  # an OSError here: each lookup fails as it would alone
+    return _shared
 
 
 def _done(btf: _Btf) -> None:
@@ -171,11 +189,58 @@ def _done(btf: _Btf) -> None:
         btf.close()
 
 
+def _kernel_key() -> str | None:
+    """This kernel and boot: release, build string, the BTF's size and time, the boot id (a new
+    boot reads the facts again). None without BTF (nothing is kept then)."""
+    try:
+        st = os.stat(VMLINUX)
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        return None
+    u = os.uname()
+    ident = f"{FACTS_VERSION}|{u.release}|{u.version}|{st.st_size}|{st.st_mtime_ns}|{boot}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+_facts: dict[str, Any] | None = None  # the kept facts of this kernel, read once
+
+
+def _remember(name: str, compute):
+    """compute() once per kernel and boot, kept on disk with the other facts (JSON values; a
+    LookupError, the BTF lacking it, is kept too and raised again)."""
+    global _facts
+    key = _kernel_key() if enabled() else None
+    if _facts is None:
+        stored = read_private(cache_dir("kernel") / f"{key}.json") if key else None
+        _facts = stored if isinstance(stored, dict) else {}
+    if name in _facts:
+        v = _facts[name]
+        if isinstance(v, dict) and "error" in v:
+            raise LookupError(v["error"])
+        return v
+    try:
+        v = compute()
+    except LookupError as e:  # this kernel's BTF lacks it (an OSError, no BTF read, is not kept)
+        if key is not None:
+            _facts[name] = {"error": str(e)}
+            write_private(cache_dir("kernel"), f"{key}.json", json.dumps(_facts))
+        raise
+    if key is not None:
+        _facts[name] = v
+        write_private(cache_dir("kernel"), f"{key}.json", json.dumps(_facts))
+    return v
+
+
 @lru_cache(maxsize=1)
 def rss_offsets() -> RssOffsets:
     """Where the probes read the current task's anonymous RSS (pages). Raises OSError or
     LookupError when this kernel's BTF does not describe it (the probes then fall back to the
     kmem:rss_stat tracepoint)."""
+    return RssOffsets(**_remember("rss", lambda: asdict(_read_rss_offsets())))
+
+
+def _read_rss_offsets() -> RssOffsets:
     btf = _load()
     try:
         task = btf.find("task_struct", BTF_KIND_STRUCT)
@@ -232,6 +297,10 @@ class FileOffsets:
 def file_offsets() -> FileOffsets:
     """Raises OSError or LookupError when the kernel's BTF lacks one (file mappings then stay
     untracked, as before)."""
+    return FileOffsets(**_remember("files", lambda: asdict(_read_file_offsets())))
+
+
+def _read_file_offsets() -> FileOffsets:
     btf = _load()
     try:
 
@@ -253,22 +322,24 @@ def file_offsets() -> FileOffsets:
         _done(btf)
 
 
-@lru_cache(maxsize=1)
-def _btf_flags(flags) -> list[str]:
+def _btf_flags(name: str, flags) -> list[str]:
     """flags(off) with off(struct, field) the byte offset of a kernel struct member from the
-    running kernel's BTF; [] when the BTF or a member is missing."""
+    running kernel's BTF (kept as `name`); [] when the BTF or a member is missing."""
     try:
-        btf = _load()
-    except OSError:
+        return list(_remember(name, lambda: _read_btf_flags(flags)))
+    except (OSError, LookupError):
         return []
+
+
+def _read_btf_flags(flags) -> list[str]:
+    """flags(off) from the BTF; raises OSError or LookupError when it or a member is missing."""
+    btf = _load()
     try:
 
         def off(struct: str, field: str) -> int:
             return btf.member(btf.find(struct, BTF_KIND_STRUCT), field)[0]
 
         return flags(off)
-    except LookupError:
-        return []
     finally:
         _done(btf)
 
@@ -278,13 +349,14 @@ def return_probe_offsets() -> list[str]:
     real_return): task_struct.utask, uprobe_task.return_instances, return_instance.{stack,
     orig_ret_vaddr, next}. [] when the BTF lacks one (the trampoline then stays a frame)."""
     return _btf_flags(
+        "return_probe",
         lambda off: [
             f"-DAS_OFF_TASK_UTASK={off('task_struct', 'utask')}",
             f"-DAS_OFF_UTASK_RI={off('uprobe_task', 'return_instances')}",
             f"-DAS_OFF_RI_STACK={off('return_instance', 'stack')}",
             f"-DAS_OFF_RI_ORIG={off('return_instance', 'orig_ret_vaddr')}",
             f"-DAS_OFF_RI_NEXT={off('return_instance', 'next')}",
-        ]
+        ],
     )
 
 
@@ -292,7 +364,7 @@ def fsbase_offset() -> list[str]:
     """-D flag for reading a task's thread pointer (task_struct.thread.fsbase; probes/regions.h
     agent_api, --inject). [] when the BTF lacks it (injected hooks then do not mark their mmaps)."""
     return _btf_flags(
-        lambda off: [f"-DAS_OFF_TASK_FSBASE={off('task_struct', 'thread') + off('thread_struct', 'fsbase')}"]
+        "fsbase", lambda off: [f"-DAS_OFF_TASK_FSBASE={off('task_struct', 'thread') + off('thread_struct', 'fsbase')}"]
     )
 
 
@@ -306,9 +378,13 @@ def optimizes_nop5_uprobes() -> bool:
     if os.environ.get("ALLOCSCOPE_UPROBE_NOP5") == "0":
         return False
     try:
-        btf = _load()
+        return bool(_remember("nop5", _read_nop5))
     except OSError:
         return False
+
+
+def _read_nop5() -> bool:
+    btf = _load()
     try:
         btf.find("arch_uprobe_optimize", BTF_KIND_FUNC)
         return True
@@ -326,25 +402,29 @@ def switch_offsets() -> tuple[str, ...]:
     prev_state; 5.18+), else task_struct.__state (AS_OFF_TASK_STATE). () when the BTF lacks one:
     the classic sched:sched_switch tracepoint serves instead."""
     try:
-        btf = _load()
+        return tuple(_remember("switch", _read_switch_offsets))
     except OSError:
         return ()
+
+
+def _read_switch_offsets() -> list[str]:
+    btf = _load()
     try:
         task = btf.find("task_struct", BTF_KIND_STRUCT)
         flags = [f"-DAS_OFF_TASK_PID={btf.member(task, 'pid')[0]}", f"-DAS_OFF_TASK_TGID={btf.member(task, 'tgid')[0]}"]
         try:
             if btf.proto_params("btf_trace_sched_switch") >= 5:
-                return (*flags, "-DAS_SWITCH_STATE_ARG=1")
+                return [*flags, "-DAS_SWITCH_STATE_ARG=1"]
         except LookupError:
             pass
         for field in ("__state", "state"):
             try:
-                return (*flags, f"-DAS_OFF_TASK_STATE={btf.member(task, field)[0]}")
+                return [*flags, f"-DAS_OFF_TASK_STATE={btf.member(task, field)[0]}"]
             except LookupError:
                 continue
-        return ()
+        return []
     except LookupError:
-        return ()
+        return []
     finally:
         _done(btf)
 
