@@ -3,7 +3,9 @@ loaded from lib/ by absolute path (so nothing is put in LD_LIBRARY_PATH or PYTHO
 programs allocscope launches), bundled kernel headers for BCC when the box has none."""
 
 import ctypes
+import importlib.machinery
 import importlib.util
+import marshal
 import os
 import platform
 import sys
@@ -87,6 +89,44 @@ def preload_lazily():
     sys.meta_path.insert(0, _BccLibraries())
 
 
+class _KeepBytecode(importlib.machinery.SourceFileLoader):
+    """The loader of the bundle's own modules where PYTHONDONTWRITEBYTECODE is set (as on many
+    boxes' environments): it still keeps their bytecode, beside them in the bundle, so a start
+    does not compile ~30k lines of allocscope again (0.6-0.9 s of the GPU box's warm start). The
+    box's own packages are left to the box's setting."""
+
+    def source_to_code(self, data, path, *, _optimize=-1):
+        code = super().source_to_code(data, path, _optimize=_optimize)
+        if sys.dont_write_bytecode:
+            try:
+                st = os.stat(path)
+                header = importlib.util.MAGIC_NUMBER + b"\0\0\0\0"  # PEP 552: a timestamp pyc
+                header += (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+                header += (len(data) & 0xFFFFFFFF).to_bytes(4, "little")
+                self.set_data(importlib.util.cache_from_source(path), header + marshal.dumps(code))
+            except (OSError, NotImplementedError, ValueError):
+                pass  # a read-only bundle: compiled each start, as before
+        return code
+
+
+def keep_bytecode(root):
+    """Finders for `root` (the bundle's python/) and the packages under it use _KeepBytecode."""
+    m = importlib.machinery
+    hook = m.FileFinder.path_hook(
+        (m.ExtensionFileLoader, m.EXTENSION_SUFFIXES),
+        (_KeepBytecode, m.SOURCE_SUFFIXES),
+        (m.SourcelessFileLoader, m.BYTECODE_SUFFIXES),
+    )
+
+    def ours(path):
+        if path == root or path.startswith(root + os.sep):
+            return hook(path)
+        raise ImportError("not the bundle's")
+
+    sys.path_hooks.insert(0, ours)
+    sys.path_importer_cache.pop(root, None)
+
+
 def kernel_headers():
     if os.environ.get("BCC_KERNEL_SOURCE"):
         return
@@ -107,6 +147,7 @@ def main():
             "ALLOCSCOPE_PYTHON=/path/to/python3 picks another"
         )
     sys.path.insert(0, os.path.join(HERE, "python"))
+    keep_bytecode(os.path.join(HERE, "python"))
     os.environ["ALLOCSCOPE_BUNDLE"] = HERE
     kernel_headers()
     try:
