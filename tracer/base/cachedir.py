@@ -3,7 +3,8 @@
 The root is ALLOCSCOPE_CACHE_DIR, else $XDG_CACHE_HOME/allocscope (~/.cache/allocscope), one
 folder per kind under it: bpf/ (the compiled programs, tracer/bpf/cache.py; the --inject agent
 when its own folder is not writable), unwind/ (unwind rows, tracer/unwind/), files/ (facts about
-ELF files, tracer/allocators/facts.py); the CFI decoder at the root. ALLOCSCOPE_BPF_CACHE=0 turns
+ELF files, tracer/allocators/facts.py), kernel/ (the running kernel's BTF facts, per kernel and
+boot, tracer/bpf/kernel_btf.py); the CFI decoder at the root. ALLOCSCOPE_BPF_CACHE=0 turns
 the compiled programs and the facts off (`enabled`)."""
 
 from __future__ import annotations
