@@ -462,57 +462,64 @@ static __always_inline u64 unwind_finish(struct as_uwalk *w, struct as_stack *st
     return store_stack(st);
 }
 
+/* This CPU's unwind: the frames (scratch), the cache bookkeeping (uslots), the walk (uwalk). */
+struct as_uwork {
+    struct as_stack *st;
+    struct as_slots *rec;
+    struct as_uwalk *w;
+};
+
+/* 0 when a per-CPU map has no slot (never, in practice: the verifier wants the check). */
+static __always_inline int unwind_work(struct as_uwork *u)
+{
+    u32 zero = 0;
+    u->st = scratch.lookup(&zero);
+    u->rec = uslots.lookup(&zero);
+    u->w = uwalk.lookup(&zero);
+    return u->st && u->rec && u->w;
+}
+
 /* Unwind from (ip, sp, bp) into scratch and store the stack, in one program; what caching it
  * needs is left in `uslots` (this CPU's). The way is filled by another program (scache_fill):
  * filling it here, after a loop whose every exit the verifier follows apart, would cost it too
  * much. The tail-called unwinders use unwind_chunk instead. */
 static __always_inline u64 unwind_store(u64 ip, u64 sp, u64 bp, u32 exact)
 {
-    u32 zero = 0;
-    struct as_stack *st = scratch.lookup(&zero);
-    struct as_slots *rec = uslots.lookup(&zero);
-    struct as_uwalk *w = uwalk.lookup(&zero);
-    if (!st || !rec || !w)
+    struct as_uwork u;
+    if (!unwind_work(&u) || !unwind_begin(u.w, u.rec, ip, sp, bp, exact))
         return 0;
-    if (!unwind_begin(w, rec, ip, sp, bp, exact))
-        return 0;
-    unwind_frames(w, st, rec, AS_MAX_DEPTH);
-    return unwind_finish(w, st, rec);
+    unwind_frames(u.w, u.st, u.rec, AS_MAX_DEPTH);
+    return unwind_finish(u.w, u.st, u.rec);
 }
 
 /* In a tail-called unwinder: begin the unwind from (ip, sp, bp) unless one is under way (the
  * program called itself), walk AS_UNWIND_CHUNK frames. 1: done, the stack's id in *sid (0:
- * none); 0: more to go, the program tail-calls itself next, and calls unwind_cut if that fails. */
+ * none); 0: more to go, the program tail-calls itself next, and calls unwind_cut if that fails.
+ * Each unwinder spells those four lines out: BCC refuses a map's .call() inside a macro. */
 static __always_inline int unwind_chunk(u64 ip, u64 sp, u64 bp, u32 exact, u64 *sid)
 {
-    u32 zero = 0;
-    struct as_stack *st = scratch.lookup(&zero);
-    struct as_slots *rec = uslots.lookup(&zero);
-    struct as_uwalk *w = uwalk.lookup(&zero);
+    struct as_uwork u;
     *sid = 0;
-    if (!st || !rec || !w)
+    if (!unwind_work(&u))
         return 1;
-    if (!w->active && !unwind_begin(w, rec, ip, sp, bp, exact))
+    if (!u.w->active && !unwind_begin(u.w, u.rec, ip, sp, bp, exact))
         return 1;
-    if (!unwind_frames(w, st, rec, AS_UNWIND_CHUNK)) {
-        w->active = 1;
+    if (!unwind_frames(u.w, u.st, u.rec, AS_UNWIND_CHUNK)) {
+        u.w->active = 1;
         return 0;
     }
-    *sid = unwind_finish(w, st, rec);
+    *sid = unwind_finish(u.w, u.st, u.rec);
     return 1;
 }
 
 /* The self call of a chunked unwinder failed (the tail call limit): the frames so far, cut. */
 static __always_inline u64 unwind_cut(void)
 {
-    u32 zero = 0;
-    struct as_stack *st = scratch.lookup(&zero);
-    struct as_slots *rec = uslots.lookup(&zero);
-    struct as_uwalk *w = uwalk.lookup(&zero);
-    if (!st || !rec || !w)
+    struct as_uwork u;
+    if (!unwind_work(&u))
         return 0;
-    w->flags |= AS_STACK_TRUNCATED;
-    return unwind_finish(w, st, rec);
+    u.w->flags |= AS_STACK_TRUNCATED;
+    return unwind_finish(u.w, u.st, u.rec);
 }
 
 static __always_inline u64 capture_dwarf(u64 ip, u64 sp, u64 bp, u32 exact)
