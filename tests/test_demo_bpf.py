@@ -42,7 +42,7 @@ def test_demo_finds_the_pile_up(tmp_path):
     # the few seconds of `top --batch` shown first: the partitions pile up live
     top = res["top_text"]
     blocks = [b.splitlines() for b in top.split("== ")[1:]]
-    assert len(blocks) >= 3 and top.splitlines()[-1] == "-- ended: target exited", top
+    assert len(blocks) >= 3 and top.splitlines()[-1] == "-- ended: exited with code 0", top
     firsts = [b[3] for b in blocks if len(b) > 3 and not b[0].endswith("[final]")]
     assert "synthesize_partition provingd.c:" in firsts[0], top
     shown = [float(r.split()[0]) * (1 << 20) for r in firsts if "synthesize_partition" in r and r.split()[1] == "MiB"]

@@ -496,3 +496,18 @@ def test_allocators_line_in_the_header_and_batch_block():
     assert want in text.splitlines()[3]
     model.update(feed.step(2.0, {}))  # a snapshot without allocator figures keeps the last ones
     assert model.view().allocators[0]["retained"] == 32 << 20
+
+
+def test_top_closes_with_how_the_target_ended():
+    """`top`'s last line says how the target ended when it did (as the report's header), else why
+    the recording stopped."""
+    from reports.analysis.ending import closing_text
+
+    oom = {"reason": "oom_killed", "oom": {"scope": "cgroup", "cgroup": "/w", "limit_bytes": 2 << 30}}
+    assert closing_text(oom, "target exited") == "OOM-killed by the memory cgroup /w (limit 2.0 GiB)"
+    assert closing_text({"reason": "exited", "exit_code": 3}, "target exited") == "exited with code 3"
+    assert closing_text({"reason": "killed", "signal": "SIGKILL"}, "target exited") == "killed by SIGKILL"
+    assert closing_text({"reason": "exec"}, "exec") == "the target exec'd another program"
+    assert closing_text({"reason": "stopped"}, "SIGINT") == "SIGINT"
+    assert closing_text({"reason": "stopped"}, "5 iterations") == "5 iterations"
+    assert closing_text(None, "quit") == "quit"

@@ -181,8 +181,10 @@ def test_top_screen_ranks_sorts_and_quits(targets, procs, tmp_path, tmux):
 def test_top_launch_target_exit_keeps_last_frame(targets, tmp_path, tmux):
     # the command exits by itself: the last frame stays up, saying so, until q
     tmux.start([*ALLOCSCOPE, "top", "--interval", "0.5", "--", str(targets["sizes"])])
-    screen = tmux.wait_screen(lambda s: any("ended: target exited" in ln for ln in s), "the target's exit", timeout=120)
-    assert any("ended: target exited; nothing written (no -o)  (q: quit)" in ln for ln in screen), screen
+    screen = tmux.wait_screen(
+        lambda s: any("ended: exited with code 0" in ln for ln in s), "the target's exit", timeout=120
+    )
+    assert any("ended: exited with code 0; nothing written (no -o)  (q: quit)" in ln for ln in screen), screen
     rows = site_rows(screen)  # sizes.c keeps them all: 1500 x 50000 B, 20000 x 1000 B, 100000 x 64 B
     for row, (fn, live) in zip(
         rows, [("medium_blocks", 1500 * 50000), ("small_blocks", 20000 * 1000), ("tiny_blocks", 100000 * 64)]
@@ -193,7 +195,7 @@ def test_top_launch_target_exit_keeps_last_frame(targets, tmp_path, tmux):
     tmux.keys("q")
     assert tmux.exit_code() == 0
     text = "\n".join(tmux.screen())
-    assert "ended: target exited; nothing written (no -o)" in text and "medium_blocks" in text
+    assert "ended: exited with code 0; nothing written (no -o)" in text and "medium_blocks" in text
 
 
 # --- --batch ---------------------------------------------------------------------------------------

@@ -156,7 +156,9 @@ def record_batch(
         printer.pump.close(check=False)
         raise
     printer.pump.close()
-    printer.write(f"-- ended: {s.end_reason}\n")
+    from reports.analysis.ending import closing_text  # noqa: PLC0415 (pandas: loaded by now)
+
+    printer.write(f"-- ended: {closing_text(s.end, s.end_reason)}\n")
     return s, printer
 
 

@@ -187,7 +187,9 @@ def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None,
         printer.pump.close(check=False)
         raise
     printer.pump.close()
-    printer.write(f"-- ended: {s.end_reason}\n")
+    from reports.analysis.ending import closing_text  # noqa: PLC0415 (pandas: loaded by now)
+
+    printer.write(f"-- ended: {closing_text(s.end, s.end_reason)}\n")
     return None if printer.closed else s
 
 
@@ -212,10 +214,12 @@ def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None
     except BaseException:
         screen.close()
         raise
+    from reports.analysis.ending import closing_text  # noqa: PLC0415 (pandas: loaded by now)
+
     reason = s.end_reason
     wait = reason not in ("quit", "display error", *SIGNALS)
     written = f"trace written to {opts.output}" if opts.output else "nothing written (no -o)"
-    screen.finish(f"ended: {reason}; {written}", wait)
+    screen.finish(f"ended: {closing_text(s.end, reason)}; {written}", wait)
     if reason != "SIGHUP":  # after a hang-up the terminal is gone: the trace is finalized, nothing to say
         _last_words(screen_text(screen.last_frame) + summary_text(s) + "\n")
     return s

@@ -58,6 +58,15 @@ def end_text(end: dict | None, fallback: str | None = None) -> str:
     return f"stopped ({fallback})" if fallback and fallback != "target exited" else "stopped"
 
 
+def closing_text(end: dict | None, end_reason: str) -> str:
+    """What `top` says when its recording ends: how the target ended when it did ('exited with
+    code 0', 'OOM-killed by the memory cgroup /x (limit 2.0 GiB)', 'killed by SIGKILL'), else
+    why the recording stopped (SIGINT, quit, duration, N iterations)."""
+    if end and end.get("reason") in ("exited", "killed", "oom_killed", "exec"):
+        return end_text(end)
+    return end_reason
+
+
 def _rss_clause(doc: dict) -> str:
     dec = doc.get("rss_decomposition") or {}
     rss = int(dec.get("rss_bytes") or doc["totals"].get("rss_bytes") or 0)

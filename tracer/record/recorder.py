@@ -70,6 +70,7 @@ class Summary:
     sites: int
     lost: int
     bytes_written: int
+    end: dict | None = None  # meta.json `end` (how the target ended, tracer/process/ending.py)
 
 
 class Recorder:
@@ -388,6 +389,7 @@ class Recorder:
             len(self.snapshots.sites.current),
             lost,
             self.writer.bytes_written,
+            self.end,
         )
 
     def _loop(self, probes: Probes) -> None:
