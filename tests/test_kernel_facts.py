@@ -13,9 +13,6 @@ from support import unavailable
 
 from tracer.bpf import kernel_btf as k
 
-LOOKUPS = (k.rss_offsets, k.file_offsets, k.optimizes_nop5_uprobes, k.switch_offsets)
-
-
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """A new cache dir and none of this process's kept answers."""
@@ -25,14 +22,9 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.delenv("ALLOCSCOPE_BPF_CACHE", raising=False)
     monkeypatch.delenv("ALLOCSCOPE_UPROBE_NOP5", raising=False)
 
-    def reset() -> None:
-        k._facts = None
-        for f in LOOKUPS:
-            f.cache_clear()
-
-    reset()
-    yield reset
-    reset()
+    k.forget()
+    yield k.forget
+    k.forget()
 
 
 def facts() -> dict:
@@ -58,17 +50,17 @@ def test_read_once_then_kept_without_loading_the_btf(fresh, tmp_path, monkeypatc
     fresh()
     monkeypatch.delenv("ALLOCSCOPE_BPF_CACHE")
     loads = []
-    real = k._Btf
+    real = k.KernelBtf
 
     def counted():
         loads.append(1)
         return real()
 
-    monkeypatch.setattr(k, "_Btf", counted)
+    monkeypatch.setattr(k, "KernelBtf", counted)
     assert facts() == truth
     assert loads == [1]  # one load shared by every lookup of the cold start
     (kept,) = (tmp_path / "kernel").iterdir()
-    assert kept.name == f"{k._kernel_key()}.json"
+    assert kept.name == f"{k.kernel_key()}.json"
     assert oct(kept.stat().st_mode & 0o777) == "0o600"
     stored = json.loads(kept.read_text())
     assert stored["rss"] == {"task_mm": truth["rss"].task_mm, "mm_anon": truth["rss"].mm_anon}
@@ -79,7 +71,7 @@ def test_read_once_then_kept_without_loading_the_btf(fresh, tmp_path, monkeypatc
     def no_btf():
         raise AssertionError("the kernel's BTF was loaded on a warm start")
 
-    monkeypatch.setattr(k, "_Btf", no_btf)
+    monkeypatch.setattr(k, "KernelBtf", no_btf)
     assert facts() == truth
 
 
@@ -93,7 +85,7 @@ def test_a_missing_member_is_kept_and_raised_again(fresh, tmp_path):
     for _ in range(2):
         fresh()
         with pytest.raises(LookupError, match="rss_stat"):
-            k._remember("probe", lacks)
+            k.remember("probe", lacks)
     assert calls == [1]
     (kept,) = (tmp_path / "kernel").iterdir()
     assert json.loads(kept.read_text()) == {"probe": {"error": "mm_struct.rss_stat"}}
@@ -101,22 +93,22 @@ def test_a_missing_member_is_kept_and_raised_again(fresh, tmp_path):
 
 def test_nothing_kept_without_btf_or_with_the_cache_off(fresh, tmp_path, monkeypatch):
     monkeypatch.setattr(k, "VMLINUX", str(tmp_path / "no-such-btf"))
-    assert k._kernel_key() is None
-    assert k._remember("x", lambda: 7) == 7
+    assert k.kernel_key() is None
+    assert k.remember("x", lambda: 7) == 7
     monkeypatch.undo()
     monkeypatch.setenv("ALLOCSCOPE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ALLOCSCOPE_BPF_CACHE", "0")
     fresh()
-    assert k._remember("y", lambda: 8) == 8
+    assert k.remember("y", lambda: 8) == 8
     assert not (tmp_path / "kernel").exists()
 
 
 def test_a_file_others_may_write_is_not_read(fresh, tmp_path):
-    assert k._remember("x", lambda: 1) == 1
+    assert k.remember("x", lambda: 1) == 1
     (kept,) = (tmp_path / "kernel").iterdir()
     kept.write_text(json.dumps({"x": 2}))
     fresh()
-    assert k._remember("x", lambda: 3) == 2  # this user's own file, private: read
+    assert k.remember("x", lambda: 3) == 2  # this user's own file, private: read
     kept.chmod(0o666)
     fresh()
-    assert k._remember("x", lambda: 4) == 4  # writable by others: not trusted, read again
+    assert k.remember("x", lambda: 4) == 4  # writable by others: not trusted, read again

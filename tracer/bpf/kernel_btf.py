@@ -9,7 +9,7 @@ libbpf's BTF API (libbpf1, a dependency of BCC), and reach the program as -D fla
 Reading them walks the BTF through a few hundred ctypes calls (the enumerator lookup through every
 type): ~30-60 ms alone, several times that while other threads of the tracer import modules (each
 call gives the GIL away and waits to get it back). The answers change only with the kernel, so
-they are kept per kernel and boot in `$ALLOCSCOPE_CACHE_DIR/kernel/` (`_remember`): a warm start
+they are kept per kernel and boot in `$ALLOCSCOPE_CACHE_DIR/kernel/` (`remember`): a warm start
 reads one small JSON file and loads no BTF at all.
 """
 
@@ -45,7 +45,7 @@ class RssOffsets:
         return [f"-DAS_OFF_TASK_MM={self.task_mm}", f"-DAS_OFF_MM_ANON={self.mm_anon}"]
 
 
-class _Btf:
+class KernelBtf:
     """The few calls of libbpf's BTF API used here; types are read as libbpf lays them out
     (struct btf_type: name_off, info, size/type; then the kind's members)."""
 
@@ -152,7 +152,7 @@ class _Btf:
         raise LookupError(value_name)
 
 
-_shared: _Btf | None = None  # the load kept open by one_load(), made at its first use
+_shared: KernelBtf | None = None  # the load kept open by one_load(), made at its first use
 _sharing = False
 
 
@@ -175,21 +175,21 @@ def one_load() -> Iterator[None]:
             _shared = None
 
 
-def _load() -> _Btf:
+def _load() -> KernelBtf:
     global _shared
     if not _sharing:
-        return _Btf()
+        return KernelBtf()
     if _shared is None:
-        _shared = _Btf()  # an OSError here: each lookup fails as it would alone
+        _shared = KernelBtf()  # an OSError here: each lookup fails as it would alone
     return _shared
 
 
-def _done(btf: _Btf) -> None:
+def _done(btf: KernelBtf) -> None:
     if btf is not _shared:
         btf.close()
 
 
-def _kernel_key() -> str | None:
+def kernel_key() -> str | None:
     """This kernel and boot: release, build string, the BTF's size and time, the boot id (a new
     boot reads the facts again). None without BTF (nothing is kept then)."""
     try:
@@ -206,11 +206,11 @@ def _kernel_key() -> str | None:
 _facts: dict[str, Any] | None = None  # the kept facts of this kernel, read once
 
 
-def _remember(name: str, compute):
+def remember(name: str, compute):
     """compute() once per kernel and boot, kept on disk with the other facts (JSON values; a
     LookupError, the BTF lacking it, is kept too and raised again)."""
     global _facts
-    key = _kernel_key() if enabled() else None
+    key = kernel_key() if enabled() else None
     if _facts is None:
         stored = read_private(cache_dir("kernel") / f"{key}.json") if key else None
         _facts = stored if isinstance(stored, dict) else {}
@@ -232,12 +232,21 @@ def _remember(name: str, compute):
     return v
 
 
+def forget() -> None:
+    """Drop what this process keeps of the facts (the file stays): the next lookup reads the
+    kept file again, or the BTF (tests, and a process that outlives a kernel's facts file)."""
+    global _facts
+    _facts = None
+    for lookup in (rss_offsets, file_offsets, optimizes_nop5_uprobes, switch_offsets):
+        lookup.cache_clear()
+
+
 @lru_cache(maxsize=1)
 def rss_offsets() -> RssOffsets:
     """Where the probes read the current task's anonymous RSS (pages). Raises OSError or
     LookupError when this kernel's BTF does not describe it (the probes then fall back to the
     kmem:rss_stat tracepoint)."""
-    return RssOffsets(**_remember("rss", lambda: asdict(_read_rss_offsets())))
+    return RssOffsets(**remember("rss", lambda: asdict(_read_rss_offsets())))
 
 
 def _read_rss_offsets() -> RssOffsets:
@@ -297,7 +306,7 @@ class FileOffsets:
 def file_offsets() -> FileOffsets:
     """Raises OSError or LookupError when the kernel's BTF lacks one (file mappings then stay
     untracked, as before)."""
-    return FileOffsets(**_remember("files", lambda: asdict(_read_file_offsets())))
+    return FileOffsets(**remember("files", lambda: asdict(_read_file_offsets())))
 
 
 def _read_file_offsets() -> FileOffsets:
@@ -326,7 +335,7 @@ def _btf_flags(name: str, flags) -> list[str]:
     """flags(off) with off(struct, field) the byte offset of a kernel struct member from the
     running kernel's BTF (kept as `name`); [] when the BTF or a member is missing."""
     try:
-        return list(_remember(name, lambda: _read_btf_flags(flags)))
+        return list(remember(name, lambda: _read_btf_flags(flags)))
     except (OSError, LookupError):
         return []
 
@@ -378,7 +387,7 @@ def optimizes_nop5_uprobes() -> bool:
     if os.environ.get("ALLOCSCOPE_UPROBE_NOP5") == "0":
         return False
     try:
-        return bool(_remember("nop5", _read_nop5))
+        return bool(remember("nop5", _read_nop5))
     except OSError:
         return False
 
@@ -402,7 +411,7 @@ def switch_offsets() -> tuple[str, ...]:
     prev_state; 5.18+), else task_struct.__state (AS_OFF_TASK_STATE). () when the BTF lacks one:
     the classic sched:sched_switch tracepoint serves instead."""
     try:
-        return tuple(_remember("switch", _read_switch_offsets))
+        return tuple(remember("switch", _read_switch_offsets))
     except OSError:
         return ()
 
