@@ -13,6 +13,7 @@ from support import unavailable
 
 from tracer.bpf import kernel_btf as k
 
+
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """A new cache dir and none of this process's kept answers."""
