@@ -201,9 +201,12 @@ def test_target_oom_killed_in_memory_cgroup(bins, tmp_path, start, tracers):
         assert tgt.p.wait(60) == -signal.SIGKILL  # killed by the OOM killer
         rc, so, se = tr.wait(60), tr.stdout.read(), tr.stderr.read()
         assert rc == 0, se
-        assert "target exited" in so
         rep = report(out)
         assert rep["recording"]["complete"] and rep["recording"]["end_reason"] == "target exited"
+        oom = rep["recording"]["end"]["oom"]
+        assert oom["scope"] == "cgroup" and oom["cgroup"].endswith(f"/{cg.name}"), oom
+        # the summary line says it as the report does
+        assert f"(target OOM-killed by the memory cgroup {oom['cgroup']} (limit 48.0 MiB))" in so, so
         live, count, allocs = live_of(rep, "oom_grow")
         assert allocs >= 20 and count == allocs and live == allocs << 20, (live, count, allocs)
         assert 20 << 20 <= live <= 48 << 20
@@ -268,7 +271,7 @@ def test_reused_pid_is_never_traced(bins, tmp_path, start, tracers):
         tr.send_signal(signal.SIGCONT)
     rc, so, se = tr.wait(30), tr.stdout.read(), tr.stderr.read()
     assert rc == 0, se
-    assert "(target exited)" in so, so
+    assert "(target killed by SIGKILL)" in so, so
     assert b.alive()
     from reports.trace import load_trace
 

@@ -511,3 +511,28 @@ def test_top_closes_with_how_the_target_ended():
     assert closing_text({"reason": "stopped"}, "SIGINT") == "SIGINT"
     assert closing_text({"reason": "stopped"}, "5 iterations") == "5 iterations"
     assert closing_text(None, "quit") == "quit"
+
+
+def test_the_recording_summary_says_how_the_target_ended():
+    """`record`'s and `top`'s one-line summary: the end as the report says it (exit code, signal,
+    OOM kill with the cgroup), else why the recording stopped; 1 interval, 2 intervals."""
+    from allocscope.cli.recording import summary_text
+    from tracer.record.recorder import Summary
+
+    def line(intervals: int, end_reason: str, end: dict | None, path: str = "/t/x.allocscope") -> str:
+        return summary_text(Summary(path, 2.04, intervals, end_reason, 3 << 20, 7, 2, 0, 48 << 10, end))
+
+    tail = "live 3.0 MiB in 7 blocks at 2 sites; lost 0; 48.0 KiB on disk"
+    assert line(2, "target exited", {"reason": "exited", "exit_code": 0}) == (
+        f"allocscope: wrote /t/x.allocscope: 2 intervals in 2.0s (target exited with code 0); {tail}"
+    )
+    assert line(1, "target exited", {"reason": "killed", "signal": "SIGKILL"}) == (
+        f"allocscope: wrote /t/x.allocscope: 1 interval in 2.0s (target killed by SIGKILL); {tail}"
+    )
+    oom = {"reason": "oom_killed", "oom": {"scope": "cgroup", "cgroup": "/w", "limit_bytes": 2 << 30}}
+    assert "(target OOM-killed by the memory cgroup /w (limit 2.0 GiB));" in line(5, "target exited", oom)
+    assert "(the target exec'd another program);" in line(5, "exec", {"reason": "exec"})
+    assert line(3, "SIGINT", {"reason": "stopped"}, path="") == (
+        f"allocscope: wrote nothing (no -o): 3 intervals in 2.0s (SIGINT); {tail}"
+    )
+    assert "(target exited);" in line(3, "target exited", None)  # an older recorder's words

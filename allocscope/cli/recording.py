@@ -84,12 +84,20 @@ def start_metrics(listen: str | None, opts, top_k: int, progress=None):
 
 
 def summary_text(s) -> str:
-    """The one line a recording ends with (tracer.record.recorder.Summary)."""
+    """The one line a recording ends with (tracer.record.recorder.Summary): where it went, how
+    long, how it ended ('target exited with code 0', 'target killed by SIGKILL', 'target
+    OOM-killed by the memory cgroup /x (limit 2.0 GiB)', else why it stopped: SIGINT, --duration),
+    what was live at the end."""
+    from reports.analysis.ending import closing_text  # noqa: PLC0415
     from reports.units import human_bytes  # noqa: PLC0415
 
     where = f"wrote {s.path}" if s.path else "wrote nothing (no -o)"
+    ended = closing_text(s.end, s.end_reason)  # how the target ended, as the report says it
+    if ended != s.end_reason and not ended.startswith("the target"):
+        ended = f"target {ended}"
+    intervals = f"{s.intervals} interval{'' if s.intervals == 1 else 's'}"
     return (
-        f"allocscope: {where}: {s.intervals} intervals in {s.seconds:.1f}s ({s.end_reason}); "
+        f"allocscope: {where}: {intervals} in {s.seconds:.1f}s ({ended}); "
         f"live {human_bytes(s.live_bytes)} in {s.live_count} blocks at {s.sites} sites; "
         f"lost {s.lost}; {human_bytes(s.bytes_written)} on disk"
     )
