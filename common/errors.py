@@ -22,6 +22,11 @@ class TargetError(AllocscopeError):
     exit_code = 3
 
 
+class NoAllocatorError(TargetError):
+    """The target maps no malloc/free (statically linked and stripped, or caught before the
+    loader mapped its libraries: `watch` looks again once its code mappings change)."""
+
+
 class PermissionProblem(AllocscopeError):
     """Not root / no CAP_BPF / BPF or tracefs unavailable."""
 

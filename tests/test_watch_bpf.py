@@ -215,3 +215,32 @@ def test_record_pid_target_dies_during_attach(targets, procs, tmp_path):
     assert "Traceback" not in "".join(err), err
     assert f"process {d.pid} (restartd) ended while allocscope was attaching (killed by SIGKILL)" in last, err
     assert "nothing was recorded" in last and not out.exists()
+
+
+def test_a_second_watch_of_one_program_finds_it_without_holding_it(targets, procs, watches, tmp_path):
+    """Two gates holding one program name would let each other's holds go (tracer/watch/claims.py):
+    the second watch says so and finds the incarnations by a look at /proc; the first still holds
+    each at its exec and traces it from its first allocation."""
+    exe = targets["restartd"]
+    a = watches("--pgrep", f"^{exe} hold", "-o", tmp_path / "a", "--interval", "0.5")
+    assert "held at their exec" in a.expect("watching", 240)
+    b = watches("--pgrep", f"^{exe} hold", "-o", tmp_path / "b", "--interval", "0.5")
+    said = b.expect("another allocscope watch", 240)
+    assert f"another allocscope watch (pid {a.p.pid}) holds restartd at its exec" in said, said
+    assert "held at their exec" not in b.expect("watching", 60)
+    d = procs(exe, "hold", 8)
+    a.expect(f"recording pid {d.pid}")
+    assert held_line(d) == (8 * BLOCK, 8)  # it ran once the first watch's probes were live
+    b.expect(f"recording pid {d.pid}", 30)  # the second found it running
+    time.sleep(1.2)  # a snapshot with all of it
+    d.signal(signal.SIGKILL)
+    for w in (a, b):
+        w.expect(f"pid {d.pid} killed by SIGKILL")
+    assert a.stop() == 0 and b.stop() == 0
+    for w in (a, b):
+        assert "Traceback" not in "".join(w.all), "".join(w.all)
+    (trace,) = (tmp_path / "a").glob("restartd-*.allocscope")
+    rows = hold_rows(report_json(trace))
+    assert sum(r["live_by_source"].get("mmap", 0) for r in rows) == 8 * CHUNK  # from the first block
+    (second,) = (tmp_path / "b").glob("restartd-*.allocscope")
+    assert report_json(second)["recording"]["end"]["reason"] == "killed"

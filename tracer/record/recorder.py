@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.errors import AllocscopeError, Interrupted, TargetError
+from common.errors import AllocscopeError, Interrupted, NoAllocatorError, TargetError
 from common.tracefile.writer import SYNC_S, NullWriter, TraceWriter, prepare_output
 
 from ..allocators.custom import CustomFn, Located, locate, parse_all
@@ -248,7 +248,7 @@ class Recorder:
             maps = maps + [m for m in launch_maps(t) if m.path not in have]
         allocators = find_allocators(t.exe, maps)
         if not allocators or not allocators[0].serves_malloc:
-            raise TargetError(
+            raise NoAllocatorError(
                 f"no malloc/free found in {t.exe} or its libraries (statically linked and stripped?); nothing to probe"
             )
         alloc = allocators[0]

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from common.errors import AllocscopeError, TargetError, UsageError
+from common.errors import AllocscopeError, NoAllocatorError, TargetError, UsageError
 from common.tracefile import format as F
 
 from ..base.options import RecordOptions
@@ -40,6 +40,7 @@ from ..process.ending import describe_end
 from ..process.target import target_from_pid
 from ..record.recorder import Recorder, Summary
 from ..record.signals import StopRequest
+from .claims import NameClaims
 
 if TYPE_CHECKING:
     from .gate import ExecGate
@@ -153,6 +154,9 @@ class Watcher:
         self.seen: set[tuple[int, int]] = set()  # (pid, start time) traced or let go
         self.current: tuple[int, int] | None = None  # the incarnation being recorded (pid, start)
         self.gate: ExecGate | None = None
+        self.claims = NameClaims()  # the program names the gate holds, one watch each per box
+        self.unheld: set[str] = set()  # names another watch holds (said once)
+        self.unready: dict[tuple[int, int], frozenset[str]] = {}  # found with no allocator: its code files then
         self._gate_thread: threading.Thread | None = None
         self._closing = threading.Event()
         self.observers: list[Callable] = []  # more observers of each snapshot (keep, triggers)
@@ -220,12 +224,20 @@ class Watcher:
                 time.sleep(0.2)
 
     def _scan(self) -> list[int]:
-        """Matching processes not traced yet, oldest first."""
+        """Matching processes not traced yet, oldest first. One stopped (another watch's gate
+        holding it at its exec, a debugger) is looked at again once it runs; one whose code had
+        no allocator yet (caught before the loader mapped its libraries), once that code changed."""
         out = []
         for pid, _ in procfs.pgrep(self.pattern):
             key = self._key(pid)
-            if key is not None and key not in self.seen and key != self.current:
-                out.append((key[1], pid))
+            if key is None or key in self.seen or key == self.current:
+                continue
+            try:
+                if procfs.state(pid) in ("T", "t") or self.unready.get(key) == code_files(pid):
+                    continue
+            except (OSError, IndexError):
+                continue
+            out.append((key[1], pid))
         return [pid for _, pid in sorted(out)]
 
     def _next(self) -> tuple[int, bool] | None:
@@ -266,6 +278,28 @@ class Watcher:
         self.progress(f"probes built in {time.perf_counter() - t:.1f}s ({self.ropts.mode} mode)")
 
     def run(self) -> list[Incarnation]:
+        try:
+            return self._run()
+        finally:
+            self.claims.close()
+
+    def _claim(self, comm: str) -> bool:
+        """Claim `comm` box-wide for the gate (tracer/watch/claims.py): False when another watch
+        holds it (said once): its incarnations are then found by a look at /proc, not held."""
+        other = self.claims.claim(comm)
+        if other is None:
+            return True
+        if comm not in self.unheld:
+            self.unheld.add(comm)
+            who = f"pid {other}" if other else "another process"
+            self.progress(
+                f"another allocscope watch ({who}) holds {comm} at its exec (two gates would let each "
+                f"other's holds go): here its incarnations are found by a look at /proc every {SCAN_S:.0f} s, "
+                "not held (their first moments are not seen)"
+            )
+        return False
+
+    def _run(self) -> list[Incarnation]:
         os.makedirs(self.w.out_dir, mode=0o700, exist_ok=True)
         self.warm()
         if self.stop.reason is not None:
@@ -273,21 +307,15 @@ class Watcher:
         if self.w.hold:
             from .gate import ExecGate  # noqa: PLC0415 (BCC)
 
-            others = [pid for pid, _ in procfs.pgrep(r"(allocscope|bootstrap\.py)\s+watch(\s|$)") if pid != os.getpid()]
-            if others:  # each gate continues what it does not follow: a SIGCONT ends every stop
-                self.progress(
-                    f"another allocscope watch runs (pid {', '.join(map(str, others[:3]))}): two watches of one "
-                    "program name let each other's held incarnations go (their first allocations may be missed)"
-                )
-
-            self.gate = ExecGate(sorted(self.comms))
+            self.gate = ExecGate([c for c in sorted(self.comms) if self._claim(c)])
             if DEBUG and self.gate.compiled_why:
                 self.progress(f"debug: the exec gate was compiled here: {self.gate.compiled_why}")
             self._gate_thread = threading.Thread(target=self._gate_loop, name="exec gate", daemon=True)
             self._gate_thread.start()
         try:
             what = f"--pid {self.w.pid}'s command line" if self.w.pid is not None else f"--pgrep {self.pattern!r}"
-            held = f"; new incarnations of {', '.join(sorted(self.comms))} are held at their exec" if self.gate else ""
+            gated = sorted(self.gate.comms) if self.gate else []
+            held = f"; new incarnations of {', '.join(gated)} are held at their exec" if gated else ""
             self.progress(f"watching {what}{held}; traces in {self.w.out_dir}; Ctrl-C to stop")
             while self.stop.reason is None:
                 nxt = self._next()
@@ -325,7 +353,7 @@ class Watcher:
             target.on_release = lambda: gate.release(pid, "the probes are live")
             gate.follow(pid, FOLLOW_S)  # the libraries it maps next: their unwind rows first
             rec_hook = lambda: gate.release_code(pid)
-        if self.gate is not None:
+        if self.gate is not None and self._claim(target.comm):
             self.gate.watch(target.comm)
         wall = time.time()
         path = os.path.join(self.w.out_dir, trace_name(target.comm, pid, wall))
@@ -350,6 +378,10 @@ class Watcher:
             self._said_end(inc, rec)
         except AllocscopeError as e:
             inc.error = str(e)
+            if isinstance(e, NoAllocatorError) and not held:  # perhaps caught before its loader's work
+                with contextlib.suppress(OSError):
+                    self.unready[key] = code_files(pid)
+                    self.seen.discard(key)
             self.progress(f"pid {pid}: {e}")
             if isinstance(e, TargetError) and "ended while" in str(e):  # before its recording began
                 target.alive()
@@ -392,6 +424,11 @@ class Watcher:
             self.listener.observe(snap)
         for obs in self.observers:
             obs(self, snap)
+
+
+def code_files(pid: int) -> frozenset[str]:
+    """The files `pid` maps executable (the program, ld.so, then its libraries as they come)."""
+    return frozenset(m.path for m in procfs.read_maps(pid) if m.is_file and "x" in m.perms)
 
 
 def give_back_memory() -> None:
