@@ -56,6 +56,10 @@ def test_a_place_that_cannot_hold_claims_is_one_line(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(PermissionProblem, match=r"^cannot claim 'provingd' for this watch in .*ALLOCSCOPE_RUN_DIR"):
         NameClaims(str(tmp_path / "file" / "run")).claim("provingd")
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)  # anyone could take the claims there: not used
+    with pytest.raises(PermissionProblem, match="writable by others"):
+        NameClaims(str(tmp_path / "open")).claim("provingd")
 
 
 def test_the_scan_waits_for_a_stopped_or_unready_process(tmp_path):

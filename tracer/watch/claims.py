@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import tempfile
 
 from common.errors import PermissionProblem
 
@@ -20,7 +21,13 @@ RUN_DIR_ENV = "ALLOCSCOPE_RUN_DIR"
 
 
 def run_dir() -> str:
-    return os.environ.get(RUN_DIR_ENV) or "/run/allocscope"
+    """$ALLOCSCOPE_RUN_DIR, else /run/allocscope where /run is writable, else a folder of this
+    user's in the temporary directory (a box without /run: every watch there falls back alike)."""
+    if os.environ.get(RUN_DIR_ENV):
+        return os.environ[RUN_DIR_ENV]
+    if os.access("/run", os.W_OK):
+        return "/run/allocscope"
+    return os.path.join(tempfile.gettempdir(), f"allocscope-run-{os.geteuid()}")
 
 
 def lock_name(comm: str) -> str:
@@ -42,6 +49,9 @@ class NameClaims:
             return None
         try:
             os.makedirs(self.dir, mode=0o700, exist_ok=True)
+            st = os.stat(self.dir)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                raise OSError(0, "owned by another user or writable by others")
             fd = os.open(
                 os.path.join(self.dir, lock_name(comm)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
             )
