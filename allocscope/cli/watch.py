@@ -135,8 +135,9 @@ def watch(
     Runs until stopped (Ctrl-C, SIGTERM: the recording under way is finished). A process that
     matches when the watch starts is attached as `record --pid` would; after that, each new
     incarnation (a restart by systemd) is stopped at its exec while the probes attach and is let
-    go once they are live (a second or two), so it is traced from its first allocation. Each
-    trace is DIR/COMM-PID-DATE-TIME.allocscope and reads with `report` and `diff` like any other;
+    go once they are live (a second or two), so it is traced from its first allocation (one
+    watch per program name holds it; a second watch of it finds each incarnation once it runs).
+    Each trace is DIR/COMM-PID-DATE-TIME.allocscope and reads with `report` and `diff` like any other;
     its report says how the target ended (exited, killed, OOM-killed with the cgroup's limit).
 
     The default mode is `--mode residency` (the mmap family, sampled page faults and waits: the
