@@ -75,10 +75,15 @@ def test_the_scan_waits_for_a_stopped_or_unready_process(tmp_path):
         assert w._scan() == [p.pid]
         p.send_signal(signal.SIGSTOP)
         wait_state(p.pid, "T")
-        assert w._scan() == []  # stopped: not now
+        said = []
+        w.progress = said.append
+        assert w._scan() == [] and said == []  # stopped: not now (and a moment's stop is not said)
+        key = (p.pid, w._key(p.pid)[1])
+        w.stopped_since[key] -= 6  # stopped for 6 s
+        assert w._scan() == [] and w._scan() == []
+        assert said == [f"pid {p.pid} matches but has been stopped for 5 s: traced once it runs"]
         p.send_signal(signal.SIGCONT)
         wait_state(p.pid, "S")
-        key = (p.pid, w._key(p.pid)[1])
         w.unready[key] = code_files(p.pid)
         assert w._scan() == []  # its code as when it had no allocator
         w.unready[key] = frozenset({"/usr/bin/sleep"})

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 DEBUG = bool(os.environ.get("ALLOCSCOPE_WATCH_DEBUG"))  # every exec the gate holds, and what is done with it
 SCAN_S = 1.0  # how often /proc is looked at for a matching process the gate did not hold
+STOPPED_SAY_S = 5.0  # a matching process stopped this long is said once (traced once it runs)
 FOLLOW_S = 10.0  # a held incarnation is stopped at each library the loader maps, this long after its exec
 WATCH_HOLD_S = 30.0  # a watched recording's small parts are written together this often (writer.py hold_s)
 
@@ -157,6 +158,7 @@ class Watcher:
         self.claims = NameClaims()  # the program names the gate holds, one watch each per box
         self.unheld: set[str] = set()  # names another watch holds (said once)
         self.unready: dict[tuple[int, int], frozenset[str]] = {}  # found with no allocator: its code files then
+        self.stopped_since: dict[tuple[int, int], float] = {}  # matching but stopped: since when (0: said)
         self._gate_thread: threading.Thread | None = None
         self._closing = threading.Event()
         self.observers: list[Callable] = []  # more observers of each snapshot (keep, triggers)
@@ -233,12 +235,23 @@ class Watcher:
             if key is None or key in self.seen or key == self.current:
                 continue
             try:
-                if procfs.state(pid) in ("T", "t") or self.unready.get(key) == code_files(pid):
+                if procfs.state(pid) in ("T", "t"):
+                    self._stopped(pid, key)
+                    continue
+                if self.unready.get(key) == code_files(pid):
                     continue
             except (OSError, IndexError):
                 continue
             out.append((key[1], pid))
         return [pid for _, pid in sorted(out)]
+
+    def _stopped(self, pid: int, key: tuple[int, int]) -> None:
+        """A matching process stopped: said once when it stays so (a debugger, job control), not
+        for the moment another watch's gate holds it."""
+        since = self.stopped_since.setdefault(key, time.monotonic())
+        if since and time.monotonic() - since >= STOPPED_SAY_S:
+            self.stopped_since[key] = 0.0
+            self.progress(f"pid {pid} matches but has been stopped for {STOPPED_SAY_S:.0f} s: traced once it runs")
 
     def _next(self) -> tuple[int, bool] | None:
         """The next incarnation to trace (pid, held), or None once stopped."""
