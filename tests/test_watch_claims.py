@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from support import ROOT
+from support import ROOT, wait_for
 
 from common.errors import PermissionProblem
 from tracer.watch.claims import NameClaims, lock_name
@@ -66,11 +66,15 @@ def test_the_scan_waits_for_a_stopped_or_unready_process(tmp_path):
     """`watch` finding a process by /proc: one stopped (another watch's gate holds it at its exec)
     is looked at again once it runs; one that had no allocator yet, once its code files change."""
     from tracer.base.options import RecordOptions
+    from tracer.process import procfs
     from tracer.record.signals import StopRequest
     from tracer.watch.watcher import Watcher, WatchOptions, code_files
 
     p = subprocess.Popen(["sleep", "3117"])
     try:
+        # Popen returns once the exec has begun, before the kernel sets the new command line: a
+        # scan in that moment sees an empty one (the watch's next scan finds it; here, wait)
+        wait_for(lambda: procfs.cmdline(p.pid) == ["sleep", "3117"], 10, "sleep's command line")
         w = Watcher(WatchOptions(str(tmp_path / "t"), pattern="^sleep 3117$"), RecordOptions(), print, StopRequest())
         assert w._scan() == [p.pid]
         p.send_signal(signal.SIGSTOP)
