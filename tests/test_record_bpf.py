@@ -275,3 +275,8 @@ def test_doctor_passes_here():
     assert "uprobe_multi links and uprobe sessions available" in p.stdout, p.stdout
     # kernel 6.18 optimizes a uprobe on a 5-byte nop (--inject's markers)
     assert "[ok  ] inject markers: a uprobe on a 5-byte nop becomes a call" in p.stdout, p.stdout
+    # kernel 6.18's oom:mark_victim has the victim's memory; the store's program serves it
+    assert (
+        "[ok  ] OOM kills: told by the kernel's own mark of its victim, oom:mark_victim (loads from the "
+        "prebuilt program), with the victim's memory at the kill"
+    ) in p.stdout, p.stdout

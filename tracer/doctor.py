@@ -290,8 +290,26 @@ def run_checks() -> list[Check]:
         check_prebuilt(),
     ]
     if all(c.ok for c in checks):
-        checks += [check_uprobe_links(), check_marker_probes(), check_compile()]
+        checks += [check_uprobe_links(), check_marker_probes(), check_compile(), check_oom_mark()]
     return checks
+
+
+def check_oom_mark() -> Check:
+    """Whether a recording can watch the OOM killer's marks (tracer/bpf/oom.py). Never a failure:
+    without them an OOM kill is told by the memory cgroups' counters."""
+    from .bpf.oom import open_victims  # noqa: PLC0415
+
+    victims, how = open_victims()
+    if victims is None:
+        return Check("OOM kills", True, f"told by the memory cgroups' counters only (oom:mark_victim: {how})")
+    memory = (
+        "with the victim's memory at the kill"
+        if victims.memory
+        else "(this kernel's tracepoint gives no memory figures)"
+    )
+    victims.close()
+    where = "loads from the prebuilt program" if how == "prebuilt" else how
+    return Check("OOM kills", True, f"told by the kernel's own mark of its victim, oom:mark_victim ({where}), {memory}")
 
 
 def check_compile() -> Check:

@@ -2,9 +2,10 @@
 
 meta.json's `end` is written by the tracer (tracer/process/ending.py): `reason` ("exited",
 "killed", "oom_killed", "exec", "stopped"), `exit_code`, `signal`, `oom` ({scope, cgroup,
-limit_bytes}), `time` (seconds after the probes went live) and `last_alive` (the snapshot that
-last measured the target alive: the end's RSS figures are that snapshot's, a dead process has
-none). A killed or OOM-killed target's report opens with what it held when it died."""
+limit_bytes, told_by, victim: the kernel's mark with its memory at the kill}), `time` (seconds
+after the probes went live) and `last_alive` (the snapshot that last measured the target alive:
+the end's RSS figures are that snapshot's, a dead process has none). A killed or OOM-killed
+target's report opens with what it held when it died."""
 
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ def end_text(end: dict | None, fallback: str | None = None) -> str:
             lim = oom.get("limit_bytes")
             limit = f" (limit {human_bytes(lim)})" if lim else ""
             return f"OOM-killed by the memory cgroup {oom.get('cgroup')}{limit}"
-        return "OOM-killed (the whole machine was out of memory)"
+        if oom.get("scope") == "global":
+            return "OOM-killed (the whole machine was out of memory)"
+        return "OOM-killed"  # the kernel marked it; no memory cgroup to say where
     if reason == "killed":
         return f"killed by {end.get('signal') or 'a signal'}"
     if reason == "exited":
@@ -85,6 +88,18 @@ def _rss_clause(doc: dict) -> str:
     if last.get("elapsed_s") is not None and end_s is not None and end_s - last["elapsed_s"] >= 0.5:
         text += f" (RSS last read alive at +{last['elapsed_s']:.1f}s)"  # a dead process has none
     return text
+
+
+def _victim_clause(end: dict) -> str:
+    """'the kernel counted anon-rss 47.2 MiB, file-rss 1.1 MiB, shmem-rss 0 B' when the OOM
+    killer's mark of the target (oom:mark_victim) gave its memory at the kill (dmesg's figures)."""
+    victim = (end.get("oom") or {}).get("victim") or {}
+    if "anon_rss_bytes" not in victim:
+        return ""
+    parts = [
+        f"{k.replace('_', '-')} {human_bytes(int(victim[f'{k}_bytes']))}" for k in ("anon_rss", "file_rss", "shmem_rss")
+    ]
+    return "the kernel counted " + ", ".join(parts)
 
 
 def _held_at_end(doc: dict) -> tuple[str, dict] | None:
@@ -142,7 +157,7 @@ def end_finding(doc: dict) -> dict | None:
     if end.get("time") is not None:
         when.append(elapsed_text(float(end["time"])))
     text = head + (f" at {', '.join(when)}" if when else "")
-    clauses = [c for c in (_rss_clause(doc),) if c]
+    clauses = [c for c in (_victim_clause(end), _rss_clause(doc)) if c]
     held = _held_at_end(doc)
     if held:
         clauses.append(held[0])

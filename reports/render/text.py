@@ -61,7 +61,8 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     if gpu.get("driver"):
         out.append(driver_text(gpu))
     ended = end_text(rec.get("end"), rec.get("end_reason"))
-    out.append(f"{tot['intervals']} intervals, {tot['duration_s']:.1f}s; ended: {ended}")
+    n = tot["intervals"]
+    out.append(f"{n} interval{'' if n == 1 else 's'}, {tot['duration_s']:.1f}s; ended: {ended}")
     if doc.get("folded"):
         out.append(s.dim("folded out of sites: " + folded_text(doc["folded"])))
     if doc.get("source_filter"):

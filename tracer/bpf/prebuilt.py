@@ -47,9 +47,10 @@ from ..base.options import RecordOptions
 from .cache import BPF_LD_IMM64, BPF_PSEUDO_MAP_FD, INSN, SIZE_ONLY
 from .source import bpf_text, const_flags, probe_config
 
-FORMAT = 2  # 2: the watch's gate beside the variants (`watch`)
+FORMAT = 3  # 2: the watch's gate beside the variants (`watch`); 3: the OOM victims' program (`oom`)
 STORE = L.PROBES_DIR / "prebuilt" / "allocscope-bpf.json"
 WATCH_SOURCE = L.PROBES_DIR / "watch.bpf.c"  # the night watch's exec gate (tracer/watch/gate.py)
+OOM_SOURCE = L.PROBES_DIR / "oom.bpf.c"  # the OOM killer's victims (tracer/bpf/oom.py)
 MARKER_BASE = 0x5A000000  # markers: MARKER_BASE + 0x100 * k, far above any offset, pid or size here
 MARKER_SPAN = 0x01000000
 # (unwind, rss_tracepoint): what the store holds, every option of the CLI loading from these
@@ -79,7 +80,7 @@ class NotPrebuilt(Exception):
 
 def source_digest() -> str:
     """What the store was built from: the programs' text and this loader's format."""
-    text = b"format=%d\0" % FORMAT + bpf_text() + b"\0" + WATCH_SOURCE.read_bytes()
+    text = b"format=%d\0" % FORMAT + bpf_text() + b"\0" + WATCH_SOURCE.read_bytes() + b"\0" + OOM_SOURCE.read_bytes()
     return hashlib.sha256(text).hexdigest()[:32]
 
 
@@ -92,7 +93,7 @@ def variant_key(flags: list[str], consts: dict[str, int]) -> str:
     return " ".join(sorted(parts)) + " | " + " ".join(sorted(consts))
 
 
-def _format_fields(category: str, name: str) -> str | None:
+def tracepoint_fields(category: str, name: str) -> str | None:
     """The field lines of a tracepoint's format (what BCC's args struct is made of), or None."""
     for root in TRACEFS:
         try:
@@ -133,6 +134,13 @@ def _compile_variant(unwind: str, rss_tracepoint: bool) -> dict:
 def _compile_watch() -> dict:
     """The watch's exec gate (probes/watch.bpf.c): no constants, fixed sizes."""
     return {"variant": "watch", **_compile(WATCH_SOURCE.read_bytes(), [], {}, sized=False)}
+
+
+def _compile_oom() -> dict:
+    """The OOM victims' program (probes/oom.bpf.c), with the tracepoint's memory fields where the
+    build box's kernel has them (a kernel whose format differs compiles its own, tracer/bpf/oom.py)."""
+    rss = "anon_rss" in (tracepoint_fields("oom", "mark_victim") or "")
+    return {"variant": "oom", **_compile(OOM_SOURCE.read_bytes(), ["-DAS_OOM_RSS"] if rss else [], {}, sized=False)}
 
 
 def _compile(text: bytes, cflags: list[str], markers: dict[str, int], sized: bool = True) -> dict:
@@ -194,7 +202,7 @@ def _compile(text: bytes, cflags: list[str], markers: dict[str, int], sized: boo
             funcs[fname] = {"code": base64.b64encode(code).decode(), "maps": maps, "consts": cref}
             tp = _tracepoint_of(fname)
             if tp is not None:
-                fields = _format_fields(*tp)
+                fields = tracepoint_fields(*tp)
                 if fields is None:
                     raise NotPrebuilt(f"no tracefs format for {tp[0]}:{tp[1]}")
                 formats[fname] = fields
@@ -218,7 +226,11 @@ def _compile(text: bytes, cflags: list[str], markers: dict[str, int], sized: boo
 
 
 def _compile_in_child(args) -> dict:
-    return _compile_watch() if args == "watch" else _compile_variant(*args)
+    if args == "watch":
+        return _compile_watch()
+    if args == "oom":
+        return _compile_oom()
+    return _compile_variant(*args)
 
 
 def build(out: Path = STORE) -> dict:
@@ -228,8 +240,8 @@ def build(out: Path = STORE) -> dict:
 
     workers = max(1, min(len(VARIANTS), os.cpu_count() or 1))
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        entries = list(pool.map(_compile_in_child, [*VARIANTS, "watch"]))
-    watch = entries.pop()
+        entries = list(pool.map(_compile_in_child, [*VARIANTS, "watch", "oom"]))
+    oom, watch = entries.pop(), entries.pop()
     u = os.uname()
     store = {
         "format": FORMAT,
@@ -237,6 +249,7 @@ def build(out: Path = STORE) -> dict:
         "built_on": f"{u.release} {u.machine}",
         "variants": {e["variant"]: e for e in entries},
         "watch": watch,
+        "oom": oom,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
@@ -290,17 +303,23 @@ def check_formats(entry: dict) -> None:
     for fname, fields in entry["formats"].items():
         tp = _tracepoint_of(fname)
         assert tp is not None
-        if _format_fields(*tp) != fields:
+        if tracepoint_fields(*tp) != fields:
             raise NotPrebuilt(f"tracepoint {tp[0]}:{tp[1]} differs from the build box's")
 
 
 def load_watch(bcc):
     """The watch's exec gate from the store, its tracepoints attached (NotPrebuilt: compile it)."""
+    return load_apart(bcc, "watch", "watch gate")
+
+
+def load_apart(bcc, key: str, what: str):
+    """A program of its own from the store (`watch`: the watch's exec gate, `oom`: the OOM
+    victims'), its tracepoints attached (NotPrebuilt: compile it)."""
     if os.environ.get("ALLOCSCOPE_PREBUILT") == "0":
         raise NotPrebuilt("ALLOCSCOPE_PREBUILT=0")
-    entry = load_store().get("watch")
+    entry = load_store().get(key)
     if entry is None:
-        raise NotPrebuilt("the store has no watch gate; run 'make setup'")
+        raise NotPrebuilt(f"the store has no {what}; run 'make setup'")
     check_formats(entry)
     return load(bcc, entry, [], {})
 

@@ -13,6 +13,11 @@ the OOM killer chose it, and in which memory cgroup, at what limit.
   deepest cgroup whose `oom` rose and that has a limit (the one that was full), "global" when none
   did (the machine was out of memory). A SIGKILL with no OOM kill counted there is "killed"; so is
   one on a box without a memory cgroup to read (an OOM kill elsewhere must not name this process).
+* Better, where the recording watched the kernel's oom:mark_victim (tracer/bpf/oom.py): the OOM
+  killer's own mark of its victim. The target's pid (or a thread's) marked: OOM-killed, with the
+  kernel's figures of its memory at the kill (`oom.victim`), whatever the counters say; not marked:
+  not an OOM kill, even when another process of the same cgroup was the one chosen meanwhile
+  (`oom.told_by` says which of the two told it).
 """
 
 from __future__ import annotations
@@ -193,6 +198,14 @@ class CgroupWatch:
         lim, path = min(limited)
         return path, lim
 
+    def scope(self) -> dict:
+        """Where an OOM kill came from: the deepest of the target's cgroups with a limit whose
+        `oom` count rose since the start, else the whole machine."""
+        for g in self.cgroups:
+            if g.limit is not None and read_events(g.dir).get("oom", 0) > g.events.get("oom", 0):
+                return {"scope": "cgroup", "cgroup": g.path, "limit_bytes": g.limit}
+        return {"scope": "global", "cgroup": None, "limit_bytes": None}
+
     def oom(self) -> dict | None:
         """`recording.end.oom` when the kernel counted an OOM kill in the target's own memory
         cgroup since the start (any OOM killer: the cgroup's or the machine's), else None. Without
@@ -203,16 +216,42 @@ class CgroupWatch:
         leaf = self.cgroups[0]
         if read_events(leaf.dir).get("oom_kill", 0) <= leaf.events.get("oom_kill", 0):
             return None
-        for g in self.cgroups:  # the deepest one that hit its limit
-            if g.limit is not None and read_events(g.dir).get("oom", 0) > g.events.get("oom", 0):
-                return {"scope": "cgroup", "cgroup": g.path, "limit_bytes": g.limit}
-        return {"scope": "global", "cgroup": None, "limit_bytes": None}
+        return self.scope() | {"told_by": "cgroup_counters"}
 
 
-def describe_end(reason: str, status: int | None, watch: CgroupWatch | None, when_s: float | None = None) -> dict:
+@dataclass
+class OomMark:
+    """What the kernel's oom:mark_victim said of the target while it was watched: `victim` (its
+    mark, tracer/bpf/oom.py) or None (the OOM killer did not choose it)."""
+
+    victim: dict | None
+
+
+def _oom(watch: CgroupWatch | None, mark: OomMark | None) -> dict | None:
+    """`end.oom` of a target that died of SIGKILL (or of an unknown status), None: not an OOM kill.
+    The kernel's mark decides where it was watched; else the cgroup's counters."""
+    if mark is not None:
+        if mark.victim is None:
+            return None
+        where = (
+            watch.scope()
+            if watch is not None and watch.cgroups
+            else {"scope": None, "cgroup": None, "limit_bytes": None}
+        )
+        return where | {"told_by": "mark_victim", "victim": mark.victim}
+    return watch.oom() if watch is not None else None
+
+
+def describe_end(
+    reason: str,
+    status: int | None,
+    watch: CgroupWatch | None,
+    when_s: float | None = None,
+    mark: OomMark | None = None,
+) -> dict:
     """meta.json's `end`: {"reason", "exit_code", "signal", "oom", "time"} from the recorder's
-    reason ("target exited", "duration", "target exec'd...", a signal's name...) and the target's
-    wait status (None: not known)."""
+    reason ("target exited", "duration", "target exec'd...", a signal's name...), the target's
+    wait status (None: not known) and, where oom:mark_victim was watched, its `mark`."""
     out: dict = {"reason": "stopped", "exit_code": None, "signal": None, "oom": None, "time": when_s}
     if reason.startswith("target exec"):
         out["reason"] = "exec"
@@ -225,16 +264,16 @@ def describe_end(reason: str, status: int | None, watch: CgroupWatch | None, whe
             sig = os.WTERMSIG(status)
             out["signal"] = signal_name(sig)
             out["reason"] = "killed"
-            if sig == signal.SIGKILL and watch is not None:
-                oom = watch.oom()
+            if sig == signal.SIGKILL:
+                oom = _oom(watch, mark)
                 if oom is not None:
                     out["reason"], out["oom"] = "oom_killed", oom
         elif os.WIFEXITED(status):
             out["exit_code"] = os.WEXITSTATUS(status)
-    elif watch is not None and watch.cgroups:
-        # no wait status (an older kernel, reaped already): the kernel's count of OOM kills in the
-        # target's own cgroup still tells one
-        oom = watch.oom()
+    elif mark is not None or (watch is not None and watch.cgroups):
+        # no wait status (an older kernel, reaped already): the kernel's mark, or its count of
+        # OOM kills in the target's own cgroup, still tells one
+        oom = _oom(watch, mark)
         if oom is not None:
             out.update(reason="oom_killed", signal="SIGKILL", oom=oom)
     return out

@@ -59,6 +59,8 @@ def trace_meta(rec, complete: bool) -> dict:
             "uprobes": rep.uprobes,
             "uprobes_why": rep.uprobes_why,
             "heap": rep.heap,
+            # the kernel's OOM killer's marks (tracer/bpf/oom.py): how they are watched, or why not
+            "oom": {"tracepoint": "oom:mark_victim", "watched": rec.oom_victims is not None, "how": rec.oom_how},
             **(
                 {"inject": rec.injection.report(getattr(rec.probes, "sys_tracepoints_kept", []))}
                 if rec.injection is not None

@@ -34,7 +34,7 @@ from ..allocators.retention import (
 from ..base import layout as L
 from ..base.options import DEFAULTS, RecordOptions
 from ..process import procfs
-from ..process.ending import CgroupWatch, describe_end
+from ..process.ending import CgroupWatch, OomMark, describe_end
 from ..process.mappings import MapsWatcher
 from ..process.target import Target, launch_maps, release
 from ..unwind.unwinder import Unwinder, start_unwinder
@@ -50,6 +50,7 @@ from .validate import validate
 
 if TYPE_CHECKING:
     from ..bpf.attach import AttachReport
+    from ..bpf.oom import OomVictims
     from ..bpf.probes import Probes
     from ..inject.injection import Injection
 
@@ -129,6 +130,13 @@ class Recorder:
         self.triggers: list[dict] = []  # watch --when-rss: the named snapshots (meta.json `triggers`)
         self.started = False  # the trace is being written: the target's end ends the recording
         self.cgroups: CgroupWatch | None = None  # the target's memory cgroups at the start (OOM kills)
+        # the kernel's oom:mark_victim (tracer/bpf/oom.py), loaded in a thread from the start
+        self.oom_victims: OomVictims | None = None
+        self.oom_how = ""  # meta.json probes.oom: how it is watched, or why not
+        self._oom_thread: threading.Thread | None = None
+        self._oom_lock = threading.Lock()
+        self._oom_closed = False
+        self._live = threading.Event()  # the probes are live (or the recording ended): BCC is free
         self.end: dict | None = None  # meta.json `end` (tracer/process/ending.py), at the end
         self.phases: list[tuple[str, float]] = []  # start-up: (phase, seconds), in order (--verbose prints them)
         self._phase_t0 = self._phase_t = time.perf_counter()
@@ -202,6 +210,8 @@ class Recorder:
                 f"process {t.pid} ({t.comm}) ended while allocscope was attaching "
                 f"({self._ended_text()}); nothing was recorded ({type(e).__name__} in the attach)"
             ) from None
+        finally:
+            self._close_ooms()
 
     def _ended_text(self) -> str:
         end = describe_end("target exited", self._exit_status(), self.cgroups)
@@ -210,6 +220,41 @@ class Recorder:
         if end["signal"]:
             return f"killed by {end['signal']}"
         return f"exit code {end['exit_code']}" if end["exit_code"] is not None else "exited"
+
+    def _watch_ooms(self) -> None:
+        """In a thread from the start: the OOM victims' program, loaded beside the probes (from
+        the store in milliseconds; a compile where the store cannot serve: never in their way)."""
+        from ..bpf.oom import open_victims  # noqa: PLC0415
+
+        victims, how = open_victims(lambda: self._live.wait() and not self._oom_closed)
+        with self._oom_lock:
+            self.oom_how = how
+            if not self._oom_closed:
+                self.oom_victims = victims
+                return
+        if victims is not None:
+            victims.close()  # the recording ended before it was loaded
+
+    def _oom_mark(self) -> OomMark | None:
+        """What oom:mark_victim says of the target, where it was watched from before the probes
+        went live (the target was alive then) or before it was last measured alive; else the
+        kill may have come first, and the cgroups' counters tell. None: not watched."""
+        if self._oom_thread is not None:
+            self._oom_thread.join(10)
+        victims, last = self.oom_victims, self.snapshots.last_alive
+        alive_ns = max(self.t0_ns, last[1] if last is not None else 0)
+        if victims is None or victims.attached_ns > alive_ns:
+            return None
+        pids = {self.target.pid} | set(self.snapshots.threads.names)
+        return OomMark(victims.victim(pids, self.t0_ns))
+
+    def _close_ooms(self) -> None:
+        with self._oom_lock:
+            self._oom_closed = True
+            victims, self.oom_victims = self.oom_victims, None
+        self._live.set()
+        if victims is not None:
+            victims.close()
 
     def _exit_status(self) -> int | None:
         """The target's wait status once it ended (None: not known)."""
@@ -230,6 +275,8 @@ class Recorder:
         # while BCC builds the probes (libbcc runs without the GIL), joined before the attach.
         pandas = threading.Thread(target=_import_pandas, name="import pandas", daemon=True)
         pandas.start()
+        self._oom_thread = threading.Thread(target=self._watch_ooms, name="oom victims", daemon=True)
+        self._oom_thread.start()
         if self.early is None:  # built here, beside the scans below
             from ..bpf.early import EarlyProbes  # noqa: PLC0415
 
@@ -319,6 +366,7 @@ class Recorder:
             self.snapshots.site_reader.start(probes.maps, self.peaks)
             self.peaks.arm()
             self._phase("live")
+            self._live.set()
             self._check_stop("attaching the probes")
             # Returns seen while probes were being attached belong to calls that began before
             # the attach: like pre-attach allocations, they are not losses.
@@ -360,7 +408,11 @@ class Recorder:
                 t.child.resume()
                 self.target_exit = t.child.wait(timeout=0.2)
             self.end = describe_end(
-                self.end_reason or "", self._exit_status(), self.cgroups, (time.monotonic_ns() - self.t0_ns) / 1e9
+                self.end_reason or "",
+                self._exit_status(),
+                self.cgroups,
+                (time.monotonic_ns() - self.t0_ns) / 1e9,
+                self._oom_mark(),
             )
             last = self.snapshots.last_alive
             if last is not None and self.end["reason"] != "stopped":

@@ -426,7 +426,9 @@ class Watcher:
         )
         if end.get("reason") == "oom_killed":
             oom = end.get("oom") or {}
-            how = f"OOM-killed ({oom.get('scope')} {oom.get('cgroup') or ''}, limit {oom.get('limit_bytes')} bytes)"
+            how = f"OOM-killed ({oom.get('scope')} {oom.get('cgroup') or ''}, limit {oom.get('limit_bytes')} bytes"
+            anon = (oom.get("victim") or {}).get("anon_rss_bytes")
+            how += f"; the kernel counted anon-rss {anon} bytes at the kill)" if anon is not None else ")"
         self.progress(
             f"pid {inc.pid} {how}: wrote {inc.path} ({s.intervals} intervals, "
             f"{s.seconds:.1f}s{', traced from its exec' if inc.held else ''})"

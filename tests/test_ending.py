@@ -1,0 +1,122 @@
+"""How a target's end is named (tracer/process/ending.py) from its wait status, its memory cgroups'
+OOM counters and, where the recording watched it, the kernel's oom:mark_victim: every case of the
+decision on cgroup directories made here (cgroup v2's memory.events and memory.max), no BPF. The
+real OOM kills are tests/test_faults_bpf.py's."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from reports.analysis.ending import end_finding, end_text
+from tracer.process.ending import Cgroup, CgroupWatch, OomMark, describe_end, read_events
+
+SIGKILLED = signal.SIGKILL  # a wait status: killed by SIGKILL, no core
+EXITED_0 = 0
+VICTIM = {"pid": 4242, "time": 3.2, "anon_rss_bytes": 47 << 20, "file_rss_bytes": 3 << 19, "shmem_rss_bytes": 0}
+
+
+def _cgroups(tmp_path, limit: int | None = 48 << 20) -> CgroupWatch:
+    """The target's cgroup /box/job (with `limit`) under /box (none): counters all 0 at the start."""
+    groups = []
+    for path, lim in (("/box/job", limit), ("/box", None)):
+        d = tmp_path / path.strip("/")
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+        (d / "memory.max").write_text(str(lim) if lim else "max")
+        groups.append(Cgroup(path, lim, read_events(str(d)), str(d)))
+    return CgroupWatch(groups, 0)
+
+
+def _count(tmp_path, path: str, oom: int, oom_kill: int) -> None:
+    (tmp_path / path.strip("/") / "memory.events").write_text(f"low 0\nhigh 0\nmax 9\noom {oom}\noom_kill {oom_kill}\n")
+
+
+def test_without_the_mark_the_counters_tell(tmp_path):
+    """Not watched (an old kernel, no tracefs): a SIGKILL with the cgroup's oom_kill risen is an
+    OOM kill by the cgroup whose `oom` rose; without a rise it is a plain kill."""
+    w = _cgroups(tmp_path)
+    assert describe_end("target exited", SIGKILLED, w)["reason"] == "killed"
+    _count(tmp_path, "/box/job", 1, 1)
+    end = describe_end("target exited", SIGKILLED, w)
+    assert end["reason"] == "oom_killed" and end["signal"] == "SIGKILL"
+    assert end["oom"] == {
+        "scope": "cgroup",
+        "cgroup": "/box/job",
+        "limit_bytes": 48 << 20,
+        "told_by": "cgroup_counters",
+    }
+
+
+def test_the_mark_decides_where_it_was_watched(tmp_path):
+    """Watched: the counters risen but the OOM killer chose another process of the cgroup, so
+    the target's SIGKILL was someone's kill -9; marked, it is an OOM kill with the kernel's figures."""
+    w = _cgroups(tmp_path)
+    _count(tmp_path, "/box/job", 1, 1)
+    end = describe_end("target exited", SIGKILLED, w, 4.0, OomMark(None))
+    assert (end["reason"], end["signal"], end["oom"]) == ("killed", "SIGKILL", None)
+    end = describe_end("target exited", SIGKILLED, w, 4.0, OomMark(VICTIM))
+    assert end["reason"] == "oom_killed"
+    assert end["oom"] == {
+        "scope": "cgroup",
+        "cgroup": "/box/job",
+        "limit_bytes": 48 << 20,
+        "told_by": "mark_victim",
+        "victim": VICTIM,
+    }
+
+
+def test_a_marked_victim_with_no_cgroup_at_its_limit_was_the_machines(tmp_path):
+    """Marked, and no cgroup of the target counted an `oom` (the machine ran out of memory; the
+    counters of the cgroup say oom_kill only): scope global. With no memory cgroup to read at
+    all, the mark still names the kill, without a scope."""
+    w = _cgroups(tmp_path, limit=None)
+    _count(tmp_path, "/box/job", 0, 1)
+    end = describe_end("target exited", SIGKILLED, w, 1.0, OomMark(VICTIM))
+    assert end["oom"]["scope"] == "global" and end["oom"]["cgroup"] is None
+    assert end_text(end) == "OOM-killed (the whole machine was out of memory)"
+    end = describe_end("target exited", SIGKILLED, CgroupWatch([], 0), 1.0, OomMark(VICTIM))
+    assert end["reason"] == "oom_killed" and end["oom"]["scope"] is None and end["oom"]["victim"] == VICTIM
+    assert end_text(end) == "OOM-killed"
+
+
+def test_no_wait_status(tmp_path):
+    """The status is not known (reaped already, a kernel before PIDFD_INFO_EXIT): the mark names
+    an OOM kill (SIGKILL is what it sends); not marked, "exited" as before."""
+    w = _cgroups(tmp_path)
+    end = describe_end("target exited", None, w, 1.0, OomMark(VICTIM))
+    assert (end["reason"], end["signal"], end["oom"]["told_by"]) == ("oom_killed", "SIGKILL", "mark_victim")
+    _count(tmp_path, "/box/job", 1, 1)
+    end = describe_end("target exited", None, w, 1.0, OomMark(None))
+    assert (end["reason"], end["signal"], end["oom"]) == ("exited", None, None)
+
+
+@pytest.mark.parametrize("status", [EXITED_0, signal.SIGTERM])
+def test_only_a_sigkill_is_an_oom_kill(tmp_path, status):
+    """A mark (of a process that then exited or died of another signal first: the OOM reaper's
+    SIGKILL came too late) never turns another end into an OOM kill."""
+    end = describe_end("target exited", status, _cgroups(tmp_path), 1.0, OomMark(VICTIM))
+    assert end["reason"] == ("exited" if status == EXITED_0 else "killed") and end["oom"] is None
+
+
+def test_the_first_finding_says_what_the_kernel_counted():
+    """The kernel's figures at the kill come first in the finding, beside the last RSS read alive."""
+    end = {
+        "reason": "oom_killed",
+        "signal": "SIGKILL",
+        "time": 3.25,
+        "oom": {
+            "scope": "cgroup",
+            "cgroup": "/box/job",
+            "limit_bytes": 48 << 20,
+            "told_by": "mark_victim",
+            "victim": VICTIM,
+        },
+    }
+    doc = {"recording": {"end": end}, "totals": {"rss_bytes": 40 << 20}, "locations": []}
+    text = end_finding(doc)["text"]
+    assert text == (
+        "OOM-killed by the memory cgroup /box/job (limit 48.0 MiB) at +3.2s: at the kill, the kernel counted "
+        "anon-rss 47.0 MiB, file-rss 1.5 MiB, shmem-rss 0 B; RSS 40.0 MiB."
+    ), text
