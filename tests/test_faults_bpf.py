@@ -35,6 +35,7 @@ from support import (
 )
 
 from tracer.bpf.objects import map_counts, prog_exists, rss_bytes, tracer_objects
+from tracer.process.ending import read_events
 
 pytestmark = pytest.mark.bpf
 
@@ -183,48 +184,26 @@ def _memory_cgroup(name: str, limit: int) -> tuple[Path, Path]:
     return d, d / "cgroup.procs"
 
 
-def test_target_oom_killed_in_memory_cgroup(bins, tmp_path, start, tracers):
-    """The kernel's OOM killer ends the target: the recording ends by itself, exit 0, and the
-    report holds the memory the target had grown to."""
-    try:
-        cg, procs_file = _memory_cgroup(f"allocscope-oom-{os.getpid()}", 48 << 20)
-    except (OSError, StopIteration) as e:
-        if IN_CI:
-            pytest.fail(f"CI=true but no memory cgroup can be made: {e}")
-        pytest.skip(f"no memory cgroup: {e}")
-    try:
-        tgt = start(bins["faults"])
-        procs_file.write_text(str(tgt.pid))
-        out = tmp_path / "oom.allocscope"
-        tr = record_bg(tracers, tgt.pid, out)
-        tgt.send("oom")
-        assert tgt.p.wait(60) == -signal.SIGKILL  # killed by the OOM killer
-        rc, so, se = tr.wait(60), tr.stdout.read(), tr.stderr.read()
-        assert rc == 0, se
-        rep = report(out)
-        assert rep["recording"]["complete"] and rep["recording"]["end_reason"] == "target exited"
-        oom = rep["recording"]["end"]["oom"]
-        assert oom["scope"] == "cgroup" and oom["cgroup"].endswith(f"/{cg.name}"), oom
-        # the summary line says it as the report does
-        assert f"(target OOM-killed by the memory cgroup {oom['cgroup']} (limit 48.0 MiB))" in so, so
-        live, count, allocs = live_of(rep, "oom_grow")
-        assert allocs >= 20 and count == allocs and live == allocs << 20, (live, count, allocs)
-        assert 20 << 20 <= live <= 48 << 20
-        # told by the kernel's own mark of its victim (oom:mark_victim), with its memory then: the
-        # 1 MiB blocks it had touched (each malloc'd block is touched before the next is asked
-        # for; the one being touched when the kill came may be partly in) and its own pages, within
-        # the limit (its file pages, libc's, may be charged to the cgroup that first read them)
-        meta = json.loads((out / "meta.json").read_text())
-        assert meta["probes"]["oom"] == {"tracepoint": "oom:mark_victim", "watched": True, "how": "prebuilt"}
-        victim = oom["victim"]
-        assert oom["told_by"] == "mark_victim" and victim["pid"] == tgt.pid, oom
-        assert live - (1 << 20) <= victim["anon_rss_bytes"] <= 48 << 20, (victim, live)
-        assert victim["file_rss_bytes"] > 0 and victim["total_vm_bytes"] > victim["anon_rss_bytes"]
-        assert 0 <= victim["time"] <= rep["recording"]["end"]["time"]
-        first = rep["findings"][0]
-        assert first["kind"] == "ended" and "the kernel counted anon-rss " in first["text"], first
-    finally:
-        for _ in range(50):
+@pytest.fixture
+def memory_cgroup():
+    """make(name): a memory cgroup of 48 MiB made for the test (v2, else v1; skipped where none
+    can be made, a failure under CI), removed after the test's processes: (its directory, the
+    file to write a pid into)."""
+    made: list[Path] = []
+
+    def make(name: str) -> tuple[Path, Path]:
+        try:
+            cg, procs = _memory_cgroup(f"{name}-{os.getpid()}", 48 << 20)
+        except (OSError, StopIteration) as e:
+            if IN_CI:
+                pytest.fail(f"CI=true but no memory cgroup can be made: {e}")
+            pytest.skip(f"no memory cgroup: {e}")
+        made.append(cg)
+        return cg, procs
+
+    yield make
+    for cg in made:
+        for _ in range(50):  # its processes are being reaped
             try:
                 cg.rmdir()
                 break
@@ -232,48 +211,68 @@ def test_target_oom_killed_in_memory_cgroup(bins, tmp_path, start, tracers):
                 time.sleep(0.1)
 
 
-def test_another_process_oom_killed_beside_a_target_killed_by_hand(bins, tmp_path, start, tracers):
+def start_in(procs_file: Path, t: Target) -> Target:
+    """`t` moved into the cgroup whose cgroup.procs is `procs_file`."""
+    procs_file.write_text(str(t.pid))
+    return t
+
+
+def test_target_oom_killed_in_memory_cgroup(memory_cgroup, bins, tmp_path, start, tracers):
+    """The kernel's OOM killer ends the target: the recording ends by itself, exit 0, and the
+    report holds the memory the target had grown to."""
+    cg, procs_file = memory_cgroup("allocscope-oom")
+    tgt = start_in(procs_file, start(bins["faults"]))
+    out = tmp_path / "oom.allocscope"
+    tr = record_bg(tracers, tgt.pid, out)
+    tgt.send("oom")
+    assert tgt.p.wait(60) == -signal.SIGKILL  # killed by the OOM killer
+    rc, so, se = tr.wait(60), tr.stdout.read(), tr.stderr.read()
+    assert rc == 0, se
+    rep = report(out)
+    assert rep["recording"]["complete"] and rep["recording"]["end_reason"] == "target exited"
+    oom = rep["recording"]["end"]["oom"]
+    assert oom["scope"] == "cgroup" and oom["cgroup"].endswith(f"/{cg.name}"), oom
+    # the summary line says it as the report does
+    assert f"(target OOM-killed by the memory cgroup {oom['cgroup']} (limit 48.0 MiB))" in so, so
+    live, count, allocs = live_of(rep, "oom_grow")
+    assert allocs >= 20 and count == allocs and live == allocs << 20, (live, count, allocs)
+    assert 20 << 20 <= live <= 48 << 20
+    # told by the kernel's own mark of its victim (oom:mark_victim), with its memory then: the
+    # 1 MiB blocks it had touched (each malloc'd block is touched before the next is asked
+    # for; the one being touched when the kill came may be partly in) and its own pages, within
+    # the limit (its file pages, libc's, may be charged to the cgroup that first read them)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["probes"]["oom"] == {"tracepoint": "oom:mark_victim", "watched": True, "how": "prebuilt"}
+    victim = oom["victim"]
+    assert oom["told_by"] == "mark_victim" and victim["pid"] == tgt.pid, oom
+    assert live - (1 << 20) <= victim["anon_rss_bytes"] <= 48 << 20, (victim, live)
+    assert victim["file_rss_bytes"] > 0 and victim["total_vm_bytes"] > victim["anon_rss_bytes"]
+    assert 0 <= victim["time"] <= rep["recording"]["end"]["time"]
+    first = rep["findings"][0]
+    assert first["kind"] == "ended" and "the kernel counted anon-rss " in first["text"], first
+
+
+def test_another_process_oom_killed_beside_a_target_killed_by_hand(memory_cgroup, bins, tmp_path, start, tracers):
     """The OOM killer chooses another process of the target's memory cgroup (a bigger one), and
     the target is killed by hand with SIGKILL just after: the cgroup's OOM kill count rose, but
     the kernel's mark names the other process, so the target was "killed by SIGKILL", not
     OOM-killed (before the mark was watched, the counters alone read it as an OOM kill)."""
-    try:
-        cg, procs_file = _memory_cgroup(f"allocscope-oom2-{os.getpid()}", 48 << 20)
-    except (OSError, StopIteration) as e:
-        if IN_CI:
-            pytest.fail(f"CI=true but no memory cgroup can be made: {e}")
-        pytest.skip(f"no memory cgroup: {e}")
-    try:
-        tgt = start(bins["faults"])
-        procs_file.write_text(str(tgt.pid))
-        out = tmp_path / "beside.allocscope"
-        tr = record_bg(tracers, tgt.pid, out)
-        tgt.do("leak 7 3000")
-        hog = start(bins["faults"])
-        procs_file.write_text(str(hog.pid))
-        hog.send("oom")
-        assert hog.p.wait(60) == -signal.SIGKILL  # the bigger one: the OOM killer's choice
-        events = (
-            dict(ln.split() for ln in (cg / "memory.events").read_text().splitlines())
-            if (cg / "memory.events").exists()
-            else {}
-        )
-        assert events.get("oom_kill", "1") != "0", events
-        assert tgt.alive()
-        tgt.p.kill()  # by hand, with the cgroup's oom_kill count risen
-        assert tgt.p.wait(10) == -signal.SIGKILL
-        rc, so, se = tr.wait(60), tr.stdout.read(), tr.stderr.read()
-        assert rc == 0, se
-        end = report(out)["recording"]["end"]
-        assert end["reason"] == "killed" and end["signal"] == "SIGKILL" and end["oom"] is None, end
-        assert "(target killed by SIGKILL)" in so, so
-    finally:
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+    cg, procs_file = memory_cgroup("allocscope-oom2")
+    tgt = start_in(procs_file, start(bins["faults"]))
+    tr = record_bg(tracers, tgt.pid, tmp_path / "beside.allocscope")
+    tgt.do("leak 7 3000")
+    hog = start_in(procs_file, start(bins["faults"]))
+    hog.send("oom")
+    assert hog.p.wait(60) == -signal.SIGKILL  # the bigger one: the OOM killer's choice
+    assert read_events(str(cg))["oom_kill"] == 1  # the count the target's end would be read by
+    assert tgt.alive()
+    tgt.p.kill()  # by hand, with the cgroup's oom_kill count risen
+    assert tgt.p.wait(10) == -signal.SIGKILL
+    rc, so, se = tr.wait(60), tr.stdout.read(), tr.stderr.read()
+    assert rc == 0, se
+    end = report(tmp_path / "beside.allocscope")["recording"]["end"]
+    assert end["reason"] == "killed" and end["signal"] == "SIGKILL" and end["oom"] is None, end
+    assert "(target killed by SIGKILL)" in so, so
 
 
 def test_target_exec_ends_recording(bins, tmp_path, start, tracers):
