@@ -214,7 +214,9 @@ class Recorder:
             self._close_ooms()
 
     def _ended_text(self) -> str:
-        end = describe_end("target exited", self._exit_status(), self.cgroups)
+        """How a target that ended during the attach ended (the mark's program is loaded by then
+        unless it must be compiled: not waited for long)."""
+        end = describe_end("target exited", self._exit_status(), self.cgroups, None, self._oom_mark(wait_s=0.5))
         if end["reason"] == "oom_killed":
             return "OOM-killed"
         if end["signal"]:
@@ -235,18 +237,22 @@ class Recorder:
         if victims is not None:
             victims.close()  # the recording ended before it was loaded
 
-    def _oom_mark(self) -> OomMark | None:
-        """What oom:mark_victim says of the target, where it was watched from before the probes
-        went live (the target was alive then) or before it was last measured alive; else the
-        kill may have come first, and the cgroups' counters tell. None: not watched."""
+    def _oom_mark(self, wait_s: float = 10.0) -> OomMark | None:
+        """What oom:mark_victim says of the target (None: not watched). A mark of it counts
+        whenever it came; no mark counts only where the program was attached before the target
+        was last known alive (when the probes went live, or at its last measure): else the kill
+        may have come first, and the cgroups' counters tell."""
         if self._oom_thread is not None:
-            self._oom_thread.join(10)
-        victims, last = self.oom_victims, self.snapshots.last_alive
-        alive_ns = max(self.t0_ns, last[1] if last is not None else 0)
-        if victims is None or victims.attached_ns > alive_ns:
+            self._oom_thread.join(wait_s)
+        victims = self.oom_victims
+        if victims is None:
             return None
-        pids = {self.target.pid} | set(self.snapshots.threads.names)
-        return OomMark(victims.victim(pids, self.t0_ns))
+        found = victims.victim({self.target.pid} | set(self.snapshots.threads.names), self.t0_ns)
+        if found is not None:
+            return OomMark(found)
+        last = self.snapshots.last_alive
+        alive_ns = max(self.t0_ns if self.started else 0, last[1] if last is not None else 0)
+        return OomMark(None) if victims.attached_ns <= alive_ns else None
 
     def _close_ooms(self) -> None:
         with self._oom_lock:
