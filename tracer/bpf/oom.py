@@ -5,7 +5,9 @@ cgroup's counters, and the target's memory at that moment (dmesg's "Killed proce
 Loaded from the prebuilt store (no compile, milliseconds); where the store cannot serve this
 kernel's tracepoint format, compiled here by BCC; where neither can be done, not watched: the
 recording tells an OOM kill from the memory cgroups' counters alone (tracer/process/ending.py).
-Loaded once the probes are live, so that it never delays them."""
+The recorder loads it in a thread of its own from its start (tracer/record/recorder.py): from the
+store it is attached long before the probes go live; a compile waits until they are, so that it
+never delays them."""
 
 from __future__ import annotations
 
