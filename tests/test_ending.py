@@ -120,3 +120,28 @@ def test_the_first_finding_says_what_the_kernel_counted():
         "OOM-killed by the memory cgroup /box/job (limit 48.0 MiB) at +3.2s: at the kill, the kernel counted "
         "anon-rss 47.0 MiB, file-rss 1.5 MiB, shmem-rss 0 B; RSS 40.0 MiB."
     ), text
+
+
+def test_on_end_environment_of_an_oom_kill():
+    """`watch --on-end`'s environment (tracer/watch/triggers.py end_env) of an OOM-killed incarnation:
+    how it ended, the cgroup that was full, the last RSS measured alive; empty, never "None"."""
+    from types import SimpleNamespace
+
+    from tracer.watch.triggers import end_env
+
+    end = describe_end("target exited", SIGKILLED, None, 2.0, OomMark(VICTIM))
+    rec = SimpleNamespace(
+        end=end | {"oom": end["oom"] | {"cgroup": "/box/job"}},
+        opts=SimpleNamespace(output="/var/lib/allocscope/provingd-4242.allocscope"),
+        target=SimpleNamespace(pid=4242),
+        snapshots=SimpleNamespace(last_rss={"rss_bytes": 50 << 20}),
+    )
+    assert end_env(rec) == {
+        "ALLOCSCOPE_TRACE": "/var/lib/allocscope/provingd-4242.allocscope",
+        "ALLOCSCOPE_PID": "4242",
+        "ALLOCSCOPE_END": "oom_killed",
+        "ALLOCSCOPE_EXIT_CODE": "",
+        "ALLOCSCOPE_SIGNAL": "SIGKILL",
+        "ALLOCSCOPE_OOM_CGROUP": "/box/job",
+        "ALLOCSCOPE_RSS_BYTES": str(50 << 20),
+    }

@@ -90,7 +90,13 @@ def hold_rows(rep: dict) -> list[dict]:
 def test_watch_follows_restarts_and_names_each_end(targets, procs, watches, tmp_path):
     exe = targets["restartd"]
     out = tmp_path / "traces"
-    w = watches("--pgrep", f"^{exe} (hold|exit)", "-o", out, "--interval", "0.5")
+    # --on-end: each complete trace handed to a command with how it ended
+    hook = (
+        f'{{ env | grep ^ALLOCSCOPE_ | sort; {sys.executable} -c "import json, os; '
+        f"print('complete', json.load(open(os.environ['ALLOCSCOPE_TRACE'] + '/meta.json'))['complete'])\"; }}"
+        f" > {tmp_path}/end-$ALLOCSCOPE_PID"
+    )
+    w = watches("--pgrep", f"^{exe} (hold|exit)", "-o", out, "--interval", "0.5", "--on-end", hook)
     w.expect("watching", 240)  # the probes are built (compiled once) before the first incarnation
     truth = {}
     for n in (40, 56, 72):
@@ -132,9 +138,32 @@ def test_watch_follows_restarts_and_names_each_end(targets, procs, watches, tmp_
         held = sum(r["live_bytes"] - r["live_by_source"].get("fault", 0) for r in rows)  # pages, not touches
         assert "hold_partitions" in first["text"] and first["figures"]["live_bytes"] == held, first
         assert rep["totals"]["rss_bytes"] >= blocks * BLOCK  # the last RSS measured alive, not a dead 0
+        said = wait_for(lambda pid=pid: _complete_file(tmp_path / f"end-{pid}"), 10, "--on-end's file")
+        env = dict(ln.split("=", 1) for ln in said[:-1])
+        assert said[-1] == "complete True"  # the trace was complete on disk when the command ran
+        rss = int(env.pop("ALLOCSCOPE_RSS_BYTES"))
+        assert rss == rep["totals"]["rss_bytes"] and rss >= blocks * BLOCK, (rss, rep["totals"])
+        want = {
+            "ALLOCSCOPE_END": "killed",
+            "ALLOCSCOPE_EXIT_CODE": "",
+            "ALLOCSCOPE_OOM_CGROUP": "",
+            "ALLOCSCOPE_PID": str(pid),
+            "ALLOCSCOPE_SIGNAL": "SIGKILL",
+            "ALLOCSCOPE_TRACE": str(by_pid[pid]),
+        }
+        assert {k: env.get(k) for k in want} == want, env  # (and the test's own ALLOCSCOPE_ settings)
     for t in traces:  # the short-lived ones: killed while held, before their recording began
         m = json.loads((t / "meta.json").read_text())
         assert m["target"]["pid"] in truth or (m.get("end") or {}).get("reason") in ("killed", "exited"), m
+
+
+def _complete_file(path: Path) -> list[str] | None:
+    """The lines of a file a command is writing, once its last line is in."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    return lines if lines and lines[-1].startswith("complete ") else None
 
 
 def test_watch_keep_bounds_history_and_when_rss_keeps_a_snapshot(targets, procs, watches, tmp_path):

@@ -89,6 +89,17 @@ def few_arenas(n: int = 2) -> None:
     "ALLOCSCOPE_RSS_BYTES and ALLOCSCOPE_TRIGGER in its environment.",
 )
 @click.option(
+    "--on-end",
+    metavar="CMD",
+    envvar="ALLOCSCOPE_ON_END",
+    show_envvar=True,
+    help="A shell command run when an incarnation's trace is complete (the target ended, or the "
+    "watch stops), with ALLOCSCOPE_TRACE, ALLOCSCOPE_PID, ALLOCSCOPE_END (exited, killed, "
+    "oom_killed, exec, stopped), ALLOCSCOPE_EXIT_CODE, ALLOCSCOPE_SIGNAL, ALLOCSCOPE_OOM_CGROUP "
+    "and ALLOCSCOPE_RSS_BYTES (the last RSS measured alive) in its environment. Not waited for. "
+    "(A systemd unit's EnvironmentFile sets it without a shell's quoting.)",
+)
+@click.option(
     "--comm",
     "comms",
     multiple=True,
@@ -122,6 +133,7 @@ def watch(
     max_traces,
     when_rss,
     on_trigger,
+    on_end,
     comms,
     no_hold,
     labels,
@@ -150,6 +162,7 @@ def watch(
       allocscope watch --pgrep '^/usr/bin/provingd' -o /var/lib/allocscope --label pw=12
       allocscope watch --pid 4242 -o traces --keep 30m --when-rss 600G --on-trigger 'logger "$ALLOCSCOPE_TRACE"'
       allocscope watch --pgrep provingd -o traces --metrics 127.0.0.1:9479
+      allocscope watch --pgrep provingd -o t --on-end '[ "$ALLOCSCOPE_END" = oom_killed ] && logger "$ALLOCSCOPE_TRACE"'
     Exit status: 0 stopped by a signal; 2 usage; 4 permissions/BPF.
     """
     from tracer.doctor import require_root  # noqa: PLC0415
@@ -187,6 +200,7 @@ def watch(
         max_traces=max_traces,
         when_rss=rss,
         on_trigger=on_trigger,
+        on_end=on_end,
         # --inject patches an allocator the process has mapped: a process held at its exec has none
         # yet, so under --inject new incarnations are attached when found (within a second)
         hold=not no_hold and not opts.inject,

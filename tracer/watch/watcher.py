@@ -40,6 +40,7 @@ from ..process.ending import describe_end
 from ..process.target import target_from_pid
 from ..record.recorder import Recorder, Summary
 from ..record.signals import StopRequest
+from . import triggers
 from .claims import NameClaims
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class WatchOptions:
     max_traces: int = 20  # --max-traces: traces kept in out_dir (the oldest removed first)
     when_rss: int | None = None  # --when-rss: bytes
     on_trigger: str | None = None  # --on-trigger: a shell command run when a trigger fires
+    on_end: str | None = None  # --on-end: a shell command run when a trace is complete
     hold: bool = True  # stop new incarnations at their exec (--no-hold: attach as found)
     comms: list[str] = field(default_factory=list)  # --comm: program names the gate holds
 
@@ -162,6 +164,7 @@ class Watcher:
         self._gate_thread: threading.Thread | None = None
         self._closing = threading.Event()
         self.observers: list[Callable] = []  # more observers of each snapshot (keep, triggers)
+        self.hooks: list = []  # --on-end's commands not reaped yet (tracer/watch/triggers.py)
         self.recorder: Recorder | None = None
         if wopts.pid is not None:
             self.pattern, comm = command_pattern(wopts.pid)
@@ -389,6 +392,8 @@ class Watcher:
             inc.summary = rec.run()
             reason = (rec.end or {}).get("reason")
             self._said_end(inc, rec)
+            if self.w.on_end:
+                triggers.spawn(self, "--on-end", self.w.on_end, triggers.end_env(rec), self.hooks)
         except AllocscopeError as e:
             inc.error = str(e)
             if isinstance(e, NoAllocatorError) and not held:  # perhaps caught before its loader's work
