@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # its whole (reports/analysis/invariants.py)
 os.environ["ALLOCSCOPE_INVARIANTS"] = "fail"
 
-from support import CFLAGS_FP, IN_CI, TARGETS_SRC, Proc, bpf_problem, build, cli_bg, unavailable, warm_runtime
+from support import (
+    CFLAGS_FP,
+    IN_CI,
+    TARGETS_SRC,
+    Proc,
+    bpf_problem,
+    build,
+    cli_bg,
+    make_memory_cgroup,
+    unavailable,
+    warm_runtime,
+)
 
 
 def pytest_runtest_setup(item):
@@ -79,3 +91,30 @@ def tracers():
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
         p.wait(30)
+
+
+@pytest.fixture
+def memory_cgroup():
+    """make(name): a memory cgroup of 48 MiB made for the test (v2, else v1; skipped where none
+    can be made, a failure under CI), removed after the test's processes: (its directory, the
+    file to write a pid into)."""
+    made: list[Path] = []
+
+    def make(name: str) -> tuple[Path, Path]:
+        try:
+            cg, procs = make_memory_cgroup(f"{name}-{os.getpid()}", 48 << 20)
+        except (OSError, StopIteration) as e:
+            if IN_CI:
+                pytest.fail(f"CI=true but no memory cgroup can be made: {e}")
+            pytest.skip(f"no memory cgroup: {e}")
+        made.append(cg)
+        return cg, procs
+
+    yield make
+    for cg in made:
+        for _ in range(50):  # its processes are being reaped
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)

@@ -363,3 +363,34 @@ def stop_tracer(tr: subprocess.Popen, after: float) -> None:
     time.sleep(after)
     tr.send_signal(signal.SIGINT)
     assert tr.wait(60) == 0, tr.stderr.read()
+
+
+def make_memory_cgroup(name: str, limit: int) -> tuple[Path, Path]:
+    """A memory cgroup with `limit` bytes (cgroup v2 when its memory controller is there, else
+    v1). Returns (directory, the file to write a pid into)."""
+    v2 = Path("/sys/fs/cgroup")
+    if "memory" in (v2 / "cgroup.controllers").read_text().split() if (v2 / "cgroup.controllers").exists() else False:
+        sub = v2 / "cgroup.subtree_control"
+        if "memory" not in sub.read_text().split():
+            sub.write_text("+memory")
+        d = v2 / name
+        d.mkdir()
+        (d / "memory.max").write_text(str(limit))
+        if (d / "memory.swap.max").exists():
+            (d / "memory.swap.max").write_text("0")
+        return d, d / "cgroup.procs"
+    v1 = Path("/sys/fs/cgroup/memory")
+    if not (v1 / "memory.limit_in_bytes").exists():
+        raise FileNotFoundError("no memory cgroup controller (v1 or v2)")
+    own = next(
+        (
+            ln.split(":", 2)[2]
+            for ln in Path("/proc/self/cgroup").read_text().splitlines()
+            if ln.split(":")[1] == "memory"
+        ),
+        "/",
+    )
+    d = v1 / own.lstrip("/") / name
+    d.mkdir()
+    (d / "memory.limit_in_bytes").write_text(str(limit))
+    return d, d / "cgroup.procs"

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from support import (
     CFLAGS_FP,
-    IN_CI,
     ROOT,
     TARGETS_SRC,
     Proc,
@@ -151,64 +150,6 @@ def no_traceback(*texts: str) -> None:
 
 
 # --- the target ---------------------------------------------------------------------------------
-
-
-def _memory_cgroup(name: str, limit: int) -> tuple[Path, Path]:
-    """A memory cgroup with `limit` bytes (cgroup v2 when its memory controller is there, else
-    v1). Returns (directory, the file to write a pid into)."""
-    v2 = Path("/sys/fs/cgroup")
-    if "memory" in (v2 / "cgroup.controllers").read_text().split() if (v2 / "cgroup.controllers").exists() else False:
-        sub = v2 / "cgroup.subtree_control"
-        if "memory" not in sub.read_text().split():
-            sub.write_text("+memory")
-        d = v2 / name
-        d.mkdir()
-        (d / "memory.max").write_text(str(limit))
-        if (d / "memory.swap.max").exists():
-            (d / "memory.swap.max").write_text("0")
-        return d, d / "cgroup.procs"
-    v1 = Path("/sys/fs/cgroup/memory")
-    if not (v1 / "memory.limit_in_bytes").exists():
-        raise FileNotFoundError("no memory cgroup controller (v1 or v2)")
-    own = next(
-        (
-            ln.split(":", 2)[2]
-            for ln in Path("/proc/self/cgroup").read_text().splitlines()
-            if ln.split(":")[1] == "memory"
-        ),
-        "/",
-    )
-    d = v1 / own.lstrip("/") / name
-    d.mkdir()
-    (d / "memory.limit_in_bytes").write_text(str(limit))
-    return d, d / "cgroup.procs"
-
-
-@pytest.fixture
-def memory_cgroup():
-    """make(name): a memory cgroup of 48 MiB made for the test (v2, else v1; skipped where none
-    can be made, a failure under CI), removed after the test's processes: (its directory, the
-    file to write a pid into)."""
-    made: list[Path] = []
-
-    def make(name: str) -> tuple[Path, Path]:
-        try:
-            cg, procs = _memory_cgroup(f"{name}-{os.getpid()}", 48 << 20)
-        except (OSError, StopIteration) as e:
-            if IN_CI:
-                pytest.fail(f"CI=true but no memory cgroup can be made: {e}")
-            pytest.skip(f"no memory cgroup: {e}")
-        made.append(cg)
-        return cg, procs
-
-    yield make
-    for cg in made:
-        for _ in range(50):  # its processes are being reaped
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 def start_in(procs_file: Path, t: Target) -> Target:

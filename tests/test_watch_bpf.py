@@ -157,6 +157,61 @@ def test_watch_follows_restarts_and_names_each_end(targets, procs, watches, tmp_
         assert m["target"]["pid"] in truth or (m.get("end") or {}).get("reason") in ("killed", "exited"), m
 
 
+def test_watch_names_a_real_oom_kill_and_tells_on_end(memory_cgroup, targets, watches, tmp_path):
+    """The night's failure, end to end: a restarted daemon, held at its exec and traced from its
+    first allocation, grows until the OOM killer of its memory cgroup (48 MiB) ends it. The watch
+    says so, its trace is OOM-killed by the kernel's own mark (with the kernel's figures and the
+    site that grew), and --on-end is handed the end the moment the trace is complete."""
+    exe = targets["restartd"]
+    cg, procs_file = memory_cgroup("allocscope-watch-oom")
+    out = tmp_path / "traces"
+    hook = f"env | grep ^ALLOCSCOPE_ | sort > {tmp_path}/end-$ALLOCSCOPE_PID"
+    w = watches("--pgrep", f"^{exe} oom", "-o", out, "--interval", "0.5", "--on-end", hook)
+    w.expect("watching", 240)
+    # joins the cgroup, then execs the daemon: the watch's gate holds it at that exec
+    d = subprocess.Popen(
+        ["/bin/sh", "-c", f"echo $$ > {procs_file} && exec {exe} oom 2 50"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    w.expect(f"recording pid {d.pid}", 60)
+    assert d.wait(60) == -signal.SIGKILL
+    line = w.expect(f"pid {d.pid} OOM-killed (cgroup ", 30)
+    assert f"/{cg.name}, limit {48 << 20} bytes; the kernel counted anon-rss " in line, line
+    said = wait_for(lambda: _env_file(tmp_path / f"end-{d.pid}"), 10, "--on-end's file")
+    assert w.stop() == 0
+    trace = out / line.split("wrote ")[1].split(" (")[0].rsplit("/", 1)[1]
+    rep = report_json(trace)
+    end = rep["recording"]["end"]
+    assert end["reason"] == "oom_killed" and end["oom"]["told_by"] == "mark_victim", end
+    assert end["oom"]["cgroup"].endswith(f"/{cg.name}") and end["oom"]["victim"]["pid"] == d.pid, end
+    anon = end["oom"]["victim"]["anon_rss_bytes"]
+    assert 24 << 20 <= anon <= 48 << 20, anon
+    grew = sum(r["live_bytes"] for r in rep["locations"] if r.get("function") == "grow_until_killed")
+    assert grew >= 20 << 20, [(r.get("function"), r["live_bytes"]) for r in rep["locations"][:5]]
+    first = rep["findings"][0]["text"]
+    assert first.startswith(f"OOM-killed by the memory cgroup {end['oom']['cgroup']} (limit 48.0 MiB)"), first
+    assert "the kernel counted anon-rss " in first and "grow_until_killed" in first, first
+    want = {
+        "ALLOCSCOPE_END": "oom_killed",
+        "ALLOCSCOPE_SIGNAL": "SIGKILL",
+        "ALLOCSCOPE_EXIT_CODE": "",
+        "ALLOCSCOPE_OOM_CGROUP": end["oom"]["cgroup"],
+        "ALLOCSCOPE_PID": str(d.pid),
+        "ALLOCSCOPE_TRACE": str(trace),
+    }
+    assert {k: said.get(k) for k in want} == want, said
+
+
+def _env_file(path: Path) -> dict[str, str] | None:
+    """The ALLOCSCOPE_ variables a command wrote, once it has written them."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    env = dict(ln.split("=", 1) for ln in lines if "=" in ln)
+    return env if env.get("ALLOCSCOPE_TRACE", "").endswith(".allocscope") else None
+
+
 def _complete_file(path: Path) -> list[str] | None:
     """The lines of a file a command is writing, once its last line is in."""
     try:
