@@ -74,7 +74,8 @@ def few_arenas(n: int = 2) -> None:
     default=20,
     show_default=True,
     metavar="N",
-    help="Traces kept in DIR: starting a new one removes the oldest beyond N (only allocscope traces are removed).",
+    help="Traces kept in DIR: starting a new one removes the oldest beyond N, those of incarnations "
+    "that were killed or OOM-killed last (only allocscope traces are removed).",
 )
 @click.option(
     "--when-rss",

@@ -21,6 +21,7 @@ A target that ends at any moment is a one-line note, and the watch goes on.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import re
@@ -101,18 +102,40 @@ def traces_in(out_dir: str) -> list[str]:
     return [p for _, p in sorted(found)]
 
 
+FAILED_ENDS = ("killed", "oom_killed")  # what rotation keeps longest: the nights that went wrong
+
+
+def ended_badly(path: str) -> bool:
+    """The trace's incarnation was killed or OOM-killed (meta.json `end.reason`)."""
+    try:
+        with open(os.path.join(path, F.META)) as f:
+            end = json.load(f).get("end")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(end, dict) and end.get("reason") in FAILED_ENDS
+
+
 def rotate(out_dir: str, max_traces: int, progress: Callable[[str], None]) -> list[str]:
-    """Remove the oldest traces so that a new one makes at most max_traces; only directories that
-    are allocscope traces are ever removed. Returns what was removed."""
+    """Remove old traces so that a new one makes at most max_traces: the oldest of those whose
+    incarnation ended well (exited, exec'd, stopped, not complete) first, then the oldest of the
+    killed and OOM-killed, so that a night's failure outlives the restarts after it. Only
+    directories that are allocscope traces are ever removed. Returns what was removed."""
     old = traces_in(out_dir)
-    gone = old[: max(0, len(old) - (max_traces - 1))]
+    excess = max(0, len(old) - (max_traces - 1))
+    if not excess:
+        return []
+    bad = {p for p in old if ended_badly(p)}
+    gone = ([p for p in old if p not in bad] + [p for p in old if p in bad])[:excess]
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
         for extra in (p + ".old",):
             if os.path.isdir(extra) and is_trace(extra):
                 shutil.rmtree(extra, ignore_errors=True)
-    if gone:
-        progress(f"rotated out {len(gone)} old trace(s) (--max-traces {max_traces})")
+    kept = len(bad - set(gone))
+    progress(
+        f"rotated out {len(gone)} old trace(s) (--max-traces {max_traces})"
+        + (f"; {kept} of killed or OOM-killed incarnations kept longest" if kept else "")
+    )
     return gone
 
 
