@@ -288,6 +288,32 @@ def test_one_location_sums_the_stacks_that_reach_it():
     assert fn["live_bytes"] == 8500
 
 
+def test_stacks_cut_short_are_said_but_are_no_loss():
+    """lost_stack_pending (a stack cut short while its module's unwind table was built) counts no
+    lost event, nor do the *_bytes counters: the status line, the batch block, the record summary
+    and the report's totals.lost_events share one definition (common/tracefile/names.py)."""
+    from allocscope.cli.recording import summary_text
+    from common.tracefile.names import lost_events
+    from tracer.record.recorder import Summary
+
+    row = {"lost_ring_full": 12, "lost_ring_full_bytes": 4096, "lost_stack_pending": 37, "n_allocs": 9}
+    assert lost_events(row) == 12 and lost_events({"lost_stack_pending": 37}) == 0
+    model, status, feed = LiveModel(symbolizer=FakeSymbolizer()), StatusModel(symbolizer=FakeSymbolizer()), Feed()
+    snap = feed.step(1.0, {(GROW, T_GROW, "heap"): (1000, 1, 0, 0, 1000)}, lost_stack_pending=37)
+    for m in (model, status):
+        m.update(snap)
+    assert model.view().lost == 0 and status.lost == 0
+    assert batch_block(model.view(), "live", 2, "12:00:01").splitlines()[0].endswith("lost 0, 37 stacks cut short")
+    snap = feed.step(2.0, {}, lost_stack_pending=37, lost_ring_full=12, lost_ring_full_bytes=4096)
+    for m in (model, status):
+        m.update(snap)
+    assert model.view().lost == 12 and status.lost == 12
+    head = batch_block(model.view(), "live", 2, "12:00:02").splitlines()[0]
+    assert head.endswith("lost 12 (ring_full 12), 37 stacks cut short"), head
+    s = Summary("/t/x.allocscope", 2.0, 2, "SIGINT", 0, 0, 0, 0, 1 << 10, {"reason": "stopped"}, 37)
+    assert summary_text(s).endswith("lost 0 (37 stacks cut short while unwind tables were built); 1.0 KiB on disk")
+
+
 def test_verdict_is_new_until_four_intervals():
     model, feed = LiveModel(symbolizer=FakeSymbolizer()), Feed()
     verdicts = []

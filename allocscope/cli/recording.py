@@ -96,8 +96,10 @@ def summary_text(s) -> str:
     if ended != s.end_reason and not ended.startswith("the target"):
         ended = f"target {ended}"
     intervals = f"{s.intervals} interval{'' if s.intervals == 1 else 's'}"
+    cut = s.cut_short
+    lost = f"lost {s.lost}" + (f" ({cut} stacks cut short while unwind tables were built)" if cut else "")
     return (
         f"allocscope: {where}: {intervals} in {s.seconds:.1f}s ({ended}); "
         f"live {human_bytes(s.live_bytes)} in {s.live_count} blocks at {s.sites} sites; "
-        f"lost {s.lost}; {human_bytes(s.bytes_written)} on disk"
+        f"{lost}; {human_bytes(s.bytes_written)} on disk"
     )

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 
+from common.tracefile.names import NOT_LOST
+
 from ..units import human_bytes, human_rate
 from .advice import conf_env
 from .ending import end_finding
@@ -43,7 +45,6 @@ RELEASE_MIN_S = 0.05  # giving memory back took >= 50 ms in the calls...
 RELEASE_MIN_SHOOTDOWNS = 1000  # ...or caused >= 1000 remote TLB shootdowns
 NOISY_LOSSES = {"lost_unmatched_ret": 1000, "lost_stale_entry": 1000}  # normal in small numbers
 GREW_FASTER = 1.2  # a diff's finding names the location that grew most beyond linear, from 1.2x (the flag: 1.5x)
-NOT_LOST = {"lost_stack_pending"}  # stacks cut short while a table was built: no event or byte lost
 DIFF_MIN_SHARE = 0.10  # a diff names a change >= 10% of the larger live peak
 GROUP_MIN_CHANGE = 0.25  # a thread group's peak moved by >= 25% of its larger peak (and DIFF_MIN_SHARE)
 

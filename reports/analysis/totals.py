@@ -7,6 +7,7 @@ import os
 
 import pandas as pd
 
+from common.tracefile.names import lost_events
 from common.tracefile.reader import Trace
 
 from .sources import by_source, is_device, live_by_source
@@ -74,8 +75,7 @@ def totals(trace: Trace) -> dict:
         "rss_bytes": int(alive["rss_bytes"].iloc[-1]) if len(alive) else 0,
         "peak_rss_bytes": _col_max(alive, "rss_bytes"),
         "hwm_bytes": _col_max(alive, "hwm_bytes"),
-        # stacks cut short while an unwind table was built lost no event: their bytes are counted
-        "lost_events": int(sum(v for k, v in lost.items() if not k.endswith("_bytes") and k != "lost_stack_pending")),
+        "lost_events": lost_events(lost),
         "losses": {k: v for k, v in lost.items() if v},
         "heap_live_bytes": int(last.get("heap_live_bytes", 0)),
         "mmap_live_bytes": int(last.get("mmap_live_bytes", 0)),

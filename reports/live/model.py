@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from common.tracefile.names import lost_events
+
 from ..analysis import (
     DEVICE_SOURCES,
     UNKNOWN_STACK,
@@ -188,7 +190,7 @@ class LiveView:
 
     @property
     def lost(self) -> int:
-        return sum(self.losses.values())
+        return lost_events(self.losses)
 
 
 SITE_COLUMNS = [
@@ -495,4 +497,4 @@ class StatusModel:
 
     @property
     def lost(self) -> int:
-        return sum(int(v) for k, v in self.row.items() if k.startswith("lost_") and not k.endswith("_bytes"))
+        return lost_events(self.row)

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from common.tracefile.names import NOT_LOST
+
 from ..analysis import FrameInfo
 from ..render.shared import ASCII_SPARKS, NOUNS, SORT_TITLES, sparkline
 from ..units import human_bytes, human_delta, human_rate
@@ -90,10 +92,15 @@ def mode_text(mode: str, sample_bytes: int = 0, fault_sample: int = 0) -> str:
 
 
 def losses_text(view: LiveView) -> str:
-    if not view.losses:
-        return "lost 0"
-    parts = ", ".join(f"{k.removeprefix('lost_')} {v}" for k, v in sorted(view.losses.items()))
-    return f"lost {view.lost} ({parts})"
+    """'lost 0', 'lost 12 (ring_full 12)'; stacks cut short while an unwind table was built are
+    no loss (common/tracefile/names.py NOT_LOST): said after it, ', 37 stacks cut short'."""
+    lost = {k: v for k, v in view.losses.items() if k not in NOT_LOST}
+    text = "lost 0"
+    if lost:
+        parts = ", ".join(f"{k.removeprefix('lost_')} {v}" for k, v in sorted(lost.items()))
+        text = f"lost {view.lost} ({parts})"
+    cut = view.losses.get("lost_stack_pending", 0)
+    return text + (f", {cut} stacks cut short" if cut else "")
 
 
 def allocators_text(view: LiveView) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import AllocscopeError, Interrupted, NoAllocatorError, TargetError
+from common.tracefile.names import lost_events
 from common.tracefile.writer import SYNC_S, NullWriter, TraceWriter, prepare_output
 
 from ..allocators.custom import CustomFn, Located, locate, parse_all
@@ -72,6 +73,7 @@ class Summary:
     lost: int
     bytes_written: int
     end: dict | None = None  # meta.json `end` (how the target ended, tracer/process/ending.py)
+    cut_short: int = 0  # stacks cut short while an unwind table was built (lost_stack_pending): no event lost
 
 
 class Recorder:
@@ -436,7 +438,7 @@ class Recorder:
             self.writer.close()
             release(t)
         row = self.snapshots.last_row
-        lost = sum(v for k, v in row.items() if k.startswith("lost_"))
+        lost = lost_events(row)
         return Summary(
             self.opts.output,
             (time.monotonic_ns() - self.t0_ns) / 1e9,
@@ -448,6 +450,7 @@ class Recorder:
             lost,
             self.writer.bytes_written,
             self.end,
+            int(row.get("lost_stack_pending", 0)),
         )
 
     def _loop(self, probes: Probes) -> None:
