@@ -1,22 +1,12 @@
 """Byte counts and rates for people: 1.5 MiB, +12 KiB, +1.5 KiB/s. Shared by the analysis (the
-findings' sentences), the renderers and the live view; imports nothing."""
+findings' sentences), the renderers and the live view; human_bytes itself is common/units.py's
+(the tracer's lines say sizes the same way)."""
 
 from __future__ import annotations
 
-_UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+from common.units import human_bytes
 
-
-def human_bytes(n: float | int | None) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for u in _UNITS:
-        if n < 1024 or u == _UNITS[-1]:
-            return f"{sign}{n:.0f} {u}" if u == "B" else f"{sign}{n:.1f} {u}"
-        n /= 1024
-    return f"{sign}{n:.1f} PiB"
+__all__ = ["human_bytes", "human_delta", "human_rate"]
 
 
 def human_rate(n: float | None) -> str:

@@ -145,3 +145,23 @@ def test_on_end_environment_of_an_oom_kill():
         "ALLOCSCOPE_OOM_CGROUP": "/box/job",
         "ALLOCSCOPE_RSS_BYTES": str(50 << 20),
     }
+
+
+def test_the_watch_says_an_oom_kill_in_one_line():
+    """The watch's line at an incarnation's end (tracer/watch/watcher.py oom_words): the report's
+    words, sizes for people, the kernel's anon-rss where its mark gave it."""
+    from tracer.watch.watcher import oom_words
+
+    cgroup = {
+        "scope": "cgroup",
+        "cgroup": "/box/job",
+        "limit_bytes": 2 << 30,
+        "told_by": "mark_victim",
+        "victim": VICTIM,
+    }
+    assert (
+        oom_words(cgroup) == "OOM-killed by the memory cgroup /box/job (limit 2.0 GiB, anon-rss 47.0 MiB at the kill)"
+    )
+    told = {"scope": "global", "cgroup": None, "limit_bytes": None, "told_by": "cgroup_counters"}
+    assert oom_words(told) == "OOM-killed (the whole machine was out of memory)"
+    assert oom_words({"scope": None, "victim": {"pid": 1, "time": 0.5}}) == "OOM-killed"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -175,8 +176,8 @@ def test_watch_names_a_real_oom_kill_and_tells_on_end(memory_cgroup, targets, wa
     )  # fmt: skip
     w.expect(f"recording pid {d.pid}", 60)
     assert d.wait(60) == -signal.SIGKILL
-    line = w.expect(f"pid {d.pid} OOM-killed (cgroup ", 30)
-    assert f"/{cg.name}, limit {48 << 20} bytes; the kernel counted anon-rss " in line, line
+    line = w.expect(f"pid {d.pid} OOM-killed by the memory cgroup ", 30)
+    assert re.search(rf"/{cg.name} \(limit 48\.0 MiB, anon-rss \d+\.\d MiB at the kill\): wrote ", line), line
     said = wait_for(lambda: _env_file(tmp_path / f"end-{d.pid}"), 10, "--on-end's file")
     assert w.stop() == 0
     trace = out / line.split("wrote ")[1].split(" (")[0].rsplit("/", 1)[1]

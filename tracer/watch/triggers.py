@@ -25,6 +25,8 @@ import os
 import subprocess
 import time
 
+from common.units import human_bytes
+
 TRIGGER = "rss"
 
 
@@ -58,7 +60,8 @@ def fire(w, rec, snap, rss: int, children: list) -> None:
     rec.writer.write_held()
     rec.writer.write_meta(trace_meta(rec, False))
     w.progress(
-        f"pid {rec.target.pid}: RSS {rss} bytes passed --when-rss {w.w.when_rss} at +{trig['elapsed_s']:.1f}s: "
+        f"pid {rec.target.pid}: RSS {human_bytes(rss)} passed --when-rss {human_bytes(w.w.when_rss)} "
+        f"at +{trig['elapsed_s']:.1f}s: "
         f"kept as snapshot '{TRIGGER}' of {rec.opts.output} (report --at {TRIGGER})"
     )
     if w.w.on_trigger:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from common.errors import AllocscopeError, NoAllocatorError, TargetError, UsageError
 from common.tracefile import format as F
+from common.units import human_bytes
 
 from ..base.options import RecordOptions
 from ..process import procfs
@@ -157,6 +158,22 @@ def first_word_comm(pattern: str) -> str | None:
     word = pattern.lstrip("^").split(" ", 1)[0]
     base = os.path.basename(word)
     return base[:15] if re.fullmatch(r"[A-Za-z0-9_.+-]+", base) else None
+
+
+def oom_words(oom: dict) -> str:
+    """'OOM-killed by the memory cgroup /x (limit 2.0 GiB, anon-rss 1.9 GiB at the kill)', from
+    `recording.end.oom` (the kernel's figure where its mark gave one)."""
+    head, parts = "OOM-killed", []
+    if oom.get("scope") == "cgroup":
+        head += f" by the memory cgroup {oom.get('cgroup')}"
+        if oom.get("limit_bytes"):
+            parts.append(f"limit {human_bytes(oom['limit_bytes'])}")
+    elif oom.get("scope") == "global":
+        head += " (the whole machine was out of memory)"
+    anon = (oom.get("victim") or {}).get("anon_rss_bytes")
+    if anon is not None:
+        parts.append(f"anon-rss {human_bytes(anon)} at the kill")
+    return head + (f" ({', '.join(parts)})" if parts else "")
 
 
 class Watcher:
@@ -453,10 +470,7 @@ class Watcher:
             str(end.get("reason")), str(end.get("reason") or s.end_reason)
         )
         if end.get("reason") == "oom_killed":
-            oom = end.get("oom") or {}
-            how = f"OOM-killed ({oom.get('scope')} {oom.get('cgroup') or ''}, limit {oom.get('limit_bytes')} bytes"
-            anon = (oom.get("victim") or {}).get("anon_rss_bytes")
-            how += f"; the kernel counted anon-rss {anon} bytes at the kill)" if anon is not None else ")"
+            how = oom_words(end.get("oom") or {})
         self.progress(
             f"pid {inc.pid} {how}: wrote {inc.path} ({s.intervals} intervals, "
             f"{s.seconds:.1f}s{', traced from its exec' if inc.held else ''})"
