@@ -151,7 +151,8 @@ def watch(
     go once they are live (a second or two), so it is traced from its first allocation (one
     watch per program name holds it; a second watch of it finds each incarnation once it runs).
     Each trace is DIR/COMM-PID-DATE-TIME.allocscope and reads with `report` and `diff` like any other;
-    its report says how the target ended (exited, killed, OOM-killed with the cgroup's limit).
+    its report says how the target ended (exited, killed, OOM-killed with the cgroup's limit and
+    the kernel's count of its memory at the kill); --on-end CMD is told each end as it comes.
 
     The default mode is `--mode residency` (the mmap family, sampled page faults and waits: the
     cost a production daemon can carry for days; it cannot see heap blocks below glibc's mmap
