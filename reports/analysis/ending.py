@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+from common.endwords import oom_text
+
 from ..units import human_bytes
 
 
@@ -43,14 +45,7 @@ def end_text(end: dict | None, fallback: str | None = None) -> str:
         return fallback or "interrupted"
     reason = end.get("reason")
     if reason == "oom_killed":
-        oom = end.get("oom") or {}
-        if oom.get("scope") == "cgroup":
-            lim = oom.get("limit_bytes")
-            limit = f" (limit {human_bytes(lim)})" if lim else ""
-            return f"OOM-killed by the memory cgroup {oom.get('cgroup')}{limit}"
-        if oom.get("scope") == "global":
-            return "OOM-killed (the whole machine was out of memory)"
-        return "OOM-killed"  # the kernel marked it; no memory cgroup to say where
+        return oom_text(end.get("oom") or {})
     if reason == "killed":
         return f"killed by {end.get('signal') or 'a signal'}"
     if reason == "exited":

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from common.endwords import oom_text
 from common.errors import AllocscopeError, NoAllocatorError, TargetError, UsageError
 from common.tracefile import format as F
 from common.units import human_bytes
@@ -162,18 +163,10 @@ def first_word_comm(pattern: str) -> str | None:
 
 def oom_words(oom: dict) -> str:
     """'OOM-killed by the memory cgroup /x (limit 2.0 GiB, anon-rss 1.9 GiB at the kill)', from
-    `recording.end.oom` (the kernel's figure where its mark gave one)."""
-    head, parts = "OOM-killed", []
-    if oom.get("scope") == "cgroup":
-        head += f" by the memory cgroup {oom.get('cgroup')}"
-        if oom.get("limit_bytes"):
-            parts.append(f"limit {human_bytes(oom['limit_bytes'])}")
-    elif oom.get("scope") == "global":
-        head += " (the whole machine was out of memory)"
+    `recording.end.oom`: the report's words (common/endwords.py), the kernel's figure where its
+    mark gave one."""
     anon = (oom.get("victim") or {}).get("anon_rss_bytes")
-    if anon is not None:
-        parts.append(f"anon-rss {human_bytes(anon)} at the kill")
-    return head + (f" ({', '.join(parts)})" if parts else "")
+    return oom_text(oom, [f"anon-rss {human_bytes(anon)} at the kill"] if anon is not None else [])
 
 
 class Watcher:
