@@ -337,16 +337,17 @@ class Proc:
 
 def record_run(
     procs, tracers, out, argv: list, done: str = "done", interval: str = "0.5", record_args: tuple = ()
-) -> None:
+) -> subprocess.Popen:
     """Start the target `argv` (it prints "ready" and waits for SIGUSR1), record it with --pid
     into `out` (and `record_args`), release it, wait for its `done` line, stop the tracer with
-    SIGINT (exit 0)."""
+    SIGINT (exit 0). Returns the tracer (its output unread)."""
     tgt = procs(*argv)
     tgt.expect("ready")
     tr = record_attached(tracers, tgt.pid, out, "--interval", interval, *record_args)
     tgt.signal(signal.SIGUSR1)
     tgt.expect(done)
     stop_tracer(tr, float(interval) + 0.1)
+    return tr
 
 
 def record_attached(tracers, pid: int, out, *args) -> subprocess.Popen:

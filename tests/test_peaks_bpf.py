@@ -33,7 +33,7 @@ def test_burst_shorter_than_interval(targets, procs, tracers, tmp_path):
         p.expect = expect
         return p
 
-    record_run(argv_procs, tracers, out, [targets["burst"]], interval="1")
+    tr = record_run(argv_procs, tracers, out, [targets["burst"]], interval="1")
     m = re.match(r"held (\d+) keep (\d+)", tgt_lines[-1])
     assert m, tgt_lines
     burst, keep = int(m[1]), int(m[2])
@@ -53,6 +53,9 @@ def test_burst_shorter_than_interval(targets, procs, tracers, tmp_path):
     assert peak["margin_bytes"] == margin
     assert tot["peak_live_bytes"] - margin <= peak["live_bytes"] <= tot["peak_live_bytes"], (peak, tot)
     assert tot["intervals"] + tot["peak_snapshots"] == int(iv["seq"].max())
+    # record's summary line counts the intervals as the report does, not the peak snapshots
+    summary = tr.stdout.read()
+    assert f": {tot['intervals']} interval{'' if tot['intervals'] == 1 else 's'} in " in summary, (summary, tot)
     [loc] = [x for x in rep["locations"] if x["function"] == "burst_alloc"]
     assert loc["n_stacks"] == 8
     # the location's own peak and its bytes at the peak: the program's count, within the margin

@@ -442,7 +442,7 @@ class Recorder:
         return Summary(
             self.opts.output,
             (time.monotonic_ns() - self.t0_ns) / 1e9,
-            self.seq,
+            self.seq - (self.peaks.written if self.peaks is not None else 0),  # as the report counts them
             self.end_reason or "",
             row["live_bytes"],
             row["live_count"],
