@@ -7,7 +7,7 @@ import re
 
 import click
 
-from common.errors import UsageError
+from common.errors import OutputError, UsageError
 
 from .base import CONTEXT, Command
 from .options import metrics_options, probe_options
@@ -34,6 +34,23 @@ def parse_size(text: str, what: str) -> int:
         raise UsageError(f"{what} {text!r}: give bytes, or a number with K, M, G or T (2G, 512MiB)")
     unit = (m.group(2) or "B").upper()[:1]
     return int(float(m.group(1)) * {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit])
+
+
+def prepare_out_dir(out_dir: str) -> None:
+    """-o DIR made (0700) where it is missing; OutputError in one line where it cannot be: a file
+    there, a parent that is a file, a read-only or virtual file system (/proc)."""
+    import os  # noqa: PLC0415
+
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise OutputError(
+            f"-o {out_dir}: it exists and is not a directory (watch writes one trace per incarnation in DIR)"
+        )
+    try:
+        os.makedirs(out_dir, mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"-o {out_dir}: cannot make the directory ({e.strerror or e})") from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise OutputError(f"-o {out_dir}: the directory is not writable")
 
 
 def few_arenas(n: int = 2) -> None:
@@ -165,7 +182,7 @@ def watch(
       allocscope watch --pid 4242 -o traces --keep 30m --when-rss 600G --on-trigger 'logger "$ALLOCSCOPE_TRACE"'
       allocscope watch --pgrep provingd -o traces --metrics 127.0.0.1:9479
       allocscope watch --pgrep provingd -o t --on-end '[ "$ALLOCSCOPE_END" = oom_killed ] && logger "$ALLOCSCOPE_TRACE"'
-    Exit status: 0 stopped by a signal; 2 usage; 4 permissions/BPF.
+    Exit status: 0 stopped by a signal; 2 usage; 4 permissions/BPF; 6 DIR cannot be written.
     """
     from tracer.doctor import require_root  # noqa: PLC0415
     from tracer.record.signals import StopRequest  # noqa: PLC0415
@@ -176,10 +193,10 @@ def watch(
     few_arenas()
     if (pid is None) == (pattern is None):
         raise UsageError("give exactly one of --pid PID or --pgrep PATTERN")
-    if ctx.get_parameter_source("mode") == click.core.ParameterSource.DEFAULT and not (
+    if ctx.get_parameter_source("mode") == click.core.ParameterSource.DEFAULT and (
         probe.get("inject") or probe.get("sample_bytes")
     ):
-        probe["mode"] = WATCH_MODE
+        probe["mode"] = "full"  # what they sample or patch are the allocator's calls
     keep_s = None if keep.strip().lower() == "all" else parse_duration(keep, "--keep")
     rss = parse_size(when_rss, "--when-rss") if when_rss else None
     if on_trigger and rss is None:
@@ -194,6 +211,7 @@ def watch(
     check_metrics(metrics, opts.labels)
     require_root()
     validate(opts)
+    prepare_out_dir(out_dir)
     wopts = WatchOptions(
         out_dir=out_dir,
         pattern=pattern,
@@ -227,3 +245,14 @@ def watch(
         if exporter is not None:
             exporter.close()
     progress(f"watch stopped ({stop.reason or 'done'}): {len(done)} incarnation(s) traced in {out_dir}")
+
+
+def _watch_mode_default() -> None:
+    """`--mode`'s default is the watch's own (residency), and its help says so."""
+    for p in watch.params:
+        if p.name == "mode" and isinstance(p, click.Option):
+            p.default = WATCH_MODE
+            p.help = (p.help or "") + " watch: residency, unless --inject or --sample-bytes is given (then full)."
+
+
+_watch_mode_default()
