@@ -16,9 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from common.errors import OutputError
+from common.tracefile import checksums as C
 from common.tracefile import format as F
 from common.tracefile import writer as W
 from common.tracefile.conform import INTERVAL_COLUMNS
+from common.tracefile.integrity import Damage
 from common.tracefile.reader import load_trace
 from common.tracefile.writer import SMALL_PART_BYTES, TraceWriter
 
@@ -117,7 +119,7 @@ def test_fsyncs_batched_whole_intervals_and_every_part_before_meta(tmp_path, fsy
     assert fsyncs == []
     write_interval(w, 6)  # t = 5 s: intervals 1..6 go to the fsync thread as one batch
     w._wait_batch()
-    assert fsyncs == [F.part_name(t, s) for s in range(1, 7) for t in ("sites", "intervals")] + ["parts/"]
+    assert fsyncs == [F.part_name(t, s) for s in range(1, 7) for t in ("sites", "intervals")] + [C.NAME, "parts/"]
     assert w.syncs == 1
     fsyncs.clear()
     write_interval(w, 7)
@@ -127,20 +129,22 @@ def test_fsyncs_batched_whole_intervals_and_every_part_before_meta(tmp_path, fsy
         F.part_name("sites", 7),
         F.part_name("intervals", 7),
         F.part_name("sites", 8),
+        C.NAME,  # their checksums
         "parts/",
         ".meta.json.tmp",
         "s.allocscope/",
     ]
     w.close()
     assert sorted(os.listdir(path / F.PARTS)) == sorted(
-        [F.part_name(t, s) for s in range(1, 8) for t in ("sites", "intervals")] + [F.part_name("sites", 8)]
+        [F.part_name(t, s) for s in range(1, 8) for t in ("sites", "intervals")] + [F.part_name("sites", 8), C.NAME]
     )
 
 
 def test_sync_s_zero_fsyncs_every_part_before_its_rename(tmp_path, fsyncs):
     w = TraceWriter(str(tmp_path / "z.allocscope"), sync_s=0)
     write_interval(w, 1)
-    assert fsyncs == [f".{F.part_name('sites', 1)}.tmp", "parts/", f".{F.part_name('intervals', 1)}.tmp", "parts/"]
+    one = [C.NAME, "parts/"]  # its line in the checksum list, then the rename
+    assert fsyncs == [f".{F.part_name('sites', 1)}.tmp", *one, f".{F.part_name('intervals', 1)}.tmp", *one]
     w.close()
     assert w._pool is None  # no fsync thread
 
@@ -205,6 +209,11 @@ def test_sigkilled_writer_leaves_every_finished_interval(tmp_path):
     assert sorted(set(t.sites["seq"])) == list(range(1, last + 1))
     assert len(t.sites) == sum(1 + s % 50 for s in range(1, last + 1))
     assert t.threads["seq"].tolist() == list(range(1, last + 1))
+    # every part read verified against its checksum, but the one a kill can leave unlisted
+    # (renamed, its line not appended yet): not verifiable, and no damage
+    it = t.integrity
+    assert it.status == "verified" and it.damaged == [], it.damaged
+    assert len(it.unverified) <= 1 and it.verified + len(it.unverified) == 3 * last, it.unverified
 
 
 def test_held_parts_read_back_exactly_one_file_per_table_per_hold(tmp_path):
@@ -247,6 +256,7 @@ def test_held_parts_read_back_exactly_one_file_per_table_per_hold(tmp_path):
         + [F.part_name("sites", 6), F.part_name("flows", 4), F.part_name("intervals", 6)]  # t = 5 s
         + [F.part_name("sites", 8), F.part_name("flows", 8), F.part_name("intervals", 8)]  # before the large one
         + [F.part_name("sites", 9)]  # the large part, at once; 9..11 held: a SIGKILL now loses them
+        + [C.NAME]
     )
     assert wh.parts_written == 9 and wp.parts_written == 11 * 2 + 2
     assert load_trace(str(held)).intervals["seq"].tolist() == list(range(1, 9))  # what a kill leaves
@@ -272,7 +282,11 @@ def test_reader_refuses_a_held_part_with_rows_of_an_earlier_part(tmp_path):
     w.close()
     t = load_trace(str(tmp_path / "r.allocscope"))
     assert t.sites["seq"].tolist() == [1, 1, 2]
-    assert t.warnings == [
-        f"part {F.part_name('sites', 3)} is not a valid sites part, skipped "
-        "(its rows are of interval 2..3, its name says 3)"
+    assert t.warnings == []  # damage is not a warning: the reports withhold what reads it
+    assert t.integrity.damaged == [
+        Damage(
+            F.part_name("sites", 3),
+            "sites",
+            "not a valid sites part, skipped (its rows are of interval 2..3, its name says 3)",
+        )
     ]

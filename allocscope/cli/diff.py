@@ -9,6 +9,7 @@ import sys
 import click
 
 from .base import CONTEXT, Command
+from .damage import allow_damaged_option, refuse, tell
 from .options import by_option, fold_option, source_option
 from .output import emit, progress
 
@@ -16,8 +17,8 @@ SORTS = ("delta", "live", "alloc", "ratio", "excess", "device")  # reports.analy
 
 
 @click.command(cls=Command, context_settings=CONTEXT)
-@click.argument("trace_a", type=click.Path(dir_okay=True, file_okay=True))
-@click.argument("trace_b", type=click.Path(dir_okay=True, file_okay=True))
+@click.argument("trace_a", type=click.Path(dir_okay=True, file_okay=True, readable=False))
+@click.argument("trace_b", type=click.Path(dir_okay=True, file_okay=True, readable=False))
 @click.option(
     "--format",
     "fmt",
@@ -49,7 +50,8 @@ SORTS = ("delta", "live", "alloc", "ratio", "excess", "device")  # reports.analy
 @by_option
 @fold_option
 @source_option
-def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources):
+@allow_damaged_option
+def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources, allow_damaged):
     """Compare two traces: which places in the code and thread pools hold more memory in B than in A.
 
     Locations (the innermost frame after folding wrappers: function, file:line) are matched by
@@ -69,6 +71,10 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources):
     GPU memory (CUDA device memory) is compared in columns of its own (a GPU section in text;
     a_/b_device_peak_bytes, device_peak_delta_bytes... in JSON), never in the host figures.
 
+    A damaged trace (a part not as written, truncated or missing) is said on stderr and at the
+    top, the findings that read a damaged table are withheld, and the command exits 5 after
+    the diff unless --allow-damaged.
+
     Every form opens with findings: at most 6 sentences, each with its figures and the table
     it comes from (docs/findings.md).
 
@@ -87,6 +93,7 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources):
     say = progress if sys.stderr.isatty() else None
     a = only_sources(load_trace(trace_a, progress=say), wanted)
     b = only_sources(load_trace(trace_b, progress=say), wanted)
+    tell(a), tell(b)  # each damaged part on stderr, whole; exit 5 after the diff (refuse)
     side_a, side_b = summarize(a, say, folding, by), summarize(b, say, folding, by)
     doc = diff_document(side_a, side_b, per=per, sort=sort, fold=folding, by=by)
     if wanted:
@@ -101,3 +108,4 @@ def diff(trace_a, trace_b, fmt, sort, per, top, output, by, fold, sources):
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
         text = diff_to_text(doc, top=top, color=color)
     emit(text, output)
+    refuse([a, b], allow_damaged)

@@ -11,12 +11,13 @@ import click
 from common.errors import UsageError
 
 from .base import CONTEXT, Command
+from .damage import allow_damaged_option, refuse, tell
 from .options import by_option, fold_option, source_option
 from .output import emit, progress
 
 
 @click.command(cls=Command, context_settings=CONTEXT)
-@click.argument("trace", type=click.Path(dir_okay=True, file_okay=True))
+@click.argument("trace", type=click.Path(dir_okay=True, file_okay=True, readable=False))
 @click.option(
     "--format",
     "fmt",
@@ -59,7 +60,8 @@ from .output import emit, progress
 @by_option
 @fold_option
 @source_option
-def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
+@allow_damaged_option
+def report(trace, fmt, output, top, sort, metric, at, by, fold, sources, allow_damaged):
     """Outstanding bytes by location (the place in the code that asked for memory) and by
     thread, totals and losses, from TRACE.
 
@@ -75,6 +77,11 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
     A location is the innermost frame left after folding allocator wrappers: one line of code.
     Every stack that reaches it (a work-stealing pool reaches one call through many) is summed
     under it, and its largest stacks are shown below it; --by stack lists each stack instead.
+
+    A trace whose parts do not read as written (damaged, truncated, missing: every part is
+    checked against the checksums the tracer wrote) is said on stderr part by part and at the
+    top of the report, the findings that read a damaged table are withheld, and the command
+    exits 5 after the report unless --allow-damaged (docs/trace-format.md#checksums).
 
     Every form but pprof, folded and csv opens with findings: at most 6 sentences, each with
     its figures and the table it comes from (docs/findings.md).
@@ -96,7 +103,9 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
     say = progress if sys.stderr.isatty() else None
     if at != "end" and fmt not in ("pprof", "folded"):
         raise UsageError(f"--at {at} is for --format pprof and folded (the other formats show the peak and the end)")
-    t = only_sources(load_trace(trace, progress=say), wanted)
+    loaded = load_trace(trace, progress=say)
+    tell(loaded)  # each damaged part on stderr, whole; exit 5 after the report (refuse)
+    t = only_sources(loaded, wanted)
     at_seq = None
     if at == "peak":
         from reports.analysis import peak_seq  # noqa: PLC0415
@@ -114,11 +123,13 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
         if output is None and sys.stdout.isatty():
             raise UsageError("--format pprof is binary: give -o FILE (e.g. -o heap.pb.gz)")
         emit(to_pprof(t, fold=folding, at_seq=at_seq), output)
+        refuse([t], allow_damaged)
         return
     if fmt == "folded":
         from reports.render.flamegraph import to_folded  # noqa: PLC0415
 
         emit(to_folded(t, metric=metric, fold=folding, at_seq=at_seq), output)
+        refuse([t], allow_damaged)
         return
     stacks = symbolize_stacks(t, say)
     rep = build_report(t, sort=sort, stacks=stacks, fold=folding, by=by)
@@ -138,3 +149,4 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources):
         color = output is None and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
         text = to_text(rep, top=top, color=color)
     emit(text, output)
+    refuse([t], allow_damaged)

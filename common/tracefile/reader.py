@@ -8,6 +8,11 @@
 DataFrames (columns as in common.tracefile.format): intervals, sites, stacks, threads, flows, events,
 maps, live. Only parts up to the last finished interval are read, so a trace whose tracer was
 killed reads the same as one stopped cleanly at that interval.
+
+Every part read is first checked against the trace's checksum list (integrity.py): a part not
+as written, truncated, missing, unreadable or not of its table is left out and named in
+`Trace.integrity` (its `damaged`), never in `warnings`, so that the reports can withhold what
+depends on it (reports.analysis.integrity) and the CLI can exit non-zero.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from common.errors import TraceFileError
 
 from . import format as F
 from .conform import conform_part, sanitize
+from .integrity import Integrity
 
 
 @dataclass
@@ -53,7 +59,10 @@ class Trace:
     waits: pd.DataFrame = field(default_factory=lambda: _empty("waits"))  # version 4
     blocked: pd.DataFrame = field(default_factory=lambda: _empty("blocked"))  # version 4
     census: pd.DataFrame = field(default_factory=lambda: _empty("census"))  # version 5
+    pyframes: pd.DataFrame = field(default_factory=lambda: _empty("pyframes"))  # CPython frames (docs/python.md)
+    pycode: pd.DataFrame = field(default_factory=lambda: _empty("pycode"))
     live_table: pa.Table | None = field(default=None, repr=False, compare=False)
+    integrity: Integrity = field(default_factory=Integrity, repr=False, compare=False)  # what was verified
 
     def __post_init__(self) -> None:
         if self.live is None:
@@ -218,10 +227,12 @@ def load_trace(path: str, progress=None) -> Trace:
         names = []
     parts: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for n in names:
-        parsed = F.parse_part_name(n)
+        parsed = F.parse_part_name(n) or _symbols_part(n)
         if parsed:
             parts[parsed[0]].append((parsed[1], n))
     meta, warnings = sanitize(meta)  # fields of the wrong type: dropped, with a warning
+    integrity = Integrity.open(pdir, meta)
+    integrity.missing(set(names))
     frames: dict = {}
     held = meta.get("version", 0) >= 6  # parts may hold several intervals' rows (writer.py hold_s)
 
@@ -232,20 +243,22 @@ def load_trace(path: str, progress=None) -> Trace:
             if max_seq is not None and seq > max_seq:
                 continue
             after, prev = seq, after
+            if not integrity.admit(pdir, n, table):
+                continue
             try:
                 # The live table can hold millions of rows: its few distinct strings are read
                 # as dictionaries (categoricals in pandas), never as one Python string a row.
                 chunk = _read_part(os.path.join(pdir, n), DICT_COLUMNS.get(table))
             except (OSError, pa.ArrowException) as e:
-                warnings.append(f"unreadable part {n} skipped ({str(e).splitlines()[0][:80]})")
+                integrity.damage(n, table, f"unreadable, skipped ({_first_line(e)})")
                 continue
             try:  # a part holding another table (or damaged values) is skipped, never mixed in
                 chunk, dropped = conform_part(table, chunk, F.SCHEMAS, seq, prev if held else None)
             except ValueError as e:
-                warnings.append(f"part {n} is not a valid {table} part, skipped ({e})")
+                integrity.damage(n, table, f"not a valid {table} part, skipped ({e})")
                 continue
             if dropped:
-                warnings.append(f"part {n}: {dropped} rows with missing values skipped")
+                integrity.damage(n, table, f"{dropped} rows with missing values skipped")
             chunks.append(chunk)
         if not chunks:
             return _empty(table)
@@ -261,11 +274,17 @@ def load_trace(path: str, progress=None) -> Trace:
         progress(f"loading {path}")
     intervals = read("intervals", None)
     if intervals.empty or "seq" not in intervals:
+        bad = [d for d in integrity.damaged if d.table == "intervals"]
+        if bad:
+            raise TraceFileError(f"{path}: no intervals part can be read ({bad[0].text()}; {len(bad)} such)")
         raise TraceFileError(f"{path} has no finished interval (the recording stopped before its first snapshot)")
     intervals = intervals.sort_values("seq").reset_index(drop=True)
     last = int(intervals["seq"].max())
     for table in F.SCHEMAS:
         frames[table] = read(table, last)
+    for seq, n in sorted(parts.get(F.SYMBOLS, [])):  # read apart (reports/symbolize/embedded.py)
+        if seq <= last:
+            integrity.admit(pdir, n, F.SYMBOLS)
     if not isinstance(frames["live"], pd.DataFrame):  # Arrow, conformed part by part
         frames["live_table"] = frames.pop("live")
     # Integrity: columns the reports rely on.
@@ -277,4 +296,17 @@ def load_trace(path: str, progress=None) -> Trace:
             raise TraceFileError(f"{path}: table {table} lacks columns {missing}; corrupt or foreign trace")
     if not meta.get("complete"):
         warnings.append(f"trace is incomplete (recording was interrupted); read up to interval {last}")
-    return Trace(path=path, meta=meta, intervals=intervals, warnings=warnings, **frames)
+    return Trace(path=path, meta=meta, intervals=intervals, warnings=warnings, integrity=integrity, **frames)
+
+
+def _symbols_part(name: str) -> tuple[str, int] | None:
+    """('symbols', seq) of a symbols part (--embed-symbols: not one of the tables read here)."""
+    stem = name.removesuffix(".parquet")
+    table, _, seq = stem.rpartition("-")
+    return (table, int(seq)) if table == F.SYMBOLS and stem != name and seq.isdigit() else None
+
+
+def _first_line(e: Exception) -> str:
+    """An error's first line, whole (Arrow's can run on for lines)."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__

@@ -31,6 +31,10 @@ The first interval is written at once (a trace exists as soon as the recording d
 
 Files are created 0600 inside a 0700 directory, never through a symlink, and the writer never
 replaces a path that is not an allocscope trace.
+
+Every part's size and CRC-32 go into parts/checksums as it is renamed into place (checksums.py):
+the reader tells a damaged, truncated or missing part from one as written; meta.json says
+`checksums: "crc32"`. A CRC of a small part costs ~1 us and its line one write(2).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import io
 import json
 import os
 import time
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
@@ -47,6 +52,7 @@ import pyarrow.parquet as pq
 
 from common.errors import OutputError
 
+from . import checksums as C
 from . import format as F
 from .paths import check_output, is_trace_dir, prepare_output  # noqa: F401 (their home: no pyarrow)
 
@@ -97,27 +103,32 @@ class TraceWriter:
         self._held_bytes = 0
         self._written_at: float | None = None  # when held intervals were last written (None: never)
         self.parts_written = 0  # Parquet files (tests, bench)
+        self._sums: dict[str, C.Sum] = {}  # the parts listed in parts/checksums (replace_parts)
+        self._sumsfd = -1  # parts/checksums, created with the first part
 
     def _fail(self, name: str, e: OSError) -> OutputError:
         if e.errno == errno.ENOSPC or "No space left" in str(e):
             return OutputError(f"disk full while writing {self.path}; the intervals already written are kept")
         return OutputError(f"cannot write {self.path}/{name}: {e.strerror or e}")
 
-    def _atomic(self, dirfd: int, name: str, fill, sync: bool) -> int:
+    def _atomic(self, dirfd: int, name: str, fill, sync: bool, part: bool = False, crc: int | None = None) -> int:
         """Create `name` under a temporary name, fill(fd) it and rename it into place: a file that
         exists is whole. With `sync` the file is fsynced before the rename and the directory
-        after it. fill returns False to write nothing (the temporary file is removed). Returns
-        the bytes written."""
+        after it. fill returns False to write nothing (the temporary file is removed). A `part`
+        is listed in parts/checksums after its rename, with `crc` (None: read back from the
+        file). Returns the bytes written."""
         tmp = f".{name}.tmp"
         try:
             try:
                 os.unlink(tmp, dir_fd=dirfd)
             except FileNotFoundError:
                 pass
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
             try:
                 keep = fill(fd) is not False
                 size = os.fstat(fd).st_size
+                if keep and part and crc is None:
+                    size, crc = C.crc_fd(fd)
                 if keep and sync:
                     os.fsync(fd)
             finally:
@@ -126,6 +137,8 @@ class TraceWriter:
                 os.unlink(tmp, dir_fd=dirfd)
                 return 0
             os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            if part:
+                self._list(name, size, crc or 0, sync)
             if sync:
                 os.fsync(dirfd)
         except OSError as e:  # pyarrow's ArrowIOError is an OSError too
@@ -143,14 +156,24 @@ class TraceWriter:
         self.bytes_written += size
         return size
 
-    def _atomic_write(self, dirfd: int, name: str, data, sync: bool) -> int:
+    def _atomic_write(self, dirfd: int, name: str, data, sync: bool, part: bool = False) -> int:
         def fill(fd: int) -> None:
             view = memoryview(data)
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
 
-        return self._atomic(dirfd, name, fill, sync)
+        return self._atomic(dirfd, name, fill, sync, part, zlib.crc32(data) if part else None)
+
+    def _list(self, name: str, size: int, crc: int, sync: bool) -> None:
+        """Append a part's line to parts/checksums (O_APPEND: one write, whole or not at all)."""
+        if self._sumsfd < 0:
+            self._sumsfd = _open_sums(self._partsfd)
+            os.write(self._sumsfd, C.HEADER)
+        os.write(self._sumsfd, C.line(name, size, crc))
+        self._sums[name] = C.Sum(size, crc)
+        if sync:
+            os.fsync(self._sumsfd)
 
     def _part_written(self, table: str, name: str, size: int) -> None:
         if size and self.sync_s > 0:
@@ -192,7 +215,9 @@ class TraceWriter:
         buf = io.BytesIO()
         pq.write_table(data, buf, **parquet_options(table, nbytes, self.small_part_bytes))
         name = F.part_name(table, seq)
-        self._part_written(table, name, self._atomic_write(self._partsfd, name, buf.getbuffer(), self.sync_s <= 0))
+        self._part_written(
+            table, name, self._atomic_write(self._partsfd, name, buf.getbuffer(), self.sync_s <= 0, part=True)
+        )
         self.parts_written += 1
 
     def write_held(self) -> None:
@@ -239,7 +264,7 @@ class TraceWriter:
             return rows > 0 or table == "intervals"
 
         name = F.part_name(table, seq)
-        self._part_written(table, name, self._atomic(self._partsfd, name, fill, self.sync_s <= 0))
+        self._part_written(table, name, self._atomic(self._partsfd, name, fill, self.sync_s <= 0, part=True))
         return rows
 
     def sync(self) -> None:
@@ -269,6 +294,8 @@ class TraceWriter:
             finally:
                 os.close(fd)
         try:
+            if self._sumsfd >= 0:
+                os.fsync(self._sumsfd)
             os.fsync(self._partsfd)
         except OSError as e:
             raise self._fail(F.PARTS, e) from None
@@ -283,7 +310,8 @@ class TraceWriter:
         """Replace the whole parts directory in one step (`allocscope watch --keep`: old intervals
         dropped, tracer/watch/keep.py): what is held is written and every part fsynced, then
         `fill(new_dirfd, old_dirfd)` fills a new directory beside it (hard links of the parts that
-        stay, the new ones written and fsynced), and the two are exchanged atomically
+        stay, the new ones written and fsynced), its parts/checksums is written (the lines of the
+        linked parts, fresh ones for those written), and the two are exchanged atomically
         (renameat2 RENAME_EXCHANGE): a reader, or a crash at any moment, sees the old set or the
         new one, never a mix. The old set is removed after."""
         self.sync()
@@ -295,6 +323,8 @@ class TraceWriter:
             newfd = os.open(new, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._dirfd)
             try:
                 fill(newfd, self._partsfd)
+                sums = self._relist(newfd)
+                self._atomic_write(newfd, C.NAME, C.render(sums), True)
                 os.fsync(newfd)
             finally:
                 os.close(newfd)
@@ -302,16 +332,39 @@ class TraceWriter:
             os.fsync(self._dirfd)
             os.close(self._partsfd)
             self._partsfd = os.open(F.PARTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._dirfd)
+            if self._sumsfd >= 0:
+                os.close(self._sumsfd)
+            self._sumsfd = _open_sums(self._partsfd)
+            self._sums = sums
             os.rename(new, old, src_dir_fd=self._dirfd, dst_dir_fd=self._dirfd)
         except OSError as e:
             _remove_dir(self._dirfd, new)
             raise self._fail(F.PARTS, e) from None
         _remove_dir(self._dirfd, old)
 
+    def _relist(self, newfd: int) -> dict[str, C.Sum]:
+        """The checksums of the parts of a new parts directory (replace_parts): a part linked
+        from the current one (same inode) keeps its line, one written into it is read."""
+        sums: dict[str, C.Sum] = {}
+        for n in os.listdir(newfd):
+            if n.startswith(".") or n == C.NAME:
+                continue
+            st = os.stat(n, dir_fd=newfd, follow_symlinks=False)
+            try:
+                same = os.stat(n, dir_fd=self._partsfd, follow_symlinks=False).st_ino == st.st_ino
+            except FileNotFoundError:
+                same = False
+            if same and n in self._sums:
+                sums[n] = self._sums[n]
+            else:
+                sums[n] = C.Sum(*C.crc_file(n, newfd))
+        return sums
+
     def write_meta(self, meta: dict) -> None:
         """Rewrite meta.json, fsynced, after fsyncing every part before it: `complete: true`
-        on disk means every part is."""
+        on disk means every part is. It says `checksums`: the parts are listed."""
         self.sync()
+        meta = {**meta, "checksums": C.ALGORITHM}
         data = json.dumps(meta, indent=1, sort_keys=True, default=str).encode()
         self._atomic_write(self._dirfd, F.META, data, True)
 
@@ -325,10 +378,16 @@ class TraceWriter:
                 if self._pool is not None:
                     self._pool.shutdown(wait=True)
                     self._pool = None
-        for fd in (getattr(self, "_partsfd", -1), getattr(self, "_dirfd", -1)):
+        for fd in (getattr(self, "_sumsfd", -1), getattr(self, "_partsfd", -1), getattr(self, "_dirfd", -1)):
             if fd >= 0:
                 os.close(fd)
-        self._partsfd = self._dirfd = -1
+        self._sumsfd = self._partsfd = self._dirfd = -1
+
+
+def _open_sums(partsfd: int) -> int:
+    """parts/checksums, for appending."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(C.NAME, flags, 0o600, dir_fd=partsfd)
 
 
 def _exchange(dirfd: int, a: str, b: str) -> None:
