@@ -39,6 +39,7 @@ from .advice import allocator_advice, residency_advice
 from .allocator_memory import allocator_releases
 from .ending import recording_end
 from .findings import report_findings
+from .integrity import with_integrity
 from .invariants import check_report
 from .releases import RELEASE_KINDS, release_table, releases_by_thread, trims  # noqa: F401
 from .residency import (  # noqa: F401
@@ -270,4 +271,4 @@ def build_report(
     }
     out = {"schema": REPORT_SCHEMA, "findings": report_findings(doc), **doc}
     check_report(out)
-    return out
+    return with_integrity(out, trace.integrity)  # a damaged table's findings withheld (integrity.py)

@@ -53,6 +53,7 @@ from . import (
     totals,
 )
 from .diff_findings import diff_findings
+from .integrity import diff_integrity
 from .waits import held_while_waiting
 
 DIFF_SCHEMA = "allocscope.diff/1"
@@ -504,4 +505,5 @@ def diff_document(
         "allocators": diff_allocators(a, b),
         "waits": diff_waits(a, b),
     }
-    return {"schema": DIFF_SCHEMA, "findings": diff_findings(doc), **doc}
+    out = {"schema": DIFF_SCHEMA, "findings": diff_findings(doc), **doc}
+    return diff_integrity(out, trace_a.integrity, trace_b.integrity)  # damaged tables' findings withheld
