@@ -94,7 +94,8 @@ def test_steady_small_heap_says_no_problem_in_one_line(steady):
     text = to_text(steady)
     block = text[text.index("Findings") : text.index("\nTotals\n")].strip().splitlines()
     assert len(block) == 2 and block[1].startswith("  1. No problem found") and block[1].endswith("[Totals]"), block
-    assert list(json.loads(to_json(steady)))[:2] == ["schema", "findings"]
+    keys = [k for k in json.loads(to_json(steady)) if k != "integrity"]  # the damage check may lead
+    assert keys[:2] == ["schema", "findings"]
 
 
 def test_burst_names_the_peak_holder_and_the_growing_location(burst):

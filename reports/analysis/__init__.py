@@ -140,6 +140,7 @@ from .totals import (  # noqa: F401
     totals,
     unwind_pending,
 )
+from .touches import estimate_touches
 from .waits import held_while_waiting
 
 REPORT_SCHEMA = "allocscope.report/1"
@@ -183,6 +184,7 @@ def build_report(
     for parts larger than their whole (invariants.check_report: `recording.invariants`)."""
     if by not in GROUPINGS:
         raise UsageError(f"unknown grouping {by!r}; choose one of {', '.join(GROUPINGS)}")
+    trace = estimate_touches(trace)
     if stacks is None:
         stacks = symbolize_stacks(trace, progress)
     sites = rank_sites(trace, stacks, sort=sort, fold=fold)
@@ -194,6 +196,8 @@ def build_report(
     tot = totals(trace)
     peak, peak_rank = at_peak(trace, tot, sites)
     _, loc_peak_rank = at_peak(trace, tot, locs)
+    # one live peak: the composition at the peak never above the totals' figure
+    tot["peak_live_bytes"] = max(int(tot["peak_live_bytes"]), int(peak["live_bytes"]))
     sample_bytes = int((trace.meta.get("sampling") or {}).get("sample_bytes", 0) or 0)
     arenas = arena_table(trace)
     dec = rss_decomposition(trace, arenas, tot["live_by_source"])

@@ -54,6 +54,7 @@ from . import (
 )
 from .diff_findings import diff_findings
 from .integrity import diff_integrity
+from .touches import estimate_touches
 from .waits import held_while_waiting
 
 DIFF_SCHEMA = "allocscope.diff/1"
@@ -140,6 +141,7 @@ def summarize(trace: Trace, progress=None, fold: Folding | None = None, by: str 
     """Everything a diff needs from one trace; `fold` (analysis.parse_fold): the wrappers to
     fold besides the built-in ones, the same for both sides so that their sites match; `by`:
     how `locations` are grouped (location or function; stack: by location)."""
+    trace = estimate_touches(trace)
     stacks = normalize_stacks(symbolize_stacks(trace, progress))
     loc_by = "location" if by == "stack" else by
     return Side(

@@ -94,12 +94,15 @@ def rows_noun(by: str) -> str:
 
 # --------------------------------------------------------------------------------------------- report
 def held_bytes(r: dict, key: str) -> int:
-    """A row's `key` (live_bytes or at_peak_bytes) less its page-fault samples (source `fault`,
-    residency mode: first touches, cumulative, never freed): they are no live bytes, and the
-    live total the row is a share of has none. At the peak the samples taken by the end are
-    taken off (at most what it had then: at least 0)."""
-    fault = int((r.get("live_by_source") or {}).get("fault") or 0)
-    return max(0, int(r.get(key) or 0) - fault)
+    """A row's `key` (live_bytes or at_peak_bytes), the figure its table shows: in residency mode
+    a row's first touches (source `fault`) are already an estimate of what they keep resident,
+    capped by the RSS (analysis/touches.py), the same in the tables, the totals and here."""
+    return int(r.get(key) or 0)
+
+
+def estimated(r: dict) -> bool:
+    """Whether a row's bytes hold residency mode's first touches (an estimate)."""
+    return "fault" in (r.get("sources") or ()) or bool((r.get("live_by_source") or {}).get("fault"))
 
 
 def peak_holders(doc: dict) -> tuple[list[dict], int, bool]:
@@ -152,12 +155,17 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
         return None, False
     key = "at_peak_bytes" if first else "live_bytes"
     parts = [
-        f"{where_text(r)} held {human_bytes(held_bytes(r, key))} ({percent(held_bytes(r, key), whole)})" for r in named
+        f"{where_text(r)} held {human_bytes(held_bytes(r, key))} ({percent(held_bytes(r, key), whole)}"
+        + (", an estimate from sampled first touches" if estimated(r) else "")
+        + ")"
+        for r in named
     ]
     if first:
         ap = doc["at_peak"]
         when = f"{ap['elapsed_s']:.1f}s" if ap.get("elapsed_s") is not None else f"interval {ap['seq']}"
-        head, table, section = f"At the peak ({when}, {human_bytes(whole)} live)", "Held at the peak", "sites"
+        est = int(ap.get("touch_estimate_bytes") or 0)
+        of = f", {human_bytes(est)} of it estimated from sampled first touches" if est else ""
+        head, table, section = f"At the peak ({when}, {human_bytes(whole)} live{of})", "Held at the peak", "sites"
     else:
         head, section = f"At the end ({human_bytes(whole)} live)", "sites"
         table = f"Top {rows_noun(listed_rows(doc)[1])}"
@@ -165,6 +173,7 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
     figures = {
         "total_bytes": whole,
         "at_peak": first,
+        "estimate": any(estimated(r) for r in named),
         "holders": [
             {
                 "location": r.get("location"),
@@ -303,15 +312,29 @@ def _release_finding(doc: dict) -> dict | None:
     if total < RELEASE_MIN_S and shoot < RELEASE_MIN_SHOOTDOWNS:
         return None
     top = max(calls, key=lambda c: c[2]) if calls else None
-    text = (
-        f"Giving memory back took {total:.2f}s in the calls"
-        + (f" (most: {top[0]}, {top[2]:.2f}s in {top[1]} calls)" if top and top[2] else "")
-        + (f", with {shoot} remote TLB shootdowns" if shoot else "")
-        + "."
-    )
+    most = f" (most: {top[0]}, {duration_text(top[2])} in {top[1]} calls)" if top and top[2] else ""
+    if total >= RELEASE_MIN_S:
+        text = (
+            f"Giving memory back took {duration_text(total)} in the calls{most}"
+            + (f", with {shoot} remote TLB shootdowns" if shoot else "")
+            + "."
+        )
+    else:  # the shootdowns alone are news: the calls' time is said as it is, never "0.00s"
+        text = f"Giving memory back caused {shoot} remote TLB shootdowns (the calls took {duration_text(total)}{most})."
     return finding(
         "release_cost", text, "What giving memory back cost", "waits", seconds=total, remote_shootdowns=shoot
     )
+
+
+def duration_text(s: float) -> str:
+    """'1.25s', '3.4 ms', '120 µs', 'no measurable time': a duration never written as 0.00s."""
+    if s >= 0.1:
+        return f"{s:.2f}s"
+    if s >= 0.001:
+        return f"{s * 1e3:.1f} ms"
+    if s >= 1e-6:
+        return f"{s * 1e6:.0f} µs"
+    return "no measurable time"
 
 
 def material_losses(totals: dict) -> dict[str, int]:

@@ -14,6 +14,7 @@ import os
 import re
 
 from ..units import human_bytes
+from .equations import equation_holds, equation_sum, split_equations
 
 # RSS and the allocators' pages are read a few ms apart, the target still running: a part may
 # outgrow its whole by max(SLACK_BYTES, SLACK_SHARE of it) before it is a contradiction
@@ -101,6 +102,58 @@ def _findings(doc: dict) -> list[str]:
     return out
 
 
+def _equations(dec: dict) -> list[str]:
+    """Every printed equation of the split (the RSS line, each allocator's, shmem and file) adds
+    up within 1 %, and the document's equations are those of its split (none dropped)."""
+    out: list[str] = []
+    eqs = dec.get("equations")
+    if eqs is None and dec:
+        eqs = split_equations(dec)
+    for e in eqs or []:
+        if not equation_holds(e):
+            terms = " ".join(("+ " if t["sign"] > 0 else "− ") + human_bytes(t["bytes"]) for t in e["terms"])
+            name = "" if e["name"] == e["whole_label"] else e["name"] + " "
+            out.append(
+                f"{name}{e['whole_label']} {human_bytes(e['whole'])} = {terms.lstrip('+ ')} "
+                f"does not add up (the terms sum to {human_bytes(equation_sum(e))})"
+            )
+    rss = next((e for e in eqs or [] if e["name"] == "RSS"), None)
+    if rss is not None and rss["whole"] != _n(dec.get("rss_bytes")):
+        out.append(
+            f"RSS split: its equation says RSS {human_bytes(rss['whole'])}, "
+            f"the split {human_bytes(_n(dec.get('rss_bytes')))}"
+        )
+    return out
+
+
+def peak_violations(doc: dict) -> list[str]:
+    """The peak told one way: no row (site or location) holding more at the peak than the live
+    total then; the live total at the peak no more than the totals' live peak; in residency mode
+    (sampled first touches, an estimate) no row and no composition above the larger of the RSS
+    high-water and the exact live bytes (mmap, brk) then."""
+    out: list[str] = []
+    peak, tot = doc.get("at_peak") or {}, doc.get("totals") or {}
+    whole = _n(peak.get("live_bytes"))
+    if _over(whole, _n(tot.get("peak_live_bytes"))):
+        out.append(
+            f"at the peak: live {human_bytes(whole)} > the live peak {human_bytes(_n(tot.get('peak_live_bytes')))}"
+        )
+    rows = [*(doc.get("sites") or []), *(doc.get("locations") or [])]
+    big = max(rows, key=lambda r: _n(r.get("at_peak_bytes")), default=None)
+    if big is not None and _over(_n(big.get("at_peak_bytes")), whole):
+        out.append(
+            f"at the peak: a row holds {human_bytes(_n(big['at_peak_bytes']))} > the live total {human_bytes(whole)}"
+        )
+    if peak.get("estimate"):
+        hwm = max(_n(tot.get("hwm_bytes")), _n(peak.get("exact_bytes")))
+        if hwm and _over(whole, hwm):
+            out.append(
+                f"at the peak: the composition {human_bytes(whole)} > the RSS high-water {human_bytes(hwm)} "
+                "(residency mode: first touches are capped by the RSS)"
+            )
+    return out
+
+
 def report_violations(doc: dict) -> list[str]:
     """Each way the allocscope.report/1 document `doc` (findings included) contradicts itself:
     an allocator's resident, or all of them, beyond the RSS at the end; a part of the RSS split
@@ -108,7 +161,7 @@ def report_violations(doc: dict) -> list[str]:
     before the attach beyond its resident; a finding stating a share over 100 %. [] when none."""
     dec = doc.get("rss_decomposition") or {}
     rss = _n(dec.get("rss_bytes")) or _n((doc.get("totals") or {}).get("rss_bytes"))
-    return _split(dec) + _arenas(doc, rss) + _findings(doc)
+    return _split(dec) + _equations(dec) + _arenas(doc, rss) + _findings(doc) + peak_violations(doc)
 
 
 def check_report(doc: dict) -> list[str]:

@@ -12,6 +12,7 @@ from common.pages import PAGE
 from common.tracefile.reader import Trace
 
 from .allocator_memory import allocator_split, allocator_timeline
+from .equations import allocator_terms, split_equations
 from .sampled import sampled_split
 from .sources import DEVICE_FILE_SOURCES, REGISTER_API, SHMEM_SOURCES, live_by_source
 
@@ -296,7 +297,7 @@ def _rss_decomposition_v2(trace: Trace, arenas: pd.DataFrame, by_source: dict[st
             "file_bytes": int(last["rss_file_bytes"]),
             "shmem_bytes": int(last["rss_shmem_bytes"]),
         }
-        return {
+        out = {
             "rss_bytes": int(last["rss_bytes"]),
             **parts,
             "sum_bytes": sum(parts.values()),
@@ -304,6 +305,8 @@ def _rss_decomposition_v2(trace: Trace, arenas: pd.DataFrame, by_source: dict[st
             "retained_known": False,
             **split,
         }
+        out["equations"] = split_equations(out)
+        return out
     known = arenas[arenas["resident_bytes"].notna()]
     resident = int(known["resident_bytes"].sum())
     held = int(
@@ -319,7 +322,7 @@ def _rss_decomposition_v2(trace: Trace, arenas: pd.DataFrame, by_source: dict[st
         "shmem_bytes": int(last["rss_shmem_bytes"]),
     }
     total = sum(parts.values())
-    return {
+    out = {
         "rss_bytes": int(last["rss_bytes"]),
         **parts,
         "sum_bytes": total,
@@ -327,6 +330,8 @@ def _rss_decomposition_v2(trace: Trace, arenas: pd.DataFrame, by_source: dict[st
         "retained_known": True,
         **split,
     }
+    out["equations"] = split_equations(out)
+    return out
 
 
 def rss_decomposition(
@@ -386,8 +391,9 @@ def rss_decomposition(
     timeline = allocator_timeline(trace)
     for a in allocs:
         a["timeline"] = timeline.get(a["source"], [])
+    allocator_terms(allocs, outside, (trace.meta.get("target") or {}).get("launched") is False)
     sampled = sampled_split(trace, allocs, parts)
-    return {
+    out = {
         "rss_bytes": int(last["rss_bytes"]),
         **parts,
         "sum_bytes": sum(parts.values()),
@@ -400,4 +406,7 @@ def rss_decomposition(
         "unseparated": [a["name"] for a in allocs if a["live_before_attach"] is None],
         "unseparated_note": BEFORE_UNSEPARATED,
         "allocators": allocs,
+        "launched": (trace.meta.get("target") or {}).get("launched") is not False,
     }
+    out["equations"] = split_equations(out)
+    return out

@@ -29,6 +29,7 @@ from .timeline import (
     peak_seq,
     verdict,
 )
+from .touches import estimate_touches
 
 
 def site_table(
@@ -43,6 +44,7 @@ def site_table(
     Columns: site, full_frames, stack_id, tid, source, alloc_bytes, alloc_count, free_bytes,
     free_count, live_bytes, live_count, peak_live_bytes, device (True for GPU memory,
     DEVICE_SOURCES: bytes that are not host memory)."""
+    trace = estimate_touches(trace)
     if stacks is None:
         stacks = symbolize_stacks(trace, progress)
     if at_seq is None:
@@ -402,6 +404,7 @@ def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[in
     peak snapshots' margin: live_bytes is within it of totals.peak_live_bytes; 0 in a trace
     without them) — and rank -> at_peak_rank: the rank_sites rows ordered by their bytes at
     that moment, then by their own peak (ties as rank_sites breaks them)."""
+    trace = estimate_touches(trace)
     seq = peak_seq(trace)
     iv = trace.intervals
     live = iv.set_index("seq")["live_bytes"]
@@ -415,6 +418,10 @@ def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[in
         "peak_snapshot": bool(seq is not None and snap.get(seq)),
         "margin_bytes": int(tot.get("peak_margin_bytes") or 0),
     }
+    if "touch_estimate_bytes" in iv and seq is not None:
+        # residency mode: first touches stand for an estimate (analysis/touches.py)
+        est = int(iv.set_index("seq")["touch_estimate_bytes"].get(seq, 0))
+        block.update(estimate=True, touch_estimate_bytes=est, exact_bytes=max(0, int(live[seq]) - est))
     order = sort_sites(sites, "at_peak")["rank"].tolist() if len(sites) else []
     return block, {int(r): i for i, r in enumerate(order, 1)}
 

@@ -12,6 +12,7 @@ import pandas as pd
 from common.tracefile.reader import Trace
 
 from .sources import is_device
+from .touches import estimate_touches
 
 # Verdict rules (documented in `verdict`).
 FIT_TAIL_FRACTION = 0.5  # growth is fitted over the last half of the recording...
@@ -188,7 +189,7 @@ def peak_seq(trace: Trace) -> int | None:
     highest — the first of equal ones; None when nothing was ever live. With peak snapshots in
     the trace this is one of them whenever the total passed its high-water mark between two
     interval snapshots: the composition within the margin (`peak_margin`) of the true peak."""
-    iv = trace.intervals
+    iv = estimate_touches(trace).intervals
     if iv.empty or "live_bytes" not in iv:
         return None
     iv = iv.sort_values("seq")

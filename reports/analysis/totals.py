@@ -91,6 +91,14 @@ def totals(trace: Trace) -> dict:
         "cuda_host_bytes": _last(last, "cuda_host_live_bytes"),
         "live_by_source": live_by_source(trace, st),
         "by_source": by_source(st),
+        **(
+            {
+                "touch_estimate_bytes": _last(last, "touch_estimate_bytes"),
+                "touches_bytes": _last(last, "touches_bytes"),
+            }
+            if "touch_estimate_bytes" in iv
+            else {}
+        ),
     }
 
 
@@ -141,10 +149,12 @@ def mode_notes(trace: Trace) -> list[str]:
     if meta.get("mode") == "residency":
         n = (meta.get("sampling") or {}).get("fault_sample", 0)
         out.append(
-            f"residency mode: no allocator probes. Sites of source 'fault' count first touches of pages "
-            f"(sampled 1 in {n}, each standing for {n} pages; cumulative — pages given back are not "
-            "subtracted); sites of source 'mmap'/'brk' are exact and live. Frees of heap blocks, "
-            "per-block sizes and thread flows are not seen."
+            f"residency mode: no allocator probes. Sites of source 'mmap'/'brk' are exact and live (mapped "
+            f"bytes); sites of source 'fault' are an estimate: first touches of pages (sampled 1 in {n}, each "
+            "standing for {n} pages), cumulative in the kernel, counted here only up to the anonymous RSS the "
+            "exact sites leave, the latest touches first (a page freed and touched again counts once; "
+            "'allocated' keeps the cumulative touches). Frees of heap blocks, per-block sizes and thread "
+            "flows are not seen.".replace("{n}", str(n))
         )
     sb = (meta.get("sampling") or {}).get("sample_bytes", 0)
     if sb:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from ..units import human_bytes
 from ..wrappers import frame_name
 
 # the keys of a report location (or wait location) that make its frame, for frame_text
@@ -154,3 +155,15 @@ def folded_text(folded: list[dict]) -> str:
         src = f"--fold {f['pattern']}" if f["from"] == "--fold" else f"{f['from']} {f['pattern']}"
         parts.append(f"{names} [{src}]")
     return "; ".join(parts)
+
+
+def equation_text(eq: dict, width: int = 0, after: dict[str, str] | None = None) -> str:
+    """An equation of the RSS split (analysis/equations.py) as one line: 'RSS 136.1 MiB = live
+    heap since the attach 134.1 MiB + ... + shmem 0 B'; a term of sign −1 is written ' − '.
+    `width`: the whole's figure right-aligned to it; `after`: text after a term's figure, by label."""
+    after = after or {}
+    out = f"{eq['whole_label']} {human_bytes(eq['whole']):>{width}} ="
+    for i, t in enumerate(eq["terms"]):
+        op = "" if i == 0 and t["sign"] > 0 else (" −" if t["sign"] < 0 else " +")
+        out += f"{op} {t['label']} {human_bytes(t['bytes'])}{after.get(t['label'], '')}"
+    return out

@@ -14,6 +14,7 @@ from .shared import (
     NOUNS,
     SORT_TITLES,
     Style,
+    equation_text,
     findings_text,
     folded_text,
     frame_text,
@@ -76,7 +77,14 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     out.append(s.bold("Totals"))
     out.append(
         f"  live now   {human_bytes(tot['live_bytes']):>10}  in {tot['live_count']} blocks"
-        f"   (heap API {human_bytes(tot['heap_live_bytes'])}, mmap/brk {human_bytes(tot['mmap_live_bytes'])})"
+        f"   (heap API {human_bytes(tot['heap_live_bytes'])}, mmap/brk {human_bytes(tot['mmap_live_bytes'])}"
+        + (
+            f", first touches {human_bytes(tot['touch_estimate_bytes'])} estimated"
+            f" of {human_bytes(tot.get('touches_bytes') or 0)} touched in all"
+            if "touch_estimate_bytes" in tot
+            else ""
+        )
+        + ")"
     )
     out.append(f"  live peak  {human_bytes(tot['peak_live_bytes']):>10}")
     out.append(
@@ -97,45 +105,21 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     out.append(f"  lost       {lost:>10}" if not lost else s.red(f"  lost       {lost:>10}"))
     dec = doc.get("rss_decomposition")
     if dec:
-        retained = (
-            f" + retained by allocator {human_bytes(dec['retained_bytes'])}"
-            if dec.get("retained_known", True)
-            else " (allocator retention not separable for this allocator: inside other anon)"
-        )
-        before = (
-            f" + live before the attach {human_bytes(dec['live_before_attach_bytes'])}"
-            if dec.get("live_before_attach_known")
-            else ""
-        )
-        unsure = (
-            f" + before the attach or retained {human_bytes(dec['before_or_retained_bytes'])}"
-            if dec.get("before_or_retained_bytes")
-            else ""
-        )
-        out.append(
-            f"  RSS {human_bytes(dec['rss_bytes'])} = live heap since the attach "
-            f"{human_bytes(dec['live_heap_bytes'])}{before}{retained}{unsure}"
-            f" + other anon {human_bytes(dec['other_anon_bytes'])} + file {human_bytes(dec['file_bytes'])}"
-            f" + shmem {human_bytes(dec['shmem_bytes'])}"
-        )
-        for a in dec.get("allocators") or []:  # every allocator's own mappings, measured
-            pre = (
-                f" + live before the attach {human_bytes(a['live_before_attach'])}"
-                if a.get("live_before_attach") is not None
-                else ""
-            )
-            how = f"; census {a['census']}" if a.get("live_before_attach") is not None else ""
-            rest = f" + retained (free) {human_bytes(a['retained'])}" + (
-                f" + before the attach or retained {human_bytes(a['before_or_retained'])}"
-                if a.get("before_or_retained")
-                else ""
-            )
-            err = f" ±{human_bytes(a['live_error'])}" if a.get("live_error") else ""
+        eqs = {e["name"]: e for e in dec.get("equations") or []}
+        if "RSS" in eqs:
             out.append(
-                f"    {a['name']:<16} resident {human_bytes(a['resident']):>10} = live "
-                f"{human_bytes(a['live'])}{err}"
-                f"{pre}{rest};  released {human_bytes(a['released'])}"
-                f"  ({a['source']}{how})"
+                "  " + equation_text(eqs["RSS"]) + (f" ({eqs['RSS']['note']})" if eqs["RSS"].get("note") else "")
+            )
+        for a in dec.get("allocators") or []:  # every allocator's own mappings, measured
+            how = f"; census {a['census']}" if a.get("live_before_attach") is not None else ""
+            err = {"live": f" ±{human_bytes(a['live_error'])}"} if a.get("live_error") else {}
+            eq = eqs.get(a["name"])
+            if eq is None:
+                continue
+            out.append(
+                f"    {a['name']:<16} "
+                + equation_text(eq, width=10, after=err)
+                + f";  released {human_bytes(a['released'])}  ({a['source']}{how})"
             )
         if dec.get("sampled_note"):
             out.append(f"    {dec['sampled_note']}")
