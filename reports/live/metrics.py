@@ -26,6 +26,7 @@ from .text import site_text
 
 END_REASONS = ("exited", "killed", "oom_killed", "exec", "stopped")  # recording.end.reason's values
 # Our own label names: a --label may not take one (the series would be ambiguous).
+FAULT_SOURCE = "fault"  # residency mode's sampled first touches: a counter of their own, never live bytes
 OWN_LABELS = ("source", "allocator", "kind", "location", "wait", "reason", "pid", "comm", "trace")
 CENSUS_TRIES = 120  # snapshots during which the attach census (glibc) is looked for in the trace
 
@@ -230,10 +231,24 @@ class FleetMetrics:
                 Family(
                     "allocscope_live_bytes",
                     "gauge",
-                    "Bytes allocated since the attach and not freed, by source (heap, mmap, cuda-device...)",
-                    tuple(((("source", s),), float(v)) for s, v in sorted(self.source_live.items())),
+                    "Bytes allocated since the attach and not freed, by source (heap, mmap, cuda-device...); "
+                    "the sources sum to the live total",
+                    tuple(
+                        ((("source", s),), float(v)) for s, v in sorted(self.source_live.items()) if s != FAULT_SOURCE
+                    ),
                 )
             )
+            if FAULT_SOURCE in self.source_live:
+                fam.append(
+                    Family(
+                        "allocscope_first_touched_bytes",
+                        "gauge",
+                        "Residency mode: pages first touched since this incarnation's attach (sampled page "
+                        "faults, each standing for N pages), cumulative: a page freed and touched again counts "
+                        "again; it overlaps the mmap and brk rows of allocscope_live_bytes and is never added to them",
+                        (((), float(self.source_live[FAULT_SOURCE])),),
+                    )
+                )
             if self.allocators:
                 fam.append(
                     Family(
