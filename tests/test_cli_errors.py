@@ -67,9 +67,12 @@ def test_report_truncated_part_is_skipped_with_warning(good_trace):
     with open(part, "wb") as f:
         f.write(data[: len(data) // 2])
     p = cli("report", good_trace, "--format", "json")
+    assert p.returncode == 5, p.stderr  # damaged: said, and exit 5 (issue 53)
+    assert "damaged part parts/sites-000001.parquet: truncated" in p.stderr
+    p = cli("report", good_trace, "--format", "json", "--allow-damaged")
     assert p.returncode == 0, p.stderr
     rep = json.loads(p.stdout)
-    assert any("unreadable part sites-000001" in w for w in rep["recording"]["warnings"])
+    assert [d["part"] for d in rep["integrity"]["damaged"]] == ["sites-000001.parquet"]
 
 
 def test_report_no_finished_interval(good_trace):

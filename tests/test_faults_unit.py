@@ -157,10 +157,13 @@ def test_diff_corrupt_part_is_skipped_with_warning(tmp_path):
     with open(part, "wb") as f:
         f.write(data[: len(data) // 3])
     p = cli("diff", a, b, "--format", "json")
+    assert p.returncode == 5, p.stderr  # damaged: said, and exit 5 (issue 53)
+    p = cli("diff", a, b, "--format", "json", "--allow-damaged")
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     warnings = doc["warnings"]
-    assert any(w.startswith("B: unreadable part sites-000002.parquet skipped") for w in warnings), warnings
+    assert any(w.startswith("B: damaged trace: 1 part") for w in warnings), warnings
+    assert [d["part"] for d in doc["traces"]["b"]["integrity"]["damaged"]] == ["sites-000002.parquet"]
 
 
 def test_diff_corrupt_meta(tmp_path):

@@ -276,7 +276,8 @@ def load_trace(path: str, progress=None) -> Trace:
     if intervals.empty or "seq" not in intervals:
         bad = [d for d in integrity.damaged if d.table == "intervals"]
         if bad:
-            raise TraceFileError(f"{path}: no intervals part can be read ({bad[0].text()}; {len(bad)} such)")
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            raise TraceFileError(f"{path} has no finished interval that reads: {bad[0].text()}{more}")
         raise TraceFileError(f"{path} has no finished interval (the recording stopped before its first snapshot)")
     intervals = intervals.sort_values("seq").reset_index(drop=True)
     last = int(intervals["seq"].max())
