@@ -103,3 +103,26 @@ def test_first_touches_are_not_live_bytes_in_the_metrics():
     live = {dict(lb)["source"]: v for lb, v in fams["allocscope_live_bytes"].samples}
     assert live == {"mmap": 40 * MIB}  # what a dashboard sums: no first touches in it
     assert fams["allocscope_first_touched_bytes"].samples == (((), float(120 * MIB)),)
+
+
+def test_shared_memory_advice_names_cuda_only_where_cuda_is_mapped():
+    """PostgreSQL's shared buffers (issue 53: its advice spoke of pinned CUDA host memory)."""
+    import pandas as pd
+
+    from reports.analysis.advice import cuda_mapped, residency_advice
+
+    dec = {
+        "rss_bytes": 200 * MIB,
+        "live_heap_bytes": 0,
+        "other_anon_bytes": 20 * MIB,
+        "shmem_bytes": 150 * MIB,
+        "shmem_attributed_bytes": 0,
+        "shmem_unattributed_bytes": 150 * MIB,
+    }
+    arenas = pd.DataFrame(columns=["id", "kind", "retained_bytes"])
+    postgres = residency_advice(arenas, dec, cuda_mapped({"probes": {}}, {"mmap": 1, "shmem": 2}))
+    assert postgres and postgres[0].startswith("150 MiB is shared memory (shared anonymous mappings")
+    assert not any("CUDA" in a or "cuda" in a for a in postgres), postgres
+    gpu = residency_advice(arenas, dec, cuda_mapped({"probes": {"cuda": {"module": "/usr/lib/libcuda.so.1"}}}))
+    assert "pinned CUDA host memory" in gpu[0] and "cuda-pinned sites" in gpu[0]
+    assert cuda_mapped({}, {"cuda-pinned": 4096})

@@ -35,7 +35,7 @@ from __future__ import annotations
 from common.errors import UsageError
 from common.tracefile.reader import Trace
 
-from .advice import allocator_advice, residency_advice
+from .advice import allocator_advice, cuda_mapped, residency_advice
 from .allocator_memory import allocator_releases
 from .ending import recording_end
 from .findings import report_findings
@@ -227,7 +227,7 @@ def build_report(
         "totals": tot,
         "advice": mode_notes(trace)
         + advice(trace, tot)
-        + residency_advice(arenas, dec)
+        + residency_advice(arenas, dec, cuda_mapped(meta, tot["live_by_source"]))
         + allocator_advice(dec, trace)
         + pending_notes(unwind_pending(trace)),
         "sort": sort,

@@ -55,8 +55,10 @@ def allocator_advice(dec: dict | None, trace: Trace | None = None) -> list[str]:
     return out
 
 
-def residency_advice(arenas: pd.DataFrame, dec: dict | None) -> list[str]:
-    """Plain advice from the arena table and the RSS decomposition."""
+def residency_advice(arenas: pd.DataFrame, dec: dict | None, cuda: bool = False) -> list[str]:
+    """Plain advice from the arena table and the RSS decomposition. `cuda`: the CUDA driver is
+    mapped in the process (`cuda_mapped`); only then does the advice speak of pinned CUDA host
+    memory."""
     if dec is None or not dec["rss_bytes"]:
         return []
     rss = dec["rss_bytes"]
@@ -85,12 +87,29 @@ def residency_advice(arenas: pd.DataFrame, dec: dict | None) -> list[str]:
         )
     if dec["shmem_bytes"] > 0.2 * rss:
         out.append(
-            f"{dec['shmem_bytes'] >> 20} MiB is shared memory (e.g. pinned CUDA host memory shows as RssShmem)"
+            f"{dec['shmem_bytes'] >> 20} MiB is shared memory ("
             + (
-                f": {dec['shmem_attributed_bytes'] >> 20} MiB of it at the shmem and cuda-pinned sites, "
+                "e.g. pinned CUDA host memory shows as RssShmem"
+                if cuda
+                else "shared anonymous mappings, memfd, tmpfs and SysV segments: a database's shared buffers"
+            )
+            + ")"
+            + (
+                f": {dec['shmem_attributed_bytes'] >> 20} MiB of it at the "
+                + ("shmem and cuda-pinned" if cuda else "shmem")
+                + " sites, "
                 f"{dec['shmem_unattributed_bytes'] >> 20} MiB mapped before the attach or not traced"
                 if "shmem_attributed_bytes" in dec
                 else ""
             )
         )
     return out
+
+
+def cuda_mapped(meta: dict, live_by_source: dict[str, int] | None = None) -> bool:
+    """Whether the CUDA driver is in the process: the probes attached to a libcuda (meta.json
+    probes.cuda.module) or a site of a cuda-* source allocated."""
+    cuda = (meta.get("probes") or {}).get("cuda")
+    if isinstance(cuda, dict) and cuda.get("module"):
+        return True
+    return any(str(k).startswith("cuda-") for k in (live_by_source or {}))
