@@ -17,6 +17,8 @@ from common.errors import UsageError
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 CGROUP_ROOT = "/sys/fs/cgroup"
 UNLIMITED = 1 << 62  # cgroup v1 says "no limit" with a page-rounded LONG_MAX
+WORKER_LABEL = "worker"  # watch: which of the processes followed at once a series is of
+MAX_WORKERS = 32  # watch: the most processes served at once (the label set stays bounded)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -36,7 +38,7 @@ def check_labels(labels: dict[str, str]) -> None:
     for k in labels:
         if not LABEL_NAME.fullmatch(k) or k.startswith("__"):
             raise UsageError(f"--label {k}=...: with --metrics a label name is [a-zA-Z_][a-zA-Z0-9_]* (not __...)")
-        if k in OWN_LABELS:
+        if k in OWN_LABELS or k == WORKER_LABEL:
             raise UsageError(f"--label {k}=...: with --metrics {k!r} is a label of the exporter's own; pick another")
 
 
@@ -110,11 +112,12 @@ class Cost:
 
 
 class _Collector:
-    """prometheus_client's view of the FleetMetrics: the target's labels added to every series,
-    and the exporter's own CPU (allocscope_exporter_cpu_seconds_total)."""
+    """prometheus_client's view of the exporter's FleetMetrics (one per worker under watch): the
+    target's labels added to every series, `worker` too where there are workers, and the
+    exporter's own CPU (allocscope_exporter_cpu_seconds)."""
 
-    def __init__(self, metrics, labels: dict[str, str], cost: Cost) -> None:
-        self.metrics = metrics
+    def __init__(self, exporter, labels: dict[str, str], cost: Cost) -> None:
+        self.exporter = exporter
         self.names = list(labels)
         self.values = list(labels.values())
         self.cost = cost
@@ -134,18 +137,25 @@ class _Collector:
         )
         own_cpu.add_metric(self.values, self.cost.seconds)
         yield own_cpu
-        for f in self.metrics.families():
-            own = [k for k, _ in f.samples[0][0]] if f.samples else []
-            if f.kind == "info":
-                m = InfoMetricFamily(f.name, f.help, labels=self.names)
-                for labels, _v in f.samples:
-                    m.add_metric(self.values, dict(labels))
-            else:
-                cls = CounterMetricFamily if f.kind == "counter" else GaugeMetricFamily
-                m = cls(f.name, f.help, labels=self.names + own)
-                for labels, v in f.samples:
-                    m.add_metric(self.values + [val for _, val in labels], v)
-            yield m
+        out: dict[str, object] = {}  # one family per name, the workers' samples in it
+        for worker, metrics in self.exporter.figures():
+            names = self.names + ([WORKER_LABEL] if worker is not None else [])
+            values = self.values + ([str(worker)] if worker is not None else [])
+            for f in metrics.families():
+                own = [k for k, _ in f.samples[0][0]] if f.samples else []
+                m = out.get(f.name)
+                if f.kind == "info":
+                    if m is None:
+                        m = out[f.name] = InfoMetricFamily(f.name, f.help, labels=names)
+                    for labels, _v in f.samples:
+                        m.add_metric(values, dict(labels))  # type: ignore[attr-defined]
+                else:
+                    if m is None:
+                        cls = CounterMetricFamily if f.kind == "counter" else GaugeMetricFamily
+                        m = out[f.name] = cls(f.name, f.help, labels=names + own)
+                    for labels, v in f.samples:
+                        m.add_metric(values + [val for _, val in labels], v)  # type: ignore[attr-defined]
+        yield from out.values()
         self.cost.add(t0)
 
 
@@ -183,16 +193,31 @@ class Merged:
         self.count += 1
 
 
+class Worker:
+    """One process's figures on the exporter: its FleetMetrics (whose counters outlive each
+    incarnation that used the slot), its pid (0: none now), the snapshot queued and not taken."""
+
+    def __init__(self, index: int | None, metrics) -> None:
+        self.index = index
+        self.metrics = metrics
+        self.pid = 0
+        self.open: Merged | None = None
+
+
 class MetricsExporter:
     """Serves a recording's metrics on `listen` (HOST:PORT) with the target's `labels` on every
     series and the top `top_k` locations and waits. `observe` is a recorder observer (cheap: a
-    queue put); `target_started`/`target_ended` mark incarnations (watch: every restart)."""
+    queue put); `target_started`/`target_ended` mark incarnations (watch: every restart).
 
-    def __init__(self, listen: str, labels: dict[str, str], top_k: int = 10, fold=None) -> None:
+    `workers` (watch): several processes at once, each on a slot of its own told apart by the
+    `worker` label ("0", "1"...: the lowest slot free when it started; a restart takes the slot
+    its predecessor freed), at most MAX_WORKERS of them: the label set stays bounded however
+    many processes come and go; one beyond the cap is traced but not served (target_started
+    says False)."""
+
+    def __init__(self, listen: str, labels: dict[str, str], top_k: int = 10, fold=None, workers: bool = False) -> None:
         from prometheus_client import CollectorRegistry  # noqa: PLC0415
         from prometheus_client.exposition import start_http_server  # noqa: PLC0415
-
-        from reports.live.metrics import FleetMetrics  # noqa: PLC0415
 
         from .observers import Pump  # noqa: PLC0415
 
@@ -201,11 +226,12 @@ class MetricsExporter:
             raise UsageError(f"--metrics-top wants a positive number, not {top_k}")
         check_labels(labels)
         self.labels = dict(labels)
-        self.metrics = FleetMetrics(top_k, fold)
-        self.pid = 0
+        self.top_k, self.fold, self.workers = top_k, fold, workers
+        self.slots: list[Worker] = []
+        self._slot(0 if workers else None)
         self.registry = CollectorRegistry(auto_describe=False)
         self.cost = Cost()
-        self.registry.register(_Collector(self.metrics, self.labels, self.cost))  # type: ignore[arg-type]
+        self.registry.register(_Collector(self, self.labels, self.cost))  # type: ignore[arg-type]
         try:
             self.server, self.thread = start_http_server(port, host, self.registry)
         except OSError as e:
@@ -216,36 +242,73 @@ class MetricsExporter:
             raise UsageError(f"--metrics {listen}: cannot listen there: {e.strerror or e}") from None
         self.address = self.server.server_address[:2]
         self.lock = threading.Lock()
-        self.open: Merged | None = None  # the snapshot queued and not yet taken
+        self.by_pid: dict[int, Worker] = {}  # the processes served now (workers)
         self.snapshots = 0  # (merged) snapshots handled
         self.pump = Pump(self._handle, "allocscope-metrics")
         self.closed = False
+
+    def _slot(self, index: int | None) -> Worker:
+        from reports.live.metrics import FleetMetrics  # noqa: PLC0415
+
+        w = Worker(index, FleetMetrics(self.top_k, self.fold, self.slots[0].metrics.sym if self.slots else None))
+        self.slots.append(w)
+        return w
+
+    @property
+    def metrics(self):
+        """The first slot's figures (record, top: the only one)."""
+        return self.slots[0].metrics
+
+    def figures(self) -> list[tuple[int | None, object]]:
+        """(worker index or None, its FleetMetrics) for every slot, in order (any thread)."""
+        return [(w.index, w.metrics) for w in list(self.slots)]
 
     @property
     def url(self) -> str:
         host, port = str(self.address[0]), int(self.address[1])
         return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
-    def observe(self, snap) -> None:
+    def _of(self, pid: int) -> Worker | None:
+        return self.by_pid.get(pid) if self.workers else self.slots[0]
+
+    def observe(self, snap, pid: int = 0) -> None:
         """In the recorder's thread: a queue put, or, while the snapshot queued last is still
         waiting (the exporter's thread is behind: a first symbolization, a busy box), merged
         into it — the queue holds at most one snapshot per incarnation, whatever the delay."""
         with self.lock:
-            if self.open is not None:
-                self.open.merge(snap)
+            w = self._of(pid)
+            if w is None:
                 return
-            self.open = Merged(snap)
-            self.pump.observe(("snap", self.open))
+            if w.open is not None:
+                w.open.merge(snap)
+                return
+            w.open = Merged(snap)
+            self.pump.observe(("snap", w, w.open))
 
-    def target_started(self, pid: int, comm: str, trace_path: str | None, launched: bool = False) -> None:
+    def target_started(self, pid: int, comm: str, trace_path: str | None, launched: bool = False) -> bool:
+        """A new incarnation; False when it has no slot (workers: MAX_WORKERS served already)."""
         with self.lock:
-            self.open = None  # the next snapshot is the new incarnation's
-            self.pump.observe(("start", (pid, comm, trace_path, launched)))
+            w: Worker | None = self.slots[0]
+            if self.workers:
+                busy = {x.index for x in self.by_pid.values()}
+                w = next((x for x in self.slots if x.index not in busy), None)
+                if w is None and len(self.slots) < MAX_WORKERS:
+                    w = self._slot(len(self.slots))
+                if w is None:
+                    return False
+                self.by_pid[pid] = w
+            assert w is not None
+            w.open = None  # the next snapshot is the new incarnation's
+            self.pump.observe(("start", w, (pid, comm, trace_path, launched)))
+            return True
 
-    def target_ended(self, reason: str) -> None:
+    def target_ended(self, reason: str, pid: int = 0) -> None:
         with self.lock:
-            self.open = None
-            self.pump.observe(("end", reason))
+            w = self.by_pid.pop(pid, None) if self.workers else self.slots[0]
+            if w is None:
+                return
+            w.open = None
+            self.pump.observe(("end", w, reason))
 
     def _handle(self, item) -> None:
         t0 = time.thread_time()
@@ -255,30 +318,31 @@ class MetricsExporter:
             self.cost.add(t0)
 
     def _apply(self, item) -> None:
-        what, arg = item
-        m = self.metrics
+        what, w, arg = item
+        if what == "flush":
+            arg.set()
+            return
+        m = w.metrics
         if what == "snap":
             with self.lock:
-                if self.open is arg:
-                    self.open = None  # taken: what comes next is queued anew
+                if w.open is arg:
+                    w.open = None  # taken: what comes next is queued anew
             self.snapshots += 1
-            if self.pid and not arg.final:
-                m.cgroup_limit = cgroup_limit(self.pid)
+            if w.pid and not arg.final:
+                m.cgroup_limit = cgroup_limit(w.pid)
             m.update(arg)
         elif what == "start":
-            self.pid = int(arg[0])
-            m.cgroup_limit = cgroup_limit(self.pid) if self.pid else None
+            w.pid = int(arg[0])
+            m.cgroup_limit = cgroup_limit(w.pid) if w.pid else None
             m.started(*arg)
         elif what == "end":
-            self.pid = 0
+            w.pid = 0
             m.ended(arg)
-        else:
-            arg.set()  # flush
 
     def flush(self) -> None:
         """Wait until everything queued so far is in the served figures (tests)."""
         done = threading.Event()
-        self.pump.observe(("flush", done))
+        self.pump.observe(("flush", None, done))
         done.wait()
 
     def close(self) -> None:

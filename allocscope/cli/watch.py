@@ -72,7 +72,8 @@ def few_arenas(n: int = 2) -> None:
     "--pgrep",
     "pattern",
     metavar="PATTERN",
-    help="Follow the processes whose full command line matches PATTERN (regex, like pgrep -f), one at a time.",
+    help="Follow every process whose full command line matches PATTERN (regex, like pgrep -f), all at once: "
+    "each its own trace, end and --on-end, its metrics under its own `worker` label.",
 )
 @click.option(
     "-o", "--output", "out_dir", required=True, metavar="DIR", help="Directory of the traces, one per incarnation."
@@ -162,7 +163,8 @@ def watch(
 ):
     """Follow a daemon for days, across restarts: one trace per incarnation, each with how it ended.
 
-    Runs until stopped (Ctrl-C, SIGTERM: the recording under way is finished). A process that
+    Runs until stopped (Ctrl-C, SIGTERM: the recordings under way are finished). Every matching
+    process is followed at once (eight workers of one command line: eight traces). A process that
     matches when the watch starts is attached as `record --pid` would; after that, each new
     incarnation (a restart by systemd) is stopped at its exec while the probes attach and is let
     go once they are live (a second or two), so it is traced from its first allocation (one
@@ -231,7 +233,7 @@ def watch(
     if metrics:
         from .metrics import MetricsExporter  # noqa: PLC0415
 
-        exporter = MetricsExporter(metrics, opts.labels, metrics_top)
+        exporter = MetricsExporter(metrics, opts.labels, metrics_top, workers=True)
         say(f"metrics on {exporter.url}")
     try:
         watcher = Watcher(wopts, opts, say, stop, listener=exporter)

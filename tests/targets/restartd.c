@@ -4,12 +4,16 @@
  *   restartd hold MIB [STEP_MS]   hold_partitions: MIB blocks of 1 MiB + 4096 bytes each (memset,
  *                                 so resident), one every STEP_MS (default 0), then
  *                                 "held BYTES BLOCKS" on stdout; stays until killed
+ *   restartd wait MIB             "ready", then waits for SIGUSR1 before hold_partitions(MIB) (what
+ *                                 it holds comes after a tracer attached: the count is its own);
+ *                                 "held BYTES BLOCKS", stays until killed (watch: several at once)
  *   restartd exit MS              lives MS milliseconds, allocating small blocks, then exit(3)
  *   restartd oom STEP_MIB STEP_MS grow_until_killed: STEP_MIB MiB (touched) every STEP_MS, for ever;
  *                                 "grown BYTES" after each step (the OOM killer ends it)
  *
  * The names of the functions are what the tests look for; noinline keeps them on the stacks. */
 #define _GNU_SOURCE
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,8 +68,38 @@ __attribute__((noinline)) static void short_life(long ms)
     }
 }
 
+static volatile sig_atomic_t go;
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+    go = 1;
+}
+
+static void wait_for_usr1(void)
+{
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    signal(SIGUSR1, on_usr1);
+    printf("ready\n");
+    fflush(stdout);
+    sigdelset(&old, SIGUSR1);
+    while (!go)
+        sigsuspend(&old);
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 3 && !strcmp(argv[1], "wait")) {
+        wait_for_usr1();
+        size_t held = hold_partitions(atoi(argv[2]), 0);
+        printf("held %zu %d\n", held, atoi(argv[2]));
+        fflush(stdout);
+        for (;;)
+            pause();
+    }
     if (argc >= 3 && !strcmp(argv[1], "hold")) {
         size_t held = hold_partitions(atoi(argv[2]), argc > 3 ? atol(argv[3]) : 0);
         printf("held %zu %d\n", held, atoi(argv[2]));
@@ -79,6 +113,6 @@ int main(int argc, char **argv)
         short_life(atol(argv[2]));
         return 3;
     }
-    fprintf(stderr, "usage: restartd hold MIB [STEP_MS] | exit MS | oom STEP_MIB STEP_MS\n");
+    fprintf(stderr, "usage: restartd hold MIB [STEP_MS] | wait MIB | exit MS | oom STEP_MIB STEP_MS\n");
     return 2;
 }

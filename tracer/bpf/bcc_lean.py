@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import os
+import threading
 from contextlib import contextmanager
 
 _CTOR = "_ZN4ebpf9BPFModuleC1EjPNS_12TableStorageEbRKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEEbPKc"
@@ -79,6 +80,9 @@ class _Light:
 
 _light: _Light | None = None
 _failed = False
+# One BPF module built at a time in this process: libbcc's front end is not thread-safe (two
+# recordings of `watch` attaching at once crashed in it), and light() swaps a process-wide pointer.
+BUILDING = threading.RLock()
 
 
 def _get() -> _Light | None:
@@ -95,14 +99,15 @@ def _get() -> _Light | None:
 def light(bcc):
     """Within: bcc.BPF(text=...) builds its module without the rw engine
     (ALLOCSCOPE_BCC_RW=1 keeps BCC's own function)."""
-    lt = None if os.environ.get("ALLOCSCOPE_BCC_RW") == "1" else _get()
-    if lt is None:
-        yield
-        return
-    lib = bcc.libbcc.lib
-    orig = lib.bpf_module_create_c_from_string
-    lib.bpf_module_create_c_from_string = lt.create
-    try:
-        yield
-    finally:
-        lib.bpf_module_create_c_from_string = orig
+    with BUILDING:
+        lt = None if os.environ.get("ALLOCSCOPE_BCC_RW") == "1" else _get()
+        if lt is None:
+            yield
+            return
+        lib = bcc.libbcc.lib
+        orig = lib.bpf_module_create_c_from_string
+        lib.bpf_module_create_c_from_string = lt.create
+        try:
+            yield
+        finally:
+            lib.bpf_module_create_c_from_string = orig

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..base.layout import PROBES_DIR
-from . import prebuilt
+from . import bcc_lean, prebuilt
 
 KB = 1024
 TRACEPOINT = "oom:mark_victim"
@@ -90,7 +90,8 @@ def open_victims(may_compile: Callable[[], bool] = lambda: True) -> tuple[OomVic
         except prebuilt.NotPrebuilt as e:
             if not may_compile():
                 return None, f"{TRACEPOINT} not watched: the recording ended first"
-            bpf = bcc.BPF(text=(PROBES_DIR / "oom.bpf.c").read_text(), cflags=["-DAS_OOM_RSS"] if memory else [])
+            with bcc_lean.BUILDING:  # never beside another build (watch: several recordings at once)
+                bpf = bcc.BPF(text=(PROBES_DIR / "oom.bpf.c").read_text(), cflags=["-DAS_OOM_RSS"] if memory else [])
             how = f"compiled here ({e})"
     except Exception as e:  # noqa: BLE001 - BCC raises plain Exception on a failed compile or load
         return None, f"{TRACEPOINT} not watched: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}"

@@ -89,7 +89,10 @@ class ExecGate:
                 self.bpf = prebuilt.load_watch(bcc)  # built once at make setup: no compile, no headers
             except prebuilt.NotPrebuilt as e:
                 self.compiled_why = str(e)
-                self.bpf = bcc.BPF(text=(PROBES_DIR / "watch.bpf.c").read_text())
+                from ..bpf.bcc_lean import BUILDING  # noqa: PLC0415
+
+                with BUILDING:
+                    self.bpf = bcc.BPF(text=(PROBES_DIR / "watch.bpf.c").read_text())
         except Exception as e:  # noqa: BLE001 - BCC raises plain Exception on a failed load
             raise PermissionProblem(f"the watch's exec gate did not load: {str(e).splitlines()[0][:160]}") from None
         self.held = self.bpf["held"]

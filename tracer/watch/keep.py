@@ -59,9 +59,8 @@ def install(watcher) -> None:
         return
     state: dict = {}
 
-    def observe(w, snap) -> None:
-        rec = w.recorder
-        if rec is None or snap.final:
+    def observe(w, snap, rec) -> None:
+        if snap.final:
             return
         st = state.setdefault(id(rec), {"next": time.monotonic() + period(w.w.keep_s)})
         if time.monotonic() < st["next"]:

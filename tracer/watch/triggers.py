@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 
 from common.units import human_bytes
 
 TRIGGER = "rss"
+SPAWNING = threading.Lock()
 
 
 def install(watcher) -> None:
@@ -35,10 +37,9 @@ def install(watcher) -> None:
         return
     children: list[subprocess.Popen] = []
 
-    def observe(w, snap) -> None:
-        rec = w.recorder
+    def observe(w, snap, rec) -> None:
         rss = int(snap.row.get("rss_bytes", -1))
-        if rec is None or rss < w.w.when_rss or any(t["name"] == TRIGGER for t in rec.triggers):
+        if rss < w.w.when_rss or any(t["name"] == TRIGGER for t in rec.triggers):
             return
         fire(w, rec, snap, rss, children)
 
@@ -96,6 +97,11 @@ def end_env(rec) -> dict[str, str]:
 def spawn(w, option: str, cmd: str, env: dict[str, str], children: list) -> None:
     """`cmd` through /bin/sh in a session of its own, `env` added to ours; never waited for
     (`children` keeps it to be reaped). One that cannot start is said in a line."""
+    with SPAWNING:  # the recordings of processes followed at once end in threads of their own
+        _spawn(w, option, cmd, env, children)
+
+
+def _spawn(w, option: str, cmd: str, env: dict[str, str], children: list) -> None:
     for c in list(children):  # reap the commands that ended
         if c.poll() is not None:
             children.remove(c)

@@ -1,50 +1,43 @@
 """`allocscope watch`: follow a daemon for days, across restarts, one trace per incarnation.
 
 The watcher runs until stopped (SIGINT, SIGTERM, SIGHUP: the recording under way is finished, a
-complete trace). It follows the processes whose command line matches the pattern (--pgrep, like
-`pgrep -f`; --pid: that process's exact command line), one at a time:
+complete trace). It follows every process whose command line matches the pattern (--pgrep, like `pgrep -f`;
+--pid: that process's exact command line), all at once, each recorded in a thread of its own
+(tracer/watch/incarnation.py):
 
 * a process already running when the watch starts, or one found by a look at /proc (every
   `SCAN_S`), is attached as `record --pid` would (what it allocated before is not seen);
 * a process that execs a program of a watched name (the comm of every incarnation seen, and the
   pattern's first word) is stopped at its exec by the gate (tracer/watch/gate.py); if its command
-  line matches and no other incarnation is alive, the probes attach to it while it is stopped and
-  it is let go once they are live: traced from its first allocation. Any other is let go at once.
+  line matches, the probes attach to it while it is stopped and it is let go once they are live:
+  traced from its first allocation. Any other is let go at once.
 
 Each incarnation is recorded into its own trace `DIR/COMM-PID-YYYYmmdd-HHMMSS.allocscope`,
 complete when it ends (its end named: tracer/process/ending.py); old traces rotate
-(`--max-traces`); `--keep` bounds each trace's interval history (tracer/watch/keep.py);
+(`--max-traces`, tracer/watch/traces.py); `--keep` bounds each trace's interval history (tracer/watch/keep.py);
 `--when-rss` keeps a named snapshot when RSS passes a size (tracer/watch/triggers.py).
 A target that ends at any moment is a one-line note, and the watch goes on.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import queue
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from common.endwords import oom_text
-from common.errors import AllocscopeError, NoAllocatorError, TargetError, UsageError
-from common.tracefile import format as F
-from common.units import human_bytes
+from common.errors import TargetError, UsageError
 
 from ..base.options import RecordOptions
 from ..process import procfs
-from ..process.ending import describe_end
-from ..process.target import target_from_pid
-from ..record.recorder import Recorder, Summary
 from ..record.signals import StopRequest
-from . import triggers
 from .claims import NameClaims
+from .incarnation import Incarnation, Tracing, give_back_memory, oom_words
+from .traces import FAILED_ENDS, ended_badly, is_trace, rotate, trace_name, traces_in
 
 if TYPE_CHECKING:
     from .gate import ExecGate
@@ -52,8 +45,6 @@ if TYPE_CHECKING:
 DEBUG = bool(os.environ.get("ALLOCSCOPE_WATCH_DEBUG"))  # every exec the gate holds, and what is done with it
 SCAN_S = 1.0  # how often /proc is looked at for a matching process the gate did not hold
 STOPPED_SAY_S = 5.0  # a matching process stopped this long is said once (traced once it runs)
-FOLLOW_S = 10.0  # a held incarnation is stopped at each library the loader maps, this long after its exec
-WATCH_HOLD_S = 30.0  # a watched recording's small parts are written together this often (writer.py hold_s)
 
 
 @dataclass
@@ -68,77 +59,6 @@ class WatchOptions:
     on_end: str | None = None  # --on-end: a shell command run when a trace is complete
     hold: bool = True  # stop new incarnations at their exec (--no-hold: attach as found)
     comms: list[str] = field(default_factory=list)  # --comm: program names the gate holds
-
-
-@dataclass
-class Incarnation:
-    """One traced incarnation: what the watch says of it at its end."""
-
-    pid: int
-    path: str
-    held: bool
-    summary: Summary | None = None
-    error: str | None = None
-
-
-def trace_name(comm: str, pid: int, wall: float) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", comm) or "target"
-    return f"{safe}-{pid}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(wall))}.allocscope"
-
-
-def is_trace(path: str) -> bool:
-    try:
-        with open(os.path.join(path, F.META), "rb") as f:
-            return b'"allocscope.trace"' in f.read(4096)
-    except OSError:
-        return False
-
-
-def traces_in(out_dir: str) -> list[str]:
-    """The traces under out_dir, oldest first (by their names' time, then mtime)."""
-    found = []
-    for n in os.listdir(out_dir):
-        p = os.path.join(out_dir, n)
-        if n.endswith(".allocscope") and os.path.isdir(p) and not os.path.islink(p) and is_trace(p):
-            found.append((os.stat(p).st_mtime, p))
-    return [p for _, p in sorted(found)]
-
-
-FAILED_ENDS = ("killed", "oom_killed")  # what rotation keeps longest: the nights that went wrong
-
-
-def ended_badly(path: str) -> bool:
-    """The trace's incarnation was killed or OOM-killed (meta.json `end.reason`)."""
-    try:
-        with open(os.path.join(path, F.META)) as f:
-            end = json.load(f).get("end")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return isinstance(end, dict) and end.get("reason") in FAILED_ENDS
-
-
-def rotate(out_dir: str, max_traces: int, progress: Callable[[str], None]) -> list[str]:
-    """Remove old traces so that a new one makes at most max_traces: the oldest of those whose
-    incarnation ended well (exited, exec'd, stopped, not complete) first, then the oldest of the
-    killed and OOM-killed, so that a night's failure outlives the restarts after it. Only
-    directories that are allocscope traces are ever removed. Returns what was removed."""
-    old = traces_in(out_dir)
-    excess = max(0, len(old) - (max_traces - 1))
-    if not excess:
-        return []
-    bad = {p for p in old if ended_badly(p)}
-    gone = ([p for p in old if p not in bad] + [p for p in old if p in bad])[:excess]
-    for p in gone:
-        shutil.rmtree(p, ignore_errors=True)
-        for extra in (p + ".old",):
-            if os.path.isdir(extra) and is_trace(extra):
-                shutil.rmtree(extra, ignore_errors=True)
-    kept = len(bad - set(gone))
-    progress(
-        f"rotated out {len(gone)} old trace(s) (--max-traces {max_traces})"
-        + (f"; {kept} of killed or OOM-killed incarnations kept longest" if kept else "")
-    )
-    return gone
 
 
 def command_pattern(pid: int) -> tuple[str, str]:
@@ -161,14 +81,6 @@ def first_word_comm(pattern: str) -> str | None:
     return base[:15] if re.fullmatch(r"[A-Za-z0-9_.+-]+", base) else None
 
 
-def oom_words(oom: dict) -> str:
-    """'OOM-killed by the memory cgroup /x (limit 2.0 GiB, anon-rss 1.9 GiB at the kill)', from
-    `recording.end.oom`: the report's words (common/endwords.py), the kernel's figure where its
-    mark gave one."""
-    anon = (oom.get("victim") or {}).get("anon_rss_bytes")
-    return oom_text(oom, [f"anon-rss {human_bytes(anon)} at the kill"] if anon is not None else [])
-
-
 class Watcher:
     """The watch: run() returns when stopped; incarnations lists what it traced."""
 
@@ -184,21 +96,23 @@ class Watcher:
         self.ropts = ropts
         self.progress = progress
         self.stop = stop
-        self.listener = listener  # an object with target_started/target_ended/observe (metrics), or None
+        self.listener = listener  # target_started/target_ended/observe by pid (metrics), or None
+        self.said_unserved = False  # a process beyond --metrics' workers said once
         self.incarnations: list[Incarnation] = []
         self.pending: queue.Queue[tuple[int, bool]] = queue.Queue()  # (pid, held at its exec)
         self.seen: set[tuple[int, int]] = set()  # (pid, start time) traced or let go
-        self.current: tuple[int, int] | None = None  # the incarnation being recorded (pid, start)
+        self.tracing: dict[tuple[int, int], Tracing] = {}  # the incarnations being recorded now
         self.gate: ExecGate | None = None
         self.claims = NameClaims()  # the program names the gate holds, one watch each per box
+        self.claiming = threading.Lock()  # recordings' threads claim their comm as they start
         self.unheld: set[str] = set()  # names another watch holds (said once)
         self.unready: dict[tuple[int, int], frozenset[str]] = {}  # found with no allocator: its code files then
         self.stopped_since: dict[tuple[int, int], float] = {}  # matching but stopped: since when (0: said)
         self._gate_thread: threading.Thread | None = None
         self._closing = threading.Event()
-        self.observers: list[Callable] = []  # more observers of each snapshot (keep, triggers)
+        self.observers: list[Callable] = []  # more observers of each snapshot (keep, triggers): (watch, snap, rec)
         self.hooks: list = []  # --on-end's commands not reaped yet (tracer/watch/triggers.py)
-        self.recorder: Recorder | None = None
+        self.code_files = code_files
         if wopts.pid is not None:
             self.pattern, comm = command_pattern(wopts.pid)
             self.comms = {comm, *wopts.comms}
@@ -211,6 +125,11 @@ class Watcher:
             self.rx = re.compile(self.pattern)
         except re.error as e:
             raise UsageError(f"--pgrep pattern {self.pattern!r} is not a valid regular expression: {e}") from None
+
+    @property
+    def recorders(self) -> list:
+        """The recordings under way (one per process followed now)."""
+        return [t.recorder for t in list(self.tracing.values()) if t.recorder is not None]
 
     # --- finding incarnations -----------------------------------------------------------------
 
@@ -230,18 +149,13 @@ class Watcher:
         except (OSError, ValueError, IndexError):
             args, gone = [], True
         if DEBUG:
-            self.progress(f"debug: pid {pid} held at its exec: {' '.join(args)!r}; gone {gone}; traced: {self.current}")
+            self.progress(f"debug: pid {pid} held at its exec: {' '.join(args)!r}; gone {gone}")
         if gone:
             gate.release(pid)
             self.progress(f"pid {pid} ended while held at its exec, before it could be traced")
             return
         if not self.rx.search(" ".join(args)):
             gate.release(pid)  # same program name, another command line: not ours
-            return
-        cur = self.current
-        if cur is not None and procfs.is_alive(*cur):  # another instance beside the one traced: not followed
-            gate.release(pid)
-            self.progress(f"pid {pid} started while pid {cur[0]} is traced: let go, not traced")
             return
         self.pending.put((pid, True))
 
@@ -268,7 +182,7 @@ class Watcher:
         out = []
         for pid, _ in procfs.pgrep(self.pattern):
             key = self._key(pid)
-            if key is None or key in self.seen or key == self.current:
+            if key is None or key in self.seen or key in self.tracing:
                 continue
             try:
                 if procfs.state(pid) in ("T", "t"):
@@ -289,31 +203,21 @@ class Watcher:
             self.stopped_since[key] = 0.0
             self.progress(f"pid {pid} matches but has been stopped for {STOPPED_SAY_S:.0f} s: traced once it runs")
 
-    def _next(self) -> tuple[int, bool] | None:
-        """The next incarnation to trace (pid, held), or None once stopped."""
-        next_scan = 0.0
-        while self.stop.reason is None:
-            try:
-                pid, held = self.pending.get(timeout=0.1)
-                key = self._key(pid)
-                if key is None or key in self.seen:
-                    if held and self.gate is not None:
-                        self.gate.release(pid)
-                    if key is None:
-                        self.progress(f"pid {pid} ended while held at its exec, before it could be traced")
-                    continue
-                return pid, held
-            except queue.Empty:
-                pass
-            now = time.monotonic()
-            if now >= next_scan:
-                next_scan = now + SCAN_S
-                found = self._scan()
-                if found:
-                    if len(found) > 1:
-                        self.progress(f"{len(found)} processes match; following the oldest, pid {found[0]}")
-                    return found[0], False
-        return None
+    def _due(self, next_scan: float) -> tuple[list[tuple[int, bool]], float]:
+        """The incarnations to trace now, (pid, held) each: those the gate held (waited for up to
+        0.1 s), and every matching process a look at /proc found (every SCAN_S); the next look's time."""
+        out: list[tuple[int, bool]] = []
+        try:
+            out.append(self.pending.get(timeout=0.1))
+            while True:
+                out.append(self.pending.get_nowait())
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        if now >= next_scan:
+            next_scan = now + SCAN_S
+            out += [(pid, False) for pid in self._scan()]
+        return out, next_scan
 
     # --- the watch ----------------------------------------------------------------------------
 
@@ -332,21 +236,22 @@ class Watcher:
         finally:
             self.claims.close()
 
-    def _claim(self, comm: str) -> bool:
+    def claim(self, comm: str) -> bool:
         """Claim `comm` box-wide for the gate (tracer/watch/claims.py): False when another watch
         holds it (said once): its incarnations are then found by a look at /proc, not held."""
-        other = self.claims.claim(comm)
-        if other is None:
-            return True
-        if comm not in self.unheld:
-            self.unheld.add(comm)
-            who = f"pid {other}" if other else "another process"
-            self.progress(
-                f"another allocscope watch ({who}) holds {comm} at its exec (two gates would let each "
-                f"other's holds go): here its incarnations are found by a look at /proc every {SCAN_S:.0f} s, "
-                "not held (their first moments are not seen)"
-            )
-        return False
+        with self.claiming:
+            other = self.claims.claim(comm)
+            if other is None:
+                return True
+            if comm not in self.unheld:
+                self.unheld.add(comm)
+                who = f"pid {other}" if other else "another process"
+                self.progress(
+                    f"another allocscope watch ({who}) holds {comm} at its exec (two gates would let each "
+                    f"other's holds go): here its incarnations are found by a look at /proc every {SCAN_S:.0f} s, "
+                    "not held (their first moments are not seen)"
+                )
+            return False
 
     def _run(self) -> list[Incarnation]:
         os.makedirs(self.w.out_dir, mode=0o700, exist_ok=True)
@@ -356,7 +261,7 @@ class Watcher:
         if self.w.hold:
             from .gate import ExecGate  # noqa: PLC0415 (BCC)
 
-            self.gate = ExecGate([c for c in sorted(self.comms) if self._claim(c)])
+            self.gate = ExecGate([c for c in sorted(self.comms) if self.claim(c)])
             if DEBUG and self.gate.compiled_why:
                 self.progress(f"debug: the exec gate was compiled here: {self.gate.compiled_why}")
             self._gate_thread = threading.Thread(target=self._gate_loop, name="exec gate", daemon=True)
@@ -366,12 +271,18 @@ class Watcher:
             gated = sorted(self.gate.comms) if self.gate else []
             held = f"; new incarnations of {', '.join(gated)} are held at their exec" if gated else ""
             self.progress(f"watching {what}{held}; traces in {self.w.out_dir}; Ctrl-C to stop")
+            next_scan = 0.0
             while self.stop.reason is None:
-                nxt = self._next()
-                if nxt is None:
-                    break
-                self._trace(*nxt)
+                due, next_scan = self._due(next_scan)
+                for pid, was_held in due:
+                    self._start(pid, was_held)
+                for key, t in list(self.tracing.items()):
+                    if t.done.is_set():
+                        del self.tracing[key]
         finally:
+            for t in list(self.tracing.values()):
+                t.thread.join()  # each sees the watch's stop and finishes its trace
+            self.tracing.clear()
             self._closing.set()
             if self._gate_thread is not None:
                 self._gate_thread.join(timeout=2)
@@ -381,99 +292,18 @@ class Watcher:
                 self.gate.close()
         return self.incarnations
 
-    def _trace(self, pid: int, held: bool) -> None:
+    def _start(self, pid: int, held: bool) -> None:
+        """Trace `pid` in a thread of its own, unless it ended or is traced already."""
         key = self._key(pid)
-        if key is None:
+        if key is None or key in self.seen or key in self.tracing:
             if held and self.gate is not None:
                 self.gate.release(pid)
-            self.progress(f"pid {pid} ended before it could be traced")
+            if key is None:
+                self.progress(f"pid {pid} ended {'while held at its exec, ' if held else ''}before it could be traced")
             return
         self.seen.add(key)
-        try:
-            target = target_from_pid(pid)
-        except AllocscopeError as e:
-            if held and self.gate is not None:
-                self.gate.release(pid)
-            self.progress(f"pid {pid}: {e}")
-            return
-        rec_hook = None
-        if held and self.gate is not None:
-            gate = self.gate
-            target.on_release = lambda: gate.release(pid, "the probes are live")
-            gate.follow(pid, FOLLOW_S)  # the libraries it maps next: their unwind rows first
-            rec_hook = lambda: gate.release_code(pid)
-        if self.gate is not None and self._claim(target.comm):
-            self.gate.watch(target.comm)
-        wall = time.time()
-        path = os.path.join(self.w.out_dir, trace_name(target.comm, pid, wall))
-        rotate(self.w.out_dir, self.w.max_traces, self.progress)
-        inc = Incarnation(pid, path, held)
-        self.incarnations.append(inc)
-        self.current = key
-        opts = replace(self.ropts, output=path, force=False)
-        if self.listener is not None:
-            self.listener.target_started(pid, target.comm, path)
-        t0 = time.monotonic()
-        rec = Recorder(target, opts, self.progress, self.stop, observer=self._observe)
-        rec.hold_s = WATCH_HOLD_S if opts.interval < WATCH_HOLD_S else 0.0
-        rec.watch = self  # tracer/watch/keep.py and triggers.py reach the watch's options through it
-        rec.on_code_mapped = rec_hook
-        rec.observer_polls = False  # its observers are queued work: no 100 ms wakes for them
-        self.recorder = rec
-        reason = None
-        try:
-            inc.summary = rec.run()
-            reason = (rec.end or {}).get("reason")
-            self._said_end(inc, rec)
-            if self.w.on_end:
-                triggers.spawn(self, "--on-end", self.w.on_end, triggers.end_env(rec), self.hooks)
-        except AllocscopeError as e:
-            inc.error = str(e)
-            if isinstance(e, NoAllocatorError) and not held:  # perhaps caught before its loader's work
-                with contextlib.suppress(OSError):
-                    self.unready[key] = code_files(pid)
-                    self.seen.discard(key)
-            self.progress(f"pid {pid}: {e}")
-            if isinstance(e, TargetError) and "ended while" in str(e):  # before its recording began
-                target.alive()
-                reason = describe_end("target exited", target.exit_status, None)["reason"]
-        finally:
-            if rec.early is not None:
-                rec.early.discard()
-            target.close()
-            if held and self.gate is not None:
-                self.gate.unfollow(pid)
-            if target.on_release is not None:  # never attached: let it go
-                with contextlib.suppress(Exception):
-                    target.on_release()
-            self.current = None
-            self.recorder = None
-            self.stop.finalizing = False
-            if self.listener is not None and reason is not None:
-                self.listener.target_ended(reason)
-        give_back_memory()
-        if self.stop.reason is None and time.monotonic() - t0 < 0.5:
-            time.sleep(0.2)  # a pid that ends at once: the gate's next event, not a busy loop
-
-    def _said_end(self, inc: Incarnation, rec: Recorder) -> None:
-        s = inc.summary
-        assert s is not None
-        end = rec.end or {}
-        how = {"killed": f"killed by {end.get('signal')}", "exited": f"exited (code {end.get('exit_code')})"}.get(
-            str(end.get("reason")), str(end.get("reason") or s.end_reason)
-        )
-        if end.get("reason") == "oom_killed":
-            how = oom_words(end.get("oom") or {})
-        self.progress(
-            f"pid {inc.pid} {how}: wrote {inc.path} ({s.intervals} intervals, "
-            f"{s.seconds:.1f}s{', traced from its exec' if inc.held else ''})"
-        )
-
-    def _observe(self, snap) -> None:
-        if self.listener is not None:
-            self.listener.observe(snap)
-        for obs in self.observers:
-            obs(self, snap)
+        t = self.tracing[key] = Tracing(self, key, held)
+        t.start()
 
 
 def code_files(pid: int) -> frozenset[str]:
@@ -481,21 +311,17 @@ def code_files(pid: int) -> frozenset[str]:
     return frozenset(m.path for m in procfs.read_maps(pid) if m.is_file and "x" in m.perms)
 
 
-def give_back_memory() -> None:
-    """Between incarnations, what the last recording freed goes back to the system: the
-    cyclic garbage, Arrow's pool, and glibc's arenas (the recording's threads each had one).
-    Without it a watch grew ~4.5 MiB per incarnation (bench/watch_soak.py)."""
-    import ctypes  # noqa: PLC0415
-    import gc  # noqa: PLC0415
-
-    gc.collect()
-    try:
-        import pyarrow as pa  # noqa: PLC0415
-
-        pa.default_memory_pool().release_unused()
-    except Exception:  # noqa: BLE001 - an older pyarrow: nothing to give back there
-        pass
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+__all__ = [
+    "FAILED_ENDS",
+    "Incarnation",
+    "Watcher",
+    "WatchOptions",
+    "code_files",
+    "ended_badly",
+    "give_back_memory",
+    "is_trace",
+    "oom_words",
+    "rotate",
+    "trace_name",
+    "traces_in",
+]

@@ -1,0 +1,210 @@
+"""One incarnation under `allocscope watch`, recorded in a thread of its own (tracer/watch/watcher.py
+starts one per matching process, however many run at once): its trace, its end said in a line and
+to --on-end, its figures on --metrics under its own worker label.
+
+Each is a Recorder of its own (its own probes, filtered to its pid: probes/common.h's target is a
+load-time constant, and the kernel puts a uprobe's breakpoints only into the processes a pid-filtered
+probe names): N processes cost N loads of the prebuilt programs at the attach
+(bench/results/2026-12-07-watch-fleet.md), and each one's events go to its own ring."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from common.endwords import oom_text
+from common.errors import AllocscopeError, NoAllocatorError, TargetError
+from common.units import human_bytes
+
+from ..process.ending import describe_end
+from ..process.target import target_from_pid
+from ..record.recorder import Recorder, Summary
+from ..record.signals import StopRequest
+from . import triggers
+from .traces import rotate, trace_name
+
+if TYPE_CHECKING:
+    from .watcher import Watcher
+
+FOLLOW_S = 10.0  # a held incarnation is stopped at each library the loader maps, this long after its exec
+WATCH_HOLD_S = 30.0  # a watched recording's small parts are written together this often (writer.py hold_s)
+
+
+@dataclass
+class Incarnation:
+    """One traced incarnation: what the watch says of it at its end."""
+
+    pid: int
+    path: str
+    held: bool
+    summary: Summary | None = None
+    error: str | None = None
+
+
+def oom_words(oom: dict) -> str:
+    """'OOM-killed by the memory cgroup /x (limit 2.0 GiB, anon-rss 1.9 GiB at the kill)', from
+    `recording.end.oom`: the report's words (common/endwords.py), the kernel's figure where its
+    mark gave one."""
+    anon = (oom.get("victim") or {}).get("anon_rss_bytes")
+    return oom_text(oom, [f"anon-rss {human_bytes(anon)} at the kill"] if anon is not None else [])
+
+
+class FollowStop(StopRequest):
+    """One recording's stop under the watch: the watch's own (a signal stops every recording), or
+    this one's; `finalizing` is this recording's, so another's end never silences a signal's word."""
+
+    def __init__(self, watch: StopRequest) -> None:
+        self.watch = watch
+        self.own: str | None = None
+        super().__init__(watch.quiet)
+
+    @property  # type: ignore[override]
+    def reason(self) -> str | None:
+        return self.own or self.watch.reason
+
+    @reason.setter
+    def reason(self, value: str | None) -> None:
+        self.own = value
+
+
+class Tracing:
+    """The recording of one process, in a thread (`start`); `done` once its trace is complete."""
+
+    def __init__(self, watcher: Watcher, key: tuple[int, int], held: bool) -> None:
+        self.w = watcher
+        self.key = key
+        self.pid = key[0]
+        self.held = held
+        self.stop = FollowStop(watcher.stop)
+        self.recorder: Recorder | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._thread, name=f"watch pid {self.pid}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _thread(self) -> None:
+        try:
+            self._trace()
+        except Exception as e:  # noqa: BLE001 - one process's recording must never end the watch
+            self.w.progress(f"pid {self.pid}: {type(e).__name__}: {e}")
+        finally:
+            self.done.set()
+
+    def _release(self) -> None:
+        if self.held and self.w.gate is not None:
+            self.w.gate.release(self.pid)
+
+    def _trace(self) -> None:
+        w, pid, held = self.w, self.pid, self.held
+        gate = w.gate if held else None
+        try:
+            target = target_from_pid(pid)
+        except AllocscopeError as e:
+            self._release()
+            w.progress(f"pid {pid}: {e}")
+            return
+        rec_hook = None
+        if gate is not None:
+            target.on_release = lambda: gate.release(pid, "the probes are live")
+            gate.follow(pid, FOLLOW_S)  # the libraries it maps next: their unwind rows first
+            rec_hook = lambda: gate.release_code(pid)
+        if w.gate is not None and w.claim(target.comm):
+            w.gate.watch(target.comm)
+        path = os.path.join(w.w.out_dir, trace_name(target.comm, pid, time.time()))
+        rotate(w.w.out_dir, w.w.max_traces, w.progress)
+        inc = Incarnation(pid, path, held)
+        w.incarnations.append(inc)
+        opts = replace(w.ropts, output=path, force=False)
+        served = w.listener.target_started(pid, target.comm, path) if w.listener is not None else False
+        if served is False and w.listener is not None and not w.said_unserved:
+            w.said_unserved = True
+            w.progress(f"pid {pid} is traced but not on --metrics: it serves a bounded number of processes at once")
+        t0 = time.monotonic()
+        rec = Recorder(target, opts, w.progress, self.stop, observer=self._observe)
+        rec.hold_s = WATCH_HOLD_S if opts.interval < WATCH_HOLD_S else 0.0
+        rec.watch = w  # tracer/watch/keep.py and triggers.py reach the watch's options through it
+        rec.on_code_mapped = rec_hook
+        rec.observer_polls = False  # its observers are queued work: no 100 ms wakes for them
+        self.recorder = rec
+        reason = None
+        try:
+            inc.summary = rec.run()
+            reason = (rec.end or {}).get("reason")
+            self._said_end(inc, rec)
+            if w.w.on_end:
+                triggers.spawn(w, "--on-end", w.w.on_end, triggers.end_env(rec), w.hooks)
+        except AllocscopeError as e:
+            inc.error = str(e)
+            if isinstance(e, NoAllocatorError) and not held:  # perhaps caught before its loader's work
+                with contextlib.suppress(OSError):
+                    w.unready[self.key] = w.code_files(pid)
+                    w.seen.discard(self.key)
+            w.progress(f"pid {pid}: {e}")
+            if isinstance(e, TargetError) and "ended while" in str(e):  # before its recording began
+                target.alive()
+                reason = describe_end("target exited", target.exit_status, None)["reason"]
+        finally:
+            if rec.early is not None:
+                rec.early.discard()
+            target.close()
+            if gate is not None:
+                gate.unfollow(pid)
+            if target.on_release is not None:  # never attached: let it go
+                with contextlib.suppress(Exception):
+                    target.on_release()
+            if w.listener is not None and served:
+                w.listener.target_ended(reason or "stopped", pid)
+        give_back_memory()
+        if self.stop.reason is None and time.monotonic() - t0 < 0.5:
+            time.sleep(0.2)  # a pid that ends at once: the gate's next event, not a busy loop
+
+    def _said_end(self, inc: Incarnation, rec: Recorder) -> None:
+        s = inc.summary
+        assert s is not None
+        end = rec.end or {}
+        how = {"killed": f"killed by {end.get('signal')}", "exited": f"exited (code {end.get('exit_code')})"}.get(
+            str(end.get("reason")), str(end.get("reason") or s.end_reason)
+        )
+        if end.get("reason") == "oom_killed":
+            how = oom_words(end.get("oom") or {})
+        self.w.progress(
+            f"pid {inc.pid} {how}: wrote {inc.path} ({s.intervals} intervals, "
+            f"{s.seconds:.1f}s{', traced from its exec' if inc.held else ''})"
+        )
+
+    def _observe(self, snap) -> None:
+        w, rec = self.w, self.recorder
+        if w.listener is not None:
+            w.listener.observe(snap, self.pid)
+        if rec is not None:
+            for obs in w.observers:
+                obs(w, snap, rec)
+
+
+GIVE_BACK = threading.Lock()
+
+
+def give_back_memory() -> None:
+    """Between incarnations, what the last recording freed goes back to the system: the
+    cyclic garbage, Arrow's pool, and glibc's arenas (the recording's threads each had one).
+    Without it a watch grew ~4.5 MiB per incarnation (bench/watch_soak.py)."""
+    import ctypes  # noqa: PLC0415
+    import gc  # noqa: PLC0415
+
+    with GIVE_BACK:
+        gc.collect()
+        try:
+            import pyarrow as pa  # noqa: PLC0415
+
+            pa.default_memory_pool().release_unused()
+        except Exception:  # noqa: BLE001 - an older pyarrow: nothing to give back there
+            pass
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
