@@ -168,13 +168,13 @@ def test_target_oom_killed_in_memory_cgroup(memory_cgroup, bins, tmp_path, start
     tgt.send("oom")
     assert tgt.p.wait(60) == -signal.SIGKILL  # killed by the OOM killer
     rc, so, se = tr.wait(60), tr.stdout.read(), tr.stderr.read()
-    assert rc == 0, se
+    assert rc == 0 and so == "", (so, se)  # ours: on stderr
     rep = report(out)
     assert rep["recording"]["complete"] and rep["recording"]["end_reason"] == "target exited"
     oom = rep["recording"]["end"]["oom"]
     assert oom["scope"] == "cgroup" and oom["cgroup"].endswith(f"/{cg.name}"), oom
     # the summary line says it as the report does
-    assert f"(target OOM-killed by the memory cgroup {oom['cgroup']} (limit 48.0 MiB))" in so, so
+    assert f"(target OOM-killed by the memory cgroup {oom['cgroup']} (limit 48.0 MiB))" in se, se
     live, count, allocs = live_of(rep, "oom_grow")
     assert allocs >= 20 and count == allocs and live == allocs << 20, (live, count, allocs)
     assert 20 << 20 <= live <= 48 << 20
@@ -210,10 +210,10 @@ def test_another_process_oom_killed_beside_a_target_killed_by_hand(memory_cgroup
     tgt.p.kill()  # by hand, with the cgroup's oom_kill count risen
     assert tgt.p.wait(10) == -signal.SIGKILL
     rc, so, se = tr.wait(60), tr.stdout.read(), tr.stderr.read()
-    assert rc == 0, se
+    assert rc == 0 and so == "", (so, se)  # ours: on stderr
     end = report(tmp_path / "beside.allocscope")["recording"]["end"]
     assert end["reason"] == "killed" and end["signal"] == "SIGKILL" and end["oom"] is None, end
-    assert "(target killed by SIGKILL)" in so, so
+    assert "(target killed by SIGKILL)" in se, se
 
 
 def test_target_exec_ends_recording(bins, tmp_path, start, tracers):
@@ -225,8 +225,8 @@ def test_target_exec_ends_recording(bins, tmp_path, start, tracers):
     tr = record_bg(tracers, tgt.pid, out)
     tgt.send("exec /bin/sleep 60")
     rc, so, se = (tr.wait(30), tr.stdout.read(), tr.stderr.read())
-    assert rc == 0, se
-    assert "target exec'd another program" in so
+    assert rc == 0 and so == "", (so, se)  # ours: on stderr
+    assert "target exec'd another program" in se
     assert tgt.alive()  # the new program runs on, untouched
     with open(f"/proc/{tgt.pid}/comm") as f:
         assert f.read().strip() == "sleep"
@@ -267,8 +267,8 @@ def test_reused_pid_is_never_traced(bins, tmp_path, start, tracers):
     finally:
         tr.send_signal(signal.SIGCONT)
     rc, so, se = tr.wait(30), tr.stdout.read(), tr.stderr.read()
-    assert rc == 0, se
-    assert "(target killed by SIGKILL)" in so, so
+    assert rc == 0 and so == "", (so, se)  # ours: on stderr
+    assert "(target killed by SIGKILL)" in se, se
     assert b.alive()
     from reports.trace import load_trace
 
@@ -306,7 +306,7 @@ def test_second_sigint_while_finalizing_still_finishes(bins, tmp_path, start, tr
     assert tr.returncode == 0, se
     no_traceback(so, se)
     assert "finalizing the trace, please wait" in se
-    assert "(SIGINT)" in so
+    assert "(SIGINT)" in se
     t = load_trace(out)
     assert t.complete and t.meta["end_reason"] == "SIGINT" and not t.warnings
     assert len(t.live) >= 1000000

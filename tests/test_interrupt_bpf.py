@@ -88,11 +88,13 @@ def test_sigint_once_attached_finishes_a_short_trace(targets, procs, tmp_path):
 
 
 def test_sigint_while_starting_a_launched_command(tmp_path):
-    """Launch mode: the child, still blocked before exec, is killed; nothing is left running."""
+    """Launch mode: the child, still blocked before exec, never runs the program (a recording
+    that did not start runs nothing) and is reaped; nothing is left running."""
     import subprocess
 
     out = tmp_path / "launch.allocscope"
-    tr = cli_bg("record", "--verbose", "-o", str(out), "--", "sleep", "30")
+    ran = tmp_path / "ran"
+    tr = cli_bg("record", "--verbose", "-o", str(out), "--", "sh", "-c", f"echo ran > {ran}; exec sleep 30")
     for line in tr.stderr:  # forked (blocked before exec) before the probes are built
         if BUILDING in line:
             break
@@ -102,6 +104,8 @@ def test_sigint_while_starting_a_launched_command(tmp_path):
     rc = tr.wait(60)
     err = "".join(line for line in tr.stderr.readlines() if "allocscope: start-up: " not in line)
     assert rc == 130 and "nothing was recorded" in err, (rc, err)
+    assert err.count("\n") == 1, err  # no word of a program killed: none ran
     assert not out.exists()
+    assert not ran.exists()
     for pid in child:  # killed and reaped before record exits (not left for PTRACE_O_EXITKILL)
         assert not Path(f"/proc/{pid}").exists(), Path(f"/proc/{pid}/stat").read_text()

@@ -54,7 +54,7 @@ def test_burst_shorter_than_interval(targets, procs, tracers, tmp_path):
     assert tot["peak_live_bytes"] - margin <= peak["live_bytes"] <= tot["peak_live_bytes"], (peak, tot)
     assert tot["intervals"] + tot["peak_snapshots"] == int(iv["seq"].max())
     # record's summary line counts the intervals as the report does, not the peak snapshots
-    summary = tr.stdout.read()
+    summary = tr.stderr.read()
     assert f": {tot['intervals']} interval{'' if tot['intervals'] == 1 else 's'} in " in summary, (summary, tot)
     [loc] = [x for x in rep["locations"] if x["function"] == "burst_alloc"]
     assert loc["n_stacks"] == 8

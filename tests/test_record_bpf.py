@@ -116,7 +116,7 @@ def test_launch_mode_exact(targets, tmp_path, uprobes):
     out = tmp_path / "launch.allocscope"
     p = cli("record", "-q", "--uprobes", uprobes, "-o", str(out), "--", str(targets["apis"]), check=True)
     assert json.loads((out / "meta.json").read_text())["probes"]["uprobes"] == uprobes
-    assert "wrote" in p.stdout and "(target exited with code 0)" in p.stdout, p.stdout
+    assert "wrote" in p.stderr and "(target exited with code 0)" in p.stderr, p.stderr  # ours: on stderr
     st = os.stat(out / "meta.json")
     assert st.st_mode & 0o777 == 0o600
     check_apis_report(report_json(out), launched=True)
@@ -157,7 +157,7 @@ def test_target_sigkilled_ends_recording(targets, tmp_path, procs, tracers):
     tgt, tr, out = _record_pid(targets, tmp_path, procs, tracers, "pid")
     tgt.signal(signal.SIGKILL)
     assert tr.wait(60) == 0, tr.stderr.read()
-    assert "(target killed by SIGKILL)" in tr.stdout.read()
+    assert "(target killed by SIGKILL)" in tr.stderr.read()
     rep = report_json(out)
     assert rep["recording"]["complete"] is True
     check_apis_report(rep, launched=False)  # symbolized after the process is gone

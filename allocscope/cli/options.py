@@ -60,6 +60,23 @@ def target_options(f):
     return f
 
 
+def grace_option(f):
+    """--grace SECONDS: how long a launched program still running when the recording stops has
+    between SIGTERM and SIGKILL (tracer/process/launch.py)."""
+    from tracer.process.launch import GRACE_S  # noqa: PLC0415 (light: no third-party import)
+
+    return click.option(
+        "--grace",
+        type=click.FloatRange(min=0),
+        default=GRACE_S,
+        show_default=True,
+        metavar="SECONDS",
+        help="-- CMD: a program still running when the recording stops (--duration, Ctrl-C, SIGTERM) gets "
+        "SIGTERM (its process group, unless at a terminal), then SIGKILL after this many seconds if it "
+        "is still running, said on stderr. allocscope exits with the program's status.",
+    )(f)
+
+
 def trace_options(f):
     """Where and how a recording writes its trace: -o (optional here; `record` requires it),
     --label, --force, --keep-cmdline, --embed-symbols."""

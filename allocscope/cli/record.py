@@ -10,11 +10,12 @@ import click
 from common.errors import UsageError
 
 from .base import CONTEXT, Command
-from .options import metrics_options, probe_options, target_options, trace_options
+from .options import grace_option, metrics_options, probe_options, target_options, trace_options
 from .output import progress
 from .recording import (
     check_inject,
     early_stop,
+    end_launched,
     record_options,
     resolve_target,
     start_metrics,
@@ -30,9 +31,13 @@ from .recording import (
     "--duration",
     type=float,
     metavar="SECONDS",
-    help="Stop after this long (default: until Ctrl-C or the target exits).",
+    help="Stop after this long (default: until Ctrl-C or the target exits). A launched program still "
+    "running then gets SIGTERM (see --grace).",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress messages; the summary line only.")
+@grace_option
+@click.option(
+    "--quiet", "-q", is_flag=True, help="No progress messages; the summary line only (on stderr, as all of ours)."
+)
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -51,6 +56,7 @@ def record(
     keep_cmdline,
     embed_symbols,
     duration,
+    grace,
     quiet,
     dry_run,
     metrics,
@@ -66,6 +72,12 @@ def record(
     probes are still being set up stops there: nothing is recorded (exit 130) and a trace already
     at TRACE stays where it is. On a terminal, a status line on stderr shows the elapsed time,
     RSS, live bytes, losses and the stack holding most (not on a pipe, not with --quiet).
+
+    -- CMD is a clean wrapper: the program gets allocscope's stdin, stdout and stderr untouched,
+    every line of allocscope's own (progress, warnings, the summary) goes to stderr, and
+    allocscope exits with the program's status (128+N when signal N killed it; its own errors:
+    2-6, 130). A program still running when the recording stops gets SIGTERM, then SIGKILL after
+    --grace seconds if it is still running, both said on stderr (docs/launch.md).
 
     \b
     Examples:
@@ -137,4 +149,7 @@ def record(
     finally:
         if exporter is not None:
             exporter.close()
-    click.echo(summary_text(s))
+    click.echo(summary_text(s), err=True)
+    code = end_launched(target, s, stop, grace, None if quiet else progress, progress)
+    if code:
+        sys.exit(code)

@@ -83,6 +83,18 @@ def start_metrics(listen: str | None, opts, top_k: int, progress=None):
     return exporter
 
 
+def end_launched(target, s, stop, grace: float, say=None, warn=None) -> int:
+    """A launched program once its recording `s` is over (tracer/process/launch.py): ended by
+    itself, or stopped (SIGTERM, the grace period, SIGKILL); its exit status as a shell says it,
+    for allocscope to exit with. 0 for a --pid/--pgrep target."""
+    if target.child is None:
+        return 0
+    from tracer.process.launch import end_program  # noqa: PLC0415
+
+    stop.finalizing = False  # a signal now cuts the grace period short: no "finalizing" word
+    return end_program(target, s.end_reason, grace, say, warn, lambda: stop.signals)
+
+
 def summary_text(s) -> str:
     """The one line a recording ends with (tracer.record.recorder.Summary): where it went, how
     long, how it ended ('target exited with code 0', 'target killed by SIGKILL', 'target

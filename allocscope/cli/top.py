@@ -12,11 +12,20 @@ from common.errors import UsageError
 from tracer.base.options import TOP_INTERVAL
 
 from .base import CONTEXT, Command
-from .options import by_option, fold_option, metrics_options, probe_options, target_options, trace_options
+from .options import (
+    by_option,
+    fold_option,
+    grace_option,
+    metrics_options,
+    probe_options,
+    target_options,
+    trace_options,
+)
 from .output import progress
 from .recording import (
     check_inject,
     early_stop,
+    end_launched,
     record_options,
     resolve_target,
     start_metrics,
@@ -61,6 +70,7 @@ SORT_CHOICES = ("live", "growth", "peak", "age")
     help="Sites in each --batch block.",
 )
 @trace_options
+@grace_option
 @by_option
 @fold_option
 @metrics_options
@@ -79,6 +89,7 @@ def top(
     force,
     keep_cmdline,
     embed_symbols,
+    grace,
     by,
     fold,
     metrics,
@@ -96,7 +107,10 @@ def top(
     Without -o nothing is written to disk; with -o the trace is the one `record` writes. When
     the target exits the last frame stays up, saying so, until q; on q, Ctrl-C or SIGTERM the
     view closes at once, and its last frame is left printed on the terminal. --batch needs no
-    terminal; without it, stdin and stdout must be one.
+    terminal; without it, stdin and stdout must be one. With -- CMD, allocscope exits with the
+    program's status, and a program still running when the view closes gets SIGTERM, then
+    SIGKILL after --grace seconds, said on stderr (docs/launch.md); under --batch its output and
+    the blocks share stdout.
 
     \b
     Examples:
@@ -140,8 +154,8 @@ def top(
             early.discard()
             raise
         if batch:
-            s = _batch(target, opts, stop, folding, sort, top_n, iterations, by, early, exporter)
-            if s is not None:
+            s, closed = _batch(target, opts, stop, folding, sort, top_n, iterations, by, early, exporter)
+            if not closed:
                 click.echo(summary_text(s), err=True)
         else:
             s = _screen(rec, target, opts, stop, folding, sort, threads_view, by, early, exporter)
@@ -150,6 +164,9 @@ def top(
     finally:
         if exporter is not None:
             exporter.close()
+    code = end_launched(target, s, stop, grace, progress, progress)
+    if code:
+        sys.exit(code)
 
 
 def _last_words(text: str) -> None:
@@ -171,7 +188,7 @@ def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None,
         s, printer = record_batch(
             target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by, early=early
         )
-        return None if printer.closed else s
+        return s, printer.closed
     # --metrics: record_batch's recording, the exporter watching beside the printer
     from tracer.record import recorder as rec  # noqa: PLC0415
 
@@ -190,7 +207,7 @@ def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None,
     from reports.analysis.ending import closing_text  # noqa: PLC0415 (pandas: loaded by now)
 
     printer.write(f"-- ended: {closing_text(s.end, s.end_reason)}\n")
-    return None if printer.closed else s
+    return s, printer.closed
 
 
 def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None, exporter=None):

@@ -3,17 +3,24 @@
 A --pid target is never stopped, signalled or written to. A launched command is forked blocked
 before exec (the probes attach to its pid first), then traced with ptrace for two reasons only:
 to hold it for a moment at exit, while its memory map still exists, and (DWARF unwinding) at
-each code mapping until that library's unwind rows are loaded.
+each code mapping until that library's unwind rows are loaded. It gets allocscope's stdin,
+stdout and stderr untouched and the signal dispositions a shell would give it (SIGPIPE and
+SIGXFSZ back to their defaults: Python ignores them). Unless allocscope runs in the foreground
+of a terminal, it gets a process group of its own, so that what ends it (tracer/process/launch.py)
+reaches its children too; at a terminal it stays in allocscope's, like any command a shell starts
+(it reads the terminal, and Ctrl-C reaches it).
 """
 
 from __future__ import annotations
 
 import ctypes as ct
+import errno
 import os
 import select
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,13 +123,17 @@ def target_from_pgrep(pattern: str) -> Target:
 _libc = None
 
 
-def _ptrace(req: int, pid: int, addr: int = 0, data: int = 0) -> int:
+def _load_libc():
     global _libc
     if _libc is None:
         _libc = ct.CDLL(None, use_errno=True)
         _libc.ptrace.argtypes = [ct.c_long, ct.c_long, ct.c_void_p, ct.c_void_p]
         _libc.ptrace.restype = ct.c_long
-    return _libc.ptrace(req, pid, addr, data)
+    return _libc
+
+
+def _ptrace(req: int, pid: int, addr: int = 0, data: int = 0) -> int:
+    return _load_libc().ptrace(req, pid, addr, data)
 
 
 PTRACE_TRACEME, PTRACE_CONT, PTRACE_DETACH, PTRACE_SETOPTIONS = 0, 7, 17, 0x4200
@@ -146,11 +157,14 @@ class Child:
     memory map still exists, so the tracer can read /proc/PID/maps of a short-lived program.
     Signals it receives are passed through unchanged."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, own_group: bool = False, name: str = "") -> None:
         self.pid = pid
-        self.returncode: int | None = None
+        self.own_group = own_group  # its own process group (pgid = pid): not at a terminal
+        self.name = name or str(pid)
+        self.returncode: int | None = None  # os.waitstatus_to_exitcode: -N for a signal
         self.exiting = False
         self.traced = True
+        self.released = False  # exec'd: it runs the program, no longer our fork
         self.on_exec: Callable[[], None] | None = None  # called at the exec stop, before the program runs
         # called when the probes stop it at a code mapping (DWARF unwinding)
         self.on_hold: Callable[[], None] | None = None
@@ -163,6 +177,7 @@ class Child:
             self.returncode = -1
             return
         if os.WIFSTOPPED(status):
+            self.released = True
             if self.on_exec is not None:
                 self.on_exec()
             _ptrace(PTRACE_SETOPTIONS, self.pid, 0, PTRACE_O_TRACEEXIT | PTRACE_O_EXITKILL)
@@ -193,8 +208,9 @@ class Child:
         return self.returncode
 
     def resume(self) -> None:
-        if self.traced and self.returncode is None:
-            _ptrace(PTRACE_DETACH, self.pid, 0, 0)
+        """Let it go from its exit stop (a detach: only a stopped tracee can be detached; one still
+        running stays traced, and poll() keeps passing its signals on)."""
+        if self.traced and self.returncode is None and _ptrace(PTRACE_DETACH, self.pid, 0, 0) == 0:
             self.traced = False
             self.exiting = False
 
@@ -205,21 +221,53 @@ class Child:
             time.sleep(0.01)
         return self.returncode
 
+    def signal(self, sig: int) -> None:
+        """`sig` to its process group when it has its own, else to it alone."""
+        try:
+            if self.own_group:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def group_alive(self) -> bool:
+        """Some process of its own process group is still there (False without one)."""
+        if not self.own_group:
+            return False
+        try:
+            os.killpg(self.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def reap(self, until: float) -> int | None:
+        """Poll until it is reaped or the monotonic clock reaches `until`, letting it go from its
+        exit stop; its returncode (None: still running)."""
+        while self.poll() is None:
+            if self.exiting:
+                self.resume()  # held at its exit stop: let it finish
+                continue
+            if time.monotonic() >= until:
+                break
+            time.sleep(0.01)
+        return self.returncode
+
     def kill(self) -> None:
-        """SIGKILL, then reap it (5 s at most). A released child is traced: killed, it stops once
-        more at its exit event (PTRACE_O_TRACEEXIT), and is let go from there; wait()'s resume
-        first would try to detach it while it runs, fail, and leave it held."""
+        """SIGKILL (its process group too when it has its own), then reap it (5 s at most); said
+        on stderr once it runs the program (a recording that failed: the error line follows). A
+        released child is traced: killed, it stops once more at its exit event
+        (PTRACE_O_TRACEEXIT), and is let go from there; wait()'s resume first would try to detach
+        it while it runs, fail, and leave it held."""
         if self.returncode is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            end = time.monotonic() + 5
-            while self.poll() is None and time.monotonic() < end:
-                if self.exiting:
-                    self.resume()  # held at its exit stop: let it finish
-                else:
-                    time.sleep(0.01)
+            if self.released:
+                group = " and its process group" if self.own_group else ""
+                print(
+                    f"allocscope: {self.name} (pid {self.pid}){group} killed (SIGKILL): the recording failed",
+                    file=sys.stderr,
+                )
+            self.signal(signal.SIGKILL)
+            self.reap(time.monotonic() + 5)
 
 
 def _command_exe(argv: list[str]) -> str:
@@ -237,43 +285,84 @@ def command_target(argv: list[str]) -> Target:
     return Target(0, 0, os.path.realpath(exe), os.path.basename(argv[0])[:15], argv=list(argv))
 
 
+def at_terminal() -> bool:
+    """allocscope is the foreground job of its controlling terminal (a command typed at a shell):
+    a program it launches then stays in its process group, as the shell would have started it."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)  # ENXIO: no controlling terminal
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _exec(exe: str, argv: list[str]) -> None:
+    """In the forked child: exec the program, or say why not and exit as a shell does (126: found
+    but cannot run, 127: else)."""
+    try:
+        os.execv(exe, argv)
+    except OSError as e:
+        os.write(2, f"allocscope: cannot run {argv[0]}: {e.strerror}\n".encode(errors="replace"))
+        os._exit(126 if e.errno in (errno.EACCES, errno.ENOEXEC, errno.EISDIR) else 127)
+
+
 def target_from_command(argv: list[str]) -> Target:
     """Fork argv stopped before exec; the probes attach to its pid, then release() lets it
-    exec, so it is traced from its first allocation."""
+    exec, so it is traced from its first allocation. Its process group: the module's docstring."""
     exe = _command_exe(argv)
+    own_group = not at_terminal()
+    _load_libc()  # not in the forked child (another thread may hold the loader's lock at the fork)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: wait for the go byte, then exec; never returns into Python
         try:
             os.close(w)
+            if own_group:
+                os.setpgid(0, 0)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # ignored by Python: a program expects the default
+                signal.signal(sig, signal.SIG_DFL)
             if os.read(r, 1) == b"g":
                 os.close(r)
                 _ptrace(PTRACE_TRACEME, 0)
-                os.execv(exe, argv)
+                _exec(exe, argv)
         except BaseException:  # noqa: BLE001 (the forked child must end in _exit, whatever happened)
             pass
         os._exit(127)
     os.close(r)
+    if own_group:
+        try:
+            os.setpgid(pid, pid)  # the child does it too: whichever comes first (no race with a kill)
+        except OSError:
+            pass
+    comm = os.path.basename(argv[0])[:15]
     return Target(
         pid,
         procfs.starttime(pid),
         os.path.realpath(exe),
-        os.path.basename(argv[0])[:15],
-        child=Child(pid),
+        comm,
+        child=Child(pid, own_group, os.path.basename(argv[0])),
         release_fd=w,
         argv=list(argv),
     )
 
 
-def release(target: Target) -> None:
+def release(target: Target, start: bool = True) -> None:
+    """Let the target run: one stopped at its exec by the watch, a launched command blocked
+    before its exec. `start` False (a recording that failed before it started): a launched
+    command never runs its program (its fork exits 127 without exec)."""
     if target.on_release is not None:  # stopped at its exec by the watch: let it run
         go, target.on_release = target.on_release, None
         go()
     if target.release_fd >= 0:
-        os.write(target.release_fd, b"g")
+        if start:
+            os.write(target.release_fd, b"g")
         os.close(target.release_fd)
         target.release_fd = -1
-        if target.child is not None:
+        if target.child is not None and start:
             target.child.after_release()
 
 

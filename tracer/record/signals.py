@@ -21,6 +21,7 @@ class StopRequest:
 
     def __init__(self, quiet: bool = False) -> None:
         self.reason: str | None = None
+        self.signals = 0  # how many came (a launched program's grace: one more cuts it short)
         self.finalizing = False
         self.quiet = quiet
         self._previous: dict = {}
@@ -46,6 +47,7 @@ class StopRequest:
             self.reason = reason
 
     def handle(self, signum, _frame) -> None:
+        self.signals += 1
         if self.reason is None:
             self.reason = signal.Signals(signum).name
         elif self.finalizing and not self.quiet:

@@ -1,0 +1,150 @@
+"""Launch mode (`record -- CMD`) is a clean wrapper (issue 53): the program's stdout is its own,
+byte for byte; allocscope's lines are on stderr only; allocscope exits with the program's status;
+a program still running when the recording stops gets SIGTERM — its process group, when
+allocscope is not the foreground job of a terminal (these tests run it in a new session: no
+terminal) — and SIGKILL only after --grace, said on stderr; no child of it is left behind."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import ROOT, attached, wait_for
+
+pytestmark = pytest.mark.bpf
+
+ALLOCSCOPE = [sys.executable, "-m", "allocscope"]
+
+
+def run(*args: str, stdout=subprocess.PIPE, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`allocscope ARGS` in a session of its own (no controlling terminal, like a CI job or a unit)."""
+    return subprocess.run(
+        [*ALLOCSCOPE, *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=stdout is subprocess.PIPE,
+        timeout=timeout,
+        cwd=str(ROOT),
+        start_new_session=True,
+    )
+
+
+def ours(stderr: str | bytes) -> list[str]:
+    text = stderr.decode() if isinstance(stderr, bytes) else stderr
+    return text.splitlines()
+
+
+def gone(pid: int) -> bool:
+    """No process `pid`, or only a zombie on its way to being reaped by init."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def test_stdout_is_the_programs_byte_for_byte(tmp_path):
+    """`record -q -o T -- gzip -c FILE > OUT`: OUT is gzip's own output, nothing of ours in it."""
+    src = tmp_path / "services"
+    src.write_bytes(Path("/etc/services").read_bytes() * 4)
+    out = tmp_path / "s.gz"
+    trace = tmp_path / "g.allocscope"
+    with open(out, "wb") as f:
+        p = run("record", "-q", "-o", str(trace), "--", "gzip", "-c", str(src), stdout=f)
+    assert p.returncode == 0, p.stderr
+    own = subprocess.run(["gzip", "-c", str(src)], capture_output=True, check=True).stdout
+    assert out.read_bytes() == own
+    assert gzip.decompress(out.read_bytes()) == src.read_bytes()
+    [line] = ours(p.stderr)  # -q: the summary, on stderr, and nothing else
+    assert line.startswith(f"allocscope: wrote {trace}: ") and "(target exited with code 0)" in line, line
+    assert (trace / "meta.json").exists()
+
+
+@pytest.mark.parametrize(
+    "script,status,said",
+    [("exit 7", 7, "(target exited with code 7)"), ("kill -USR1 $$", 128 + 10, "(target killed by SIGUSR1)")],
+)
+def test_exit_status_is_the_programs(tmp_path, script, status, said):
+    p = run("record", "-o", str(tmp_path / "e.allocscope"), "--", "sh", "-c", script)
+    assert p.returncode == status, p.stderr
+    assert p.stdout == ""
+    assert all(line.startswith("allocscope: ") for line in ours(p.stderr)), p.stderr
+    assert said in ours(p.stderr)[-1], p.stderr
+
+
+TRAPPED = """
+trap 'echo trapped > "$1/trapped"; exit 3' TERM
+sleep 300 & echo $! > "$1/sleep.pid"
+wait
+"""
+
+
+def test_duration_sigterms_the_program_and_its_children(tmp_path):
+    """--duration: the trace is finished, then SIGTERM to the program's process group: its TERM
+    trap runs (exit 3, allocscope's status), its `sleep` child ends too; no SIGKILL."""
+    script = tmp_path / "trapped.sh"
+    script.write_text(TRAPPED)
+    trace = tmp_path / "d.allocscope"
+    p = run("record", "-o", str(trace), "--duration", "1", "--", "sh", str(script), str(tmp_path))
+    assert p.returncode == 3, p.stderr
+    assert (tmp_path / "trapped").read_text() == "trapped\n"
+    sleeper = int((tmp_path / "sleep.pid").read_text())
+    wait_for(lambda: gone(sleeper), timeout=5, what="the program's sleep child to end")
+    lines = ours(p.stderr)
+    assert lines[-2].startswith(f"allocscope: wrote {trace}: ") and "(duration)" in lines[-2], lines
+    assert lines[-1].startswith("allocscope: recording stopped (--duration): SIGTERM to sh (pid "), lines
+    assert lines[-1].endswith("and its process group; SIGKILL in 5 s if still running"), lines
+    assert not any("SIGKILL to" in line for line in lines), lines
+    meta = (trace / "meta.json").read_text()
+    assert '"complete": true' in meta and '"reason": "stopped"' in meta
+
+
+IGNORES_TERM = """
+trap '' TERM
+sleep 300 & echo $! > "$1/sleep.pid"
+wait
+"""
+
+
+def test_sigint_then_sigkill_after_the_grace_period(tmp_path):
+    """SIGINT to allocscope: a program that ignores SIGTERM (and its child, which inherits that)
+    gets SIGKILL --grace seconds later, to its process group, said on stderr; exit 137."""
+    script = tmp_path / "ignores.sh"
+    script.write_text(IGNORES_TERM)
+    trace = tmp_path / "k.allocscope"
+    tr = subprocess.Popen(
+        [*ALLOCSCOPE, "record", "-o", str(trace), "--grace", "0.5", "--", "sh", str(script), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=str(ROOT),
+        start_new_session=True,
+    )
+    try:
+        wait_for(
+            lambda: attached(trace) and (tmp_path / "sleep.pid").exists() or tr.poll() is not None,
+            timeout=120,
+            what="the recording",
+        )
+        tr.send_signal(signal.SIGINT)
+        out, err = tr.communicate(timeout=60)
+    finally:
+        if tr.poll() is None:
+            tr.kill()
+    assert tr.returncode == 128 + 9, err
+    assert out == ""
+    lines = ours(err)
+    assert "(SIGINT)" in lines[-3], lines
+    assert lines[-2].startswith("allocscope: recording stopped (SIGINT): SIGTERM to sh (pid "), lines
+    assert lines[-1].startswith("allocscope: sh (pid ") and lines[-1].endswith(
+        "still running (0.5 s after SIGTERM): SIGKILL to its process group"
+    ), lines
+    sleeper = int((tmp_path / "sleep.pid").read_text())
+    wait_for(lambda: gone(sleeper), timeout=5, what="the program's sleep child to be killed")
+    assert os.path.exists(trace / "meta.json")
