@@ -436,7 +436,7 @@ class Recorder:
             self.snapshots.site_reader.close()
             probes.close()
             self.writer.close()
-            release(t)
+            release(t, start=self.started)  # a launched program runs only if its recording did
         row = self.snapshots.last_row
         lost = lost_events(row)
         return Summary(
