@@ -63,6 +63,8 @@ def residency_advice(arenas: pd.DataFrame, dec: dict | None, cuda: bool = False)
         return []
     rss = dec["rss_bytes"]
     out = []
+    if dec.get("live_or_retained_bytes"):  # residency mode, no census: no arena's free memory is known
+        arenas = arenas.iloc[0:0]
     thread = arenas[arenas["kind"] == "thread"]
     t_ret = int(thread["retained_bytes"].sum())
     m_ret = int(arenas.loc[arenas["kind"] == "main", "retained_bytes"].sum())

@@ -26,11 +26,14 @@ def rss_equation(dec: dict) -> dict:
     retained + before the attach or retained + other anonymous + file + shmem."""
     terms = [term("live heap since the attach", dec["live_heap_bytes"])]
     if dec.get("live_before_attach_known") or dec.get("live_before_attach_bytes"):
-        terms.append(term("live before the attach", dec.get("live_before_attach_bytes") or 0))
+        label = "heap in use (census)" if dec.get("mode") == "residency" else "live before the attach"
+        terms.append(term(label, dec.get("live_before_attach_bytes") or 0))
     if dec.get("retained_known", True):
         terms.append(term("retained by allocator", dec["retained_bytes"]))
     if dec.get("before_or_retained_bytes"):
         terms.append(term("before the attach or retained", dec["before_or_retained_bytes"]))
+    if "live_or_retained_bytes" in dec:
+        terms.append(term("heap live or retained (no allocator probes)", dec["live_or_retained_bytes"]))
     other = "other anon"
     if dec.get("unseparated") and not dec.get("launched", True):
         other += f" (with what {', '.join(dec['unseparated'])} held before the attach)"
@@ -53,7 +56,12 @@ def allocator_terms(allocs: list[dict], outside: int, attached: bool) -> None:
     bytes lie in mappings made before the attach)."""
     left = max(0, int(outside))
     for a in allocs:
-        rest = int(a.get("live_before_attach") or 0) + int(a["retained"]) + int(a.get("before_or_retained") or 0)
+        rest = (
+            int(a.get("live_before_attach") or 0)
+            + int(a["retained"])
+            + int(a.get("before_or_retained") or 0)
+            + int(a.get("live_or_retained") or 0)
+        )
         gap = int(a["resident"]) - int(a["live"]) - rest
         beyond = max(0, -gap)
         out = min(beyond, left)
@@ -73,7 +81,9 @@ def allocator_equation(a: dict) -> dict:
     if a.get("live_not_resident"):
         terms.append(term("live not resident (allocated, never touched)", a["live_not_resident"], -1))
     if a.get("live_before_attach") is not None:
-        terms.append(term("live before the attach", a["live_before_attach"]))
+        terms.append(term(a.get("before_label") or "live before the attach", a["live_before_attach"]))
+    if "live_or_retained" in a:
+        terms.append(term("live or retained (no allocator probes)", a["live_or_retained"]))
     terms.append(term("retained (free)", a["retained"]))
     if a.get("before_or_retained"):
         terms.append(term("before the attach or retained", a["before_or_retained"]))

@@ -25,6 +25,7 @@ SPLIT_PARTS = (
     "live_before_attach_bytes",
     "retained_bytes",
     "before_or_retained_bytes",
+    "live_or_retained_bytes",
     "other_anon_bytes",
     "file_bytes",
     "shmem_bytes",

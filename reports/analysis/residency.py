@@ -314,9 +314,12 @@ def _rss_decomposition_v2(trace: Trace, arenas: pd.DataFrame, by_source: dict[st
     )
     retained = int(known["retained_bytes"].sum())
     other_anon = max(0, int(last["rss_anon_bytes"]) - resident)
+    # residency mode (no allocator probes) without a census: free and live heap memory are one
+    either = {"live_or_retained_bytes": retained} if trace.meta.get("mode") == "residency" else {}
     parts = {
         "live_heap_bytes": held,
-        "retained_bytes": retained,
+        "retained_bytes": 0 if either else retained,
+        **either,
         "other_anon_bytes": other_anon,
         "file_bytes": int(last["rss_file_bytes"]),
         "shmem_bytes": int(last["rss_shmem_bytes"]),
@@ -329,6 +332,7 @@ def _rss_decomposition_v2(trace: Trace, arenas: pd.DataFrame, by_source: dict[st
         "allocator_resident_bytes": resident,
         "retained_known": True,
         **split,
+        "mode": trace.meta.get("mode") or "full",
     }
     out["equations"] = split_equations(out)
     return out
@@ -362,11 +366,15 @@ def rss_decomposition(
     if end is None:
         return None
     last, split = end
+    residency = trace.meta.get("mode") == "residency"
+    if residency:
+        unprobed(allocs)
     resident = sum(a["resident"] for a in allocs)
     held = sum(min(a["live"], a["resident"]) for a in allocs)
     before = sum(a["live_before_attach"] or 0 for a in allocs)
     retained = sum(a["retained"] for a in allocs)
     unsure = sum(a.get("before_or_retained", 0) for a in allocs)
+    either = sum(a.get("live_or_retained", 0) for a in allocs)
     anon = int(last["rss_anon_bytes"])
     # Live bytes beyond an allocator's measured mappings lie in mappings it made before the
     # attach (not in the kernel's LRU): live heap too, taken out of the anonymous rest.
@@ -379,12 +387,14 @@ def rss_decomposition(
     before = min(before, max(0, anon - held))
     retained = min(retained, max(0, anon - held - before))
     unsure = min(unsure, max(0, anon - held - before - retained))
+    either = min(either, max(0, anon - held - before - retained - unsure))
     parts = {
         "live_heap_bytes": held,
         "live_before_attach_bytes": before,
         "retained_bytes": retained,
         "before_or_retained_bytes": unsure,
-        "other_anon_bytes": max(0, anon - held - before - retained - unsure),
+        **({"live_or_retained_bytes": either} if residency else {}),
+        "other_anon_bytes": max(0, anon - held - before - retained - unsure - either),
         "file_bytes": int(last["rss_file_bytes"]),
         "shmem_bytes": int(last["rss_shmem_bytes"]),
     }
@@ -407,6 +417,23 @@ def rss_decomposition(
         "unseparated_note": BEFORE_UNSEPARATED,
         "allocators": allocs,
         "launched": (trace.meta.get("target") or {}).get("launched") is not False,
+        "mode": trace.meta.get("mode") or "full",
     }
     out["equations"] = split_equations(out)
     return out
+
+
+UNPROBED = "live or retained: no allocator probes (residency mode)"
+
+
+def unprobed(allocs: list[dict]) -> None:
+    """Residency mode has no allocator probes: an allocator's blocks are never seen, so what its
+    mappings hold resident is live or free, not separable — `live_or_retained`, never called
+    retained — unless glibc's census measured its chunks in use (then `live_before_attach`: in
+    use, every chunk of it, since no block was seen allocated)."""
+    for a in allocs:
+        if a.get("live_before_attach") is None:
+            a["live_or_retained"] = int(a["retained"]) + int(a.get("before_or_retained") or 0)
+            a["retained"] = 0
+            a["before_or_retained"] = 0
+        a["before_label"] = "in use (census)"
