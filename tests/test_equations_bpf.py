@@ -178,6 +178,12 @@ def test_resort_default_mode_no_part_at_the_peak_above_the_rss_high_water(target
         for h in first["figures"]["holders"]:  # the finding's figure is the table's
             key = "at_peak_bytes" if first["figures"]["at_peak"] else "live_bytes"
             assert h["bytes"] == by_loc[h["location"]][key]
+    page = tmp_path / "resort.html"
+    cli("report", str(out), "--format", "html", "-o", str(page), check=True)
+    html = page.read_text()
+    card = re.search(r'live peak</div><div class="v">([^<]*)</div>', html).group(1)
+    button = re.search(r'data-view="peak">at the peak \([^,]*, live ([^,)]*)', html).group(1)
+    assert card == button, (card, button)  # the LIVE PEAK card and the flame graph's button: one figure
     text = cli("report", str(out), check=True).stdout
     assert "still growing" not in text  # cumulative touches are no growth
     assert "first touches" in text and "estimated" in text

@@ -272,7 +272,7 @@ def to_html(
     title = title or f"allocscope — pid {tgt.get('pid')} {tgt.get('comm') or ''}".strip()
     cards = [
         ("live now", human_bytes(tot.get("live_bytes")), f"{tot.get('live_count', 0)} blocks"),
-        ("live peak", human_bytes(tot.get("peak_live_bytes")), ""),
+        ("live peak", human_bytes(tot.get("peak_live_bytes")), peak_card_note(report_doc)),
         ("RSS now", human_bytes(tot.get("rss_bytes")), f"peak sampled {human_bytes(tot.get('peak_rss_bytes'))}"),
         ("RSS high-water", human_bytes(tot.get("hwm_bytes")), "kernel VmHWM"),
         ("duration", f"{float(tot.get('duration_s') or 0):.1f}s", f"{tot.get('intervals', 0)} intervals"),
@@ -363,3 +363,19 @@ def page(header: str, title: str, sections: list[tuple[str, str, str]], data: di
         uplot_js=asset(UPLOT_JS),
         report_js=asset(PAGE_JS),
     )
+
+
+def peak_card_note(doc: dict) -> str:
+    """The live peak card's line: when the composition shown at the peak (the flame graph's
+    button, the held-at-the-peak table) was taken, and its figure when it is not the card's
+    (the kernel's high-water between two snapshots), and that first touches are an estimate."""
+    p, tot = doc.get("at_peak") or {}, doc.get("totals") or {}
+    if p.get("seq") is None:
+        return ""
+    when = f"{p['elapsed_s']:.1f}s" if p.get("elapsed_s") is not None else f"interval {p['seq']}"
+    note = f"at {when}"
+    if int(p.get("live_bytes") or 0) != int(tot.get("peak_live_bytes") or 0):
+        note += f"; composition shown {human_bytes(p.get('live_bytes'))}"
+    if p.get("touch_estimate_bytes"):
+        note += f"; {human_bytes(p['touch_estimate_bytes'])} estimated from first touches"
+    return note

@@ -368,15 +368,17 @@ def decomposition_html(doc: dict) -> str:
     d = doc.get("rss_decomposition")
     if not d:
         return ""
-    parts = [("live heap since the attach", d["live_heap_bytes"])]
-    if d.get("live_before_attach_known"):
-        parts.append(("live before the attach", d.get("live_before_attach_bytes", 0)))
-    parts.append(("retained by allocator (free)", d["retained_bytes"]))
-    if d.get("before_or_retained_bytes"):
-        parts.append(("before the attach or retained", d["before_or_retained_bytes"]))
-    parts += [("other anonymous", d["other_anon_bytes"]), ("file", d["file_bytes"]), ("shmem", d["shmem_bytes"])]
-    cells = " + ".join(f"{esc(k)} <b>{bytes_cell(v)}</b>" for k, v in parts)
-    out = f'<p class="decomp">RSS <b>{bytes_cell(d["rss_bytes"])}</b> = {cells}</p>'
+    # the equations the text prints (analysis/equations.py): the same terms, each adding up
+    out = ""
+    for eq in d.get("equations") or []:
+        if eq["name"] in ("shmem", "file"):
+            continue  # below, with the sites behind them
+        cells = ""
+        for i, t in enumerate(eq["terms"]):
+            op = "" if i == 0 and t["sign"] > 0 else (" − " if t["sign"] < 0 else " + ")
+            cells += f"{op}{esc(t['label'])} <b>{bytes_cell(t['bytes'])}</b>"
+        name = "" if eq["name"] == eq["whole_label"] else f"{esc(eq['name'])} "
+        out += f'<p class="decomp">{name}{esc(eq["whole_label"])} <b>{bytes_cell(eq["whole"])}</b> = {cells}</p>'
     if d.get("unseparated"):
         where = (
             "in its own mappings and in other anonymous" if d.get("before_or_retained_bytes") else "in other anonymous"
