@@ -240,6 +240,53 @@ static __always_inline void brk_exit(void *ctx, struct as_sysargs *a, u64 nb, u3
     brk_event(a, nb, old, tid, api, 0);
 }
 
+/* The attach. BCC attaches the syscall tracepoints when it loads the program, a second or more
+ * before the uprobes: a mapping made in between inside an allocator call (glibc's mmapped chunk,
+ * jemalloc's extent) looked like the program's own mmap, at a stack cut short (no unwind rows
+ * yet), dated before the attach, and stayed live for good once its munmap came inside free, after
+ * the uprobes (issue 53: a 112 MiB "mmap" location in redis). `sys_live[0]`: when the tracer had
+ * attached every probe (bpf_ktime_get_ns's clock, CLOCK_MONOTONIC; 0 until then). A call that
+ * entered before that (or returns before it) belongs to the memory from before the attach: never
+ * a region, a release or a growth of the break; its mapping is `untracked` (its munmap needs no
+ * event), the break it set is kept, and code it mapped still reaches the tracer. */
+BPF_ARRAY(sys_live, u64, 1);
+
+static __always_inline u64 sys_live_ns(void)
+{
+    u32 zero = 0;
+    u64 *t = sys_live.lookup(&zero);
+    return t ? *t : 0;
+}
+
+static __always_inline void sys_before_attach(u32 nr, s64 ret, struct as_sysargs *a, u32 tid, u64 live)
+{
+    if (nr == 12) { /* the break stays known: the first growth after the attach is measured from it */
+        u32 k0 = 0;
+        u64 *cur = brk_state.lookup(&k0);
+        if (cur && *cur)
+            *cur = (u64)ret;
+        return;
+    }
+    if (nr != 9)
+        return;
+    u64 lo = (u64)ret, hi = page_up(lo + a->a1);
+    u32 flags = (u32)a->a3;
+    if (live && !(flags & AS_MAP_FIXED))
+        untracked.update(&lo, &hi); /* in flight at the attach: its munmap finds it here */
+    if (!(a->a2 & AS_PROT_EXEC) || (flags & AS_MAP_ANONYMOUS))
+        return;
+    struct as_event *e = new_event(AS_EV_CODE, tid); /* the unwinder loads its rows */
+    if (!e)
+        return;
+    e->addr = lo;
+    e->len = a->a1;
+    e->prot = (u32)a->a2;
+    e->flags = flags;
+    e->fd = (s32)a->a4;
+    e->ret = (s64)lo;
+    submit(e);
+}
+
 /* A syscall of the mmap family done: `a` its arguments, `ret` its result; `o`: the marker's
  * origin (0: a tracepoint). */
 static __always_inline void sys_done(void *ctx, u32 nr, s64 ret, struct as_sysargs *ap, struct as_origin *o)
@@ -248,6 +295,11 @@ static __always_inline void sys_done(void *ctx, u32 nr, s64 ret, struct as_sysar
     if (ret < 0 && ret > -4096)
         return; /* failed: nothing changed */
     u32 tid = current_tid();
+    u64 live = sys_live_ns();
+    if (!live || a.ts_ns < live) {
+        sys_before_attach(nr, ret, &a, tid, live);
+        return;
+    }
     u32 api = current_api();
     u64 now = bpf_ktime_get_ns();
     switch (nr) {

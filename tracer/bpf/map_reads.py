@@ -9,6 +9,7 @@ import errno
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -282,3 +283,17 @@ class MapReader:
         nothing of its pid is counted, and /proc/PID describes something else."""
         t = self.bpf[b"gone"]
         return bool(t[t.Key(0)].value)
+
+    def go_live(self, brk: int | None) -> int:
+        """Every probe is attached: the mmap family's exits count from now on (probes/syscalls.h
+        `sys_live`); a call that entered before is memory from before the attach, never a region.
+        `brk`: the break read now (/proc/PID/maps' [heap] end; None: not known), so that the first
+        growth is measured from where the break is, not from where it was when the recording
+        began. Returns the time written (time.monotonic_ns, bpf_ktime_get_ns's clock)."""
+        if brk:
+            t = self.bpf[b"brk_state"]
+            t[t.Key(0)] = t.Leaf(brk)
+        now = time.monotonic_ns()
+        t = self.bpf[b"sys_live"]
+        t[t.Key(0)] = t.Leaf(now)
+        return now

@@ -155,3 +155,13 @@ class MapsWatcher:
             },
             schema=F.SCHEMAS["maps"],
         )
+
+
+def heap_end(pid: int) -> int | None:
+    """Where the break of process `pid` is now: its [heap] mapping's end (None: no heap yet, or
+    unreadable)."""
+    try:
+        maps = procfs.read_maps(pid)
+    except OSError:
+        return None
+    return next((m.end for m in maps if m.path == "[heap]"), None)

@@ -36,7 +36,7 @@ from ..base import layout as L
 from ..base.options import DEFAULTS, RecordOptions
 from ..process import procfs
 from ..process.ending import CgroupWatch, OomMark, describe_end
-from ..process.mappings import MapsWatcher
+from ..process.mappings import MapsWatcher, heap_end
 from ..process.target import Target, launch_maps, release
 from ..unwind.unwinder import Unwinder, start_unwinder
 from .events import RingEvents
@@ -369,6 +369,8 @@ class Recorder:
             if self.injection is not None:
                 self.injection.enable()
             attach_cuda(self, maps)
+            # the mmap family counts from here: calls in flight now are memory from before the attach
+            probes.maps.go_live(None if launched else heap_end(t.pid))
             self._phase("attach")
             self.peaks = PeakWatch(probes.maps, lambda: procfs.rss(t.pid))
             self.snapshots.site_reader.start(probes.maps, self.peaks)
