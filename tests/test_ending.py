@@ -165,3 +165,105 @@ def test_the_watch_says_an_oom_kill_in_one_line():
     told = {"scope": "global", "cgroup": None, "limit_bytes": None, "told_by": "cgroup_counters"}
     assert oom_words(told) == "OOM-killed (the whole machine was out of memory)"
     assert oom_words({"scope": None, "victim": {"pid": 1, "time": 0.5}}) == "OOM-killed"
+
+
+def _v1(
+    tmp_path, path: str, limit: int | None, failcnt: int = 0, max_usage: int = 0, under_oom: int = 0, kills: int = 0
+):
+    """A cgroup v1 memory directory: no memory.events, memory.oom_control and its neighbours."""
+    d = tmp_path / "v1" / path.strip("/")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "memory.oom_control").write_text(f"oom_kill_disable 0\nunder_oom {under_oom}\noom_kill {kills}\n")
+    (d / "memory.failcnt").write_text(f"{failcnt}\n")
+    (d / "memory.max_usage_in_bytes").write_text(f"{max_usage}\n")
+    (d / "memory.limit_in_bytes").write_text(f"{limit if limit else 9223372036854771712}\n")
+    return d
+
+
+def _v1_watch(tmp_path, job_limit: int | None, box_limit: int | None, **job) -> CgroupWatch:
+    """The target's v1 cgroup /box/job under /box, read at the start (failcnt of /box/job as `job` says)."""
+    from tracer.process.ending import read_limit
+
+    groups = []
+    for path, lim, kw in (("/box/job", job_limit, job), ("/box", box_limit, {})):
+        d = _v1(tmp_path, path, lim, **kw)
+        groups.append(Cgroup(path, read_limit(str(d)), read_events(str(d)), str(d)))
+    return CgroupWatch(groups, 0)
+
+
+MIB = 1 << 20
+
+
+def test_v1_a_cgroup_at_its_limit_is_the_cgroups_oom(tmp_path):
+    """cgroup v1 (no `oom` count): the cgroup's failcnt rose and its high-water mark reached its
+    300 MiB limit: a marked victim's OOM kill is the cgroup's, with its path and limit (issue 50:
+    redis in a v1 cgroup was told "the whole machine")."""
+    w = _v1_watch(tmp_path, 300 * MIB, None, failcnt=3, max_usage=120 * MIB)
+    assert read_events(w.cgroups[0].dir) == {
+        "oom_kill_disable": 0,
+        "under_oom": 0,
+        "oom_kill": 0,
+        "failcnt": 3,
+        "max_usage": 120 * MIB,
+        "oom": 3,
+    }
+    _v1(tmp_path, "/box/job", 300 * MIB, failcnt=82, max_usage=300 * MIB, kills=1)
+    end = describe_end("target exited", SIGKILLED, w, 9.0, OomMark(VICTIM))
+    assert end["reason"] == "oom_killed"
+    assert {k: end["oom"][k] for k in ("scope", "cgroup", "limit_bytes")} == {
+        "scope": "cgroup",
+        "cgroup": "/box/job",
+        "limit_bytes": 300 * MIB,
+    }
+    assert end_text(end) == "OOM-killed by the memory cgroup /box/job (limit 300.0 MiB)"
+    # a memcg OOM under way says it alone (its failcnt read before the kill's charges)
+    w = _v1_watch(tmp_path, 300 * MIB, None)
+    _v1(tmp_path, "/box/job", 300 * MIB, under_oom=1)
+    assert describe_end("target exited", SIGKILLED, w, 9.0, OomMark(VICTIM))["oom"]["scope"] == "cgroup"
+
+
+def test_v1_the_parent_at_its_limit_is_named(tmp_path):
+    """The limit is the parent's (/box, 1 GiB; the job has none): the OOM is /box's."""
+    w = _v1_watch(tmp_path, None, 1 << 30)
+    _v1(tmp_path, "/box/job", None, failcnt=0, max_usage=900 * MIB, kills=1)
+    _v1(tmp_path, "/box", 1 << 30, failcnt=40, max_usage=1 << 30)
+    oom = describe_end("target exited", SIGKILLED, w, 9.0, OomMark(VICTIM))["oom"]
+    assert (oom["scope"], oom["cgroup"], oom["limit_bytes"]) == ("cgroup", "/box", 1 << 30), oom
+
+
+def test_v1_a_global_oom_is_never_claimed_for_a_cgroup(tmp_path):
+    """The whole machine ran out while the target's cgroup (300 MiB) was far from its limit: its
+    failcnt did not rise since the start (it had once, long before: 5), no memcg OOM under way, its
+    high-water mark below the limit: "global", no cgroup, no limit. A failcnt that rose while the
+    high-water mark stayed below the limit (charges refused then reclaimed, never at it) is no
+    cgroup OOM either."""
+    w = _v1_watch(tmp_path, 300 * MIB, None, failcnt=5, max_usage=300 * MIB)
+    _v1(tmp_path, "/box/job", 300 * MIB, failcnt=5, max_usage=300 * MIB, kills=1)
+    end = describe_end("target exited", SIGKILLED, w, 9.0, OomMark(VICTIM))
+    assert end["reason"] == "oom_killed"
+    assert (end["oom"]["scope"], end["oom"]["cgroup"], end["oom"]["limit_bytes"]) == ("global", None, None)
+    assert end_text(end) == "OOM-killed (the whole machine was out of memory)"
+    doc = {"recording": {"end": end}, "totals": {}, "locations": []}
+    assert "none of its memory cgroups had reached its limit" in end_finding(doc)["text"]
+    w = _v1_watch(tmp_path, 300 * MIB, None, failcnt=0, max_usage=100 * MIB)
+    _v1(tmp_path, "/box/job", 300 * MIB, failcnt=9, max_usage=200 * MIB, kills=1)
+    assert describe_end("target exited", SIGKILLED, w, 9.0, OomMark(VICTIM))["oom"]["scope"] == "global"
+
+
+def test_a_target_moved_to_another_cgroup_is_followed(tmp_path, monkeypatch):
+    """Written into a limited cgroup's cgroup.procs after the recording started: followed there
+    (CgroupWatch.follow), its counters from then on; the cgroups of the start kept their own."""
+    import tracer.process.ending as ending
+
+    w = _v1_watch(tmp_path, None, None)
+    job = _v1(tmp_path, "/box/job", None)
+    limited = _v1(tmp_path, "/box/tight", 48 * MIB, failcnt=2, max_usage=10 * MIB)
+    box = tmp_path / "v1" / "box"
+    monkeypatch.setattr(ending, "chain", lambda pid: [("/box/tight", str(limited)), ("/box", str(box))])
+    assert w.follow(4242) and [g.path for g in w.cgroups] == ["/box/tight", "/box"]
+    assert not w.follow(4242)  # nothing changed since
+    assert w.cgroups[0].events["failcnt"] == 2 and w.cgroups[0].limit == 48 * MIB
+    _v1(tmp_path, "/box/tight", 48 * MIB, failcnt=30, max_usage=48 * MIB, kills=1)
+    oom = describe_end("target exited", SIGKILLED, w, 9.0, OomMark(VICTIM))["oom"]
+    assert (oom["scope"], oom["cgroup"], oom["limit_bytes"]) == ("cgroup", "/box/tight", 48 * MIB), oom
+    assert job.exists()

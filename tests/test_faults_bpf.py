@@ -173,6 +173,7 @@ def test_target_oom_killed_in_memory_cgroup(memory_cgroup, bins, tmp_path, start
     assert rep["recording"]["complete"] and rep["recording"]["end_reason"] == "target exited"
     oom = rep["recording"]["end"]["oom"]
     assert oom["scope"] == "cgroup" and oom["cgroup"].endswith(f"/{cg.name}"), oom
+    assert rep["recording"]["end"]["reason"] == "oom_killed" and oom["limit_bytes"] == 48 << 20, oom
     # the summary line says it as the report does
     assert f"(target OOM-killed by the memory cgroup {oom['cgroup']} (limit 48.0 MiB))" in se, se
     live, count, allocs = live_of(rep, "oom_grow")
@@ -191,6 +192,31 @@ def test_target_oom_killed_in_memory_cgroup(memory_cgroup, bins, tmp_path, start
     assert 0 <= victim["time"] <= rep["recording"]["end"]["time"]
     first = rep["findings"][0]
     assert first["kind"] == "ended" and "the kernel counted anon-rss " in first["text"], first
+
+
+def test_target_moved_into_a_memory_cgroup_after_the_attach_is_told_its_oom(
+    memory_cgroup, bins, tmp_path, start, tracers
+):
+    """The target joins a memory cgroup after the recording started (a pid written into its
+    cgroup.procs by a script, as a restart loop does): its OOM kill there is the cgroup's, with its
+    limit, never "the whole machine" (cgroup v1 here: no `oom` count, the cgroup was at its limit
+    by its failcnt and high-water mark; v2: memory.events)."""
+    cg, procs_file = memory_cgroup("allocscope-oom-moved")
+    tgt = start(bins["faults"])
+    out = tmp_path / "moved.allocscope"
+    tr = record_bg(tracers, tgt.pid, out)
+    wait_intervals(out, 1)
+    start_in(procs_file, tgt)
+    wait_intervals(out, 3)  # a snapshot or two with it in the cgroup
+    tgt.send("oom")
+    assert tgt.p.wait(60) == -signal.SIGKILL
+    rc, se = tr.wait(60), tr.stderr.read()
+    assert rc == 0, se
+    end = report(out)["recording"]["end"]
+    oom = end["oom"]
+    assert end["reason"] == "oom_killed" and oom["told_by"] == "mark_victim", end
+    assert oom["scope"] == "cgroup" and oom["cgroup"].endswith(f"/{cg.name}") and oom["limit_bytes"] == 48 << 20, oom
+    assert "whole machine" not in se and f"OOM-killed by the memory cgroup {oom['cgroup']} (limit 48.0 MiB)" in se, se
 
 
 def test_another_process_oom_killed_beside_a_target_killed_by_hand(memory_cgroup, bins, tmp_path, start, tracers):

@@ -15,8 +15,6 @@ import time
 from common.errors import UsageError
 
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-CGROUP_ROOT = "/sys/fs/cgroup"
-UNLIMITED = 1 << 62  # cgroup v1 says "no limit" with a page-rounded LONG_MAX
 WORKER_LABEL = "worker"  # watch: which of the processes followed at once a series is of
 MAX_WORKERS = 32  # watch: the most processes served at once (the label set stays bounded)
 
@@ -64,39 +62,11 @@ def fan_out(*observers):
 
 def cgroup_limit(pid: int) -> int | None:
     """The tightest memory limit over the memory cgroups of `pid`, from its own to the root:
-    memory.max (cgroup v2) or memory.limit_in_bytes (v1, /sys/fs/cgroup/memory); None when
-    there is none."""
-    v1 = v2 = None
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            for line in f:
-                _n, ctrls, path = line.rstrip("\n").split(":", 2)
-                if ctrls == "":
-                    v2 = path
-                elif "memory" in ctrls.split(","):
-                    v1 = path
-    except (OSError, ValueError):
-        return None
-    if v1 is not None and os.path.isdir(CGROUP_ROOT + "/memory"):
-        return _tightest(CGROUP_ROOT + "/memory", v1, "memory.limit_in_bytes")
-    if v2 is not None:
-        return _tightest(CGROUP_ROOT, v2, "memory.max")
-    return None
+    memory.max (cgroup v2) or memory.limit_in_bytes (v1); None when there is none. Read as the
+    end of a recording reads it (tracer/process/cgroups.py: one reader of cgroup facts)."""
+    from tracer.process.cgroups import tightest_limit  # noqa: PLC0415
 
-
-def _tightest(root: str, path: str, name: str) -> int | None:
-    best = None
-    while True:
-        try:
-            with open(f"{root}{path.rstrip('/')}/{name}") as f:
-                text = f.read().strip()
-            if text.isdigit() and int(text) < UNLIMITED:
-                best = int(text) if best is None else min(best, int(text))
-        except OSError:
-            pass
-        if path in ("/", ""):
-            return best
-        path = os.path.dirname(path.rstrip("/")) or "/"
+    return tightest_limit(pid)
 
 
 class Cost:

@@ -85,6 +85,15 @@ def _rss_clause(doc: dict) -> str:
     return text
 
 
+def _scope_clause(end: dict) -> str:
+    """Why an OOM kill is said to be the whole machine's: no memory cgroup of the target had
+    reached its limit (tracer/process/cgroups.py at_limit); nothing for a cgroup's (the header
+    names it and its limit) or where no cgroup could be read."""
+    if end.get("reason") != "oom_killed" or (end.get("oom") or {}).get("scope") != "global":
+        return ""
+    return "none of its memory cgroups had reached its limit"
+
+
 def _victim_clause(end: dict) -> str:
     """'the kernel counted anon-rss 47.2 MiB, file-rss 1.1 MiB, shmem-rss 0 B' when the OOM
     killer's mark of the target (oom:mark_victim) gave its memory at the kill (dmesg's figures)."""
@@ -152,7 +161,7 @@ def end_finding(doc: dict) -> dict | None:
     if end.get("time") is not None:
         when.append(elapsed_text(float(end["time"])))
     text = head + (f" at {', '.join(when)}" if when else "")
-    clauses = [c for c in (_victim_clause(end), _rss_clause(doc)) if c]
+    clauses = [c for c in (_scope_clause(end), _victim_clause(end), _rss_clause(doc)) if c]
     held = _held_at_end(doc)
     if held:
         clauses.append(held[0])

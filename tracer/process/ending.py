@@ -5,14 +5,15 @@ the OOM killer chose it, and in which memory cgroup, at what limit.
   PIDFD_GET_INFO with PIDFD_INFO_EXIT once it is reaped (Linux 6.15); before that, while it is a
   zombie, /proc/PID/stat's field 52 holds it (Linux 3.5). A launched command's comes from waitpid.
 * An OOM kill: the target's memory cgroups, its own up to the root, are read when the recording
-  starts (`CgroupWatch`; cgroup v1's memory controller where the box mounts one, else v2): each
-  one's limit (v2 `memory.max`, v1 `memory.limit_in_bytes`) and OOM counters (v2 `memory.events`:
-  `oom` the cgroup hit its limit, `oom_kill` processes in it killed by an OOM killer; v1
-  `memory.oom_control`'s `oom_kill`, `memory.failcnt`). A target killed by SIGKILL whose own
-  cgroup's `oom_kill` rose meanwhile was killed by an OOM killer: `scope` "cgroup" with the
-  deepest cgroup whose `oom` rose and that has a limit (the one that was full), "global" when none
-  did (the machine was out of memory). A SIGKILL with no OOM kill counted there is "killed"; so is
-  one on a box without a memory cgroup to read (an OOM kill elsewhere must not name this process).
+  starts (`CgroupWatch`, read by tracer/process/cgroups.py; cgroup v1's memory controller where
+  the box mounts one, else v2): each one's limit and OOM counters (v2 `memory.events`; v1
+  `memory.oom_control`'s `oom_kill` and `under_oom`, `memory.failcnt`, `memory.max_usage_in_bytes`).
+  A target killed by SIGKILL whose own cgroup's `oom_kill` rose meanwhile was killed by an OOM
+  killer: `scope` "cgroup" with the deepest cgroup that reached its limit (cgroups.at_limit),
+  "global" only when none did (the machine was out of memory). A SIGKILL with no OOM kill
+  counted there is "killed"; so is one on a box without a memory cgroup to read (an OOM kill
+  elsewhere must not name this process). A target moved to another cgroup while recorded is
+  followed there (CgroupWatch.follow, at each snapshot).
 * Better, where the recording watched the kernel's oom:mark_victim (tracer/bpf/oom.py): the OOM
   killer's own mark of its victim. The target's pid (or a thread's) marked: OOM-killed, with the
   kernel's figures of its memory at the kill (`oom.victim`), whatever the counters say; not marked:
@@ -29,10 +30,11 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from .cgroups import CGROUP_ROOT, V1_UNLIMITED, at_limit, chain, memory_cgroup, read_events, read_limit
+
 PIDFD_INFO_EXIT = 1 << 3
 PIDFD_INFO_SIZE = 64  # PIDFD_INFO_SIZE_VER0: mask, cgroupid, 11 ids, exit_code
 PIDFD_GET_INFO = (3 << 30) | (PIDFD_INFO_SIZE << 16) | (0xFF << 8) | 11  # _IOWR(PIDFS_IOCTL_MAGIC, 11, ...)
-CGROUP_ROOT = "/sys/fs/cgroup"
 REASONS = ("exited", "killed", "oom_killed", "exec", "stopped")
 
 
@@ -87,46 +89,6 @@ def signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
-def read_events(path: str) -> dict[str, int]:
-    """A memory cgroup's OOM counters: cgroup v2's memory.events, or v1's memory.oom_control
-    (its `oom_kill`) with memory.failcnt as `oom` (missing: {})."""
-    out: dict[str, int] = {}
-    for name in ("memory.events", "memory.oom_control"):
-        try:
-            with open(os.path.join(path, name)) as f:
-                for line in f:
-                    k, _, v = line.partition(" ")
-                    if v.strip().isdigit():
-                        out[k] = int(v)
-        except OSError:
-            continue
-        if name == "memory.oom_control":
-            try:
-                with open(os.path.join(path, "memory.failcnt")) as f:
-                    out["oom"] = int(f.read().strip() or 0)
-            except (OSError, ValueError):
-                pass
-        return out
-    return out
-
-
-V1_UNLIMITED = 1 << 62  # memory.limit_in_bytes of a v1 cgroup without a limit (PAGE_COUNTER_MAX pages)
-
-
-def read_limit(path: str) -> int | None:
-    """A memory cgroup's limit in bytes: v2's memory.max, v1's memory.limit_in_bytes (None: none)."""
-    for name in ("memory.max", "memory.limit_in_bytes"):
-        try:
-            with open(os.path.join(path, name)) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if not text.isdigit():
-            return None
-        return int(text) if int(text) < V1_UNLIMITED else None
-    return None
-
-
 def vm_oom_kills() -> int:
     try:
         with open("/proc/vmstat") as f:
@@ -136,27 +98,6 @@ def vm_oom_kills() -> int:
     except (OSError, ValueError):
         pass
     return 0
-
-
-def memory_cgroup(pid: int) -> tuple[str, str] | None:
-    """(the target's memory cgroup path, the hierarchy's mount): cgroup v1's memory controller
-    where the box has one, else cgroup v2's unified hierarchy; None without either."""
-    v1 = v2 = None
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            for line in f:
-                _, ctrl, path = line.rstrip("\n").split(":", 2)
-                if ctrl == "" and line.startswith("0::"):
-                    v2 = path or "/"
-                elif "memory" in ctrl.split(","):
-                    v1 = path or "/"
-    except (OSError, ValueError):
-        return None
-    if v1 is not None and os.path.isdir(os.path.join(CGROUP_ROOT, "memory")):
-        return v1, os.path.join(CGROUP_ROOT, "memory")
-    if v2 is not None and os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
-        return v2, CGROUP_ROOT
-    return None
 
 
 @dataclass
@@ -177,18 +118,17 @@ class CgroupWatch:
 
     @classmethod
     def of(cls, pid: int) -> CgroupWatch:
-        found = memory_cgroup(pid)
-        groups = []
-        if found is not None:
-            path, mount = found
-            while True:
-                d = mount + (path if path != "/" else "")
-                if os.path.isdir(d):
-                    groups.append(Cgroup(path, read_limit(d), read_events(d), d))
-                if path == "/":
-                    break
-                path = os.path.dirname(path) or "/"
-        return cls(groups, vm_oom_kills())
+        return cls([Cgroup(path, read_limit(d), read_events(d), d) for path, d in chain(pid)], vm_oom_kills())
+
+    def follow(self, pid: int) -> bool:
+        """The target moved to another memory cgroup since (a pid written into cgroup.procs after
+        its start): its cgroups now, those new to us counted from now. True when they changed."""
+        now = chain(pid)
+        if not now or [p for p, _ in now] == [g.path for g in self.cgroups]:
+            return False
+        known = {g.path: g for g in self.cgroups}
+        self.cgroups = [known.get(p) or Cgroup(p, read_limit(d), read_events(d), d) for p, d in now]
+        return True
 
     def limit(self) -> tuple[str, int] | None:
         """The tightest memory limit over the target (the cgroup and its bytes), None when none."""
@@ -199,10 +139,12 @@ class CgroupWatch:
         return path, lim
 
     def scope(self) -> dict:
-        """Where an OOM kill came from: the deepest of the target's cgroups with a limit whose
-        `oom` count rose since the start, else the whole machine."""
+        """Where an OOM kill came from: the deepest of the target's cgroups that reached its limit
+        since the start (tracer/process/cgroups.py at_limit: v2 its `oom` count rose; v1 a memcg
+        OOM under way, or its failcnt rose with its high-water mark at the limit), else the whole
+        machine: "global" only when no memory cgroup of the target was at its limit."""
         for g in self.cgroups:
-            if g.limit is not None and read_events(g.dir).get("oom", 0) > g.events.get("oom", 0):
+            if at_limit(g.limit, g.events, read_events(g.dir)):
                 return {"scope": "cgroup", "cgroup": g.path, "limit_bytes": g.limit}
         return {"scope": "global", "cgroup": None, "limit_bytes": None}
 
@@ -277,3 +219,17 @@ def describe_end(
         if oom is not None:
             out.update(reason="oom_killed", signal="SIGKILL", oom=oom)
     return out
+
+
+__all__ = [
+    "CGROUP_ROOT",
+    "REASONS",
+    "V1_UNLIMITED",
+    "Cgroup",
+    "CgroupWatch",
+    "OomMark",
+    "describe_end",
+    "memory_cgroup",
+    "read_events",
+    "read_limit",
+]

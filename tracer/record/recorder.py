@@ -38,6 +38,7 @@ from ..process import procfs
 from ..process.ending import CgroupWatch, OomMark, describe_end
 from ..process.mappings import MapsWatcher, heap_end
 from ..process.target import Target, launch_maps, release
+from ..runtimes.python import PythonFrames, start_python
 from ..unwind.unwinder import Unwinder, start_unwinder
 from .events import RingEvents
 from .injecting import inject_agent, uninject
@@ -99,6 +100,7 @@ class Recorder:
         # the kernel side and the trace, set up by run()
         self.probes: Probes | None = None
         self.unwinder: Unwinder | None = None
+        self.python: PythonFrames | None = None  # CPython's frames (tracer/runtimes/python.py)
         self.attach_report: AttachReport | None = None
         self.writer: NullWriter | TraceWriter = NullWriter()
         self.t0_ns = time.monotonic_ns()
@@ -155,6 +157,8 @@ class Recorder:
     def _maps_changed(self, maps: list[procfs.Mapping]) -> None:
         if self.unwinder is not None:
             self.unwinder.update(maps)  # dlopen'd code gets its unwind tables
+        if self.python is not None:
+            self.python.update(maps)  # libpython mapped since
         if self.attach_report is not None and self.probes is not None:
             self.probes.uprobes.update_addresses(maps)  # modules mapped since: their entries' addresses
             attach_new_allocators(self, maps)
@@ -352,6 +356,7 @@ class Recorder:
             if held and self.unwinder is not None:  # the program and ld.so are mapped already
                 self.unwinder.update(real_maps)
             self._phase("unwind tables")
+            self.python = start_python(t.pid, probes, self.progress, [] if launched else procfs.read_maps(t.pid))
             pandas.join()
             self._phase("import pandas (the rest, in a thread since the start)")
             if t.child is not None and self.unwinder is not None:  # launched
@@ -434,6 +439,8 @@ class Recorder:
         finally:
             if self.unwinder is not None:
                 self.unwinder.close()
+            if self.python is not None:
+                self.python.close()
             uninject(self)
             self.snapshots.site_reader.close()
             probes.close()
@@ -471,6 +478,8 @@ class Recorder:
             self.ring.replay_slow()
             if self.unwinder is not None:
                 self.unwinder.tick()  # the modules stacks were cut short at: built, loaded
+            if self.python is not None:
+                self.python.tick()  # threads started since: their frames
             now = time.monotonic_ns()
             if self.peaks is not None and self.peaks.due(now):
                 self.peaks.read()  # the live total passed its high-water mark: the sites now
@@ -481,6 +490,8 @@ class Recorder:
                 self.end_reason = "duration"
             elif now >= next_snap:
                 self.snapshots.snapshot()
+                if self.cgroups is not None:
+                    self.cgroups.follow(t.pid)  # moved to another memory cgroup: its OOM kill is told there
                 next_snap += interval_ns
                 if next_snap < now:  # the snapshot took longer than an interval
                     next_snap = now + interval_ns
