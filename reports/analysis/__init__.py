@@ -37,7 +37,7 @@ from common.tracefile.reader import Trace
 
 from .advice import allocator_advice, cuda_mapped, residency_advice
 from .allocator_memory import allocator_releases
-from .ending import recording_end
+from .ending import end_finding, recording_end
 from .findings import report_findings
 from .integrity import with_integrity
 from .invariants import check_report
@@ -273,6 +273,6 @@ def build_report(
         "allocator_releases": allocator_releases(trace)[1],
         "waits": held_while_waiting(trace, stacks),
     }
-    out = {"schema": REPORT_SCHEMA, "findings": report_findings(doc), **doc}
+    out = {"schema": REPORT_SCHEMA, "findings": report_findings(doc, end_finding(doc)), **doc}
     check_report(out)
     return with_integrity(out, trace.integrity)  # a damaged table's findings withheld (integrity.py)

@@ -26,7 +26,6 @@ from common.tracefile.names import NOT_LOST
 
 from ..units import human_bytes, human_rate
 from .advice import conf_env
-from .ending import end_finding
 
 MAX_FINDINGS = 6
 PEAK_MAX_HOLDERS = 3  # locations named as holding the peak...
@@ -392,17 +391,18 @@ def _device_finding(doc: dict) -> dict | None:
     return finding("device", text, "Top locations (device)", "locations", device_bytes=dev, device_peak_bytes=peak)
 
 
-def report_findings(doc: dict) -> list[dict]:
+def report_findings(doc: dict, end: dict | None = None) -> list[dict]:
     """The findings of an allocscope.report/1 document, most important first (see the module
     docstring); one `no_problem` finding when nothing stands out: nothing growing, nothing
     kept by blocked threads, no allocator retention or release cost worth a line, no material
-    loss, no burst (`burst`) and no GPU memory."""
+    loss, no burst (`burst`) and no GPU memory. `end`: how the target ended, when that is news
+    (ending.end_finding(doc), which build_report passes: ending.py uses this module's sentence
+    pieces, so this module does not import it)."""
     wait = kept_while_waiting(doc)
     others = [
         f for f in (_growing_finding(doc), _retained_finding(doc), _release_finding(doc), _loss_finding(doc)) if f
     ]
     device = _device_finding(doc)
-    end = end_finding(doc)
     if not (end or wait or others or burst(doc) or device):
         tot = doc["totals"]
         return [
