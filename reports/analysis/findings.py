@@ -163,8 +163,8 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
         ap = doc["at_peak"]
         when = f"{ap['elapsed_s']:.1f}s" if ap.get("elapsed_s") is not None else f"interval {ap['seq']}"
         est = int(ap.get("touch_estimate_bytes") or 0)
-        of = f", {human_bytes(est)} of it estimated from sampled first touches" if est else ""
-        head, table, section = f"At the peak ({when}, {human_bytes(whole)} live{of})", "Held at the peak", "sites"
+        part = f", {human_bytes(est)} of it estimated from sampled first touches" if est else ""
+        head, table, section = f"At the peak ({when}, {human_bytes(whole)} live{part})", "Held at the peak", "sites"
     else:
         head, section = f"At the end ({human_bytes(whole)} live)", "sites"
         table = f"Top {rows_noun(listed_rows(doc)[1])}"
