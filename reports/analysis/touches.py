@@ -95,20 +95,25 @@ def estimate_touches(trace: Trace) -> Trace:
     cnt = wide_c.to_numpy(dtype=np.int64)
     cols = list(wide_b.columns)
     n_t, n_k = cum.shape
+    # rows only where a key's counters changed (as the tracer writes them): a long watch keeps
+    # thousands of intervals, and the readers forward-fill
+    cum_i = cum.astype(np.int64)
+    changed = np.ones_like(est_i, dtype=bool)
+    changed[1:] = (est_i[1:] != est_i[:-1]) | (cum_i[1:] != cum_i[:-1]) | (cnt[1:] != cnt[:-1])
     rows = pd.DataFrame(
         {
             "seq": np.repeat(np.asarray(seqs, dtype=np.int64), n_k),
             "stack_id": np.tile(np.array([c[0] for c in cols], dtype=np.uint64), n_t),
             "tid": np.tile(np.array([c[1] for c in cols], dtype=np.int64), n_t),
             "source": FAULT,
-            "alloc_bytes": cum.astype(np.int64).ravel(),
+            "alloc_bytes": cum_i.ravel(),
             "alloc_count": cnt.ravel(),
-            "free_bytes": (cum.astype(np.int64) - est_i).ravel(),
+            "free_bytes": (cum_i - est_i).ravel(),
             "free_count": np.maximum(0, cnt - est_i // PAGE).ravel(),
             "peak_live_bytes": peak.ravel(),
         }
     )
-    rows = rows[rows["alloc_bytes"] > 0]
+    rows = rows[changed.ravel() & (rows["alloc_bytes"] > 0).to_numpy()]
     rows = rows.astype({c: s[c].dtype for c in rows.columns if c in s.columns and c != "source"})
     if isinstance(s["source"].dtype, pd.CategoricalDtype):
         rows["source"] = pd.Categorical(rows["source"], categories=s["source"].cat.categories)
