@@ -241,3 +241,47 @@ def test_cgroup_limit_is_the_tightest_on_the_way_up():
         wait_for(lambda: not Path(f"{child}/cgroup.procs").read_text().strip(), what="the cgroup emptied")
         os.rmdir(child)
         os.rmdir(parent)
+
+
+def test_watch_workers_each_their_own_series_bounded(monkeypatch):
+    """watch follows several processes at once: each its own figures under `worker` (the lowest
+    slot free when it started), a restart taking the slot its predecessor freed, at most
+    MAX_WORKERS slots (one more is refused, its snapshots dropped); `worker` is not a --label."""
+    import allocscope.cli.metrics as M
+
+    monkeypatch.setattr(M, "MAX_WORKERS", 3)
+    exp = MetricsExporter("127.0.0.1:0", {"pw": "12"}, 10, workers=True)
+    exp.metrics.sym = FakeSymbolizer()
+    try:
+        assert one(scrape(exp), "allocscope_up", worker="0") == 0  # nothing traced yet
+        feeds = {}
+        for pid, ticks in ((101, 5), (202, 2)):
+            assert exp.target_started(pid, "grower", f"/t/grower-{pid}.allocscope") is True
+            feeds[pid] = Feed()
+            for k in range(1, ticks + 1):
+                exp.observe(feeds[pid].step(float(k), {(GROW, T_GROW, "heap"): (3333 * k, k, 0, 0, 3333 * k)}), pid)
+        s = scrape(exp)
+        info = {dict(lb)["worker"]: dict(lb)["pid"] for lb in series(s, "allocscope_target_info")}
+        assert info == {"0": "101", "1": "202"}
+        assert one(s, "allocscope_location_live_bytes", worker="0", location=GROW_SITE) == 5 * 3333
+        assert one(s, "allocscope_location_live_bytes", worker="1", location=GROW_SITE) == 2 * 3333
+        assert one(s, "allocscope_up", worker="0") == one(s, "allocscope_up", worker="1") == 1
+
+        exp.target_ended("killed", 101)
+        s = scrape(exp)
+        assert one(s, "allocscope_up", worker="0") == 0 and one(s, "allocscope_up", worker="1") == 1
+        assert one(s, "allocscope_target_ends_total", worker="0", reason="killed") == 1
+        assert one(s, "allocscope_target_ends_total", worker="1", reason="killed") == 0
+        assert exp.target_started(303, "grower", "/t/grower-303.allocscope") is True  # the freed slot
+        assert exp.target_started(404, "grower", "/t/grower-404.allocscope") is True
+        assert exp.target_started(505, "grower", "/t/grower-505.allocscope") is False  # over the cap
+        exp.observe(Feed().step(1.0, {(GROW, T_GROW, "heap"): (7, 1, 0, 0, 7)}), 505)  # dropped
+        s = scrape(exp)
+        info = {dict(lb)["worker"]: dict(lb)["pid"] for lb in series(s, "allocscope_target_info")}
+        assert info == {"0": "303", "1": "202", "2": "404"}, info
+        assert one(s, "allocscope_target_restarts_total", worker="0") == 1
+        assert {dict(lb)["worker"] for lb in series(s, "allocscope_up")} == {"0", "1", "2"}
+    finally:
+        exp.close()
+    with pytest.raises(UsageError, match="worker"):
+        MetricsExporter("127.0.0.1:0", {"worker": "3"}, 10, workers=True)
