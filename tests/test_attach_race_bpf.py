@@ -34,6 +34,7 @@ def test_calls_in_flight_at_the_attach_are_no_allocations(targets, tmp_path, pro
     stop_tracer(tr, 0.6)
     assert int(m[1]) > 100 and int(m[2]) > 10, m[0]
     rep = report_json(out)
+    assert rep["recording"]["children"] is None  # threads, no forked child
     mmap_sites = [s for s in rep["sites"] if {"mmap", "brk"} & set(s["sources"])]
     # the program's own mappings after the attach are counted, each at map_loop, all unmapped
     own = [s for s in mmap_sites if "map_loop" in functions(s["frames"])]

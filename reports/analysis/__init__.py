@@ -37,6 +37,7 @@ from common.tracefile.reader import Trace
 
 from .advice import allocator_advice, cuda_mapped, residency_advice
 from .allocator_memory import allocator_releases
+from .children import children_summary, children_warnings
 from .ending import end_finding, recording_end
 from .findings import report_findings
 from .integrity import with_integrity
@@ -221,7 +222,8 @@ def build_report(
             "allocator_kind": (meta.get("probes") or {}).get("allocator_kind"),
             "allocators": list((meta.get("probes") or {}).get("allocators") or []),
             "probes": meta.get("probes"),
-            "warnings": list(trace.warnings),
+            "warnings": list(trace.warnings) + children_warnings(children_summary(meta)),
+            "children": children_summary(meta),  # forked children, not traced (analysis/children.py)
             "unwind_pending": unwind_pending(trace),
         },
         "totals": tot,

@@ -82,6 +82,8 @@ def trace_meta(rec, complete: bool) -> dict:
         **({"census": rec.snapshots.census_info} if rec.snapshots.census_info else {}),
         **({"kept": rec.kept} if rec.kept else {}),
         **({"triggers": rec.triggers} if rec.triggers else {}),
+        # the target's forked children, not traced (tracer/record/children.py)
+        **({"children": rec.children.meta()} if getattr(rec, "children", None) is not None else {}),
         "interval_reads": {"site_changes": reader.capacity if reader.enabled else 0, **reader.stats.as_dict()},
     }
     if complete:

@@ -40,6 +40,7 @@ from ..process.mappings import MapsWatcher, heap_end
 from ..process.target import Target, launch_maps, release
 from ..runtimes.python import PythonFrames, start_python
 from ..unwind.unwinder import Unwinder, start_unwinder
+from .children import ChildWatch
 from .events import RingEvents
 from .injecting import inject_agent, uninject
 from .late_attach import attach_cuda, attach_new_allocators, source_id
@@ -102,6 +103,7 @@ class Recorder:
         self.unwinder: Unwinder | None = None
         self.python: PythonFrames | None = None  # CPython's frames (tracer/runtimes/python.py)
         self.attach_report: AttachReport | None = None
+        self.children: ChildWatch | None = None  # the target's forked children (meta.json `children`)
         self.writer: NullWriter | TraceWriter = NullWriter()
         self.t0_ns = time.monotonic_ns()
         self.wall0 = time.time()
@@ -376,6 +378,8 @@ class Recorder:
             attach_cuda(self, maps)
             # the mmap family counts from here: calls in flight now are memory from before the attach
             probes.maps.go_live(None if launched else heap_end(t.pid))
+            self.children = ChildWatch(t.pid)
+            self.children.poll()
             self._phase("attach")
             self.peaks = PeakWatch(probes.maps, lambda: procfs.rss(t.pid))
             self.snapshots.site_reader.start(probes.maps, self.peaks)
@@ -417,6 +421,8 @@ class Recorder:
             probes.maps.drain_events()
             t_final = time.perf_counter()
             self.snapshots.snapshot(final=True)
+            if self.children is not None:
+                self.children.poll()
             self.final_snapshot_s = time.perf_counter() - t_final
             uninject(self)
             if t.child is not None:  # launched
@@ -490,6 +496,8 @@ class Recorder:
                 self.end_reason = "duration"
             elif now >= next_snap:
                 self.snapshots.snapshot()
+                if self.children is not None:
+                    self.children.poll()  # forked children: not traced, but said
                 if self.cgroups is not None:
                     self.cgroups.follow(t.pid)  # moved to another memory cgroup: its OOM kill is told there
                 next_snap += interval_ns
