@@ -1,7 +1,9 @@
 """Fuzz the trace reader (hypothesis): mutated traces — bit flips, truncations, deleted, emptied,
 swapped and renumbered parts, garbage meta.json — load with a clean TraceFileError or as a trace
 (with warnings where something was skipped), and every loaded trace goes through the report,
-its text rendering and the diff without any other exception.
+its text rendering and the diff without any other exception. A trace whose parts changed
+(meta.json and parts/checksums as written) never reads as written: its damage is said and the
+report's findings withheld (issue 53).
 
 Two sources: a synthetic trace written by the real writer with every table filled, and (BPF,
 root) a real recording of tests/targets/faults.c. Derandomized, so CI sees the same examples
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -26,6 +29,7 @@ from support import ROOT, TARGETS_SRC, attached, build, wait_for
 from synth import SynthTrace
 
 from common.errors import TraceFileError
+from common.tracefile import checksums as C
 from reports.analysis import build_report, symbolize_stacks
 from reports.analysis.diff import diff_traces
 from reports.render.diff_text import diff_to_text
@@ -193,7 +197,7 @@ def mutate(root: Path, m: tuple) -> None:
     elif kind == "meta_value":
         try:
             doc = json.loads(meta.read_bytes())
-        except ValueError:
+        except (ValueError, OSError):  # garbage, or deleted by a mutation before
             return
         if isinstance(doc, dict):
             doc[m[1]] = m[2]
@@ -202,16 +206,22 @@ def mutate(root: Path, m: tuple) -> None:
         meta.write_text(json.dumps(m[1]))
 
 
-def check(path: Path, reference, stacks=None) -> None:
+def check(path: Path, reference, stacks=None, damaged: bool = False) -> None:
     """Only a TraceFileError, or a trace every report accepts (the diff too, when the stacks are
-    not given: it symbolizes the trace itself)."""
+    not given: it symbolizes the trace itself). `damaged`: its parts were changed (meta.json and
+    the checksum list as written): the reader must say so, and the report withhold its findings
+    (issue 53)."""
     try:
         t = load_trace(path)
     except TraceFileError as e:
         assert "\n" not in str(e), str(e)
         return
     assert isinstance(t.warnings, list)
+    if damaged:
+        assert t.integrity.status == "damaged", "a changed part read as written"
     rep = build_report(t, stacks=stacks)
+    if damaged:
+        assert rep["findings"][0]["kind"] == "damaged" and rep["integrity"]["damaged"], rep["integrity"]
     to_text(rep)
     json.dumps(rep, default=str)
     if stacks is None:
@@ -224,9 +234,13 @@ def _run(base: Path, tmp: Path, mutations: list, stacks=None) -> None:
     if work.exists():
         shutil.rmtree(work)
     shutil.copytree(base, work)
+    before = {p.relative_to(work): p.read_bytes() for p in _files(work)}
     for m in mutations:
         mutate(work, m)
-    check(work, _reference[base], stacks)
+    after = {p.relative_to(work): p.read_bytes() for p in _files(work)}
+    same = [Path("meta.json"), Path("parts") / C.NAME]
+    damaged = all(before.get(p) == after.get(p) for p in same) and before != after
+    check(work, _reference[base], stacks, damaged)
 
 
 _reference: dict[Path, object] = {}
@@ -262,3 +276,37 @@ def test_fuzz_recorded_trace(recorded_trace, tmp_path):
     t0 = time.monotonic()
     run()
     print(f"recorded: {time.monotonic() - t0:.1f}s")
+
+
+@pytest.mark.bpf
+def test_recorded_trace_with_200_bytes_overwritten_in_its_stacks_part(recorded_trace, tmp_path):
+    """Issue 53 on a real recording: every part verified as written; 200 random bytes in the
+    middle of its largest stacks part are said (stderr, the report's first finding) and exit 5,
+    --allow-damaged exits 0 with the same report."""
+    ref = load_trace(recorded_trace)
+    parts = [n for n in os.listdir(recorded_trace / "parts") if n != C.NAME]
+    assert ref.integrity.status == "verified" and ref.integrity.verified == len(parts), ref.integrity
+    work = tmp_path / "d.allocscope"
+    shutil.copytree(recorded_trace, work)
+    part = max((work / "parts").glob("stacks-*.parquet"), key=lambda p: p.stat().st_size)
+    data = bytearray(part.read_bytes())
+    assert len(data) > 400, len(data)
+    mid = len(data) // 2 - 100
+    rng = random.Random(53)
+    new = bytes(rng.randrange(256) for _ in range(200))
+    assert new != bytes(data[mid : mid + 200])
+    data[mid : mid + 200] = new
+    part.write_bytes(bytes(data))
+    p = subprocess.run(
+        [sys.executable, "-m", "allocscope", "report", str(work)], cwd=str(ROOT), capture_output=True, text=True
+    )
+    assert p.returncode == 5, p.stderr
+    assert p.stderr.splitlines()[0].startswith(f"allocscope: {work}: damaged part parts/{part.name}: not as written")
+    assert "  1. Damaged trace: 1 part not as written or missing, of table stacks" in p.stdout
+    q = subprocess.run(
+        [sys.executable, "-m", "allocscope", "report", str(work), "--allow-damaged"],
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+    )
+    assert q.returncode == 0 and q.stdout == p.stdout, q.stderr
