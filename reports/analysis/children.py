@@ -16,11 +16,14 @@ PIDS_SHOWN = 8
 def children_summary(meta: dict) -> dict | None:
     """meta.json's `children` with `work_in_children`: True when the children used at least
     BUSY_S of CPU during the recording and at least as much as the target itself. None when the
-    recording did not look (an older trace) or saw none."""
+    recording did not look (an older trace), or saw no child and the target reaped none that used
+    BUSY_S of CPU (children living between two reads are known by the CPU the target reaped)."""
     info = meta.get("children")
-    if not isinstance(info, dict) or not info.get("seen"):
+    if not isinstance(info, dict):
         return None
     cpu, own = float(info.get("cpu_s") or 0), float(info.get("target_cpu_s") or 0)
+    if not info.get("seen") and cpu < BUSY_S:
+        return None
     return {**info, "work_in_children": cpu >= BUSY_S and cpu >= own}
 
 
@@ -32,10 +35,16 @@ def children_warnings(summary: dict | None) -> list[str]:
     pids = [str(c["pid"]) for c in listed[:PIDS_SHOWN]]
     more = summary["seen"] - len(pids)
     n = summary["seen"]
+    cpu = f"{summary['cpu_s']:.2f}s of CPU against {summary['target_cpu_s']:.2f}s in the target"
+    if not n:  # each lived between two of the recorder's reads: known by the CPU the target reaped
+        return [
+            f"the work is in forked children, each gone within an interval ({cpu}); "
+            "allocscope follows one process: record a longer-lived child with --pid, "
+            "or the program in a mode where it does not fork"
+        ]
     return [
         f"the work is in {n} forked {'child' if n == 1 else 'children'} "
-        f"(pids {', '.join(pids)}{f' and {more} more' if more > 0 else ''}): "
-        f"{summary['cpu_s']:.2f}s of CPU against {summary['target_cpu_s']:.2f}s in the target, "
+        f"(pids {', '.join(pids)}{f' and {more} more' if more > 0 else ''}): {cpu}, "
         f"up to {human_bytes(summary.get('rss_max_bytes') or 0)} resident; "
         f"allocscope follows one process: record a child with --pid {pids[0]}, "
         "or the program in a mode where it does not fork"
