@@ -18,8 +18,8 @@ def kids(seen: int, cpu: float, own: float, pids: list[int] | None = None) -> di
             "polls": 5,
             "target_cpu_s": own,
             "cpu_s": cpu,
-            "rss_max_bytes": (3 << 20) * seen,
-            "anon_max_bytes": 0,
+            "rss_max_bytes": (50 << 20) * seen,  # shared buffers counted in each
+            "anon_max_bytes": (3 << 20) * seen,
             "listed": listed,
         }
     }
@@ -37,7 +37,7 @@ def test_busy_children_said_with_their_pids():
     assert s is not None and s["work_in_children"] is True and s["seen"] == 11
     (w,) = children_warnings(s)
     assert w.startswith("the work is in 11 forked children (pids 100, 101, 102, 103, 104, 105, 106, 107 and 3 more)")
-    assert "2.50s of CPU against 0.02s in the target" in w and "up to 33.0 MiB resident" in w
+    assert "2.50s of CPU against 0.02s in the target" in w and "their own memory up to 33.0 MiB (anonymous RSS)" in w
     assert "allocscope follows one process: record a child with --pid 100" in w
 
 

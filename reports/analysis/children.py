@@ -45,7 +45,7 @@ def children_warnings(summary: dict | None) -> list[str]:
     return [
         f"the work is in {n} forked {'child' if n == 1 else 'children'} "
         f"(pids {', '.join(pids)}{f' and {more} more' if more > 0 else ''}): {cpu}, "
-        f"up to {human_bytes(summary.get('rss_max_bytes') or 0)} resident; "
+        f"their own memory up to {human_bytes(summary.get('anon_max_bytes') or 0)} (anonymous RSS); "
         f"allocscope follows one process: record a child with --pid {pids[0]}, "
         "or the program in a mode where it does not fork"
     ]
