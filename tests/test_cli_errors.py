@@ -246,3 +246,113 @@ def test_record_tracefs_not_mounted(tmp_path):
     one_line_error(p, "tracefs", "mount -t tracefs")
     assert p.returncode == 4
     assert not out.exists()
+
+
+# --- usage errors, every command: one line, exit 2, never click's usage block (issue 53) -------
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["record", "--duration", "abc", "--pid", "1", "-o", "t"], "Invalid value for '--duration': 'abc'"),
+        (["record", "--bogus"], "No such option '--bogus'"),
+        (["top", "--interval", "x", "--batch", "--pid", "1"], "Invalid value for '--interval': 'x'"),
+        (["top", "--sort", "nope", "--pid", "1"], "Invalid value for '--sort': 'nope'"),
+        (["doctor", "--pid", "abc"], "Invalid value for '--pid' / '-p': 'abc'"),
+        (["demo", "--pw-a", "99"], "Invalid value for '--pw-a': 99"),
+        (["report"], "Missing argument 'TRACE'"),
+        (["nosuch"], "No such command 'nosuch'"),
+        (["record", "--grace", "nan", "--", "true"], "Invalid value for '--grace': 'nan'"),
+        (["record", "--grace", "-1", "--", "true"], "Invalid value for '--grace': '-1'"),
+    ],
+)
+def test_click_usage_errors_are_one_line(args, needle):
+    err = one_line_error(cli(*args), needle, code=2)
+    assert "Usage:" not in err and "Try '" not in err
+    command = args[0] if args[0] != "nosuch" else ""
+    assert err.endswith(f"(see {' '.join(['allocscope', command]).strip()} --help)"), err
+
+
+def test_no_command_shows_the_help():
+    p = cli()
+    assert "Usage:" in p.stdout + p.stderr and "Commands:" in p.stdout + p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--duration", "nan"], "--duration must be a number of seconds > 0"),
+        (["--duration", "inf"], "--duration must be a number of seconds > 0"),
+        (["--interval", "1e300"], "--interval must be a number of seconds > 0"),
+        (["--max-live", "99999999999999"], "--max-live must be at most 268435456"),
+        (["--sample-bytes", "99999999999999999999"], "--sample-bytes must be at most"),
+        (["--wait-min", "nan"], "--wait-min must be a number of ms >= 0"),
+    ],
+)
+def test_record_bad_numbers(tmp_path, args, needle):
+    one_line_error(cli("record", "--pid", "1", "-o", str(tmp_path / "t"), *args), needle, code=2)
+    assert not (tmp_path / "t").exists()
+
+
+# --- not root: each command names itself (issue 53) ------------------------------------------
+
+
+def as_nobody(*args: str) -> subprocess.CompletedProcess:
+    """`allocscope ARGS` with root's uid and groups dropped (setpriv), as a user would run it."""
+    return subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-m", "allocscope", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+
+
+@root_only
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["record", "--pid", "1", "-o", "/tmp/allocscope-never-written"],
+        ["top", "--batch", "--pid", "1"],
+        ["watch", "--pid", "1", "-o", "/tmp/allocscope-never-written"],
+        ["demo", "--out", "/tmp/allocscope-never-written"],
+    ],
+)
+def test_not_root_names_the_command(args):
+    one_line_error(as_nobody(*args), f"allocscope {args[0]} needs root", code=4)
+    assert not os.path.exists("/tmp/allocscope-never-written")
+
+
+@root_only
+def test_doctor_pid_not_root_one_line():
+    """A process of root's: its memory map is not readable by nobody (exit 4, permissions)."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        for args in (["doctor", "--pid", str(sleeper.pid)], ["doctor", "--pid", str(sleeper.pid), "--warm"]):
+            one_line_error(as_nobody(*args), f"memory map of pid {sleeper.pid} (sleep): permission denied", code=4)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+# --- paths that are no place for a trace (issue 53) ------------------------------------------
+
+
+@root_only
+def test_record_output_under_a_file(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    for cmd in (["record"], ["top", "--batch"]):
+        one_line_error(
+            cli(*cmd, "--pid", "1", "-o", str(f / "sub")), f"cannot write {f / 'sub'}: Not a directory", code=6
+        )
+    assert f.read_text() == "x"
+
+
+@root_only
+def test_demo_out_unusable(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    one_line_error(cli("demo", "--out", "/proc/xyz"), "cannot write into --out /proc/xyz", code=6)
+    one_line_error(cli("demo", "--out", str(f / "sub")), "Not a directory", code=6)

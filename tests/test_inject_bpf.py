@@ -314,6 +314,8 @@ def test_doctor_says_whether_inject_can_work(procs, c_target):
     tgt = procs(c_target, "--threads", 1)
     tgt.expect("ready")
     p = cli("doctor", "--pid", str(tgt.pid))
+    # its own title, not record --dry-run's (issue 53)
+    assert p.stdout.startswith(f"allocscope doctor --pid: pid {tgt.pid} ("), p.stdout[:200]
     assert f"--inject: can work in pid {tgt.pid}" in p.stdout, p.stdout
     assert re.search(r"hooks in libc\.so\.6: malloc, .*free", p.stdout), p.stdout
     family = "; ".join(f"{k}: {k}@libc.so.6" for k in ("mmap", "munmap", "mremap", "madvise", "brk"))

@@ -342,11 +342,12 @@ def check_compile() -> Check:
     return Check("probe program", True, f"probes/allocscope.c {how} and passes the verifier, {unwind}")
 
 
-def require_root() -> None:
+def require_root(command: str = "record") -> None:
     """Root, a working bpf() syscall and tracefs: checked before anything is compiled or written,
-    so a box that cannot trace gets one line, not a compiler's error dump."""
+    so a box that cannot trace gets one line, not a compiler's error dump. `command`: the one
+    asking (record, top, watch, demo), named in the line."""
     if os.geteuid() != 0:
-        raise PermissionProblem("allocscope record needs root (BPF and uprobes); run it with sudo")
+        raise PermissionProblem(f"allocscope {command} needs root (BPF and uprobes); run it with sudo")
     for check in (check_bpf_syscall(), check_tracefs()):
         if not check.ok:
             raise PermissionProblem(f"{check.name}: {check.detail}; fix: {check.fix}")

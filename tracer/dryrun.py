@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from common.errors import TargetError
+from common.errors import PermissionProblem, TargetError
 
 from .allocators.cuda import CUDA_FUNCS, find_driver
 from .allocators.custom import locate, parse_all
@@ -16,14 +16,20 @@ from .process import procfs
 from .process.target import Target, launch_maps
 
 
-def describe(target: Target, opts: RecordOptions) -> str:
-    """The plan as text, one allocator a paragraph."""
+def describe(target: Target, opts: RecordOptions, title: str = "allocscope record --dry-run") -> str:
+    """The plan as text, one allocator a paragraph, under `title` (the command that asked:
+    `record --dry-run`, `doctor --pid`)."""
     try:
         maps = launch_maps(target) if target.pid == 0 else procfs.read_maps(target.pid)
+    except PermissionError:
+        raise PermissionProblem(
+            f"cannot read the memory map of pid {target.pid} ({target.comm}): permission denied; "
+            "run it as root or as the process's user"
+        ) from None
     except OSError as e:
-        raise TargetError(f"cannot read the memory map of {target.pid}: {e.strerror}") from None
+        raise TargetError(f"cannot read the memory map of pid {target.pid}: {e.strerror}") from None
     who = f"command {target.exe}" if target.pid == 0 else f"pid {target.pid} ({target.comm}) {target.exe}"
-    out = [f"allocscope record --dry-run: {who}; mode {opts.mode}; nothing attached"]
+    out = [f"{title}: {who}; mode {opts.mode}; what a recording would probe, nothing attached"]
     allocators = find_allocators(target.exe, maps)
     if not allocators:
         out.append("no allocator found (no malloc/free in the executable or its libraries): nothing to probe")

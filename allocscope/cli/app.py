@@ -37,6 +37,9 @@ class Group(click.Group):
                 fail(Interrupted(f"interrupted ({stop.reason})"))
         return name, cmd, rest
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        return one_line_errors(super().make_context, info_name, args, parent, **extra)
+
     def invoke(self, ctx):
         return one_line_errors(super().invoke, ctx)
 

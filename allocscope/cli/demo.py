@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from common.errors import AllocscopeError
+from common.errors import AllocscopeError, OutputError
 
 from .base import CONTEXT, Command
 
@@ -185,8 +185,14 @@ def run_demo(out: Path, pw_a: int, pw_b: int, partitions: int, partition_mb: int
     def say(msg: str) -> None:
         click.echo(f"demo: {msg}", err=True)
 
-    require_root()
-    out.mkdir(parents=True, exist_ok=True)
+    require_root("demo")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".allocscope-demo-write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise OutputError(f"cannot write into --out {out}: {e.strerror or e}") from None
     exe = build_daemon(out)
     say(f"built {exe}")
     top_text = top_preview(exe, pw_b, PREVIEW_PARTITIONS, say)

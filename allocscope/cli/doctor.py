@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from common.errors import UsageError
+from common.errors import PermissionProblem, UsageError
 
 from .base import CONTEXT, Command
 from .recording import resolve_target
@@ -41,7 +41,13 @@ def doctor(pid, pattern, warm):
         from tracer.unwind.unwinder import warm_process  # noqa: PLC0415
 
         target = resolve_target(pid, pattern, ())
-        ok = warm_process(target.pid, lambda msg: click.echo(msg, err=True))
+        try:
+            ok = warm_process(target.pid, lambda msg: click.echo(msg, err=True))
+        except PermissionError:
+            raise PermissionProblem(
+                f"doctor --warm cannot read the memory map of pid {target.pid} ({target.comm}): permission "
+                "denied; run it as root or as the process's user"
+            ) from None
         sys.exit(0 if ok else 1)
 
     if pid is not None or pattern is not None:
@@ -49,7 +55,7 @@ def doctor(pid, pattern, warm):
         from tracer.dryrun import describe  # noqa: PLC0415
 
         target = resolve_target(pid, pattern, ())
-        click.echo(describe(target, RecordOptions()))
+        click.echo(describe(target, RecordOptions(), "allocscope doctor --pid"))
         from tracer.inject.preflight import can_inject  # noqa: PLC0415
 
         ok_inject, lines = can_inject(target.pid, target.exe)

@@ -108,7 +108,7 @@ class BatchPrinter:
         if not snap.final:
             self.intervals += 1
             if self.iterations is not None and self.intervals >= self.iterations:
-                self.stop.request(f"{self.iterations} iterations")
+                self.stop.request(f"{self.iterations} iteration{'' if self.iterations == 1 else 's'}")
         self.pump.observe(snap)
 
     def _print(self, snap) -> None:

@@ -140,7 +140,7 @@ def top(
     from .metrics import check_metrics, end_reason  # noqa: PLC0415 (light: no pandas)
 
     check_metrics(metrics, opts.labels)
-    require_root()
+    require_root("top")
     validate(opts)
     exporter = start_metrics(metrics, opts, metrics_top, progress if batch else None)
     try:

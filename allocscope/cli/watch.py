@@ -211,7 +211,7 @@ def watch(
     from .metrics import check_metrics  # noqa: PLC0415
 
     check_metrics(metrics, opts.labels)
-    require_root()
+    require_root("watch")
     validate(opts)
     prepare_out_dir(out_dir)
     wopts = WatchOptions(

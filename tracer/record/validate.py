@@ -3,22 +3,32 @@ first; tracer.record.recorder.record runs it again)."""
 
 from __future__ import annotations
 
-from common.errors import UsageError
+from common.errors import OutputError, UsageError
 from common.tracefile.paths import check_output
 
 from ..allocators.custom import parse_all
 from ..base.options import RecordOptions
 
+MAX_LIVE = 1 << 28  # --max-live: 256 Mi blocks, ~24 GiB of the kernel's memory
+MAX_SECONDS = 1e9  # --interval, --duration: 31 years (their nanoseconds are integers)
+MAX_SAMPLE_BYTES = 1 << 40  # --sample-bytes: compiled into the probes as a 64-bit constant
+
 
 def validate(opts: RecordOptions, output: bool = True) -> None:
     """Options checked before anything is attached or written (one line each); with `output`,
     also that the output path may be written (as root: run require_root first)."""
-    if opts.interval <= 0:
-        raise UsageError("--interval must be > 0 seconds")
-    if opts.duration is not None and opts.duration <= 0:
-        raise UsageError("--duration must be > 0 seconds")
+    if not 0 < opts.interval <= MAX_SECONDS:  # nan fails too
+        raise UsageError(f"--interval must be a number of seconds > 0 (at most {MAX_SECONDS:g}), not {opts.interval:g}")
+    if opts.duration is not None and not 0 < opts.duration <= MAX_SECONDS:
+        raise UsageError(f"--duration must be a number of seconds > 0 (at most {MAX_SECONDS:g}), not {opts.duration:g}")
+    if not 0 <= opts.wait_min_ms <= MAX_SECONDS:
+        raise UsageError(f"--wait-min must be a number of ms >= 0, not {opts.wait_min_ms:g}")
+    if opts.sample_bytes > MAX_SAMPLE_BYTES:
+        raise UsageError(f"--sample-bytes must be at most {MAX_SAMPLE_BYTES} (1 TiB)")
     if opts.max_live < 1024:
         raise UsageError("--max-live must be at least 1024")
+    if opts.max_live > MAX_LIVE:
+        raise UsageError(f"--max-live must be at most {MAX_LIVE} (~90 bytes of kernel memory each)")
     if opts.uprobe_sessions == "on":
         if opts.sample_bytes <= 0 or opts.mode != "full":
             raise UsageError(
@@ -41,4 +51,7 @@ def validate(opts: RecordOptions, output: bool = True) -> None:
             raise UsageError("--inject and --probe-floor exclude each other")
     parse_all(opts.alloc_fns, opts.free_fns)
     if output and opts.output:
-        check_output(opts.output, opts.force)
+        try:
+            check_output(opts.output, opts.force)
+        except OSError as e:  # a path through a file (-o FILE/sub), a loop of links...
+            raise OutputError(f"cannot write {opts.output}: {e.strerror or e}") from None
