@@ -4,6 +4,8 @@ imports: `--help` stays instant."""
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from tracer.base.options import DEFAULTS
@@ -60,6 +62,24 @@ def target_options(f):
     return f
 
 
+class Seconds(click.ParamType):
+    """A number of seconds >= 0, finite (click's FloatRange takes nan and inf)."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx):
+        try:
+            secs = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(secs) or secs < 0:
+            self.fail(f"{value!r} is not a number of seconds >= 0", param, ctx)
+        return secs
+
+
+SECONDS = Seconds()
+
+
 def grace_option(f):
     """--grace SECONDS: how long a launched program still running when the recording stops has
     between SIGTERM and SIGKILL (tracer/process/launch.py)."""
@@ -67,7 +87,7 @@ def grace_option(f):
 
     return click.option(
         "--grace",
-        type=click.FloatRange(min=0),
+        type=SECONDS,
         default=GRACE_S,
         show_default=True,
         metavar="SECONDS",
