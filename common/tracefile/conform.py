@@ -129,6 +129,12 @@ INTERVAL_COLUMNS = (
 NULLABLE = {"stacks": {"function", "file", "line"}}
 
 
+def first_line(e: BaseException) -> str:
+    """An error's first line, whole (Arrow's can run on for lines; a warning is never cut)."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 def conform_part(table: str, tab, schemas: dict, seq: int | None = None, after: int | None = None):
     """`tab` (one part of `table`, named with interval `seq`) with the table's columns and types,
     rows with missing values dropped: (table, rows dropped). Raises ValueError saying why when
@@ -164,7 +170,7 @@ def conform_part(table: str, tab, schemas: dict, seq: int | None = None, after: 
         try:
             tab = tab.cast(target)
         except (pa.ArrowException, ValueError, TypeError) as e:
-            raise ValueError(f"values do not fit: {str(e).splitlines()[0][:60]}") from None
+            raise ValueError(f"values do not fit: {first_line(e)}") from None
         check = [c for c in want.names if c not in NULLABLE.get(table, ())]
     else:
         missing = [c for c in INTERVAL_COLUMNS if c not in tab.column_names]
@@ -178,7 +184,7 @@ def conform_part(table: str, tab, schemas: dict, seq: int | None = None, after: 
         try:
             tab = tab.set_column(tab.column_names.index("seq"), "seq", tab["seq"].cast(pa.int64()))
         except (pa.ArrowException, ValueError, TypeError) as e:
-            raise ValueError(f"seq is not an integer: {str(e).splitlines()[0][:60]}") from None
+            raise ValueError(f"seq is not an integer: {first_line(e)}") from None
         check = list(INTERVAL_COLUMNS)
     if seq is not None and "seq" in tab.column_names and tab.num_rows:
         lo, hi = pc.min(tab["seq"]).as_py(), pc.max(tab["seq"]).as_py()

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from common.errors import TraceFileError
 
 from . import format as F
-from .conform import conform_part, sanitize
+from .conform import conform_part, first_line, sanitize
 from .integrity import Integrity
 
 
@@ -250,7 +250,7 @@ def load_trace(path: str, progress=None) -> Trace:
                 # as dictionaries (categoricals in pandas), never as one Python string a row.
                 chunk = _read_part(os.path.join(pdir, n), DICT_COLUMNS.get(table))
             except (OSError, pa.ArrowException) as e:
-                integrity.damage(n, table, f"unreadable, skipped ({_first_line(e)})")
+                integrity.damage(n, table, f"unreadable, skipped ({first_line(e)})")
                 continue
             try:  # a part holding another table (or damaged values) is skipped, never mixed in
                 chunk, dropped = conform_part(table, chunk, F.SCHEMAS, seq, prev if held else None)
@@ -305,9 +305,3 @@ def _symbols_part(name: str) -> tuple[str, int] | None:
     stem = name.removesuffix(".parquet")
     table, _, seq = stem.rpartition("-")
     return (table, int(seq)) if table == F.SYMBOLS and stem != name and seq.isdigit() else None
-
-
-def _first_line(e: Exception) -> str:
-    """An error's first line, whole (Arrow's can run on for lines)."""
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
