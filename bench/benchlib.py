@@ -210,10 +210,12 @@ def settle(mon: TracerMonitor, quiet: float = 0.05, window: float = 0.5, limit: 
 
 def record_cmd(python: str | Path, pid: int | str, out: Path, *args: str) -> list[str]:
     """The command line `allocscope record -q --pid PID -o OUT ARGS`, run by `python`; with ARGS
-    starting with "watch": `allocscope watch -q --pid PID -o OUT REST` (OUT: its traces' directory)."""
+    starting with "watch": `allocscope watch -q --pid PID -o OUT REST` (OUT: its traces' directory).
+    `python` may be an allocscope executable instead (a bundle's bin/allocscope): it is run itself."""
+    run = [str(python)] if Path(str(python)).name == "allocscope" else [str(python), "-m", "allocscope"]
     if args[:1] == ("watch",):
-        return [str(python), "-m", "allocscope", "watch", "-q", "--pid", str(pid), "-o", str(out), *args[1:]]
-    return [str(python), "-m", "allocscope", "record", "-q", "--pid", str(pid), "-o", str(out), *args]
+        return [*run, "watch", "-q", "--pid", str(pid), "-o", str(out), *args[1:]]
+    return [*run, "record", "-q", "--pid", str(pid), "-o", str(out), *args]
 
 
 def first_interval(out: Path) -> bool:

@@ -120,7 +120,7 @@ def start_attach_tracer(cfg: str, pid: int, tmp: Path, alloc_obj: str | None = N
     if cfg.startswith("allocscope") or cfg.startswith("floor"):
         out = tmp / f"bench-{time.monotonic_ns()}.allocscope"
         extra = ALLOCSCOPE_CONFIGS.get(cfg, EXTRA_CONFIGS.get(cfg))
-        proc, mon = attach_allocscope(pid, out, extra, sys.executable, ROOT)
+        proc, mon = attach_allocscope(pid, out, extra, ALLOCSCOPE or sys.executable, ROOT)
         return Tracer(proc, mon, trace=out)
     if cfg.startswith("memleak"):
         if alloc_obj and not (exported(alloc_obj, "mmap") and exported(alloc_obj, "munmap")):
@@ -166,6 +166,8 @@ def start_attach_tracer(cfg: str, pid: int, tmp: Path, alloc_obj: str | None = N
     raise ValueError(cfg)
 
 
+ALLOCSCOPE = ""  # --allocscope: an allocscope executable (a bundle's) instead of this checkout's
+BINS: Path | None = None  # --bins: brief_shape and provingd built elsewhere (a box without gcc)
 LAST_BPF_STATS: dict = {}  # bpf_stats of the allocscope trace finish_tracer last read
 
 
@@ -292,6 +294,59 @@ class LoopWorkload(SignalledProgram):
         )
 
 
+class BriefWorkload(SignalledProgram):
+    """issue 50: the brief's memory shape in small (bench/brief_shape.c): threads mallocing
+    40 MiB buffers glibc maps, every page touched, the last 2 kept. Metric: seconds of work."""
+
+    name, unit, higher_is_better = "brief", "seconds", False
+
+    def __init__(self, iters: int, threads: int, mib: int) -> None:
+        self.iters, self.threads, self.mib = iters, threads, mib
+
+    def prepare(self, tmp: Path) -> None:
+        if BINS is not None:
+            self.exe = BINS / "brief_shape"
+            return
+        self.exe = tmp / "brief_shape"
+        subprocess.run(
+            [
+                "gcc",
+                "-O2",
+                "-g",
+                "-pthread",
+                "-fno-omit-frame-pointer",
+                "-o",
+                str(self.exe),
+                str(HERE / "brief_shape.c"),
+            ],
+            check=True,
+        )
+
+    def argv(self) -> list[str]:
+        return [
+            str(self.exe),
+            "--wait-signal",
+            "--iters",
+            str(self.iters),
+            "--threads",
+            str(self.threads),
+            "--mib",
+            str(self.mib),
+        ]
+
+    def measure(self, prog, pid):
+        secs = float(read_line(prog, "elapsed", timeout=900).split()[1])
+        faults = int(read_line(prog, "faults", timeout=60).split()[1])
+        return secs, {"faults": faults, "own_cpu": float(read_line(prog, "cpu", timeout=60).split()[1])}
+
+    def header(self) -> str:
+        return (
+            f"brief shape: {self.threads} threads x {self.iters} iterations of a {self.mib} MiB malloc "
+            f"(mmapped), every page touched, 2 kept ({self.threads * self.iters * self.mib * 256} first-touch "
+            "faults), seconds of work after SIGUSR1"
+        )
+
+
 class DemoWorkload(SignalledProgram):
     name, unit, higher_is_better = "demo", "partitions/s", True
 
@@ -299,6 +354,9 @@ class DemoWorkload(SignalledProgram):
         self.partitions, self.extra, self.name = partitions, extra, name
 
     def prepare(self, tmp: Path) -> None:
+        if BINS is not None:
+            self.exe = BINS / "provingd"
+            return
         sys.path.insert(0, str(ROOT))
         from allocscope.cli.demo import build_daemon
 
@@ -610,6 +668,7 @@ def report(
                 d = f" (+{m - base_us[k]:.2f})" if k in base_us and c != "untraced" else ""
                 cols.append(f"{k[:-3]} {m:.2f}{d}")
             print(f"  {c:26s} " + ", ".join(cols))
+    paired_lines(w, configs, results)
     stats = {c: [t.detail["bpf"] for t in results[c] if t.detail.get("bpf")] for c in configs}
     if any(stats.values()):
         print("BPF run time per program (kernel.bpf_stats_enabled; whole recording, median of rounds):")
@@ -624,6 +683,35 @@ def report(
                 parts.append(f"{p} {cnt:,.0f} runs {ns / max(cnt, 1):,.0f} ns")
             print(f"  {c}: " + "; ".join(parts))
     return med
+
+
+def paired_lines(w: Workload, configs: list[str], results: dict[str, list[Trial]]) -> None:
+    """Each trial against the untraced trial of its own round (the drift of a busy box cancels):
+    median and min-max of those ratios; and the target's own CPU seconds over the work."""
+    base = {t.detail.get("round"): t for t in results.get("untraced", [])}
+    print(
+        "paired: each trial / its round's untraced trial (median, min-max); target CPU s over the work (median, "
+        "and / untraced's, paired)"
+    )
+    for c in configs:
+        if c == "untraced" or not results[c]:
+            continue
+        pairs = [(t, base[t.detail.get("round")]) for t in results[c] if t.detail.get("round") in base]
+        if not pairs:
+            continue
+        rs = [t.metric / u.metric for t, u in pairs]
+        cs = [
+            t.detail["target_cpu"] / u.detail["target_cpu"]
+            for t, u in pairs
+            if t.detail.get("target_cpu", 0) > 0 and u.detail.get("target_cpu", 0) > 0
+        ]
+        cpu = statistics.median(t.detail.get("target_cpu", float("nan")) for t, _ in pairs)
+        label = "kept" if w.higher_is_better else "slowdown"
+        shown = (lambda x: f"{x * 100:.1f} %") if w.higher_is_better else (lambda x: f"{x:.3f}x")
+        print(
+            f"  {c:26s} {label} {shown(statistics.median(rs))} ({shown(min(rs))}-{shown(max(rs))}), "
+            f"{len(rs)} pairs; target CPU {cpu:.2f} s" + (f" ({statistics.median(cs):.3f}x)" if cs else "")
+        )
 
 
 def check_goals(w: Workload, med: dict[str, dict]) -> None:
@@ -659,7 +747,7 @@ def check_goals(w: Workload, med: dict[str, dict]) -> None:
         for cfg, label in (("allocscope", "full"), ("allocscope-sampled", "sampled")):
             x = xfloor(cfg)
             goal(f"{label} within 1.25x of the trap floor's cost", x, bool(x and x <= 1.25), f"{x or 0:.2f}x")
-    else:
+    elif w.name != "brief":
         k = kept("allocscope-residency")
         goal("residency keeps >= 97 %", k, bool(k and k >= 97), f"{k or 0:.1f} %")
         k, m = kept("allocscope"), kept("memleak")
@@ -696,6 +784,17 @@ def check_goals(w: Workload, med: dict[str, dict]) -> None:
     if lines:
         print("goals (issue #24):")
         print("\n".join(lines))
+    lines.clear()
+    for cfg in ("allocscope-watch", "allocscope-residency"):  # the watch's default mode
+        if w.name == "brief":
+            s = slowdown(cfg)
+            goal(f"{cfg} <= 1.02x", s, bool(s and s <= 1.02), f"{s or 0:.3f}x")
+        elif w.name in ("redis", "demo"):
+            k = kept(cfg)
+            goal(f"{cfg} keeps >= 98 %", k, bool(k and k >= 98), f"{k or 0:.1f} %")
+    if lines:
+        print("goals (issue #50, medians; the paired ratios above are the steadier figure):")
+        print("\n".join(lines))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -703,7 +802,7 @@ def check_goals(w: Workload, med: dict[str, dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", choices=["loop", "redis", "demo", "demo-large", "all"], default="all")
+    ap.add_argument("--workload", choices=["loop", "redis", "demo", "demo-large", "brief", "all"], default="all")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--configs", help="comma-separated subset of configurations (untraced is always run)")
     ap.add_argument("--iters", type=int, default=300000, help="loop: iterations per thread (1 malloc + 1 free each)")
@@ -713,6 +812,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=50, help="redis: parallel connections (-c)")
     ap.add_argument("--keyspace", type=int, default=100000, help="redis: random key space (-r)")
     ap.add_argument("--datasize", type=int, default=64, help="redis: value size in bytes (-d)")
+    ap.add_argument("--brief-iters", type=int, default=60, help="brief: iterations per thread (one buffer each)")
+    ap.add_argument("--brief-mib", type=int, default=40, help="brief: MiB per buffer")
     ap.add_argument("--partitions", type=int, default=200, help="demo: partitions to prove")
     ap.add_argument(
         "--demo-args",
@@ -740,6 +841,12 @@ def main() -> None:
         "repeatable; run when named in --configs (or always without --configs); priced against "
         "floor-residency when ARGS has --mode residency, else floor",
     )
+    ap.add_argument(
+        "--allocscope",
+        default="",
+        help="an allocscope executable (a bundle's bin/allocscope); default: this checkout's",
+    )
+    ap.add_argument("--bins", type=Path, help="brief and demo: brief_shape and provingd built elsewhere (no gcc here)")
     ap.add_argument("--no-memleak", action="store_true")
     ap.add_argument("--no-heaptrack", action="store_true")
     ap.add_argument(
@@ -751,6 +858,8 @@ def main() -> None:
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/overhead.py: run as root (it attaches BPF probes)")
+    global ALLOCSCOPE, BINS
+    ALLOCSCOPE, BINS = args.allocscope, args.bins
     if args.unwind:
         sys.path.insert(0, str(HERE))
         from unwind_cost import main as unwind_cost
@@ -797,6 +906,8 @@ def main() -> None:
             workloads.append(LoopWorkload(args.iters, args.threads))
         elif n == "redis":
             workloads.append(RedisWorkload(args.requests, args.tests, args.clients, args.keyspace, args.datasize))
+        elif n == "brief":
+            workloads.append(BriefWorkload(args.brief_iters, args.threads, args.brief_mib))
         elif n == "demo":
             workloads.append(DemoWorkload(args.partitions, args.demo_args.split()))
         else:
@@ -833,6 +944,7 @@ def run_all(args, workloads: list[Workload], configs: list[str], skipped: dict[s
                         errors[c].append(str(e))
                         print(f"{w.name} round {r + 1}/{args.rounds} {c:21s} FAILED: {e}", file=sys.stderr)
                         continue
+                    t.detail["round"] = r
                     results[c].append(t)
                     print(
                         f"{w.name} round {r + 1}/{args.rounds} {c:21s} {fmt_metric(t.metric, w.unit):>12s} "

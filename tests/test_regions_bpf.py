@@ -84,7 +84,7 @@ def test_mmap_storm_accounted_in_kernel(targets, tmp_path, procs, tracers, mode)
         tracers,
         out,
         [targets["storm"], "--pairs", str(PAIRS), "--linger"],
-        record_args=("--inject",) if mode == "inject" else ("--mode", mode),
+        record_args=("--inject",) if mode == "inject" else ("--mode", mode, "--fault-duty", "1"),
     )
     rep = report_json(out)
     check_storm(rep, mode)

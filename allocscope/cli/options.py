@@ -221,6 +221,16 @@ def probe_options(f=None, *, interval: float = DEFAULTS.interval):
                 help="Residency mode: sample one user page fault in N.",
             ),
             click.option(
+                "--fault-duty",
+                type=click.FloatRange(min=0.01, max=1.0),
+                default=DEFAULTS.fault_duty,
+                show_default=True,
+                metavar="F",
+                help="Residency mode: the page-fault events are open this share of each second "
+                "(random phase), each sample standing for N/F pages; 1: always open (costs a "
+                "fault-bound daemon ~4 %, docs/probe-cost.md).",
+            ),
+            click.option(
                 "--wait-min",
                 "wait_min_ms",
                 type=click.FloatRange(min=0),

@@ -24,6 +24,7 @@ class RecordOptions:
     mode: str = "full"  # full: allocator probes; residency: mmap family + sampled faults
     sample_bytes: int = 0  # >0: byte-weighted sampling of allocations, one per N bytes
     fault_sample: int = 16  # residency mode: one user page fault in N is sampled
+    fault_duty: float = 0.1  # residency mode: share of each second the page-fault events are open (issue 50)
     uprobes: str = "auto"  # auto/multi/perf: uprobe_multi links (6.6+) or a perf event per probe
     uprobe_sessions: str = "auto"  # sampled: auto/on/off; unsampled calls skip the return trap
     inject: bool = False  # --inject: the in-process sampler (tracer/inject/) decides, only sampled calls trap
@@ -46,6 +47,12 @@ class RecordOptions:
     probe_floor: bool = False  # every probe attached, every program returning at once
     rss_tracepoint: bool = False  # RSS kept by a kmem:rss_stat program instead of read when needed
     site_changes: int = 1 << 16  # changed site keys named per interval (probes/changes.h); 0: whole-map reads
+
+
+def fault_weight(fault_sample: int, fault_duty: float) -> int:
+    """Residency mode: the pages one sampled fault stands for (AS_FAULT_SAMPLE): one fault in
+    `fault_sample` is sampled while the events are open, and they are open `fault_duty` of the time."""
+    return max(1, round(fault_sample / min(1.0, max(fault_duty, 1e-3))))
 
 
 DEFAULTS = RecordOptions()

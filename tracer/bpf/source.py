@@ -10,7 +10,7 @@ import re
 from common.errors import AllocscopeError
 
 from ..base import layout as L
-from ..base.options import RecordOptions
+from ..base.options import RecordOptions, fault_weight
 from ..unwind.rows import UNWIND_STEPS
 from ..unwind.unwinder import MODULE_SLOTS
 from .kernel_btf import (
@@ -53,7 +53,7 @@ def probe_config(
         "AS_FLOOR": int(opts.probe_floor),
         "AS_UVM_MAJOR": char_major("nvidia-uvm"),
         "AS_SAMPLE_BYTES": max(0, opts.sample_bytes),
-        "AS_FAULT_SAMPLE": opts.fault_sample if opts.mode == "residency" else 1,
+        "AS_FAULT_SAMPLE": fault_weight(opts.fault_sample, opts.fault_duty) if opts.mode == "residency" else 1,
     }
     compile_time = []
     for f in flags:
