@@ -357,3 +357,31 @@ def test_cli_diff_html_and_report_at_peak(diff_paths, tmp_path):
     assert "start_thread;worker_main;superlinear 15000\n" in r.stdout
     r = CliRunner().invoke(main, ["report", diff_paths[1], "--at", "peak"])
     one_line_error(r, "--at peak is for --format pprof and folded", code=2)
+
+
+def test_release_cost_never_says_zero_seconds():
+    """Issue 53 item 9: redis under load, 1578 remote TLB shootdowns and calls of a few µs read
+    "Giving memory back took 0.00s in the calls"."""
+    from reports.analysis.findings import duration_text, release_finding
+
+    assert [duration_text(s) for s in (2.5, 0.19, 0.0031, 0.000042, 0.0)] == [
+        "2.50s",
+        "0.19s",
+        "3.1 ms",
+        "42 µs",
+        "no measurable time",
+    ]
+    doc = {
+        "waits": {
+            "freeing": {
+                "by_thread": [{"kind": "munmap", "thread": "redis-server", "calls": 12, "duration_s": 0.000042}],
+                "tlb": {"remote_shootdown": {"flushes": 1578}},
+            }
+        }
+    }
+    f = release_finding(doc)
+    assert f["text"] == (
+        "Giving memory back caused 1578 remote TLB shootdowns "
+        "(the calls took 42 µs; most: munmap on redis-server, 42 µs in 12 calls)."
+    )
+    assert "0.00s" not in f["text"] and f["figures"]["remote_shootdowns"] == 1578

@@ -300,7 +300,7 @@ def _retained_finding(doc: dict) -> dict | None:
     )
 
 
-def _release_finding(doc: dict) -> dict | None:
+def release_finding(doc: dict) -> dict | None:
     fr = (doc.get("waits") or {}).get("freeing") or {}
     calls = [(f"{r['kind']} on {r['thread']}", r["calls"], r["duration_s"]) for r in fr.get("by_thread") or []]
     calls += [(f"{p['function']} on {p['thread']}", p["calls"], p["duration_s"]) for p in fr.get("purges") or []]
@@ -311,15 +311,19 @@ def _release_finding(doc: dict) -> dict | None:
     if total < RELEASE_MIN_S and shoot < RELEASE_MIN_SHOOTDOWNS:
         return None
     top = max(calls, key=lambda c: c[2]) if calls else None
-    most = f" (most: {top[0]}, {duration_text(top[2])} in {top[1]} calls)" if top and top[2] else ""
+    most = f"most: {top[0]}, {duration_text(top[2])} in {top[1]} calls" if top and top[2] else ""
     if total >= RELEASE_MIN_S:
         text = (
-            f"Giving memory back took {duration_text(total)} in the calls{most}"
+            f"Giving memory back took {duration_text(total)} in the calls"
+            + (f" ({most})" if most else "")
             + (f", with {shoot} remote TLB shootdowns" if shoot else "")
             + "."
         )
     else:  # the shootdowns alone are news: the calls' time is said as it is, never "0.00s"
-        text = f"Giving memory back caused {shoot} remote TLB shootdowns (the calls took {duration_text(total)}{most})."
+        text = (
+            f"Giving memory back caused {shoot} remote TLB shootdowns "
+            f"(the calls took {duration_text(total)}" + (f"; {most}" if most else "") + ")."
+        )
     return finding(
         "release_cost", text, "What giving memory back cost", "waits", seconds=total, remote_shootdowns=shoot
     )
@@ -399,9 +403,7 @@ def report_findings(doc: dict, end: dict | None = None) -> list[dict]:
     (ending.end_finding(doc), which build_report passes: ending.py uses this module's sentence
     pieces, so this module does not import it)."""
     wait = kept_while_waiting(doc)
-    others = [
-        f for f in (_growing_finding(doc), _retained_finding(doc), _release_finding(doc), _loss_finding(doc)) if f
-    ]
+    others = [f for f in (_growing_finding(doc), _retained_finding(doc), release_finding(doc), _loss_finding(doc)) if f]
     device = _device_finding(doc)
     if not (end or wait or others or burst(doc) or device):
         tot = doc["totals"]
