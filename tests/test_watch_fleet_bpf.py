@@ -106,6 +106,9 @@ def test_watch_follows_every_matching_process_each_its_own_trace(targets, procs,
     err = "".join(w.all)
     print(err)
     assert "Traceback" not in err and "processes match; following the oldest" not in err, err
+    ends = {d.pid: next(ln for ln in w.all if f"pid {d.pid} killed by SIGKILL" in ln) for d in daemons}
+    assert "traced from its exec" in ends[later.pid], ends  # the one started after: held at its exec
+    assert not any("traced from its exec" in ends[d.pid] for d in before), ends
     traces = sorted(out.glob("restartd-*.allocscope"))
     by_pid = {json.loads((t / "meta.json").read_text())["target"]["pid"]: t for t in traces}
     assert set(by_pid) == {d.pid for d in daemons}, (by_pid, err)

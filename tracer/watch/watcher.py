@@ -280,8 +280,9 @@ class Watcher:
                     if t.done.is_set():
                         del self.tracing[key]
         finally:
+            self.stop.request("the watch ended")  # an error here too: every recording finishes its trace
             for t in list(self.tracing.values()):
-                t.thread.join()  # each sees the watch's stop and finishes its trace
+                t.thread.join()
             self.tracing.clear()
             self._closing.set()
             if self._gate_thread is not None:
