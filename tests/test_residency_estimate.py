@@ -103,6 +103,8 @@ def test_first_touches_are_not_live_bytes_in_the_metrics():
     live = {dict(lb)["source"]: v for lb, v in fams["allocscope_live_bytes"].samples}
     assert live == {"mmap": 40 * MIB}  # what a dashboard sums: no first touches in it
     assert fams["allocscope_first_touched_bytes"].samples == (((), float(120 * MIB)),)
+    locs = dict(fams["allocscope_location_live_bytes"].samples)
+    assert list(locs.values()) == [float(40 * MIB)]  # the location's own figure: no first touches either
 
 
 def test_shared_memory_advice_names_cuda_only_where_cuda_is_mapped():

@@ -51,7 +51,18 @@ def location_name(frames: tuple[FrameInfo, ...]) -> str:
 
 def wait_name(w: dict) -> str:
     """Where threads wait (a LiveModel.waiting group), as a location."""
-    return site_text((FrameInfo(w["function"], w.get("module") or "", w.get("file"), w.get("line")),))
+    return site_text(
+        (
+            FrameInfo(
+                w["function"],
+                w.get("module") or "",
+                w.get("file"),
+                w.get("line"),
+                call=w.get("call"),
+                inside=w.get("inside"),
+            ),
+        )
+    )
 
 
 def top_by(values: dict[str, int], k: int) -> list[tuple[str, int]]:
@@ -212,6 +223,19 @@ class FleetMetrics:
                 out.append(((("allocator", name), ("kind", kind)), float(v)))
         return out
 
+    def _first_touches_by_site(self) -> dict[int, int]:
+        """{the model's site index: its first touches (source fault, residency mode)}: taken off
+        its location's live bytes, as they are kept out of allocscope_live_bytes."""
+        out: dict[int, int] = {}
+        if FAULT_SOURCE not in self.source_live or self.model is None:
+            return out
+        for key, v in self.counters.items():
+            if str(key[2]) == FAULT_SOURCE:
+                site = self.model.site_of_stack.get(int(key[0]))
+                if site is not None:
+                    out[site.index] = out.get(site.index, 0) + v
+        return out
+
     def _publish(self) -> None:
         fam: list[Family] = [
             Family(
@@ -261,12 +285,14 @@ class FleetMetrics:
                 )
             locs: dict[str, int] = {}
             names = self.names
+            touched = self._first_touches_by_site()
             for s in self.model.sites:
-                if s.live > 0:
+                live = s.live - touched.get(s.index, 0)  # first touches are no live bytes
+                if live > 0:
                     name = names.get(s.index)
                     if name is None:
                         name = names[s.index] = location_name(s.frames)
-                    locs[name] = locs.get(name, 0) + s.live
+                    locs[name] = locs.get(name, 0) + live
             fam.append(
                 Family(
                     "allocscope_location_live_bytes",
