@@ -23,6 +23,7 @@ from synth import MONO0, SynthTrace
 
 from common.errors import TraceFileError
 from common.tracefile import checksums as C
+from common.tracefile import integrity as I
 from common.tracefile.writer import TraceWriter
 from reports.analysis import build_report
 from reports.trace import load_trace
@@ -240,6 +241,33 @@ def test_watch_keep_parts_still_verify_and_a_damaged_merged_part_is_said(tmp_pat
     data[len(data) // 2] ^= 0x10
     merged.write_bytes(bytes(data))
     assert [d.part for d in load_trace(path).integrity.damaged] == ["sites-000020.parquet"]
+
+
+def test_a_keep_exchange_while_reading_reads_again(tmp_path, monkeypatch):
+    """`report` of a trace that watch --keep is recording: the parts directory exchanged between
+    the reader's listing and its checksum list is no damage; the trace is read again."""
+    t = SynthTrace(tmp_path / "x.allocscope")
+    grow = t.stack(["grow_forever", "main"])
+    for i in range(1, 31):
+        t.interval({(grow, 1): (1000 * i, i, 0, 0)}, rss=64 << 20)
+    t.w.write_meta({**t.meta, "complete": False})
+    now = time.monotonic_ns()
+    rec = SimpleNamespace(writer=t.w, kept=None, triggers=[])
+    real, calls = I.Integrity.open, []
+
+    def open_after_a_cut(pdir, meta):  # the reader has listed the old parts; the cut comes now
+        if not calls:
+            assert cut(rec, (now - (MONO0 + int(20.5e9))) / 1e9, (now - (MONO0 + int(26.5e9))) / 1e9)
+        calls.append(real(pdir, meta))
+        return calls[-1]
+
+    monkeypatch.setattr(I.Integrity, "open", staticmethod(open_after_a_cut))
+    got = load_trace(t.path)
+    assert len(calls) == 2 and calls[0].status == "damaged"  # old names, the new list: read again
+    assert calls[1] is got.integrity
+    assert got.integrity.status == "verified" and got.integrity.damaged == []
+    assert got.intervals["seq"].tolist() == list(range(20, 31))  # 20: the base of the cut
+    t.close()
 
 
 def test_a_large_streamed_part_is_listed(tmp_path):

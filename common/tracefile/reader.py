@@ -217,8 +217,27 @@ def read_meta(path: str) -> dict:
 
 
 def load_trace(path: str, progress=None) -> Trace:
-    """Read a trace directory. Raises TraceFileError (one line) for anything unreadable."""
+    """Read a trace directory. Raises TraceFileError (one line) for anything unreadable. A trace
+    being recorded by `watch --keep` may have its parts directory exchanged while it is read
+    (TraceWriter.replace_parts): then it is read again, so that the parts and their checksum
+    list are of one set."""
     path = os.fspath(path)
+    for _ in range(3):
+        before = _inode(os.path.join(path, F.PARTS))
+        t = _load(path, progress)
+        if _inode(os.path.join(path, F.PARTS)) == before:
+            break
+    return t
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def _load(path: str, progress) -> Trace:
     meta = read_meta(path)
     pdir = os.path.join(path, F.PARTS)
     try:
