@@ -1,7 +1,9 @@
 """No part larger than the whole: cheap checks of a finished report document, run by
-build_report on every report. A violation is a figure the process itself contradicts (an
-allocator resident beyond the RSS it is part of, a split whose part outgrows its whole, a
-finding stating a share over 100 %): the report says so in `recording.invariants` and among
+build_report on every report, in every mode. A violation is a figure the process itself
+contradicts (an allocator resident beyond the RSS it is part of, a split whose part outgrows its
+whole, a printed equation of the split that does not add up within 1 %, a row holding more at the
+peak than the live total then, a residency-mode composition above the RSS high-water, a finding
+stating a share over 100 %): the report says so in `recording.invariants` and among
 `recording.warnings`; under ALLOCSCOPE_INVARIANTS=fail (the test suite sets it) build_report
 raises instead, so every report a test builds is checked.
 
