@@ -282,9 +282,9 @@ def test_no_command_shows_the_help():
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--duration", "nan"], "--duration must be a number of seconds > 0"),
-        (["--duration", "inf"], "--duration must be a number of seconds > 0"),
-        (["--interval", "1e300"], "--interval must be a number of seconds > 0"),
+        (["--duration", "nan"], "--duration must be > 0 seconds"),
+        (["--duration", "inf"], "--duration must be > 0 seconds"),
+        (["--interval", "1e300"], "--interval must be > 0 seconds"),
         (["--max-live", "99999999999999"], "--max-live must be at most 268435456"),
         (["--sample-bytes", "99999999999999999999"], "--sample-bytes must be at most"),
         (["--wait-min", "nan"], "--wait-min must be a number of ms >= 0"),

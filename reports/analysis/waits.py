@@ -104,6 +104,20 @@ def fold_wait_frames(frames: tuple[FrameInfo, ...]) -> tuple[FrameInfo, ...]:
     return frames[cut:]
 
 
+def wait_group(frames: tuple[FrameInfo, ...]) -> tuple[FrameInfo, ...]:
+    """Where a thread blocked with the stack `frames` (innermost first) waits, as a location (a
+    one-frame tuple): the stack without the waiting machinery (fold_wait_frames), grouped as the
+    report groups sites (`group_of`): a stripped module's frames stay under the code that called
+    into them ("inside redis-check-rdb, called from aeMain"), never a bare return address. The
+    report's waits and `top`'s "waiting" line (reports/live/model.py) both name waits by it."""
+    return group_of(fold_wait_frames(frames), "location")
+
+
+def wait_place(frames: tuple[FrameInfo, ...]) -> dict:
+    """wait_group as the report's rows have it: {location, function, module, file, line, call?, inside?}."""
+    return _loc(wait_group(frames))
+
+
 def in_free(frames: tuple[FrameInfo, ...]) -> bool:
     return any(_FREE_RX.search(f.function) for f in frames)
 
@@ -206,8 +220,8 @@ class _Locations:
     def wait(self, sid: int) -> tuple[tuple[FrameInfo, ...], tuple[FrameInfo, ...]]:
         """(the wait location as a one-frame tuple, the folded wait stack)."""
         if sid not in self._wait:
-            folded = fold_wait_frames(self.stacks.get(sid, UNKNOWN_STACK))
-            self._wait[sid] = (group_of(folded, "location"), folded)
+            frames = self.stacks.get(sid, UNKNOWN_STACK)
+            self._wait[sid] = (wait_group(frames), fold_wait_frames(frames))
         return self._wait[sid]
 
     def alloc(self, sid: int) -> tuple[FrameInfo, ...]:

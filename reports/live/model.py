@@ -172,8 +172,9 @@ class LiveView:
     by: str = "stack"  # what a row of `sites` is: location, function or stack (LiveModel's `by`)
     # each allocator's own memory at the last snapshot: {name, source, resident, live, retained}
     allocators: list = field(default_factory=list)
-    # the threads blocked now, by where they wait (reports/analysis/waits.py's folding): {function, file,
-    # line, threads, held_bytes (what they allocated and hold), longest_s}, most held first
+    # the threads blocked now, by where they wait (reports/analysis/waits.py's wait_place): {location,
+    # function, module, file, line, call?, inside?, threads, held_bytes (what they allocated and hold),
+    # longest_s}, most held first
     waiting: list = field(default_factory=list)
     _sorted: dict[str, list[dict]] = field(default_factory=dict, repr=False)
 
@@ -332,24 +333,12 @@ class LiveModel:
             ]
 
     def _waiting(self, blocked) -> list[dict]:
-        from ..analysis.waits import fold_wait_frames  # noqa: PLC0415
+        from ..analysis.waits import wait_place  # noqa: PLC0415 (named as the report names waits)
 
-        groups: dict[tuple, dict] = {}
+        groups: dict[str, dict] = {}
         for tid, sid, _since, waited, _state in blocked:
-            frames = fold_wait_frames(self.stacks.get(int(sid)))
-            f = frames[0]
-            g = groups.setdefault(
-                (f.function, f.file, f.line),
-                {
-                    "function": f.function,
-                    "file": f.file,
-                    "line": f.line,
-                    "module": f.module,
-                    "threads": 0,
-                    "held_bytes": 0,
-                    "longest_s": 0.0,
-                },
-            )
+            place = wait_place(self.stacks.get(int(sid)))
+            g = groups.setdefault(place["location"], {**place, "threads": 0, "held_bytes": 0, "longest_s": 0.0})
             g["threads"] += 1
             th = self.threads.get(int(tid))
             g["held_bytes"] += max(0, th.live) if th is not None else 0

@@ -118,6 +118,12 @@ def allocators_text(view: LiveView) -> str:
     )
 
 
+def wait_label(w: dict) -> str:
+    """A wait place (reports/analysis/waits.py's wait_place) in a few words, named as the report
+    names it: 'channel_push', 'inside redis-check-rdb, called from aeMain'."""
+    return frame_name(w["function"], "", w.get("call"), w.get("inside"))
+
+
 def waiting_text(view: LiveView, n: int = 3) -> str:
     """'waiting: channel_push 8 thr holding 64.0 MiB (longest 3.2s); sem_wait 3 thr 768 B': the
     threads blocked now by where they wait (reports/analysis/waits.py's folding) and what they hold; ''
@@ -125,7 +131,7 @@ def waiting_text(view: LiveView, n: int = 3) -> str:
     if not view.waiting:
         return ""
     parts = [
-        f"{w['function']} {w['threads']} thr holding {human_bytes(w['held_bytes'])} (longest {w['longest_s']:.1f}s)"
+        f"{wait_label(w)} {w['threads']} thr holding {human_bytes(w['held_bytes'])} (longest {w['longest_s']:.1f}s)"
         for w in view.waiting[:n]
     ]
     more = f"; +{len(view.waiting) - n} more" if len(view.waiting) > n else ""

@@ -18,9 +18,9 @@ def validate(opts: RecordOptions, output: bool = True) -> None:
     """Options checked before anything is attached or written (one line each); with `output`,
     also that the output path may be written (as root: run require_root first)."""
     if not 0 < opts.interval <= MAX_SECONDS:  # nan fails too
-        raise UsageError(f"--interval must be a number of seconds > 0 (at most {MAX_SECONDS:g}), not {opts.interval:g}")
+        raise UsageError(f"--interval must be > 0 seconds (at most {MAX_SECONDS:g}), not {opts.interval:g}")
     if opts.duration is not None and not 0 < opts.duration <= MAX_SECONDS:
-        raise UsageError(f"--duration must be a number of seconds > 0 (at most {MAX_SECONDS:g}), not {opts.duration:g}")
+        raise UsageError(f"--duration must be > 0 seconds (at most {MAX_SECONDS:g}), not {opts.duration:g}")
     if not 0 <= opts.wait_min_ms <= MAX_SECONDS:
         raise UsageError(f"--wait-min must be a number of ms >= 0, not {opts.wait_min_ms:g}")
     if opts.sample_bytes > MAX_SAMPLE_BYTES:
