@@ -6,6 +6,7 @@
 #define AS_HEAP_H
 #include "common.h"
 #include "stacks.h"
+#include "python.h"
 #include "rss.h"
 #include "accounting.h"
 
@@ -192,7 +193,7 @@ static __always_inline int keep_pending(struct pt_regs *ctx)
     if (!p)
         return 0;
     scache_fill(p->ip, p->sp, p->bp, p->sid);
-    record_alloc(p->tid, p->addr, p->size, p->api, p->ts, p->sid, p->src);
+    record_alloc(p->tid, p->addr, p->size, p->api, p->ts, py_stack(p->tid, p->sid), p->src);
     return 0;
 }
 
@@ -223,11 +224,11 @@ static __always_inline void alloc_done_at(struct pt_regs *ctx, u32 tid, u64 addr
         }
         return;
     }
-    record_alloc(tid, addr, size, api, ts, sid, src);
+    record_alloc(tid, addr, size, api, ts, py_stack(tid, sid), src);
 #elif defined(AS_UNWIND_DWARF)
-    record_alloc(tid, addr, size, api, ts, capture_dwarf(ip, sp, bp, 0), src);
+    record_alloc(tid, addr, size, api, ts, py_stack(tid, capture_dwarf(ip, sp, bp, 0)), src);
 #else
-    record_alloc(tid, addr, size, api, ts, capture_stack_skip(ctx, 0, 0, skip), src);
+    record_alloc(tid, addr, size, api, ts, py_stack(tid, capture_stack_skip(ctx, 0, 0, skip)), src);
 #endif
 }
 

@@ -34,7 +34,7 @@ REPORTS_LAYERS = ("base", "symbolize", "analysis", "render", "live")
 # tracer/, bottom up: a module may import its own sub-package and those below it. `base` is
 # tracer/base/ (options, the program's layout, the cache folder, the C compiler); `entry` the
 # modules of tracer/ itself (doctor.py, dryrun.py), which may import any of them.
-TRACER_LAYERS = ("base", "process", "allocators", "inject", "unwind", "bpf", "record", "watch", "entry")
+TRACER_LAYERS = ("base", "process", "allocators", "inject", "unwind", "runtimes", "bpf", "record", "watch", "entry")
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,10 @@ Tables (columns; `seq` is the interval number, 1-based):
              rss_after_bytes, released_bytes — one row per purge call of an allocator
              (malloc_trim, mallctl, MallocExtension_Release*, mi_collect; `name`: mallctl's
              name argument), released = the drop of anon RSS across the call (version 3)
+  pyframes   stack_id, idx, code, lasti, entry — a stack's CPython frames, innermost first (the
+             code object's address, the instruction index, 1 on an eval loop's first frame)
+  pycode     seq, code, name, qualname, file, firstlineno, linetable — the code objects those
+             frames name, read from the running process (docs/python.md)
   live       seq, addr, size, stack_id, tid, ts_ns, api, source (the final live table)
   census     seq, when ('attach'|'end'), arena ('main', a thread arena's address, 'mmap': glibc's
              mmapped chunks), heaps, system_bytes, in_use_bytes (chunks in use, fastbin and
@@ -228,6 +232,21 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("sampled", pa.int8()),
             ("tcache_estimated", pa.int8()),
             ("ms", F64),
+        ]
+    ),
+    # CPython's frames of a stack (docs/python.md): innermost first, `lasti` the instruction index
+    # in the code object (code units), `entry` 1 on the first frame of an eval-loop call
+    "pyframes": pa.schema([("stack_id", U64), ("idx", I32), ("code", U64), ("lasti", I32), ("entry", pa.int8())]),
+    # the code objects `pyframes` names, read from the running process: `linetable` is co_linetable
+    "pycode": pa.schema(
+        [
+            ("seq", I32),
+            ("code", U64),
+            ("name", STR),
+            ("qualname", STR),
+            ("file", STR),
+            ("firstlineno", I32),
+            ("linetable", pa.binary()),
         ]
     ),
     "live": pa.schema(

@@ -99,16 +99,20 @@ class FrameInfo:
 UNKNOWN_STACK = (FrameInfo("[stack lost]", "", None, None),)
 
 
-def symbolize_stacks(trace: Trace, progress=None) -> dict[int, tuple[FrameInfo, ...]]:
+def symbolize_stacks(trace: Trace, progress=None, python: bool = True) -> dict[int, tuple[FrameInfo, ...]]:
     """stack_id -> frames innermost first, every frame symbolized (offline, pyelftools). A frame
     whose address lies in inlined code expands to the inlined functions (`inlined=True`, innermost
-    first) followed by the function they were inlined into."""
+    first) followed by the function they were inlined into. A stack with CPython frames (the
+    trace's `pyframes`) has them merged where the eval loop stands (`merge_python`); `python`
+    False (`report --no-python`) leaves them out: the native stacks as they were."""
     from ..symbolize import Symbolizer  # noqa: PLC0415
     from ..symbolize.embedded import load as embedded_symbols  # noqa: PLC0415
 
     if trace.stacks.empty:
         return {0: UNKNOWN_STACK}
     out = symbolize_stack_rows(trace.stacks, Symbolizer(progress=progress), lambda: embedded_symbols(trace))
+    if python:
+        out = with_python(out, trace)
     s = trace.sites
     cuda = s.loc[s["source"].isin(_CUDA_SOURCES), "stack_id"].unique() if not s.empty else ()
     return restore_cuda_calls(out, {int(x) for x in cuda})
@@ -170,6 +174,55 @@ def symbolize_stack_rows(
                 frames.append(FrameInfo(f"{module or '[anon]'}@{int(ip):#x}", module, None, None))
         out[int(sid)] = tuple(frames)
     return out
+
+
+# --- CPython frames (docs/python.md) ---------------------------------------------------------
+
+# The eval loop's C frame: each call of it ran a run of Python frames (3.11+: Python-to-Python
+# calls stay in one call of it), the run that ends at a frame marked `entry`.
+EVAL_FUNCTIONS = frozenset({"_PyEval_EvalFrameDefault", "_PyEval_EvalFrame"})
+
+
+def with_python(stacks: dict[int, tuple[FrameInfo, ...]], trace) -> dict[int, tuple[FrameInfo, ...]]:
+    """`stacks` with the trace's CPython frames merged in (merge_python), changed in place."""
+    from ..symbolize.python import python_frames  # noqa: PLC0415
+
+    py = python_frames(getattr(trace, "pyframes", pd.DataFrame()), getattr(trace, "pycode", pd.DataFrame()))
+    for sid, frames in py.items():
+        if sid in stacks:
+            stacks[sid] = merge_python(stacks[sid], frames)
+    return stacks
+
+
+def merge_python(native: tuple[FrameInfo, ...], py: list) -> tuple[FrameInfo, ...]:
+    """A native stack with its Python frames (`py`: reports.symbolize.python.PyFrame, innermost
+    first) in place of the eval loop's C frames: the k-th `_PyEval_EvalFrameDefault` from the
+    innermost end stands for the k-th run of Python frames (a run ends at an `entry` frame).
+    Runs left over (a native stack cut short) go at the outermost end; so do all of them when no
+    eval frame is known (stripped). Python frames have module PY_MODULE."""
+    from ..symbolize.python import PY_MODULE  # noqa: PLC0415
+
+    runs: list[list[FrameInfo]] = [[]]
+    for f in py:
+        runs[-1].append(FrameInfo(f.function, PY_MODULE, f.file or None, f.line))
+        if f.entry:
+            runs.append([])
+    runs = [r for r in runs if r]
+    out: list[FrameInfo] = []
+    k = 0
+    for f in native:
+        if f.function in EVAL_FUNCTIONS and k < len(runs):
+            out.extend(runs[k])
+            k += 1
+        else:
+            out.append(f)
+    for r in runs[k:]:
+        out.extend(r)
+    return tuple(out)
+
+
+def is_python(f: FrameInfo) -> bool:
+    return f.module == "python"  # reports.symbolize.python.PY_MODULE
 
 
 _PREFIX_RX = re.compile(r"^(__GI_|__libc_|__)+")
@@ -370,6 +423,9 @@ def located(site: SiteKey) -> FrameInfo:
     frames under libc's __libc_start_call_main or start_thread would be the whole program in one
     row: they keep their addresses, as a stack without any symbol does."""
     f = site[0] if site else UNKNOWN_STACK[0]
+    for g in site:  # through Python: the innermost Python line, what the native frames did under it
+        if is_python(g):
+            return replace(g, call=f.call) if f.call else g
     if f.module and not f.inside and _NO_SYMBOL_RX.search(f.function):
         shared = bool(_SHARED_LIB_RX.search(os.path.basename(f.module)))
         for g in site[1:]:

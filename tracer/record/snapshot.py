@@ -17,6 +17,7 @@ from ..allocators.retention import PurgeLog, allocator_part
 from ..base.options import RecordOptions
 from ..process import procfs
 from ..process.target import Target
+from ..runtimes.python import write_parts as write_python_parts
 from .embed_symbols import SymbolEmbedder
 from .peaks import PeakReading
 from .readgate import MeasureGate, TargetState, target_state
@@ -117,6 +118,8 @@ class Snapshots:
             cols = self.stacks.columns(rec.probes.maps.read_stacks(new_ids), rec.maps.index)
             self.peak_stack_columns.append(cols)  # the observer (top) has not seen these stacks yet
             w.write_part("stacks", seq, pa.table(cols, schema=F.SCHEMAS["stacks"]))
+            if rec.python is not None:
+                write_python_parts(rec.python, w, seq, new_ids)
             if self.embedder is not None:
                 w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, cols))
         heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = p.totals[:7]
@@ -184,6 +187,8 @@ class Snapshots:
                 rec.maps.refresh(seq, state.maps_key)
             stack_columns = self.stacks.columns(rec.probes.maps.read_stacks(new_ids), rec.maps.index)
             w.write_part("stacks", seq, pa.table(stack_columns, schema=F.SCHEMAS["stacks"]))
+            if rec.python is not None:  # their CPython frames (tracer/runtimes/python.py)
+                write_python_parts(rec.python, w, seq, new_ids)
             if self.embedder is not None:  # symbol tables of the modules on these stacks
                 w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, stack_columns))
         if readable:  # names of allocating threads not seen yet

@@ -1,0 +1,183 @@
+/* allocscope BPF, python.h: CPython's interpreter frames folded into an allocation's stack (the
+ * runtime module of the probes; its user side is tracer/runtimes/python.py, docs/python.md).
+ *
+ * A thread running CPython has a PyThreadState; the tracer finds each thread's one from outside
+ * (it walks _PyRuntime's interpreters and their threads in /proc/PID/mem) and keeps it in
+ * `pythreads` (tid -> tstate address), with the version's layout in `pyconf`. At an allocation,
+ * py_stack() walks that thread's interpreter frames (tstate -> current frame -> previous ...),
+ * one read of each frame's first 80 bytes, and takes (code object, instruction pointer) of up to
+ * AS_PY_DEPTH frames; shim frames (FRAME_OWNED_BY_CSTACK, 3.12+) are skipped and mark the frame
+ * above them as the first of its C eval loop (3.11: the frame's is_entry). The frames are hashed
+ * into the native stack's id: the same native stack under two Python lines is two stacks. A new
+ * combined id gets a copy of the native stack in `stacks` (so everything reading stacks works
+ * unchanged) and its Python frames in `pystacks`; a known one costs the walk and one lookup.
+ *
+ * Declarations only (see allocscope.c). */
+#ifndef AS_PYTHON_H
+#define AS_PYTHON_H
+#include "common.h"
+
+#ifndef AS_PY_DEPTH
+#define AS_PY_DEPTH 32 /* Python frames kept a stack (a power of 2, <= 32: `entry` is a bitmask) */
+#endif
+#ifndef AS_PY_STACKS
+#define AS_PY_STACKS 16384
+#endif
+#define AS_PY_THREADS 8192
+#define AS_PY_FRAME_BYTES 80 /* the frame's first bytes: every field read lies in them (3.11-3.13) */
+
+/* The interpreter's layout (offsets in bytes; -1: the version has no such field). */
+struct as_pyconf {
+    u32 on;             /* 1: walk the frames of the threads in `pythreads` */
+    s32 tstate_frame;   /* tstate -> current frame (3.13), or -> cframe (3.11, 3.12) */
+    s32 cframe_frame;   /* cframe -> current_frame; -1: none (3.13) */
+    u32 frame_code;     /* f_code (3.11, 3.12), f_executable (3.13) */
+    u32 frame_instr;    /* prev_instr (3.11, 3.12), instr_ptr (3.13) */
+    u32 frame_previous; /* previous */
+    u32 frame_owner;    /* owner (a byte) */
+    s32 frame_is_entry; /* is_entry (a byte, 3.11); -1 */
+    s32 owner_cstack;   /* FRAME_OWNED_BY_CSTACK (3.12+); -1 */
+    u32 pad;
+};
+
+struct as_pyframe {
+    u64 code;  /* PyCodeObject address */
+    u64 instr; /* the frame's instruction pointer (an address inside the code's bytecode) */
+};
+
+struct as_pystack {
+    u64 native; /* the native stack's id in `stacks` */
+    u32 n;      /* frames, innermost first */
+    u32 entry;  /* bit i: frame i is the first its _PyEval_EvalFrameDefault call ran */
+    struct as_pyframe f[AS_PY_DEPTH];
+};
+
+/* 0: walks, 1: frames read, 2: stacks stored, 3: lost (`stacks` or `pystacks` full), 4: frames
+ * cut (more than AS_PY_DEPTH) */
+#define AS_PYCNT_WALKS 0
+#define AS_PYCNT_FRAMES 1
+#define AS_PYCNT_STORED 2
+#define AS_PYCNT_LOST 3
+#define AS_PYCNT_CUT 4
+
+BPF_ARRAY(pyconf, struct as_pyconf, 1);
+BPF_HASH(pythreads, u32, u64, AS_PY_THREADS);
+BPF_F_TABLE("hash", u64, struct as_pystack, pystacks, AS_PY_STACKS, BPF_F_NO_PREALLOC);
+BPF_PERCPU_ARRAY(pycounts, u64, 8);
+
+/* The walk's state lives in this per-CPU value, not in registers: the verifier does not track
+ * map memory, so a shim frame, an entry flag or a frame count does not split its states (kept in
+ * registers they multiplied along the loop past its complexity limit). */
+struct as_pywork {
+    struct as_pystack st;
+    u64 w[16]; /* the frame's first bytes */
+    u64 frame; /* the next frame to read */
+    u64 h;     /* the hash so far */
+};
+BPF_PERCPU_ARRAY(pywork, struct as_pywork, 1);
+
+static __always_inline void py_count(u32 i, u64 n)
+{
+    u64 *c = pycounts.lookup(&i);
+    if (c)
+        *c += n;
+}
+
+static __always_inline u64 py_byte(u64 *w, u32 off)
+{
+    return (w[(off >> 3) & 15] >> ((off & 7) * 8)) & 0xff;
+}
+
+/* One frame of the walk: 0 when it ends here. */
+static __always_inline int py_frame(struct as_pyconf *c, struct as_pywork *p)
+{
+    u64 fr = p->frame;
+    u32 n = p->st.n;
+    if (!fr)
+        return 0;
+    if (n >= AS_PY_DEPTH) {
+        py_count(AS_PYCNT_CUT, 1);
+        return 0;
+    }
+    if (bpf_probe_read_user(p->w, AS_PY_FRAME_BYTES, (void *)fr))
+        return 0;
+    p->frame = p->w[(c->frame_previous >> 3) & 15];
+    if (c->owner_cstack >= 0 && py_byte(p->w, c->frame_owner) == (u64)c->owner_cstack) {
+        if (n > 0)
+            p->st.entry |= 1u << ((n - 1) & 31); /* the frame above a shim began its eval loop */
+        return 1;
+    }
+    u64 code = p->w[(c->frame_code >> 3) & 15], instr = p->w[(c->frame_instr >> 3) & 15];
+    u32 i = n;
+    asm volatile("" : "+r"(i)); /* the compiler must not drop the mask (it knows n < AS_PY_DEPTH) */
+    i &= AS_PY_DEPTH - 1;
+    p->st.f[i].code = code;
+    p->st.f[i].instr = instr;
+    if (c->frame_is_entry >= 0)
+        p->st.entry |= (u32)(py_byte(p->w, (u32)c->frame_is_entry) != 0) << (n & 31);
+    u64 h = p->h ^ code;
+    h *= 0x100000001b3ULL;
+    h ^= instr * 0x9e3779b97f4a7c15ULL;
+    p->h = h ^ (h >> 31);
+    p->st.n = n + 1;
+    return 1;
+}
+
+/* The stack id of an allocation by thread `tid` whose native stack is `sid`: `sid` itself when
+ * the thread runs no Python (or the walk finds no frame), else the id of native + Python frames. */
+static __always_inline u64 py_stack(u32 tid, u64 sid)
+{
+    u32 zero = 0;
+    struct as_pyconf *c = pyconf.lookup(&zero);
+    if (!c || !c->on || !sid)
+        return sid;
+    u64 *ts = pythreads.lookup(&tid);
+    if (!ts || !*ts)
+        return sid;
+    struct as_pywork *p = pywork.lookup(&zero);
+    if (!p)
+        return sid;
+    py_count(AS_PYCNT_WALKS, 1);
+    u64 frame = 0;
+    if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(*ts + c->tstate_frame)))
+        return sid;
+    if (c->cframe_frame >= 0 && frame && bpf_probe_read_user(&frame, sizeof(frame), (void *)(frame + c->cframe_frame)))
+        return sid;
+    p->frame = frame;
+    p->h = sid;
+    p->st.n = 0;
+    p->st.entry = 0;
+#pragma clang loop unroll(disable)
+    for (u32 k = 0; k < AS_PY_DEPTH + 8; k++) { /* + shim frames */
+        if (!py_frame(c, p))
+            break;
+    }
+    u32 n = p->st.n;
+    if (n == 0)
+        return sid;
+    py_count(AS_PYCNT_FRAMES, n);
+    u64 h = p->h;
+    h = (h ^ (h >> 33)) * 0xff51afd7ed558ccdULL;
+    if (h == 0 || h == sid)
+        h = sid ^ 1;
+    if (pystacks.lookup(&h))
+        return h;
+    struct as_stack *nat = stacks.lookup(&sid);
+    if (!nat)
+        return sid;
+    int err = stacks.insert(&h, nat);
+    if (err != 0 && err != -EEXIST) {
+        py_count(AS_PYCNT_LOST, 1);
+        return sid;
+    }
+    p->st.native = sid;
+    err = pystacks.insert(&h, &p->st);
+    if (err != 0 && err != -EEXIST) {
+        py_count(AS_PYCNT_LOST, 1);
+        return sid; /* the copy in `stacks` stays unnamed: harmless */
+    }
+    py_count(AS_PYCNT_STORED, 1);
+    return h;
+}
+
+#endif /* AS_PYTHON_H */

@@ -1,0 +1,110 @@
+"""CPython frames symbolized offline (docs/python.md): a code object's location table
+(`co_linetable`, 3.11+: CPython's Objects/locations.md) mapped to the line of an instruction,
+and the trace's `pyframes` + `pycode` tables to (function, file, line, entry) per stack.
+
+The recorder kept, per stack, each frame's code object address and instruction index (code
+units) and, per code object, its qualified name, file, first line and location table, read
+from the running process (tracer/runtimes/python.py): nothing here needs the process.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pandas as pd
+
+PY_MODULE = "python"  # the module of a Python frame (FrameInfo.module): not a file
+
+
+class PyFrame(NamedTuple):
+    function: str  # the code object's qualified name (Class.method, outer.<locals>.inner)
+    file: str
+    line: int | None
+    entry: bool  # the first frame an _PyEval_EvalFrameDefault call ran (where a C frame sits above)
+
+
+def _varint(table: bytes, i: int) -> tuple[int, int]:
+    b = table[i]
+    val, shift, i = b & 63, 6, i + 1
+    while b & 64:
+        b = table[i]
+        val |= (b & 63) << shift
+        shift += 6
+        i += 1
+    return val, i
+
+
+def _svarint(table: bytes, i: int) -> tuple[int, int]:
+    v, i = _varint(table, i)
+    return (-(v >> 1) if v & 1 else v >> 1), i
+
+
+def line_ranges(table: bytes, firstlineno: int) -> list[tuple[int, int, int | None]]:
+    """(first code unit, end code unit, line or None) of each entry of a 3.11+ location table."""
+    out: list[tuple[int, int, int | None]] = []
+    line, addr, i, n = firstlineno, 0, 0, len(table)
+    try:
+        while i < n:
+            first = table[i]
+            i += 1
+            code, length = (first >> 3) & 15, (first & 7) + 1
+            this: int | None = line
+            if code == 15:  # no location
+                this = None
+            elif code == 14:  # long form: line delta, end line, column, end column
+                delta, i = _svarint(table, i)
+                line += delta
+                this = line
+                for _ in range(3):
+                    _, i = _varint(table, i)
+            elif code == 13:  # no column
+                delta, i = _svarint(table, i)
+                line += delta
+                this = line
+            elif code >= 10:  # one line: the delta in the code, then two column bytes
+                line += code - 10
+                this = line
+                i += 2
+            else:  # short form: same line, one column byte
+                i += 1
+            out.append((addr, addr + length, this))
+            addr += length
+    except IndexError:  # a damaged table: what was read
+        pass
+    return out
+
+
+def line_at(table: bytes, firstlineno: int, lasti: int) -> int | None:
+    """The line of instruction `lasti` (code units); the first line for a frame that has not
+    started (lasti < 0)."""
+    if lasti < 0:
+        return firstlineno
+    for lo, hi, line in line_ranges(table, firstlineno):
+        if lo <= lasti < hi:
+            return line
+    return None
+
+
+def python_frames(pyframes: pd.DataFrame, pycode: pd.DataFrame) -> dict[int, list[PyFrame]]:
+    """stack id -> its Python frames, innermost first (stacks without any are left out)."""
+    if pyframes.empty:
+        return {}
+    codes: dict[int, tuple[str, str, int, bytes]] = {}
+    for code, qual, name, file, first, table in zip(
+        pycode["code"], pycode["qualname"], pycode["name"], pycode["file"], pycode["firstlineno"], pycode["linetable"]
+    ):
+        codes[int(code)] = (qual if isinstance(qual, str) and qual else name, file, int(first), bytes(table or b""))
+    lines: dict[tuple[int, int], int | None] = {}
+    out: dict[int, list[PyFrame]] = {}
+    fr = pyframes.drop_duplicates(["stack_id", "idx"]).sort_values(["stack_id", "idx"])
+    for sid, code, lasti, entry in zip(fr["stack_id"], fr["code"], fr["lasti"], fr["entry"]):
+        c = codes.get(int(code))
+        if c is None:
+            f = PyFrame(f"[python code {int(code):#x}]", "", None, bool(entry))
+        else:
+            key = (int(code), int(lasti))
+            if key not in lines:
+                lines[key] = line_at(c[3], c[2], int(lasti))
+            f = PyFrame(c[0], c[1], lines[key], bool(entry))
+        out.setdefault(int(sid), []).append(f)
+    return out

@@ -1,0 +1,67 @@
+"""A Python service whose memory is known (tests/test_python_bpf.py, docs/python.md).
+
+Prints "ready", waits for SIGUSR1 (the tracer attached), then: a worker thread ("compactor")
+keeps SEGMENTS blocks of SEGMENT bytes made at `compact_segment`; the main thread keeps
+BATCHES bytearrays of BATCH bytes made at `load_batch`, called from `handle_request`, and
+INFLATES buffers of INFLATE bytes that zlib (a C extension) made, called at `inflate`. Prints
+"done" with its own counts and keeps everything until killed. argv[1] scales the batches (the
+diff of two runs). The `# line:` comments are how the test finds the lines.
+"""
+
+import signal
+import sys
+import threading
+import zlib
+
+BATCH = 4 << 20
+BATCHES = 13 * (int(sys.argv[1]) if len(sys.argv) > 1 else 1)  # a prime count, scaled for the diff
+SEGMENT = 1 << 20
+SEGMENTS = 11
+INFLATE = 2 << 20
+INFLATES = 7
+held: list = []
+
+
+def load_batch(n):
+    return bytearray(n)  # line: load_batch
+
+
+def handle_request(i):
+    held.append(load_batch(BATCH))  # line: handle_request
+
+
+def compact_segment():
+    return b"\x01" * SEGMENT  # line: compact_segment
+
+
+def compactor(done):
+    for _ in range(SEGMENTS):
+        held.append(compact_segment())
+    done.set()
+
+
+def inflate(payload):
+    return zlib.decompress(payload)  # line: inflate
+
+
+def main():
+    go = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: go.set())
+    payload = zlib.compress(b"\x00" * INFLATE)
+    worker_go, worker_done = threading.Event(), threading.Event()
+    worker = threading.Thread(target=lambda: (worker_go.wait(), compactor(worker_done)), name="compactor")
+    worker.start()
+    print("ready", flush=True)
+    go.wait()
+    worker_go.set()
+    for i in range(BATCHES):
+        handle_request(i)
+    for _ in range(INFLATES):
+        held.append(inflate(payload))
+    worker_done.wait()
+    print(f"done batches={BATCHES * BATCH} segments={SEGMENTS * SEGMENT} inflates={INFLATES * INFLATE}", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

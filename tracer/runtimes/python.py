@@ -1,0 +1,505 @@
+"""CPython's interpreter frames in a recording (docs/python.md): the interpreter found in the
+target, its layout, the probe's maps kept current, the code objects read while the process runs.
+
+* **Which interpreter**: a `libpython3.X.so` or a `python3.X` executable in the target's maps
+  that defines `_PyRuntime`; its version from `Py_Version` (3.11+), read from the process.
+* **Its layout** (`LAYOUTS`): the offsets the frame walk (probes/python.h) and the readers here
+  need, per minor version, taken with offsetof() against each version's own internal headers
+  (pyenv's 3.11.7, 3.12.1, 3.13.0 and Debian's 3.11.2 agree within a minor version; the test
+  tests/test_python_layout.py compiles the same program and compares). 3.13 publishes its own
+  in `_Py_DebugOffsets` at the start of `_PyRuntime` (cookie ``xdebugpy``): read from there when
+  present. A version outside the table is said once; its stacks stay native.
+* **Which thread runs which PyThreadState**: walked from outside, `_PyRuntime.interpreters.head
+  -> threads.head -> next`, each tstate's `native_thread_id` (the kernel's tid), into the
+  `pythreads` map (tid -> tstate): at the attach, at every tick (a new thread is named within
+  REFRESH_S) and before each snapshot. Chosen over the thread's TLS (`_Py_tss_tstate`, 3.12+):
+  it is the same for every version (3.11 has no such TLS variable), needs no fsbase or TLS
+  offset per build, and costs the probe one hash lookup.
+* **The code objects** the frames name: read from /proc/PID/mem when a stack first names them
+  (cached by address), kept in the trace's `pycode` table (name, qualname, file, first line,
+  location table), and each stack's frames (code, instruction index) in `pyframes`: reports
+  map the index to a line offline (reports/symbolize/python.py), the process may be gone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+
+from common.elf import open_elf, segments
+
+from ..process.procfs import Mapping
+
+REFRESH_S = 0.25  # the thread walk at most this often from tick()
+MAX_THREADS = 4096  # PyThreadStates walked per interpreter
+MAX_INTERPRETERS = 64
+MAX_CODES = 1 << 16  # code objects cached
+MAX_LINETABLE = 1 << 20
+MAX_NAME = 4096
+FRAME_BYTES = 80  # what the probe reads of a frame (AS_PY_FRAME_BYTES)
+_FILE_RX = re.compile(r"(?:^|/)(?:lib)?python(\d+)\.(\d+)[a-z]*(?:\.so[.\d]*)?$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Offsets (bytes) into CPython's structures; -1 where the version has no such field."""
+
+    runtime_interpreters_head: int
+    interp_next: int
+    interp_threads_head: int
+    tstate_next: int
+    tstate_native_thread_id: int
+    tstate_current_frame: int  # -> current frame (3.13) or -> cframe (3.11, 3.12)
+    cframe_current_frame: int
+    frame_code: int
+    frame_instr: int
+    frame_previous: int
+    frame_owner: int
+    frame_is_entry: int
+    owner_cstack: int
+    code_filename: int
+    code_name: int
+    code_qualname: int
+    code_firstlineno: int
+    code_linetable: int
+    code_adaptive: int
+    bytes_size: int
+    bytes_sval: int
+    unicode_length: int
+    unicode_state: int
+    unicode_ascii_data: int  # sizeof(PyASCIIObject)
+    unicode_compact_data: int  # sizeof(PyCompactUnicodeObject)
+
+
+# offsetof() against each version's headers (Py_BUILD_CORE; tests/test_python_layout.py).
+LAYOUTS: dict[tuple[int, int], Layout] = {
+    (3, 11): Layout(
+        40, 0, 16, 8, 160, 56, 8, 32, 56, 48, 69, 68, -1, 112, 120, 128, 72, 136, 184, 16, 32, 16, 32, 48, 72
+    ),
+    (3, 12): Layout(40, 0, 72, 8, 144, 56, 0, 0, 56, 8, 70, -1, 3, 112, 120, 128, 68, 136, 192, 16, 32, 16, 32, 40, 56),
+    (3, 13): Layout(
+        632, 7264, 7344, 8, 160, 72, -1, 0, 56, 8, 70, -1, 3, 112, 120, 128, 68, 136, 200, 16, 32, 16, 32, 40, 56
+    ),
+}
+DEBUG_COOKIE = b"xdebugpy"
+# _Py_DebugOffsets (3.13), the u64 word of each field we take: 5 runtime_state.interpreters_head,
+# 8/9 interpreter_state.next/threads_head, 21 thread_state.next, 23 current_frame, 25
+# native_thread_id, 29-31 and 33 interpreter_frame previous/executable/instr_ptr/owner, 35-39
+# and 43 code_object filename/name/qualname/linetable/firstlineno/co_code_adaptive, 65/66
+# bytes_object ob_size/ob_sval, 68-70 unicode_object state/length/asciiobject_size.
+DEBUG_WORDS = 71
+_DEBUG_FIELDS = {
+    "runtime_interpreters_head": 5,
+    "interp_next": 8,
+    "interp_threads_head": 9,
+    "tstate_next": 21,
+    "tstate_current_frame": 23,
+    "tstate_native_thread_id": 25,
+    "frame_previous": 29,
+    "frame_code": 30,
+    "frame_instr": 31,
+    "frame_owner": 33,
+    "code_filename": 35,
+    "code_name": 36,
+    "code_qualname": 37,
+    "code_linetable": 38,
+    "code_firstlineno": 39,
+    "code_adaptive": 43,
+    "bytes_size": 65,
+    "bytes_sval": 66,
+    "unicode_state": 68,
+    "unicode_length": 69,
+    "unicode_ascii_data": 70,
+}
+
+
+def debug_layout(blob: bytes, version: tuple[int, int]) -> Layout | None:
+    """The layout 3.13 publishes at the start of _PyRuntime (`blob`: its first DEBUG_WORDS
+    words), None without the cookie or for another version (3.14 changed the struct)."""
+    if version != (3, 13) or len(blob) < 8 * DEBUG_WORDS or blob[:8] != DEBUG_COOKIE:
+        return None
+    words = struct.unpack_from(f"<{DEBUG_WORDS}Q", blob)
+    if words[1] >> 16 != 0x030D:  # PY_VERSION_HEX
+        return None
+    base = LAYOUTS[version]
+    got = {name: int(words[i]) for name, i in _DEBUG_FIELDS.items()}
+    got["unicode_compact_data"] = got["unicode_ascii_data"] + 16  # utf8_length, utf8
+    return replace(base, **got)
+
+
+class ProcMem:
+    """/proc/PID/mem, read at addresses (None where the process has nothing readable)."""
+
+    def __init__(self, pid: int) -> None:
+        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+
+    def read(self, addr: int, n: int) -> bytes | None:
+        if addr <= 0 or n <= 0:
+            return None
+        try:
+            b = os.pread(self.fd, n, addr)
+        except OSError:
+            return None
+        return b if len(b) == n else None
+
+    def u64(self, addr: int) -> int | None:
+        b = self.read(addr, 8)
+        return None if b is None else int.from_bytes(b, "little")
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    path: str
+    version: tuple[int, int, int]
+    runtime: int  # the address of _PyRuntime in the process
+    layout: Layout | None  # None: a version not known here
+    source: str  # "debug offsets" | "table" | ""
+
+    @property
+    def label(self) -> str:
+        return f"CPython {'.'.join(map(str, self.version))} ({os.path.basename(self.path)})"
+
+
+def _symbols(path: str, names: tuple[str, ...]) -> tuple[dict[str, int], int]:
+    """{name: st_value} of `names` in .dynsym/.symtab, and the first PT_LOAD's vaddr (page down)."""
+    opened = open_elf(path)
+    if opened is None:
+        return {}, 0
+    out: dict[str, int] = {}
+    with opened:
+        try:
+            for sec_name in (".dynsym", ".symtab"):
+                sec = opened.elf.get_section_by_name(sec_name)
+                if sec is None or not hasattr(sec, "get_symbol_by_name"):
+                    continue
+                for n in names:
+                    if n not in out:
+                        syms = sec.get_symbol_by_name(n)
+                        if syms and syms[0]["st_shndx"] != "SHN_UNDEF":
+                            out[n] = int(syms[0]["st_value"])
+            segs = segments(opened.elf)
+        except Exception:  # noqa: BLE001 - a malformed file defines nothing
+            return {}, 0
+    first = min((s.vaddr for s in segs), default=0) & ~0xFFF
+    return out, first
+
+
+def candidates(maps: list[Mapping]) -> list[Mapping]:
+    """The first mapping of each file that could be CPython (libpython3.X.so, python3.X)."""
+    seen: dict[str, Mapping] = {}
+    for m in maps:
+        if m.is_file and m.offset == 0 and _FILE_RX.search(m.path) and m.path not in seen:
+            seen[m.path] = m
+    return list(seen.values())
+
+
+def find_interpreter(mem: ProcMem, maps: list[Mapping]) -> Interpreter | None:
+    """The CPython of the process (its `_PyRuntime` found and its version read), None when none."""
+    for m in candidates(maps):
+        syms, first = _symbols(m.path, ("_PyRuntime", "Py_Version"))
+        if "_PyRuntime" not in syms:
+            continue
+        bias = m.start - first  # 0 for a fixed-address executable
+        runtime = bias + syms["_PyRuntime"]
+        hexv = None
+        if "Py_Version" in syms:
+            b = mem.read(bias + syms["Py_Version"], 4)
+            hexv = int.from_bytes(b, "little") if b else None
+        if hexv:
+            version = (hexv >> 24, (hexv >> 16) & 0xFF, (hexv >> 8) & 0xFF)
+        else:  # before 3.11 (no Py_Version): the file name
+            fm = _FILE_RX.search(m.path)
+            version = (int(fm.group(1)), int(fm.group(2)), 0) if fm else (0, 0, 0)
+        minor = version[:2]
+        blob = mem.read(runtime, 8 * DEBUG_WORDS) or b""
+        layout = debug_layout(blob, minor)  # type: ignore[arg-type]
+        if layout is not None:
+            return Interpreter(m.path, version, runtime, layout, "debug offsets")
+        if minor in LAYOUTS:
+            return Interpreter(m.path, version, runtime, LAYOUTS[minor], "table")  # type: ignore[index]
+        return Interpreter(m.path, version, runtime, None, "")
+    return None
+
+
+def thread_states(mem: ProcMem, interp: Interpreter) -> dict[int, int]:
+    """native thread id -> PyThreadState address, every interpreter's threads."""
+    lay = interp.layout
+    assert lay is not None
+    out: dict[int, int] = {}
+    head = mem.u64(interp.runtime + lay.runtime_interpreters_head)
+    seen_i = 0
+    while head and seen_i < MAX_INTERPRETERS:
+        seen_i += 1
+        ts = mem.u64(head + lay.interp_threads_head)
+        n = 0
+        while ts and n < MAX_THREADS:
+            n += 1
+            tid = mem.u64(ts + lay.tstate_native_thread_id)
+            if tid is not None and 0 < tid < 1 << 32:
+                out[int(tid)] = ts
+            ts = mem.u64(ts + lay.tstate_next)
+        head = mem.u64(head + lay.interp_next)
+    return out
+
+
+def read_unicode(mem: ProcMem, lay: Layout, addr: int) -> str | None:
+    """A str object's text (compact strings: every name and file name of a code object)."""
+    head = mem.read(addr, lay.unicode_compact_data)
+    if head is None:
+        return None
+    length = int.from_bytes(head[lay.unicode_length : lay.unicode_length + 8], "little")
+    state = int.from_bytes(head[lay.unicode_state : lay.unicode_state + 4], "little")
+    kind, compact, ascii_ = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
+    if not compact or length > MAX_NAME or kind not in (1, 2, 4):
+        return None
+    if ascii_:
+        data = mem.read(addr + lay.unicode_ascii_data, length) if length else b""
+        return None if data is None else data.decode("ascii", "replace")
+    data = mem.read(addr + lay.unicode_compact_data, length * kind) if length else b""
+    if data is None:
+        return None
+    return data.decode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind], "replace")
+
+
+def read_bytes(mem: ProcMem, lay: Layout, addr: int) -> bytes | None:
+    size = mem.u64(addr + lay.bytes_size)
+    if size is None or size > MAX_LINETABLE:
+        return None
+    return mem.read(addr + lay.bytes_sval, size) if size else b""
+
+
+@dataclass(frozen=True)
+class Code:
+    name: str
+    qualname: str
+    file: str
+    firstlineno: int
+    linetable: bytes
+
+
+def read_code(mem: ProcMem, lay: Layout, addr: int) -> Code | None:
+    """A PyCodeObject's names, file, first line and location table, None when unreadable."""
+    head = mem.read(addr, lay.code_adaptive)
+    if head is None:
+        return None
+
+    def ptr(off: int) -> int:
+        return int.from_bytes(head[off : off + 8], "little")
+
+    name = read_unicode(mem, lay, ptr(lay.code_name))
+    qualname = read_unicode(mem, lay, ptr(lay.code_qualname))
+    file = read_unicode(mem, lay, ptr(lay.code_filename))
+    table = read_bytes(mem, lay, ptr(lay.code_linetable))
+    if name is None or file is None or table is None:
+        return None
+    first = struct.unpack_from("<i", head, lay.code_firstlineno)[0]
+    return Code(name, qualname or name, file, first, table)
+
+
+def conf_values(lay: Layout) -> dict[str, int]:
+    """The fields of `struct as_pyconf` (probes/python.h) for a layout."""
+    return {
+        "on": 1,
+        "tstate_frame": lay.tstate_current_frame,
+        "cframe_frame": lay.cframe_current_frame,
+        "frame_code": lay.frame_code,
+        "frame_instr": lay.frame_instr,
+        "frame_previous": lay.frame_previous,
+        "frame_owner": lay.frame_owner,
+        "frame_is_entry": lay.frame_is_entry,
+        "owner_cstack": lay.owner_cstack,
+    }
+
+
+def _fits(lay: Layout) -> bool:
+    """Every frame field the probe reads lies in the FRAME_BYTES it reads."""
+    offs = (
+        lay.frame_code + 8,
+        lay.frame_instr + 8,
+        lay.frame_previous + 8,
+        lay.frame_owner + 1,
+        lay.frame_is_entry + 1,
+    )
+    return max(offs) <= FRAME_BYTES
+
+
+class PythonFrames:
+    """CPython's frames for one recording: `tables(name)` gives the probe's BCC tables
+    (pyconf, pythreads, pystacks); `say` prints a line once."""
+
+    def __init__(self, pid: int, tables: Callable[[str], object], say: Callable[[str], None]) -> None:
+        self.pid = pid
+        self.tables = tables
+        self.say = say
+        self.mem = ProcMem(pid)
+        self.interp: Interpreter | None = None
+        self.unknown_said = False
+        self.looked: set[str] = set()  # candidate files already looked at
+        self.tids: dict[int, int] = {}
+        self.last_refresh = 0.0
+        self.codes: dict[int, Code | None] = {}
+        self.written_codes: set[int] = set()
+        self.adaptive = 0
+
+    # --- discovery -----------------------------------------------------------------------
+
+    def update(self, maps: list[Mapping]) -> None:
+        """Look for the interpreter in `maps` (the attach, and each time the maps change until found)."""
+        if self.interp is not None:
+            return
+        fresh = [m for m in candidates(maps) if m.path not in self.looked]
+        if not fresh:
+            return
+        found = find_interpreter(self.mem, fresh)
+        self.looked.update(m.path for m in fresh)
+        if found is None:
+            return
+        if found.layout is None or not _fits(found.layout):
+            if not self.unknown_said:
+                self.unknown_said = True
+                self.say(
+                    f"python: {found.label}: its interpreter layout is not known to allocscope "
+                    f"(CPython {', '.join(f'{a}.{b}' for a, b in LAYOUTS)}); its stacks stay native"
+                )
+            return
+        self.interp = found
+        self.adaptive = found.layout.code_adaptive
+        conf = self.tables("pyconf")
+        leaf = conf.Leaf()  # type: ignore[attr-defined]
+        for k, v in conf_values(found.layout).items():
+            setattr(leaf, k, v)
+        conf[conf.Key(0)] = leaf  # type: ignore[attr-defined,index]
+        self.refresh()
+        self.say(f"python: {found.label}, layout from the {found.source}; Python frames in the stacks")
+
+    # --- threads -------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """`pythreads` made equal to the process's thread states now."""
+        if self.interp is None:
+            return
+        self.last_refresh = time.monotonic()
+        now = thread_states(self.mem, self.interp)
+        if now == self.tids:
+            return
+        t = self.tables("pythreads")
+        for tid in self.tids.keys() - now.keys():
+            try:
+                del t[t.Key(tid)]  # type: ignore[attr-defined,attr-defined]
+            except KeyError:
+                pass
+        for tid, ts in now.items():
+            if self.tids.get(tid) != ts:
+                t[t.Key(tid)] = t.Leaf(ts)  # type: ignore[attr-defined,index]
+        self.tids = now
+
+    def tick(self) -> None:
+        if self.interp is not None and time.monotonic() - self.last_refresh >= REFRESH_S:
+            self.refresh()
+
+    # --- stacks and code objects ---------------------------------------------------------
+
+    def code(self, addr: int) -> Code | None:
+        if addr not in self.codes:
+            if len(self.codes) >= MAX_CODES:
+                self.codes.clear()
+                self.written_codes.clear()
+            assert self.interp is not None and self.interp.layout is not None
+            self.codes[addr] = read_code(self.mem, self.interp.layout, addr)
+        return self.codes[addr]
+
+    def frames_of(self, ids) -> dict[int, tuple[int, list[tuple[int, int, bool]]]]:
+        """stack id -> (native id, [(code address, instruction index, entry)]) of the ids that
+        have Python frames."""
+        if self.interp is None:
+            return {}
+        t = self.tables("pystacks")
+        out = {}
+        for sid in ids:
+            try:
+                v = t[t.Key(sid)]  # type: ignore[attr-defined,index]
+            except KeyError:
+                continue
+            frames = []
+            for i in range(min(int(v.n), len(v.f))):
+                code, instr = int(v.f[i].code), int(v.f[i].instr)
+                lasti = (instr - code - self.adaptive) // 2
+                frames.append((code, lasti, bool(v.entry >> i & 1)))
+            out[int(sid)] = (int(v.native), frames)
+        return out
+
+    def columns(self, seq: int, ids) -> tuple[dict[str, list], dict[str, list]]:
+        """The `pyframes` and `pycode` columns of the stacks `ids` first seen in interval `seq`."""
+        fr: dict[str, list] = {k: [] for k in ("stack_id", "idx", "code", "lasti", "entry")}
+        co: dict[str, list] = {k: [] for k in ("seq", "code", "name", "qualname", "file", "firstlineno", "linetable")}
+        if self.interp is None:
+            return fr, co
+        self.refresh()
+        for sid, (_native, frames) in self.frames_of(ids).items():
+            for i, (code, lasti, entry) in enumerate(frames):
+                fr["stack_id"].append(sid)
+                fr["idx"].append(i)
+                fr["code"].append(code)
+                fr["lasti"].append(lasti)
+                fr["entry"].append(int(entry))
+                c = self.code(code)
+                if c is not None and code not in self.written_codes:
+                    self.written_codes.add(code)
+                    for k, v in (
+                        ("seq", seq),
+                        ("code", code),
+                        ("name", c.name),
+                        ("qualname", c.qualname),
+                        ("file", c.file),
+                        ("firstlineno", c.firstlineno),
+                        ("linetable", c.linetable),
+                    ):
+                        co[k].append(v)
+        return fr, co
+
+    def meta(self) -> dict | None:
+        """meta.json `python`: the interpreter and its layout's source, None without one."""
+        i = self.interp
+        if i is None:
+            return None
+        return {"version": ".".join(map(str, i.version)), "path": i.path, "layout": i.source}
+
+    def close(self) -> None:
+        self.mem.close()
+
+
+def layout_fields() -> list[str]:
+    return [f.name for f in fields(Layout)]
+
+
+def start_python(pid: int, probes, say: Callable[[str], None], maps: list[Mapping]) -> PythonFrames | None:
+    """The recording's CPython frames (Recorder, before the attach): None when the program has no
+    `pyconf` map (an older store) or /proc/PID/mem cannot be opened."""
+    try:
+        tables = probes.bpf
+        tables[b"pyconf"]
+        py = PythonFrames(pid, lambda name: tables[name.encode()], say)
+    except (KeyError, OSError):
+        return None
+    py.update(maps)
+    return py
+
+
+def write_parts(py: PythonFrames, writer, seq: int, ids) -> None:
+    """The `pyframes` and `pycode` parts of the stacks `ids` first written in interval `seq`."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    from common.tracefile import format as F  # noqa: PLC0415
+
+    fr, co = py.columns(seq, ids)
+    if fr["stack_id"]:
+        writer.write_part("pyframes", seq, pa.table(fr, schema=F.SCHEMAS["pyframes"]))
+    if co["code"]:
+        writer.write_part("pycode", seq, pa.table(co, schema=F.SCHEMAS["pycode"]))
