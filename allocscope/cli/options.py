@@ -208,7 +208,7 @@ def probe_options(f=None, *, interval: float = DEFAULTS.interval):
                 help="Sample inside the process: stop its threads for a few ms with ptrace, map "
                 "allocscope's agent into it and hook its allocator entry points, so that only "
                 "sampled calls (one per --sample-bytes, default 512 KiB) trap; the hooks come out "
-                "again at the end, or by themselves within 0.1 s if allocscope dies. For "
+                "again at the end, or by themselves within ~1 s if allocscope dies. For "
                 "heap-heavy daemons; --pid only. Without it nothing enters the process. README: "
                 "--inject (what it does, its cost, its risks).",
             ),
