@@ -99,9 +99,12 @@ def held_bytes(r: dict, key: str) -> int:
     return int(r.get(key) or 0)
 
 
-def estimated(r: dict) -> bool:
-    """Whether a row's bytes hold residency mode's first touches (an estimate)."""
-    return "fault" in (r.get("sources") or ()) or bool((r.get("live_by_source") or {}).get("fault"))
+def estimated(r: dict, key: str = "live_bytes") -> bool:
+    """Whether a row's `key` (live_bytes or at_peak_bytes) holds residency mode's first-touch
+    estimate (analysis/touches.py), not only exact bytes."""
+    if key == "at_peak_bytes":
+        return bool(r.get("at_peak_estimate_bytes"))
+    return bool((r.get("live_by_source") or {}).get("fault"))
 
 
 def peak_holders(doc: dict) -> tuple[list[dict], int, bool]:
@@ -155,7 +158,7 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
     key = "at_peak_bytes" if first else "live_bytes"
     parts = [
         f"{where_text(r)} held {human_bytes(held_bytes(r, key))} ({percent(held_bytes(r, key), whole)}"
-        + (", an estimate from sampled first touches" if estimated(r) else "")
+        + (", an estimate from sampled first touches" if estimated(r, key) else "")
         + ")"
         for r in named
     ]
@@ -172,7 +175,7 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
     figures = {
         "total_bytes": whole,
         "at_peak": first,
-        "estimate": any(estimated(r) for r in named),
+        "estimate": any(estimated(r, key) for r in named),
         "holders": [
             {
                 "location": r.get("location"),

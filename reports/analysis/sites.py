@@ -142,6 +142,7 @@ RANK_COLUMNS = [
     "stack",
     "stacks",
     "n_stacks",
+    "at_peak_estimate_bytes",
 ]
 
 DEVICE_SUMS = ("live_bytes", "live_count", "alloc_bytes", "alloc_count", "free_bytes", "free_count")
@@ -207,6 +208,7 @@ def rank_sites(
     """
     if sort not in SORT_KEYS:
         raise UsageError(f"unknown sort {sort!r}; choose one of {', '.join(SORT_KEYS)}")
+    trace = estimate_touches(trace)
     st = site_table(trace, stacks, progress, fold=fold)
     if st.empty:
         return pd.DataFrame(columns=RANK_COLUMNS)
@@ -220,6 +222,11 @@ def rank_sites(
     growth = growth_table(tl, elapsed_s(trace)).to_dict("index")
     ages = oldest_ages(trace, stacks, fold, by)
     at = peak_seq(trace)
+    # residency mode: how much of each row's bytes at the peak is the first-touch estimate
+    est: dict = {}
+    if at is not None and (st["source"].astype(str) == "fault").any():
+        etl = key_timeline(trace, lambda k: lookup(k) if k[2] == "fault" else None, device=False)
+        est = {key: int(etl.iloc[at - 1, i]) for i, key in enumerate(etl.columns) if key is not None}
     no_growth = {"growth_bytes_per_s": 0.0, "growth_r2": math.nan, "window_s": 0.0, "window_points": 0}
     empty = np.zeros(0, dtype="int64")
     # Every per-site figure in a few vectorized group-bys (sites number in the thousands): the
@@ -294,6 +301,7 @@ def rank_sites(
                 "stack": members[int(c)][0],
                 "stacks": members[int(c)],
                 "n_stacks": len(members[int(c)]),
+                "at_peak_estimate_bytes": est.get(site, 0),
             }
         )
     df = sort_sites(pd.DataFrame(rows), sort)
@@ -350,6 +358,7 @@ def site_dict(r, names: dict[int, str], points: list[int]) -> dict:
             {"tid": t, "name": names.get(t, "?"), "live_bytes": b, "device_live_bytes": d} for t, b, d in r.threads
         ],
         "at_peak_bytes": int(r.at_peak_bytes),
+        **({"at_peak_estimate_bytes": int(r.at_peak_estimate_bytes)} if r.at_peak_estimate_bytes else {}),
         **{c: int(getattr(r, c)) for c in DEVICE_SITE_KEYS},
         "live_by_source": dict(r.live_by_source),
     }
