@@ -1,4 +1,4 @@
-"""`watch --max-traces N` (tracer/watch/watcher.py rotate): starting a trace removes old ones so that
+"""`watch --max-traces N` (tracer/watch/traces.py rotate): starting a trace removes old ones so that
 at most N remain, the incarnations that ended well first and the killed or OOM-killed last, so a
 night's failure outlives the restarts after it; nothing but allocscope traces is ever removed. On
 trace directories made here (meta.json as the recorder writes it), no BPF."""
@@ -59,3 +59,18 @@ def test_nothing_but_traces_is_removed(tmp_path):
     _trace(tmp_path, "d-1.allocscope", 3_000, "exited")
     assert [Path(p).name for p in rotate(str(tmp_path), 1, lambda m: None)] == ["d-1.allocscope"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.allocscope", "notes.allocscope", "other"]
+
+
+def test_the_traces_being_written_are_never_rotated_out(tmp_path):
+    """Several processes followed at once: the traces other processes are writing now (`busy`,
+    not complete yet, the oldest) stay, and count toward N; the oldest finished ones go."""
+    w1 = _trace(tmp_path, "w-1.allocscope", 1_000, None)  # being written since the start
+    w2 = _trace(tmp_path, "w-2.allocscope", 1_001, None)
+    for i in range(3):
+        _trace(tmp_path, f"r-{i}.allocscope", 2_000 + i, "exited")
+    gone = rotate(str(tmp_path), 4, lambda m: None, busy=[str(w1), str(w2)])  # 5 there, the new one makes 6: 2 go
+    assert [Path(p).name for p in gone] == ["r-0.allocscope", "r-1.allocscope"]
+    assert w1.exists() and w2.exists()
+    assert rotate(str(tmp_path), 2, lambda m: None, busy=[str(w1), str(w2)]) == [str(tmp_path / "r-2.allocscope")]
+    assert rotate(str(tmp_path), 1, lambda m: None, busy=[str(w1), str(w2)]) == []  # only busy ones left
+    assert w1.exists() and w2.exists()

@@ -81,6 +81,7 @@ class Tracing:
         self.held = held
         self.stop = FollowStop(watcher.stop)
         self.recorder: Recorder | None = None
+        self.path = ""  # its trace, once named
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._thread, name=f"watch pid {self.pid}", daemon=True)
 
@@ -116,7 +117,9 @@ class Tracing:
         if w.gate is not None and w.claim(target.comm):
             w.gate.watch(target.comm)
         path = os.path.join(w.w.out_dir, trace_name(target.comm, pid, time.time()))
-        rotate(w.w.out_dir, w.w.max_traces, w.progress)
+        busy = [t.path for t in list(w.tracing.values()) if t is not self and t.path]
+        rotate(w.w.out_dir, w.w.max_traces, w.progress, busy)
+        self.path = path
         inc = Incarnation(pid, path, held)
         w.incarnations.append(inc)
         opts = replace(w.ropts, output=path, force=False)

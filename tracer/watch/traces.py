@@ -9,7 +9,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from common.tracefile import format as F
 
@@ -52,18 +52,19 @@ def ended_badly(path: str) -> bool:
     return isinstance(end, dict) and end.get("reason") in FAILED_ENDS
 
 
-def rotate(out_dir: str, max_traces: int, progress: Callable[[str], None]) -> list[str]:
+def rotate(out_dir: str, max_traces: int, progress: Callable[[str], None], busy: Iterable[str] = ()) -> list[str]:
     """Remove old traces so that a new one makes at most max_traces: the oldest of those whose
     incarnation ended well (exited, exec'd, stopped, not complete) first, then the oldest of the
     killed and OOM-killed, so that a night's failure outlives the restarts after it. Only
-    directories that are allocscope traces are ever removed. Returns what was removed."""
+    directories that are allocscope traces are ever removed, never one being written (`busy`:
+    the other processes followed now). Returns what was removed."""
     with ROTATING:
-        return _rotate(out_dir, max_traces, progress)
+        return _rotate(out_dir, max_traces, progress, {os.path.realpath(p) for p in busy})
 
 
-def _rotate(out_dir: str, max_traces: int, progress: Callable[[str], None]) -> list[str]:
-    old = traces_in(out_dir)
-    excess = max(0, len(old) - (max_traces - 1))
+def _rotate(out_dir: str, max_traces: int, progress: Callable[[str], None], busy: set[str]) -> list[str]:
+    old = [p for p in traces_in(out_dir) if os.path.realpath(p) not in busy]
+    excess = min(len(old), max(0, len(old) + len(busy) - (max_traces - 1)))
     if not excess:
         return []
     bad = {p for p in old if ended_badly(p)}
