@@ -28,7 +28,7 @@ def rss_equation(dec: dict) -> dict:
     if dec.get("live_before_attach_known") or dec.get("live_before_attach_bytes"):
         label = "heap in use (census)" if dec.get("mode") == "residency" else "live before the attach"
         terms.append(term(label, dec.get("live_before_attach_bytes") or 0))
-    if dec.get("retained_known", True):
+    if dec.get("retained_known", True) and not ("live_or_retained_bytes" in dec and not dec["retained_bytes"]):
         terms.append(term("retained by allocator", dec["retained_bytes"]))
     if dec.get("before_or_retained_bytes"):
         terms.append(term("before the attach or retained", dec["before_or_retained_bytes"]))
