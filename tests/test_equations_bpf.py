@@ -101,6 +101,11 @@ def test_xz_launched_every_split_line_adds_up(tmp_path):
     eqs = assert_equations_hold(text, 2)
     glibc = next(e for e in eqs if e.startswith("glibc") and "resident" in e)
     assert "− live not resident (allocated, never touched)" in glibc, glibc  # the dictionary's untouched part
+    page = tmp_path / "xz.html"
+    cli("report", str(out), "--format", "html", "-o", str(page), check=True)
+    split = re.findall(r'<p class="decomp">(.*?)</p>', page.read_text())
+    html_text = "\n".join(re.sub(r"<[^>]+>", "", p) for p in split)
+    assert_equations_hold(html_text, 2)  # the page says the same equations
     doc = json.loads(cli("report", str(out), "--format", "json", check=True).stdout)
     assert doc["recording"]["invariants"] == []
     g = next(a for a in doc["rss_decomposition"]["allocators"] if a["name"] == "glibc")
