@@ -219,6 +219,31 @@ def test_a_killed_recordings_unlisted_last_part_is_not_damage(tmp_path):
     assert "not in the checksum list" in t2.integrity.damaged[0].problem
 
 
+def test_an_incomplete_trace_may_lose_what_comes_after_its_last_interval(tmp_path):
+    """A power loss can take the parts of the last seconds while their lines are on disk: in an
+    incomplete trace a listed part after the last interval read is not damage (it would not be
+    read); one before it is."""
+    t = SynthTrace(tmp_path / "p.allocscope")
+    s = t.stack(["f", "main"])
+    for i in (1, 2, 3, 4):
+        t.interval({(s, 1): (100 * i, i, 0, 0)})
+    path = Path(t.close(complete=False))
+    (path / "parts" / "intervals-000004.parquet").unlink()  # the last interval's, and a site row of it
+    (path / "parts" / "sites-000004.parquet").unlink()
+    got = load_trace(path)
+    assert got.integrity.status == "verified" and got.last_seq == 3
+    (path / "parts" / "intervals-000002.parquet").unlink()
+    got = load_trace(path)
+    assert [d.part for d in got.integrity.damaged] == ["intervals-000002.parquet"]
+    meta = json.loads((path / "meta.json").read_text())  # complete: every listed part is owed
+    (path / "meta.json").write_text(json.dumps({**meta, "complete": True}))
+    assert [d.part for d in load_trace(path).integrity.damaged] == [
+        "intervals-000002.parquet",
+        "intervals-000004.parquet",
+        "sites-000004.parquet",
+    ]
+
+
 def test_watch_keep_parts_still_verify_and_a_damaged_merged_part_is_said(tmp_path):
     """watch --keep exchanges the parts directory (TraceWriter.replace_parts): the new one has
     its own list, the merged and reduced parts in it."""

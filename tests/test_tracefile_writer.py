@@ -119,7 +119,7 @@ def test_fsyncs_batched_whole_intervals_and_every_part_before_meta(tmp_path, fsy
     assert fsyncs == []
     write_interval(w, 6)  # t = 5 s: intervals 1..6 go to the fsync thread as one batch
     w._wait_batch()
-    assert fsyncs == [F.part_name(t, s) for s in range(1, 7) for t in ("sites", "intervals")] + [C.NAME, "parts/"]
+    assert fsyncs == [F.part_name(t, s) for s in range(1, 7) for t in ("sites", "intervals")] + ["parts/", C.NAME]
     assert w.syncs == 1
     fsyncs.clear()
     write_interval(w, 7)
@@ -129,8 +129,8 @@ def test_fsyncs_batched_whole_intervals_and_every_part_before_meta(tmp_path, fsy
         F.part_name("sites", 7),
         F.part_name("intervals", 7),
         F.part_name("sites", 8),
-        C.NAME,  # their checksums
         "parts/",
+        C.NAME,  # their checksums, after their renames
         ".meta.json.tmp",
         "s.allocscope/",
     ]
@@ -143,7 +143,7 @@ def test_fsyncs_batched_whole_intervals_and_every_part_before_meta(tmp_path, fsy
 def test_sync_s_zero_fsyncs_every_part_before_its_rename(tmp_path, fsyncs):
     w = TraceWriter(str(tmp_path / "z.allocscope"), sync_s=0)
     write_interval(w, 1)
-    one = [C.NAME, "parts/"]  # its line in the checksum list, then the rename
+    one = ["parts/", C.NAME]  # its rename, then its line in the checksum list
     assert fsyncs == [f".{F.part_name('sites', 1)}.tmp", *one, f".{F.part_name('intervals', 1)}.tmp", *one]
     w.close()
     assert w._pool is None  # no fsync thread

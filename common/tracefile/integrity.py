@@ -100,13 +100,20 @@ class Integrity:
         self.verified += 1
         return True
 
-    def missing(self, present: set[str]) -> None:
-        """Every listed part that is not there is missing."""
+    def missing(self, present: set[str], last: int) -> None:
+        """Every listed part that is not there is missing; in an incomplete trace only those up
+        to its last interval read (`last`): the parts after it are not read, and a power loss
+        may take them (the list is fsynced with the parts, after them)."""
         for name in sorted(self.listed or {}):
-            if name not in present:
-                parsed = parse_part_name(name)
-                table = parsed[0] if parsed else name.removesuffix(".parquet").rpartition("-")[0] or "?"
-                self.damage(name, table, "missing (the checksum list has it)")
+            if name in present:
+                continue
+            stem = name.removesuffix(".parquet")
+            parsed = parse_part_name(name)
+            table = parsed[0] if parsed else stem.rpartition("-")[0] or "?"
+            seq = stem.rpartition("-")[2]
+            if not self.complete and seq.isdigit() and int(seq) > last:
+                continue
+            self.damage(name, table, "missing (the checksum list has it)")
 
     @property
     def status(self) -> str:

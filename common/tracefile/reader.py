@@ -251,7 +251,6 @@ def _load(path: str, progress) -> Trace:
             parts[parsed[0]].append((parsed[1], n))
     meta, warnings = sanitize(meta)  # fields of the wrong type: dropped, with a warning
     integrity = Integrity.open(pdir, meta)
-    integrity.missing(set(names))
     frames: dict = {}
     held = meta.get("version", 0) >= 6  # parts may hold several intervals' rows (writer.py hold_s)
 
@@ -293,6 +292,7 @@ def _load(path: str, progress) -> Trace:
         progress(f"loading {path}")
     intervals = read("intervals", None)
     if intervals.empty or "seq" not in intervals:
+        integrity.missing(set(names), 1 << 62)  # no interval read: every listed part not there is missing
         bad = [d for d in integrity.damaged if d.table == "intervals"]
         if bad:
             more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
@@ -300,6 +300,7 @@ def _load(path: str, progress) -> Trace:
         raise TraceFileError(f"{path} has no finished interval (the recording stopped before its first snapshot)")
     intervals = intervals.sort_values("seq").reset_index(drop=True)
     last = int(intervals["seq"].max())
+    integrity.missing(set(names), last)
     for table in F.SCHEMAS:
         frames[table] = read(table, last)
     for seq, n in sorted(parts.get(F.SYMBOLS, [])):  # read apart (reports/symbolize/embedded.py)

@@ -137,10 +137,10 @@ class TraceWriter:
                 os.unlink(tmp, dir_fd=dirfd)
                 return 0
             os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-            if part:
-                self._list(name, size, crc or 0, sync)
             if sync:
                 os.fsync(dirfd)
+            if part:  # listed after its rename (and, with sync, after the rename is on disk)
+                self._list(name, size, crc or 0, sync)
         except OSError as e:  # pyarrow's ArrowIOError is an OSError too
             try:
                 os.unlink(tmp, dir_fd=dirfd)
@@ -293,10 +293,10 @@ class TraceWriter:
                 raise self._fail(name, e) from None
             finally:
                 os.close(fd)
-        try:
+        try:  # the renames before the list: a power loss never leaves a line of a part not renamed
+            os.fsync(self._partsfd)
             if self._sumsfd >= 0:
                 os.fsync(self._sumsfd)
-            os.fsync(self._partsfd)
         except OSError as e:
             raise self._fail(F.PARTS, e) from None
         self.syncs += 1
