@@ -55,11 +55,12 @@ def oom_words(oom: dict) -> str:
 
 class FollowStop(StopRequest):
     """One recording's stop under the watch: the watch's own (a signal stops every recording), or
-    this one's; `finalizing` is this recording's, so another's end never silences a signal's word."""
+    this one's; `finalizing` is this recording's, told to the watch's (its signal handler's word)."""
 
     def __init__(self, watch: StopRequest) -> None:
         self.watch = watch
         self.own: str | None = None
+        self._finalizing = False
         super().__init__(watch.quiet)
 
     @property  # type: ignore[override]
@@ -69,6 +70,17 @@ class FollowStop(StopRequest):
     @reason.setter
     def reason(self, value: str | None) -> None:
         self.own = value
+
+    @property  # type: ignore[override]
+    def finalizing(self) -> bool:
+        return self._finalizing
+
+    @finalizing.setter
+    def finalizing(self, value: bool) -> None:
+        """A second signal while a trace is being finished gets the watch's word."""
+        self._finalizing = value
+        if value:
+            self.watch.finalizing = True
 
 
 class Tracing:
