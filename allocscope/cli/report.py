@@ -61,7 +61,13 @@ from .output import emit, progress
 @fold_option
 @source_option
 @allow_damaged_option
-def report(trace, fmt, output, top, sort, metric, at, by, fold, sources, allow_damaged):
+@click.option(
+    "--no-python",
+    "no_python",
+    is_flag=True,
+    help="Leave CPython's frames out: rank by the native place (docs/python.md).",
+)
+def report(trace, fmt, output, top, sort, metric, at, by, fold, sources, allow_damaged, no_python):
     """Outstanding bytes by location (the place in the code that asked for memory) and by
     thread, totals and losses, from TRACE.
 
@@ -131,7 +137,7 @@ def report(trace, fmt, output, top, sort, metric, at, by, fold, sources, allow_d
         emit(to_folded(t, metric=metric, fold=folding, at_seq=at_seq), output)
         refuse([t], allow_damaged)
         return
-    stacks = symbolize_stacks(t, say)
+    stacks = symbolize_stacks(t, say, python=not no_python)
     rep = build_report(t, sort=sort, stacks=stacks, fold=folding, by=by)
     if wanted:
         rep["source_filter"] = wanted

@@ -1,6 +1,6 @@
 """A Python service whose memory is known (tests/test_python_bpf.py, docs/python.md).
 
-Prints "ready", waits for SIGUSR1 (the tracer attached), then: a worker thread ("compactor")
+Prints "ready", waits for SIGUSR1 (the tracer attached), warms up (transient), then: a worker thread ("compactor")
 keeps SEGMENTS blocks of SEGMENT bytes made at `compact_segment`; the main thread keeps
 BATCHES bytearrays of BATCH bytes made at `load_batch`, called from `handle_request`, and
 INFLATES buffers of INFLATE bytes that zlib (a C extension) made, called at `inflate`. Prints
@@ -44,6 +44,18 @@ def inflate(payload):
     return zlib.decompress(payload)  # line: inflate
 
 
+def warm_up(payload, seconds=1.5):
+    """Transient work (all freed) while the tracer builds the unwind tables of libpython and zlib
+    the first stacks cross: the held allocations after it have whole native stacks."""
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        zlib.decompress(payload)
+        bytearray(1 << 16)
+        time.sleep(0.01)
+
+
 def main():
     go = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: go.set())
@@ -53,6 +65,7 @@ def main():
     worker.start()
     print("ready", flush=True)
     go.wait()
+    warm_up(payload)
     worker_go.set()
     for i in range(BATCHES):
         handle_request(i)

@@ -1,0 +1,144 @@
+"""CPython frames in the stacks (issue 51, docs/python.md): a running Python program attached with
+`record --pid` under 3.11, 3.12 and 3.13, its allocations named by the Python lines that made
+them. One recording per interpreter, every assertion on it; a second 3.12 run for the diff.
+
+The target (tests/targets/python/app.py) keeps 13 bytearrays of 4 MiB made at `load_batch`
+(called from `handle_request`, main thread), 11 blocks of 1 MiB made at `compact_segment` (the
+"compactor" thread) and 7 buffers of 2 MiB that zlib's C code made for `inflate`; it prints its
+own byte counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT, bpf_problem, cli, need, record_attached, report_json, stop_tracer, unavailable
+
+APP = ROOT / "tests" / "targets" / "python" / "app.py"
+PYENV = Path.home() / ".pyenv" / "versions"
+INTERPRETERS = {"3.11": "3.11.7/bin/python3.11", "3.12": "3.12.1/bin/python3.12", "3.13": "3.13.0/bin/python3.13"}
+
+pytestmark = pytest.mark.skipif(bool(bpf_problem()), reason=bpf_problem() or "")
+
+
+def lines_of(path: Path) -> dict[str, int]:
+    """The `# line: NAME` markers of the target: NAME -> line number."""
+    out = {}
+    for i, text in enumerate(path.read_text().splitlines(), 1):
+        m = re.search(r"# line: (\w+)", text)
+        if m:
+            out[m.group(1)] = i
+    return out
+
+
+LINES = lines_of(APP)
+
+
+def interpreter(version: str) -> str:
+    return need([str(PYENV / INTERPRETERS[version])], f"CPython {version} (pyenv)")
+
+
+def record_app(procs, tracers, py: str, out: Path, scale: int = 1) -> dict[str, int]:
+    """Record the app under `py` into `out`; its own counts from its `done` line."""
+    tgt = procs(py, "-u", APP, scale)
+    tgt.expect("ready")
+    tr = record_attached(tracers, tgt.pid, out, "--interval", "0.5")
+    tgt.signal(signal.SIGUSR1)
+    done = tgt.expect("done", timeout=90)
+    stop_tracer(tr, 0.6)
+    err = tr.stderr.read()
+    assert "Python frames in the stacks" in err, err
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", done)}
+
+
+def location(rep: dict, function: str) -> dict:
+    found = [loc for loc in rep["locations"] if loc["function"] == function and loc["module"] == "python"]
+    assert len(found) == 1, [(loc["function"], loc["module"], loc["file"]) for loc in rep["locations"][:12]]
+    return found[0]
+
+
+@pytest.mark.parametrize("version", sorted(INTERPRETERS))
+def test_python_lines_name_the_memory(version, procs, tracers, tmp_path):
+    py = interpreter(version)
+    out = tmp_path / "t"
+    own = record_app(procs, tracers, py, out)
+    rep = report_json(out)
+    app = str(APP)
+
+    # main thread: load_batch's line, reached from handle_request, the program's own count
+    lb = location(rep, "load_batch")
+    assert (lb["file"], lb["frames"][0]["line"]) == (app, LINES["load_batch"])
+    assert abs(lb["live_bytes"] - own["batches"]) <= 0.05 * own["batches"], (lb["live_bytes"], own)
+    assert lb["live_count"] == 13
+    caller = lb["frames"][1]
+    assert (caller["function"], caller["module"], caller["line"]) == (
+        "handle_request",
+        "python",
+        LINES["handle_request"],
+    )
+    natives = [f["function"] for f in lb["full_frames"] if f["module"] != "python"]
+    assert "_PyEval_EvalFrameDefault" not in natives  # replaced by the Python frames it ran
+
+    # worker thread: compact_segment, in the "compactor" thread
+    cs = location(rep, "compact_segment")
+    assert (cs["file"], cs["frames"][0]["line"]) == (app, LINES["compact_segment"])
+    assert abs(cs["live_bytes"] - own["segments"]) <= 0.05 * own["segments"], (cs["live_bytes"], own)
+    assert [t["name"] for t in cs["threads"]] == ["compactor"], cs["threads"]
+    assert cs["frames"][1]["function"] == "compactor"
+
+    # a C extension (zlib) named by the Python line that called it, its own frames under it
+    inf = location(rep, "inflate")
+    assert inf["frames"][0]["line"] == LINES["inflate"]
+    assert abs(inf["live_bytes"] - own["inflates"]) <= 0.05 * own["inflates"], (inf["live_bytes"], own)
+    zsites = [s for s in rep["sites"] if s["location"]["function"] == "inflate"]
+    assert any(any(f["function"].startswith("zlib_decompress") for f in s["full_frames"]) for s in zsites), [
+        [f["function"] for f in s["full_frames"]] for s in zsites
+    ]
+
+    # --no-python: the native places as before, no Python frame anywhere
+    native = json.loads(cli("report", str(out), "--format", "json", "--no-python", check=True).stdout)
+    assert all(loc["module"] != "python" for loc in native["locations"])
+    assert not any(f["module"] == "python" for s in native["sites"] for f in s["full_frames"])
+
+
+def test_python_diff_by_line(procs, tracers, tmp_path):
+    """Two runs of the 3.12 app, 13 and 26 batches: the diff's growth is load_batch's line."""
+    py = interpreter("3.12")
+    a, b = tmp_path / "a", tmp_path / "b"
+    record_app(procs, tracers, py, a, 1)
+    own = record_app(procs, tracers, py, b, 2)
+    d = json.loads(cli("diff", str(a), str(b), "--format", "json", check=True).stdout)
+    rows = [r for r in d["locations"] if r["function"] == "load_batch"]
+    assert len(rows) == 1, [r.get("function") for r in d["locations"][:10]]
+    delta = rows[0]["delta_live_bytes"]
+    assert abs(delta - own["batches"] / 2) <= 0.05 * own["batches"] / 2, (delta, own)
+    assert d["locations"][0]["function"] == "load_batch"  # the largest change
+
+
+def test_no_python_changes_nothing_for_native_targets():
+    """A program without CPython: the runtime finds nothing (no pyconf set, no thread walked)."""
+    from tracer.process.procfs import read_maps
+    from tracer.runtimes.python import ProcMem, candidates, find_interpreter
+
+    maps = read_maps(os.getpid())  # pytest itself is Python: the candidates are found...
+    assert candidates(maps)
+    sleeper = Path("/bin/sleep")
+    if not sleeper.exists():
+        unavailable("/bin/sleep")
+    import subprocess
+
+    p = subprocess.Popen([str(sleeper), "30"])
+    try:
+        mem = ProcMem(p.pid)
+        try:
+            assert find_interpreter(mem, read_maps(p.pid)) is None  # ...and none in a native program
+        finally:
+            mem.close()
+    finally:
+        p.kill()
+        p.wait()
