@@ -96,6 +96,15 @@ def few_arenas(n: int = 2) -> None:
     "that were killed or OOM-killed last (only allocscope traces are removed).",
 )
 @click.option(
+    "--max-processes",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    metavar="N",
+    help="Processes recorded at once (each matching process is its own recording); one more matching "
+    "waits until one of them ends (said in a line).",
+)
+@click.option(
     "--when-rss",
     metavar="SIZE",
     help="When the target's RSS passes SIZE (2G, 512MiB), keep the composition at that moment as a named "
@@ -150,6 +159,7 @@ def watch(
     out_dir,
     keep,
     max_traces,
+    max_processes,
     when_rss,
     on_trigger,
     on_end,
@@ -220,6 +230,7 @@ def watch(
         pid=pid,
         keep_s=keep_s,
         max_traces=max_traces,
+        max_processes=max_processes,
         when_rss=rss,
         on_trigger=on_trigger,
         on_end=on_end,

@@ -54,6 +54,7 @@ class WatchOptions:
     pid: int | None = None  # --pid: that process, then what runs its command line
     keep_s: float | None = None  # --keep: seconds of interval history kept per trace (None: all)
     max_traces: int = 20  # --max-traces: traces kept in out_dir (the oldest removed first)
+    max_processes: int = 32  # --max-processes: processes recorded at once (more wait for room)
     when_rss: int | None = None  # --when-rss: bytes
     on_trigger: str | None = None  # --on-trigger: a shell command run when a trigger fires
     on_end: str | None = None  # --on-end: a shell command run when a trace is complete
@@ -102,6 +103,7 @@ class Watcher:
         self.pending: queue.Queue[tuple[int, bool]] = queue.Queue()  # (pid, held at its exec)
         self.seen: set[tuple[int, int]] = set()  # (pid, start time) traced or let go
         self.tracing: dict[tuple[int, int], Tracing] = {}  # the incarnations being recorded now
+        self.waiting: set[tuple[int, int]] = set()  # matching beyond --max-processes (said once)
         self.gate: ExecGate | None = None
         self.claims = NameClaims()  # the program names the gate holds, one watch each per box
         self.claiming = threading.Lock()  # recordings' threads claim their comm as they start
@@ -301,6 +303,16 @@ class Watcher:
                 self.gate.release(pid)
             if key is None:
                 self.progress(f"pid {pid} ended {'while held at its exec, ' if held else ''}before it could be traced")
+            return
+        if sum(not t.done.is_set() for t in self.tracing.values()) >= self.w.max_processes:
+            if held and self.gate is not None:
+                self.gate.release(pid)  # not seen: found again by a look at /proc once there is room
+            if key not in self.waiting:
+                self.waiting.add(key)
+                self.progress(
+                    f"pid {pid} matches but {self.w.max_processes} processes are recorded already "
+                    "(--max-processes): traced once one of them ends"
+                )
             return
         self.seen.add(key)
         t = self.tracing[key] = Tracing(self, key, held)
