@@ -20,94 +20,17 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from common import allocators as registry
+from common.allocators import FREES, STANDARD, Family
 from common.elf import STT_NOTYPE, is_static, open_elf, query_functions, read_symbols, segments, vaddr_to_offset
 
 from ..process.procfs import Mapping
 
-# The standard C allocation API (glibc, jemalloc, tcmalloc and mimalloc overrides, static and
-# custom allocators): symbol -> BPF entry program. All share the return program `alloc_return`
-# except the frees (entry only).
-STANDARD = {
-    "malloc": "malloc_enter",
-    "calloc": "calloc_enter",
-    "realloc": "realloc_enter",
-    "reallocarray": "reallocarray_enter",
-    "posix_memalign": "posix_memalign_enter",
-    "aligned_alloc": "aligned_alloc_enter",
-    "memalign": "memalign_enter",
-    "valloc": "valloc_enter",
-    "pvalloc": "pvalloc_enter",
-    "malloc_trim": "malloc_trim_enter",
-    "free": "free_enter",
-}
-FREES = {"free_enter"}
-# jemalloc's own API, prefixed or not (je_*, _rjem_*: tikv-jemallocator / jemalloc-sys)
-JEMALLOC = {"mallocx": "malloc_enter", "rallocx": "realloc_enter", "sdallocx": "free_enter", "dallocx": "free_enter"}
-# gperftools' tcmalloc (full and minimal): tc_* beside its malloc/free overrides
-TCMALLOC = {
-    "tc_malloc": "malloc_enter",
-    "tc_malloc_skip_new_handler": "malloc_enter",
-    "tc_calloc": "calloc_enter",
-    "tc_realloc": "realloc_enter",
-    "tc_free": "free_enter",
-    "tc_free_sized": "free_enter",
-    "tc_memalign": "memalign_enter",
-    "tc_posix_memalign": "posix_memalign_enter",
-    "tc_valloc": "valloc_enter",
-    "tc_pvalloc": "pvalloc_enter",
-    "tc_new": "malloc_enter",
-    "tc_newarray": "malloc_enter",
-    "tc_new_nothrow": "malloc_enter",
-    "tc_newarray_nothrow": "malloc_enter",
-    "tc_delete": "free_enter",
-    "tc_deletearray": "free_enter",
-    "tc_delete_sized": "free_enter",
-    "tc_deletearray_sized": "free_enter",
-}
-# mimalloc's own API beside its overrides
-MIMALLOC = {
-    "mi_malloc": "malloc_enter",
-    "mi_zalloc": "malloc_enter",
-    "mi_calloc": "calloc_enter",
-    "mi_mallocn": "calloc_enter",
-    "mi_realloc": "realloc_enter",
-    "mi_reallocn": "reallocarray_enter",
-    "mi_reallocarray": "reallocarray_enter",
-    "mi_malloc_aligned": "malloc_enter",
-    "mi_zalloc_aligned": "malloc_enter",
-    "mi_realloc_aligned": "realloc_enter",
-    "mi_posix_memalign": "posix_memalign_enter",
-    "mi_aligned_alloc": "aligned_alloc_enter",
-    "mi_memalign": "memalign_enter",
-    "mi_valloc": "valloc_enter",
-    "mi_pvalloc": "pvalloc_enter",
-    "mi_new": "malloc_enter",
-    "mi_free": "free_enter",
-    "mi_free_size": "free_enter",
-    "mi_free_aligned": "free_enter",
-    "mi_free_size_aligned": "free_enter",
-}
-# Each allocator's purge calls: probed like malloc_trim (the drop of anon RSS across the call is
-# what they released; the event names the allocator by its source). jemalloc's mallctl: the probe
-# reads the name and reports only purges (probes/heap.h mallctl_purges), not statistics reads.
-PURGES = {
-    "jemalloc": {"mallctl": "mallctl_enter"},
-    "tcmalloc": {
-        "MallocExtension_ReleaseFreeMemory": "malloc_trim_enter",
-        "MallocExtension_ReleaseToSystem": "malloc_trim_enter",
-    },
-    "mimalloc": {"mi_collect": "malloc_trim_enter"},
-}
+# Every family's facts (library and symbol patterns, entry points -> probes, purge calls) are in
+# common/allocators/, one module per family (its registry: the list discovery loops over).
+__all__ = ["FREES", "STANDARD"]
 # What each probe program reads, to place it (tracer/allocators/placement.py).
 ENTRY_PROGRAMS = sorted(set(STANDARD.values()))
-
-KNOWN_LIBRARIES = [
-    ("libjemalloc", "jemalloc"),
-    ("libtcmalloc", "tcmalloc"),
-    ("libmimalloc", "mimalloc"),
-    ("libc.so", "glibc"),
-    ("libc-", "glibc"),
-]
 
 
 @dataclass
@@ -115,7 +38,7 @@ class Allocator:
     """One allocator in one module: the entry points the probes take there."""
 
     path: str  # the ELF file
-    kind: str  # glibc | jemalloc | tcmalloc | mimalloc | static | custom
+    kind: str  # a family's name (common/allocators: glibc, jemalloc, ...) | static | custom
     prefix: str = ""  # jemalloc's symbol prefix (je_, _rjem_), '' for the standard names
     entries: dict[str, str] = field(default_factory=dict)  # symbol -> BPF entry program
     offsets: dict[str, int] = field(default_factory=dict)  # symbol -> file offset
@@ -164,14 +87,15 @@ def module_symbols(path: str) -> ModuleSymbols | None:
         return None
 
 
-# The names the allocator scan asks about, and the endings of the prefixed ones (PREFIXmallocx, ...)
-SCAN_NAMES = frozenset({*STANDARD, *JEMALLOC, *TCMALLOC, *MIMALLOC, *(n for t in PURGES.values() for n in t)})
-SCAN_SUFFIXES = tuple(sorted({*STANDARD, *JEMALLOC, *PURGES["jemalloc"]}))
+# The names the allocator scan asks about, and the endings of the prefixed ones (PREFIXmallocx, ...),
+# of the families registered at import (scan_symbols asks the registry as it is at each call).
+SCAN_NAMES = registry.scan_names()
+SCAN_SUFFIXES = registry.scan_suffixes()
 
 
 @lru_cache(maxsize=256)
-def _scan_symbols(path: str, mtime_ns: int) -> ModuleSymbols | None:
-    q = query_functions(path, SCAN_NAMES, SCAN_SUFFIXES)
+def _scan_symbols(path: str, mtime_ns: int, names: frozenset[str], suffixes: tuple[str, ...]) -> ModuleSymbols | None:
+    q = query_functions(path, names, suffixes)
     return None if q is None else ModuleSymbols(frozenset(q.functions), q.functions, q.static)
 
 
@@ -181,13 +105,18 @@ def scan_symbols(path: str) -> ModuleSymbols | None:
     read vectorised (common.elf.query_functions) — milliseconds for a C++ library with hundreds
     of thousands of symbols, where module_symbols takes seconds."""
     try:
-        return _scan_symbols(path, os.stat(path).st_mtime_ns)
+        return _scan_symbols(path, os.stat(path).st_mtime_ns, registry.scan_names(), registry.scan_suffixes())
     except OSError:
         return None
 
 
 def _entries(syms: ModuleSymbols, table: dict[str, str], prefix: str = "") -> dict[str, str]:
     return {prefix + name: prog for name, prog in table.items() if prefix + name in syms.names}
+
+
+def _family_entries(syms: ModuleSymbols, f: Family, prefix: str = "") -> dict[str, str]:
+    """The family's own entry points and purge calls `syms` defines."""
+    return {**_entries(syms, f.entries, prefix), **_entries(syms, f.purges, prefix)}
 
 
 ALLOCATORS_FACT = "allocators-2"  # tracer/allocators/facts.py kind; bump when allocators_in's answer changes
@@ -199,7 +128,8 @@ def allocators_in(path: str, is_exe: bool) -> list[Allocator]:
     between runs (tracer/allocators/facts.py)."""
     from . import facts as filecache  # noqa: PLC0415
 
-    cached = filecache.get(ALLOCATORS_FACT, path, str(is_exe))
+    extra = f"{is_exe}|{registry.fingerprint()}"  # a family added or changed: scan again
+    cached = filecache.get(ALLOCATORS_FACT, path, extra)
     if isinstance(cached, list):
         try:
             return [Allocator(path=path, **a) for a in cached]
@@ -213,7 +143,7 @@ def allocators_in(path: str, is_exe: bool) -> list[Allocator]:
             {"kind": a.kind, "prefix": a.prefix, "entries": a.entries, "offsets": a.offsets, "sizes": a.sizes}
             for a in found
         ],
-        str(is_exe),
+        extra,
     )
     return found
 
@@ -229,44 +159,36 @@ def scan_allocators(path: str, is_exe: bool, syms: ModuleSymbols | None = None) 
     found: list[Allocator] = []
     std = _entries(syms, STANDARD)
     has_std = "malloc" in std and "free" in std
-    if "tc_malloc" in syms.names:
-        found.append(
-            Allocator(
-                path, "tcmalloc", entries={**std, **_entries(syms, TCMALLOC), **_entries(syms, PURGES["tcmalloc"])}
-            )
-        )
-    elif "mi_malloc" in syms.names:
-        found.append(
-            Allocator(
-                path, "mimalloc", entries={**std, **_entries(syms, MIMALLOC), **_entries(syms, PURGES["mimalloc"])}
-            )
-        )
-    elif has_std and "mallocx" in syms.names:
-        found.append(
-            Allocator(
-                path, "jemalloc", entries={**std, **_entries(syms, JEMALLOC), **_entries(syms, PURGES["jemalloc"])}
-            )
-        )
+    # a module of the standard API is the family whose marker it defines (the markers that need
+    # no standard API beside them first: tcmalloc's tc_malloc, mimalloc's mi_malloc, then
+    # jemalloc's mallocx beside malloc and free), else its library's family, else static or custom
+    fam = next(
+        (
+            f
+            for f in sorted(registry.families(), key=lambda f: f.marker_needs_standard)
+            if f.marker and f.marker in syms.names and (has_std or not f.marker_needs_standard)
+        ),
+        None,
+    )
+    if fam is not None:
+        found.append(Allocator(path, fam.name, entries={**std, **_family_entries(syms, fam)}))
     elif has_std:
-        kind = next((k for pre, k in KNOWN_LIBRARIES if base.startswith(pre)), None)
-        if kind is None:
-            kind = ("static" if syms.static else "custom") if is_exe else "custom"
-        found.append(Allocator(path, kind, entries=std))
-    # prefixed jemalloc: PREFIXmallocx beside PREFIXmalloc (or PREFIXrallocx) and a free, plain
-    # or sized (je_, _rjem_, ...). A Rust global allocator calling only the *allocx family (mallocx,
-    # rallocx, sdallocx) lets the linker drop PREFIXmalloc and PREFIXfree: mallocx with a free of
-    # either kind is enough.
-    for name in sorted(syms.names):
-        if name.endswith("mallocx") and name != "mallocx":
-            prefix = name[: -len("mallocx")]
-            frees = prefix + "free" in syms.names or prefix + "sdallocx" in syms.names
-            if (prefix + "malloc" in syms.names or prefix + "rallocx" in syms.names) and frees:
-                entries = {
-                    **_entries(syms, STANDARD, prefix),
-                    **_entries(syms, JEMALLOC, prefix),
-                    **_entries(syms, PURGES["jemalloc"], prefix),
-                }
-                found.append(Allocator(path, "jemalloc", prefix=prefix, entries=entries))
+        lib = registry.library_family(base)
+        kind = lib.name if lib is not None else ("static" if syms.static and is_exe else "custom")
+        found.append(Allocator(path, kind, entries={**std, **(_family_entries(syms, lib) if lib else {})}))
+    # prefixed builds (jemalloc's je_, Rust's _rjem_): PREFIX + marker beside an allocation and a
+    # free of the family's, plain or sized
+    for f in registry.families():
+        if not f.prefix_marker:
+            continue
+        for name in sorted(syms.names):
+            if name.endswith(f.prefix_marker) and name != f.prefix_marker:
+                prefix = name[: -len(f.prefix_marker)]
+                allocs = any(prefix + n in syms.names for n in f.prefix_allocs)
+                frees = any(prefix + n in syms.names for n in f.prefix_frees)
+                if allocs and frees:
+                    entries = {**_entries(syms, STANDARD, prefix), **_family_entries(syms, f, prefix)}
+                    found.append(Allocator(path, f.name, prefix=prefix, entries=entries))
     for a in found:
         a.offsets = {s: syms.functions[s][0] for s in a.entries}
         a.sizes = {s: syms.functions[s][1] for s in a.entries}
@@ -307,7 +229,7 @@ def find_allocators(exe_path: str, maps: list[Mapping]) -> list[Allocator]:
         found += allocators_in(path, os.path.realpath(path) == exe_real)
     if not found:
         return []
-    order = {k: i for i, (_p, k) in enumerate(KNOWN_LIBRARIES)}
+    order = {f.name: i for i, f in enumerate(registry.families())}
 
     def rank(a: Allocator) -> tuple:
         is_exe = os.path.realpath(a.path) == exe_real

@@ -2,8 +2,8 @@
 
 The agent hooks only the allocation calls and the frees (tracer/inject/injection.py HOOKS). A
 purge call — malloc_trim, jemalloc's mallctl, MallocExtension_ReleaseFreeMemory/ReleaseToSystem,
-mi_collect: the probe programs `malloc_trim_enter` and `mallctl_enter` (tracer/allocators/discovery.py
-PURGES; mallctl only when its name asks a purge, probes/heap.h mallctl_purges) — is rare and
+mi_collect: the probe programs `malloc_trim_enter` and `mallctl_enter` (each family's `purges` in
+common/allocators/; mallctl only when its name asks a purge, probes/heap.h mallctl_purges) — is rare and
 measured one by one (the anonymous RSS dropped across it, its duration: the `purges` table,
 `waits.freeing.purges`, the per-allocator releases), so it is probed the out-of-process way, entry
 and return, as without --inject. Without these probes an injected recording had no purge at all,
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-PURGE_PROGRAMS = ("malloc_trim_enter", "mallctl_enter")
+from common.allocators import PURGE_PROGRAMS
+
+__all__ = ["NOT_HOOKED", "PURGE_PROGRAMS", "purge_plans"]
 NOT_HOOKED = "a purge call: keeps its uprobe (each call traps)"
 
 

@@ -14,12 +14,15 @@ traced region or a glibc heap, and gives each range to an allocator:
   `[heap]` is tcmalloc's where tcmalloc serves malloc (it grows the break with sbrk);
 * any other range: the allocator other than glibc (the one serving malloc first when several).
 
+What a family's retained memory is, whether the break is its where it serves malloc (`owns_brk`)
+and where it alone maps (`segment_area`) are facts of its module in common/allocators/.
+
 Residency is read with ioctl(PAGEMAP_SCAN) (runs of present pages, exact) where the kernel has it,
 else from /proc/PID/pagemap within the page budget. Live bytes per allocator are its sites' live
 bytes (source `heap` for the one serving malloc, `heap:KIND[:PREFIX]` for the others). Memory an
 allocator mapped before the attach is not in the LRU; mimalloc's is found by its shape
-(`mimalloc_ranges`: its segments are mapped at 32 MiB-aligned hint addresses between 2 and 30
-TiB, where nothing else maps), so pages a burst after the attach touches in segments reserved
+(its family's `segment_area`, `area_ranges`: its segments are mapped at 32 MiB-aligned hint
+addresses between 2 and 30 TiB, where nothing else maps), so pages a burst after the attach touches in segments reserved
 before it count as mimalloc's, not other anonymous memory. Other allocators' memory from before
 the attach stays other anonymous memory.
 """
@@ -31,6 +34,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from common import allocators as registry
+
 from ..process import procfs
 from .arenas import Heap, find_heaps, merge_ranges, resident_meter
 
@@ -38,7 +43,7 @@ from .arenas import Heap, find_heaps, merge_ranges, resident_meter
 @dataclass
 class Owner:
     source: str  # "heap" or "heap:KIND[:PREFIX]"
-    kind: str  # glibc | jemalloc | tcmalloc | mimalloc | static | custom
+    kind: str  # a family's name (common/allocators) | static | custom
     label: str  # KIND[:PREFIX]
     serves_malloc: bool
 
@@ -62,20 +67,11 @@ def subtract_ranges(ranges: list[tuple[int, int]], cuts: list[tuple[int, int]]) 
     return out
 
 
-# mimalloc 2.x (os.c `_mi_os_get_aligned_hint`): segments of up to 1 GiB are mapped at hint
-# addresses from 2 TiB, wrapping after 30 TiB (above 32 TiB: its huge OS pages), aligned to the
-# segment size (32 MiB).
-MI_HINT_BASE, MI_HINT_MAX = 2 << 40, 30 << 40
-
-
-def mimalloc_ranges(maps: list[procfs.Mapping]) -> list[tuple[int, int]]:
-    """The read-write anonymous mappings of mimalloc's segment area ([2 TiB, 30 TiB)): its
-    segments, whenever they were mapped (before the attach too); nothing else maps there unless
-    it asks for those addresses."""
+def area_ranges(maps: list[procfs.Mapping], area: tuple[int, int]) -> list[tuple[int, int]]:
+    """The read-write anonymous mappings starting in `area` [lo, hi) (a family's `segment_area`)."""
+    lo, hi = area
     return merge_ranges(
-        (m.start, m.end)
-        for m in maps
-        if m.is_anonymous and m.perms.startswith("rw") and MI_HINT_BASE <= m.start < MI_HINT_MAX
+        (m.start, m.end) for m in maps if m.is_anonymous and m.perms.startswith("rw") and lo <= m.start < hi
     )
 
 
@@ -171,7 +167,8 @@ class AllocatorMeter:
         heaps: list[Heap] = find_heaps(self.pid, maps)
         glibc, other = self._glibc(), self._other()
         brk_owner = glibc
-        if other is not None and other.kind == "tcmalloc" and other.serves_malloc:
+        fam = registry.family(other.kind) if other is not None else None
+        if other is not None and fam is not None and fam.owns_brk and other.serves_malloc:
             brk_owner = other
         cuts = merge_ranges([(h.start, h.reserved_end) for h in heaps] + list(regions))
         per: dict[str, list[tuple[int, int]]] = {o.source: [] for o in self.owners}
@@ -180,11 +177,12 @@ class AllocatorMeter:
             if owner is not None:
                 per[owner.source].append((h.start, h.end))
         ranges = subtract_ranges(intersect_ranges(merge_ranges(self.known.items()), anon), cuts)
-        mi = next((o for o in self.owners if o.kind == "mimalloc"), None)
-        if mi is not None:  # its segments by their shape, those from before the attach too
-            seg = subtract_ranges(mimalloc_ranges(maps), cuts)
-            per[mi.source] += seg
-            ranges = subtract_ranges(ranges, seg)
+        for o in self.owners:  # mimalloc: its segments by their shape, those from before the attach too
+            area = f.segment_area if (f := registry.family(o.kind)) is not None else None
+            if area is not None:
+                seg = subtract_ranges(area_ranges(maps, area), cuts)
+                per[o.source] += seg
+                ranges = subtract_ranges(ranges, seg)
         if ranges:
             fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY) if glibc is not None and other is not None else -1
             try:
@@ -246,14 +244,17 @@ def read_cstring(pid: int, addr: int, limit: int = 96) -> str:
 
 
 def purge_function(kind: str, pid: int, arg: int) -> tuple[str, str]:
-    """(function, name) of a purge call of an allocator of `kind`, from its first argument."""
-    if kind == "jemalloc":
-        return "mallctl", read_cstring(pid, arg)
-    if kind == "tcmalloc":  # ReleaseFreeMemory() and ReleaseToSystem(n) share one program
-        return "MallocExtension_Release*", ""
-    if kind == "mimalloc":
-        return "mi_collect", "force" if arg & 1 else ""
-    return "malloc_trim", str(arg)
+    """(function, name) of a purge call of an allocator of `kind`, from its first argument (how
+    its family names it: `purge_function`, `purge_arg`; malloc_trim's for the others)."""
+    f = registry.family(kind)
+    function, what = (f.purge_function, f.purge_arg) if f is not None else ("malloc_trim", "int")
+    if what == "cstring":  # jemalloc's mallctl name
+        return function, read_cstring(pid, arg)
+    if what == "force_bit":  # mi_collect(bool force)
+        return function, "force" if arg & 1 else ""
+    if what == "none":  # tcmalloc: ReleaseFreeMemory() and ReleaseToSystem(n) share one program
+        return function, ""
+    return function, str(arg)
 
 
 class PurgeLog:
