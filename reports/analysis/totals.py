@@ -148,10 +148,13 @@ def mode_notes(trace: Trace) -> list[str]:
     out = []
     if meta.get("mode") == "residency":
         n = (meta.get("sampling") or {}).get("fault_sample", 0)
+        duty = (meta.get("sampling") or {}).get("fault_duty") or 1.0
+        per = max(1, round(n / duty)) if n else n
+        when = "" if duty >= 1 else f" in windows open {duty:.0%} of each second"
         out.append(
             f"residency mode: no allocator probes. Sites of source 'mmap'/'brk' are exact and live (mapped "
-            f"bytes); sites of source 'fault' are an estimate: first touches of pages (sampled 1 in {n}, each "
-            "standing for {n} pages), cumulative in the kernel, counted here only up to the anonymous RSS the "
+            f"bytes); sites of source 'fault' are an estimate: first touches of pages (sampled 1 in {n}{when}, each "
+            f"standing for {per} pages), cumulative in the kernel, counted here only up to the anonymous RSS the "
             "exact sites leave, the latest touches first (a page freed and touched again counts once; "
             "'allocated' keeps the cumulative touches). Frees of heap blocks, per-block sizes and thread "
             "flows are not seen.".replace("{n}", str(n))

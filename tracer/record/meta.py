@@ -75,7 +75,11 @@ def trace_meta(rec, complete: bool) -> dict:
             "max_regions": o.max_regions,
         },
         "mode": o.mode,
-        "sampling": {"sample_bytes": o.sample_bytes, "fault_sample": o.fault_sample if o.mode == "residency" else 0},
+        "sampling": {
+            "sample_bytes": o.sample_bytes,
+            "fault_sample": o.fault_sample if o.mode == "residency" else 0,
+            "fault_duty": o.fault_duty if o.mode == "residency" else 0,  # share of each second the events are open
+        },
         "unwind": unwind,
         "waits": {"wait_min_ns": rec.snapshots.waits.wait_min_ns},
         **({"peaks": rec.peaks.meta()} if rec.peaks is not None else {}),
