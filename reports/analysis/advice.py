@@ -1,10 +1,13 @@
 """Advice from the residency figures: each allocator's own knob for the memory it retains
-(jemalloc's MALLOC_CONF, tcmalloc's release rate, mimalloc's purge delay) and glibc's, by arena."""
+(its family's `advice` in common/allocators/: jemalloc's MALLOC_CONF, tcmalloc's release rate,
+mimalloc's purge delay) and glibc's, by arena."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from common import allocators as registry
+from common.allocators.jemalloc import JEMALLOC
 from common.tracefile.reader import Trace
 
 from ..units import human_bytes
@@ -13,7 +16,15 @@ from .allocator_memory import allocator_modules
 
 def conf_env(prefix: str) -> str:
     """jemalloc reads PREFIX_MALLOC_CONF, its symbol prefix upper-cased (_rjem_ -> _RJEM_MALLOC_CONF)."""
-    return (prefix.upper() if prefix else "") + "MALLOC_CONF"
+    return JEMALLOC.conf_env(prefix)
+
+
+def allocator_prefix(a: dict, mods: dict[str, dict] | None = None) -> str:
+    """The symbol prefix of a report's allocator entry ({name, source, ...}): its module's
+    (meta.json probes.allocators[]), else the name's part after the kind (jemalloc:_rjem_)."""
+    prefix = (mods or {}).get(a.get("source", ""), {}).get("prefix", "")
+    name = str(a.get("name") or "")
+    return prefix or (name.split(":", 1)[1] if ":" in name else "")
 
 
 def allocator_advice(dec: dict | None, trace: Trace | None = None) -> list[str]:
@@ -25,31 +36,13 @@ def allocator_advice(dec: dict | None, trace: Trace | None = None) -> list[str]:
     out = []
     for a in dec["allocators"]:
         ret = a["retained"]
-        if ret <= 0.2 * rss or a["kind"] == "glibc":
+        fam = registry.family(a["kind"])
+        if ret <= 0.2 * rss or (fam is not None and fam.advice_by_arena):
             continue  # glibc: residency_advice, by arena
         what = f"{a['name']} retains {human_bytes(ret)} ({100 * ret // rss}% of RSS) of freed pages"
         rel = f"; it released {human_bytes(a['released'])} so far" if a["released"] else ""
-        if a["kind"] == "jemalloc":
-            env = conf_env(
-                mods.get(a["source"], {}).get("prefix", "") or (a["name"].split(":", 1)[1] if ":" in a["name"] else "")
-            )
-            out.append(
-                f"{what}{rel}: return them sooner with {env}=dirty_decay_ms:1000,muzzy_decay_ms:0 "
-                f"(default 10000/0), or background_thread:true so purging does not wait for "
-                f'allocation calls; mallctl("arena.<i>.purge") after a burst returns them at once'
-            )
-        elif a["kind"] == "tcmalloc":
-            out.append(
-                f"{what}{rel}: TCMALLOC_RELEASE_RATE=10 (default 1; 0 never releases) returns free spans "
-                f"sooner; MallocExtension::instance()->ReleaseFreeMemory() after a burst returns them at once"
-            )
-        elif a["kind"] == "mimalloc":
-            out.append(
-                f"{what}{rel}: MIMALLOC_PURGE_DELAY=0 (mimalloc 2.1+; 2.0: MIMALLOC_RESET_DELAY and "
-                f"MIMALLOC_SEGMENT_DECOMMIT_DELAY) purges at once, mi_collect(true) after a burst; "
-                f"mimalloc 2.0 resets with MADV_FREE, whose pages stay in RSS until memory is short "
-                f"(MIMALLOC_RESET_DECOMMITS=1 decommits instead)"
-            )
+        if fam is not None and fam.advice:
+            out.append(f"{what}{rel}: {fam.advice_text(allocator_prefix(a, mods))}")
         else:
             out.append(f"{what}{rel}")
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from common import allocators as registry
 from common.tracefile.reader import Trace
 
 
@@ -44,7 +45,8 @@ def allocator_releases(trace: Trace) -> tuple[dict[str, int], list[dict]]:
     the anon RSS drop across each call) plus the munmap/madvise/brk releases made inside its
     allocation calls (jemalloc's and mimalloc's decay inside malloc/free, tcmalloc's release
     rate) when one allocator alone allocated — the kernel sums releases by allocator call, not by
-    allocator — and those of jemalloc's background threads (`jemalloc_bg_thd`)."""
+    allocator — and those of an allocator's own background threads (its family's
+    `background_threads`: jemalloc's `jemalloc_bg_thd`)."""
     names = trace.thread_names()
     mods = allocator_modules(trace)
     label = {src: (m.get("kind", "?") + (":" + m["prefix"] if m.get("prefix") else "")) for src, m in mods.items()}
@@ -71,13 +73,19 @@ def allocator_releases(trace: Trace) -> tuple[dict[str, int], list[dict]]:
             if not sites.empty
             else []
         )
-        jem = [src for src, m in mods.items() if m.get("kind") == "jemalloc"]
+        # the first source of each family that has background threads of its own
+        bg: dict[str, str] = {}
+        for msrc, m in mods.items():
+            fam = registry.family(m.get("kind"))
+            if fam is not None and fam.background_threads:
+                bg.setdefault(fam.name, msrc)
         for r in last.itertuples():
             if r.in_api == "malloc_trim":
                 continue  # in `purges`
             src, api = None, "" if r.in_api in ("", "none") else str(r.in_api)
-            if jem and names.get(int(r.tid), "").startswith("jemalloc_bg"):
-                src, call = jem[0], f"{r.kind} in its background thread"
+            owner = registry.background_family(names.get(int(r.tid), "")) if bg else None
+            if owner is not None and owner.name in bg:
+                src, call = bg[owner.name], f"{r.kind} in its background thread"
             elif len(active) == 1 and (api or r.kind == "madvise"):
                 # free() has no call state: its purges are outside any call, like the program's
                 # own madvise (rare); munmap outside a call is the program's own regions

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import os
 
+from common import allocators as registry
 from common.tracefile.names import NOT_LOST
 
 from ..units import human_bytes, human_rate
-from .advice import conf_env
+from .advice import allocator_prefix
 
 MAX_FINDINGS = 6
 PEAK_MAX_HOLDERS = 3  # locations named as holding the peak...
@@ -47,12 +48,8 @@ GREW_FASTER = 1.2  # a diff's finding names the location that grew most beyond l
 DIFF_MIN_SHARE = 0.10  # a diff names a change >= 10% of the larger live peak
 GROUP_MIN_CHANGE = 0.25  # a thread group's peak moved by >= 25% of its larger peak (and DIFF_MIN_SHARE)
 
-# The knob that returns an allocator's retained memory, by kind (reports.analysis.advice, short).
-KNOBS = {
-    "glibc": "MALLOC_ARENA_MAX=2..4 caps the arenas, malloc_trim(0) after bursts returns free pages",
-    "tcmalloc": "TCMALLOC_RELEASE_RATE=10 (default 1) returns free spans sooner",
-    "mimalloc": "MIMALLOC_PURGE_DELAY=0 purges at once",
-}
+# The knob that returns an allocator's retained memory: its family's `knob` (common/allocators/;
+# reports.analysis.advice has the long form).
 
 
 def finding(kind: str, text: str, table: str, section: str, **figures) -> dict:
@@ -269,11 +266,8 @@ def _growing_finding(doc: dict) -> dict | None:
 
 
 def _knob(a: dict) -> str:
-    kind = a.get("kind") or ""
-    if kind == "jemalloc":
-        prefix = a["name"].split(":", 1)[1] if ":" in a.get("name", "") else ""
-        return f"{conf_env(prefix)}=dirty_decay_ms:1000,muzzy_decay_ms:0 returns them sooner"
-    return KNOBS.get(kind, "")
+    fam = registry.family(a.get("kind"))
+    return fam.knob_text(allocator_prefix({"name": a.get("name")})) if fam is not None else ""
 
 
 def _retained_finding(doc: dict) -> dict | None:
