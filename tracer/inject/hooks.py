@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from common.allocators.glibc import GLIBC
+
 from ..allocators.purges import NOT_HOOKED
 from ..process import procfs
 from . import patching
@@ -73,7 +75,7 @@ def sys_specs(maps: list[procfs.Mapping], exe: str, paths: list[str]) -> tuple[l
     mods = [
         p
         for p in code_files(maps)
-        if os.path.basename(p).startswith(("libc.so", "libc-")) or file_id(p) == exe_id or file_id(p) in want
+        if os.path.basename(p).startswith(GLIBC.libraries) or file_id(p) == exe_id or file_id(p) in want
     ]
     specs: list[HookSpec] = []
     skipped: dict[str, str] = {}
