@@ -2,7 +2,7 @@
 accepts finds its program in the one store and every program it may load passes this kernel's
 verifier, with no compile; a real recording from it counts a known target exactly.
 
-Programs are relocated and loaded as a recording loads them (prebuilt.relocate, load_prog, the
+Programs are relocated and loaded as a recording loads them (prebuilt.relocate, syscall.load_prog, the
 attach type tracer.bpf.program.Program gives them); a program whose relocated instructions,
 type and attach type another combination already loaded is not loaded twice (the verifier's
 verdict depends on nothing else: the maps are the same kinds and sizes).
@@ -18,7 +18,7 @@ from support import IN_CI, cli, functions, report_json
 
 from common.errors import AllocscopeError, UsageError
 from tracer.base.options import RecordOptions
-from tracer.bpf import prebuilt
+from tracer.bpf import prebuilt, syscall
 from tracer.bpf.cache import INSN
 from tracer.bpf.program import Program, tail_programs
 from tracer.bpf.source import links_choice, probe_config, session_choice
@@ -123,7 +123,7 @@ def test_every_option_combination_loads_from_the_one_build():
             mkey = f"{entry['variant']} multi={multi} session={session}"
             if mkey not in maps:
                 sizes = prebuilt.table_sizes(entry, flags)
-                maps[mkey] = {row[0]: prebuilt.create_map(row, sizes[row[0]]) for row in entry["tables"]}
+                maps[mkey] = {row[0]: syscall.create_map(row, sizes[row[0]]) for row in entry["tables"]}
             fds = maps[mkey]
             p = Program.__new__(Program)  # its choices of programs, without loading anything
             p.options, p.multi, p.session, p.bcc = opts, multi, session, bcc
@@ -137,7 +137,7 @@ def test_every_option_combination_loads_from_the_one_build():
                 if key in loaded:
                     continue
                 entries += 1
-                loaded[key] = prebuilt.load_prog(name, code, ptype, entry["license"], attach)
+                loaded[key] = syscall.load_prog(name, code, ptype, entry["license"], attach)
     finally:
         for fd in loaded.values():
             os.close(fd)

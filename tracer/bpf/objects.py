@@ -1,4 +1,4 @@
-"""bpf(2) through ctypes, as root: what BCC's Python does not offer the tracer (uprobe_multi links,
+"""bpf(2) (tracer/bpf/syscall.py), as root: what BCC's Python does not offer the tracer (uprobe_multi links,
 kernel 6.6+; a program's run time and count), and the BPF objects one tracer process holds and
 the programs loaded on the machine, read from outside, so tests and bench/soak.py can watch a
 running `allocscope record` without touching it:
@@ -23,71 +23,28 @@ import errno
 import os
 from typing import Any
 
-_libc = ct.CDLL(None, use_errno=True)
-NR_BPF = 321
-MAP_GET_NEXT_KEY, PROG_GET_NEXT_ID, PROG_GET_FD_BY_ID, MAP_GET_FD_BY_ID, OBJ_GET_INFO_BY_FD = 4, 11, 13, 14, 15
-MAP_LOOKUP_BATCH = 24
-_HASH_TYPES = (1, 9)  # BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH (not the per-CPU ones)
+from .syscall import (
+    LINK_CREATE,
+    MAP_GET_FD_BY_ID,
+    MAP_GET_NEXT_KEY,
+    MAP_LOOKUP_BATCH,
+    MAP_TYPE_HASH,
+    MAP_TYPE_LRU_HASH,
+    OBJ_GET_INFO_BY_FD,
+    PROG_GET_FD_BY_ID,
+    PROG_GET_NEXT_ID,
+    BatchAttr,
+    IdAttr,
+    InfoAttr,
+    KeyAttr,
+    UprobeMultiAttr,
+    bpf,
+)
 
-
-class _IdAttr(ct.Structure):  # start_id (GET_NEXT_ID) and prog_id/map_id (GET_FD_BY_ID) share `id`
-    _fields_ = [("id", ct.c_uint32), ("next_id", ct.c_uint32), ("open_flags", ct.c_uint32), ("pad", ct.c_uint8 * 116)]
-
-
-class _InfoAttr(ct.Structure):
-    _fields_ = [("bpf_fd", ct.c_uint32), ("info_len", ct.c_uint32), ("info", ct.c_uint64), ("pad", ct.c_uint8 * 112)]
-
-
-class _KeyAttr(ct.Structure):
-    _fields_ = [
-        ("map_fd", ct.c_uint32),
-        ("pad0", ct.c_uint32),
-        ("key", ct.c_uint64),
-        ("next_key", ct.c_uint64),
-        ("flags", ct.c_uint64),
-        ("pad", ct.c_uint8 * 96),
-    ]
-
-
-class _BatchAttr(ct.Structure):
-    _fields_ = [
-        ("in_batch", ct.c_uint64),
-        ("out_batch", ct.c_uint64),
-        ("keys", ct.c_uint64),
-        ("values", ct.c_uint64),
-        ("count", ct.c_uint32),
-        ("map_fd", ct.c_uint32),
-        ("elem_flags", ct.c_uint64),
-        ("flags", ct.c_uint64),
-        ("pad", ct.c_uint8 * 72),
-    ]
-
-
-def _bpf(cmd: int, attr) -> int:
-    return _libc.syscall(NR_BPF, cmd, ct.byref(attr), ct.sizeof(attr))
-
-
-LINK_CREATE = 28
+_HASH_TYPES = (MAP_TYPE_HASH, MAP_TYPE_LRU_HASH)  # not the per-CPU ones
 TRACE_UPROBE_MULTI = 48  # enum bpf_attach_type (uapi, append-only; kernel 6.6+)
 TRACE_UPROBE_SESSION = 57  # kernel 6.13+
 UPROBE_MULTI_RETURN = 1  # BPF_F_UPROBE_MULTI_RETURN
-
-
-class _UprobeMultiAttr(ct.Structure):  # union bpf_attr, BPF_LINK_CREATE, .uprobe_multi
-    _fields_ = [
-        ("prog_fd", ct.c_uint32),
-        ("target_fd", ct.c_uint32),
-        ("attach_type", ct.c_uint32),
-        ("flags", ct.c_uint32),
-        ("path", ct.c_uint64),
-        ("offsets", ct.c_uint64),
-        ("ref_ctr_offsets", ct.c_uint64),
-        ("cookies", ct.c_uint64),
-        ("cnt", ct.c_uint32),
-        ("multi_flags", ct.c_uint32),
-        ("pid", ct.c_uint32),
-        ("pad", ct.c_uint8 * 52),
-    ]
 
 
 def uprobe_multi_link(
@@ -107,7 +64,7 @@ def uprobe_multi_link(
     n = len(offsets)
     p = ct.create_string_buffer(os.fsencode(path))
     offs, cks = (ct.c_uint64 * n)(*offsets), (ct.c_uint64 * n)(*cookies)
-    attr = _UprobeMultiAttr(
+    attr = UprobeMultiAttr(
         prog_fd=prog_fd,
         attach_type=attach_type,
         path=ct.addressof(p),
@@ -117,8 +74,7 @@ def uprobe_multi_link(
         multi_flags=flags,
         pid=pid,
     )
-    fd = _bpf(LINK_CREATE, attr)
-    return fd if fd >= 0 else -ct.get_errno()
+    return bpf(LINK_CREATE, attr)
 
 
 def tracer_objects(pid: int) -> dict[str, set[int]]:
@@ -143,9 +99,9 @@ def tracer_objects(pid: int) -> dict[str, set[int]]:
 
 
 def prog_exists(prog_id: int) -> bool:
-    fd = _bpf(PROG_GET_FD_BY_ID, _IdAttr(id=prog_id))
+    fd = bpf(PROG_GET_FD_BY_ID, IdAttr(id=prog_id))
     if fd < 0:
-        return ct.get_errno() != errno.ENOENT
+        return -fd != errno.ENOENT
     os.close(fd)
     return True
 
@@ -153,8 +109,8 @@ def prog_exists(prog_id: int) -> bool:
 def _info(fd: int) -> bytes | None:
     """bpf_prog_info / bpf_map_info of an object fd (its first 256 bytes)."""
     buf = (ct.c_uint8 * 256)()
-    ia = _InfoAttr(bpf_fd=fd, info_len=256, info=ct.addressof(buf))
-    return bytes(buf) if _bpf(OBJ_GET_INFO_BY_FD, ia) == 0 else None
+    ia = InfoAttr(bpf_fd=fd, info_len=256, info=ct.addressof(buf))
+    return bytes(buf) if bpf(OBJ_GET_INFO_BY_FD, ia) == 0 else None
 
 
 # struct bpf_prog_info (uapi, append-only): run_time_ns and run_cnt (kernel.bpf_stats_enabled=1)
@@ -186,11 +142,11 @@ def prog_names() -> list[str]:
     names = []
     nid = 0
     while True:
-        a = _IdAttr(id=nid)
-        if _bpf(PROG_GET_NEXT_ID, a) != 0:
+        a = IdAttr(id=nid)
+        if bpf(PROG_GET_NEXT_ID, a) != 0:
             break
         nid = a.next_id
-        fd = _bpf(PROG_GET_FD_BY_ID, _IdAttr(id=nid))
+        fd = bpf(PROG_GET_FD_BY_ID, IdAttr(id=nid))
         if fd < 0:
             continue
         raw = _info(fd)
@@ -203,10 +159,10 @@ def prog_names() -> list[str]:
 def _walk_count(fd: int, key_size: int, max_entries: int) -> int:
     key = (ct.c_uint8 * max(key_size, 1))()
     nxt = (ct.c_uint8 * max(key_size, 1))()
-    attr = _KeyAttr(map_fd=fd, key=0, next_key=ct.addressof(nxt))
+    attr = KeyAttr(map_fd=fd, key=0, next_key=ct.addressof(nxt))
     n = 0
     while n <= 2 * max_entries + 16:
-        if _bpf(MAP_GET_NEXT_KEY, attr) != 0:
+        if bpf(MAP_GET_NEXT_KEY, attr) != 0:
             break
         n += 1
         ct.memmove(key, nxt, key_size)
@@ -225,7 +181,7 @@ def _batch_count(fd: int, key_size: int, value_size: int) -> int | None:
         if keys is None:  # buffers made once per chunk size, reused batch after batch
             keys = (ct.c_uint8 * (max(key_size, 1) * chunk))()
             values = (ct.c_uint8 * (max(value_size, 1) * chunk))()
-        attr = _BatchAttr(
+        attr = BatchAttr(
             in_batch=0 if first else ct.addressof(token_in),
             out_batch=ct.addressof(token_out),
             keys=ct.addressof(keys),
@@ -233,8 +189,8 @@ def _batch_count(fd: int, key_size: int, value_size: int) -> int | None:
             count=chunk,
             map_fd=fd,
         )
-        rc = _bpf(MAP_LOOKUP_BATCH, attr)
-        err = ct.get_errno() if rc != 0 else 0
+        rc = bpf(MAP_LOOKUP_BATCH, attr)
+        err = -rc if rc < 0 else 0
         if rc != 0 and err == errno.ENOSPC and chunk < 1 << 20:
             chunk *= 4  # one bucket holds more entries than a chunk: nothing was read
             keys = values = None
@@ -260,7 +216,7 @@ def map_counts(pid: int, names: tuple[str, ...] = ("live", "stacks", "sites", "f
     """Entries in the named hash maps of the tracer `pid` (names as in probes/allocscope.c)."""
     out: dict[str, int] = {}
     for mid in sorted(tracer_objects(pid)["maps"]):
-        fd = _bpf(MAP_GET_FD_BY_ID, _IdAttr(id=mid))
+        fd = bpf(MAP_GET_FD_BY_ID, IdAttr(id=mid))
         if fd < 0:
             continue
         try:
@@ -285,7 +241,7 @@ def program_stats_of(pid: int) -> dict[str, tuple[int, int]]:
     run_cnt), summed over the programs of that name (0 unless kernel.bpf_stats_enabled)."""
     out: dict[str, list[int]] = {}
     for prog_id in sorted(tracer_objects(pid)["progs"]):
-        fd = _bpf(PROG_GET_FD_BY_ID, _IdAttr(id=prog_id))
+        fd = bpf(PROG_GET_FD_BY_ID, IdAttr(id=prog_id))
         if fd < 0:
             continue
         try:

@@ -46,6 +46,7 @@ from ..base import layout as L
 from ..base.options import RecordOptions
 from .cache import BPF_LD_IMM64, BPF_PSEUDO_MAP_FD, INSN, SIZE_ONLY
 from .source import bpf_text, const_flags, probe_config
+from .syscall import MAP_TYPE_RINGBUF, create_map, load_prog
 
 FORMAT = 3  # 2: the watch's gate beside the variants (`watch`); 3: the OOM victims' program (`oom`)
 STORE = L.PROBES_DIR / "prebuilt" / "allocscope-bpf.json"
@@ -65,7 +66,6 @@ SIZE_MARKERS = {
     "AS_RING_PAGES": 64,
     "AS_UNWIND_ROWS": 10061,
 }
-BPF_MAP_TYPE_RINGBUF, BPF_MAP_TYPE_TASK_STORAGE = 27, 29
 BPF_CALL, BPF_PSEUDO_KFUNC_CALL = 0x85, 2
 MOV_IMM = (0xB7, 0xB4)  # BPF_ALU64|BPF_MOV|BPF_K, BPF_ALU|BPF_MOV|BPF_K
 TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
@@ -211,7 +211,7 @@ def _compile(text: bytes, cflags: list[str], markers: dict[str, int], sized: boo
         marker_sizes = {v: k for k, v in SIZE_MARKERS.items() if k != "AS_RING_PAGES"} if sized else {}
         ring_marker = SIZE_MARKERS["AS_RING_PAGES"] * os.sysconf("SC_PAGE_SIZE") if sized else -1
         for row in tables:
-            if row[1] == BPF_MAP_TYPE_RINGBUF:
+            if row[1] == MAP_TYPE_RINGBUF:
                 row.append("AS_RING_PAGES" if row[4] == ring_marker else None)
             else:
                 row.append(marker_sizes.get(row[4]))
@@ -345,143 +345,6 @@ def relocate(entry: dict, name: str, consts: dict[str, int], table_fd) -> bytes:
     return bytes(code)
 
 
-# --------------------------------------------------------------------------- bpf(2)
-
-_libc = ct.CDLL(None, use_errno=True)
-NR_BPF = 321
-MAP_CREATE, PROG_LOAD, BTF_LOAD = 0, 5, 18
-
-
-class _MapAttr(ct.Structure):
-    _fields_ = [
-        ("map_type", ct.c_uint32),
-        ("key_size", ct.c_uint32),
-        ("value_size", ct.c_uint32),
-        ("max_entries", ct.c_uint32),
-        ("map_flags", ct.c_uint32),
-        ("inner_map_fd", ct.c_uint32),
-        ("numa_node", ct.c_uint32),
-        ("map_name", ct.c_char * 16),
-        ("map_ifindex", ct.c_uint32),
-        ("btf_fd", ct.c_uint32),
-        ("btf_key_type_id", ct.c_uint32),
-        ("btf_value_type_id", ct.c_uint32),
-        ("btf_vmlinux_value_type_id", ct.c_uint32),
-        ("map_extra", ct.c_uint64),
-        ("pad", ct.c_uint8 * 64),
-    ]
-
-
-class _ProgAttr(ct.Structure):
-    _fields_ = [
-        ("prog_type", ct.c_uint32),
-        ("insn_cnt", ct.c_uint32),
-        ("insns", ct.c_uint64),
-        ("license", ct.c_uint64),
-        ("log_level", ct.c_uint32),
-        ("log_size", ct.c_uint32),
-        ("log_buf", ct.c_uint64),
-        ("kern_version", ct.c_uint32),
-        ("prog_flags", ct.c_uint32),
-        ("prog_name", ct.c_char * 16),
-        ("prog_ifindex", ct.c_uint32),
-        ("expected_attach_type", ct.c_uint32),
-        ("pad", ct.c_uint8 * 96),
-    ]
-
-
-class _BtfAttr(ct.Structure):
-    _fields_ = [
-        ("btf", ct.c_uint64),
-        ("btf_log_buf", ct.c_uint64),
-        ("btf_size", ct.c_uint32),
-        ("btf_log_size", ct.c_uint32),
-        ("btf_log_level", ct.c_uint32),
-        ("pad", ct.c_uint8 * 100),
-    ]
-
-
-def _bpf(cmd: int, attr) -> int:
-    return _libc.syscall(NR_BPF, cmd, ct.byref(attr), ct.sizeof(attr))
-
-
-def _storage_btf(value_size: int) -> int:
-    """A BTF object for a task-storage map: [1] int (the key), [2] unsigned char, [3] an array
-    of value_size of them (the value). Its fd."""
-    strs = b"\0int\0unsigned char\0"
-    types = struct.pack("<IIII", 1, 1 << 24, 4, (1 << 24) | 32)  # int: signed, 32 bits
-    types += struct.pack("<IIII", 5, 1 << 24, 1, 8)  # unsigned char: 8 bits
-    types += struct.pack("<III", 0, 3 << 24, 0) + struct.pack("<III", 2, 1, value_size)  # array
-    hdr = struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(types), len(types), len(strs))
-    blob = ct.create_string_buffer(hdr + types + strs)
-    log = ct.create_string_buffer(4096)
-    attr = _BtfAttr(btf=ct.addressof(blob), btf_size=len(hdr + types + strs))
-    fd = _bpf(BTF_LOAD, attr)
-    if fd < 0:
-        attr = _BtfAttr(
-            btf=ct.addressof(blob),
-            btf_size=len(hdr + types + strs),
-            btf_log_buf=ct.addressof(log),
-            btf_log_size=4096,
-            btf_log_level=1,
-        )
-        _bpf(BTF_LOAD, attr)
-        raise OSError(ct.get_errno(), f"BTF for task storage: {log.value.decode(errors='replace')[-300:]}")
-    return fd
-
-
-def create_map(row: list, max_entries: int) -> int:
-    name, mtype, key_size, leaf_size, _max, flags = row[:6]
-    attr = _MapAttr(
-        map_type=mtype,
-        key_size=key_size,
-        value_size=leaf_size,
-        max_entries=max_entries,
-        map_flags=flags,
-        map_name=name.encode()[:15],
-    )
-    btf_fd = -1
-    if mtype == BPF_MAP_TYPE_TASK_STORAGE:
-        btf_fd = _storage_btf(leaf_size)
-        attr.btf_fd, attr.btf_key_type_id, attr.btf_value_type_id = btf_fd, 1, 3
-    try:
-        fd = _bpf(MAP_CREATE, attr)
-        if fd < 0:
-            err = ct.get_errno()
-            raise OSError(err, f"cannot create map {name}: {os.strerror(err)}")
-        return fd
-    finally:
-        if btf_fd >= 0:
-            os.close(btf_fd)  # the map holds its own reference
-
-
-def load_prog(name: str, code: bytes, prog_type: int, license: str, attach_type: int) -> int:
-    buf = ct.create_string_buffer(code, len(code))
-    lic = ct.create_string_buffer(license.encode())
-    attr = _ProgAttr(
-        prog_type=prog_type,
-        insn_cnt=len(code) // 8,
-        insns=ct.addressof(buf),
-        license=ct.addressof(lic),
-        prog_name=name.encode()[:15],
-        expected_attach_type=max(attach_type, 0),
-    )
-    fd = _bpf(PROG_LOAD, attr)
-    if fd >= 0:
-        return fd
-    err = ct.get_errno()
-    if err == 1:  # EPERM
-        raise PermissionError("Need super-user privileges to run")
-    size = 1 << 22
-    log = ct.create_string_buffer(size)
-    attr.log_level, attr.log_size, attr.log_buf = 1, size, ct.addressof(log)
-    fd = _bpf(PROG_LOAD, attr)
-    if fd >= 0:
-        return fd  # loaded the second time (a transient failure)
-    tail = log.value.decode(errors="replace").strip().splitlines()[-3:]
-    raise Exception(f"Failed to load BPF program {name.encode()!r}: {os.strerror(err)}: {' / '.join(tail)}")
-
-
 # --------------------------------------------------------------------------- the BCC object
 
 
@@ -536,7 +399,7 @@ def table_sizes(entry: dict, flags: list[str]) -> dict[str, int]:
         size_flag = row[8]
         if size_flag is None:
             sizes[row[0]] = row[4]
-        elif row[1] == BPF_MAP_TYPE_RINGBUF:
+        elif row[1] == MAP_TYPE_RINGBUF:
             sizes[row[0]] = values[size_flag] * page
         else:
             sizes[row[0]] = values[size_flag]
