@@ -39,6 +39,25 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     return 0;
 }
 
+/* Processes the target forks (not its threads): child pid -> when, for the tracer to read and
+ * delete each interval (tracer/record/children.py: a forking daemon's work is in its children,
+ * not traced, and the report says so); fork_count[0]: every one, the map full or not. */
+BPF_HASH(forks, u32, u64, 1024);
+BPF_ARRAY(fork_count, u64, 1);
+
+TRACEPOINT_PROBE(task, task_newtask)
+{
+    if (!is_target() || (args->clone_flags & 0x00010000 /* CLONE_THREAD */))
+        return 0;
+    u32 pid = (u32)args->pid, zero = 0;
+    u64 now = bpf_ktime_get_ns();
+    forks.update(&pid, &now);
+    u64 *n = fork_count.lookup(&zero);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+    return 0;
+}
+
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {
     if ((bpf_get_current_pid_tgid() >> 32) != AS_TGID)

@@ -22,7 +22,7 @@ def children_summary(meta: dict) -> dict | None:
     if not isinstance(info, dict):
         return None
     cpu, own = float(info.get("cpu_s") or 0), float(info.get("target_cpu_s") or 0)
-    if not info.get("seen") and cpu < BUSY_S:
+    if not info.get("seen") and not info.get("unseen") and cpu < BUSY_S:
         return None
     return {**info, "work_in_children": cpu >= BUSY_S and cpu >= own}
 
@@ -33,17 +33,19 @@ def children_warnings(summary: dict | None) -> list[str]:
         return []
     listed = summary.get("listed") or []
     pids = [str(c["pid"]) for c in listed[:PIDS_SHOWN]]
-    more = summary["seen"] - len(pids)
-    n = summary["seen"]
+    unseen = int(summary.get("unseen") or 0)
+    more = summary["seen"] - len(pids) + unseen
+    n = summary["seen"] + unseen
     cpu = f"{summary['cpu_s']:.2f}s of CPU against {summary['target_cpu_s']:.2f}s in the target"
-    if not n:  # each lived between two of the recorder's reads: known by the CPU the target reaped
+    what = f"{n} forked {'child' if n == 1 else 'children'}" if n else "forked children"
+    if not pids:  # each lived between two of the recorder's reads: known by the CPU the target reaped
         return [
-            f"the work is in forked children, each gone within an interval ({cpu}); "
+            f"the work is in {what}, each gone within an interval ({cpu}); "
             "allocscope follows one process: record a longer-lived child with --pid, "
             "or the program in a mode where it does not fork"
         ]
     return [
-        f"the work is in {n} forked {'child' if n == 1 else 'children'} "
+        f"the work is in {what} "
         f"(pids {', '.join(pids)}{f' and {more} more' if more > 0 else ''}): {cpu}, "
         f"their own memory up to {human_bytes(summary.get('anon_max_bytes') or 0)} (anonymous RSS); "
         f"allocscope follows one process: record a child with --pid {pids[0]}, "

@@ -80,6 +80,7 @@ class Uprobes:
                 ]
                 + [
                     ("task", "task_rename"),
+                    ("task", "task_newtask"),
                     ("sched", "sched_process_exit"),
                     ("sched", "sched_process_exec"),
                     ("sched", "sched_switch"),

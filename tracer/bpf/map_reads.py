@@ -297,3 +297,16 @@ class MapReader:
         t = self.bpf[b"sys_live"]
         t[t.Key(0)] = t.Leaf(now)
         return now
+
+    def take_forks(self) -> tuple[list[int], int]:
+        """The processes the target forked since the last call (probes/lifetime.bpf.c `forks`,
+        deleted as read) and how many it forked in all (`fork_count`)."""
+        t = self.bpf[b"forks"]
+        pids = [int(k.value) for k, _ in t.items()]
+        for pid in pids:
+            try:
+                del t[t.Key(pid)]
+            except KeyError:
+                pass
+        c = self.bpf[b"fork_count"]
+        return pids, int(c[c.Key(0)].value)

@@ -378,7 +378,7 @@ class Recorder:
             attach_cuda(self, maps)
             # the mmap family counts from here: calls in flight now are memory from before the attach
             probes.maps.go_live(None if launched else heap_end(t.pid))
-            self.children = ChildWatch(t.pid)
+            self.children = ChildWatch(t.pid, probes.maps.take_forks)
             self.children.poll()
             self._phase("attach")
             self.peaks = PeakWatch(probes.maps, lambda: procfs.rss(t.pid))
