@@ -15,6 +15,7 @@ And nowhere (tests and bench included) does a module import another module's pri
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,10 @@ REPORTS_LAYERS = ("base", "symbolize", "analysis", "render", "live")
 # tracer/base/ (options, the program's layout, the cache folder, the C compiler); `entry` the
 # modules of tracer/ itself (doctor.py, dryrun.py), which may import any of them.
 TRACER_LAYERS = ("base", "process", "allocators", "inject", "unwind", "runtimes", "bpf", "record", "watch", "entry")
+# Packages of facts only, read by the tracer and the reports alike: their modules import the
+# standard library and their own package, nothing else (the allocator families: cheap to import
+# before any heavy import, from reports/wrappers.py's no-pandas side too).
+FACTS_ONLY = ("common.allocators",)
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,20 @@ class Tree:
                 dst = max((tracer_part(t) for t in targets), key=TRACER_LAYERS.index)
                 if TRACER_LAYERS.index(dst) > TRACER_LAYERS.index(src):
                     bad.append(f"{path.relative_to(self.root)}:{imp.line}: {src} imports {imp.module} ({dst})")
+        return bad
+
+    def facts_violations(self) -> list[str]:
+        """Imports of a FACTS_ONLY package's modules other than the standard library and itself."""
+        bad = []
+        for path in self.files("common"):
+            pkg = next((p for p in FACTS_ONLY if self.name(path) == p or self.name(path).startswith(p + ".")), None)
+            if pkg is None:
+                continue
+            for imp in self.imports(path):
+                top = imp.module.split(".")[0]
+                if top in sys.stdlib_module_names or imp.module == pkg or imp.module.startswith(pkg + "."):
+                    continue
+                bad.append(f"{path.relative_to(self.root)}:{imp.line}: {pkg} imports {imp.module}")
         return bad
 
     def private_violations(self) -> list[str]:
@@ -269,3 +288,29 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
         "tracer/allocators/arenas.py:2",
         "tracer/process/procfs.py:1",
     ], tree.tracer_violations()
+
+
+def test_facts_packages_import_only_the_standard_library():
+    tree = Tree(ROOT)
+    assert any(tree.name(p).startswith("common.allocators.") for p in tree.files("common"))
+    assert tree.facts_violations() == []
+
+
+def test_the_facts_check_catches_what_it_is_for(tmp_path):
+    """A family module importing a third party or another part of common is found; its own
+    package and the standard library are not."""
+    (tmp_path / "common" / "allocators").mkdir(parents=True)
+    planted = {
+        "common/__init__.py": "",
+        "common/allocators/__init__.py": "from .family import Family\nimport re\n",
+        "common/allocators/family.py": "from __future__ import annotations\nfrom dataclasses import dataclass\n",
+        "common/allocators/snx.py": "import numpy\nfrom common.elf import build_id\nfrom common.allocators import x\n",
+        "common/elf.py": "import numpy\n",
+    }
+    for rel, text in planted.items():
+        (tmp_path / rel).write_text(text)
+    tree = Tree(tmp_path)
+    assert sorted(v.split(": ", 1)[0] for v in tree.facts_violations()) == [
+        "common/allocators/snx.py:1",
+        "common/allocators/snx.py:2",
+    ], tree.facts_violations()
