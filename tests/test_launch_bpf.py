@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import gzip
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +151,42 @@ def test_sigint_then_sigkill_after_the_grace_period(tmp_path):
     sleeper = int((tmp_path / "sleep.pid").read_text())
     wait_for(lambda: gone(sleeper), timeout=5, what="the program's sleep child to be killed")
     assert os.path.exists(trace / "meta.json")
+
+
+def test_at_a_terminal_the_program_shares_our_group_and_its_children_get_the_sigterm(tmp_path):
+    """allocscope in the foreground of a terminal (a pty, as a shell starts it): the program stays
+    in allocscope's process group (it could read the terminal; Ctrl-C would reach it); at
+    --duration the SIGTERM goes to it and its children, never to allocscope: the trap runs, the
+    sleep child ends, allocscope exits 3."""
+    script = tmp_path / "trapped.sh"
+    script.write_text(TRAPPED)
+    trace = tmp_path / "t.allocscope"
+    argv = [*ALLOCSCOPE, "record", "-o", str(trace), "--duration", "1", "--", "sh", str(script), str(tmp_path)]
+    pid, fd = pty.fork()  # the child: a session leader, the pty its controlling terminal, in the foreground
+    if pid == 0:
+        try:
+            os.chdir(ROOT)
+            os.execv(argv[0], argv)
+        finally:
+            os._exit(127)
+    seen = b""
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        if not select.select([fd], [], [], 1)[0]:
+            continue
+        try:
+            data = os.read(fd, 4096)
+        except OSError:  # EIO: the terminal's last process has closed it
+            break
+        if not data:
+            break
+        seen += data
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    text = seen.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 3, text
+    assert (tmp_path / "trapped").read_text() == "trapped\n"
+    sleeper = int((tmp_path / "sleep.pid").read_text())
+    wait_for(lambda: gone(sleeper), timeout=5, what="the program's sleep child to end")
+    assert "SIGTERM to sh (pid " in text and ") and its children; SIGKILL in 5 s" in text, text
+    assert "process group" not in text and "SIGKILL to" not in text, text

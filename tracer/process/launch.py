@@ -64,6 +64,7 @@ def end_program(
     child = target.child
     assert child is not None
     child.on_hold = child.on_exec = None  # the probes are gone: a stop now is the program's own
+    child.remember_tree()  # at a terminal: its children in our group (they are init's once it ends)
     say = say or (lambda msg: None)
     warn = warn or say
     if child.reap(time.monotonic()) is not None:
@@ -76,17 +77,21 @@ def end_program(
         say(f"{name} got the Ctrl-C too: waiting up to {grace:g} s for it to end")
         if _gone(target, time.monotonic() + grace, signals):
             return shell_status(child.returncode)
-    to = " and its process group" if child.own_group else ""
+    kin = "its process group" if child.own_group else "its children" if child.tree else ""
+    to = f" and {kin}" if kin else ""
     say(f"recording stopped ({why}): SIGTERM to {name}{to}; SIGKILL in {grace:g} s if still running")
     child.signal(signal.SIGTERM)
     if not _gone(target, time.monotonic() + grace, signals):
         if child.returncode is None:
             still = f"{name} still running"
         else:
-            still = f"{name} ended ({_ended(child.returncode)}) but its process group is still running"
+            still = f"{name} ended ({_ended(child.returncode)}), not all of {kin or 'its children'}"
         after = "another signal came" if signals() != first else f"{grace:g} s after SIGTERM"
-        target_words = "its process group" if child.own_group else "it"
-        warn(f"{still} ({after}): SIGKILL to {target_words}")
+        if child.own_group:
+            whom = "its process group"
+        else:
+            whom = "its children" if child.returncode is not None else "it" + to
+        warn(f"{still} ({after}): SIGKILL to {whom}")
         child.signal(signal.SIGKILL)
         child.reap(time.monotonic() + REAP_S)
     return shell_status(child.returncode)

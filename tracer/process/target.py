@@ -165,6 +165,7 @@ class Child:
         self.exiting = False
         self.traced = True
         self.released = False  # exec'd: it runs the program, no longer our fork
+        self.tree: dict[int, int] = {}  # at a terminal: its descendants in our group, pid -> start time
         self.on_exec: Callable[[], None] | None = None  # called at the exec stop, before the program runs
         # called when the probes stop it at a code mapping (DWARF unwinding)
         self.on_hold: Callable[[], None] | None = None
@@ -222,19 +223,46 @@ class Child:
         return self.returncode
 
     def signal(self, sig: int) -> None:
-        """`sig` to its process group when it has its own, else to it alone."""
+        """`sig` to its process group when it has its own; else (at a terminal: it shares ours) to
+        it and to the descendants it has in our group (those remember_tree found, and those it
+        has now), as Ctrl-C at the terminal would reach them — never to allocscope itself."""
         try:
             if self.own_group:
                 os.killpg(self.pid, sig)
-            else:
+                return
+            if self.returncode is None:
                 os.kill(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+        self.remember_tree()
+        for pid in self.tree_alive():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def remember_tree(self) -> None:
+        """Note the descendants it has now in allocscope's process group (at a terminal): once it
+        has ended they are init's children, still theirs to end (signal, group_alive)."""
+        if self.own_group or self.returncode is not None:
+            return
+        ours = os.getpgrp()
+        for pid in descendants(self.pid):
+            try:
+                if os.getpgid(pid) == ours and pid not in self.tree:
+                    self.tree[pid] = procfs.starttime(pid)
+            except OSError:
+                continue
+
+    def tree_alive(self) -> list[int]:
+        """The remembered descendants still running (the same processes: start times checked)."""
+        return [pid for pid, start in self.tree.items() if procfs.is_alive(pid, start)]
 
     def group_alive(self) -> bool:
-        """Some process of its own process group is still there (False without one)."""
+        """Some process of its own process group is still there; at a terminal, some descendant
+        remember_tree noted."""
         if not self.own_group:
-            return False
+            return bool(self.tree_alive())
         try:
             os.killpg(self.pid, 0)
         except (ProcessLookupError, PermissionError):
@@ -268,6 +296,27 @@ class Child:
                 )
             self.signal(signal.SIGKILL)
             self.reap(time.monotonic() + 5)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, theirs, and so on (/proc/PID/task/TID/children), now."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            out += kids
+            todo += kids
+    return out
 
 
 def _command_exe(argv: list[str]) -> str:
