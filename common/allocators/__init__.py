@@ -31,7 +31,9 @@ __all__ = [
     "families",
     "family",
     "fingerprint",
+    "internal_rx",
     "library_family",
+    "library_rx",
     "register",
     "scan_names",
     "scan_suffixes",
@@ -91,6 +93,18 @@ def scan_suffixes() -> tuple[str, ...]:
 def symbol_prefix_rx() -> str:
     """'je_|_rjem_|tc_|mi_': the prefixes of the families' entry points on stacks, a regex group."""
     return "|".join(re.escape(p) for f in FAMILIES for p in f.symbol_prefixes)
+
+
+def library_rx() -> str:
+    """'libjemalloc|libtcmalloc\\w*|...': the families' shared libraries (but libc's, which has a
+    line of its own wherever libraries are matched), a regex group matched at a file name's start."""
+    return "|".join(re.escape(lib) + r"\w*" for f in FAMILIES if f.name != GLIBC.name for lib in f.libraries)
+
+
+def internal_rx() -> str:
+    """The families' internal freeing frames (jemalloc's tcache flush, tcmalloc::, mi_free...),
+    one regex of alternatives; a regex that matches nothing when none has any."""
+    return "|".join(p for f in FAMILIES for p in f.internal_patterns) or r"(?!)"
 
 
 def fingerprint() -> str:

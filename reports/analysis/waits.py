@@ -25,6 +25,7 @@ import os
 import re
 from collections import defaultdict
 
+from common import allocators as registry
 from common.tracefile.names import TLB_REASONS
 from common.tracefile.reader import Trace
 
@@ -75,17 +76,17 @@ _WAIT_RX = re.compile("|".join(WAIT_WRAPPER_PATTERNS))
 # Modules whose frames are the waiting machinery, whatever the function (a libc without symbols
 # for its internals gives `libc.so.6+0x...`).
 _WAIT_MODULES = re.compile(
-    r"^(libc|libpthread|ld-linux[\w-]*|libstdc\+\+|libgcc_s|libjemalloc|libtcmalloc\w*|"
-    r"libmimalloc|libuv|libevent\w*)[.-]"
+    r"^(libc|libpthread|ld-linux[\w-]*|libstdc\+\+|libgcc_s|" + registry.library_rx() + "|"
+    r"libuv|libevent\w*)[.-]"
 )
 
 # Deallocation frames: a wait with one of them on its stack is a thread blocked inside free/drop
 # (the dealloc-mutex case: frees serialized behind an allocator's lock).
 _FREE_RX = re.compile(
-    r"^(__libc_)?(free|cfree)$|^_int_free|^(je_|_rjem_|tc_|mi_)(free|sdallocx|dallocx|free_size)$|"
-    r"^(je_|_rjem_)\w*(dalloc|tcache_bin_flush)|^(sdallocx|dallocx)$|^operator delete|^__rust_dealloc$|"
+    r"^(__libc_)?(free|cfree)$|^_int_free|^(" + registry.symbol_prefix_rx() + r")(free|sdallocx|dallocx|free_size)$|"
+    r"^(sdallocx|dallocx)$|^operator delete|^__rust_dealloc$|"
     r"^__rdl_dealloc$|^__rustc::__rust_dealloc|^core::ptr::drop_in_place|^(__)?(munmap|madvise)$|^malloc_trim$|"
-    r"^tcmalloc::|^mi_free"
+    + registry.internal_rx()
 )
 
 
