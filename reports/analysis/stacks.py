@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
+from common.allocators import symbol_prefix_rx
 from common.errors import UsageError
 from common.tracefile.reader import Trace
 
@@ -54,7 +55,7 @@ WRAPPER_PATTERNS = [
     r"^<.* as alloc::",
     # prefixed allocator entry points (jemalloc's je_/_rjem_, tcmalloc's tc_, mimalloc's mi_)
     (
-        r"^(je_|_rjem_|tc_|mi_)(malloc|calloc|realloc|free|mallocx|rallocx|xallocx|sdallocx|dallocx|nallocx|"
+        r"^(" + symbol_prefix_rx() + r")(malloc|calloc|realloc|free|mallocx|rallocx|xallocx|sdallocx|dallocx|nallocx|"
         r"posix_memalign|aligned_alloc|memalign|valloc|zalloc|zalloc_aligned|malloc_aligned|new|delete|"
         r"realloc_aligned|free_size)$"
     ),
