@@ -36,6 +36,7 @@ FAKE = Family(
     prefix_allocs=("sn_alloc_x",),
     prefix_frees=("sn_free_x",),
     symbol_prefixes=("sn_",),
+    internal_patterns=(r"^snfake::",),
     background_threads=("snfake_bg",),
     purge_function="sn_collect",
     purge_arg="force_bit",
@@ -102,6 +103,20 @@ def test_a_registered_family_is_discovered(fake):
     assert c.entries == {"_rsn_sn_collect": "malloc_trim_enter"}
     # an allocation without a free of the family's is not one
     assert scan_allocators("/opt/app", True, symbols(["_rsn_sn_alloc_x"])) == []
+
+
+def test_its_patterns_and_cache_key(fake):
+    """Its library, entry-point prefix and freeing frames join the patterns stacks.py and
+    waits.py compile, and a scan kept per file (tracer/allocators/facts.py) is keyed anew."""
+    assert registry.symbol_prefix_rx() == "je_|_rjem_|tc_|mi_|sn_"
+    assert registry.library_rx().endswith("|libsnfake\\w*")
+    assert registry.internal_rx() == r"^(je_|_rjem_)\w*(dalloc|tcache_bin_flush)|^tcmalloc::|^mi_free|^snfake::"
+    with_fake = registry.fingerprint()
+    registry.unregister(fake.name)
+    without = registry.fingerprint()
+    assert with_fake != without
+    registry.register(fake)
+    assert registry.fingerprint() == with_fake
 
 
 def test_unregistered_it_is_not(fake):
