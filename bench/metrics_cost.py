@@ -126,7 +126,7 @@ def synthetic(n_locations: int, snaps: int, scrapes: int) -> list[str]:
     changing every snapshot; CPU per snapshot and per scrape (generate_latest) at K = 10, 100."""
     from prometheus_client import generate_latest
 
-    from allocscope.cli.metrics import MetricsExporter
+    from reports.live.prometheus import MetricsExporter
     from reports.symbolize import Frame
 
     class Sym:

@@ -1,4 +1,4 @@
-"""`--metrics` without BPF: the exporter (allocscope/cli/metrics.py over reports/live/metrics.py) fed
+"""`--metrics` without BPF: the exporter (reports/live/prometheus.py over reports/live/metrics.py) fed
 synthetic snapshots the way the recorder's observer is, scraped over real HTTP and parsed with
 prometheus_client's parser: exact figures, the target's labels on every series, the top-K bound,
 restarts and ends across incarnations; bad input is one line. The real thing (a daemon, watch,
@@ -16,8 +16,9 @@ import pytest
 from support import cli, one_line_error, unavailable, wait_for
 from test_live import CONFIG, GROW, T_GROW, T_MAIN, FakeSymbolizer, Feed
 
-from allocscope.cli.metrics import MetricsExporter, cgroup_limit, parse_listen
 from common.errors import UsageError
+from reports.live.prometheus import MetricsExporter, parse_listen
+from tracer.process.cgroups import tightest_limit as cgroup_limit
 
 GROW_SITE = "grow_tick grower.c:30"
 CONFIG_SITE = "keep_config grower.c:31"
@@ -247,7 +248,7 @@ def test_watch_workers_each_their_own_series_bounded(monkeypatch):
     """watch follows several processes at once: each its own figures under `worker` (the lowest
     slot free when it started), a restart taking the slot its predecessor freed, at most
     MAX_WORKERS slots (one more is refused, its snapshots dropped); `worker` is not a --label."""
-    import allocscope.cli.metrics as M
+    import reports.live.prometheus as M
 
     monkeypatch.setattr(M, "MAX_WORKERS", 3)
     exp = MetricsExporter("127.0.0.1:0", {"pw": "12"}, 10, workers=True)

@@ -1,53 +1,23 @@
 """Watching a recording as it goes, without the full screen: `record`'s status line and
 `top --batch`'s blocks. The recorder hands every snapshot to an observer in its own thread;
 the observers here only queue it, and a thread of theirs does the work (symbolizing, ranking,
-writing), so a slow terminal or a first symbolization never delays a snapshot."""
+writing), so a slow terminal or a first symbolization never delays a snapshot. They are views:
+plain snapshot callables a command adds to its Listeners (common/listeners.py) beside the exporters."""
 
 from __future__ import annotations
 
 import errno
 import os
-import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
 
+from common.listeners import Listeners, Pump
 from reports.analysis import Folding
 from reports.live.model import LiveModel, StatusModel
 from reports.live.text import batch_block, status_text
 
 CLEAR_LINE = "\r\x1b[K"
-
-
-class Pump:
-    """A thread that takes the snapshots `observe` queued and hands each to `handle`, in order;
-    `close` waits until it has handled them all."""
-
-    def __init__(self, handle: Callable[[object], None], name: str) -> None:
-        self.handle = handle
-        self.queue: queue.Queue = queue.Queue()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def observe(self, snap) -> None:  # in the recorder's thread: costs a queue put
-        self.queue.put(snap)
-
-    def _run(self) -> None:
-        while (snap := self.queue.get()) is not None:
-            if self.error is None:
-                try:
-                    self.handle(snap)
-                except Exception as e:  # noqa: BLE001 - raised again by close(), in the caller's thread
-                    self.error = e
-
-    def close(self, check: bool = True) -> None:
-        """Wait until every queued snapshot is handled; `check`: raise what handling raised."""
-        self.queue.put(None)
-        self.thread.join()
-        if check and self.error is not None:
-            raise self.error
 
 
 class StatusLine:
@@ -144,14 +114,17 @@ def record_batch(
     progress=None,
     by: str = "location",
     early=None,
+    listeners: Listeners | None = None,
 ):
-    """`top --batch`: record `target` (tracer.record.recorder) with a BatchPrinter on `out` watching,
-    then the closing line. Returns (Summary, the printer)."""
+    """`top --batch`: record `target` (tracer.record.recorder) with a BatchPrinter on `out` watching
+    beside `listeners` (the exporters: allocscope/cli/listeners.py), then the closing line. Returns
+    (Summary, the printer)."""
     from tracer.record import recorder as rec  # noqa: PLC0415
 
     printer = BatchPrinter(out, stop, fold, sort, top, iterations, by)
+    watching = Listeners(printer.observe, *(listeners.all if listeners is not None else ()))
     try:
-        s = rec.record(target, opts, progress, stop=stop, observer=printer.observe, early=early)
+        s = rec.record(target, opts, progress, stop=stop, observer=watching.observer, early=early)
     except BaseException:
         printer.pump.close(check=False)
         raise

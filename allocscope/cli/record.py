@@ -18,7 +18,6 @@ from .recording import (
     end_launched,
     record_options,
     resolve_target,
-    start_metrics,
     start_probes,
     summary_text,
 )
@@ -106,7 +105,7 @@ def record(
     )
     check_inject(opts, command)
     validate(opts, output=False)
-    from .metrics import check_metrics, end_reason, fan_out  # noqa: PLC0415 (light: no pandas)
+    from .listeners import check_metrics, end_reason, start_listeners  # noqa: PLC0415 (light: no pandas)
 
     check_metrics(metrics, opts.labels)
     if dry_run:
@@ -116,11 +115,10 @@ def record(
         return
     require_root()
     validate(opts)
-    exporter = start_metrics(metrics, opts, metrics_top, None if quiet else progress)  # listening first
+    listeners = start_listeners(metrics, opts.labels, metrics_top, None if quiet else progress)  # listening first
     try:
         target = resolve_target(pid, pattern, command)
-        if exporter is not None:
-            exporter.target_started(target.pid, target.comm, output, launched=target.child is not None)
+        listeners.target_started(target.pid, target.comm, output, launched=target.child is not None)
         early = start_probes(target, opts)  # built in a thread while the tracer's modules load
         try:
             from tracer.record import recorder as rec  # noqa: PLC0415
@@ -132,23 +130,22 @@ def record(
             from .observers import StatusLine  # noqa: PLC0415
 
             status = StatusLine(sys.stderr)
+            listeners.add(status.observe)
         try:
             s = rec.record(
                 target,
                 opts,
                 None if quiet else status.progress if status else progress,
                 stop=stop,
-                observer=fan_out(status.observe if status else None, exporter.observe if exporter else None),
+                observer=listeners.observer,
                 early=early,
             )
         finally:
             if status is not None:
                 status.close()
-        if exporter is not None:
-            exporter.target_ended(end_reason(s, output))
+        listeners.target_ended(end_reason(s, output))
     finally:
-        if exporter is not None:
-            exporter.close()
+        listeners.close()
     click.echo(summary_text(s), err=True)
     code = end_launched(target, s, stop, grace, None if quiet else progress, progress)
     if code:

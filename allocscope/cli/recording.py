@@ -70,19 +70,6 @@ def start_probes(target, opts):
     return EarlyProbes(target.pid, opts, target.child is not None)
 
 
-def start_metrics(listen: str | None, opts, top_k: int, progress=None):
-    """--metrics: the exporter (allocscope/cli/metrics.py), serving from now on; None without
-    --metrics. The caller says when the target starts (`target_started`) and ends, and closes it."""
-    if not listen:
-        return None
-    from .metrics import MetricsExporter  # noqa: PLC0415
-
-    exporter = MetricsExporter(listen, opts.labels, top_k)
-    if progress is not None:
-        progress(f"metrics on {exporter.url}")
-    return exporter
-
-
 def end_launched(target, s, stop, grace: float, say=None, warn=None) -> int:
     """A launched program once its recording `s` is over (tracer/process/launch.py): ended by
     itself, or stopped (SIGTERM, the grace period, SIGKILL); its exit status as a shell says it,

@@ -28,7 +28,6 @@ from .recording import (
     end_launched,
     record_options,
     resolve_target,
-    start_metrics,
     start_probes,
     summary_text,
 )
@@ -137,16 +136,15 @@ def top(
     opts.first_snapshot_s = 0.2  # the first frame right after the attach, then every interval
     check_inject(opts, command)
     validate(opts, output=False)
-    from .metrics import check_metrics, end_reason  # noqa: PLC0415 (light: no pandas)
+    from .listeners import check_metrics, end_reason, start_listeners  # noqa: PLC0415 (light: no pandas)
 
     check_metrics(metrics, opts.labels)
     require_root("top")
     validate(opts)
-    exporter = start_metrics(metrics, opts, metrics_top, progress if batch else None)
+    listeners = start_listeners(metrics, opts.labels, metrics_top, progress if batch else None)
     try:
         target = resolve_target(pid, pattern, command)
-        if exporter is not None:
-            exporter.target_started(target.pid, target.comm, output, launched=target.child is not None)
+        listeners.target_started(target.pid, target.comm, output, launched=target.child is not None)
         early = start_probes(target, opts)  # built in a thread while the tracer and the reports load
         try:
             from tracer.record import recorder as rec  # noqa: PLC0415
@@ -154,16 +152,15 @@ def top(
             early.discard()
             raise
         if batch:
-            s, closed = _batch(target, opts, stop, folding, sort, top_n, iterations, by, early, exporter)
+            s, closed = _batch(target, opts, stop, folding, sort, top_n, iterations, by, early, listeners)
             if not closed:
                 click.echo(summary_text(s), err=True)
         else:
-            s = _screen(rec, target, opts, stop, folding, sort, threads_view, by, early, exporter)
-        if exporter is not None and s is not None:
-            exporter.target_ended(end_reason(s, output))
+            s = _screen(rec, target, opts, stop, folding, sort, threads_view, by, early, listeners)
+        if s is not None:
+            listeners.target_ended(end_reason(s, output))
     finally:
-        if exporter is not None:
-            exporter.close()
+        listeners.close()
     code = end_launched(target, s, stop, grace, progress, progress)
     if code:
         sys.exit(code)
@@ -181,40 +178,20 @@ def _last_words(text: str) -> None:
         silence(sys.stdout)
 
 
-def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None, exporter=None):
+def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None, listeners=None):
     from .observers import record_batch  # noqa: PLC0415
 
-    if exporter is None:
-        s, printer = record_batch(
-            target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by, early=early
-        )
-        return s, printer.closed
-    # --metrics: record_batch's recording, the exporter watching beside the printer
-    from tracer.record import recorder as rec  # noqa: PLC0415
-
-    from .metrics import fan_out  # noqa: PLC0415
-    from .observers import BatchPrinter  # noqa: PLC0415
-
-    printer = BatchPrinter(sys.stdout, stop, folding, sort, top_n, iterations, by)
-    try:
-        s = rec.record(
-            target, opts, progress, stop=stop, observer=fan_out(printer.observe, exporter.observe), early=early
-        )
-    except BaseException:
-        printer.pump.close(check=False)
-        raise
-    printer.pump.close()
-    from reports.analysis.ending import closing_text  # noqa: PLC0415 (pandas: loaded by now)
-
-    printer.write(f"-- ended: {closing_text(s.end, s.end_reason)}\n")
+    s, printer = record_batch(
+        target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by, early=early, listeners=listeners
+    )
     return s, printer.closed
 
 
-def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None, exporter=None):
+def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None, listeners=None):
+    from common.listeners import Listeners  # noqa: PLC0415
     from reports.live.model import LiveModel  # noqa: PLC0415
     from reports.live.text import ScreenState, mode_text, screen_text  # noqa: PLC0415
 
-    from .metrics import fan_out  # noqa: PLC0415
     from .screen import Screen  # noqa: PLC0415
 
     state = ScreenState(
@@ -226,8 +203,8 @@ def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None
     screen = Screen(LiveModel(folding, by=by), stop, state, redraw_each=target.child is not None)
     screen.start()
     try:
-        observer = screen.observe if exporter is None else fan_out(screen.observe, exporter.observe)
-        s = rec.record(target, opts, screen.progress, stop=stop, observer=observer, early=early)
+        watching = Listeners(screen.observe, *(listeners.all if listeners is not None else ()))
+        s = rec.record(target, opts, screen.progress, stop=stop, observer=watching.observer, early=early)
     except BaseException:
         screen.close()
         raise

@@ -218,7 +218,7 @@ def watch(
     validate(opts, output=False)
     from tracer.watch.watcher import Watcher, WatchOptions  # noqa: PLC0415
 
-    from .metrics import check_metrics  # noqa: PLC0415
+    from .listeners import check_metrics, start_listeners  # noqa: PLC0415
 
     check_metrics(metrics, opts.labels)
     require_root("watch")
@@ -240,14 +240,9 @@ def watch(
         comms=list(comms),
     )
     say = (lambda msg: None) if quiet else progress
-    exporter = None
-    if metrics:
-        from .metrics import MetricsExporter  # noqa: PLC0415
-
-        exporter = MetricsExporter(metrics, opts.labels, metrics_top, workers=True)
-        say(f"metrics on {exporter.url}")
+    listeners = start_listeners(metrics, opts.labels, metrics_top, say, workers=True)
     try:
-        watcher = Watcher(wopts, opts, say, stop, listener=exporter)
+        watcher = Watcher(wopts, opts, say, stop, listeners)
         from tracer.watch.keep import install as install_keep  # noqa: PLC0415
         from tracer.watch.triggers import install as install_triggers  # noqa: PLC0415
 
@@ -255,8 +250,7 @@ def watch(
         install_triggers(watcher)
         done = watcher.run()
     finally:
-        if exporter is not None:
-            exporter.close()
+        listeners.close()
     progress(f"watch stopped ({stop.reason or 'done'}): {len(done)} incarnation(s) traced in {out_dir}")
 
 

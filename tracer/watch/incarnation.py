@@ -87,7 +87,7 @@ class Tracing:
     """The recording of one process, in a thread (`start`); `done` once its trace is complete."""
 
     def __init__(self, watcher: Watcher, key: tuple[int, int], held: bool) -> None:
-        self.w = watcher
+        self.watcher = watcher
         self.key = key
         self.pid = key[0]
         self.held = held
@@ -104,16 +104,16 @@ class Tracing:
         try:
             self._trace()
         except Exception as e:  # noqa: BLE001 - one process's recording must never end the watch
-            self.w.progress(f"pid {self.pid}: {type(e).__name__}: {e}")
+            self.watcher.progress(f"pid {self.pid}: {type(e).__name__}: {e}")
         finally:
             self.done.set()
 
     def _release(self) -> None:
-        if self.held and self.w.gate is not None:
-            self.w.gate.release(self.pid)
+        if self.held and self.watcher.gate is not None:
+            self.watcher.gate.release(self.pid)
 
     def _trace(self) -> None:
-        w, pid, held = self.w, self.pid, self.held
+        w, pid, held = self.watcher, self.pid, self.held
         gate = w.gate if held else None
         try:
             target = target_from_pid(pid)
@@ -128,15 +128,15 @@ class Tracing:
             rec_hook = lambda: gate.release_code(pid)
         if w.gate is not None and w.claim(target.comm):
             w.gate.watch(target.comm)
-        path = os.path.join(w.w.out_dir, trace_name(target.comm, pid, time.time()))
+        path = os.path.join(w.options.out_dir, trace_name(target.comm, pid, time.time()))
         busy = [t.path for t in list(w.tracing.values()) if t is not self and t.path]
-        rotate(w.w.out_dir, w.w.max_traces, w.progress, busy)
+        rotate(w.options.out_dir, w.options.max_traces, w.progress, busy)
         self.path = path
         inc = Incarnation(pid, path, held)
         w.incarnations.append(inc)
         opts = replace(w.ropts, output=path, force=False)
-        served = w.listener.target_started(pid, target.comm, path) if w.listener is not None else False
-        if served is False and w.listener is not None and not w.said_unserved:
+        served = w.listeners.target_started(pid, target.comm, path)
+        if served is False and not w.said_unserved:
             w.said_unserved = True
             w.progress(f"pid {pid} is traced but not on --metrics: it serves a bounded number of processes at once")
         t0 = time.monotonic()
@@ -151,8 +151,8 @@ class Tracing:
             inc.summary = rec.run()
             reason = (rec.end or {}).get("reason")
             self._said_end(inc, rec)
-            if w.w.on_end:
-                triggers.spawn(w, "--on-end", w.w.on_end, triggers.end_env(rec), w.hooks)
+            if w.options.on_end:
+                triggers.spawn(w, "--on-end", w.options.on_end, triggers.end_env(rec), w.hooks)
         except AllocscopeError as e:
             inc.error = str(e)
             if isinstance(e, NoAllocatorError) and not held:  # perhaps caught before its loader's work
@@ -172,8 +172,7 @@ class Tracing:
             if target.on_release is not None:  # never attached: let it go
                 with contextlib.suppress(Exception):
                     target.on_release()
-            if w.listener is not None and served:
-                w.listener.target_ended(reason or "stopped", pid)
+            w.listeners.target_ended(reason or "stopped", pid)  # every start gets its end
         give_back_memory()
         if self.stop.reason is None and time.monotonic() - t0 < 0.5:
             time.sleep(0.2)  # a pid that ends at once: the gate's next event, not a busy loop
@@ -187,15 +186,14 @@ class Tracing:
         )
         if end.get("reason") == "oom_killed":
             how = oom_words(end.get("oom") or {})
-        self.w.progress(
+        self.watcher.progress(
             f"pid {inc.pid} {how}: wrote {inc.path} ({s.intervals} intervals, "
             f"{s.seconds:.1f}s{', traced from its exec' if inc.held else ''})"
         )
 
     def _observe(self, snap) -> None:
-        w, rec = self.w, self.recorder
-        if w.listener is not None:
-            w.listener.observe(snap, self.pid)
+        w, rec = self.watcher, self.recorder
+        w.listeners.observe(snap, self.pid)
         if rec is not None:
             for obs in w.observers:
                 obs(w, snap, rec)

@@ -54,25 +54,26 @@ def period(keep_s: float) -> float:
 
 
 def install(watcher) -> None:
-    """Cut the history of each incarnation's trace as it is recorded (watcher.w.keep_s)."""
-    if watcher.w.keep_s is None:
+    """Cut the history of each incarnation's trace as it is recorded (watcher.options.keep_s)."""
+    if watcher.options.keep_s is None:
         return
     state: dict = {}
 
-    def observe(w, snap, rec) -> None:
+    def observe(watch, snap, rec) -> None:
+        keep_s = watch.options.keep_s
         if snap.final:
             return
-        st = state.setdefault(id(rec), {"next": time.monotonic() + period(w.w.keep_s)})
+        st = state.setdefault(id(rec), {"next": time.monotonic() + period(keep_s)})
         if time.monotonic() < st["next"]:
             return
-        st["next"] = time.monotonic() + period(w.w.keep_s)
+        st["next"] = time.monotonic() + period(keep_s)
         try:
-            if cut(rec, w.w.keep_s) and rec.kept:
+            if cut(rec, keep_s) and rec.kept:
                 from ..record.meta import trace_meta  # noqa: PLC0415
 
                 rec.writer.write_meta(trace_meta(rec, False))  # what was dropped, said at once
         except Exception as e:  # noqa: BLE001 - the history stays longer; the recording goes on
-            w.progress(f"--keep: could not drop old intervals ({type(e).__name__}: {str(e)[:120]})")
+            watch.progress(f"--keep: could not drop old intervals ({type(e).__name__}: {str(e)[:120]})")
 
     watcher.observers.append(observe)
 

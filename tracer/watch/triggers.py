@@ -33,46 +33,48 @@ SPAWNING = threading.Lock()
 
 
 def install(watcher) -> None:
-    if watcher.w.when_rss is None:
+    if watcher.options.when_rss is None:
         return
     children: list[subprocess.Popen] = []
 
-    def observe(w, snap, rec) -> None:
+    def observe(watch, snap, rec) -> None:
         rss = int(snap.row.get("rss_bytes", -1))
-        if rss < w.w.when_rss or any(t["name"] == TRIGGER for t in rec.triggers):
+        if rss < watch.options.when_rss or any(t["name"] == TRIGGER for t in rec.triggers):
             return
-        fire(w, rec, snap, rss, children)
+        fire(watch, rec, snap, rss, children)
 
     watcher.observers.append(observe)
 
 
-def fire(w, rec, snap, rss: int, children: list) -> None:
+def fire(watch, rec, snap, rss: int, children: list) -> None:
+    """The trigger: kept in the trace at once, said in a line, --on-trigger run."""
+    opts = watch.options
     trig = {
         "name": TRIGGER,
         "seq": int(snap.seq),
         "elapsed_s": float(snap.row.get("elapsed_s", 0.0)),
         "wall_s": time.time(),
         "rss_bytes": rss,
-        "threshold_bytes": int(w.w.when_rss),
+        "threshold_bytes": int(opts.when_rss),
     }
     rec.triggers.append(trig)
     from ..record.meta import trace_meta  # noqa: PLC0415
 
     rec.writer.write_held()
     rec.writer.write_meta(trace_meta(rec, False))
-    w.progress(
-        f"pid {rec.target.pid}: RSS {human_bytes(rss)} passed --when-rss {human_bytes(w.w.when_rss)} "
+    watch.progress(
+        f"pid {rec.target.pid}: RSS {human_bytes(rss)} passed --when-rss {human_bytes(opts.when_rss)} "
         f"at +{trig['elapsed_s']:.1f}s: "
         f"kept as snapshot '{TRIGGER}' of {rec.opts.output} (report --at {TRIGGER})"
     )
-    if w.w.on_trigger:
+    if opts.on_trigger:
         env = {
             "ALLOCSCOPE_TRACE": rec.opts.output,
             "ALLOCSCOPE_PID": str(rec.target.pid),
             "ALLOCSCOPE_RSS_BYTES": str(rss),
             "ALLOCSCOPE_TRIGGER": TRIGGER,
         }
-        spawn(w, "--on-trigger", w.w.on_trigger, env, children)
+        spawn(watch, "--on-trigger", opts.on_trigger, env, children)
 
 
 def end_env(rec) -> dict[str, str]:
@@ -94,14 +96,14 @@ def end_env(rec) -> dict[str, str]:
     }
 
 
-def spawn(w, option: str, cmd: str, env: dict[str, str], children: list) -> None:
+def spawn(watch, option: str, cmd: str, env: dict[str, str], children: list) -> None:
     """`cmd` through /bin/sh in a session of its own, `env` added to ours; never waited for
     (`children` keeps it to be reaped). One that cannot start is said in a line."""
     with SPAWNING:  # the recordings of processes followed at once end in threads of their own
-        _spawn(w, option, cmd, env, children)
+        _spawn(watch, option, cmd, env, children)
 
 
-def _spawn(w, option: str, cmd: str, env: dict[str, str], children: list) -> None:
+def _spawn(watch, option: str, cmd: str, env: dict[str, str], children: list) -> None:
     for c in list(children):  # reap the commands that ended
         if c.poll() is not None:
             children.remove(c)
@@ -116,4 +118,4 @@ def _spawn(w, option: str, cmd: str, env: dict[str, str], children: list) -> Non
             )
         )
     except OSError as e:
-        w.progress(f"{option} could not start: {e.strerror or e}")
+        watch.progress(f"{option} could not start: {e.strerror or e}")

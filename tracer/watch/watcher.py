@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from common.errors import TargetError, UsageError
+from common.listeners import Listeners, SnapshotListener
 
 from ..base.options import RecordOptions
 from ..process import procfs
@@ -91,13 +92,14 @@ class Watcher:
         ropts: RecordOptions,
         progress: Callable[[str], None],
         stop: StopRequest,
-        listener=None,
+        listeners: SnapshotListener | None = None,
     ) -> None:
-        self.w = wopts
-        self.ropts = ropts
+        self.options = wopts  # the watch's own (--keep, --max-traces, --when-rss...)
+        self.ropts = ropts  # each recording's
         self.progress = progress
         self.stop = stop
-        self.listener = listener  # target_started/target_ended/observe by pid (metrics), or None
+        # told each incarnation's start, snapshots and end, by pid (common/listeners.py: --metrics)
+        self.listeners: SnapshotListener = listeners if listeners is not None else Listeners()
         self.said_unserved = False  # a process beyond --metrics' workers said once
         self.incarnations: list[Incarnation] = []
         self.pending: queue.Queue[tuple[int, bool]] = queue.Queue()  # (pid, held at its exec)
@@ -256,11 +258,11 @@ class Watcher:
             return False
 
     def _run(self) -> list[Incarnation]:
-        os.makedirs(self.w.out_dir, mode=0o700, exist_ok=True)
+        os.makedirs(self.options.out_dir, mode=0o700, exist_ok=True)
         self.warm()
         if self.stop.reason is not None:
             return self.incarnations
-        if self.w.hold:
+        if self.options.hold:
             from .gate import ExecGate  # noqa: PLC0415 (BCC)
 
             self.gate = ExecGate([c for c in sorted(self.comms) if self.claim(c)])
@@ -269,10 +271,14 @@ class Watcher:
             self._gate_thread = threading.Thread(target=self._gate_loop, name="exec gate", daemon=True)
             self._gate_thread.start()
         try:
-            what = f"--pid {self.w.pid}'s command line" if self.w.pid is not None else f"--pgrep {self.pattern!r}"
+            what = (
+                f"--pid {self.options.pid}'s command line"
+                if self.options.pid is not None
+                else f"--pgrep {self.pattern!r}"
+            )
             gated = sorted(self.gate.comms) if self.gate else []
             held = f"; new incarnations of {', '.join(gated)} are held at their exec" if gated else ""
-            self.progress(f"watching {what}{held}; traces in {self.w.out_dir}; Ctrl-C to stop")
+            self.progress(f"watching {what}{held}; traces in {self.options.out_dir}; Ctrl-C to stop")
             next_scan = 0.0
             while self.stop.reason is None:
                 due, next_scan = self._due(next_scan)
@@ -304,13 +310,13 @@ class Watcher:
             if key is None:
                 self.progress(f"pid {pid} ended {'while held at its exec, ' if held else ''}before it could be traced")
             return
-        if sum(not t.done.is_set() for t in self.tracing.values()) >= self.w.max_processes:
+        if sum(not t.done.is_set() for t in self.tracing.values()) >= self.options.max_processes:
             if held and self.gate is not None:
                 self.gate.release(pid)  # not seen: found again by a look at /proc once there is room
             if key not in self.waiting:
                 self.waiting.add(key)
                 self.progress(
-                    f"pid {pid} matches but {self.w.max_processes} processes are recorded already "
+                    f"pid {pid} matches but {self.options.max_processes} processes are recorded already "
                     "(--max-processes): traced once one of them ends"
                 )
             return

@@ -1,18 +1,21 @@
-"""`--metrics HOST:PORT` (watch, record, top): the recording's figures in Prometheus' exposition
-format over HTTP, served by prometheus_client from its own registry in a daemon thread
-(docs/fleet.md). The figures are computed by reports.live.metrics in a thread of ours, once per
-snapshot; a scrape only formats the last computed ones."""
+"""The Prometheus exporter (`--metrics HOST:PORT` of watch, record and top; docs/fleet.md): a
+SnapshotListener (common/listeners.py) serving a recording's figures in Prometheus' exposition
+format over HTTP, by prometheus_client from its own registry in a daemon thread. The figures are
+computed by metrics.py (FleetMetrics) in a thread of ours, once per snapshot; a scrape only formats
+the last computed ones. What it may not read itself (the target's memory cgroup: the tracer's
+tracer/process/cgroups.py) its builder hands it as `limit_of` (allocscope/cli/listeners.py)."""
 
 from __future__ import annotations
 
 import errno
-import os
 import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from common.errors import UsageError
+from common.listeners import Pump
 
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 WORKER_LABEL = "worker"  # watch: which of the processes followed at once a series is of
@@ -31,42 +34,13 @@ def parse_listen(listen: str) -> tuple[str, int]:
 
 def check_labels(labels: dict[str, str]) -> None:
     """Every --label key must be a Prometheus label name, and none of the exporter's own."""
-    from reports.live.metrics import OWN_LABELS  # noqa: PLC0415
+    from .metrics import OWN_LABELS  # noqa: PLC0415 (the analysis, pandas: only with --metrics)
 
     for k in labels:
         if not LABEL_NAME.fullmatch(k) or k.startswith("__"):
             raise UsageError(f"--label {k}=...: with --metrics a label name is [a-zA-Z_][a-zA-Z0-9_]* (not __...)")
         if k in OWN_LABELS or k == WORKER_LABEL:
             raise UsageError(f"--label {k}=...: with --metrics {k!r} is a label of the exporter's own; pick another")
-
-
-def check_metrics(listen: str | None, labels: dict[str, str]) -> None:
-    """--metrics and the --label pairs checked before anything is attached or listened on."""
-    if listen is not None:
-        parse_listen(listen)
-        check_labels(labels)
-
-
-def fan_out(*observers):
-    """One recorder observer calling each of `observers` that is not None (None when none is)."""
-    live = [o for o in observers if o is not None]
-    if len(live) <= 1:
-        return live[0] if live else None
-
-    def observe(snap) -> None:
-        for o in live:
-            o(snap)
-
-    return observe
-
-
-def cgroup_limit(pid: int) -> int | None:
-    """The tightest memory limit over the memory cgroups of `pid`, from its own to the root:
-    memory.max (cgroup v2) or memory.limit_in_bytes (v1); None when there is none. Read as the
-    end of a recording reads it (tracer/process/cgroups.py: one reader of cgroup facts)."""
-    from tracer.process.cgroups import tightest_limit  # noqa: PLC0415
-
-    return tightest_limit(pid)
 
 
 class Cost:
@@ -185,11 +159,17 @@ class MetricsExporter:
     many processes come and go; one beyond the cap is traced but not served (target_started
     says False)."""
 
-    def __init__(self, listen: str, labels: dict[str, str], top_k: int = 10, fold=None, workers: bool = False) -> None:
+    def __init__(
+        self,
+        listen: str,
+        labels: dict[str, str],
+        top_k: int = 10,
+        fold=None,
+        workers: bool = False,
+        limit_of: Callable[[int], int | None] | None = None,
+    ) -> None:
         from prometheus_client import CollectorRegistry  # noqa: PLC0415
         from prometheus_client.exposition import start_http_server  # noqa: PLC0415
-
-        from .observers import Pump  # noqa: PLC0415
 
         host, port = parse_listen(listen)
         if top_k < 1:
@@ -197,6 +177,7 @@ class MetricsExporter:
         check_labels(labels)
         self.labels = dict(labels)
         self.top_k, self.fold, self.workers = top_k, fold, workers
+        self.limit_of = limit_of  # pid -> the tightest memory cgroup limit (None: no such gauge)
         self.slots: list[Worker] = []
         self._slot(0 if workers else None)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -218,7 +199,7 @@ class MetricsExporter:
         self.closed = False
 
     def _slot(self, index: int | None) -> Worker:
-        from reports.live.metrics import FleetMetrics  # noqa: PLC0415
+        from .metrics import FleetMetrics  # noqa: PLC0415
 
         w = Worker(index, FleetMetrics(self.top_k, self.fold, self.slots[0].metrics.sym if self.slots else None))
         self.slots.append(w)
@@ -299,15 +280,18 @@ class MetricsExporter:
                     w.open = None  # taken: what comes next is queued anew
             self.snapshots += 1
             if w.pid and not arg.final:
-                m.cgroup_limit = cgroup_limit(w.pid)
+                m.cgroup_limit = self._limit(w.pid)
             m.update(arg)
         elif what == "start":
             w.pid = int(arg[0])
-            m.cgroup_limit = cgroup_limit(w.pid) if w.pid else None
+            m.cgroup_limit = self._limit(w.pid) if w.pid else None
             m.started(*arg)
         elif what == "end":
             w.pid = 0
             m.ended(arg)
+
+    def _limit(self, pid: int) -> int | None:
+        return self.limit_of(pid) if self.limit_of is not None else None
 
     def flush(self) -> None:
         """Wait until everything queued so far is in the served figures (tests)."""
@@ -327,20 +311,4 @@ class MetricsExporter:
             self.server.server_close()
 
 
-def end_reason(summary, trace_path: str | None) -> str:
-    """recording.end.reason of a finished recording: meta.json's `end` when the trace has it,
-    else from the recorder's words ("target exited", "target exec'd ...", a signal, --duration)."""
-    import json  # noqa: PLC0415
-
-    if trace_path:
-        try:
-            with open(os.path.join(trace_path, "meta.json")) as f:
-                end = json.load(f).get("end")
-            if isinstance(end, dict) and end.get("reason"):
-                return str(end["reason"])
-        except (OSError, ValueError, AttributeError):
-            pass
-    said = getattr(summary, "end_reason", "") or ""
-    if said == "target exited":
-        return "exited"
-    return "exec" if said.startswith("target exec") else "stopped"
+__all__ = ["MAX_WORKERS", "WORKER_LABEL", "MetricsExporter", "check_labels", "parse_listen"]
