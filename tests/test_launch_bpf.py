@@ -204,3 +204,20 @@ def test_at_a_terminal_the_program_shares_our_group_and_its_children_get_the_sig
     wait_for(lambda: gone(sleeper), timeout=5, what="the program's sleep child to end")
     assert "SIGTERM to sh (pid " in text and ") and its children; SIGKILL in 5 s" in text, text
     assert "process group" not in text and "SIGKILL to" not in text, text
+
+
+def test_top_batch_launch_follows_the_same_rules(tmp_path):
+    """`top --batch -- CMD`: the blocks on stdout, our lines on stderr; --iterations stops the
+    recording, the program gets SIGTERM (its TERM trap runs, its child ends) and allocscope exits
+    with its status."""
+    script = tmp_path / "trapped.sh"
+    script.write_text(TRAPPED)
+    p = run("top", "--batch", "--iterations", "1", "--interval", "0.5", "--", "sh", str(script), str(tmp_path))
+    assert p.returncode == 3, p.stderr
+    assert p.stdout.startswith("== ") and p.stdout.endswith("-- ended: 1 iteration\n"), p.stdout
+    assert (tmp_path / "trapped").read_text() == "trapped\n"
+    sleeper = int((tmp_path / "sleep.pid").read_text())
+    wait_for(lambda: gone(sleeper), timeout=5, what="the program's sleep child to end")
+    lines = ours(p.stderr)
+    assert all(line.startswith("allocscope: ") for line in lines), lines
+    assert lines[-1].startswith("allocscope: recording stopped (1 iteration): SIGTERM to sh (pid "), lines
