@@ -1,7 +1,7 @@
 /* allocscope: DWARF (CFI) unwinding of the user stack inside the probe (BCC dialect).
  *
- * Included by stacks.h when AS_UNWIND_DWARF is defined, after store_stack() (scratch, count():
- * common.h). Declarations only (see allocscope.c). Layouts are in allocscope.h; tracer/unwind/unwinder.py
+ * Included by stacks.h when AS_UNWIND_DWARF is defined; keeps its stacks with store_stack()
+ * (stack_store.h; scratch, count(): common.h). Declarations only (see allocscope.c). Layouts are in allocscope.h; tracer/unwind/unwinder.py
  * builds and loads the rows.
  *
  * Each frame: find the mapping of the pc in `umaps` (LPM trie: one lookup, no loop), binary
@@ -41,6 +41,8 @@
  */
 #ifndef AS_UNWIND_DWARF_H
 #define AS_UNWIND_DWARF_H
+#include "common.h"
+#include "stack_store.h"
 #ifndef AS_UNWIND_ROWS
 #error "AS_UNWIND_ROWS: set by the tracer (tracer/bpf/source.py, probe_cflags)"
 #endif
