@@ -36,7 +36,7 @@ def compact_segment():
 
 def compactor(done):
     for _ in range(SEGMENTS):
-        held.append(compact_segment())
+        held.append(compact_segment())  # line: compactor
     done.set()
 
 
@@ -72,7 +72,11 @@ def main():
     for _ in range(INFLATES):
         held.append(inflate(payload))
     worker_done.wait()
-    print(f"done batches={BATCHES * BATCH} segments={SEGMENTS * SEGMENT} inflates={INFLATES * INFLATE}", flush=True)
+    print(
+        f"done batches={BATCHES * BATCH} segments={SEGMENTS * SEGMENT} inflates={INFLATES * INFLATE} "
+        f"pid={threading.get_native_id()} worker={worker.native_id}",
+        flush=True,
+    )
     threading.Event().wait()
 
 
