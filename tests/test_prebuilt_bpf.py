@@ -19,8 +19,9 @@ from support import IN_CI, cli, functions, report_json
 from common.errors import AllocscopeError, UsageError
 from tracer.base.options import RecordOptions
 from tracer.bpf import prebuilt, syscall
+from tracer.bpf.autoload import tail_programs
 from tracer.bpf.cache import INSN
-from tracer.bpf.program import Program, tail_programs
+from tracer.bpf.program import Program
 from tracer.bpf.source import links_choice, probe_config, session_choice
 from tracer.record.validate import validate
 

@@ -44,6 +44,7 @@ from typing import Any
 
 from ..base import layout as L
 from ..base.options import RecordOptions
+from .autoload import verify_and_attach
 from .cache import BPF_LD_IMM64, BPF_PSEUDO_MAP_FD, INSN, SIZE_ONLY
 from .source import bpf_text, const_flags, probe_config
 from .syscall import MAP_TYPE_RINGBUF, create_map, load_prog
@@ -408,11 +409,7 @@ def table_sizes(entry: dict, flags: list[str]) -> dict[str, int]:
 
 def load(bcc, entry: dict, flags: list[str], consts: dict[str, int], preload=(), skip_sys: bool = False):
     """A bcc.BPF of the store's `entry` for a recording: maps created, the tracepoint programs
-    and those in `preload` loaded (verified two at a time), the tracepoints attached."""
-    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
-
-    from .program import SYS_TP_PREFIX, fill_sys_tails, tail_programs  # noqa: PLC0415
-
+    and those in `preload` loaded (verified in parallel), the tracepoints attached."""
     _install_table_lib(bcc)
     sizes = table_sizes(entry, flags)
     rows = entry["tables"]
@@ -493,31 +490,9 @@ def load(bcc, entry: dict, flags: list[str], consts: dict[str, int], preload=(),
 
     bpf = PrebuiltBPF()
     try:
-        tps = [n.encode() for n in entry["funcs"] if n.startswith("tracepoint__")]
-        raws = [n.encode() for n in entry["funcs"] if n.startswith("raw_tracepoint__")]
-        sys = tail_programs(bcc, entry["funcs"])
-        todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + [(b, bcc.BPF.RAW_TRACEPOINT) for b in raws] + sys
-        todo += [item for item in preload if item[0].decode() in entry["funcs"]]
         # the verifier runs in the loading thread with the GIL released: up to four at a time
-        # (two on two cores), the slowest first (the DWARF unwinders); a failure is left for the
-        # load that needs the program (it raises there)
-        todo.sort(key=lambda item: -len(entry["funcs"][item[0].decode()]["code"]))
-
-        def try_load(item) -> None:
-            try:
-                bpf.load_func(*item)
-            except Exception:  # noqa: BLE001
-                pass
-
-        with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
-            list(pool.map(try_load, todo))
-        fill_sys_tails(bcc, bpf)
-        for b in tps:
-            if skip_sys and b.startswith(SYS_TP_PREFIX):
-                continue  # --inject: attached later, only for the calls the agent could not hook
-            bpf.attach_tracepoint(tp=b[len(b"tracepoint__") :].replace(b"__", b":"), fn_name=b)
-        for b in raws:
-            bpf.attach_raw_tracepoint(tp=b[len(b"raw_tracepoint__") :], fn_name=b)
+        # (two on two cores)
+        verify_and_attach(bcc, bpf, entry["funcs"], preload, skip_sys, workers=max(2, min(4, os.cpu_count() or 2)))
     except BaseException:
         bpf.cleanup()
         raise

@@ -22,6 +22,7 @@ from ..base.options import RecordOptions
 from . import bcc_lean as bcclight
 from . import cache as bpfcache
 from . import prebuilt
+from .autoload import fill_sys_tails, verify_and_attach
 from .kernel_btf import rss_offsets
 from .objects import TRACE_UPROBE_MULTI, TRACE_UPROBE_SESSION
 from .source import bpf_text, const_flags, links_choice, probe_config, session_choice
@@ -128,68 +129,14 @@ def cached_bpf(
 
     with bcclight.light(bcc):
         bpf = CachedBPF(text=maps_text, cflags=cflags)
-    tps = [name.encode() for name in entry["funcs"] if name.startswith("tracepoint__")]
-    raws = [name.encode() for name in entry["funcs"] if name.startswith("raw_tracepoint__")]
-    # The verifier runs in the loading thread, and libbcc's call releases the GIL: the programs
-    # known to be needed are verified two at a time. A failure here is left for the load that
-    # needs the program (it raises there, as it would have without this).
-    sys = tail_programs(bcc, entry["funcs"])
-    todo = [(b, bcc.BPF.TRACEPOINT) for b in tps] + [(b, bcc.BPF.RAW_TRACEPOINT) for b in raws] + sys
-    todo += [item for item in preload if item[0].decode() in entry["funcs"]]
-
-    def try_load(item) -> None:
-        try:
-            bpf.load_func(*item)
-        except Exception:  # noqa: BLE001
-            pass
-
-    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        list(pool.map(try_load, todo))
-    fill_sys_tails(bcc, bpf)
-    for b in tps:
-        if skip_sys and b.startswith(SYS_TP_PREFIX):
-            continue  # --inject: attached later, only for the mmap-family calls the agent could not hook
-        bpf.attach_tracepoint(tp=b[len(b"tracepoint__") :].replace(b"__", b":"), fn_name=b)
-    for b in raws:
-        bpf.attach_raw_tracepoint(tp=b[len(b"raw_tracepoint__") :], fn_name=b)
+    # the programs known to be needed verified two at a time, the tracepoints attached
+    verify_and_attach(bcc, bpf, entry["funcs"], preload, skip_sys, workers=2)
     return bpf
-
-
-SYS_TP_PREFIX = b"tracepoint__syscalls__"
 
 
 def sys_tracepoints(kind: str) -> list[str]:
     """The tracepoints of one mmap-family call (tracer/inject/agent.py SYS_FAMILY kind)."""
     return [f"syscalls:sys_{d}_{kind}" for d in ("enter", "exit")]
-
-
-SYS_TAILS = (b"sys_unwind", b"sys_keep")  # probes/syscalls.bpf.c: the stack of an mmap or brk exit (DWARF)
-WAIT_TAILS = (b"wait_unwind", b"wait_keep")  # probes/waits.bpf.c: the stack of a wait (DWARF, raw sched_switch)
-
-
-def tail_programs(bcc, funcs) -> list[tuple[bytes, int]]:
-    """(program, type) of the tail-called programs `funcs` (names) has: loaded, and their tables
-    filled, before the tracepoints attach (fill_sys_tails)."""
-    names = {f.decode() if isinstance(f, bytes) else f for f in funcs}
-    out = [(n, bcc.BPF.TRACEPOINT) for n in SYS_TAILS if n.decode() in names]
-    return out + [(n, bcc.BPF.RAW_TRACEPOINT) for n in WAIT_TAILS if n.decode() in names]
-
-
-def fill_sys_tails(bcc, bpf) -> None:
-    """The programs the mmap and brk exits (syscalls.h sys_handoff) and the raw sched_switch
-    (waits.h wait_began) hand a stack to unwind over to."""
-    for table_name, names, ptype in (
-        (b"sys_tails", SYS_TAILS, bcc.BPF.TRACEPOINT),
-        (b"wait_tails", WAIT_TAILS, bcc.BPF.RAW_TRACEPOINT),
-    ):
-        try:
-            table = bpf[table_name]
-        except KeyError:
-            continue  # --unwind fp (or the classic sched_switch): the programs take the stack themselves
-        for i, name in enumerate(names):
-            table[ct.c_int(i)] = ct.c_int(bpf.load_func(name, ptype).fd)
 
 
 def detach_all(bcc, bpf) -> None:
