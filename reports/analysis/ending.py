@@ -5,7 +5,8 @@ meta.json's `end` is written by the tracer (tracer/process/ending.py): `reason` 
 limit_bytes, told_by, victim: the kernel's mark with its memory at the kill}), `time` (seconds
 after the probes went live) and `last_alive` (the snapshot that last measured the target alive:
 the end's RSS figures are that snapshot's, a dead process has none). A killed or OOM-killed
-target's report opens with what it held when it died."""
+target's report opens with what it held when it died: the figure the table beside it shows (in
+residency mode, the first-touch estimate of analysis/touches.py, said to be one)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from common.endwords import oom_text
 
 from ..units import human_bytes
+from .findings import estimated, finding, held_bytes, where_text
 
 
 def recording_end(meta: dict) -> dict | None:
@@ -107,21 +109,16 @@ def _victim_clause(end: dict) -> str:
 
 
 def _held_at_end(doc: dict) -> tuple[str, dict] | None:
-    """'hold_partitions restartd.c:36 held 300.0 MiB' for the location holding most at the end."""
-    from .findings import where_text  # noqa: PLC0415 (findings imports this module)
-
-    rows = [(_held(r), r) for r in doc.get("locations") or doc.get("sites") or []]
+    """'hold_partitions restartd.c:36 held 300.0 MiB' for the location holding most at the end:
+    its live bytes as its table row shows them (findings.held_bytes), in residency mode with the
+    estimate its sampled first touches stand for (analysis/touches.py), said to be one."""
+    rows = [(held_bytes(r, "live_bytes"), r) for r in doc.get("locations") or doc.get("sites") or []]
     rows = [(b, r) for b, r in rows if b > 0]
     if not rows:
         return None
     held, top = max(rows, key=lambda br: br[0])
-    return f"{where_text(top)} held {human_bytes(held)}", top | {"held_bytes": held}
-
-
-def _held(row: dict) -> int:
-    """A row's live bytes, less its sampled first touches (residency mode's `fault` source counts
-    pages touched, not memory held: the mmap rows hold those pages)."""
-    return int(row.get("live_bytes") or 0) - int((row.get("live_by_source") or {}).get("fault") or 0)
+    est = " (an estimate from sampled first touches)" if estimated(top, "live_bytes") else ""
+    return f"{where_text(top)} held {human_bytes(held)}{est}", top | {"held_bytes": held}
 
 
 def _waiting_at_end(doc: dict) -> str:
@@ -148,8 +145,6 @@ def _waiting_at_end(doc: dict) -> str:
 def end_finding(doc: dict) -> dict | None:
     """The first finding of a killed or OOM-killed target: how, when, and what it held then (the
     last measurement while it was alive); None for any other end."""
-    from .findings import finding  # noqa: PLC0415
-
     end = (doc.get("recording") or {}).get("end") or {}
     if end.get("reason") not in ("killed", "oom_killed"):
         return None
