@@ -267,7 +267,7 @@ class Child:
             os.killpg(self.pid, 0)
         except (ProcessLookupError, PermissionError):
             return False
-        return True
+        return group_running(self.pid)
 
     def reap(self, until: float) -> int | None:
         """Poll until it is reaped or the monotonic clock reaches `until`, letting it go from its
@@ -296,6 +296,21 @@ class Child:
                 )
             self.signal(signal.SIGKILL)
             self.reap(time.monotonic() + 5)
+
+
+def group_running(pgid: int) -> bool:
+    """Some process of process group `pgid` is running: a zombie does not count (one whose parent
+    died waits for init to reap it, and some container inits never do)."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            f = procfs.stat_fields(int(d))
+            if int(f[2]) == pgid and f[0] not in ("Z", "X", "x"):
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
 
 
 def descendants(pid: int) -> list[int]:
