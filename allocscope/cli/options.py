@@ -310,7 +310,7 @@ def source_option(f):
 
 def metrics_options(f):
     """--metrics HOST:PORT and --metrics-top K: the recording's figures for Prometheus
-    (allocscope/cli/metrics.py, docs/fleet.md)."""
+    (reports/live/prometheus.py, docs/fleet.md)."""
     for opt in reversed(
         [
             click.option(

@@ -1,6 +1,6 @@
 """The fleet's metrics (`--metrics`, docs/fleet.md): what a Prometheus scrape of a recording shows,
 computed snapshot by snapshot from what the recorder hands its observer, through the live model
-(model.py) — locations named as `top` and the report name them. Pure data: allocscope/cli/metrics.py
+(model.py) — locations named as `top` and the report name them. Pure data: prometheus.py
 serves it with prometheus_client.
 
 `FleetMetrics` follows one target across its incarnations (`allocscope watch`): `started` begins an

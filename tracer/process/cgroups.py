@@ -1,8 +1,8 @@
 """One reader of a process's memory cgroups (cgroup v1's memory controller where the box mounts one,
 else cgroup v2): which they are, from its own up to the root, each one's limit, OOM counters and,
 on v1, whether it was at its limit. Used by the end of a recording (tracer/process/ending.py: was
-an OOM kill the cgroup's or the whole machine's?) and by --metrics (allocscope/cli/metrics.py:
-`allocscope_cgroup_memory_limit_bytes`).
+an OOM kill the cgroup's or the whole machine's?) and by --metrics (reports/live/prometheus.py,
+handed `tightest_limit` by allocscope/cli/listeners.py: `allocscope_cgroup_memory_limit_bytes`).
 
 cgroup v2 counts a cgroup that hit its limit in `memory.events` (`oom`: the limit was reached and
 an allocation was about to fail; `oom_kill`). v1 has no such count: `memory.oom_control` has
