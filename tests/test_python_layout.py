@@ -16,7 +16,7 @@ import pytest
 from reports.symbolize.python import line_at
 from tests.support import ROOT, need, need_tool
 from tracer.process.procfs import read_maps
-from tracer.runtimes.python import LAYOUTS, ProcMem, find_interpreter, read_code, thread_states
+from tracer.runtimes.python import LAYOUTS, ProcMem, PythonFrames, find_interpreter, read_code, thread_states
 
 PYENV = Path.home() / ".pyenv" / "versions"
 # (interpreter, include directory): pyenv's three and Debian's own 3.11
@@ -101,3 +101,34 @@ def test_location_table_lines_are_co_lines(name):
                 checked += 1
     assert checked > 1000
     assert os.path.exists(src)
+
+
+def test_unknown_version_is_said_once_and_stays_native():
+    """CPython 3.10 (no _PyInterpreterFrame): said once, no map touched, no thread walked."""
+    exe = need([str(PYENV / "3.10.13/bin/python3.10")], "CPython 3.10 (pyenv)")
+    p = subprocess.Popen(
+        [exe, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    said: list[str] = []
+
+    def tables(name: str):
+        raise AssertionError(f"the probe's {name} touched for an unknown version")
+
+    try:
+        assert p.stdout.readline().startswith("ready")
+        py = PythonFrames(p.pid, tables, said.append)
+        try:
+            maps = read_maps(p.pid)
+            py.update(maps)
+            py.update(maps)  # the maps changed: looked at once, said once
+            py.tick()
+            assert py.interp is None and py.tids == {}
+            assert len(said) == 1 and "CPython 3.10" in said[0] and "stay native" in said[0], said
+        finally:
+            py.close()
+    finally:
+        p.kill()
+        p.wait()

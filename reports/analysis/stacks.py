@@ -181,7 +181,8 @@ def symbolize_stack_rows(
 
 # The eval loop's C frame: each call of it ran a run of Python frames (3.11+: Python-to-Python
 # calls stay in one call of it), the run that ends at a frame marked `entry`.
-EVAL_FUNCTIONS = frozenset({"_PyEval_EvalFrameDefault", "_PyEval_EvalFrame"})
+# (`_PyEval_EvalFrame`, inlined into its callers, is the call of it, not a run: it stays.)
+EVAL_FUNCTIONS = frozenset({"_PyEval_EvalFrameDefault"})
 
 
 def with_python(stacks: dict[int, tuple[FrameInfo, ...]], trace) -> dict[int, tuple[FrameInfo, ...]]:

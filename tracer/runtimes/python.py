@@ -164,7 +164,7 @@ class Interpreter:
 
     @property
     def label(self) -> str:
-        return f"CPython {'.'.join(map(str, self.version))} ({os.path.basename(self.path)})"
+        return f"CPython {'.'.join(str(v) for v in self.version if v >= 0)} ({os.path.basename(self.path)})"
 
 
 def _symbols(path: str, names: tuple[str, ...]) -> tuple[dict[str, int], int]:
@@ -216,7 +216,7 @@ def find_interpreter(mem: ProcMem, maps: list[Mapping]) -> Interpreter | None:
             version = (hexv >> 24, (hexv >> 16) & 0xFF, (hexv >> 8) & 0xFF)
         else:  # before 3.11 (no Py_Version): the file name
             fm = _FILE_RX.search(m.path)
-            version = (int(fm.group(1)), int(fm.group(2)), 0) if fm else (0, 0, 0)
+            version = (int(fm.group(1)), int(fm.group(2)), -1) if fm else (0, 0, -1)  # -1: not known
         minor = version[:2]
         blob = mem.read(runtime, 8 * DEBUG_WORDS) or b""
         layout = debug_layout(blob, minor)  # type: ignore[arg-type]
@@ -469,7 +469,7 @@ class PythonFrames:
         i = self.interp
         if i is None:
             return None
-        return {"version": ".".join(map(str, i.version)), "path": i.path, "layout": i.source}
+        return {"version": ".".join(str(v) for v in i.version if v >= 0), "path": i.path, "layout": i.source}
 
     def close(self) -> None:
         self.mem.close()
