@@ -286,3 +286,43 @@ def test_watch_workers_each_their_own_series_bounded(monkeypatch):
         exp.close()
     with pytest.raises(UsageError, match="worker"):
         MetricsExporter("127.0.0.1:0", {"worker": "3"}, 10, workers=True)
+
+
+def test_listeners_fan_out_as_the_commands_wire_them(monkeypatch):
+    """common.listeners.Listeners, as record/top/watch build theirs (allocscope/cli/listeners.py):
+    none -> no observer for the recorder; a view (a plain callable) and the exporter each get
+    every snapshot, in order; a start the exporter cannot serve says False, and its end and
+    snapshots reach the view all the same."""
+    import reports.live.prometheus as M
+    from allocscope.cli.listeners import start_listeners
+    from common.listeners import Listeners
+
+    assert Listeners().observer is None and len(start_listeners(None, {"pw": "12"})) == 0
+    monkeypatch.setattr(M, "MAX_WORKERS", 1)
+    said: list[str] = []
+    out = start_listeners("127.0.0.1:0", {"pw": "12"}, 10, said.append, workers=True)
+    (exp,) = out.of(MetricsExporter)
+    exp.metrics.sym = FakeSymbolizer()
+    seen: list[int] = []
+    out.add(lambda snap: seen.append(int(snap.seq)))
+    try:
+        assert said == [f"metrics on {exp.url}"]
+        assert out.target_started(101, "grower", None) is True
+        assert out.target_started(202, "grower", None) is False  # beyond the exporter's one worker
+        feeds = {101: Feed(), 202: Feed()}
+        for k in (1, 2):
+            for pid, per in ((101, 1000), (202, 7)):
+                out.observe(feeds[pid].step(float(k), {(GROW, T_GROW, "heap"): (per * k, k, 0, 0, per * k)}), pid)
+        assert seen == [1, 1, 2, 2]  # the view: every snapshot of both
+        out.target_ended("killed", 202)  # not served: nothing changes on the exporter
+        s = scrape(exp)
+        assert one(s, "allocscope_location_live_bytes", worker="0", location=GROW_SITE) == 2000
+        assert one(s, "allocscope_up", worker="0") == 1
+        out.target_ended("exited", 101)
+        s = scrape(exp)
+        assert one(s, "allocscope_up", worker="0") == 0
+        assert one(s, "allocscope_target_ends_total", worker="0", reason="exited") == 1
+        assert one(s, "allocscope_target_ends_total", worker="0", reason="killed") == 0
+    finally:
+        out.close()
+    assert exp.closed
