@@ -5,8 +5,10 @@ An allocation-heavy Python loop (bytearray(1024): one malloc each, made at a Pyt
 4 or 24 frames) under pyenv's CPython, attached with `record --pid`, three ways, interleaved
 per round, medians of the loop's own wall time:
   untraced | traced, the walk off (ALLOCSCOPE_PYTHON=0) | traced, Python frames on
-The walk's cost per event = (on - off) / mallocs. Also the frames the site got, and the
-stacks stored (a new stack is stored once; a known one costs the walk and one lookup).
+The walk's cost per event = (on - off) / mallocs, and, less noisy on a shared box, the BPF run
+time of the allocation programs (alloc_*, kernel.bpf_stats_enabled on for the run) per malloc.
+Also the frames the site got (a new stack is stored once; a known one costs the walk and one
+lookup).
 
     sudo .venv/bin/python bench/python_frames.py [--rounds 3] [--iters 300000] [--depths 4,24]
         [--python ~/.pyenv/versions/3.12.1/bin/python3.12] [-o bench/results/....md]
@@ -106,12 +108,25 @@ def summarize(out: Path | None) -> dict:
     best = max(rep["sites"], key=lambda s: s["alloc_count"], default=None)
     if best is None:
         return {}
+    stats = json.loads((out / "meta.json").read_text()).get("bpf_stats") or {}
+    alloc_ns = sum(v["run_time_ns"] for k, v in stats.items() if k.startswith(("alloc_", "salloc_")))
     return {
+        "bpf_ns": alloc_ns / max(best["alloc_count"], 1) if stats else None,
         "allocs": best["alloc_count"],
         "frames": len(best["full_frames"]),
         "py_frames": sum(f["module"] == "python" for f in best["full_frames"]),
         "location": best["location"]["location"] if isinstance(best.get("location"), dict) else best.get("location"),
     }
+
+
+def run_rounds(args, depths, times, infos, tmp: Path) -> None:
+    for r in range(args.rounds):
+        for depth in depths:
+            for config in CONFIGS:
+                secs, info = run_once(args.python, config, args.iters, depth, tmp)
+                times.setdefault((config, depth), []).append(secs)
+                infos.setdefault((config, depth), []).append(info)
+                print(f"round {r + 1} depth {depth} {config}: {secs:.3f} s {info}", file=sys.stderr)
 
 
 def main() -> None:
@@ -124,29 +139,39 @@ def main() -> None:
     args = ap.parse_args()
     depths = [int(x) for x in args.depths.split(",")]
     times: dict[tuple[str, int], list[float]] = {}
-    infos: dict[tuple[str, int], dict] = {}
+    infos: dict[tuple[str, int], list[dict]] = {}
+    stats_file = Path("/proc/sys/kernel/bpf_stats_enabled")
+    stats_was = stats_file.read_text().strip()
+    stats_file.write_text("1")
     with tempfile.TemporaryDirectory() as td:
-        for r in range(args.rounds):
-            for depth in depths:
-                for config in CONFIGS:
-                    secs, info = run_once(args.python, config, args.iters, depth, Path(td))
-                    times.setdefault((config, depth), []).append(secs)
-                    infos[(config, depth)] = info or infos.get((config, depth), {})
-                    print(f"round {r + 1} depth {depth} {config}: {secs:.3f} s {info}", file=sys.stderr)
+        try:
+            run_rounds(args, depths, times, infos, Path(td))
+        finally:
+            stats_file.write_text(stats_was)
     lines = [
         f"python {args.python}, {args.iters} bytearray(1024) a run, {args.rounds} rounds, medians",
         "",
-        "| Python depth | config | loop s | ns/alloc | +ns/alloc vs walk off | site frames (Python) |",
-        "|---|---|---|---|---|---|",
+        "| Python depth | config | loop s | ns/alloc | +ns/alloc vs walk off | BPF ns/alloc (alloc_*) "
+        "| site frames (Python) |",
+        "|---|---|---|---|---|---|---|",
     ]
+    bpf_ns: dict[tuple[str, int], list[float]] = {}
+    for key, runs in infos.items():
+        vals = [i["bpf_ns"] for i in runs if i.get("bpf_ns")]
+        if vals:
+            bpf_ns[key] = vals
     for depth in depths:
         off = statistics.median(times[("walk-off", depth)])
         for config in CONFIGS:
             med = statistics.median(times[(config, depth)])
-            info = infos.get((config, depth), {})
+            info = (infos.get((config, depth)) or [{}])[-1]
             extra = f"{(med - off) / args.iters * 1e9:+.0f}" if config == "python" else ""
             frames = f"{info.get('frames', '')} ({info.get('py_frames', '')})" if info else ""
-            lines.append(f"| {depth} | {config} | {med:.3f} | {med / args.iters * 1e9:.0f} | {extra} | {frames} |")
+            bpf = bpf_ns.get((config, depth))
+            bpf_txt = f"{statistics.median(bpf):.0f}" if bpf else ""
+            lines.append(
+                f"| {depth} | {config} | {med:.3f} | {med / args.iters * 1e9:.0f} | {extra} | {bpf_txt} | {frames} |"
+            )
     print("\n".join(lines))
     if args.output:
         Path(args.output).write_text("\n".join(lines) + "\n")
