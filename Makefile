@@ -31,8 +31,8 @@ $(CFI): tracer/unwind/cfi/cfi.c tracer/unwind/native.py
 cfi: venv $(CFI) ## the unwind-table decoder (plain C; without it pyelftools decodes, 100-300x slower)
 
 PREBUILT := probes/prebuilt/allocscope-bpf.json
-$(PREBUILT): $(wildcard probes/*.c probes/*.h) tracer/bpf/source.py tracer/bpf/prebuilt.py tracer/bpf/kernel_btf.py | $(STAMP)
-	@$(PY) -m tracer.bpf.prebuilt $@ || echo 'make: the prebuilt probes were not built (see above): recordings compile them with BCC on this box (allocscope doctor)' >&2
+$(PREBUILT): $(wildcard probes/*.c probes/*.h) tracer/bpf/source.py tracer/bpf/prebuilt.py tracer/bpf/prebuilt_build.py tracer/bpf/kernel_btf.py | $(STAMP)
+	@$(PY) -m tracer.bpf.prebuilt_build $@ || echo 'make: the prebuilt probes were not built (see above): recordings compile them with BCC on this box (allocscope doctor)' >&2
 
 prebuilt: venv $(PREBUILT) ## the BPF programs compiled once (every option loads from them; no compile per run)
 

@@ -31,11 +31,11 @@ common_hdr=${arch_hdr%-amd64}-common
 rm -rf "$stage"
 mkdir -p "$stage"/{bin,libexec,lib/fallback,python,kernel} dist
 
-# 0. The probes compiled once (tracer/bpf/prebuilt.py, probes/prebuilt/): the bundle loads them on
+# 0. The probes compiled once (tracer/bpf/prebuilt_build.py, probes/prebuilt/): the bundle loads them on
 #    any kernel with BTF, no compiler or headers used there. Rebuilt when probes/ changed.
 py=.venv/bin/python; [ -x "$py" ] || py=python3
 if ! "$py" -c 'from tracer.bpf import prebuilt; prebuilt.load_store()' 2>/dev/null; then
-  "$py" -m tracer.bpf.prebuilt
+  "$py" -m tracer.bpf.prebuilt_build
 fi
 
 # 1. Shared libraries: libbcc's closure, glibc's own left to the box.
