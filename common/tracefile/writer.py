@@ -19,7 +19,7 @@ types read back as the same Arrow types): zstd and dictionary pages made them la
 fresh zstd context per column chunk was a tenth of the tracer's CPU. Readers read whatever
 codec the Parquet footer names.
 
-Held parts (hold_s > 0; the recorder asks for it, tracer/record/recorder.py): small parts are kept
+Held parts (hold_s > 0, held.py; the recorder asks for it, tracer/record/recorder.py): small parts are kept
 in memory and written together every `hold_s` seconds, at the end of an interval (its
 `intervals` part last), one part per table holding the rows of all the intervals since the last
 write, named with the last of them (the trace format's version 6); a large part, a streamed one,
@@ -32,7 +32,8 @@ The first interval is written at once (a trace exists as soon as the recording d
 Files are created 0600 inside a 0700 directory, never through a symlink, and the writer never
 replaces a path that is not an allocscope trace.
 
-Every part's size and CRC-32 go into parts/checksums as it is renamed into place (checksums.py):
+Every part's size and CRC-32 go into parts/checksums as it is renamed into place (checksums.py,
+kept by sumlist.py):
 the reader tells a damaged, truncated or missing part from one as written; meta.json says
 `checksums: "crc32"`. A CRC of a small part costs ~1 us and its line one write(2).
 """
@@ -54,11 +55,12 @@ from common.errors import OutputError
 
 from . import checksums as C
 from . import format as F
+from .held import HeldParts
 from .paths import check_output, is_trace_dir, prepare_output  # noqa: F401 (their home: no pyarrow)
+from .sumlist import ChecksumList
 
 SYNC_S = 5.0  # seconds between batched fsyncs of the parts (power-loss durability; 0: every part)
 SMALL_PART_BYTES = 64 << 10  # parts under this (Arrow bytes) are written plain
-HOLD_BYTES = 4 << 20  # held parts (Arrow bytes) past this are written at the interval's end, whatever hold_s
 SMALL_PART_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False, "store_schema": False}
 
 
@@ -99,12 +101,9 @@ class TraceWriter:
         self._batch: Future | None = None  # the batch it is fsyncing
         self.syncs = 0  # batches fsynced (tests, bench)
         self.hold_s = hold_s
-        self._held: list[tuple[str, int, pa.Table]] = []  # (table, seq, part) not written yet, in order
-        self._held_bytes = 0
-        self._written_at: float | None = None  # when held intervals were last written (None: never)
+        self._held = HeldParts(hold_s, clock)  # small parts not written yet
         self.parts_written = 0  # Parquet files (tests, bench)
-        self._sums: dict[str, C.Sum] = {}  # the parts listed in parts/checksums (replace_parts)
-        self._sumsfd = -1  # parts/checksums, created with the first part
+        self._sums = ChecksumList()  # parts/checksums
 
     def _fail(self, name: str, e: OSError) -> OutputError:
         if e.errno == errno.ENOSPC or "No space left" in str(e):
@@ -140,7 +139,7 @@ class TraceWriter:
             if sync:
                 os.fsync(dirfd)
             if part:  # listed after its rename (and, with sync, after the rename is on disk)
-                self._list(name, size, crc or 0, sync)
+                self._sums.add(self._partsfd, name, size, crc or 0, sync)
         except OSError as e:  # pyarrow's ArrowIOError is an OSError too
             try:
                 os.unlink(tmp, dir_fd=dirfd)
@@ -164,16 +163,6 @@ class TraceWriter:
                 view = view[n:]
 
         return self._atomic(dirfd, name, fill, sync, part, zlib.crc32(data) if part else None)
-
-    def _list(self, name: str, size: int, crc: int, sync: bool) -> None:
-        """Append a part's line to parts/checksums (O_APPEND: one write, whole or not at all)."""
-        if self._sumsfd < 0:
-            self._sumsfd = _open_sums(self._partsfd)
-            os.write(self._sumsfd, C.HEADER)
-        os.write(self._sumsfd, C.line(name, size, crc))
-        self._sums[name] = C.Sum(size, crc)
-        if sync:
-            os.fsync(self._sumsfd)
 
     def _part_written(self, table: str, name: str, size: int) -> None:
         if size and self.sync_s > 0:
@@ -199,13 +188,7 @@ class TraceWriter:
             return
         nbytes = data.get_total_buffer_size()
         if self.hold_s > 0 and nbytes < self.small_part_bytes:
-            self._held.append((table, seq, data))
-            self._held_bytes += nbytes
-            if table == "intervals" and (
-                self._written_at is None
-                or self._clock() - self._written_at >= self.hold_s
-                or self._held_bytes >= HOLD_BYTES
-            ):
+            if self._held.hold(table, seq, data, nbytes):
                 self.write_held()
             return
         self.write_held()  # first: a part's rows come after those of its table's part before it
@@ -221,27 +204,10 @@ class TraceWriter:
         self.parts_written += 1
 
     def write_held(self) -> None:
-        """Write the held parts: per table one part of all its rows, named with its last seq; the
-        `intervals` part last (a reader takes nothing named after the last one)."""
-        if not self._held:
-            return
-        held, self._held, self._held_bytes = self._held, [], 0
-        tables: dict[str, list[tuple[int, pa.Table]]] = {}
-        for table, seq, data in held:
-            tables.setdefault(table, []).append((seq, data))
-        if "intervals" in tables:
-            tables["intervals"] = tables.pop("intervals")  # last
-            self._written_at = self._clock()
-        for table, parts in tables.items():
-            try:
-                data = pa.concat_tables([d for _, d in parts], promote_options="default") if len(parts) > 1 else None
-            except (pa.ArrowException, ValueError, TypeError):  # columns that disagree: one part each
-                data = None
-            if data is None:
-                for seq, d in parts:
-                    self._write(table, seq, d, d.get_total_buffer_size())
-            else:
-                self._write(table, parts[-1][0], data, data.get_total_buffer_size())
+        """Write the held parts (held.py): per table one part of all its rows, named with its last
+        seq; the `intervals` part last (a reader takes nothing named after the last one)."""
+        for table, seq, data in self._held.take():
+            self._write(table, seq, data, data.get_total_buffer_size())
 
     def write_part_batches(self, table: str, seq: int, schema: pa.Schema, batches) -> int:
         """Stream record batches (an iterable, consumed once) into one part, one row group per
@@ -295,8 +261,7 @@ class TraceWriter:
                 os.close(fd)
         try:  # the renames before the list: a power loss never leaves a line of a part not renamed
             os.fsync(self._partsfd)
-            if self._sumsfd >= 0:
-                os.fsync(self._sumsfd)
+            self._sums.fsync()
         except OSError as e:
             raise self._fail(F.PARTS, e) from None
         self.syncs += 1
@@ -323,7 +288,7 @@ class TraceWriter:
             newfd = os.open(new, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._dirfd)
             try:
                 fill(newfd, self._partsfd)
-                sums = self._relist(newfd)
+                sums = self._sums.relist(newfd, self._partsfd)
                 self._atomic_write(newfd, C.NAME, C.render(sums), True)
                 os.fsync(newfd)
             finally:
@@ -332,33 +297,12 @@ class TraceWriter:
             os.fsync(self._dirfd)
             os.close(self._partsfd)
             self._partsfd = os.open(F.PARTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._dirfd)
-            if self._sumsfd >= 0:
-                os.close(self._sumsfd)
-            self._sumsfd = _open_sums(self._partsfd)
-            self._sums = sums
+            self._sums.reopen(self._partsfd, sums)
             os.rename(new, old, src_dir_fd=self._dirfd, dst_dir_fd=self._dirfd)
         except OSError as e:
             _remove_dir(self._dirfd, new)
             raise self._fail(F.PARTS, e) from None
         _remove_dir(self._dirfd, old)
-
-    def _relist(self, newfd: int) -> dict[str, C.Sum]:
-        """The checksums of the parts of a new parts directory (replace_parts): a part linked
-        from the current one (same inode) keeps its line, one written into it is read."""
-        sums: dict[str, C.Sum] = {}
-        for n in os.listdir(newfd):
-            if n.startswith(".") or n == C.NAME:
-                continue
-            st = os.stat(n, dir_fd=newfd, follow_symlinks=False)
-            try:
-                same = os.stat(n, dir_fd=self._partsfd, follow_symlinks=False).st_ino == st.st_ino
-            except FileNotFoundError:
-                same = False
-            if same and n in self._sums:
-                sums[n] = self._sums[n]
-            else:
-                sums[n] = C.Sum(*C.crc_file(n, newfd))
-        return sums
 
     def write_meta(self, meta: dict) -> None:
         """Rewrite meta.json, fsynced, after fsyncing every part before it: `complete: true`
@@ -378,16 +322,12 @@ class TraceWriter:
                 if self._pool is not None:
                     self._pool.shutdown(wait=True)
                     self._pool = None
-        for fd in (getattr(self, "_sumsfd", -1), getattr(self, "_partsfd", -1), getattr(self, "_dirfd", -1)):
+        if hasattr(self, "_sums"):
+            self._sums.close()
+        for fd in (getattr(self, "_partsfd", -1), getattr(self, "_dirfd", -1)):
             if fd >= 0:
                 os.close(fd)
-        self._sumsfd = self._partsfd = self._dirfd = -1
-
-
-def _open_sums(partsfd: int) -> int:
-    """parts/checksums, for appending."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.open(C.NAME, flags, 0o600, dir_fd=partsfd)
+        self._partsfd = self._dirfd = -1
 
 
 def _exchange(dirfd: int, a: str, b: str) -> None:
