@@ -63,6 +63,8 @@ done
 DAEMON=$(readlink -f "$DAEMON")
 mkdir -p "$OUT"
 OUT=$(readlink -f "$OUT")
+DUR_S=$(awk -v m="$MINUTES" 'BEGIN{if (m + 0 > 0) print int(m * 60 + 0.5)}')
+[ -n "$DUR_S" ] || { echo "bad --minutes: $MINUTES" >&2; exit 2; }
 W=$(mktemp -d /tmp/allocscope-soak-XXXX)
 T0=$(date +%s)
 if [ -n "$BUNDLE" ]; then
@@ -109,16 +111,17 @@ cat "$OUT/box.txt"
 STOP=$W/stop LOOPLOG=$OUT/loop.log SAMPLES=$OUT/samples.tsv
 : > "$LOOPLOG"
 mkdir -p "$W/traces" "$W/daemon"
+# Whatever ends the script: no restarts, the daemon SIGKILLed, the watch stopped, the cgroup removed.
 cleanup() {
     touch "$STOP"
     [ -n "${LOOP:-}" ] && kill "$LOOP" 2>/dev/null
     for p in $(cat "$CG/cgroup.procs" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
-    [ -n "${WP:-}" ] && kill -INT "$WP" 2>/dev/null
-    sleep 1
-    rmdir "$CG" 2>/dev/null
+    [ -n "${WP:-}" ] && kill -INT "$WP" 2>/dev/null && sleep 2
+    [ -d "$CG" ] && rmdir "$CG" 2>/dev/null
     [ $KEEP_WORK = 1 ] || rm -rf "$W"
 }
-trap 'cleanup; exit 130' INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 # shellcheck disable=SC2086
 "$A" watch --pgrep "^$DAEMON --bug" -o "$W/traces" ${METRICS:+--metrics 127.0.0.1:$METRICS} $WATCH_ARGS \
@@ -128,8 +131,8 @@ i=0
 until grep -q watching "$OUT/watch.log"; do
     sleep 0.5
     i=$((i + 1))
-    kill -0 $WP 2>/dev/null || { echo "the watch ended:"; cat "$OUT/watch.log"; cleanup; exit 1; }
-    [ $i -gt 240 ] && { echo "the watch did not start in 120 s:"; cat "$OUT/watch.log"; cleanup; exit 1; }
+    kill -0 $WP 2>/dev/null || { echo "the watch ended:"; cat "$OUT/watch.log"; exit 1; }
+    [ $i -gt 240 ] && { echo "the watch did not start in 120 s:"; cat "$OUT/watch.log"; exit 1; }
 done
 echo "watch ready after $((i / 2)) s: $(grep -m1 watching "$OUT/watch.log")"
 
@@ -152,7 +155,7 @@ cpu_s() { for p in "$@"; do sed 's/.*) //' /proc/"$p"/stat 2>/dev/null; done | a
 rss_kb() { awk '/^VmRSS:/{s+=$2} END{print s+0}' $(for p in "$@"; do echo /proc/"$p"/status; done) 2>/dev/null; }
 echo -e "t_s\twatcher_rss_kb\twatcher_cpu_s\ttraces_bytes\ttraces_files\ttraces\tdaemon_rss_kb\tcgroup_bytes\tincarnations" > "$SAMPLES"
 START=$(date +%s)
-END=$((START + MINUTES * 60))
+END=$((START + DUR_S))
 while :; do
     now=$(date +%s)
     # shellcheck disable=SC2046
@@ -182,6 +185,7 @@ sleep 5
 kill -INT $WP
 wait $WP
 echo "watch exit status $? after $(($(date +%s) - START)) s of soak"
+WP=""
 rmdir "$CG" && echo "cgroup $CG removed"
 echo "loop: $(grep -c '^start' "$LOOPLOG") started, statuses: $(awk '/^end/{print $4}' "$LOOPLOG" | sort | uniq -c | tr -s ' \n' ' ')"
 T1=$(date +%s)
@@ -189,5 +193,5 @@ python3 "$HERE/watch_soak_summary.py" --allocscope "$A" --work "$W" --out "$OUT"
     --minutes "$MINUTES"
 RC=$?
 echo "reports and summary in $(($(date +%s) - T1)) s; total $(($(date +%s) - T0)) s"
-[ $KEEP_WORK = 1 ] && echo "work folder kept: $W" || rm -rf "$W"
+[ $KEEP_WORK = 1 ] && echo "work folder kept: $W"
 exit $RC

@@ -171,6 +171,7 @@ def main() -> int:
         bad.append(f"trace {r['trace']} matches no incarnation the loop started")
 
     ooms = [r for r in rows if r.get("reason") == "oom_killed"]
+    above = [r for r in rows if (r.get("peak_live_bytes") or 0) > (r.get("hwm_bytes") or 1 << 62)]
     lost = sum(r.get("lost_events") or 0 for r in rows)
     wrss = [s["watcher_rss_kb"] for s in smp]
     rss_ok, rss_words = flat(wrss) if wrss else (False, "no samples")
@@ -209,6 +210,11 @@ def main() -> int:
         "**Checks: " + ("all hold**" if not bad else "FAILED**"),
         "",
         *[f"- {b}" for b in bad],
+        "",
+        f"Also: the peak live bytes above the RSS high-water mark in {len(above)} of {len(rows)} traces "
+        "(issue 50: the default's figures never above the RSS high-water)"
+        + (f", by up to {size(max(r['peak_live_bytes'] - r['hwm_bytes'] for r in above))}" if above else "")
+        + ".",
         "",
         "## Per incarnation",
         "",
