@@ -224,7 +224,8 @@ def soak(
         "sample_s": sample,
         "warmup_s": warmup,
         "tracer_exit": rc,
-        "tracer_summary": out.strip(),
+        # the summary line is on stderr (allocscope's own lines never go to stdout, issue 53)
+        "tracer_summary": next((x for x in err.splitlines() if x.startswith("allocscope: wrote")), out.strip()),
         "tracer_stderr": err.strip()[-2000:],
         "benchmark_rounds": load.rounds,
         "requests_per_round": requests * len(BENCH_TESTS.split(",")),
