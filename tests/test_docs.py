@@ -346,6 +346,28 @@ def rich_trace(path: Path, pw: str) -> str:
         "time": 3.5,
         "last_alive": {"seq": 3, "elapsed_s": 3.0},
     }
+    t.meta["children"] = {  # a forked helper that did little (tracer/record/children.py)
+        "seen": 1,
+        "forked": 1,
+        "unseen": 0,
+        "alive": 1,
+        "polls": 4,
+        "target_cpu_s": 1.0,
+        "cpu_s": 0.01,
+        "rss_max_bytes": 4 << 20,
+        "anon_max_bytes": 1 << 20,
+        "listed": [
+            {
+                "pid": 4243,
+                "comm": "synthd-helper",
+                "exe": "/usr/bin/synthd",
+                "cpu_s": 0.01,
+                "rss_max_bytes": 4 << 20,
+                "anon_max_bytes": 1 << 20,
+                "alive": True,
+            }
+        ],
+    }
     t.meta["probes"]["allocators"] = [
         {
             "kind": "glibc",
