@@ -358,9 +358,7 @@ def header_circles(probes: Path) -> list[str]:
 
 # Circles found by this check that another change of issue 52 is taking apart: listed so the check
 # holds for every other pair meanwhile. One that is gone fails the test until it is taken off here.
-PENDING_CIRCLES = [
-    "tracer.watch.incarnation <-> tracer.watch.watcher",  # incarnation.py names Watcher (TYPE_CHECKING)
-]
+PENDING_CIRCLES: list[str] = []
 
 
 def test_no_two_modules_import_each_other():

@@ -13,22 +13,26 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from common.endwords import oom_text
 from common.errors import AllocscopeError, NoAllocatorError, TargetError
+from common.listeners import SnapshotListener
 from common.units import human_bytes
 
+from ..base.options import RecordOptions
 from ..process.ending import describe_end
 from ..process.target import target_from_pid
 from ..record.recorder import Recorder, Summary
 from ..record.signals import StopRequest
 from . import triggers
+from .options import WatchOptions
 from .traces import rotate, trace_name
 
 if TYPE_CHECKING:
-    from .watcher import Watcher
+    from .gate import ExecGate
 
 FOLLOW_S = 10.0  # a held incarnation is stopped at each library the loader maps, this long after its exec
 WATCH_HOLD_S = 30.0  # a watched recording's small parts are written together this often (writer.py hold_s)
@@ -83,10 +87,32 @@ class FollowStop(StopRequest):
             self.watch.finalizing = True
 
 
+class Watch(Protocol):
+    """What a recording under the watch uses of it (tracer/watch/watcher.py's Watcher): its options,
+    its words, its gate, what it traces now and has traced, and where each recording reports."""
+
+    options: WatchOptions
+    ropts: RecordOptions
+    stop: StopRequest
+    progress: Callable[[str], None]
+    gate: ExecGate | None
+    listeners: SnapshotListener
+    said_unserved: bool  # a process beyond --metrics' workers said once
+    incarnations: list[Incarnation]
+    tracing: dict[tuple[int, int], Tracing]
+    seen: set[tuple[int, int]]
+    unready: dict[tuple[int, int], frozenset[str]]
+    observers: list[Callable]  # (watch, snap, rec) each snapshot: keep.py, triggers.py
+    hooks: list  # --on-end's commands not reaped yet (triggers.py)
+    code_files: Callable[[int], frozenset[str]]
+
+    def claim(self, comm: str) -> bool: ...
+
+
 class Tracing:
     """The recording of one process, in a thread (`start`); `done` once its trace is complete."""
 
-    def __init__(self, watcher: Watcher, key: tuple[int, int], held: bool) -> None:
+    def __init__(self, watcher: Watch, key: tuple[int, int], held: bool) -> None:
         self.watcher = watcher
         self.key = key
         self.pid = key[0]

@@ -27,7 +27,6 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from common.errors import TargetError, UsageError
@@ -38,6 +37,7 @@ from ..process import procfs
 from ..record.signals import StopRequest
 from .claims import NameClaims
 from .incarnation import Incarnation, Tracing, give_back_memory, oom_words
+from .options import WatchOptions
 from .traces import FAILED_ENDS, ended_badly, is_trace, rotate, trace_name, traces_in
 
 if TYPE_CHECKING:
@@ -46,21 +46,6 @@ if TYPE_CHECKING:
 DEBUG = bool(os.environ.get("ALLOCSCOPE_WATCH_DEBUG"))  # every exec the gate holds, and what is done with it
 SCAN_S = 1.0  # how often /proc is looked at for a matching process the gate did not hold
 STOPPED_SAY_S = 5.0  # a matching process stopped this long is said once (traced once it runs)
-
-
-@dataclass
-class WatchOptions:
-    out_dir: str
-    pattern: str | None = None  # --pgrep
-    pid: int | None = None  # --pid: that process, then what runs its command line
-    keep_s: float | None = None  # --keep: seconds of interval history kept per trace (None: all)
-    max_traces: int = 20  # --max-traces: traces kept in out_dir (the oldest removed first)
-    max_processes: int = 32  # --max-processes: processes recorded at once (more wait for room)
-    when_rss: int | None = None  # --when-rss: bytes
-    on_trigger: str | None = None  # --on-trigger: a shell command run when a trigger fires
-    on_end: str | None = None  # --on-end: a shell command run when a trace is complete
-    hold: bool = True  # stop new incarnations at their exec (--no-hold: attach as found)
-    comms: list[str] = field(default_factory=list)  # --comm: program names the gate holds
 
 
 def command_pattern(pid: int) -> tuple[str, str]:
@@ -116,7 +101,7 @@ class Watcher:
         self._closing = threading.Event()
         self.observers: list[Callable] = []  # more observers of each snapshot (keep, triggers): (watch, snap, rec)
         self.hooks: list = []  # --on-end's commands not reaped yet (tracer/watch/triggers.py)
-        self.code_files = code_files
+        self.code_files: Callable[[int], frozenset[str]] = code_files  # for incarnation.py (no import of this module)
         if wopts.pid is not None:
             self.pattern, comm = command_pattern(wopts.pid)
             self.comms = {comm, *wopts.comms}
