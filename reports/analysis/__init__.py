@@ -102,6 +102,7 @@ from .stacks import (  # noqa: F401
     parse_fold,
     symbolize_stack_rows,
     symbolize_stacks,
+    with_python_rows,
 )
 from .threads import (  # noqa: F401
     THREAD_COLUMNS,

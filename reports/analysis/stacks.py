@@ -187,10 +187,18 @@ EVAL_FUNCTIONS = frozenset({"_PyEval_EvalFrameDefault"})
 
 def with_python(stacks: dict[int, tuple[FrameInfo, ...]], trace) -> dict[int, tuple[FrameInfo, ...]]:
     """`stacks` with the trace's CPython frames merged in (merge_python), changed in place."""
+    return with_python_rows(
+        stacks, getattr(trace, "pyframes", pd.DataFrame()), getattr(trace, "pycode", pd.DataFrame())
+    )
+
+
+def with_python_rows(
+    stacks: dict[int, tuple[FrameInfo, ...]], pyframes: pd.DataFrame, pycode: pd.DataFrame
+) -> dict[int, tuple[FrameInfo, ...]]:
+    """with_python from rows of the `pyframes` and `pycode` tables (the live view's: `top`)."""
     from ..symbolize.python import python_frames  # noqa: PLC0415
 
-    py = python_frames(getattr(trace, "pyframes", pd.DataFrame()), getattr(trace, "pycode", pd.DataFrame()))
-    for sid, frames in py.items():
+    for sid, frames in python_frames(pyframes, pycode).items():
         if sid in stacks:
             stacks[sid] = merge_python(stacks[sid], frames)
     return stacks

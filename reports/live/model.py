@@ -40,6 +40,7 @@ from ..analysis import (
     sort_sites,
     symbolize_stack_rows,
     verdict,
+    with_python_rows,
 )
 
 HISTORY_POINTS = 240  # intervals of per-site live bytes kept for the growth fit (8 min at 2 s)
@@ -62,6 +63,27 @@ class StackFrames:
         self.pending: dict[int, pd.DataFrame] = {}
         self.frames: dict[int, tuple[FrameInfo, ...]] = {0: UNKNOWN_STACK}
         self.resolved: dict[tuple[str, int], tuple[FrameInfo, ...]] = {}  # (module, offset) -> frames
+        self.pyframes: list[pd.DataFrame] = []  # CPython's frames of stacks not symbolized yet
+        self.pycode: list[pd.DataFrame] = []  # every code object named so far (docs/python.md)
+
+    def add_python(self, parts) -> None:
+        """CPython's frames of the stacks first seen now and the code objects they name first
+        (Snapshot.python: (pyframes columns, pycode columns) pairs)."""
+        for frames, codes in parts or ():
+            # uint64 throughout: ids past 2**63 beside smaller ones would make a concat float
+            if frames.get("stack_id"):
+                self.pyframes.append(pd.DataFrame(frames).astype({"stack_id": "uint64", "code": "uint64"}))
+            if codes.get("code"):
+                self.pycode.append(pd.DataFrame(codes).astype({"code": "uint64"}))
+
+    def _symbolize(self, rows: pd.DataFrame) -> None:
+        out = symbolize_stack_rows(rows, self.sym, resolved=self.resolved)
+        if self.pyframes:  # merged where the eval loop stands, as in a report
+            fr = pd.concat(self.pyframes, ignore_index=True)
+            self.pycode = [pd.concat(self.pycode, ignore_index=True)] if self.pycode else []
+            with_python_rows(out, fr, self.pycode[0] if self.pycode else pd.DataFrame())
+            self.pyframes = [fr[~fr["stack_id"].isin([int(k) for k in out])]]
+        self.frames.update(out)
 
     def add(self, columns: dict[str, list] | None) -> None:
         """The `stacks` columns of a snapshot (its stacks first seen now)."""
@@ -79,7 +101,7 @@ class StackFrames:
         new = list(self.pending)
         rows = pd.concat(self.pending.values(), ignore_index=True)
         self.pending = {}
-        self.frames.update(symbolize_stack_rows(rows, self.sym, resolved=self.resolved))
+        self._symbolize(rows)
         return new
 
     def get(self, sid: int) -> tuple[FrameInfo, ...]:
@@ -88,7 +110,7 @@ class StackFrames:
             grp = self.pending.pop(sid, None)
             if grp is None:
                 return UNKNOWN_STACK
-            self.frames.update(symbolize_stack_rows(grp, self.sym, resolved=self.resolved))
+            self._symbolize(grp)
         return self.frames.get(sid, UNKNOWN_STACK)
 
 
@@ -269,6 +291,7 @@ class LiveModel:
         """Take one snapshot (every snapshot, in order: the counters are cumulative, deltas are
         between consecutive snapshots)."""
         self.stacks.add(snap.stack_columns)
+        self.stacks.add_python(getattr(snap, "python", ()))
         self.stacks.resolve_new()
         row = snap.row
         t = float(row.get("elapsed_s", 0.0))
@@ -465,6 +488,7 @@ class StatusModel:
 
     def update(self, snap) -> None:
         self.stacks.add(snap.stack_columns)
+        self.stacks.add_python(getattr(snap, "python", ()))
         for key in snap.changed:
             if key[2] in DEVICE_SOURCES:
                 continue

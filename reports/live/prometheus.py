@@ -117,6 +117,7 @@ class Merged:
         self.allocators = getattr(snap, "allocators", ())
         self.first_allocators = self.allocators  # the earliest rows: what was resident at the attach
         self.blocked = getattr(snap, "blocked", ())
+        self.python = tuple(getattr(snap, "python", ()))  # CPython's frames of the new stacks
         self.count = 1
 
     def merge(self, snap) -> None:
@@ -134,6 +135,7 @@ class Merged:
         self.allocators = getattr(snap, "allocators", ()) or self.allocators
         self.first_allocators = self.first_allocators or self.allocators
         self.blocked = getattr(snap, "blocked", ())
+        self.python += tuple(getattr(snap, "python", ()))
         self.count += 1
 
 

@@ -90,9 +90,8 @@ def python_frames(pyframes: pd.DataFrame, pycode: pd.DataFrame) -> dict[int, lis
     if pyframes.empty:
         return {}
     codes: dict[int, tuple[str, str, int, bytes]] = {}
-    for code, qual, name, file, first, table in zip(
-        pycode["code"], pycode["qualname"], pycode["name"], pycode["file"], pycode["firstlineno"], pycode["linetable"]
-    ):
+    cols = ("code", "qualname", "name", "file", "firstlineno", "linetable")
+    for code, qual, name, file, first, table in zip(*(pycode[c] for c in cols)) if not pycode.empty else ():
         codes[int(code)] = (qual if isinstance(qual, str) and qual else name, file, int(first), bytes(table or b""))
     lines: dict[tuple[int, int], int | None] = {}
     out: dict[int, list[PyFrame]] = {}

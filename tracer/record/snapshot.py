@@ -71,6 +71,8 @@ class Snapshot:
     allocators: tuple = ()
     # the threads blocked at least --wait-min now: (tid, stack_id, since_ns, waited_ns, state)
     blocked: tuple = ()
+    # CPython's frames of the stacks first seen now: (pyframes columns, pycode columns) pairs
+    python: tuple = ()
 
 
 class Snapshots:
@@ -90,6 +92,7 @@ class Snapshots:
         self.purges = PurgeLog()
         self.peak_changed: list[SiteKey] = []  # sites a peak snapshot wrote, for the observer
         self.peak_stack_columns: list[dict[str, list]] = []  # the stacks columns those peak snapshots wrote
+        self.py_parts: list[tuple[dict, dict]] = []  # CPython frames written since the observer's last snapshot
         self.census_rows: list[tuple] = []  # glibc's arenas (tracer/allocators/census.py), not written yet
         self.census_info: dict[str, dict] = {}  # meta.json `census`: how each one went
         self.census_thread: threading.Thread | None = None
@@ -119,7 +122,7 @@ class Snapshots:
             self.peak_stack_columns.append(cols)  # the observer (top) has not seen these stacks yet
             w.write_part("stacks", seq, pa.table(cols, schema=F.SCHEMAS["stacks"]))
             if rec.python is not None:
-                write_python_parts(rec.python, w, seq, new_ids)
+                self.py_parts.append(write_python_parts(rec.python, w, seq, new_ids))
             if self.embedder is not None:
                 w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, cols))
         heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = p.totals[:7]
@@ -188,7 +191,7 @@ class Snapshots:
             stack_columns = self.stacks.columns(rec.probes.maps.read_stacks(new_ids), rec.maps.index)
             w.write_part("stacks", seq, pa.table(stack_columns, schema=F.SCHEMAS["stacks"]))
             if rec.python is not None:  # their CPython frames (tracer/runtimes/python.py)
-                write_python_parts(rec.python, w, seq, new_ids)
+                self.py_parts.append(write_python_parts(rec.python, w, seq, new_ids))
             if self.embedder is not None:  # symbol tables of the modules on these stacks
                 w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, stack_columns))
         if readable:  # names of allocating threads not seen yet
@@ -246,8 +249,10 @@ class Snapshots:
                     self._allocator_text(),
                     tuple(rec.retention.last) if rec.retention is not None else (),
                     tuple(self.waits.blocked),
+                    tuple(self.py_parts),
                 )
             )
+        self.py_parts = []
 
     def census(self, when: str, seq: int = 0) -> None:
         """glibc's arenas read from outside (tracer/allocators/census.py): the rows go with the next

@@ -495,8 +495,9 @@ def start_python(pid: int, probes, say: Callable[[str], None], maps: list[Mappin
     return py
 
 
-def write_parts(py: PythonFrames, writer, seq: int, ids) -> None:
-    """The `pyframes` and `pycode` parts of the stacks `ids` first written in interval `seq`."""
+def write_parts(py: PythonFrames, writer, seq: int, ids) -> tuple[dict, dict]:
+    """The `pyframes` and `pycode` parts of the stacks `ids` first written in interval `seq`;
+    their columns (for the live view: Snapshot.python)."""
     import pyarrow as pa  # noqa: PLC0415
 
     from common.tracefile import format as F  # noqa: PLC0415
@@ -506,3 +507,4 @@ def write_parts(py: PythonFrames, writer, seq: int, ids) -> None:
         writer.write_part("pyframes", seq, pa.table(fr, schema=F.SCHEMAS["pyframes"]))
     if co["code"]:
         writer.write_part("pycode", seq, pa.table(co, schema=F.SCHEMAS["pycode"]))
+    return fr, co
