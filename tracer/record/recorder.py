@@ -44,6 +44,7 @@ from .children import ChildWatch
 from .events import RingEvents
 from .injecting import inject_agent, uninject
 from .late_attach import attach_cuda, attach_new_allocators, source_id
+from .loop import poll_loop
 from .meta import trace_meta
 from .peaks import PeakWatch
 from .regions import RegionTracker, SlowPath
@@ -59,8 +60,6 @@ if TYPE_CHECKING:
 
 SRC = L.SOURCE_NAMES
 HOLD_S = SYNC_S  # --inject, intervals of 1 s or more: small parts written together this often (_start_writer)
-BUSY_WAKE_NS = 100_000_000  # the loop's longest sleep while something needs it (_wake_cap)
-IDLE_WAKE_NS = 1_000_000_000  # ... and while nothing does: events, signals and the snapshot wake it
 
 
 @dataclass
@@ -413,7 +412,7 @@ class Recorder:
                 snaps.census_thread.start()  # beside the loop: the ring keeps being drained
             release(t)
             self.progress(f"recording pid {t.pid} ({t.comm}); allocator {alloc.kind} {alloc.path}; Ctrl-C to stop")
-            self._loop(probes)
+            poll_loop(self, probes)
             self.stop.finalizing = True
             self.end_reason = self.end_reason or self.stop.reason
             if self.injection is not None:
@@ -467,57 +466,6 @@ class Recorder:
             self.end,
             int(row.get("lost_stack_pending", 0)),
         )
-
-    def _loop(self, probes: Probes) -> None:
-        """Poll events, snapshot every interval, until a reason to stop."""
-        t = self.target
-        interval_ns = int(self.opts.interval * 1e9)
-        deadline = self.t0_ns + int(self.opts.duration * 1e9) if self.opts.duration else None
-        first = self.opts.first_snapshot_s
-        next_snap = self.t0_ns + (interval_ns if first is None else int(min(first, self.opts.interval) * 1e9))
-        while self.end_reason is None and self.stop.reason is None:
-            now = time.monotonic_ns()
-            until = next_snap if deadline is None else min(next_snap, deadline)
-            wait_ms = int(max(0, min(until - now, self._wake_cap())) // 1_000_000)
-            peak_ms = self.peaks.wait_ms(now) if self.peaks is not None else None
-            probes.maps.poll_events(wait_ms if peak_ms is None else min(wait_ms, peak_ms))
-            self.ring.replay_slow()
-            if self.unwinder is not None:
-                self.unwinder.tick()  # the modules stacks were cut short at: built, loaded
-            if self.python is not None:
-                self.python.tick()  # threads started since: their frames
-            now = time.monotonic_ns()
-            if self.peaks is not None and self.peaks.due(now):
-                self.peaks.read()  # the live total passed its high-water mark: the sites now
-                now = time.monotonic_ns()
-            if not t.alive():
-                self.end_reason = "target exited"
-            elif deadline is not None and now >= deadline:
-                self.end_reason = "duration"
-            elif now >= next_snap:
-                self.snapshots.snapshot()
-                if self.children is not None:
-                    self.children.poll()  # forked children: not traced, but said
-                if self.cgroups is not None:
-                    self.cgroups.follow(t.pid)  # moved to another memory cgroup: its OOM kill is told there
-                next_snap += interval_ns
-                if next_snap < now:  # the snapshot took longer than an interval
-                    next_snap = now + interval_ns
-
-    def _wake_cap(self) -> int:
-        """The longest the loop sleeps in one poll (ns). Ring events (a peak wake, code mapped,
-        the last thread's exit), signals (EINTR), the next snapshot and --duration wake it
-        anyway; a 100 ms cap is kept only for what is polled: pending unwind modules, a
-        launched child (held at exit), an observer (`top`: its keys), the exit being seen.
-        Each wake costs the tracer ~0.1 ms of CPU (issue 33)."""
-        if (
-            self.group_exit
-            or (self.observer is not None and self.observer_polls)
-            or self.target.child is not None
-            or (self.unwinder is not None and self.unwinder.waiting())
-        ):
-            return BUSY_WAKE_NS
-        return IDLE_WAKE_NS
 
 
 def _import_pandas() -> None:
