@@ -82,7 +82,8 @@ class StackFrames:
             fr = pd.concat(self.pyframes, ignore_index=True)
             self.pycode = [pd.concat(self.pycode, ignore_index=True)] if self.pycode else []
             with_python_rows(out, fr, self.pycode[0] if self.pycode else pd.DataFrame())
-            self.pyframes = [fr[~fr["stack_id"].isin([int(k) for k in out])]]
+            done = {int(k) for k in out}  # compared as ints: isin() may go through floats past 2**63
+            self.pyframes = [fr[[int(x) not in done for x in fr["stack_id"]]]]
         self.frames.update(out)
 
     def add(self, columns: dict[str, list] | None) -> None:
