@@ -39,27 +39,16 @@ def check_root() -> Check:
 
 def check_bpf_syscall() -> Check:
     """BPF_MAP_CREATE of a tiny array: proves the bpf() syscall works for us."""
-    libc = ct.CDLL(None, use_errno=True)
+    from .bpf.syscall import MAP_CREATE, MapAttr, bpf  # noqa: PLC0415
 
-    class Attr(ct.Structure):
-        _fields_ = [
-            ("map_type", ct.c_uint32),
-            ("key_size", ct.c_uint32),
-            ("value_size", ct.c_uint32),
-            ("max_entries", ct.c_uint32),
-            ("pad", ct.c_uint8 * 112),
-        ]
-
-    attr = Attr(2, 4, 4, 1)  # BPF_MAP_TYPE_ARRAY
-    fd = libc.syscall(321, 0, ct.byref(attr), ct.sizeof(attr))  # __NR_bpf, BPF_MAP_CREATE
+    fd = bpf(MAP_CREATE, MapAttr(map_type=2, key_size=4, value_size=4, max_entries=1))  # BPF_MAP_TYPE_ARRAY
     if fd >= 0:
         os.close(fd)
         return Check("bpf syscall", True, "bpf() can create maps")
-    err = ct.get_errno()
     return Check(
         "bpf syscall",
         False,
-        f"bpf() failed: {os.strerror(err)}",
+        f"bpf() failed: {os.strerror(-fd)}",
         "run as root; check kernel.unprivileged_bpf_disabled / lockdown / seccomp of this container",
     )
 
@@ -194,22 +183,23 @@ def _probe_link(attach_type: int) -> str:
     """'' when a uprobe_multi link of `attach_type` (a 2-instruction program that returns 0, on
     our own libc malloc, this process only) can be made and closed here, else why not."""
     from .bpf.objects import uprobe_multi_link  # noqa: PLC0415
+    from .bpf.syscall import PROG_LOAD, ProgAttr, bpf  # noqa: PLC0415
 
     target = _libc_malloc()
     if target is None:
         return "no libc malloc in this process to try it on"
-    libc = ct.CDLL(None, use_errno=True)
     insns = (ct.c_uint64 * 2)(0x00000000000000B7, 0x0000000000000095)  # r0 = 0; exit
     lic = ct.create_string_buffer(b"GPL")
-    attr = (ct.c_uint8 * 128)()
-    ct.c_uint32.from_buffer(attr, 0).value = 2  # BPF_PROG_TYPE_KPROBE
-    ct.c_uint32.from_buffer(attr, 4).value = 2
-    ct.c_uint64.from_buffer(attr, 8).value = ct.addressof(insns)
-    ct.c_uint64.from_buffer(attr, 16).value = ct.addressof(lic)
-    ct.c_uint32.from_buffer(attr, 68).value = attach_type  # expected_attach_type
-    prog = libc.syscall(321, 5, ct.byref(attr), 128)  # BPF_PROG_LOAD
+    attr = ProgAttr(
+        prog_type=2,  # BPF_PROG_TYPE_KPROBE
+        insn_cnt=2,
+        insns=ct.addressof(insns),
+        license=ct.addressof(lic),
+        expected_attach_type=attach_type,
+    )
+    prog = bpf(PROG_LOAD, attr)
     if prog < 0:
-        return f"the kernel refuses the program type ({os.strerror(ct.get_errno())})"
+        return f"the kernel refuses the program type ({os.strerror(-prog)})"
     try:
         fd = uprobe_multi_link(prog, target[0], [target[1]], [0], os.getpid(), attach_type=attach_type)
         if fd < 0:

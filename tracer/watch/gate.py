@@ -26,8 +26,10 @@ from ..base.layout import PROBES_DIR
 DEBUG = bool(os.environ.get("ALLOCSCOPE_WATCH_DEBUG"))  # each release, and why (stderr)
 
 GUARD = r"""
-import ctypes, os, signal, struct, sys
+import ctypes, os, signal, sys
 fd = int(sys.argv[1])
+sys.path.insert(0, sys.argv[2])  # the tree holding tracer/: bpf(2) through its one wrapper
+from tracer.bpf import syscall as bpf
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 told = []  # the pids the watcher was letting go last: continued too, in case it died in between
@@ -39,14 +41,11 @@ for pid in told:
         os.kill(pid, signal.SIGCONT)
     except OSError:
         pass
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
 key, nxt = ctypes.c_uint32(0), ctypes.c_uint32(0)
 first = True
 for _ in range(4096):
-    attr = struct.pack("<IIQQ", fd, 0, 0 if first else ctypes.addressof(key), ctypes.addressof(nxt))
-    buf = ctypes.create_string_buffer(attr, 120)
-    if libc.syscall(321, 4, buf, 120) != 0:  # bpf(BPF_MAP_GET_NEXT_KEY)
+    attr = bpf.KeyAttr(map_fd=fd, key=0 if first else ctypes.addressof(key), next_key=ctypes.addressof(nxt))
+    if bpf.bpf(bpf.MAP_GET_NEXT_KEY, attr) != 0:
         break
     first = False
     try:
@@ -104,7 +103,7 @@ class ExecGate:
         os.set_inheritable(fd, True)
         try:
             self.guard = subprocess.Popen(
-                [sys.executable, "-S", "-c", GUARD, str(fd)],
+                [sys.executable, "-S", "-c", GUARD, str(fd), str(PROBES_DIR.parent)],
                 stdin=subprocess.PIPE,
                 pass_fds=(fd,),
                 close_fds=True,
