@@ -105,6 +105,11 @@ def test_python_lines_name_the_memory(version, procs, tracers, tmp_path):
     assert abs(cs["live_bytes"] - own["segments"]) <= 0.05 * own["segments"], (cs["live_bytes"], own)
     assert [t["tid"] for t in cs["threads"]] == [own["worker"]], cs["threads"]
 
+    # a thread started after the attach: named by the thread walk (each snapshot at least) before it allocates
+    late = location(rep, "late_block")
+    assert py_frames(late)[:2] == [("late_block", app, LINES["late_block"]), ("late_worker", app, LINES["late_worker"])]
+    assert abs(late["live_bytes"] - own["lates"]) <= 0.05 * own["lates"], (late["live_bytes"], own)
+
     # a C extension (zlib) named by the Python line that called it, its own frames under it
     inf = location(rep, "inflate")
     assert py_frames(inf)[0] == ("inflate", app, LINES["inflate"])

@@ -3,7 +3,8 @@
 Prints "ready", waits for SIGUSR1 (the tracer attached), warms up (transient), then: a worker thread ("compactor")
 keeps SEGMENTS blocks of SEGMENT bytes made at `compact_segment`; the main thread keeps
 BATCHES bytearrays of BATCH bytes made at `load_batch`, called from `handle_request`, and
-INFLATES buffers of INFLATE bytes that zlib (a C extension) made, called at `inflate`. Prints
+INFLATES buffers of INFLATE bytes that zlib (a C extension) made, called at `inflate`; a thread
+started after the attach keeps LATES bytearrays of LATE bytes made at `late_block`. Prints
 "done" with its own counts and keeps everything until killed. argv[1] scales the batches (the
 diff of two runs). The `# line:` comments are how the test finds the lines.
 """
@@ -40,6 +41,23 @@ def compactor(done):
     done.set()
 
 
+LATE = 512 << 10
+LATES = 5
+
+
+def late_block():
+    return bytearray(LATE)  # line: late_block
+
+
+def late_worker():
+    """A thread started after the tracer attached: its PyThreadState is found by the next walk."""
+    import time
+
+    time.sleep(1.2)  # the thread walk runs at least every snapshot (0.5 s in the test)
+    for _ in range(LATES):
+        held.append(late_block())  # line: late_worker
+
+
 def inflate(payload):
     return zlib.decompress(payload)  # line: inflate
 
@@ -65,6 +83,8 @@ def main():
     worker.start()
     print("ready", flush=True)
     go.wait()
+    late = threading.Thread(target=late_worker, name="late")
+    late.start()
     warm_up(payload)
     worker_go.set()
     for i in range(BATCHES):
@@ -72,8 +92,10 @@ def main():
     for _ in range(INFLATES):
         held.append(inflate(payload))
     worker_done.wait()
+    late.join()
     print(
         f"done batches={BATCHES * BATCH} segments={SEGMENTS * SEGMENT} inflates={INFLATES * INFLATE} "
+        f"lates={LATES * LATE} "
         f"pid={threading.get_native_id()} worker={worker.native_id}",
         flush=True,
     )
