@@ -1,7 +1,8 @@
 """Each interval's snapshot of a recording: the trace tables' new parts (sites, stacks, threads,
 events, flows, releases, waits, census, purges, the `intervals` row; the live blocks at the end),
-a peak snapshot when the kernel side woke the tracer at a new high, and what an observer
-(allocscope top) is handed. The table writers are tracer/record/trace_tables.py."""
+and what an observer (allocscope top) is handed. The table writers are
+tracer/record/trace_tables.py, the peak snapshots peak_snapshot.py, the row's memory columns and
+counters interval_row.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from ..process import procfs
 from ..process.target import Target
 from ..runtimes.python import write_parts as write_python_parts
 from .embed_symbols import SymbolEmbedder
-from .peaks import PeakReading
+from .interval_row import interval_counters, memory_columns
+from .peak_snapshot import PeakSnapshots
 from .readgate import MeasureGate, TargetState, target_state
 from .sitechanges import SiteReader
 from .trace_tables import (
@@ -34,25 +36,6 @@ from .trace_tables import (
     WaitTable,
     table_part,
 )
-
-
-def memory_columns(
-    mem: dict, heap_live: int, heap_peak: int, mm_live: int, cuda_host: int, dev_live: int, dev_peak: int
-) -> dict:
-    """An interval row's memory columns, in the schema's order: the RSS figures of
-    procfs.rss (-1 where not read) and the probes' totals."""
-    return {
-        **{
-            k: mem.get(k, -1) for k in ("rss_bytes", "rss_anon_bytes", "rss_file_bytes", "rss_shmem_bytes", "hwm_bytes")
-        },
-        "heap_live_bytes": heap_live,
-        "heap_peak_bytes": heap_peak,
-        "mmap_live_bytes": mm_live,
-        "cuda_host_live_bytes": cuda_host,
-        "device_live_bytes": dev_live,
-        "device_peak_bytes": dev_peak,
-        "live_bytes": heap_live + mm_live + cuda_host,
-    }
 
 
 @dataclass
@@ -90,8 +73,7 @@ class Snapshots:
         self.waits = WaitTable(max(0, round(opts.wait_min_ms * 1e6)))
         self.heaps = HeapMeter(target.pid, opts.residency_budget_pages, glibc=False)
         self.purges = PurgeLog()
-        self.peak_changed: list[SiteKey] = []  # sites a peak snapshot wrote, for the observer
-        self.peak_stack_columns: list[dict[str, list]] = []  # the stacks columns those peak snapshots wrote
+        self.peak_snapshots = PeakSnapshots(self)  # written when the kernel side wakes the tracer at a new high
         self.py_parts: list[tuple[dict, dict]] = []  # CPython frames written since the observer's last snapshot
         self.census_rows: list[tuple] = []  # glibc's arenas (tracer/allocators/census.py), not written yet
         self.census_info: dict[str, dict] = {}  # meta.json `census`: how each one went
@@ -103,59 +85,19 @@ class Snapshots:
         self.gate = MeasureGate()  # whether the last resident-page figures still hold (readgate.py)
         self.arena_res = -1  # the heap meter's last figure
 
-    def _peak_snapshot(self, p: PeakReading) -> None:
-        """A peak snapshot (tracer/record/peaks.py) as its own interval: the sites as read at the wake,
-        the stacks they name first, an `intervals` row marked peak_snapshot 1."""
+    def write_stacks(self, seq: int, new_ids, cols: dict[str, list]) -> None:
+        """The `stacks` part of the stacks first seen now, their CPython frames
+        (tracer/runtimes/python.py) and the symbol tables of the modules on them (--embed-symbols)."""
         rec = self.rec
-        rec.seq += 1
-        seq, w = rec.seq, rec.writer
-        changed = self.site_reader.apply_peak(self.sites, p.sites, rec.tracker, rec.source_names)
-        self.peak_changed += changed
-        part = self.sites.part(seq, changed)
-        if part is not None:
-            w.write_part("sites", seq, part)
-        new_ids = self.stacks.new_ids({k[0] for k in changed})
-        if new_ids:
-            if rec.target.readable() and not rec.exec_seen:
-                rec.maps.refresh()
-            cols = self.stacks.columns(rec.probes.maps.read_stacks(new_ids), rec.maps.index)
-            self.peak_stack_columns.append(cols)  # the observer (top) has not seen these stacks yet
-            w.write_part("stacks", seq, pa.table(cols, schema=F.SCHEMAS["stacks"]))
-            if rec.python is not None:
-                self.py_parts.append(write_python_parts(rec.python, w, seq, new_ids))
-            if self.embedder is not None:
-                w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, cols))
-        heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = p.totals[:7]
-        counters = self._counters(dict(p.counters))
-        mm_live = reg_bytes - rec.slow.taken_bytes + rec.tracker.live_bytes()
-        mem = p.rss
-        row = {
-            "seq": seq,
-            "ts_ns": p.ts_ns,
-            "elapsed_s": (p.ts_ns - rec.t0_ns) / 1e9,
-            **memory_columns(mem, heap_live, heap_peak, mm_live, cuda_host, dev_live, dev_peak),
-            "live_count": counters["n_allocs"]
-            - counters["n_frees"]
-            + reg_count
-            - rec.slow.taken_count
-            + rec.tracker.live_count(),
-            "target_alive": 1,
-            "arena_resident_bytes": -1,
-            "residency_ms": p.read_ns / 1e6,
-            "measured_ns": p.ts_ns,
-            "peak_snapshot": 1,
-        }
-        row.update(counters)
-        w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
+        rec.writer.write_part("stacks", seq, pa.table(cols, schema=F.SCHEMAS["stacks"]))
+        if rec.python is not None:
+            self.py_parts.append(write_python_parts(rec.python, rec.writer, seq, new_ids))
+        if self.embedder is not None:
+            rec.writer.write_part(F.SYMBOLS, seq, self.embedder.part(seq, cols))
 
     def snapshot(self, final: bool = False) -> None:
         rec = self.rec
-        if rec.peaks is not None:
-            if rec.peaks.woken:
-                rec.peaks.read()  # a wake not served yet: its reading is of now, still the high
-            p = rec.peaks.take()
-            if p is not None:
-                self._peak_snapshot(p)
+        self.peak_snapshots.take()  # a peak reading not written yet: its own interval first
         rec.seq += 1
         seq = rec.seq
         now = time.monotonic_ns()
@@ -189,11 +131,7 @@ class Snapshots:
             if readable:
                 rec.maps.refresh(seq, state.maps_key)
             stack_columns = self.stacks.columns(rec.probes.maps.read_stacks(new_ids), rec.maps.index)
-            w.write_part("stacks", seq, pa.table(stack_columns, schema=F.SCHEMAS["stacks"]))
-            if rec.python is not None:  # their CPython frames (tracer/runtimes/python.py)
-                self.py_parts.append(write_python_parts(rec.python, w, seq, new_ids))
-            if self.embedder is not None:  # symbol tables of the modules on these stacks
-                w.write_part(F.SYMBOLS, seq, self.embedder.part(seq, stack_columns))
+            self.write_stacks(seq, new_ids, stack_columns)
         if readable:  # names of allocating threads not seen yet
             self.threads.look_up(
                 rec.target.pid,
@@ -229,13 +167,8 @@ class Snapshots:
         w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
         if rec.peaks is not None:
             rec.peaks.take(row["live_bytes"])  # a slow rise re-arms the wake from this snapshot's live
-        if self.peak_changed:  # the observer sees every change since its last snapshot
-            changed = list(dict.fromkeys(self.peak_changed + changed))
-            self.peak_changed = []
-        if self.peak_stack_columns:  # stacks a peak snapshot saw first: the observer gets them now
-            parts = [*self.peak_stack_columns, *([stack_columns] if stack_columns else [])]
-            stack_columns = {k: [v for c in parts for v in c[k]] for k in parts[0]}
-            self.peak_stack_columns = []
+        # the observer sees every change since its last snapshot, the peak snapshots' too
+        changed, stack_columns = self.peak_snapshots.for_observer(changed, stack_columns)
         if rec.observer is not None:
             rec.observer(
                 Snapshot(
@@ -277,16 +210,6 @@ class Snapshots:
         text = f"{rep.allocator_kind} {rep.allocator}" if rep is not None else ""
         return text + (" + CUDA driver" if rec.cuda_module else "")
 
-    def _counters(self, counters: dict[str, int]) -> dict[str, int]:
-        """The `intervals` counters from the kernel's (read_counters)."""
-        rec = self.rec
-        counters.update(rec.probes.maps.read_tlb())
-        counters["n_attach_window_returns"] = rec.attach_window_returns
-        counters["lost_unmatched_ret"] -= rec.attach_window_returns
-        if rec.opts.mode == "residency":
-            counters["n_faults"] = rec.probes.faults.count()
-        return counters
-
     def _look(self, readable: bool, final: bool) -> TargetState:
         """The target's RSS figures for the row and its change keys (tracer/record/readgate.py):
         the agent's count of mmap-family calls first, then /proc/PID/status; no key at the end
@@ -299,7 +222,7 @@ class Snapshots:
 
     def _interval_row(self, seq: int, now: int, alive: bool, readable: bool, final: bool, state: TargetState) -> dict:
         rec = self.rec
-        counters = self._counters(rec.probes.maps.read_counters())
+        counters = interval_counters(rec, rec.probes.maps.read_counters())
         heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = rec.probes.maps.read_totals()
         heap_count = counters["n_allocs"] - counters["n_frees"]
         mm_live = reg_bytes - rec.slow.taken_bytes + rec.tracker.live_bytes()
