@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,9 @@ def test_python_lines_name_the_memory(version, procs, tracers, tmp_path):
     own = record_app(procs, tracers, py, out)
     rep = report_json(out)
     app = str(APP)
+    meta = json.loads((out / "meta.json").read_text())["python"]
+    want = subprocess.check_output([py, "-c", "import sys; print(*sys.version_info[:3], sep='.')"], text=True).strip()
+    assert (meta["version"], meta["layout"]) == (want, "debug offsets" if version == "3.13" else "table"), meta
 
     # main thread: load_batch's line, reached from handle_request, the program's own count
     lb = location(rep, "load_batch")

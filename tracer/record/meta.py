@@ -88,6 +88,8 @@ def trace_meta(rec, complete: bool) -> dict:
         **({"triggers": rec.triggers} if rec.triggers else {}),
         # the target's forked children, not traced (tracer/record/children.py)
         **({"children": rec.children.meta()} if getattr(rec, "children", None) is not None else {}),
+        # the CPython whose frames are in the stacks (tracer/runtimes/python.py, docs/python.md)
+        **({"python": rec.python.meta()} if getattr(rec, "python", None) is not None and rec.python.meta() else {}),
         "interval_reads": {"site_changes": reader.capacity if reader.enabled else 0, **reader.stats.as_dict()},
     }
     if complete:
