@@ -102,7 +102,7 @@ cg_usage() { if [ $CGV = 2 ]; then cat "$CG/memory.current"; else cat "$CG/memor
     echo "cgroup v$CGV $CG limit $LIMIT bytes"
     echo "allocscope $A"
     echo "daemon $DAEMON --bug --partitions 1000000 --partition-mb $PART_MB $DAEMON_ARGS"
-    echo "watch args: defaults ${WATCH_ARGS:+plus $WATCH_ARGS}${METRICS:+ --metrics 127.0.0.1:$METRICS}"
+    echo "watch args: defaults${WATCH_ARGS:+ plus $WATCH_ARGS}${METRICS:+ plus --metrics 127.0.0.1:$METRICS}"
     echo "minutes $MINUTES"
     uptime
 } > "$OUT/box.txt"
@@ -147,7 +147,7 @@ echo "watch ready after $((i / 2)) s: $(grep -m1 watching "$OUT/watch.log")"
         echo "end $n status $? $(date +%s.%N)" >> "$LOOPLOG"
         [ -e "$STOP" ] || sleep 1
     done
-) &
+) 2> "$W/loop.err" &
 LOOP=$!
 
 descendants() { echo "$1"; for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do descendants "$c"; done; }
