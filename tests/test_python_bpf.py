@@ -114,6 +114,24 @@ def test_python_lines_name_the_memory(version, procs, tracers, tmp_path):
     assert py_frames(late)[:2] == [("late_block", app, LINES["late_block"]), ("late_worker", app, LINES["late_worker"])]
     assert abs(late["live_bytes"] - own["lates"]) <= 0.05 * own["lates"], (late["live_bytes"], own)
 
+    # what the frames say: a generator's frame under its consumer, a key function under the C
+    # code of sorted() that called it back, a coroutine under the coroutine awaiting it
+    gen = location(rep, "chunks")
+    assert py_frames(gen)[:2] == [("chunks", app, LINES["chunk_gen"]), ("collect", app, LINES["collect"])]
+    assert gen["live_bytes"] >= own["chunks"] and gen["live_count"] == 3
+    key = location(rep, "sort_key")
+    assert py_frames(key)[:2] == [("sort_key", app, LINES["sort_key"]), ("sort_keys", app, LINES["sort_keys"])]
+    assert abs(key["live_bytes"] - own["keys"]) <= 0.05 * own["keys"], (key["live_bytes"], own)
+    fr = key["frames"]
+    i, j = (next(n for n, f in enumerate(fr) if f["function"] == name) for name in ("sort_key", "sort_keys"))
+    between = [f["function"] for f in fr[i + 1 : j] if f["module"] != "python"]
+    assert between, fr[i : j + 1]  # sorted()'s C frames between the key function and its caller
+    if not version.startswith("debian"):  # Debian's list_sort is a stripped static function
+        assert any("sort" in f for f in between), between
+    co = location(rep, "fetch")
+    assert py_frames(co)[:2] == [("fetch", app, LINES["fetch"]), ("serve", app, LINES["serve"])]
+    assert abs(co["live_bytes"] - own["fetches"]) <= 0.05 * own["fetches"], (co["live_bytes"], own)
+
     # a C extension (zlib) named by the Python line that called it, its own frames under it
     inf = location(rep, "inflate")
     assert py_frames(inf)[0] == ("inflate", app, LINES["inflate"])

@@ -41,6 +41,7 @@ MAX_CODES = 1 << 16  # code objects cached
 MAX_LINETABLE = 1 << 20
 MAX_NAME = 4096
 FRAME_BYTES = 80  # what the probe reads of a frame (AS_PY_FRAME_BYTES)
+USER_END = 1 << 47  # x86-64 user addresses lie below
 _FILE_RX = re.compile(r"(?:^|/)(?:lib)?python(\d+)\.(\d+)[a-z]*(?:\.so[.\d]*)?$")
 
 
@@ -138,7 +139,7 @@ class ProcMem:
         self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
 
     def read(self, addr: int, n: int) -> bytes | None:
-        if addr <= 0 or n <= 0:
+        if addr <= 0 or n <= 0 or addr + n > USER_END:  # a stray pointer (a frame half set up)
             return None
         try:
             b = os.pread(self.fd, n, addr)
@@ -412,7 +413,10 @@ class PythonFrames:
                 self.codes.clear()
                 self.written_codes.clear()
             assert self.interp is not None and self.interp.layout is not None
-            self.codes[addr] = read_code(self.mem, self.interp.layout, addr)
+            try:
+                self.codes[addr] = read_code(self.mem, self.interp.layout, addr)
+            except (ValueError, OverflowError, struct.error, UnicodeError):  # not a code object (freed, reused)
+                self.codes[addr] = None
         return self.codes[addr]
 
     def frames_of(self, ids) -> dict[int, tuple[int, list[tuple[int, int, bool]]]]:

@@ -4,11 +4,14 @@ Prints "ready", waits for SIGUSR1 (the tracer attached), warms up (transient), t
 keeps SEGMENTS blocks of SEGMENT bytes made at `compact_segment`; the main thread keeps
 BATCHES bytearrays of BATCH bytes made at `load_batch`, called from `handle_request`, and
 INFLATES buffers of INFLATE bytes that zlib (a C extension) made, called at `inflate`; a thread
-started after the attach keeps LATES bytearrays of LATE bytes made at `late_block`. Prints
+started after the attach keeps LATES bytearrays of LATE bytes made at `late_block`; a generator
+(`chunks`), a key function `sorted` calls back (`sort_key`) and a coroutine (`fetch`) keep
+theirs. Prints
 "done" with its own counts and keeps everything until killed. argv[1] scales the batches (the
 diff of two runs). The `# line:` comments are how the test finds the lines.
 """
 
+import asyncio
 import signal
 import sys
 import threading
@@ -58,6 +61,40 @@ def late_worker():
         held.append(late_block())  # line: late_worker
 
 
+CHUNK = 256 << 10
+CHUNKS = 3
+KEYS = 5
+FETCH = 384 << 10
+FETCHES = 2
+
+
+def chunks(n):
+    for _ in range(n):
+        yield bytearray(CHUNK)  # line: chunk_gen
+
+
+def collect():
+    held.extend(chunks(CHUNKS))  # line: collect
+
+
+def sort_key(i):
+    held.append(bytearray(CHUNK))  # line: sort_key
+    return -i
+
+
+def sort_keys():
+    return sorted(range(KEYS), key=sort_key)  # line: sort_keys
+
+
+async def fetch():
+    return bytearray(FETCH)  # line: fetch
+
+
+async def serve():
+    for _ in range(FETCHES):
+        held.append(await fetch())  # line: serve
+
+
 def inflate(payload):
     return zlib.decompress(payload)  # line: inflate
 
@@ -91,11 +128,14 @@ def main():
         handle_request(i)
     for _ in range(INFLATES):
         held.append(inflate(payload))
+    collect()  # a generator
+    sort_keys()  # C (sorted) calling back into Python
+    asyncio.run(serve())  # coroutines
     worker_done.wait()
     late.join()
     print(
         f"done batches={BATCHES * BATCH} segments={SEGMENTS * SEGMENT} inflates={INFLATES * INFLATE} "
-        f"lates={LATES * LATE} "
+        f"lates={LATES * LATE} chunks={CHUNKS * CHUNK} keys={KEYS * CHUNK} fetches={FETCHES * FETCH} "
         f"pid={threading.get_native_id()} worker={worker.native_id}",
         flush=True,
     )
