@@ -60,7 +60,7 @@ def trace_meta(rec, complete: bool) -> dict:
             "uprobes_why": rep.uprobes_why,
             "heap": rep.heap,
             # the kernel's OOM killer's marks (tracer/bpf/oom.py): how they are watched, or why not
-            "oom": {"tracepoint": "oom:mark_victim", "watched": rec.oom_victims is not None, "how": rec.oom_how},
+            "oom": {"tracepoint": "oom:mark_victim", "watched": rec.ooms.victims is not None, "how": rec.ooms.how},
             **(
                 {"inject": rec.injection.report(getattr(rec.probes, "sys_tracepoints_kept", []))}
                 if rec.injection is not None

@@ -18,12 +18,10 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import AllocscopeError, Interrupted, NoAllocatorError, TargetError
-from common.tracefile.names import lost_events
 from common.tracefile.writer import SYNC_S, NullWriter, TraceWriter, prepare_output
 
 from ..allocators.custom import CustomFn, Located, locate, parse_all
@@ -35,17 +33,19 @@ from ..allocators.retention import (
 from ..base import layout as L
 from ..base.options import DEFAULTS, RecordOptions
 from ..process import procfs
-from ..process.ending import CgroupWatch, OomMark, describe_end
+from ..process.ending import CgroupWatch
 from ..process.mappings import MapsWatcher, heap_end
 from ..process.target import Target, launch_maps, release
 from ..runtimes.python import PythonFrames, start_python
 from ..unwind.unwinder import Unwinder, start_unwinder
 from .children import ChildWatch
 from .events import RingEvents
+from .finish import Summary, ended_text, finish, summary
 from .injecting import inject_agent, uninject
 from .late_attach import attach_cuda, attach_new_allocators, source_id
 from .loop import poll_loop
 from .meta import trace_meta
+from .oomwatch import OomWatch
 from .peaks import PeakWatch
 from .regions import RegionTracker, SlowPath
 from .signals import StopRequest
@@ -54,27 +54,11 @@ from .validate import validate
 
 if TYPE_CHECKING:
     from ..bpf.attach import AttachReport
-    from ..bpf.oom import OomVictims
     from ..bpf.probes import Probes
     from ..inject.injection import Injection
 
 SRC = L.SOURCE_NAMES
 HOLD_S = SYNC_S  # --inject, intervals of 1 s or more: small parts written together this often (_start_writer)
-
-
-@dataclass
-class Summary:
-    path: str
-    seconds: float
-    intervals: int
-    end_reason: str
-    live_bytes: int
-    live_count: int
-    sites: int
-    lost: int
-    bytes_written: int
-    end: dict | None = None  # meta.json `end` (how the target ended, tracer/process/ending.py)
-    cut_short: int = 0  # stacks cut short while an unwind table was built (lost_stack_pending): no event lost
 
 
 class Recorder:
@@ -136,12 +120,7 @@ class Recorder:
         self.started = False  # the trace is being written: the target's end ends the recording
         self.cgroups: CgroupWatch | None = None  # the target's memory cgroups at the start (OOM kills)
         # the kernel's oom:mark_victim (tracer/bpf/oom.py), loaded in a thread from the start
-        self.oom_victims: OomVictims | None = None
-        self.oom_how = ""  # meta.json probes.oom: how it is watched, or why not
-        self._oom_thread: threading.Thread | None = None
-        self._oom_lock = threading.Lock()
-        self._oom_closed = False
-        self._live = threading.Event()  # the probes are live (or the recording ended): BCC is free
+        self.ooms = OomWatch()
         self.end: dict | None = None  # meta.json `end` (tracer/process/ending.py), at the end
         self.phases: list[tuple[str, float]] = []  # start-up: (phase, seconds), in order (--verbose prints them)
         self._phase_t0 = self._phase_t = time.perf_counter()
@@ -215,69 +194,10 @@ class Recorder:
             t = self.target
             raise TargetError(
                 f"process {t.pid} ({t.comm}) ended while allocscope was attaching "
-                f"({self._ended_text()}); nothing was recorded ({type(e).__name__} in the attach)"
+                f"({ended_text(self)}); nothing was recorded ({type(e).__name__} in the attach)"
             ) from None
         finally:
-            self._close_ooms()
-
-    def _ended_text(self) -> str:
-        """How a target that ended during the attach ended (the mark's program is loaded by then
-        unless it must be compiled: not waited for long)."""
-        end = describe_end("target exited", self._exit_status(), self.cgroups, None, self._oom_mark(wait_s=0.5))
-        if end["reason"] == "oom_killed":
-            return "OOM-killed"
-        if end["signal"]:
-            return f"killed by {end['signal']}"
-        return f"exit code {end['exit_code']}" if end["exit_code"] is not None else "exited"
-
-    def _watch_ooms(self) -> None:
-        """In a thread from the start: the OOM victims' program, loaded beside the probes (from
-        the store in milliseconds; a compile where the store cannot serve: never in their way)."""
-        from ..bpf.oom import open_victims  # noqa: PLC0415
-
-        victims, how = open_victims(lambda: self._live.wait() and not self._oom_closed)
-        with self._oom_lock:
-            self.oom_how = how
-            if not self._oom_closed:
-                self.oom_victims = victims
-                return
-        if victims is not None:
-            victims.close()  # the recording ended before it was loaded
-
-    def _oom_mark(self, wait_s: float = 10.0) -> OomMark | None:
-        """What oom:mark_victim says of the target (None: not watched). A mark of it counts
-        whenever it came; no mark counts only where the program was attached before the target
-        was last known alive (when the probes went live, or at its last measure): else the kill
-        may have come first, and the cgroups' counters tell."""
-        if self._oom_thread is not None:
-            self._oom_thread.join(wait_s)
-        victims = self.oom_victims
-        if victims is None:
-            return None
-        found = victims.victim({self.target.pid} | set(self.snapshots.threads.names), self.t0_ns)
-        if found is not None:
-            return OomMark(found)
-        last = self.snapshots.last_alive
-        alive_ns = max(self.t0_ns if self.started else 0, last[1] if last is not None else 0)
-        return OomMark(None) if victims.attached_ns <= alive_ns else None
-
-    def _close_ooms(self) -> None:
-        with self._oom_lock:
-            self._oom_closed = True
-            victims, self.oom_victims = self.oom_victims, None
-        self._live.set()
-        if victims is not None:
-            victims.close()
-
-    def _exit_status(self) -> int | None:
-        """The target's wait status once it ended (None: not known)."""
-        t = self.target
-        if t.child is not None:
-            rc = t.child.returncode if t.child.returncode is not None else self.target_exit
-            if rc is None or rc == -1 and not t.child.exiting:
-                return None
-            return (-rc) & 0x7F if rc < 0 else (rc & 0xFF) << 8
-        return t.exit_status
+            self.ooms.close()
 
     def _run(self) -> Summary:
         self._phase_t0 = self._phase_t = time.perf_counter()
@@ -288,8 +208,7 @@ class Recorder:
         # while BCC builds the probes (libbcc runs without the GIL), joined before the attach.
         pandas = threading.Thread(target=_import_pandas, name="import pandas", daemon=True)
         pandas.start()
-        self._oom_thread = threading.Thread(target=self._watch_ooms, name="oom victims", daemon=True)
-        self._oom_thread.start()
+        self.ooms.start()
         if self.early is None:  # built here, beside the scans below
             from ..bpf.early import EarlyProbes  # noqa: PLC0415
 
@@ -384,7 +303,7 @@ class Recorder:
             self.snapshots.site_reader.start(probes.maps, self.peaks)
             self.peaks.arm()
             self._phase("live")
-            self._live.set()
+            self.ooms.live.set()
             self._check_stop("attaching the probes")
             # Returns seen while probes were being attached belong to calls that began before
             # the attach: like pre-attach allocations, they are not losses.
@@ -396,7 +315,7 @@ class Recorder:
                 self.unwinder.t0_ns = self.t0_ns  # `unwind.pending` times are since this
             if not launched and not t.alive():  # it ended while the probes were attached: no trace
                 raise TargetError(
-                    f"process {t.pid} ({t.comm}) ended while allocscope was attaching ({self._ended_text()}); "
+                    f"process {t.pid} ({t.comm}) ended while allocscope was attaching ({ended_text(self)}); "
                     "nothing was recorded"
                 )
             # the names before the trace is announced (meta.json): a test or a user acting on it at
@@ -413,34 +332,7 @@ class Recorder:
             release(t)
             self.progress(f"recording pid {t.pid} ({t.comm}); allocator {alloc.kind} {alloc.path}; Ctrl-C to stop")
             poll_loop(self, probes)
-            self.stop.finalizing = True
-            self.end_reason = self.end_reason or self.stop.reason
-            if self.injection is not None:
-                self.injection.enable(False)  # no new samples: the last snapshot sees all there are
-            probes.maps.drain_events()
-            t_final = time.perf_counter()
-            self.snapshots.snapshot(final=True)
-            if self.children is not None:
-                self.children.poll()
-            self.final_snapshot_s = time.perf_counter() - t_final
-            uninject(self)
-            if t.child is not None:  # launched
-                t.child.resume()
-                self.target_exit = t.child.wait(timeout=0.2)
-            self.end = describe_end(
-                self.end_reason or "",
-                self._exit_status(),
-                self.cgroups,
-                (time.monotonic_ns() - self.t0_ns) / 1e9,
-                self._oom_mark(),
-            )
-            last = self.snapshots.last_alive
-            if last is not None and self.end["reason"] != "stopped":
-                self.end["last_alive"] = {"seq": last[0], "elapsed_s": (last[1] - self.t0_ns) / 1e9}
-            self.bpf_stats = probes.program_stats()
-            if self.unwinder is not None:
-                self.unwinder.finish()  # the last truncation counts; builds still running stopped
-            self.writer.write_meta(trace_meta(self, True))
+            finish(self, probes)
         finally:
             if self.unwinder is not None:
                 self.unwinder.close()
@@ -451,21 +343,7 @@ class Recorder:
             probes.close()
             self.writer.close()
             release(t, start=self.started)  # a launched program runs only if its recording did
-        row = self.snapshots.last_row
-        lost = lost_events(row)
-        return Summary(
-            self.opts.output,
-            (time.monotonic_ns() - self.t0_ns) / 1e9,
-            self.seq - (self.peaks.written if self.peaks is not None else 0),  # as the report counts them
-            self.end_reason or "",
-            row["live_bytes"],
-            row["live_count"],
-            len(self.snapshots.sites.current),
-            lost,
-            self.writer.bytes_written,
-            self.end,
-            int(row.get("lost_stack_pending", 0)),
-        )
+        return summary(self)
 
 
 def _import_pandas() -> None:
