@@ -20,9 +20,10 @@
 # (the watch also serves Prometheus on 127.0.0.1:PORT, scraped at the end); --watch-args "..."
 # (added to the watch's command line); --daemon-args "..." (replaces the daemon's pacing:
 # --pw 2 --workers 40 --synth-ms 2400 --gpu-ms 3000, ~0.83 partitions/s made, 0.33 drained);
-# --keep-work (leave the work folder). OUT gets at most 7 files: summary.md (also printed),
-# samples.tsv, loop.log, watch.log, reports.json (the per-trace extract), box.txt and
-# metrics.txt (with --metrics); the traces stay in the work folder /tmp/allocscope-soak-*
+# --keep-work (leave the work folder); --enable-memory-controller (cgroup v2: write +memory into
+# /sys/fs/cgroup/cgroup.subtree_control when it lacks it, as bench/oom_check.sh does; else
+# refused). OUT gets at most 7 files: summary.md (also printed), samples.tsv, loop.log,
+# watch.log, reports.json (the per-trace extract), box.txt and metrics.txt (with --metrics); the traces stay in the work folder /tmp/allocscope-soak-*
 # (removed at the end unless --keep-work).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -35,7 +36,7 @@ if [ "${1:-}" = "--build-bins" ]; then
     exit 0
 fi
 
-BUNDLE="" A="" DAEMON="" OUT="" MINUTES=6 LIMIT_MIB=24576 PART_MB=1024 METRICS="" KEEP_WORK=0
+BUNDLE="" A="" DAEMON="" OUT="" MINUTES=6 LIMIT_MIB=24576 PART_MB=1024 METRICS="" KEEP_WORK=0 ENABLE_MEM=0
 WATCH_ARGS="" DAEMON_ARGS="--pw 2 --workers 40 --synth-ms 2400 --gpu-ms 3000" SAMPLE_S=10
 usage() { sed -n '2,30p' "$0" >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -52,6 +53,7 @@ while [ $# -gt 0 ]; do
     --daemon-args) DAEMON_ARGS=$2; shift 2 ;;
     --sample-s) SAMPLE_S=$2; shift 2 ;;
     --keep-work) KEEP_WORK=1; shift ;;
+    --enable-memory-controller) ENABLE_MEM=1; shift ;;
     -h | --help) usage ;;
     *) echo "unknown option: $1" >&2; usage ;;
     esac
@@ -77,10 +79,14 @@ A=$(readlink -f "$A")
 # The memory cgroup: v2 (one filesystem at /sys/fs/cgroup) or v1's memory controller.
 if [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
     CGV=2 CG=/sys/fs/cgroup/allocscope-soak-$$
-    grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || {
-        echo "memory controller not enabled for /sys/fs/cgroup's children (cgroup.subtree_control): not touching it" >&2
-        exit 1
-    }
+    if ! grep -qw memory /sys/fs/cgroup/cgroup.subtree_control; then
+        [ $ENABLE_MEM = 1 ] || {
+            echo "memory controller not enabled for /sys/fs/cgroup's children: not touching it (--enable-memory-controller does)" >&2
+            exit 1
+        }
+        echo +memory > /sys/fs/cgroup/cgroup.subtree_control || exit 1
+        echo "enabled the memory controller in /sys/fs/cgroup/cgroup.subtree_control (as bench/oom_check.sh does)"
+    fi
     mkdir "$CG" || exit 1
     echo $((LIMIT_MIB * 1048576)) > "$CG/memory.max"
     echo 0 > "$CG/memory.swap.max" 2>/dev/null
