@@ -122,8 +122,8 @@ def main() -> int:
         rows = list(ex.map(lambda t: report(a.allocscope, t), traces))
     by_pid = {r["pid"]: r for r in rows if "pid" in r}
     with open(a.out / "reports.json", "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
 
     cg_name = os.path.basename(a.cgroup)
     last_n = max(incs) if incs else 0
@@ -178,7 +178,7 @@ def main() -> int:
     if not rss_ok:
         bad.append(f"the watcher's RSS grew: {rss_words}")
     tbytes = [r["bytes"] for r in rows if "bytes" in r]
-    lived = [i["end"] - i["start"] for n, i in incs.items() if "end" in i and n != last_n]
+    lives = [i["end"] - i["start"] for n, i in incs.items() if "end" in i and n != last_n]
     disk_end = smp[-1]["traces_bytes"] if smp else 0
     every = int(smp[1]["t_s"] - smp[0]["t_s"]) if len(smp) > 1 else "?"
     lines = [
@@ -190,7 +190,7 @@ def main() -> int:
         "",
         f"- Incarnations started: **{len(incs)}**; traces written (watch.log): **{len(wrote)}**; on disk at "
         f"the end: {len(traces)}; OOM-killed by the cgroup's limit: **{len(ooms)}**"
-        + (f"; lifetimes {min(lived):.0f}-{max(lived):.0f} s (mean {sum(lived) / len(lived):.0f} s)" if lived else ""),
+        + (f"; lifetimes {min(lives):.0f}-{max(lives):.0f} s (mean {sum(lives) / len(lives):.0f} s)" if lives else ""),
         f"- Lost events, all traces: **{lost}**",
         f"- The watcher's RSS (it and its children, every {every} s): "
         f"first {wrss[0] / 1024:.1f} MiB, last {wrss[-1] / 1024:.1f} MiB, max {max(wrss) / 1024:.1f} MiB; "
@@ -202,8 +202,7 @@ def main() -> int:
         f"files); per trace {size(min(tbytes))}-{size(max(tbytes))} (mean {size(sum(tbytes) / len(tbytes))})"
         if tbytes
         else "- Disk: no traces",
-        f"- The daemon at each kill: cgroup usage max {size(max(s['cgroup_bytes'] for s in smp))} sampled "
-        f"(limit {size(a.limit)})"
+        f"- The cgroup's usage, the most sampled: {size(max(s['cgroup_bytes'] for s in smp))} (limit {size(a.limit)})"
         if smp
         else "",
         "",
