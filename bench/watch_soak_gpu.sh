@@ -10,11 +10,12 @@
 # lost events (must be 0), peak live bytes, the top location, the watcher's RSS and disk.
 #
 # Here (gcc; the box needs no compiler): the daemon, built against this box's glibc 2.36 (its
-# symbols need <= 2.34, the GPU box has 2.39), into .gpubin/ (.git/info/exclude ignores it):
+# symbols need <= 2.34, the GPU box has 2.39), into .gpubin/ (.git/info/exclude ignores it), named
+# provingd-soak so that no other watch of a provingd (bench/overhead.py's) holds its execs:
 #   bash bench/watch_soak_gpu.sh --build-bins .gpubin
 # There, as root, from the repo root (cgroup v2 or v1's memory controller; never the box's own
 # cgroups: a sub-cgroup allocscope-soak-$$ of its own, removed at the end):
-#   bash bench/watch_soak_gpu.sh --bundle dist/allocscope-*.tar.xz --daemon .gpubin/provingd \
+#   bash bench/watch_soak_gpu.sh --bundle dist/allocscope-*.tar.xz --daemon .gpubin/provingd-soak \
 #       --out "$OUT" [--minutes 6] [--limit-mib 24576] [--partition-mb 1024]
 # Options: --allocscope PATH instead of --bundle (e.g. .venv/bin/allocscope); --metrics PORT
 # (the watch also serves Prometheus on 127.0.0.1:PORT, scraped at the end); --watch-args "..."
@@ -30,9 +31,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 if [ "${1:-}" = "--build-bins" ]; then
     BINS=${2:?--build-bins DIR}
     mkdir -p "$BINS"
-    gcc -std=c11 -O2 -g -fno-omit-frame-pointer -pthread -o "$BINS/provingd" "$HERE/../demo/provingd.c" || exit 1
-    objdump -T "$BINS/provingd" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1
-    ls -l "$BINS/provingd"
+    gcc -std=c11 -O2 -g -fno-omit-frame-pointer -pthread -o "$BINS/provingd-soak" "$HERE/../demo/provingd.c" || exit 1
+    objdump -T "$BINS/provingd-soak" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1
+    ls -l "$BINS/provingd-soak"
     exit 0
 fi
 
@@ -134,7 +135,7 @@ trap 'exit 130' INT TERM
     > "$OUT/watch.log" 2>&1 &
 WP=$!
 i=0
-until grep -q watching "$OUT/watch.log"; do
+until grep -q watching "$OUT/watch.log" 2>/dev/null; do
     sleep 0.5
     i=$((i + 1))
     kill -0 $WP 2>/dev/null || { echo "the watch ended:"; cat "$OUT/watch.log"; exit 1; }
