@@ -18,36 +18,35 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.errors import AllocscopeError, Interrupted, NoAllocatorError, TargetError
+from common.errors import AllocscopeError, Interrupted, TargetError
 from common.tracefile.writer import SYNC_S, NullWriter, TraceWriter, prepare_output
 
-from ..allocators.custom import CustomFn, Located, locate, parse_all
-from ..allocators.discovery import Plan, find_allocators, plan_allocator
+from ..allocators.custom import CustomFn, parse_all
+from ..allocators.discovery import Plan
 from ..allocators.retention import (
     AllocatorMeter,
-    Owner,
 )
 from ..base import layout as L
 from ..base.options import DEFAULTS, RecordOptions
 from ..process import procfs
 from ..process.ending import CgroupWatch
 from ..process.mappings import MapsWatcher, heap_end
-from ..process.target import Target, launch_maps, release
+from ..process.target import Target, release
 from ..runtimes.python import PythonFrames, start_python
 from ..unwind.unwinder import Unwinder, start_unwinder
 from .children import ChildWatch
 from .events import RingEvents
 from .finish import Summary, ended_text, finish, summary
 from .injecting import inject_agent, uninject
-from .late_attach import attach_cuda, attach_new_allocators, source_id
+from .late_attach import attach_cuda, attach_new_allocators
 from .loop import poll_loop
 from .meta import trace_meta
 from .oomwatch import OomWatch
 from .peaks import PeakWatch
 from .regions import RegionTracker, SlowPath
+from .setup import Phases, process_age_ms, scan
 from .signals import StopRequest
 from .snapshot import Snapshot, Snapshots
 from .validate import validate
@@ -122,8 +121,7 @@ class Recorder:
         # the kernel's oom:mark_victim (tracer/bpf/oom.py), loaded in a thread from the start
         self.ooms = OomWatch()
         self.end: dict | None = None  # meta.json `end` (tracer/process/ending.py), at the end
-        self.phases: list[tuple[str, float]] = []  # start-up: (phase, seconds), in order (--verbose prints them)
-        self._phase_t0 = self._phase_t = time.perf_counter()
+        self.phases = Phases(opts.verbose, self.progress)  # start-up: its phases' times
 
     # --- maps ---------------------------------------------------------------------------------
 
@@ -172,15 +170,6 @@ class Recorder:
             self.writer = TraceWriter(self.opts.output, hold_s=hold)
         self.writer.write_meta(trace_meta(self, False))
 
-    def _phase(self, name: str) -> None:
-        """End the start-up phase running now (`name`: what it was); --verbose prints it."""
-        now = time.perf_counter()
-        self.phases.append((name, now - self._phase_t))
-        self._phase_t = now
-        if self.opts.verbose:
-            ms = process_age_ms() if name == "live" else 1000 * self.phases[-1][1]
-            self.progress(f"start-up: {name} {ms:.0f} ms" + (" since the process started" if name == "live" else ""))
-
     def run(self) -> Summary:
         """Record; a target that ends before the recording started (while the probes were being
         built or attached: a daemon racing to its OOM kill) is one TargetError, never a traceback."""
@@ -200,7 +189,7 @@ class Recorder:
             self.ooms.close()
 
     def _run(self) -> Summary:
-        self._phase_t0 = self._phase_t = time.perf_counter()
+        self.phases.start()
         if self.opts.verbose:
             self.progress(f"start-up: before the recorder (interpreter, CLI, target) {process_age_ms():.0f} ms")
         # pyarrow imports pandas when it builds its first table (~0.3-0.6 s of CPU): import it
@@ -213,41 +202,12 @@ class Recorder:
             from ..bpf.early import EarlyProbes  # noqa: PLC0415
 
             self.early = EarlyProbes(self.target.pid, self.opts, self.target.child is not None)
-        self._phase("start building the probes (in a thread)")
+        self.phases.end("start building the probes (in a thread)")
         t = self.target
         launched = t.child is not None
-        self.cgroups = CgroupWatch.of(t.pid)  # how an OOM kill will be told, if one comes
-        maps = launch_maps(t) if launched else procfs.read_maps(t.pid)
-        real_maps = maps
-        # stopped at its exec by the watch (tracer/watch/gate.py): only the program and ld.so are
-        # mapped yet; its libraries are found as launch mode finds them, and probed by path
-        held = t.on_release is not None
-        if held:
-            have = {m.path for m in maps}
-            maps = maps + [m for m in launch_maps(t) if m.path not in have]
-        allocators = find_allocators(t.exe, maps)
-        if not allocators or not allocators[0].serves_malloc:
-            raise NoAllocatorError(
-                f"no malloc/free found in {t.exe} or its libraries (statically linked and stripped?); nothing to probe"
-            )
-        alloc = allocators[0]
-        self.snapshots.heaps.glibc = alloc.kind == "glibc"
-        if self.opts.mode != "residency":
-            self.retention = AllocatorMeter(
-                t.pid,
-                self.opts.residency_budget_pages,
-                [Owner(a.source, a.kind, a.label, a.serves_malloc) for a in allocators],
-            )
-        located = [locate(fn, t.exe, maps) for fn in self.custom_fns]
-        self.plans = [plan_allocator(a) for a in allocators]
-        sources = {a.source: source_id(self.source_names, a.source) for a in allocators[1:]}
-        custom = [(loc, source_id(self.source_names, loc.fn.source), _place_custom(loc)) for loc in located]
-        brk = None
-        if not launched:
-            self.maps.seed(real_maps)
-            heap = next((m for m in maps if m.path == "[heap]"), None)
-            brk = heap.end if heap else None
-        self._phase("maps, allocators, symbol scans")
+        found = scan(self)  # beside the build: the maps, the allocators, the user's functions
+        maps, held = found.maps, found.held
+        self.phases.end("maps, allocators, symbol scans")
         self._check_stop("starting")
         early, self.early = self.early, None
         t_wait = time.perf_counter()
@@ -259,26 +219,24 @@ class Recorder:
             ("probes built (since the command knew the target)", early.seconds),
             ("waited for them here", waited),
         ]:
-            self.phases.append((name, secs))
-            if self.opts.verbose:
-                self.progress(f"start-up: {name} {1000 * secs:.0f} ms")
-        self._phase_t = time.perf_counter()
+            self.phases.add(name, secs)
+        self.phases.start()
         try:
             self._check_stop("compiling the probes")
             if self.opts.inject:
-                inj = self.injection = inject_agent(self, sources)
+                inj = self.injection = inject_agent(self, found.sources)
                 self.snapshots.waits.ignore_tids = {inj.watchdog_tid}  # its poll is not the program's wait
                 maps = procfs.read_maps(t.pid)  # with the agent's mappings: there before the attach
                 self.maps.seed(maps)
-                self._phase(f"inject the agent (threads stopped {inj.stopped_ms[0]:.1f} ms)")
+                self.phases.end(f"inject the agent (threads stopped {inj.stopped_ms[0]:.1f} ms)")
             probes.maps.open_events(self.ring.on_event)
             self.unwinder = start_unwinder(probes, maps, launched or held, self.progress)
             if held and self.unwinder is not None:  # the program and ld.so are mapped already
-                self.unwinder.update(real_maps)
-            self._phase("unwind tables")
+                self.unwinder.update(found.real_maps)
+            self.phases.end("unwind tables")
             self.python = start_python(t.pid, probes, self.progress, [] if launched else procfs.read_maps(t.pid))
             pandas.join()
-            self._phase("import pandas (the rest, in a thread since the start)")
+            self.phases.end("import pandas (the rest, in a thread since the start)")
             if t.child is not None and self.unwinder is not None:  # launched
                 t.child.on_exec = self.maps.now  # exe and ld.so are mapped: their unwind tables
 
@@ -288,9 +246,11 @@ class Recorder:
 
                 t.child.on_hold = hold
             self.slow = SlowPath(probes.maps, self.tracker, SRC)
-            probes.seed(procfs.rss(t.pid) if not launched else {}, brk)
+            probes.seed(procfs.rss(t.pid) if not launched else {}, found.brk)
             self._check_stop("loading the unwind tables")
-            self.attach_report = probes.uprobes.attach(self.plans, custom, sources, maps, agent=self.injection)
+            self.attach_report = probes.uprobes.attach(
+                self.plans, found.custom, found.sources, maps, agent=self.injection
+            )
             if self.injection is not None:
                 self.injection.enable()
             attach_cuda(self, maps)
@@ -298,11 +258,11 @@ class Recorder:
             probes.maps.go_live(None if launched else heap_end(t.pid))
             self.children = ChildWatch(t.pid, probes.maps.take_forks)
             self.children.poll()
-            self._phase("attach")
+            self.phases.end("attach")
             self.peaks = PeakWatch(probes.maps, lambda: procfs.rss(t.pid))
             self.snapshots.site_reader.start(probes.maps, self.peaks)
             self.peaks.arm()
-            self._phase("live")
+            self.phases.end("live")
             self.ooms.live.set()
             self._check_stop("attaching the probes")
             # Returns seen while probes were being attached belong to calls that began before
@@ -330,7 +290,9 @@ class Recorder:
                 )
                 snaps.census_thread.start()  # beside the loop: the ring keeps being drained
             release(t)
-            self.progress(f"recording pid {t.pid} ({t.comm}); allocator {alloc.kind} {alloc.path}; Ctrl-C to stop")
+            self.progress(
+                f"recording pid {t.pid} ({t.comm}); allocator {found.alloc.kind} {found.alloc.path}; Ctrl-C to stop"
+            )
             poll_loop(self, probes)
             finish(self, probes)
         finally:
@@ -348,16 +310,6 @@ class Recorder:
 
 def _import_pandas() -> None:
     import pandas  # noqa: F401, PLC0415
-
-
-def process_age_ms() -> float:
-    """How long this process has run (its start time in /proc: 10 ms resolution)."""
-    try:
-        start = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        up = float(Path("/proc/uptime").read_text().split()[0])
-        return 1000 * (up - start / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def record(
@@ -409,10 +361,3 @@ __all__ = [
     "record",
     "validate",
 ]
-
-
-def _place_custom(loc: Located) -> int:
-    """The probe offset of a user's function (placed like the allocator's)."""
-    from ..allocators.placement import ARG_REGS, place_probe  # noqa: PLC0415 (capstone)
-
-    return place_probe(loc.path, loc.offset, loc.size, tuple(ARG_REGS[a] for a in loc.fn.reads())).offset
