@@ -1,4 +1,8 @@
-"""The recording: set the probes up, poll their events, snapshot every interval, finalize.
+"""The recording: set the probes up, poll their events, snapshot every interval, finalize. The
+Recorder holds a recording's state and runs the set-up; its parts are modules of their own:
+setup.py (what the set-up finds before the attach, the start-up phases), loop.py (the poll
+loop), snapshot.py and peak_snapshot.py (each interval), finish.py (the end: how the target
+ended, meta.json complete, the Summary), oomwatch.py (the OOM killer's marks).
 
 Everything the reports need to symbolize later is written as the recording goes: for every
 stack, each frame's module path, build ID and file offset, resolved against /proc/PID/maps as it
