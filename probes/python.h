@@ -37,12 +37,16 @@ struct as_pyconf {
     u32 frame_owner;    /* owner (a byte) */
     s32 frame_is_entry; /* is_entry (a byte, 3.11); -1 */
     s32 owner_cstack;   /* FRAME_OWNED_BY_CSTACK (3.12+); -1 */
+    u32 code_tag;       /* where a code object's identity words start (co_firstlineno's word) */
+    u32 tag_file;       /* ... and the words of co_filename and co_name from there */
+    u32 tag_name;
     u32 pad;
 };
 
 struct as_pyframe {
     u64 code;  /* PyCodeObject address */
     u64 instr; /* the frame's instruction pointer (an address inside the code's bytecode) */
+    u64 tag;   /* the code object's identity when the stack was stored (py_tag) */
 };
 
 struct as_pystack {
@@ -123,6 +127,27 @@ static __always_inline int py_frame(struct as_pyconf *c, struct as_pywork *p)
     return 1;
 }
 
+/* A code object's identity: its first line's word and its file and name pointers, hashed. The
+ * tracer reads the code objects later, at a snapshot: a module body's code is freed once run and
+ * its address may hold another code object by then; the tag tells them apart (tracer/runtimes/
+ * python.py keys a code object by address and tag). Read only when a stack is stored. */
+static __always_inline void py_tags(struct as_pyconf *c, struct as_pywork *p)
+{
+    u32 base = c->code_tag, fi = c->tag_file, ni = c->tag_name;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < AS_PY_DEPTH; i++) {
+        if (i >= p->st.n)
+            break;
+        u32 j = i;
+        asm volatile("" : "+r"(j));
+        j &= AS_PY_DEPTH - 1;
+        u64 tag = 0;
+        if (!bpf_probe_read_user(p->w, 64, (void *)(p->st.f[j].code + base)))
+            tag = p->w[0] ^ (p->w[fi & 7] * 0x9e3779b97f4a7c15ULL) ^ (p->w[ni & 7] * 0xbf58476d1ce4e5b9ULL);
+        p->st.f[j].tag = tag;
+    }
+}
+
 /* The stack id of an allocation by thread `tid` whose native stack is `sid`: `sid` itself when
  * the thread runs no Python (or the walk finds no frame), else the id of native + Python frames. */
 static __always_inline u64 py_stack(u32 tid, u64 sid)
@@ -171,6 +196,7 @@ static __always_inline u64 py_stack(u32 tid, u64 sid)
         return sid;
     }
     p->st.native = sid;
+    py_tags(c, p);
     err = pystacks.insert(&h, &p->st);
     if (err != 0 && err != -EEXIST) {
         py_count(AS_PYCNT_LOST, 1);

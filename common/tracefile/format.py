@@ -54,7 +54,8 @@ Tables (columns; `seq` is the interval number, 1-based):
              (malloc_trim, mallctl, MallocExtension_Release*, mi_collect; `name`: mallctl's
              name argument), released = the drop of anon RSS across the call (version 3)
   pyframes   stack_id, idx, code, lasti, entry — a stack's CPython frames, innermost first (the
-             code object's address, the instruction index, 1 on an eval loop's first frame)
+             code object's key: its address hashed with its identity; the instruction index; 1 on
+             an eval loop's first frame)
   pycode     seq, code, name, qualname, file, firstlineno, linetable — the code objects those
              frames name, read from the running process (docs/python.md)
   live       seq, addr, size, stack_id, tid, ts_ns, api, source (the final live table)

@@ -304,9 +304,36 @@ def read_code(mem: ProcMem, lay: Layout, addr: int) -> Code | None:
     return Code(name, qualname or name, file, first, table)
 
 
+MASK64 = (1 << 64) - 1
+
+
+def tag_offsets(lay: Layout) -> tuple[int, int, int]:
+    """(where a code object's identity words start, co_filename's and co_name's word from there):
+    what probes/python.h py_tags reads, 64 bytes."""
+    base = lay.code_firstlineno & ~7
+    return base, (lay.code_filename - base) // 8, (lay.code_name - base) // 8
+
+
+def code_tag(words: bytes, lay: Layout) -> int:
+    """py_tags of probes/python.h, from the 64 bytes at the code object + tag_offsets()[0]."""
+    _, fi, ni = tag_offsets(lay)
+    w = struct.unpack("<8Q", words)
+    return (w[0] ^ (w[fi] * 0x9E3779B97F4A7C15 & MASK64) ^ (w[ni] * 0xBF58476D1CE4E5B9 & MASK64)) & MASK64
+
+
+def code_key(addr: int, tag: int) -> int:
+    """A code object's key in the trace (`pyframes.code`, `pycode.code`): its address, hashed with
+    its identity tag, so an address another code object took later is another key."""
+    return (addr ^ (tag * 0xFF51AFD7ED558CCD)) & MASK64
+
+
 def conf_values(lay: Layout) -> dict[str, int]:
     """The fields of `struct as_pyconf` (probes/python.h) for a layout."""
+    base, fi, ni = tag_offsets(lay)
     return {
+        "code_tag": base,
+        "tag_file": fi,
+        "tag_name": ni,
         "on": 1,
         "tstate_frame": lay.tstate_current_frame,
         "cframe_frame": lay.cframe_current_frame,
@@ -328,7 +355,8 @@ def _fits(lay: Layout) -> bool:
         lay.frame_owner + 1,
         lay.frame_is_entry + 1,
     )
-    return max(offs) <= FRAME_BYTES
+    base, fi, ni = tag_offsets(lay)
+    return max(offs) <= FRAME_BYTES and min(fi, ni) >= 0 and max(fi, ni) < 8 and lay.code_firstlineno - base < 8
 
 
 class PythonFrames:
@@ -407,21 +435,27 @@ class PythonFrames:
 
     # --- stacks and code objects ---------------------------------------------------------
 
-    def code(self, addr: int) -> Code | None:
-        if addr not in self.codes:
+    def code(self, addr: int, tag: int) -> Code | None:
+        """The code object at `addr` if it still is the one the probe saw (its identity `tag`);
+        None when it was freed and its address reused, or does not read as a code object."""
+        key = code_key(addr, tag)
+        if key not in self.codes:
             if len(self.codes) >= MAX_CODES:
                 self.codes.clear()
                 self.written_codes.clear()
-            assert self.interp is not None and self.interp.layout is not None
+            lay = self.interp.layout if self.interp is not None else None
+            assert lay is not None
+            words = self.mem.read(addr + tag_offsets(lay)[0], 64)
             try:
-                self.codes[addr] = read_code(self.mem, self.interp.layout, addr)
-            except (ValueError, OverflowError, struct.error, UnicodeError):  # not a code object (freed, reused)
-                self.codes[addr] = None
-        return self.codes[addr]
+                same = words is not None and code_tag(words, lay) == tag
+                self.codes[key] = read_code(self.mem, lay, addr) if same else None
+            except (ValueError, OverflowError, struct.error, UnicodeError):  # not a code object
+                self.codes[key] = None
+        return self.codes[key]
 
-    def frames_of(self, ids) -> dict[int, tuple[int, list[tuple[int, int, bool]]]]:
-        """stack id -> (native id, [(code address, instruction index, entry)]) of the ids that
-        have Python frames."""
+    def frames_of(self, ids) -> dict[int, tuple[int, list[tuple[int, int, bool, int]]]]:
+        """stack id -> (native id, [(code address, instruction index, entry, code tag)]) of the
+        ids that have Python frames."""
         if self.interp is None:
             return {}
         t = self.tables("pystacks")
@@ -435,7 +469,7 @@ class PythonFrames:
             for i in range(min(int(v.n), len(v.f))):
                 code, instr = int(v.f[i].code), int(v.f[i].instr)
                 lasti = (instr - code - self.adaptive) // 2
-                frames.append((code, lasti, bool(v.entry >> i & 1)))
+                frames.append((code, lasti, bool(v.entry >> i & 1), int(v.f[i].tag)))
             out[int(sid)] = (int(v.native), frames)
         return out
 
@@ -447,18 +481,19 @@ class PythonFrames:
             return fr, co
         self.refresh()
         for sid, (_native, frames) in self.frames_of(ids).items():
-            for i, (code, lasti, entry) in enumerate(frames):
+            for i, (code, lasti, entry, tag) in enumerate(frames):
+                key = code_key(code, tag)
                 fr["stack_id"].append(sid)
                 fr["idx"].append(i)
-                fr["code"].append(code)
+                fr["code"].append(key)
                 fr["lasti"].append(lasti)
                 fr["entry"].append(int(entry))
-                c = self.code(code)
-                if c is not None and code not in self.written_codes:
-                    self.written_codes.add(code)
+                c = self.code(code, tag)
+                if c is not None and key not in self.written_codes:
+                    self.written_codes.add(key)
                     for k, v in (
                         ("seq", seq),
-                        ("code", code),
+                        ("code", key),
                         ("name", c.name),
                         ("qualname", c.qualname),
                         ("file", c.file),
