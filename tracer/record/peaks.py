@@ -10,7 +10,7 @@ reading when its live total is the highest of the interval, and re-arms the wake
 total (as read before the sites) + the margin; a total already past that when armed (a burst
 that finished rising during the read) makes it read again. The reading kept is written as its
 own `intervals` row (`peak_snapshot` 1) with its `sites` part, just before the next interval
-snapshot (record.py `_peak_snapshot`).
+snapshot (peak_snapshot.py `PeakSnapshots.write`).
 
 Margin: max(1 % of the high-water mark, 1 MiB) — the composition written is that of a moment
 whose live total is within the margin of the highest (the last wake came at most one margin

@@ -227,7 +227,7 @@ class SiteReader:
         return SiteDelta(self._look_up(self.pending))
 
     def apply_peak(self, table: SiteTable, sites, tracker, names: dict[int, str]) -> list[SiteKey]:
-        """A peak snapshot's `sites` step (record.py _peak_snapshot)."""
+        """A peak snapshot's `sites` step (peak_snapshot.py PeakSnapshots.write)."""
         if not isinstance(sites, SiteDelta):
             changed = table.update([sites], tracker, names)
             self._after_full(table)
