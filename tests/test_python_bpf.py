@@ -184,3 +184,20 @@ def test_no_python_changes_nothing_for_native_targets():
     finally:
         p.kill()
         p.wait()
+
+
+def test_python_launched(tmp_path):
+    """`record -- python SCRIPT`: the interpreter is found once the loader maps it (the tracer's
+    view of the process is taken after the exec), its lines named as when attached."""
+    py = interpreter("3.12")
+    script = tmp_path / "grow.py"
+    body = "held = []\n\ndef grow():\n    for _ in range(17):\n        held.append(bytearray(1 << 20))  # line 5\n"
+    script.write_text(body + "\ngrow()\nimport time\ntime.sleep(1.2)  # alive at the next snapshot: its code is read\n")
+    out = tmp_path / "t"
+    r = cli("record", "-q", "-o", str(out), "--interval", "0.5", "--", py, str(script), timeout=180)
+    assert r.returncode == 0, r.stderr
+    # freed at the interpreter's exit: ranked by peak
+    rep = json.loads(cli("report", str(out), "--format", "json", "--sort", "peak", check=True).stdout)
+    grow = location(rep, "grow")
+    assert py_frames(grow)[:2] == [("grow", str(script), 5), ("<module>", str(script), 7)]
+    assert grow["alloc_count"] == 17 and abs(grow["alloc_bytes"] - 17 * (1 << 20)) <= 17 * 64, grow["alloc_bytes"]

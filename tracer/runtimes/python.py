@@ -74,16 +74,100 @@ class Layout:
     unicode_state: int
     unicode_ascii_data: int  # sizeof(PyASCIIObject)
     unicode_compact_data: int  # sizeof(PyCompactUnicodeObject)
+    # the main thread's PyThreadState, allocated inside _PyRuntime (3.11+): known before the
+    # interpreter runs (launch mode), so its first frames are walked before any thread walk
+    runtime_main_interp: int = -1  # _PyRuntime._main_interpreter
+    interp_initial_thread: int = -1  # PyInterpreterState._initial_thread
 
 
 # offsetof() against each version's headers (Py_BUILD_CORE; tests/test_python_layout.py).
 LAYOUTS: dict[tuple[int, int], Layout] = {
     (3, 11): Layout(
-        40, 0, 16, 8, 160, 56, 8, 32, 56, 48, 69, 68, -1, 112, 120, 128, 72, 136, 184, 16, 32, 16, 32, 48, 72
+        40,
+        0,
+        16,
+        8,
+        160,
+        56,
+        8,
+        32,
+        56,
+        48,
+        69,
+        68,
+        -1,
+        112,
+        120,
+        128,
+        72,
+        136,
+        184,
+        16,
+        32,
+        16,
+        32,
+        48,
+        72,
+        58936,
+        107392,
     ),
-    (3, 12): Layout(40, 0, 72, 8, 144, 56, 0, 0, 56, 8, 70, -1, 3, 112, 120, 128, 68, 136, 192, 16, 32, 16, 32, 40, 56),
+    (3, 12): Layout(
+        40,
+        0,
+        72,
+        8,
+        144,
+        56,
+        0,
+        0,
+        56,
+        8,
+        70,
+        -1,
+        3,
+        112,
+        120,
+        128,
+        68,
+        136,
+        192,
+        16,
+        32,
+        16,
+        32,
+        40,
+        56,
+        76392,
+        383264,
+    ),
     (3, 13): Layout(
-        632, 7264, 7344, 8, 160, 72, -1, 0, 56, 8, 70, -1, 3, 112, 120, 128, 68, 136, 200, 16, 32, 16, 32, 40, 56
+        632,
+        7264,
+        7344,
+        8,
+        160,
+        72,
+        -1,
+        0,
+        56,
+        8,
+        70,
+        -1,
+        3,
+        112,
+        120,
+        128,
+        68,
+        136,
+        200,
+        16,
+        32,
+        16,
+        32,
+        40,
+        56,
+        88352,
+        194624,
     ),
 }
 DEBUG_COOKIE = b"xdebugpy"
@@ -250,10 +334,19 @@ def thread_states(mem: ProcMem, interp: Interpreter) -> dict[int, int]:
     return out
 
 
+MAX_REFCNT = 1 << 40  # a live object's count (immortal ones included, 3.12+: 2**30 - 1 or so)
+
+
+def alive(head: bytes) -> bool:
+    """The object whose first bytes are `head` looks alive: a freed block's first word is the
+    allocator's free-list link (an address, or 0), never a small positive count."""
+    return 0 < int.from_bytes(head[:8], "little") < MAX_REFCNT
+
+
 def read_unicode(mem: ProcMem, lay: Layout, addr: int) -> str | None:
     """A str object's text (compact strings: every name and file name of a code object)."""
     head = mem.read(addr, lay.unicode_compact_data)
-    if head is None:
+    if head is None or not alive(head):
         return None
     length = int.from_bytes(head[lay.unicode_length : lay.unicode_length + 8], "little")
     state = int.from_bytes(head[lay.unicode_state : lay.unicode_state + 4], "little")
@@ -270,8 +363,11 @@ def read_unicode(mem: ProcMem, lay: Layout, addr: int) -> str | None:
 
 
 def read_bytes(mem: ProcMem, lay: Layout, addr: int) -> bytes | None:
-    size = mem.u64(addr + lay.bytes_size)
-    if size is None or size > MAX_LINETABLE:
+    head = mem.read(addr, lay.bytes_size + 8)
+    if head is None or not alive(head):
+        return None
+    size = int.from_bytes(head[lay.bytes_size :], "little")
+    if size > MAX_LINETABLE:
         return None
     return mem.read(addr + lay.bytes_sval, size) if size else b""
 
@@ -288,7 +384,7 @@ class Code:
 def read_code(mem: ProcMem, lay: Layout, addr: int) -> Code | None:
     """A PyCodeObject's names, file, first line and location table, None when unreadable."""
     head = mem.read(addr, lay.code_adaptive)
-    if head is None:
+    if head is None or not alive(head):  # freed (a module body once run, an interpreter exiting)
         return None
 
     def ptr(off: int) -> int:
@@ -386,6 +482,8 @@ class PythonFrames:
         fresh = [m for m in candidates(maps) if m.path not in self.looked]
         if not fresh:
             return
+        self.mem.close()  # opened before an exec (launch mode), it would read the old program
+        self.mem = ProcMem(self.pid)
         found = find_interpreter(self.mem, fresh)
         self.looked.update(m.path for m in fresh)
         if found is None:
@@ -416,6 +514,9 @@ class PythonFrames:
             return
         self.last_refresh = time.monotonic()
         now = thread_states(self.mem, self.interp)
+        lay = self.interp.layout
+        if lay is not None and lay.runtime_main_interp >= 0 and self.pid not in now:  # not started yet
+            now[self.pid] = self.interp.runtime + lay.runtime_main_interp + lay.interp_initial_thread
         if now == self.tids:
             return
         t = self.tables("pythreads")

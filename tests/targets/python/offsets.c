@@ -49,6 +49,8 @@ int main(void) {
     P("unicode_state", offsetof(PyASCIIObject, state));
     P("unicode_ascii_data", sizeof(PyASCIIObject));
     P("unicode_compact_data", sizeof(PyCompactUnicodeObject));
+    P("runtime_main_interp", offsetof(_PyRuntimeState, _main_interpreter));
+    P("interp_initial_thread", offsetof(PyInterpreterState, _initial_thread));
     printf("\"frame_size\": %ld}\n", (long)sizeof(_PyInterpreterFrame));
     return 0;
 }
