@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from .cgroups import CGROUP_ROOT, V1_UNLIMITED, at_limit, chain, memory_cgroup, read_events, read_limit
+from .procfs import stat_fields
 
 PIDFD_INFO_EXIT = 1 << 3
 PIDFD_INFO_SIZE = 64  # PIDFD_INFO_SIZE_VER0: mask, cgroupid, 11 ids, exit_code
@@ -100,6 +101,19 @@ def vm_oom_kills() -> int:
     return 0
 
 
+PF_EXITING = 0x4  # include/linux/sched.h: set as do_exit() begins, before cgroup_exit()
+
+
+def running(pid: int) -> bool:
+    """The process is running and has not begun to exit (its /proc/PID/stat: not a zombie, no
+    PF_EXITING)."""
+    try:
+        f = stat_fields(pid)
+        return f[0] not in ("Z", "X", "x") and not int(f[6]) & PF_EXITING
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 @dataclass
 class Cgroup:
     path: str  # as /proc/PID/cgroup says it ("/" the root)
@@ -122,10 +136,14 @@ class CgroupWatch:
 
     def follow(self, pid: int) -> bool:
         """The target moved to another memory cgroup since (a pid written into cgroup.procs after
-        its start): its cgroups now, those new to us counted from now. True when they changed."""
+        its start): its cgroups now, those new to us counted from now. True when they changed.
+        A process that has begun to exit is not followed: the kernel moves it to the root cgroup
+        as it exits (cgroup v1's /proc/PID/cgroup says "memory:/" from then on), and an OOM kill
+        told from the root would be the whole machine's (issue 50's soak: 2 of 9 cgroup OOM kills
+        called global, the snapshot come while the victim was exiting)."""
         now = chain(pid)
-        if not now or [p for p, _ in now] == [g.path for g in self.cgroups]:
-            return False
+        if not now or [p for p, _ in now] == [g.path for g in self.cgroups] or not running(pid):
+            return False  # running() read after chain(): a chain read before the exit began
         known = {g.path: g for g in self.cgroups}
         self.cgroups = [known.get(p) or Cgroup(p, read_limit(d), read_events(d), d) for p, d in now]
         return True
