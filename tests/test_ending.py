@@ -260,6 +260,9 @@ def test_a_target_moved_to_another_cgroup_is_followed(tmp_path, monkeypatch):
     limited = _v1(tmp_path, "/box/tight", 48 * MIB, failcnt=2, max_usage=10 * MIB)
     box = tmp_path / "v1" / "box"
     monkeypatch.setattr(ending, "chain", lambda pid: [("/box/tight", str(limited)), ("/box", str(box))])
+    monkeypatch.setattr(ending, "running", lambda pid: False)
+    assert not w.follow(4242)  # exiting: the kernel moves it to the root; not followed (issue 50)
+    monkeypatch.setattr(ending, "running", lambda pid: True)
     assert w.follow(4242) and [g.path for g in w.cgroups] == ["/box/tight", "/box"]
     assert not w.follow(4242)  # nothing changed since
     assert w.cgroups[0].events["failcnt"] == 2 and w.cgroups[0].limit == 48 * MIB
