@@ -168,7 +168,8 @@ class Uprobes:
             ]
             self.faults.attach()
             rep.tracepoints.append(
-                f"perf:page-faults (software event, every {self.options.fault_sample}th, per thread, inherited)"
+                f"perf:page-faults (software event, every {self.options.fault_sample}th, per thread, inherited"
+                + (f", open {self.faults.duty:.0%} of each second)" if self.faults.duty < 1 else ")")
             )
             return rep
         if primary is not None:
