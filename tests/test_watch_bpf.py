@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -339,3 +340,33 @@ def test_a_second_watch_of_one_program_finds_it_without_holding_it(targets, proc
     assert sum(r["live_by_source"].get("mmap", 0) for r in rows) == 8 * CHUNK  # from the first block
     (second,) = (tmp_path / "b").glob("restartd-*.allocscope")
     assert report_json(second)["recording"]["end"]["reason"] == "killed"
+
+
+def test_a_held_daemon_runs_on_when_its_traces_folder_is_gone(targets, procs, watches, tmp_path):
+    """Issue 50's soak: the traces folder removed under the watch left the next incarnation held
+    at its exec for good (its recording failed before it began). Now the folder is made again
+    (one line); where it cannot be, the watch says so in one line and lets the daemon run."""
+    exe = targets["restartd"]
+    out = tmp_path / "t"
+    w = watches("--pgrep", f"^{exe} hold", "-o", out, "--interval", "0.5")
+    w.expect("watching", 240)
+    shutil.rmtree(out)
+    d = procs(exe, "hold", 4)
+    w.expect(f"{out} was removed under the watch: made it again", 30)
+    w.expect(f"recording pid {d.pid}")
+    assert held_line(d) == (4 * BLOCK, 4)  # held at its exec, then let go once the probes were live
+    d.signal(signal.SIGKILL)
+    w.expect(f"pid {d.pid} killed by SIGKILL")
+    (trace,) = out.glob("restartd-*.allocscope")
+    assert sum(r["live_by_source"].get("mmap", 0) for r in hold_rows(report_json(trace))) == 4 * CHUNK
+    shutil.rmtree(out)
+    out.write_text("a file where the folder was\n")  # it cannot be made again
+    e = procs(exe, "hold", 2)
+    said = w.expect(f"pid {e.pid}: cannot write its trace: {out} is gone", 30)
+    assert said.rstrip().endswith("it runs untraced"), said
+    assert held_line(e) == (2 * BLOCK, 2)  # it ran: not stopped for good
+    assert state(e.pid) in ("S", "R")
+    e.signal(signal.SIGKILL)
+    assert w.stop() == 0
+    err = "".join(w.all)
+    assert "Traceback" not in err, err

@@ -130,9 +130,40 @@ class Tracing:
         try:
             self._trace()
         except Exception as e:  # noqa: BLE001 - one process's recording must never end the watch
-            self.watcher.progress(f"pid {self.pid}: {type(e).__name__}: {e}")
+            # nor leave a held process stopped for good (issue 50's soak: its traces folder deleted)
+            let_go = self._let_go()
+            first = (str(e).splitlines() or [""])[0][:200]
+            self.watcher.progress(f"pid {self.pid}: its recording failed ({type(e).__name__}: {first}){let_go}")
         finally:
             self.done.set()
+
+    def _let_go(self) -> str:
+        """A held process whose recording failed runs on, untraced: '; it runs untraced' then."""
+        gate = self.watcher.gate
+        if not self.held or gate is None:
+            return ""
+        with contextlib.suppress(Exception):
+            gate.unfollow(self.pid)
+        with contextlib.suppress(Exception):
+            gate.release(self.pid, "its recording failed")
+        return "; it runs untraced"
+
+    def _out_dir(self) -> bool:
+        """The traces folder is there: made again when it was removed under the watch (said in a
+        line), else False with a line (it cannot be written: this incarnation runs untraced)."""
+        out = self.watcher.options.out_dir
+        if os.path.isdir(out):
+            return True
+        try:
+            os.makedirs(out, mode=0o700, exist_ok=True)
+        except OSError as e:
+            self.watcher.progress(
+                f"pid {self.pid}: cannot write its trace: {out} is gone and cannot be made again "
+                f"({e.strerror or e}){self._let_go()}"
+            )
+            return False
+        self.watcher.progress(f"{out} was removed under the watch: made it again")
+        return True
 
     def _release(self) -> None:
         if self.held and self.watcher.gate is not None:
@@ -154,6 +185,9 @@ class Tracing:
             rec_hook = lambda: gate.release_code(pid)
         if w.gate is not None and w.claim(target.comm):
             w.gate.watch(target.comm)
+        if not self._out_dir():
+            target.close()
+            return
         path = os.path.join(w.options.out_dir, trace_name(target.comm, pid, time.time()))
         busy = [t.path for t in list(w.tracing.values()) if t is not self and t.path]
         rotate(w.options.out_dir, w.options.max_traces, w.progress, busy)
