@@ -10,6 +10,8 @@ import time
 import pytest
 from support import attached, cli, report_json, wait_for
 
+from common.units import human_bytes
+
 pytestmark = pytest.mark.bpf
 
 
@@ -83,3 +85,35 @@ def test_thread_arenas_found_and_measured(targets, procs, tracers, tmp_path):
     assert abs(dec["sum_bytes"] - dec["rss_bytes"]) <= 0.05 * dec["rss_bytes"], dec
     assert dec["retained_bytes"] >= sum(o["resident"] - o["live"] for o in own.values()) * 0.95
     assert any("MALLOC_ARENA_MAX" in a for a in rep["advice"])
+
+
+def test_residency_peak_never_above_the_rss_high_water(targets, tmp_path):
+    """Issue 50's soak: partitions malloc'ed (glibc maps them) and filled over time counted live
+    whole from their mmap, the composition at the peak above the RSS high-water. tests/targets/
+    mapgrow.c maps 4 partitions of 32 MiB, fills them 1 MiB every 10 ms, the last one half, then
+    frees them all: at the peak the live figure is at most the RSS high-water, what was mapped
+    beyond the RSS then is said apart ("mapped, not yet touched"), and 'allocated' keeps every
+    mapped byte."""
+    out = tmp_path / "mapgrow.allocscope"
+    p = cli("record", "-q", "--mode", "residency", "-o", str(out), "--", str(targets["mapgrow"]), "4", "32", "10")
+    assert p.returncode == 0, p.stderr
+    mapped, touched = (int(v) for v in re.fullmatch(r"mapped (\d+) touched (\d+)\n", p.stdout).groups())
+    assert (mapped, touched) == (128 << 20, 112 << 20)
+    rep = report_json(out)
+    tot, ap = rep["totals"], rep["at_peak"]
+    hwm = tot["hwm_bytes"]
+    assert touched <= hwm < mapped, tot  # the process never had all it mapped resident
+    assert tot["peak_live_bytes"] <= hwm and ap["live_bytes"] <= hwm, (tot, ap)
+    assert sum(r["at_peak_bytes"] for r in rep["locations"]) <= hwm
+    assert rep["recording"]["invariants"] == []
+    # what was mapped beyond the RSS at the peak: said apart, at least the untouched half partition
+    # less the RSS that is not the partitions' (libraries, stacks: a few MiB)
+    assert (16 << 20) - (4 << 20) <= ap["untouched_bytes"] <= 16 << 20, ap
+    (row,) = [r for r in rep["locations"] if r.get("function") == "make_partition"]
+    chunk = (32 << 20) + 4096  # glibc's mmapped chunk of 32 MiB: its header, page-rounded
+    assert row["free_bytes"] == 4 * chunk and row["alloc_bytes"] >= 4 * chunk, row  # every mapped byte, exact
+    assert row["live_bytes"] <= 256 << 10  # all freed at the end (the brk heap is what is left)
+    first = rep["findings"][0]
+    assert first["kind"] == "peak" and first["figures"]["at_peak"], first
+    assert f"{human_bytes(ap['untouched_bytes'])} more mapped, not yet touched" in first["text"], first
+    assert "make_partition" in first["text"] and first["figures"]["holders"][0]["bytes"] <= hwm, first

@@ -128,3 +128,19 @@ def test_shared_memory_advice_names_cuda_only_where_cuda_is_mapped():
     gpu = residency_advice(arenas, dec, cuda_mapped({"probes": {"cuda": {"module": "/usr/lib/libcuda.so.1"}}}))
     assert "pinned CUDA host memory" in gpu[0] and "cuda-pinned sites" in gpu[0]
     assert cuda_mapped({}, {"cuda-pinned": 4096})
+
+
+def test_a_residency_composition_above_the_rss_high_water_is_a_violation_even_when_exact():
+    """Issue 50's soak: 1.50 GiB live at the peak, all of it exact mmap rows (mapped partitions),
+    beside a 1.44 GiB RSS high-water. Exact mapped bytes are no excuse: mapped is not resident."""
+    doc = {
+        "totals": {"peak_live_bytes": 1536 * MIB, "hwm_bytes": 1475 * MIB},
+        "at_peak": {"live_bytes": 1536 * MIB, "estimate": True, "touch_estimate_bytes": 0, "exact_bytes": 1536 * MIB},
+        "locations": [{"at_peak_bytes": 1536 * MIB}],
+    }
+    (bad,) = report_violations(doc)
+    assert bad.startswith("at the peak: the composition 1.5 GiB > the RSS high-water 1.4 GiB"), bad
+    doc["at_peak"] |= {"live_bytes": 1475 * MIB, "exact_bytes": 1475 * MIB, "untouched_bytes": 61 * MIB}
+    doc["totals"]["peak_live_bytes"] = 1475 * MIB
+    doc["locations"] = [{"at_peak_bytes": 1475 * MIB}]
+    assert report_violations(doc) == []  # the untouched 61 MiB said apart, not counted live

@@ -164,6 +164,8 @@ def _peak_finding(doc: dict, wait: dict | None) -> tuple[dict | None, bool]:
         when = f"{ap['elapsed_s']:.1f}s" if ap.get("elapsed_s") is not None else f"interval {ap['seq']}"
         est = int(ap.get("touch_estimate_bytes") or 0)
         part = f", {human_bytes(est)} of it estimated from sampled first touches" if est else ""
+        if ap.get("untouched_bytes"):  # residency: mapped beyond the RSS then, not in the live figure
+            part += f"; {human_bytes(int(ap['untouched_bytes']))} more mapped, not yet touched"
         head, table, section = f"At the peak ({when}, {human_bytes(whole)} live{part})", "Held at the peak", "sites"
     else:
         head, section = f"At the end ({human_bytes(whole)} live)", "sites"

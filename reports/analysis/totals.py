@@ -95,6 +95,8 @@ def totals(trace: Trace) -> dict:
             {
                 "touch_estimate_bytes": _last(last, "touch_estimate_bytes"),
                 "touches_bytes": _last(last, "touches_bytes"),
+                # mapped, not yet touched: taken off the exact rows (analysis/touches.py)
+                "untouched_bytes": _last(last, "untouched_bytes"),
             }
             if "touch_estimate_bytes" in iv
             else {}

@@ -84,6 +84,11 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
             if "touch_estimate_bytes" in tot
             else ""
         )
+        + (
+            f", mapped not yet touched {human_bytes(tot['untouched_bytes'])} (not counted live)"
+            if tot.get("untouched_bytes")
+            else ""
+        )
         + ")"
     )
     out.append(f"  live peak  {human_bytes(tot['peak_live_bytes']):>10}")
