@@ -20,7 +20,10 @@ static long iters = 60, mib = 40;
 static int keep = 2;
 static volatile unsigned long sink;
 
-__attribute__((noinline, noipa)) static char *make_buffer(size_t n) { return malloc(n); }
+__attribute__((noinline, noipa)) static char *make_buffer(size_t n)
+{
+    return malloc(n);
+}
 
 __attribute__((noinline, noipa)) static unsigned long fill(char *b, size_t n)
 {
