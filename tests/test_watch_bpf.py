@@ -200,6 +200,13 @@ def test_watch_names_a_real_oom_kill_and_tells_on_end(memory_cgroup, targets, wa
     assert 24 << 20 <= anon <= 48 << 20, anon
     grew = sum(r["live_bytes"] for r in rep["locations"] if r.get("function") == "grow_until_killed")
     assert grew >= 20 << 20, [(r.get("function"), r["live_bytes"]) for r in rep["locations"][:5]]
+    # the default's composition never above the RSS high-water (issue 50), which is at least the
+    # RSS the kernel counted at the kill: what was mapped then counted up to it
+    victim = end["oom"]["victim"]
+    at_kill = victim["anon_rss_bytes"] + victim["file_rss_bytes"] + victim["shmem_rss_bytes"]
+    tot = rep["totals"]
+    assert tot["hwm_bytes"] >= at_kill and tot["peak_live_bytes"] <= tot["hwm_bytes"], (tot, victim)
+    assert rep["at_peak"]["live_bytes"] <= tot["hwm_bytes"] and rep["recording"]["invariants"] == [], rep["at_peak"]
     first = rep["findings"][0]["text"]
     assert first.startswith(f"OOM-killed by the memory cgroup {end['oom']['cgroup']} (limit 48.0 MiB)"), first
     assert "the kernel counted anon-rss " in first and "grow_until_killed" in first, first

@@ -134,7 +134,8 @@ def peak_violations(doc: dict) -> list[str]:
     total then; the live total at the peak no more than the totals' live peak; in residency mode
     (sampled first touches, an estimate; mapped pages not yet touched taken off the exact rows,
     analysis/touches.py) no composition above the RSS high-water, whatever part is exact (issue
-    50: mapped partitions counted whole before their pages were touched)."""
+    50: mapped partitions counted whole before their pages were touched), unless the peak is
+    where the RSS was not measured (mapped after the last read of a target gone)."""
     out: list[str] = []
     peak, tot = doc.get("at_peak") or {}, doc.get("totals") or {}
     whole = _n(peak.get("live_bytes"))
@@ -149,7 +150,13 @@ def peak_violations(doc: dict) -> list[str]:
             f"at the peak: a row holds {human_bytes(_n(big['at_peak_bytes']))} > the live total {human_bytes(whole)}"
         )
     if peak.get("estimate"):
-        hwm = _n(tot.get("hwm_bytes"))
+        # the exact bytes mapped after the last RSS read (a target gone without an OOM mark)
+        # were not measured: nothing contradicts them
+        hwm = (
+            _n(tot.get("hwm_bytes"))
+            if peak.get("rss_known", True)
+            else max(_n(tot.get("hwm_bytes")), _n(peak.get("exact_bytes")))
+        )
         if hwm and _over(whole, hwm):
             out.append(
                 f"at the peak: the composition {human_bytes(whole)} > the RSS high-water {human_bytes(hwm)} "

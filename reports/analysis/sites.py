@@ -433,6 +433,7 @@ def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[in
         block.update(estimate=True, touch_estimate_bytes=est, exact_bytes=max(0, int(live[seq]) - est))
         if "untouched_bytes" in iv:  # mapped, not yet touched: not in live_bytes (analysis/touches.py)
             block["untouched_bytes"] = int(iv.set_index("seq")["untouched_bytes"].get(seq, 0))
+            block["rss_known"] = bool(iv.set_index("seq")["rss_known"].get(seq, False))
     order = sort_sites(sites, "at_peak")["rank"].tolist() if len(sites) else []
     return block, {int(r): i for i, r in enumerate(order, 1)}
 

@@ -12,6 +12,7 @@ from common.tracefile.reader import Trace
 
 from .sources import by_source, is_device, live_by_source
 from .timeline import peak_margin, peak_rows
+from .touches import kill_rss
 
 LOSS_ADVICE = {
     "lost_live_full": "the live-allocation map was full: raise --max-live",
@@ -74,7 +75,8 @@ def totals(trace: Trace) -> dict:
         "peak_live_bytes": max((_col_max(iv, c) for c in peak_cols), default=0),
         "rss_bytes": int(alive["rss_bytes"].iloc[-1]) if len(alive) else 0,
         "peak_rss_bytes": _col_max(alive, "rss_bytes"),
-        "hwm_bytes": _col_max(alive, "hwm_bytes"),
+        # VmHWM read alive; an OOM kill's RSS as the kernel's mark gave it is a high-water too
+        "hwm_bytes": max(_col_max(alive, "hwm_bytes"), kill_rss(trace.meta) or 0),
         "lost_events": lost_events(lost),
         "losses": {k: v for k, v in lost.items() if v},
         "heap_live_bytes": int(last.get("heap_live_bytes", 0)),

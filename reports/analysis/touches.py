@@ -19,8 +19,9 @@ totals, the peak, the tables and the findings use one figure, never above the RS
 Mapped is not resident either: the exact rows count a mapping whole from its mmap, its pages
 only as they are first touched (issue 50's soak: 64 MiB partitions filled over seconds, the
 composition at the peak 1.50 GiB beside a 1.44 GiB RSS high-water). At every interval whose exact
-live bytes exceed the whole RSS then (the last read alive), the excess is mapped but not yet
-touched, at least:
+live bytes exceed the whole RSS then (read alive; after the target's end, its RSS at an OOM kill
+as the kernel's mark gave it; not known otherwise: column `rss_known`), the excess is mapped but
+not resident (not yet touched), at least:
 
     untouched(t) = max(0, exact live(t) − RSS(t))
 
@@ -84,20 +85,38 @@ def latest_share(cum: np.ndarray, cap: np.ndarray) -> np.ndarray:
     return np.maximum(out, 0.0)
 
 
-def _rss(iv: pd.DataFrame, seqs: pd.RangeIndex) -> np.ndarray:
-    """Per seq: the whole RSS, the last read alive (NaN before the first)."""
+def kill_rss(meta: dict) -> int | None:
+    """The RSS at an OOM kill as the kernel's mark gave it (anon + file + shmem RSS of
+    `end.oom.victim`), None without one."""
+    v = ((meta.get("end") or {}).get("oom") or {}).get("victim") or {}
+    if v.get("anon_rss_bytes") is None:
+        return None
+    return int(v["anon_rss_bytes"]) + int(v.get("file_rss_bytes") or 0) + int(v.get("shmem_rss_bytes") or 0)
+
+
+def measured_rss(iv: pd.DataFrame, seqs: pd.RangeIndex, meta: dict) -> np.ndarray:
+    """Per seq: the whole RSS where it is known: read alive then (an interval between two reads
+    takes the last); after the last read alive (the target gone), the RSS at its OOM kill where
+    the kernel's mark gave it; NaN elsewhere (before the first read, or after the last without a
+    mark: what was mapped then was not measured)."""
     if "rss_bytes" not in iv:
         return np.full(len(seqs), np.nan)
     x = iv.drop_duplicates("seq", keep="last").set_index("seq").reindex(seqs)
-    return x["rss_bytes"].where(x["rss_bytes"] >= 0).ffill().to_numpy(dtype=np.float64)
+    read = x["rss_bytes"].where(x["rss_bytes"] >= 0)
+    out = read.ffill().to_numpy(dtype=np.float64, copy=True)
+    alive = np.flatnonzero(read.notna().to_numpy())
+    if len(alive):
+        kill = kill_rss(meta)
+        out[alive[-1] + 1 :] = np.nan if kill is None else float(kill)
+    return out
 
 
-def untouched_bytes(iv: pd.DataFrame, seqs: pd.RangeIndex) -> np.ndarray:
-    """Per seq: the exact live bytes (`live_bytes` as recorded) beyond the whole RSS then: mapped,
-    not yet touched (0 where the RSS was never read)."""
+def untouched_bytes(iv: pd.DataFrame, seqs: pd.RangeIndex, meta: dict | None = None) -> np.ndarray:
+    """Per seq: the exact live bytes (`live_bytes` as recorded) beyond the whole RSS then (see
+    measured_rss): mapped, not resident (not yet touched); 0 where the RSS is not known."""
     x = iv.drop_duplicates("seq", keep="last").set_index("seq").reindex(seqs)
     live = x["live_bytes"].ffill().fillna(0).to_numpy(dtype=np.float64)
-    rss = _rss(iv, seqs)
+    rss = measured_rss(iv, seqs, meta or {})
     return np.where(np.isnan(rss), 0.0, np.maximum(0.0, live - np.nan_to_num(rss))).astype(np.int64)
 
 
@@ -219,7 +238,7 @@ def estimate_touches(trace: Trace) -> Trace:
     s = trace.sites
     seqs = pd.RangeIndex(1, trace.last_seq + 1, name="seq")
     iv = trace.intervals.sort_values("seq")
-    untouched = untouched_bytes(iv, seqs)
+    untouched = untouched_bytes(iv, seqs, trace.meta)
     is_f = (s["source"].astype(str) == FAULT).to_numpy() if len(s) else np.zeros(0, dtype=bool)
     parts = [_untouched_off(s[~is_f], seqs, untouched)] if len(s) else [s]
     est_total = cum_total = np.zeros(len(seqs), dtype=np.int64)
@@ -235,5 +254,7 @@ def estimate_touches(trace: Trace) -> Trace:
     ivx["touch_estimate_bytes"] = per_seq(est_total)
     ivx["touches_bytes"] = per_seq(cum_total)
     ivx["untouched_bytes"] = per_seq(untouched)
+    ivx["rss_known"] = ivx["seq"].map(pd.Series(~np.isnan(measured_rss(iv, seqs, trace.meta)), index=seqs))
+    ivx["rss_known"] = ivx["rss_known"].fillna(False).astype(bool)
     ivx["live_bytes"] = ivx["live_bytes"] - ivx["untouched_bytes"] + ivx["touch_estimate_bytes"]
     return replace(trace, sites=sites, intervals=ivx, meta={**trace.meta, MARK: True})
