@@ -186,7 +186,7 @@ NET = re.compile(
 
 # The one exception: `--metrics HOST:PORT` (issue 44, docs/fleet.md) serves Prometheus from this
 # module, and only when asked.
-SERVES_METRICS = ROOT / "allocscope" / "cli" / "metrics.py"
+SERVES_METRICS = ROOT / "reports" / "live" / "prometheus.py"  # the --metrics exporter (common/listeners.py)
 
 
 def test_no_network_code_anywhere():

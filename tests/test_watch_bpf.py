@@ -362,6 +362,7 @@ def test_a_held_daemon_runs_on_when_its_traces_folder_is_gone(targets, procs, wa
     w.expect(f"{out} was removed under the watch: made it again", 30)
     w.expect(f"recording pid {d.pid}")
     assert held_line(d) == (4 * BLOCK, 4)  # held at its exec, then let go once the probes were live
+    time.sleep(1.2)  # a snapshot with all of it: the composition at a kill is the last measured alive
     d.signal(signal.SIGKILL)
     w.expect(f"pid {d.pid} killed by SIGKILL")
     (trace,) = out.glob("restartd-*.allocscope")
