@@ -54,7 +54,8 @@ TEST_JOBS ?= 2
 # The longest files first (most work first, then the small ones fill the gaps: no worker is left
 # with a long file at the end). Named files, not `tests`: pytest 9 collects a directory argument
 # in its own order and drops the files named before it.
-TEST_FIRST ?= $(addprefix tests/test_,unwind_bpf.py watch_bpf.py faults_bpf.py prebuilt_bpf.py retention_bpf.py record_bpf.py inject_bpf.py \
+TEST_FIRST ?= $(addprefix tests/test_,unwind_bpf.py watch_bpf.py python_bpf.py faults_bpf.py equations_bpf.py prebuilt_bpf.py retention_bpf.py record_bpf.py inject_bpf.py \
+              watch_fleet_bpf.py launch_bpf.py fault_duty_bpf.py \
               rustd_bpf.py modes_bpf.py allocators_bpf.py top_bpf.py demo_bpf.py fuzz_reader.py waits_bpf.py \
               soak_bpf.py regions_bpf.py residency_bpf.py cuda_bpf.py interrupt_bpf.py cli_errors.py)
 TEST_FILES = $(TEST_FIRST) $(filter-out $(TEST_FIRST),$(sort $(wildcard tests/test_*.py)))

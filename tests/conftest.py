@@ -31,6 +31,7 @@ from support import (
     IN_CI,
     TARGETS_SRC,
     Proc,
+    Watch,
     bpf_problem,
     build,
     cli_bg,
@@ -75,6 +76,21 @@ def procs():
     yield start
     for pr in started:
         pr.kill()
+
+
+@pytest.fixture
+def watches():
+    """start(*args): `allocscope watch ARGS` (support.Watch), killed after the test."""
+    started: list[Watch] = []
+
+    def start(*args) -> Watch:
+        w = Watch(*args)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.kill()
 
 
 @pytest.fixture

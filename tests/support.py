@@ -395,3 +395,33 @@ def make_memory_cgroup(name: str, limit: int) -> tuple[Path, Path]:
     d.mkdir()
     (d / "memory.limit_in_bytes").write_text(str(limit))
     return d, d / "cgroup.procs"
+
+
+class Watch(Proc):
+    """`allocscope watch ARGS` with its stderr lines awaited in order (anywhere in a line)."""
+
+    def __init__(self, *args) -> None:
+        cmd = [sys.executable, "-X", "faulthandler", "-m", "allocscope", "watch", *map(str, args)]
+        # its debug lines (each hold and release, and why) say what happened when a test fails
+        env = dict(os.environ, ALLOCSCOPE_WATCH_DEBUG="1")
+        super().__init__(cmd, read="stderr", cwd=str(ROOT), env=env)
+
+    @property
+    def all(self) -> list[str]:
+        return self.said
+
+    def expect(self, needle: str, timeout: float = 60, anywhere: bool = True) -> str:
+        return super().expect(needle, timeout, anywhere)
+
+    def missed(self, what: str) -> str:
+        if self.p.poll() is None:  # where it is: every thread's stack (faulthandler), then the lines
+            self.p.send_signal(signal.SIGABRT)
+            self.p.wait(10)
+            time.sleep(0.3)
+        return f"watch did not say {what!r}; it said:\n{''.join(self.said)}"
+
+    def stop(self) -> int:
+        self.p.send_signal(signal.SIGINT)
+        rc = self.p.wait(60)
+        time.sleep(0.1)
+        return rc

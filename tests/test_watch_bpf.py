@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import ROOT, Proc, cli, report_json, wait_for
+from support import ROOT, cli, report_json, wait_for
 
 from common.units import human_bytes
 
@@ -29,50 +29,6 @@ pytestmark = pytest.mark.bpf
 BLOCK = (1 << 20) + 4096  # restartd's block
 PAGE = os.sysconf("SC_PAGE_SIZE")
 CHUNK = (BLOCK + 16 + PAGE - 1) // PAGE * PAGE  # glibc's mmapped chunk of one block: header, pages
-
-
-class Watch(Proc):
-    """`allocscope watch ARGS` with its stderr lines awaited in order (anywhere in a line)."""
-
-    def __init__(self, *args) -> None:
-        cmd = [sys.executable, "-X", "faulthandler", "-m", "allocscope", "watch", *map(str, args)]
-        # its debug lines (each hold and release, and why) say what happened when a test fails
-        env = dict(os.environ, ALLOCSCOPE_WATCH_DEBUG="1")
-        super().__init__(cmd, read="stderr", cwd=str(ROOT), env=env)
-
-    @property
-    def all(self) -> list[str]:
-        return self.said
-
-    def expect(self, needle: str, timeout: float = 60, anywhere: bool = True) -> str:
-        return super().expect(needle, timeout, anywhere)
-
-    def missed(self, what: str) -> str:
-        if self.p.poll() is None:  # where it is: every thread's stack (faulthandler), then the lines
-            self.p.send_signal(signal.SIGABRT)
-            self.p.wait(10)
-            time.sleep(0.3)
-        return f"watch did not say {what!r}; it said:\n{''.join(self.said)}"
-
-    def stop(self) -> int:
-        self.p.send_signal(signal.SIGINT)
-        rc = self.p.wait(60)
-        time.sleep(0.1)
-        return rc
-
-
-@pytest.fixture
-def watches():
-    started: list[Watch] = []
-
-    def start(*args) -> Watch:
-        w = Watch(*args)
-        started.append(w)
-        return w
-
-    yield start
-    for w in started:
-        w.kill()
 
 
 def state(pid: int) -> str:

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 from support import report_json, wait_for
-from test_watch_bpf import BLOCK, CHUNK, Watch, held_line, hold_rows
+from test_watch_bpf import BLOCK, CHUNK, held_line, hold_rows
 
 pytestmark = pytest.mark.bpf
 
@@ -50,20 +50,6 @@ def said_each(w, needles: list[str], timeout: float = 60) -> None:
         wait_for(lambda: not missing(), timeout, "the watch's lines", step=0.1)
     except AssertionError:
         raise AssertionError(w.missed(str(missing()))) from None
-
-
-@pytest.fixture
-def watches():
-    started: list[Watch] = []
-
-    def start(*args) -> Watch:
-        w = Watch(*args)
-        started.append(w)
-        return w
-
-    yield start
-    for w in started:
-        w.kill()
 
 
 def test_watch_follows_every_matching_process_each_its_own_trace(targets, procs, watches, tmp_path):
