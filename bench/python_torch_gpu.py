@@ -27,6 +27,7 @@ torch.cuda.memory_reserved) and holds them. Checks, each printed PASS/FAIL and w
 Also the walk's cost on torch: the recording's bpf_stats when kernel.bpf_stats_enabled=1.
 """
 
+# ruff: noqa: B023, BLE001 -- check() calls its lambdas at once; one failed check must not end the box's run
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,6 +143,7 @@ def main() -> None:
     ap.add_argument("--allocscope", default=f"{sys.executable} -m allocscope", help="the allocscope command")
     ap.add_argument("--batches", default="8,32")
     ap.add_argument("--out", help="results (markdown)")
+    ap.add_argument("--keep", help="a folder: the traces and their JSON reports copied there")
     a = ap.parse_args()
     allocscope = shlex.split(a.allocscope)
     os.chdir(ROOT)
@@ -148,8 +151,18 @@ def main() -> None:
     lines_out: list[str] = []
     ok = True
 
-    def check(name: str, cond: bool, detail: str) -> None:
+    def check(name: str, cond, detail) -> None:
+        """`cond` and `detail` may be callables: an exception in one is a FAIL that says it, and
+        the run goes on (the traces and JSON kept with --keep are read again at home)."""
         nonlocal ok
+        try:
+            cond = cond() if callable(cond) else cond
+        except Exception as e:
+            cond, detail = False, f"{type(e).__name__}: {e}"
+        try:
+            detail = detail() if callable(detail) else detail
+        except Exception as e:
+            detail = f"{type(e).__name__}: {e}"
         ok = ok and cond
         lines_out.append(f"- {'PASS' if cond else 'FAIL'} {name}: {detail}")
         print(lines_out[-1], flush=True)
@@ -166,28 +179,40 @@ def main() -> None:
             kv = py_location(rep, "make_kv_cache")
             check(
                 f"batch {b}: KV cache named by its line",
-                kv is not None
-                and kv["frames"][[f["module"] for f in kv["frames"]].index("python")]["line"] == marks["kv"]
-                and own[b]["kv"] <= kv["device_live_bytes"] <= own[b]["reserved"],
-                f"{kv and kv['location']}: {kv and kv['device_live_bytes']} B on the GPU; the program: {own[b]}",
+                lambda: (
+                    kv is not None
+                    and kv["frames"][[f["module"] for f in kv["frames"]].index("python")]["line"] == marks["kv"]
+                    and own[b]["kv"] <= kv["device_live_bytes"] <= own[b]["reserved"]
+                ),
+                lambda: (
+                    f"{kv and kv['location']}: {kv and kv['device_live_bytes']} B on the GPU; the program: {own[b]}"
+                ),
             )
             pin = py_location(rep, "pin_batch")
             check(
                 f"batch {b}: pinned host memory named by its line",
-                pin is not None and "cuda-pinned" in pin["sources"] and pin["live_bytes"] >= own[b]["pinned"],
-                f"{pin and pin['location']}: {pin and pin['live_bytes']} B, sources {pin and pin['sources']}",
+                lambda: pin is not None and "cuda-pinned" in pin["sources"] and pin["live_bytes"] >= own[b]["pinned"],
+                lambda: (
+                    f"{pin and pin['location']}: {pin and pin['live_bytes']} B, sources {pin and pin.get('sources')}"
+                ),
             )
             dev = py_location(rep, "to_device")
             check(
                 f"batch {b}: the copy to the GPU named by its line",
-                dev is not None and dev["device_live_bytes"] > 0,
-                f"{dev and dev['location']}: {dev and dev['device_live_bytes']} B on the GPU",
+                lambda: dev is not None and dev["device_live_bytes"] > 0,
+                lambda: f"{dev and dev['location']}: {dev and dev['device_live_bytes']} B on the GPU",
             )
             native = report(allocscope, traces[b], "--no-python")
+            if a.keep:
+                keep = Path(a.keep)
+                keep.mkdir(parents=True, exist_ok=True)
+                shutil.copytree(traces[b], keep / traces[b].name, dirs_exist_ok=True)
+                (keep / f"batch{b}.json").write_text(json.dumps(rep))
+                (keep / f"batch{b}-native.json").write_text(json.dumps(native))
             check(
                 f"batch {b}: --no-python keeps the native view",
-                all(loc["module"] != "python" for loc in native["locations"]),
-                f"top: {native['locations'][0]['location'] if native['locations'] else None}",
+                lambda: all(loc["module"] != "python" for loc in native["locations"]),
+                lambda: f"top: {native['locations'][0]['location'] if native['locations'] else None}",
             )
             meta = json.loads((traces[b] / "meta.json").read_text())
             if meta.get("bpf_stats"):
@@ -198,13 +223,15 @@ def main() -> None:
             text=True,
         )
         d = json.loads(r.stdout) if r.returncode == 0 else {"locations": []}
+        if a.keep:
+            (Path(a.keep) / "diff.json").write_text(json.dumps(d))
         top = max(d["locations"], key=lambda x: x.get("device_live_delta_bytes") or 0, default=None)
         want = own[big]["kv"] - own[small]["kv"]
         got = top and top.get("device_live_delta_bytes")
         check(
             "diff: the largest GPU growth is the KV cache's line",
-            bool(top) and top["function"] == "make_kv_cache" and abs(got - want) <= 0.1 * want + (20 << 20),
-            f"{top and top['location']}: {got} B (the tensors: {want} B)",
+            lambda: bool(top) and top["function"] == "make_kv_cache" and abs(got - want) <= 0.1 * want + (20 << 20),
+            lambda: f"{top and top['location']}: {got} B (the tensors: {want} B)",
         )
         text = subprocess.run([*allocscope, "report", str(traces[big])], capture_output=True, text=True).stdout
     body = [
