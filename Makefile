@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup host venv agent cfi prebuilt lint demo test test-unit test-bpf bench bundle clean
+.PHONY: help setup host venv agent cfi prebuilt lint demo test test-unit test-bpf bench bundle clean rustd
 help: ## this list
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
@@ -50,6 +50,13 @@ lint: venv ## ruff (lint and format check), mypy on allocscope/, reports/, commo
 	@$(VENV)/bin/mypy
 	@find probes tracer -name '*.[ch]' -print0 | xargs -0 clang-format --dry-run --Werror
 
+# tests/targets/rustd (cargo over Debian's crates, ~40 s in a clean clone) built before pytest, not
+# inside the first test that runs it (one worker stalled, the other sharing its cores); the stamp in
+# tests/targets/bin/rustd-*/ makes a second call nothing (tests/rust_targets.py)
+rustd: venv ## the Rust test target as the tests build it (none: the tests that run it say why)
+	@$(PY) -c 'import sys; sys.path[:0] = ["tests", "."]; from rust_targets import build_rustd; build_rustd()' 2>/dev/null \
+	  || echo 'make: tests/targets/rustd was not built: the tests that run it build it or say why' >&2
+
 TEST_JOBS ?= 2
 # The longest files first (most work first, then the small ones fill the gaps: no worker is left
 # with a long file at the end). Named files, not `tests`: pytest 9 collects a directory argument
@@ -59,7 +66,7 @@ TEST_FIRST ?= $(addprefix tests/test_,unwind_bpf.py watch_bpf.py python_bpf.py f
               rustd_bpf.py modes_bpf.py allocators_bpf.py top_bpf.py demo_bpf.py fuzz_reader.py waits_bpf.py \
               soak_bpf.py regions_bpf.py residency_bpf.py cuda_bpf.py interrupt_bpf.py cli_errors.py)
 TEST_FILES = $(TEST_FIRST) $(filter-out $(TEST_FIRST),$(sort $(wildcard tests/test_*.py)))
-test: setup lint ## ruff, then every test (what would skip fails instead when CI=true); TEST_JOBS=N workers (a file per worker at a time, the longest files first), prints the slowest 15
+test: setup lint rustd ## ruff, then every test (what would skip fails instead when CI=true); TEST_JOBS=N workers (a file per worker at a time, the longest files first), prints the slowest 15
 	@$(PY) -m pytest -q -rs -n $(TEST_JOBS) --dist loadfile --durations=15 $(or $(PYTEST_ARGS),$(TEST_FILES))
 
 test-unit: venv lint ## ruff, then the tests that need no BPF
