@@ -14,7 +14,7 @@ int fault_sample(struct bpf_perf_event_data *ctx)
     syscall_regs(&ip, &sp, &bp);
     u64 sid = scache_lookup(ip, sp, bp);
     if (sid) {
-        fault_charge(sid);
+        fault_charge_py(sid);
         return 0;
     }
     ftails.call(ctx, 0);
@@ -51,7 +51,7 @@ int fault_keep(struct bpf_perf_event_data *ctx)
     u64 ip = 0, sp = 0, bp = 0;
     syscall_regs(&ip, &sp, &bp);
     scache_fill(ip, sp, bp, p->sid);
-    fault_charge(p->sid);
+    fault_charge_py(p->sid);
     return 0;
 }
 #else
@@ -60,7 +60,7 @@ int fault_sample(struct bpf_perf_event_data *ctx)
     if (!is_target())
         return 0;
     count(AS_CNT_FAULT_SAMPLES, 1);
-    fault_charge(capture_syscall_stack(ctx));
+    fault_charge_py(capture_syscall_stack(ctx));
     return 0;
 }
 #endif

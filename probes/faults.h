@@ -5,6 +5,7 @@
 #define AS_FAULTS_H
 #include "common.h"
 #include "stacks.h"
+#include "python.h"
 #include "heap.h"
 
 /* --- residency mode: sampled first touches ---------------------------------------------------
@@ -39,6 +40,13 @@ static __always_inline void fault_charge(u64 sid)
     __sync_fetch_and_add(&s->alloc_bytes, AS_FAULT_SAMPLE * AS_PAGE_SIZE);
     __sync_fetch_and_add(&s->alloc_count, AS_FAULT_SAMPLE);
     s->peak_live_bytes = s->alloc_bytes;
+}
+
+/* A sample charged to its native stack `sid` with the thread's Python frames (python.h), as an
+ * allocation's: a first touch is named by the Python line that touched the page. */
+static __always_inline void fault_charge_py(u64 sid)
+{
+    fault_charge(py_stack(current_tid(), sid));
 }
 
 #if defined(AS_UNWIND_DWARF) && AS_SCACHE_WAYS > 0

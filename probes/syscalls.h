@@ -6,6 +6,7 @@
 #define AS_SYSCALLS_H
 #include "common.h"
 #include "stacks.h"
+#include "python.h"
 #include "rss.h"
 #include "regions.h"
 
@@ -120,10 +121,11 @@ static __always_inline void mmap_exit_sid(void *ctx, struct as_sysargs *a, u64 l
 }
 
 /* The stack of a syscall exit: from the syscall's registers (tracepoint), or from a marker's
- * origin, the hook's caller (frame pointers: the marker's frame left out). */
-static __always_inline u64 sys_stack(void *ctx, struct as_origin *o)
+ * origin, the hook's caller (frame pointers: the marker's frame left out); with the thread's
+ * Python frames (python.h) when it runs CPython, as an allocation's. */
+static __always_inline u64 sys_stack(void *ctx, struct as_origin *o, u32 tid)
 {
-    return o ? capture_stack_skip(ctx, 0, 0, 1) : capture_syscall_stack(ctx);
+    return py_stack(tid, o ? capture_stack_skip(ctx, 0, 0, 1) : capture_syscall_stack(ctx));
 }
 
 static __always_inline void mmap_exit(void *ctx, struct as_sysargs *a, u64 lo, u32 tid, u32 api, u64 now,
@@ -137,7 +139,7 @@ static __always_inline void mmap_exit(void *ctx, struct as_sysargs *a, u64 lo, u
     sys_handoff(ctx, a, 9, lo, 0, 0, 0, tid, api, now, o);
     mmap_exit_sid(ctx, a, lo, tid, api, now, 0);
 #else
-    mmap_exit_sid(ctx, a, lo, tid, api, now, sys_stack(ctx, o));
+    mmap_exit_sid(ctx, a, lo, tid, api, now, sys_stack(ctx, o, tid));
 #endif
 }
 
@@ -228,7 +230,7 @@ static __always_inline void brk_exit(void *ctx, struct as_sysargs *a, u64 nb, u3
         sys_handoff(ctx, a, 12, nb, lo, hi, old, tid, api, now, o); /* -> brk_grown */
         sid = 0;
 #else
-        sid = sys_stack(ctx, o);
+        sid = sys_stack(ctx, o, tid);
 #endif
         brk_grown(a, nb, old, lo, hi, tid, api, now, sid);
         return;
@@ -339,10 +341,11 @@ static __always_inline int sys_keep_pending(void *ctx)
     if (!p)
         return 0;
     struct as_sysargs a = p->a;
+    u64 sid = py_stack(p->tid, p->sid); /* the unwound native stack, with its Python frames */
     if (p->nr == 9)
-        mmap_exit_sid(ctx, &a, p->ret, p->tid, p->api, p->now, p->sid);
+        mmap_exit_sid(ctx, &a, p->ret, p->tid, p->api, p->now, sid);
     else if (p->nr == 12)
-        brk_grown(&a, p->ret, p->old, p->lo, p->hi, p->tid, p->api, p->now, p->sid);
+        brk_grown(&a, p->ret, p->old, p->lo, p->hi, p->tid, p->api, p->now, sid);
     return 0;
 }
 #endif

@@ -4,8 +4,8 @@ them. One recording per interpreter, every assertion on it; a second 3.12 run fo
 
 The target (tests/targets/python/app.py) keeps 13 bytearrays of 4 MiB made at `load_batch`
 (called from `handle_request`, main thread), 11 blocks of 1 MiB made at `compact_segment` (the
-"compactor" thread) and 7 buffers of 2 MiB that zlib's C code made for `inflate`; it prints its
-own byte counts."""
+"compactor" thread), 7 buffers of 2 MiB that zlib's C code made for `inflate` and 3 anonymous
+mappings of 3 MiB made by the mmap module at `map_region`; it prints its own byte counts."""
 
 from __future__ import annotations
 
@@ -141,6 +141,18 @@ def test_python_lines_name_the_memory(version, procs, tracers, tmp_path):
     assert all(above), above  # the native frames zlib ran under the line
     if not version.startswith("debian"):  # pyenv's zlib module has its symbols
         assert any(any(f["function"].startswith("zlib_decompress") for f in a) for a in above), above
+
+    # the mmap family (a system call, no allocator): Python's mmap module's anonymous mappings,
+    # every page touched, named by the line that mapped them, the mapping's bytes exactly
+    mp = location(rep, "map_region")
+    assert py_frames(mp)[:2] == [("map_region", app, LINES["map_region"]), ("map_buffers", app, LINES["map_buffers"])]
+    assert (mp["live_bytes"], mp["live_count"]) == (own["maps"], 3), (mp["live_bytes"], mp["live_count"], own)
+    assert mp["sources"] == ["shmem"], mp["sources"]  # mmap.mmap(-1, n): MAP_SHARED | MAP_ANONYMOUS
+    full = mp["full_frames"]
+    natives = [f["function"] for f in full[: [f["module"] for f in full].index("python")]]
+    assert natives, full  # the module's C code (and the syscall's wrapper) above the line
+    if not version.startswith("debian"):  # pyenv's mmap module has its symbols
+        assert "new_mmap_object" in natives, natives
 
     # --no-python: the native places as before, no Python frame anywhere
     native = json.loads(cli("report", str(out), "--format", "json", "--no-python", check=True).stdout)

@@ -6,12 +6,14 @@ BATCHES bytearrays of BATCH bytes made at `load_batch`, called from `handle_requ
 INFLATES buffers of INFLATE bytes that zlib (a C extension) made, called at `inflate`; a thread
 started after the attach keeps LATES bytearrays of LATE bytes made at `late_block`; a generator
 (`chunks`), a key function `sorted` calls back (`sort_key`) and a coroutine (`fetch`) keep
-theirs. Prints
+theirs; `map_region` keeps MAPS anonymous mappings of MAP bytes (Python's mmap module: a
+system call, no allocator), every page touched. Prints
 "done" with its own counts and keeps everything until killed. argv[1] scales the batches (the
 diff of two runs). The `# line:` comments are how the test finds the lines.
 """
 
 import asyncio
+import mmap
 import signal
 import sys
 import threading
@@ -99,6 +101,23 @@ def inflate(payload):
     return zlib.decompress(payload)  # line: inflate
 
 
+MAP = 3 << 20
+MAPS = 3
+PAGE = mmap.PAGESIZE
+
+
+def map_region():
+    m = mmap.mmap(-1, MAP)  # line: map_region
+    for off in range(0, MAP, PAGE):  # every page touched (first touches: residency mode's samples)
+        m[off] = 1
+    return m
+
+
+def map_buffers():
+    for _ in range(MAPS):
+        held.append(map_region())  # line: map_buffers
+
+
 def warm_up(payload, seconds=1.5):
     """Transient work (all freed) while the tracer builds the unwind tables of libpython and zlib
     the first stacks cross: the held allocations after it have whole native stacks."""
@@ -131,11 +150,13 @@ def main():
     collect()  # a generator
     sort_keys()  # C (sorted) calling back into Python
     asyncio.run(serve())  # coroutines
+    map_buffers()  # the mmap family
     worker_done.wait()
     late.join()
     print(
         f"done batches={BATCHES * BATCH} segments={SEGMENTS * SEGMENT} inflates={INFLATES * INFLATE} "
         f"lates={LATES * LATE} chunks={CHUNKS * CHUNK} keys={KEYS * CHUNK} fetches={FETCHES * FETCH} "
+        f"maps={MAPS * MAP} "
         f"pid={threading.get_native_id()} worker={worker.native_id}",
         flush=True,
     )
