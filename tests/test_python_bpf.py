@@ -49,11 +49,12 @@ def interpreter(version: str) -> str:
     return need([INTERPRETERS[version]], f"CPython {version}")
 
 
-def record_app(procs, tracers, py: str, out: Path, scale: int = 1) -> dict[str, int]:
-    """Record the app under `py` into `out`; its own counts from its `done` line."""
+def record_app(procs, tracers, py: str, out: Path, scale: int = 1, *extra: str) -> dict[str, int]:
+    """Record the app under `py` into `out` (`extra`: more record options); its own counts from
+    its `done` line."""
     tgt = procs(py, "-u", APP, scale)
     tgt.expect("ready")
-    tr = record_attached(tracers, tgt.pid, out, "--interval", "0.5")
+    tr = record_attached(tracers, tgt.pid, out, "--interval", "0.5", *extra)
     tgt.signal(signal.SIGUSR1)
     done = tgt.expect("done", timeout=90)
     stop_tracer(tr, 0.6)
@@ -172,6 +173,28 @@ def test_python_diff_by_line(procs, tracers, tmp_path):
     delta = rows[0]["live_delta_bytes"]
     assert abs(delta - own["batches"] / 2) <= 0.05 * own["batches"] / 2, (delta, own)
     assert d["locations"][0]["function"] == "load_batch"  # the largest change
+
+
+def test_python_first_touches(procs, tracers, tmp_path):
+    """Residency mode (no allocator probes) of the 3.12 app: the mmap module's mappings named by
+    the line that mapped them, exactly, and the sampled first touches of their pages by the line
+    that touched them (every page written once, one sample in 4 standing for 4 pages)."""
+    py = interpreter("3.12")
+    out = tmp_path / "t"
+    own = record_app(procs, tracers, py, out, 1, "--mode", "residency", "--fault-sample", "4", "--fault-duty", "1")
+    rep = report_json(out)
+    app = str(APP)
+    by_line = {
+        loc["line"]: loc
+        for loc in rep["locations"]
+        if loc["function"] == "map_region" and loc["module"] == "python" and loc["file"] == app
+    }
+    mapped, touched = by_line[LINES["map_region"]], by_line[LINES["map_touch"]]
+    assert (mapped["live_bytes"], mapped["live_count"], mapped["sources"]) == (own["maps"], 3, ["shmem"]), mapped
+    assert touched["sources"] == ["fault"], touched["sources"]
+    want = [("map_region", app, LINES["map_touch"]), ("map_buffers", app, LINES["map_buffers"])]
+    assert py_frames(touched)[:2] == want, py_frames(touched)
+    assert abs(touched["alloc_bytes"] - own["maps"]) <= 0.05 * own["maps"], (touched["alloc_bytes"], own)
 
 
 def test_no_python_changes_nothing_for_native_targets():

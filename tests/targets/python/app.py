@@ -109,7 +109,7 @@ PAGE = mmap.PAGESIZE
 def map_region():
     m = mmap.mmap(-1, MAP)  # line: map_region
     for off in range(0, MAP, PAGE):  # every page touched (first touches: residency mode's samples)
-        m[off] = 1
+        m[off] = 1  # line: map_touch
     return m
 
 
