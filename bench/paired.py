@@ -173,6 +173,27 @@ def tree_cpu(pid: int | None) -> float:
     return sum(sched_cpu(p) or 0.0 for p in tree(pid)) if pid else 0.0
 
 
+RAW_TP: dict[int, str] = {}  # prog id -> "raw_tp:TRACEPOINT" (the kernel's names stop at 15 characters)
+
+
+def raw_tp_names(pid: int) -> dict[int, str]:
+    """prog id -> raw_tp:NAME for the raw-tracepoint links process pid holds (their fdinfo)."""
+    out: dict[int, str] = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fdinfo")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+        except OSError:
+            continue
+        if "tp_name:" in text and "prog_id:" in text:
+            f = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+            out[int(f["prog_id"])] = "raw_tp:" + f["tp_name"].strip()
+    return out
+
+
 def bpf_snapshot(pid: int | None) -> dict[int, tuple[str, int, int]]:
     """prog id -> (name, run_time_ns, run_cnt) of every BPF program the watch's processes hold."""
     if not pid:
@@ -180,6 +201,7 @@ def bpf_snapshot(pid: int | None) -> dict[int, tuple[str, int, int]]:
     ids: set[int] = set()
     for p in tree(pid):
         ids |= tracer_objects(p)["progs"]
+        RAW_TP.update(raw_tp_names(p))
     out = {}
     for i in ids:
         fd = bpf(PROG_GET_FD_BY_ID, IdAttr(id=i))
@@ -190,7 +212,7 @@ def bpf_snapshot(pid: int | None) -> dict[int, tuple[str, int, int]]:
         finally:
             os.close(fd)
         if raw is not None and st is not None:
-            out[i] = (raw[64:80].split(b"\0")[0].decode() or f"id{i}", st[0], st[1])
+            out[i] = (RAW_TP.get(i) or raw[64:80].split(b"\0")[0].decode() or f"id{i}", st[0], st[1])
     return out
 
 
@@ -241,18 +263,31 @@ class Watch:
 # one paired run
 
 
-def bootstrap_median(xs: list[float], n: int = 2000) -> tuple[float, float]:
+def trimmed_mean(xs: list[float], cut: float = 0.1) -> float:
+    """Mean of xs without the lowest and highest `cut` share."""
+    xs = sorted(xs)
+    k = int(len(xs) * cut)
+    return statistics.fmean(xs[k : len(xs) - k] if len(xs) > 2 * k else xs)
+
+
+def bootstrap(xs: list[float], stat, n: int = 2000) -> tuple[float, float]:
+    """95 % percentile interval of stat over n resamples of xs (fixed seed)."""
     rng = random.Random(50)
-    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+    vals = sorted(stat(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return vals[int(0.025 * n)], vals[int(0.975 * n) - 1]
 
 
 def ratio_line(label: str, a: list[float], b: list[float]) -> str:
+    """Median and 10 %-trimmed mean of the pair ratios, each with its 95 % bootstrap interval."""
     rs = [x / y for x, y in zip(a, b, strict=True) if y > 0]
-    lo, hi = bootstrap_median(rs)
+    if not rs:
+        return f"  {label:14s} no pairs"
+    lo, hi = bootstrap(rs, statistics.median)
+    tlo, thi = bootstrap(rs, trimmed_mean)
     return (
-        f"  {label:14s} median {statistics.median(rs):.4f}x  (95 % bootstrap {lo:.4f}-{hi:.4f}; "
-        f"min-max {min(rs):.3f}-{max(rs):.3f}; sum A / sum B {sum(a) / sum(b):.4f}x; {len(rs)} pairs)"
+        f"  {label:9s} median {statistics.median(rs):.4f}x [{lo:.4f}-{hi:.4f}], trimmed mean "
+        f"{trimmed_mean(rs):.4f}x [{tlo:.4f}-{thi:.4f}]; min-max {min(rs):.3f}-{max(rs):.3f}; "
+        f"sum A / sum B {sum(a) / sum(b):.4f}x; {len(rs)} pairs"
     )
 
 
@@ -265,6 +300,7 @@ def paired_run(name: str, arms: dict[str, Arm], args: argparse.Namespace, watch:
     blocks: dict[str, list[tuple[float, float, int]]] = {"A": [], "B": []}
     bpf_acc: dict[str, dict[str, list[int]]] = {"A": {}, "B": {}}
     wcpu = {"A": 0.0, "B": 0.0}
+    sampled: list[int] = []  # fault_sample runs in each A block (0: the fault events were closed throughout)
     gaps = 0.0  # watch CPU between blocks (the controller's own reads)
     t_start, c_start = time.monotonic(), tree_cpu(wpid)
     snap, cpu = bpf_snapshot(wpid), c_start
@@ -280,6 +316,10 @@ def paired_run(name: str, arms: dict[str, Arm], args: argparse.Namespace, watch:
             if wpid:
                 s1 = bpf_snapshot(wpid)
                 bpf_delta(s0, s1, bpf_acc[arm])
+                if arm == "A":
+                    fs = {"fault_sample": [0, 0, 0]}
+                    bpf_delta(s0, s1, fs)
+                    sampled.append(fs["fault_sample"][1])
         if args.verbose:
             a, b = blocks["A"][-1], blocks["B"][-1]
             print(f"  {name} pair {i + 1:3d} {order}: A {a[0]:.3f} s  B {b[0]:.3f} s  {a[0] / b[0]:.3f}x", flush=True)
@@ -291,6 +331,7 @@ def paired_run(name: str, arms: dict[str, Arm], args: argparse.Namespace, watch:
         "gaps": gaps,
         "elapsed": elapsed,
         "wtotal": tree_cpu(wpid) - c_start,
+        "sampled": sampled,
     }
 
 
@@ -303,8 +344,8 @@ def report(name: str, r: dict, watch: Watch | None) -> None:
         f"{max(x[0] for x in B):.3f}); faults a block A {statistics.median(x[2] for x in A):,.0f}, "
         f"B {statistics.median(x[2] for x in B):,.0f}"
     )
-    say(ratio_line("wall A/B", [x[0] for x in A], [x[0] for x in B]))
-    say(ratio_line("CPU A/B", [x[1] for x in A], [x[1] for x in B]))
+    say(ratio_line("wall", [x[0] for x in A], [x[0] for x in B]))
+    say(ratio_line("CPU", [x[1] for x in A], [x[1] for x in B]))
     if watch is None:
         return
     wall_a, wall_b = sum(x[0] for x in A), sum(x[0] for x in B)
@@ -314,6 +355,13 @@ def report(name: str, r: dict, watch: Watch | None) -> None:
         f"during A blocks {r['wcpu']['A']:.3f} s ({r['wcpu']['A'] / wall_a * 100:.2f} % of a core), during B blocks "
         f"{r['wcpu']['B']:.3f} s ({r['wcpu']['B'] / wall_b * 100:.2f} %), between blocks {r['gaps']:.3f} s"
     )
+    smp = r.get("sampled") or []
+    if len(smp) == len(A) and any(smp) and not all(smp):
+        on = [i for i, k in enumerate(smp) if k]
+        off = [i for i, k in enumerate(smp) if not k]
+        for label, idx in (("events on", on), ("all closed", off)):
+            say(ratio_line(label, [A[i][0] for i in idx], [B[i][0] for i in idx]) + " (wall; A blocks whose fault "
+                "events were open at some point / closed throughout)")  # fmt: skip
     acc = r["bpf"]
     names = sorted(set(acc["A"]) | set(acc["B"]), key=lambda n: -(acc["A"].get(n, Z)[0] + acc["B"].get(n, Z)[0]))
     if not any(v[1] for arm in acc.values() for v in arm.values()):
@@ -445,8 +493,8 @@ def main() -> None:
     )
     say(f"command: {' '.join(shlex.quote(a) for a in sys.argv)}")
     say(
-        "A = the watched copy, B = the never-traced copy; ratio = A block / the adjacent B block (ABBA order), "
-        "median over the pairs"
+        "A = the watched copy, B = the never-traced copy; ratio = A block / the adjacent B block (ABBA order); "
+        "median and 10 %-trimmed mean over the pairs, [95 % bootstrap interval]"
     )
     try:
         with tempfile.TemporaryDirectory(prefix="allocscope-paired-") as td:
