@@ -11,11 +11,21 @@ import json
 import os
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
-from support import CFLAGS_FP, Proc, build, cli, need, record_attached, record_run, report_json, stop_tracer
+from support import (
+    CFLAGS_FP,
+    Proc,
+    build,
+    cli,
+    need,
+    record_attached,
+    record_run,
+    report_json,
+    stop_tracer,
+    wait_for,
+)
 
 from reports.analysis.advice import allocator_advice
 from reports.analysis.diff import diff_traces
@@ -57,6 +67,11 @@ def _truth(line: str) -> dict:
     return {"name": m[1], "live": int(m[2]), "retained": int(m[3]), "resident": int(m[4]), "rss": int(m[5])}
 
 
+def _last_interval(out: Path) -> int:
+    """The seq of the last interval whose part the recording wrote (0: none yet)."""
+    return max((int(p.stem.rsplit("-", 1)[1]) for p in (out / "parts").glob("intervals-*.parquet")), default=0)
+
+
 def _record(retain: Path, tmp_path: Path, tracers, name: str) -> tuple[Path, dict, dict]:
     lib, args, _call = CASES[name]
     env = dict(os.environ)
@@ -78,7 +93,10 @@ def _record(retain: Path, tmp_path: Path, tracers, name: str) -> tuple[Path, dic
         tgt.signal(signal.SIGUSR1)
         freed = _truth(tgt.expect("truth "))
         tgt.expect("freed")
-        time.sleep(2.5)  # intervals with the target still (five: a loaded box may lag one or two)
+        # two intervals written after the frees (their parts on disk, however late a loaded box
+        # writes them): the second was measured wholly with the target still, before the purge
+        after = _last_interval(out) + 2
+        wait_for(lambda: _last_interval(out) >= after, timeout=30, what=f"interval {after} of {name}")
         tgt.signal(signal.SIGUSR1)
         purged = _truth(tgt.expect("truth "))
         tgt.expect("purged")
