@@ -90,11 +90,12 @@ def proc_minflt(pid: int) -> int:
 
 
 class Arm:
-    """One long-lived copy: block() runs one block of work, returns (wall s, CPU s, faults)."""
+    """One long-lived copy: block() runs one block of work, returns (wall s, CPU s, faults, real wall s);
+    the first two are the compared figures (the demo's: per million faults), the last the block's length."""
 
     pid = 0
 
-    def block(self) -> tuple[float, float, int]: ...
+    def block(self) -> tuple[float, float, int, float]: ...
 
     def stop(self) -> None: ...
 
@@ -110,11 +111,11 @@ class BriefArm(Arm):
         )
         self.pid = int(read_line(self.p, "ready", timeout=30).split()[1])
 
-    def block(self) -> tuple[float, float, int]:
+    def block(self) -> tuple[float, float, int, float]:
         self.p.stdin.write("go\n")
         self.p.stdin.flush()
         _, wall, cpu, faults = read_line(self.p, "block", timeout=120).split()
-        return float(wall), float(cpu), int(faults)
+        return float(wall), float(cpu), int(faults), float(wall)
 
     def stop(self) -> None:
         if self.p.poll() is None:
@@ -140,7 +141,7 @@ class RedisArm(Arm):
         wait_redis(self.srv, self.port)
         self.pid, self.args = self.srv.pid, args
 
-    def block(self) -> tuple[float, float, int]:
+    def block(self) -> tuple[float, float, int, float]:
         a = self.args
         cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(self.port), "-t", a.redis_tests]
         cmd += ["-n", str(a.redis_requests), "-P", "1", *REDIS_LOAD, "--csv"]
@@ -150,10 +151,67 @@ class RedisArm(Arm):
         wall = time.monotonic() - t0
         if p.returncode != 0:
             raise TrialError(f"redis-benchmark failed: {p.stderr.strip()[-120:]}")
-        return wall, (sched_cpu(self.pid) or 0.0) - c0, proc_minflt(self.pid) - f0
+        return wall, (sched_cpu(self.pid) or 0.0) - c0, proc_minflt(self.pid) - f0, wall
 
     def stop(self) -> None:
         stop_process(self.srv, signal.SIGTERM, 30)
+
+
+def all_stopped(pid: int) -> bool:
+    """Every thread of pid in state T (a group stop has taken effect)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for t in tids:
+        try:
+            state = Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
+
+
+class DemoArm(Arm):
+    """The demo daemon unpaced (--synth-ms 0 --gpu-ms 0), running for good but held stopped
+    (SIGSTOP) except during its block: SIGCONT, --demo-window s, SIGSTOP. Its work in the block is
+    counted by its page faults (every partition touches each of its pages once): the block's
+    "wall" is seconds per million faults, its "CPU" CPU seconds per million faults."""
+
+    def __init__(self, exe: Path, args: argparse.Namespace) -> None:
+        cmd = [str(exe), "--partitions", "1000000000", *shlex.split(args.demo_args)]
+        self.p = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=set_nice(args.nice)
+        )
+        self.pid, self.window = self.p.pid, args.demo_window
+        time.sleep(0.3)
+        self.pause()
+        if self.p.poll() is not None:
+            raise TrialError(f"provingd exited ({self.p.returncode})")
+
+    def pause(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+        end = time.monotonic() + 5
+        while not all_stopped(self.pid) and time.monotonic() < end:
+            time.sleep(0.001)
+
+    def block(self) -> tuple[float, float, int, float]:
+        c0, f0 = sched_cpu(self.pid) or 0.0, proc_minflt(self.pid)
+        t0 = time.monotonic()
+        os.kill(self.pid, signal.SIGCONT)
+        time.sleep(self.window)
+        self.pause()
+        wall = time.monotonic() - t0
+        faults = proc_minflt(self.pid) - f0
+        if faults <= 0:
+            raise TrialError("provingd did no work in a block")
+        return wall / faults * 1e6, ((sched_cpu(self.pid) or 0.0) - c0) / faults * 1e6, faults, wall
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,7 +355,7 @@ def paired_run(name: str, arms: dict[str, Arm], args: argparse.Namespace, watch:
     for _ in range(args.warmup):  # page cache, allocator, the watch's first intervals
         arms["A"].block()
         arms["B"].block()
-    blocks: dict[str, list[tuple[float, float, int]]] = {"A": [], "B": []}
+    blocks: dict[str, list[tuple[float, float, int, float]]] = {"A": [], "B": []}
     bpf_acc: dict[str, dict[str, list[int]]] = {"A": {}, "B": {}}
     wcpu = {"A": 0.0, "B": 0.0}
     sampled: list[int] = []  # fault_sample runs in each A block (0: the fault events were closed throughout)
@@ -332,6 +390,10 @@ def paired_run(name: str, arms: dict[str, Arm], args: argparse.Namespace, watch:
         "elapsed": elapsed,
         "wtotal": tree_cpu(wpid) - c_start,
         "sampled": sampled,
+        "medians": (
+            statistics.median(a[0] / b[0] for a, b in zip(blocks["A"], blocks["B"], strict=True)),
+            statistics.median(a[1] / b[1] for a, b in zip(blocks["A"], blocks["B"], strict=True)),
+        ),
     }
 
 
@@ -348,7 +410,7 @@ def report(name: str, r: dict, watch: Watch | None) -> None:
     say(ratio_line("CPU", [x[1] for x in A], [x[1] for x in B]))
     if watch is None:
         return
-    wall_a, wall_b = sum(x[0] for x in A), sum(x[0] for x in B)
+    wall_a, wall_b = sum(x[3] for x in A), sum(x[3] for x in B)
     say(
         f"  watch CPU: {r['wtotal']:.3f} s over {r['elapsed']:.0f} s = "
         f"{r['wtotal'] / r['elapsed'] * 100:.2f} % of one core; "
@@ -381,8 +443,9 @@ def report(name: str, r: dict, watch: Watch | None) -> None:
         say(f"    {label:22s} {a[1]:10,d} {a[0] / 1e6:8.2f} {b[1]:10,d} {b[0] / 1e6:8.2f} {per:7,.0f}")
     say(
         f"    total: A blocks {tot['A'] / 1e6:.1f} ms ({tot['A'] / 1e9 / wall_a * 100:.3f} % of their wall), "
-        f"B blocks {tot['B'] / 1e6:.1f} ms ({tot['B'] / 1e9 / wall_b * 100:.3f} % of their wall): the untraced "
-        f"arm's share of the box-wide programs, a bias making the ratio low by about that much"
+        f"B blocks {tot['B'] / 1e6:.1f} ms ({tot['B'] / 1e9 / wall_b * 100:.3f} % of their wall): the B arm's "
+        "share of the box-wide programs (the untraced copy's runs, and the rest of the box's in those blocks) "
+        "makes the ratio low by up to that much"
     )
 
 
@@ -396,6 +459,11 @@ def make_copies(workload: str, tmp: Path) -> tuple[Path, Path]:
         cmd = ["gcc", "-O2", "-g", "-pthread", "-fno-omit-frame-pointer", "-o", str(src), str(HERE / "brief_shape.c")]
         subprocess.run(cmd, check=True)
         names = ("bs_watched", "bs_plain")
+    elif workload == "demo":
+        from allocscope.cli.demo import build_daemon
+
+        src = build_daemon(tmp)
+        names = ("provingd_watched", "provingd_plain")
     else:
         exe = shutil.which("redis-server")
         if not exe or not shutil.which("redis-benchmark"):
@@ -420,6 +488,11 @@ def run_workload(workload: str, tmp: Path, args: argparse.Namespace) -> None:
             f"page touched, 2 kept ({args.threads * args.block_iters * 10240:,} first-touch faults); wall and CPU "
             "from the process"
         )
+    elif workload == "demo":
+        say(
+            f"   block: provingd {args.demo_args} let run {args.demo_window} s (SIGCONT .. SIGSTOP, stopped between "
+            "blocks); 'wall' = seconds per million page faults of its work, 'CPU' = its CPU seconds per million"
+        )
     else:
         say(
             f"   block: redis-benchmark -t {args.redis_tests} -n {args.redis_requests} -P 1 {' '.join(REDIS_LOAD)}; "
@@ -429,24 +502,47 @@ def run_workload(workload: str, tmp: Path, args: argparse.Namespace) -> None:
     watch = None
     try:
         for k, exe in (("A", a_exe), ("B", b_exe)):
-            arms[k] = BriefArm(exe, args) if workload == "brief" else RedisArm(exe, tmp, args)
+            if workload == "brief":
+                arms[k] = BriefArm(exe, args)
+            elif workload == "demo":
+                arms[k] = DemoArm(exe, args)
+            else:
+                arms[k] = RedisArm(exe, tmp, args)
         if not args.no_control:
             report(f"{workload} control (no watch: A and B untraced)", paired_run("control", arms, args, None), None)
-        pattern = "^" + re.escape(str(a_exe)) + "( |$)"
         extra = shlex.split(args.watch_args)
-        wdir = tmp / f"watch-{workload}"
-        watch = Watch(pattern, wdir, extra, args.nice)
-        say(
-            f"{workload} watch: {' '.join(shlex.quote(c) for c in watch.cmd[1:])}"
-            f" (attached in {watch.attach_s:.1f} s, idle {watch.settle_s:.1f} s later)"
-        )
-        r = paired_run("watch", arms, args, watch)
-        traces = watch.stop()
-        report(f"{workload} watch{' ' + args.watch_args if args.watch_args else ' (defaults)'}", r, watch)
-        pa, pb = arms["A"].pid, arms["B"].pid
-        na, nb = len([t for t in traces if f"-{pa}-" in t]), len([t for t in traces if f"-{pb}-" in t])
-        say(f"  traces written: {len(traces)}, of A (pid {pa}): {na}; of B (pid {pb}): {nb}")
-        watch = None
+        label = args.watch_args or "(defaults)"
+        meds: list[tuple[float, float]] = []
+        phases = [("A", "B")] if args.no_swap else [("A", "B"), ("B", "A")]
+        for traced, plain in phases:
+            exe = a_exe if traced == "A" else b_exe
+            pattern = "^" + re.escape(str(exe)) + "( |$)"
+            if isinstance(arms[traced], DemoArm):  # the watch attaches to a process that runs, not a stopped one
+                os.kill(arms[traced].pid, signal.SIGCONT)
+            try:
+                watch = Watch(pattern, tmp / f"watch-{workload}-{traced}", extra, args.nice)
+            finally:
+                if isinstance(arms[traced], DemoArm):
+                    arms[traced].pause()
+            say(
+                f"{workload} watch on {exe.name}: {' '.join(shlex.quote(c) for c in watch.cmd[1:])}"
+                f" (attached in {watch.attach_s:.1f} s, idle {watch.settle_s:.1f} s later)"
+            )
+            pair = {"A": arms[traced], "B": arms[plain]}
+            r = paired_run("watch", pair, args, watch)
+            traces = watch.stop()
+            report(f"{workload} watch {label}, traced = {exe.name} (A in the lines below)", r, watch)
+            pa, pb = pair["A"].pid, pair["B"].pid
+            na, nb = len([t for t in traces if f"-{pa}-" in t]), len([t for t in traces if f"-{pb}-" in t])
+            say(f"  traces written: {len(traces)}, of the traced (pid {pa}): {na}; of the other (pid {pb}): {nb}")
+            meds.append(r["medians"])
+            watch = None
+        if len(meds) == 2:
+            say(
+                f"{workload} watch {label}, both ways (each copy traced once; the geometric mean of the two phases' "
+                f"medians cancels a difference between the copies): wall {(meds[0][0] * meds[1][0]) ** 0.5:.4f}x, "
+                f"CPU {(meds[0][1] * meds[1][1]) ** 0.5:.4f}x"
+            )
     finally:
         if watch is not None:
             watch.stop()
@@ -456,7 +552,7 @@ def run_workload(workload: str, tmp: Path, args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", choices=["brief", "redis", "all"], default="brief")
+    ap.add_argument("--workload", choices=["brief", "redis", "demo", "all"], default="brief")
     ap.add_argument("--pairs", type=int, default=60, help="blocks per arm (A B or B A each)")
     ap.add_argument("--quick", action="store_true", help="16 pairs, 1 warm-up: a trial of the method")
     ap.add_argument("--warmup", type=int, default=2, help="unmeasured blocks per arm before each run")
@@ -464,7 +560,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="brief: threads")
     ap.add_argument("--redis-requests", type=int, default=10000, help="redis: -n per test in a block")
     ap.add_argument("--redis-tests", default="set,get,lpush,lpop", help="redis: -t")
+    ap.add_argument("--demo-args", default="--synth-ms 0 --gpu-ms 0 --pw 3", help="demo: provingd flags")
+    ap.add_argument("--demo-window", type=float, default=0.75, help="demo: seconds the daemon runs in a block")
     ap.add_argument("--watch-args", default="", help="watch arguments beyond its defaults, e.g. '--wait-min 0'")
+    ap.add_argument(
+        "--no-swap", action="store_true", help="trace only the first copy (default: a second phase traces the other)"
+    )
     ap.add_argument("--no-control", action="store_true", help="skip the control run (no watch)")
     ap.add_argument("--nice", type=int, default=-15, help="niceness of the copies, the watch and this script")
     ap.add_argument(
@@ -498,7 +599,7 @@ def main() -> None:
     )
     try:
         with tempfile.TemporaryDirectory(prefix="allocscope-paired-") as td:
-            for w in ["brief", "redis"] if args.workload == "all" else [args.workload]:
+            for w in ["brief", "redis", "demo"] if args.workload == "all" else [args.workload]:
                 try:
                     run_workload(w, Path(td), args)
                 except TrialError as e:
