@@ -349,6 +349,20 @@ def ratio_line(label: str, a: list[float], b: list[float]) -> str:
     )
 
 
+def args_watch(r: dict) -> list[str]:
+    return r.get("watch_args") or []
+
+
+def fault_sample_of(extra: list[str]) -> int:
+    """The watch's --fault-sample N (its default 16) from its extra arguments."""
+    for i, a in enumerate(extra):
+        if a == "--fault-sample" and i + 1 < len(extra):
+            return int(extra[i + 1])
+        if a.startswith("--fault-sample="):
+            return int(a.split("=", 1)[1])
+    return 16
+
+
 def paired_run(name: str, arms: dict[str, Arm], args: argparse.Namespace, watch: Watch | None) -> dict:
     """ABBA blocks: A B, B A, A B, ... Returns the blocks and the per-arm watch costs."""
     wpid = watch.p.pid if watch else None
@@ -390,6 +404,7 @@ def paired_run(name: str, arms: dict[str, Arm], args: argparse.Namespace, watch:
         "elapsed": elapsed,
         "wtotal": tree_cpu(wpid) - c_start,
         "sampled": sampled,
+        "watch_args": shlex.split(args.watch_args),
         "medians": (
             statistics.median(a[0] / b[0] for a, b in zip(blocks["A"], blocks["B"], strict=True)),
             statistics.median(a[1] / b[1] for a, b in zip(blocks["A"], blocks["B"], strict=True)),
@@ -418,13 +433,21 @@ def report(name: str, r: dict, watch: Watch | None) -> None:
         f"{r['wcpu']['B']:.3f} s ({r['wcpu']['B'] / wall_b * 100:.2f} %), between blocks {r['gaps']:.3f} s"
     )
     smp = r.get("sampled") or []
-    if len(smp) == len(A) and any(smp) and not all(smp):
+    if len(smp) == len(A) and any(smp) and not all(smp) and statistics.median(x[2] for x in A) > 10000:
         on = [i for i, k in enumerate(smp) if k]
         off = [i for i, k in enumerate(smp) if not k]
         for label, idx in (("events on", on), ("all closed", off)):
             say(ratio_line(label, [A[i][0] for i in idx], [B[i][0] for i in idx]) + " (wall; A blocks whose fault "
                 "events were open at some point / closed throughout)")  # fmt: skip
     acc = r["bpf"]
+    fs = acc["A"].get("fault_sample", Z)[1]
+    if fs and sum(x[2] for x in A):
+        every = fault_sample_of(args_watch(r))
+        say(
+            f"  fault events: fault_sample ran {fs:,} times in the A blocks = 1 in {every} of "
+            f"{fs * every / sum(x[2] for x in A) * 100:.1f} % of their {sum(x[2] for x in A):,} faults (the "
+            "duty cycle's share; the cost of a phase follows it)"
+        )
     names = sorted(set(acc["A"]) | set(acc["B"]), key=lambda n: -(acc["A"].get(n, Z)[0] + acc["B"].get(n, Z)[0]))
     if not any(v[1] for arm in acc.values() for v in arm.values()):
         say("  BPF: no run counts (kernel.bpf_stats_enabled off?)")
