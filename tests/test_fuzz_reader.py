@@ -31,7 +31,7 @@ from synth import SynthTrace
 from common.errors import TraceFileError
 from common.tracefile import checksums as C
 from reports.analysis import build_report, symbolize_stacks
-from reports.analysis.diff import diff_traces
+from reports.analysis.diff import diff_document, summarize
 from reports.render.diff_text import diff_to_text
 from reports.render.text import to_text
 from reports.trace import load_trace
@@ -208,9 +208,9 @@ def mutate(root: Path, m: tuple) -> None:
 
 def check(path: Path, reference, stacks=None, damaged: bool = False) -> None:
     """Only a TraceFileError, or a trace every report accepts (the diff too, when the stacks are
-    not given: it symbolizes the trace itself). `damaged`: its parts were changed (meta.json and
-    the checksum list as written): the reader must say so, and the report withhold its findings
-    (issue 53)."""
+    not given: it symbolizes the trace itself; `reference`: the unmutated trace, summarized).
+    `damaged`: its parts were changed (meta.json and the checksum list as written): the reader
+    must say so, and the report withhold its findings (issue 53)."""
     try:
         t = load_trace(path)
     except TraceFileError as e:
@@ -224,8 +224,8 @@ def check(path: Path, reference, stacks=None, damaged: bool = False) -> None:
         assert rep["findings"][0]["kind"] == "damaged" and rep["integrity"]["damaged"], rep["integrity"]
     to_text(rep)
     json.dumps(rep, default=str)
-    if stacks is None:
-        diff_to_text(diff_traces(reference, t))
+    if stacks is None:  # diff_traces(reference trace, t), its side summarized once per test
+        diff_to_text(diff_document(reference, summarize(t)))
 
 
 def _run(base: Path, tmp: Path, mutations: list, stacks=None) -> None:
@@ -240,14 +240,14 @@ def _run(base: Path, tmp: Path, mutations: list, stacks=None) -> None:
     after = {p.relative_to(work): p.read_bytes() for p in _files(work)}
     same = [Path("meta.json"), Path("parts") / C.NAME]
     damaged = all(before.get(p) == after.get(p) for p in same) and before != after
-    check(work, _reference[base], stacks, damaged)
+    check(work, _reference.get(base), stacks, damaged)
 
 
-_reference: dict[Path, object] = {}
+_reference: dict[Path, object] = {}  # the unmutated trace's diff side (summarize), once per test
 
 
 def test_fuzz_synthetic_trace(synth_trace, tmp_path):
-    _reference[synth_trace] = load_trace(synth_trace)
+    _reference[synth_trace] = summarize(load_trace(synth_trace))
     check(synth_trace, _reference[synth_trace])  # the unmutated trace reads cleanly
 
     @settings(max_examples=EXTRA or 60, **SETTINGS)
@@ -263,7 +263,6 @@ def test_fuzz_synthetic_trace(synth_trace, tmp_path):
 @pytest.mark.bpf
 def test_fuzz_recorded_trace(recorded_trace, tmp_path):
     ref = load_trace(recorded_trace)
-    _reference[recorded_trace] = ref
     assert not ref.warnings and ref.complete
     stacks = symbolize_stacks(ref)  # symbolize once: the fuzz is about the reader, not the ELF files
     check(recorded_trace, ref, stacks)
