@@ -335,6 +335,17 @@ def bootstrap(xs: list[float], stat, n: int = 2000) -> tuple[float, float]:
     return vals[int(0.025 * n)], vals[int(0.975 * n) - 1]
 
 
+def both_ways(r1: list[float], r2: list[float], n: int = 2000) -> tuple[float, float, float]:
+    """sqrt(median r1 * median r2) and its 95 % bootstrap interval (each list resampled on its own)."""
+    rng = random.Random(50)
+
+    def g(a: list[float], b: list[float]) -> float:
+        return (statistics.median(a) * statistics.median(b)) ** 0.5
+
+    vals = sorted(g(rng.choices(r1, k=len(r1)), rng.choices(r2, k=len(r2))) for _ in range(n))
+    return g(r1, r2), vals[int(0.025 * n)], vals[int(0.975 * n) - 1]
+
+
 def ratio_line(label: str, a: list[float], b: list[float]) -> str:
     """Median and 10 %-trimmed mean of the pair ratios, each with its 95 % bootstrap interval."""
     rs = [x / y for x, y in zip(a, b, strict=True) if y > 0]
@@ -405,9 +416,9 @@ def paired_run(name: str, arms: dict[str, Arm], args: argparse.Namespace, watch:
         "wtotal": tree_cpu(wpid) - c_start,
         "sampled": sampled,
         "watch_args": shlex.split(args.watch_args),
-        "medians": (
-            statistics.median(a[0] / b[0] for a, b in zip(blocks["A"], blocks["B"], strict=True)),
-            statistics.median(a[1] / b[1] for a, b in zip(blocks["A"], blocks["B"], strict=True)),
+        "ratios": (
+            [a[0] / b[0] for a, b in zip(blocks["A"], blocks["B"], strict=True)],
+            [a[1] / b[1] for a, b in zip(blocks["A"], blocks["B"], strict=True)],
         ),
     }
 
@@ -535,7 +546,7 @@ def run_workload(workload: str, tmp: Path, args: argparse.Namespace) -> None:
             report(f"{workload} control (no watch: A and B untraced)", paired_run("control", arms, args, None), None)
         extra = shlex.split(args.watch_args)
         label = args.watch_args or "(defaults)"
-        meds: list[tuple[float, float]] = []
+        meds: list[tuple[list[float], list[float]]] = []
         phases = [("A", "B")] if args.no_swap else [("A", "B"), ("B", "A")]
         for traced, plain in phases:
             exe = a_exe if traced == "A" else b_exe
@@ -558,14 +569,19 @@ def run_workload(workload: str, tmp: Path, args: argparse.Namespace) -> None:
             pa, pb = pair["A"].pid, pair["B"].pid
             na, nb = len([t for t in traces if f"-{pa}-" in t]), len([t for t in traces if f"-{pb}-" in t])
             say(f"  traces written: {len(traces)}, of the traced (pid {pa}): {na}; of the other (pid {pb}): {nb}")
-            meds.append(r["medians"])
+            meds.append(r["ratios"])
             watch = None
         if len(meds) == 2:
             say(
-                f"{workload} watch {label}, both ways (each copy traced once; the geometric mean of the two phases' "
-                f"medians cancels a difference between the copies): wall {(meds[0][0] * meds[1][0]) ** 0.5:.4f}x, "
-                f"CPU {(meds[0][1] * meds[1][1]) ** 0.5:.4f}x"
+                f"{workload} watch {label}, both ways: the geometric mean of the two phases' medians (each copy traced "
+                "once: a difference between the copies cancels) [95 % bootstrap interval, each phase resampled]"
             )
+            for k, what in ((0, "wall"), (1, "CPU")):
+                g, lo, hi = both_ways(meds[0][k], meds[1][k])
+                verdict = (
+                    "MET" if hi <= 1.02 else ("NOT MET" if lo > 1.02 else "not resolved (the interval spans 1.02)")
+                )
+                say(f"  {what:4s} {g:.4f}x [{lo:.4f}-{hi:.4f}]  <= 1.02x: {verdict}")
     finally:
         if watch is not None:
             watch.stop()
