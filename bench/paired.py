@@ -455,9 +455,9 @@ def report(name: str, r: dict, watch: Watch | None) -> None:
     if fs and sum(x[2] for x in A):
         every = fault_sample_of(args_watch(r))
         say(
-            f"  fault events: fault_sample ran {fs:,} times in the A blocks = 1 in {every} of "
-            f"{fs * every / sum(x[2] for x in A) * 100:.1f} % of their {sum(x[2] for x in A):,} faults (the "
-            "duty cycle's share; the cost of a phase follows it)"
+            f"  fault events: fault_sample ran {fs:,} times in the A blocks: open for ~"
+            f"{fs * every / sum(x[2] for x in A) * 100:.1f} % of their {sum(x[2] for x in A):,} faults (runs x "
+            f"{every} / faults; the duty cycle's share, 10 % expected; the cost of a phase follows it)"
         )
     names = sorted(set(acc["A"]) | set(acc["B"]), key=lambda n: -(acc["A"].get(n, Z)[0] + acc["B"].get(n, Z)[0]))
     if not any(v[1] for arm in acc.values() for v in arm.values()):
