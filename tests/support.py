@@ -238,6 +238,16 @@ def report_json(trace: Path | str) -> dict:
     return json.loads(p.stdout)
 
 
+def report_json_text(trace: Path | str) -> tuple[dict, str]:
+    """report_json(trace), and the text `allocscope report TRACE` prints: to_text of that same
+    document, which is what the CLI renders (allocscope/cli/report.py; identical on a rustd trace).
+    One CLI run, one symbolization of the trace's modules, instead of two."""
+    from reports.render.text import to_text
+
+    rep = report_json(trace)
+    return rep, to_text(rep) + "\n"
+
+
 def one_line_error(result, *needles: str, code: int | None = None) -> str:
     """The CLI failed the way every user error should: non-zero exit (`code` if given), one line
     `allocscope: ...` on stderr holding every needle, no traceback. `result`

@@ -11,7 +11,7 @@ import re
 import signal
 
 import pytest
-from support import Proc, cli, record_attached, report_json, stop_tracer, wait_for
+from support import Proc, cli, record_attached, report_json_text, stop_tracer, wait_for
 
 from reports.trace import load_trace
 from reports.units import human_bytes
@@ -65,7 +65,7 @@ def test_live_before_attach_and_retained(targets, tracers, tmp_path):
         + sum(max(32, (24 + i * 8 % 184 + 8 + 15) & ~15) for i in range(20000))
     )
     assert pre <= int(at["in_use_bytes"].sum()) <= pre + (2 << 20), at
-    rep = report_json(out)
+    rep, report_text = report_json_text(out)  # `report --format json`, and its text
     dec = rep["rss_decomposition"]
     [g] = [a for a in dec["allocators"] if a["source"] == "heap"]
     assert g["census"] == "measured"
@@ -93,7 +93,7 @@ def test_live_before_attach_and_retained(targets, tracers, tmp_path):
     assert not any("retain" in x and "MiB" in x and str(g["live_before_attach"] >> 20) in x for x in rep["advice"]), (
         rep["advice"]
     )
-    text = cli("report", str(out), check=True).stdout
+    text = report_text  # what `allocscope report OUT` prints
     assert "live before the attach" in text and "before attach" in text, text
     doc = json.loads(cli("diff", str(out), str(out), "--format", "json", check=True).stdout)
     [d] = [x for x in doc["allocators"] if x["name"] == g["name"]]
@@ -110,7 +110,7 @@ def test_residency_under_inject(targets, tracers, tmp_path):
     _before, since, before_chunk, since_chunk, _arena, _uord, ford, _hblkhd = _record(
         targets, tracers, out, "--inject", "--sample-bytes", 65536
     )
-    rep = report_json(out)
+    rep, report_text = report_json_text(out)  # `report --format json`, and its text
     assert rep["recording"]["probes"]["heap"] == "inject"
     dec = rep["rss_decomposition"]
     [g] = [a for a in dec["allocators"] if a["source"] == "heap"]
@@ -134,7 +134,7 @@ def test_residency_under_inject(targets, tracers, tmp_path):
     # --inject (stacks and the program's own: < 1 MiB here)
     agent = dec["inject_agent_bytes"]
     assert 0 < agent <= dec["other_anon_bytes"] and dec["other_anon_bytes"] - agent < 1 << 20, dec
-    text = cli("report", str(out), check=True).stdout
+    text = report_text  # what `allocscope report OUT` prints
     assert f"live {human_bytes(g['live'])} ±{human_bytes(err)}" in text, text
     assert f"other anon holds {human_bytes(agent)} of allocscope's --inject agent" in text, text
     assert "malloc_trim" not in rep["recording"]["probes"]["skipped"]  # probed (a purge call)

@@ -12,7 +12,7 @@ import json
 import signal
 
 import pytest
-from support import cli, functions, record_attached, report_json, stop_tracer
+from support import functions, record_attached, report_json_text, stop_tracer
 
 pytestmark = pytest.mark.bpf
 
@@ -37,7 +37,7 @@ def test_work_in_forked_children_is_said(targets, tmp_path, procs, tracers):
     assert {c["exe"] for c in kids["listed"]} <= {str(targets["forker"]), ""}  # a zombie's is unreadable
     assert kids["cpu_s"] >= 0.85 and kids["target_cpu_s"] < 0.1, kids  # 0.3 s of CPU each, the parent idle
     assert all(listed[p]["anon_max_bytes"] >= 8 * MIB for p in workers), kids["listed"]
-    rep = report_json(out)
+    rep, report_text = report_json_text(out)  # `report --format json`, and its text
     rec = rep["recording"]
     assert rec["children"]["work_in_children"] is True and rec["children"]["forked"] == 23
     said = [w for w in rec["warnings"] if w.startswith("the work is in 23 forked children (pids ")]
@@ -47,6 +47,6 @@ def test_work_in_forked_children_is_said(targets, tmp_path, procs, tracers):
     assert "allocscope follows one process" in said[0] and f"--pid {shown[0]}" in said[0]
     # the parent allocated nothing of the workers' (their mallocs are not the target's)
     assert not [s for s in rep["sites"] if "worker" in functions(s["frames"])]
-    text = cli("report", str(out), check=True).stdout
+    text = report_text  # what `allocscope report OUT` prints
     top = text[: text.index("Totals")]
     assert "warning: the work is in 23 forked children (pids " in top, top

@@ -26,7 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from support import CFLAGS_FP, attached, build, cli, report_json, wait_for
+from support import CFLAGS_FP, attached, build, report_json_text, wait_for
 
 from reports.trace import load_trace
 
@@ -170,7 +170,7 @@ def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers, uprobes):
     finally:
         tgt.kill()
         tgt.wait(10)
-    rep = report_json(out)
+    rep, report_text = report_json_text(out)  # `report --format json`, and its text
     assert rep["recording"]["probes"]["uprobes"] == uprobes
     agg = by_function(rep)
     for fn, (source, live, count, allocs, thread) in EXPECTED.items():
@@ -295,7 +295,7 @@ def test_cuda_driver_memory_exact(cuda_bins, tmp_path, tracers, uprobes):
     assert dec["file_device_sources"] == {"cuda-managed": 2 * (2 * MIB + 1)}
     assert dec["file_device_bytes"] == min(dec["file_bytes"], 2 * (2 * MIB + 1))
     # the text report: the driver probed, device memory apart, the GPU section
-    text = cli("report", str(out), check=True).stdout
+    text = report_text  # what `allocscope report OUT` prints
     assert f"CUDA driver {probes['module']}: 14 calls probed" in text
     assert "  GPU now     226.1 MiB  in 7 allocations, peak 320.0 MiB" in text
     gpu = text[text.index("\nGPU memory  device 226.1 MiB live at the end, peak 320.0 MiB") :]

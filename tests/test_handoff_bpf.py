@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from support import cli, record_attached, report_json, stop_tracer
+from support import cli, record_attached, report_json_text, stop_tracer
 
 from reports.units import human_bytes
 
@@ -39,7 +39,7 @@ def test_handed_on_partitions_are_not_held_by_idle_threads(targets, procs, trace
     assert len(senders) == 2 and len(idle) == 4, own
     assert sum(v["live"] for v in own.values()) == 7 * PART  # 2 freed by the finalizer
 
-    rep = report_json(out)
+    rep, report_text = report_json_text(out)  # `report --format json`, and its text
     pk = rep["waits"]["peak"]
     loc = {d["function"]: d for d in pk["by_location"]}
     send, take = loc["channel_send"], loc["take_job"]
@@ -60,7 +60,7 @@ def test_handed_on_partitions_are_not_held_by_idle_threads(targets, procs, trace
     assert send["held_bytes"] <= pk["held_bytes"] < send["held_bytes"] + (64 << 10), (pk["held_bytes"], send)
     # the findings and the text say so
     assert not any("take_job" in f["text"] for f in rep["findings"]), rep["findings"]
-    text = cli("report", str(out), check=True).stdout
+    text = report_text  # what `allocscope report OUT` prints
     handed = human_bytes(sum(v["live"] for v in idle.values()))
     want = rf"take_job handoff\.c:\d+  \[handoff\]: {re.escape(handed)} allocated by synth-\*, passed on to finalizer"
     assert re.search(want, text), text

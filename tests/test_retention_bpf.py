@@ -23,6 +23,7 @@ from support import (
     record_attached,
     record_run,
     report_json,
+    report_json_text,
     stop_tracer,
     wait_for,
 )
@@ -265,7 +266,7 @@ def test_prefixed_jemalloc_named_and_counted(tmp_path, procs, tracers):
     exe = build(tmp_path / "rjem", here / "rjem.c", f"-L{tmp_path}", "-lplain", f"-Wl,-rpath,{tmp_path}")
     out = tmp_path / "rjem.allocscope"
     record_run(procs, tracers, out, [exe, "--linger"])
-    rep = report_json(out)
+    rep, report_text = report_json_text(out)  # `report --format json`, and its text
     dec = rep["rss_decomposition"]
     allocs = {a["source"]: a for a in dec["allocators"]}
     rj, gl = allocs["heap:jemalloc:_rjem_"], allocs["heap"]
@@ -277,6 +278,6 @@ def test_prefixed_jemalloc_named_and_counted(tmp_path, procs, tracers):
     assert rj["resident"] < 64 << 10
     assert dec["live_outside_bytes"] >= rj["live"] - rj["resident"] > 0
     assert dec["live_heap_bytes"] >= rj["live"] + min(gl["live"], gl["resident"])
-    text = cli("report", str(out), check=True).stdout
+    text = report_text  # what `allocscope report OUT` prints
     header = next(line for line in text.splitlines() if line.startswith("exe "))
     assert "jemalloc:_rjem_ (rjem)" in header and "glibc (libc.so.6, serves malloc)" in header, header

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from rust_targets import build_rustd
-from support import TARGETS_SRC, attached, build, cli, functions, report_json, wait_for
+from support import TARGETS_SRC, attached, build, cli, functions, report_json, report_json_text, wait_for
 
 from reports.render.diff_text import diff_to_text
 
@@ -166,7 +166,7 @@ def test_recurse_one_site(tmp_path, procs, tracers):
         "live_bytes": 7 * ((3 << 20) + 4096),
         "threads": 3,
     }
-    rep = report_json(out)
+    rep, report_text = report_json_text(out)  # `report --format json`, and its text
     assert json.loads((out / "meta.json").read_text())["unwind"]["mode"] == "dwarf"
     blk = by_innermost(rep, "make_block")
     describe("make_block", blk)
@@ -186,7 +186,7 @@ def test_recurse_one_site(tmp_path, procs, tracers):
     )
     assert {t["name"] for t in loc["threads"]} == {"rec-0", "rec-1", "rec-2"}
     assert loc["n_stacks"] == len(blk["sites"]) and loc["file"].endswith("recurse.c")
-    text = cli("report", str(out), check=True).stdout
+    text = report_text  # what `allocscope report OUT` prints
     tables = text[text.index("\nTotals\n") :]  # below the findings, which name it too
     rows = [ln for ln in tables.splitlines() if "make_block recurse.c" in ln and "MiB" in ln]
     assert rows and rows[0].split()[1:3] == ["21.0", "MiB"], text  # 7 x 3 MiB + 4 KiB, one row

@@ -28,6 +28,7 @@ from support import (
     find_tool,
     functions,
     report_json,
+    report_json_text,
     unavailable,
     wait_for,
 )
@@ -553,7 +554,7 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
     # the probes went live before the table (truncated stacks prove it) and without waiting for it
     assert live_s < 30, live_s
 
-    rep = report_json(out)
+    rep, report_text = report_json_text(out)  # `report --format json`, and its text
     losses = rep["totals"]["losses"]
     assert losses.get("lost_stack_pending") == sum(p["stacks"] for p in unw["pending"]), (losses, unw["pending"])
     early = [s for s in rep["sites"] if s["live_bytes"] == n1 * 4321]
@@ -581,7 +582,7 @@ def test_lazy_tables_cold_cache(release_targets, tmp_path):
     waited = [[f.function for f in stacks[int(sid)]] for sid in set(trace.waits["stack_id"].tolist())]
     blocked = [[f.function for f in stacks[int(sid)]] for sid in set(trace.blocked["stack_id"].tolist())]
     assert ["read"] in waited and any(w[0] == "read" and "main" in w for w in blocked), (waited, blocked)
-    text = cli("report", str(out), check=True).stdout
+    text = report_text  # what `allocscope report OUT` prints
     assert note in text, text
     html = cli("report", str(out), "--format", "html", check=True).stdout
     assert note in html

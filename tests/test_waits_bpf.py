@@ -16,7 +16,7 @@ import signal
 
 import pytest
 from rust_targets import RUSTD_SRC, build_rustd
-from support import Proc, cli, record_attached, report_json, stop_tracer
+from support import Proc, cli, record_attached, report_json, report_json_text, stop_tracer
 
 from reports.trace import load_trace
 
@@ -49,7 +49,7 @@ def test_waits_holdings_and_freeing_costs(targets, tmp_path):
     # the box-wide programs run raw (no tracepoint record filled per context switch or flush)
     probes = json.loads((out / "meta.json").read_text())["probes"]
     assert probes["raw_tracepoints"] == ["sched:sched_switch", "tlb:tlb_flush"], probes["tracepoints"]
-    rep = report_json(out)
+    rep, report_text = report_json_text(out)  # `report --format json`, and its text
     w = rep["waits"]
     assert w["traced"] and w["wait_min_ms"] == 1.0 and w["lost"] == 0
     # a thread's offcpu entry outlives its waits (ts 0 while it runs): only real waits are blocked
@@ -95,7 +95,7 @@ def test_waits_holdings_and_freeing_costs(targets, tmp_path):
     assert trim["tid"] == own["trim"]["tid"] and trim["thread"] == "waits-main" and trim["calls"] == 1
     assert within(trim["duration_s"], own["trim"]["ns"] / 1e9), (trim, own["trim"])
     # the text report says it
-    text = cli("report", str(out), check=True).stdout
+    text = report_text  # what `allocscope report OUT` prints
     assert "Held while waiting" in text and "wait_for_gate" in text and "What giving memory back cost" in text
     html = tmp_path / "waits.html"
     cli("report", str(out), "--format", "html", "-o", str(html), check=True)
