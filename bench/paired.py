@@ -12,21 +12,26 @@ box's drift hits the two halves of each adjacent pair alike. Cost = median over 
   control  no watch at all: A and B both untraced. Its ratio must be ~1.00x; its spread is what
            the method can resolve on this box. Run first.
   watch    `allocscope watch --pgrep '^PATH_OF_A( |$)'` with its defaults, attached and idle before
-           the first measured block.
+           the first measured block; then the same with B traced and A not (--no-swap: not). The
+           geometric mean of the two phases' medians cancels a difference between the copies
+           (the controls show one of ~1.5 % on brief), printed with its interval and whether
+           <= 1.02x is met, not met, or not resolved.
 
 Biases, printed with the figures: programs the watch attaches box-wide (syscall tracepoints,
-sched_switch, task_newtask, exec) run for B's work too, returning at once for another process —
-their runs and run time (kernel.bpf_stats_enabled) are summed per arm, the B arm's share is time
-the untraced blocks carried; page-fault perf events that exist anywhere put every fault of the box
-through the software-event lookup, A's and B's alike; the watch's own CPU lands in whichever arm
-runs while it works, so it is printed apart, as a share of one core.
+sched_switch, tlb_flush, sched_process_*, task_newtask) run for B's work too, returning at once for
+another process — their runs and run time (kernel.bpf_stats_enabled) are summed per arm, the B
+arm's share is time the untraced blocks carried; page-fault perf events that exist anywhere put
+every fault of the box through the software-event lookup, A's and B's alike; the watch's own CPU
+lands in whichever arm runs while it works, so it is printed apart, as a share of one core.
 
 Workloads: brief (bench/brief_shape.c --blocks: 2 threads each mallocing 40 MiB buffers glibc maps,
-every page touched, 2 kept; a block = --block-iters iterations per thread) and redis (two
-redis-server on 127.0.0.1, B a copied binary; a block = one redis-benchmark run against one of them).
+every page touched, 2 kept; a block = --block-iters iterations per thread), redis (two
+redis-server on 127.0.0.1, B a copied binary; a block = one redis-benchmark run against one of
+them) and demo (demo/provingd.c unpaced, both running for good but SIGSTOPped except in their
+block of --demo-window s; its work counted in page faults).
 
-    sudo nice -n -15 .venv/bin/python bench/paired.py [--workload brief|redis|all] [--pairs 60]
-        [--quick] [--watch-args '--wait-min 0'] [--out FILE]
+    sudo .venv/bin/python bench/paired.py [--workload brief|redis|demo|all] [--pairs 60]
+        [--quick] [--watch-args '--wait-min 0'] [--no-swap] [--out FILE]
 """
 
 from __future__ import annotations
