@@ -9,6 +9,7 @@ from __future__ import annotations
 import mmap
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,6 +21,7 @@ from tracer.base.options import RecordOptions
 from tracer.process import procfs
 from tracer.process.mappings import MapsWatcher
 from tracer.record import trace_tables
+from tracer.record.readgate import SIGKILL_BIT, dying, target_state
 from tracer.record.snapshot import Snapshots
 
 P = mmap.PAGESIZE
@@ -189,3 +191,38 @@ def test_without_a_change_count_every_snapshot_reads_once(counted):
             assert snap(s, seq, counted) == (1, 2, 16 * P, 4 * P)
     finally:
         c.close()
+
+
+def test_a_dying_process_reads_as_not_measured():
+    """A process being torn down (no mm, a SIGKILL pending, PF_EXITING, a zombie) gives no RSS
+    figures: its RSS falls towards zero as the kernel (or the OOM reaper) frees its pages, and a
+    read taken then must not stand for what it held at the kill (readgate.dying). A live child:
+    its figures; the same child SIGKILLed and not yet waited for (a zombie): none."""
+    alive = {"VmRSS": 4 << 20, "SigPnd": "0000000000000000", "ShdPnd": "0000000000000000"}
+    running = ["S", "1", "1", "1", "0", "-1", str(0x400000)]
+    assert not dying(alive, running)
+    assert dying({k: v for k, v in alive.items() if k != "VmRSS"}, running)  # no mm: a zombie leader
+    assert dying(alive | {"SigPnd": f"{SIGKILL_BIT:016x}"}, running)  # the OOM killer's SIGKILL, pending
+    assert dying(alive | {"ShdPnd": f"{SIGKILL_BIT | 0x4000:016x}"}, running)
+    assert not dying(alive | {"ShdPnd": f"{0x4000:016x}"}, running)  # SIGTERM pending: alive still
+    assert dying(alive, ["Z", *running[1:]])
+    assert dying(alive, [*running[:6], str(0x400004)])  # PF_EXITING
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; b = bytearray(8 << 20); sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        for _ in range(200):
+            st = target_state(child.pid, None).rss
+            if st.get("rss_anon_bytes", 0) >= 8 << 20:
+                break
+            time.sleep(0.02)
+        assert st["rss_anon_bytes"] >= 8 << 20 and st["rss_bytes"] >= st["rss_anon_bytes"]
+        child.kill()
+        for _ in range(200):
+            if procfs.stat_fields(child.pid)[0] == "Z":
+                break
+            time.sleep(0.01)
+        assert target_state(child.pid, None).rss == {}
+    finally:
+        child.kill()
+        child.wait()

@@ -166,6 +166,11 @@ def test_watch_names_a_real_oom_kill_and_tells_on_end(memory_cgroup, targets, wa
     first = rep["findings"][0]["text"]
     assert first.startswith(f"OOM-killed by the memory cgroup {end['oom']['cgroup']} (limit 48.0 MiB)"), first
     assert "the kernel counted anon-rss " in first and "grow_until_killed" in first, first
+    # what it held at the kill, from the last RSS read while it was alive, never the kernel's
+    # teardown (readgate.dying: the GPU box's 24 GiB victims read RSS 0 and held nothing)
+    assert re.search(r"; RSS \d+\.\d MiB = live heap ", first) and re.search(r"grow_until_killed \S+ held \d", first), (
+        first
+    )
     want = {
         "ALLOCSCOPE_END": "oom_killed",
         "ALLOCSCOPE_SIGNAL": "SIGKILL",

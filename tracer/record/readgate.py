@@ -50,6 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..process import procfs
+from ..process.ending import PF_EXITING
 from ..process.mappings import REREAD_S
 
 MAPS_FIELDS = ("VmSize", "VmData", "VmStk", "VmExe", "VmLib", "VmLck", "VmPin")
@@ -65,12 +66,43 @@ class TargetState:
     pages_key: tuple | None = None  # None: unknown, the resident pages are measured
 
 
+SIGKILL_BIT = 1 << 8  # SIGKILL (9) in the SigPnd/ShdPnd masks of /proc/PID/status
+
+
+def dying(st: dict[str, int | str], stat: list[str] | None) -> bool:
+    """Whether /proc/PID/status (`st`) and /proc/PID/stat (`stat`, procfs.stat_fields; None: not
+    read) show a process past the point where its RSS says what it holds: no mm any more (no
+    VmRSS line: a zombie, or a leader that exited before its threads), a SIGKILL pending (the OOM
+    killer's or a user's: the OOM reaper may empty its pages before any thread runs do_exit), or
+    exiting (PF_EXITING, a zombie). Its RSS then falls towards zero as the kernel tears it down: a
+    read taken then is not the process's memory (issue 50: on the GPU box a 24 GiB victim's last
+    reads said RSS 0 and capped every estimate at the kill to nothing)."""
+    if "VmRSS" not in st:
+        return True
+    for key in ("SigPnd", "ShdPnd"):
+        try:
+            if int(str(st.get(key) or "0"), 16) & SIGKILL_BIT:
+                return True
+        except ValueError:
+            pass
+    if stat is not None:
+        try:
+            return stat[0] in ("Z", "X", "x") or bool(int(stat[6]) & PF_EXITING)
+        except (ValueError, IndexError):
+            return False
+    return False
+
+
 def target_state(pid: int, marks: int | None) -> TargetState:
     """The row's RSS figures and the change keys from one read of /proc/PID/status; `marks`:
-    Injection.sys_marks() read just before (None: no key)."""
+    Injection.sys_marks() read just before (None: no key). A dying process (`dying`) reads as
+    not read: its RSS is the kernel's teardown, not what it held."""
     try:
         st = procfs.read_status(pid)
+        stat = procfs.stat_fields(pid)
     except OSError:
+        return TargetState({})
+    if dying(st, stat):
         return TargetState({})
     rss = procfs.rss_of(st)
     if marks is None:
