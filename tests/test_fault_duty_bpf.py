@@ -4,14 +4,19 @@ fault_sample / duty pages, and the fault count stays exact (the process' own).""
 
 from __future__ import annotations
 
+import ctypes as ct
+import errno
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from bcc.perf import Perf
 from support import cli_bg, report_json
 
 from reports.trace import load_trace
+from tracer.bpf.syscall import perf_event_bpf
 
 pytestmark = pytest.mark.bpf
 PAGE = 4096
@@ -72,3 +77,25 @@ def test_fault_events_open_a_tenth_of_the_time_and_the_estimate_holds(targets, t
     )
     # time-sampled: ~6 windows of 0.1 s at random phases over a steady toucher
     assert 0.4 * touched <= est <= 2.0 * touched, (est, touched)
+
+
+def test_a_thread_gone_before_its_event_opens_is_said_nowhere(capfd):
+    """The duty cycle lists the target's threads and opens an event on each; one that exits in
+    between gives ESRCH, which is ordinary: -ESRCH back, and nothing on stderr (libbcc's
+    bpf_attach_perf_event_raw printed "perf_event_open failed: No such process" on the watch's
+    terminal). A real event on this thread, the program fd left out: it opens, and closes."""
+    attr = Perf.perf_event_attr()
+    attr.type, attr.config, attr.size, attr.sample_period = 1, 2, ct.sizeof(attr), 1000
+    t = threading.Thread(target=lambda: None)
+    t.start()
+    gone = t.native_id
+    t.join()
+    for _ in range(500):  # join() returns before the kernel thread is gone
+        if not os.path.exists(f"/proc/self/task/{gone}"):
+            break
+        time.sleep(0.002)
+    assert perf_event_bpf(attr, gone, 0) == -errno.ESRCH
+    assert capfd.readouterr().err == ""
+    fd = perf_event_bpf(attr, threading.get_native_id(), 0)  # prog fd 0: SET_BPF refuses it
+    assert fd == -errno.EINVAL or fd == -errno.EBADF, fd
+    assert capfd.readouterr().err == ""

@@ -5,6 +5,7 @@ each second (issue 50), and the target's fault count."""
 from __future__ import annotations
 
 import ctypes as ct
+import errno
 import os
 import random
 import threading
@@ -12,6 +13,7 @@ import threading
 from common.errors import PermissionProblem
 
 from .program import Program
+from .syscall import perf_event_bpf
 
 # The page-fault events are open `fault_duty` of each cycle of this many seconds, at a random phase
 # (no aliasing with a daemon's own period). While any page-fault perf event exists, every page fault
@@ -67,7 +69,6 @@ class FaultEvents:
     def _open(self) -> None:
         """Open the events on every thread not holding one (called with the lock held). Threads
         created while attaching are caught by listing again."""
-        from bcc.libbcc import lib  # noqa: PLC0415
         from bcc.perf import Perf  # noqa: PLC0415
 
         attr = Perf.perf_event_attr()
@@ -87,13 +88,14 @@ class FaultEvents:
             if not new:
                 break
             for tid in sorted(new):
-                fd = lib.bpf_attach_perf_event_raw(fd_prog, ct.byref(attr), tid, -1, -1, 0)
+                fd = perf_event_bpf(attr, tid, fd_prog)
                 if fd < 0:
-                    if not os.path.exists(f"/proc/{self.pid}/task/{tid}"):
+                    if fd == -errno.ESRCH or not os.path.exists(f"/proc/{self.pid}/task/{tid}"):
                         self._fault_fds[tid] = -1  # exited meanwhile
                         continue
                     raise PermissionProblem(
-                        f"cannot open a page-fault perf event on thread {tid}; run 'allocscope doctor'"
+                        f"cannot open a page-fault perf event on thread {tid} ({os.strerror(-fd)}); "
+                        "run 'allocscope doctor'"
                     )
                 self._fault_fds[tid] = fd
 

@@ -209,3 +209,24 @@ def load_prog(name: str, code: bytes, prog_type: int, license: str, attach_type:
         return fd  # loaded the second time (a transient failure)
     tail = log.value.decode(errors="replace").strip().splitlines()[-3:]
     raise Exception(f"Failed to load BPF program {name.encode()!r}: {os.strerror(err)}: {' / '.join(tail)}")
+
+
+NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(os.uname().machine, 298)
+PERF_FLAG_FD_CLOEXEC = 1 << 3
+PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_SET_BPF = 0x2400, 0x40042408  # _IO('$', 0), _IOW('$', 8, u32)
+
+
+def perf_event_bpf(attr: ct.Structure, tid: int, prog_fd: int) -> int:
+    """perf_event_open(attr, tid, cpu -1) with program `prog_fd` attached and the event enabled:
+    its fd, or -errno. What libbcc's bpf_attach_perf_event_raw does, without its perror: a thread
+    that exits between the listing of /proc/PID/task and the open is ordinary (ESRCH), not a line
+    on the user's terminal (the watch printed "perf_event_open failed: No such process")."""
+    fd = _libc.syscall(NR_PERF_EVENT_OPEN, ct.byref(attr), tid, -1, -1, PERF_FLAG_FD_CLOEXEC)
+    if fd < 0:
+        return -ct.get_errno()
+    for req, arg in ((PERF_EVENT_IOC_SET_BPF, prog_fd), (PERF_EVENT_IOC_ENABLE, 0)):
+        if _libc.ioctl(fd, ct.c_ulong(req), ct.c_int(arg)) != 0:
+            err = ct.get_errno()
+            os.close(fd)
+            return -err
+    return fd
