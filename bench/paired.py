@@ -626,6 +626,8 @@ def main() -> None:
     if args.quick:
         args.pairs, args.warmup = 16, 1
     os.setpriority(os.PRIO_PROCESS, 0, args.nice)
+    # SIGTERM (timeout, kill) unwinds like Ctrl-C: the copies and the watch stopped, the sysctl restored
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stats = Path("/proc/sys/kernel/bpf_stats_enabled")
     was = stats.read_text().strip()
     if not args.no_bpf_stats:
