@@ -285,6 +285,14 @@ def torch_main(args) -> list[str]:
                 cwd=str(ROOT),
             )
             top = top_table(p.stdout) if p.returncode == 0 else f"report failed: {p.stderr.strip()}"
+            p = subprocess.run(  # the native view of the same trace, for contrast
+                [sys.executable, "-m", "allocscope", "report", str(last_trace), "--top", "5", "--no-python"],
+                capture_output=True,
+                text=True,
+                cwd=str(ROOT),
+            )
+            native = top_table(p.stdout) if p.returncode == 0 else f"report failed: {p.stderr.strip()}"
+            top += "\n```\n\nThe same trace, `report --top 5 --no-python`:\n\n```\n" + native
     return torch_table(args, runs, top)
 
 
@@ -295,7 +303,8 @@ def top_table(report: str) -> str:
     if start is None:
         return report
     end = next((i for i in range(start, len(lines)) if lines[i].strip().startswith("verdicts:")), len(lines))
-    return "\n".join(lines[:3] + [""] + lines[start:end])
+    lost = [t for t in lines[:start] if t.strip().startswith(("lost ", "! lost_", "! ")) and "lost" in t]
+    return "\n".join(lines[:3] + lost + [""] + lines[start:end])
 
 
 def torch_table(args, runs: list[dict], top: str) -> list[str]:
