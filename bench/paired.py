@@ -67,7 +67,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from tracer.bpf.objects import PROG_GET_FD_BY_ID, IdAttr, _info, bpf, prog_stats, tracer_objects  # noqa: E402
+from tracer.bpf.objects import PROG_GET_FD_BY_ID, IdAttr, bpf, obj_info, prog_stats, tracer_objects  # noqa: E402
 
 OUT: list[str] = []
 Z = [0, 0, 0]  # a program's [run_time_ns, run_cnt, programs] where it did not run
@@ -271,7 +271,7 @@ def bpf_snapshot(pid: int | None) -> dict[int, tuple[str, int, int]]:
         if fd < 0:
             continue
         try:
-            raw, st = _info(fd), prog_stats(fd)
+            raw, st = obj_info(fd), prog_stats(fd)
         finally:
             os.close(fd)
         if raw is not None and st is not None:

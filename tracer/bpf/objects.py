@@ -106,7 +106,7 @@ def prog_exists(prog_id: int) -> bool:
     return True
 
 
-def _info(fd: int) -> bytes | None:
+def obj_info(fd: int) -> bytes | None:
     """bpf_prog_info / bpf_map_info of an object fd (its first 256 bytes)."""
     buf = (ct.c_uint8 * 256)()
     ia = InfoAttr(bpf_fd=fd, info_len=256, info=ct.addressof(buf))
@@ -119,7 +119,7 @@ _RUN_TIME_OFF, _RUN_CNT_OFF = 192, 200
 
 def prog_stats(fd: int) -> tuple[int, int] | None:
     """(run_time_ns, run_cnt) of a BPF program fd: 0 unless the kernel keeps them."""
-    raw = _info(fd)
+    raw = obj_info(fd)
     if raw is None:
         return None
     return (
@@ -128,9 +128,9 @@ def prog_stats(fd: int) -> tuple[int, int] | None:
     )
 
 
-def _map_info(fd: int) -> tuple[str, int, int, int, int]:
+def map_info(fd: int) -> tuple[str, int, int, int, int]:
     """(name, type, key_size, value_size, max_entries) from struct bpf_map_info"""
-    raw = _info(fd)
+    raw = obj_info(fd)
     if raw is None:
         return "", 0, 0, 0, 0
     field = [int.from_bytes(raw[i : i + 4], "little") for i in range(0, 20, 4)]  # type id key value max
@@ -149,7 +149,7 @@ def prog_names() -> list[str]:
         fd = bpf(PROG_GET_FD_BY_ID, IdAttr(id=nid))
         if fd < 0:
             continue
-        raw = _info(fd)
+        raw = obj_info(fd)
         if raw is not None:
             names.append(raw[64:80].split(b"\0")[0].decode())
         os.close(fd)
@@ -220,7 +220,7 @@ def map_counts(pid: int, names: tuple[str, ...] = ("live", "stacks", "sites", "f
         if fd < 0:
             continue
         try:
-            name, map_type, key_size, value_size, max_entries = _map_info(fd)
+            name, map_type, key_size, value_size, max_entries = map_info(fd)
             if name in names:
                 out[name] = _count(fd, map_type, key_size, value_size, max_entries)
         finally:
@@ -245,7 +245,7 @@ def program_stats_of(pid: int) -> dict[str, tuple[int, int]]:
         if fd < 0:
             continue
         try:
-            raw = _info(fd)
+            raw = obj_info(fd)
             st = prog_stats(fd)
         finally:
             os.close(fd)
