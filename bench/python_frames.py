@@ -189,7 +189,7 @@ def pycounts_of(pid: int) -> dict[str, int]:
     CPUs, read from the tracer `pid`'s map (BPF_MAP_LOOKUP_ELEM); {} when it has none."""
     import ctypes as ct
 
-    from tracer.bpf.objects import _map_info, tracer_objects
+    from tracer.bpf.objects import map_info, tracer_objects
     from tracer.bpf.syscall import MAP_GET_FD_BY_ID, IdAttr, KeyAttr, bpf
 
     text = Path("/sys/devices/system/cpu/possible").read_text().strip()
@@ -199,7 +199,7 @@ def pycounts_of(pid: int) -> dict[str, int]:
         if fd < 0:
             continue
         try:
-            if _map_info(fd)[0] != "pycounts":
+            if map_info(fd)[0] != "pycounts":
                 continue
             out = {}
             for i, name in enumerate(PYCOUNTS):
