@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -221,7 +222,8 @@ def torch_once(py: str, config: str, iters: int, tmp: Path) -> dict:
     if not script.exists():
         script.write_text(TORCH)
     prog = subprocess.Popen([py, str(script), str(iters)], stdout=subprocess.PIPE, text=True)
-    tracer, res = None, {"config": config}
+    tracer = None
+    res: dict[str, Any] = {"config": config}
     try:
         read_line(prog, "ready", timeout=120)
         if config != "untraced":
@@ -338,9 +340,9 @@ def torch_table(args, runs: list[dict], top: str) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for config in CONFIGS:
-        row = rows.get(config)
-        if not row:
+        if config not in rows:
             continue
+        row = rows[config]
         s = med(row["secs"])
         ev = med(row["events"]) if "events" in row else 0.0
 
