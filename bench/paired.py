@@ -67,7 +67,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from tracer.bpf.objects import PROG_GET_FD_BY_ID, IdAttr, bpf, obj_info, prog_stats, tracer_objects  # noqa: E402
+from tracer.bpf.objects import PROG_GET_FD_BY_ID, IdAttr, bpf, fdinfo_texts, obj_info, prog_stats, tracer_objects  # noqa: E402
 
 OUT: list[str] = []
 Z = [0, 0, 0]  # a program's [run_time_ns, run_cnt, programs] where it did not run
@@ -242,15 +242,7 @@ RAW_TP: dict[int, str] = {}  # prog id -> "raw_tp:TRACEPOINT" (the kernel's name
 def raw_tp_names(pid: int) -> dict[int, str]:
     """prog id -> raw_tp:NAME for the raw-tracepoint links process pid holds (their fdinfo)."""
     out: dict[int, str] = {}
-    try:
-        fds = os.listdir(f"/proc/{pid}/fdinfo")
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
-        except OSError:
-            continue
+    for text in fdinfo_texts(pid):
         if "tp_name:" in text and "prog_id:" in text:
             f = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
             out[int(f["prog_id"])] = "raw_tp:" + f["tp_name"].strip()

@@ -124,6 +124,26 @@ go.wait()
 PYCOUNTS = ("walks", "frames", "stored", "lost", "cut")
 
 
+def start_record(pid: int, config: str, out: Path) -> subprocess.Popen:
+    """`allocscope record --pid PID -o OUT` (the walk off for config walk-off), once attached (its
+    meta.json on disk)."""
+    env = dict(os.environ, ALLOCSCOPE_PYTHON="0" if config == "walk-off" else "1")
+    tracer = subprocess.Popen(
+        [sys.executable, "-m", "allocscope", "record", "-q", "--pid", str(pid), "-o", str(out)],
+        cwd=str(ROOT),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    end = time.monotonic() + 120
+    while not (out / "meta.json").exists():
+        if tracer.poll() is not None or time.monotonic() > end:
+            raise SystemExit(f"record failed: {tracer.stderr.read() if tracer.stderr else ''}")
+        time.sleep(0.05)
+    return tracer
+
+
 def run_once(py: str, config: str, iters: int, depth: int, tmp: Path) -> tuple[float, dict]:
     prog = subprocess.Popen([py, "-c", LOOP, str(iters), str(depth)], stdout=subprocess.PIPE, text=True)
     read_line(prog, "ready")
@@ -131,20 +151,7 @@ def run_once(py: str, config: str, iters: int, depth: int, tmp: Path) -> tuple[f
     try:
         if config != "untraced":
             out = tmp / f"p-{time.monotonic_ns()}"
-            env = dict(os.environ, ALLOCSCOPE_PYTHON="0" if config == "walk-off" else "1")
-            tracer = subprocess.Popen(
-                [sys.executable, "-m", "allocscope", "record", "-q", "--pid", str(prog.pid), "-o", str(out)],
-                cwd=str(ROOT),
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            end = time.monotonic() + 120
-            while not (out / "meta.json").exists():
-                if tracer.poll() is not None or time.monotonic() > end:
-                    raise SystemExit(f"record failed: {tracer.stderr.read() if tracer.stderr else ''}")
-                time.sleep(0.05)
+            tracer = start_record(prog.pid, config, out)
             time.sleep(1.0)  # the unwind tables of what the first stacks cross
         prog.send_signal(signal.SIGUSR1)
         secs = float(read_line(prog, "done", timeout=600).split()[1])
@@ -229,20 +236,7 @@ def torch_once(py: str, config: str, iters: int, tmp: Path) -> dict:
         if config != "untraced":
             out = tmp / f"t-{time.monotonic_ns()}"
             res["trace"] = out
-            env = dict(os.environ, ALLOCSCOPE_PYTHON="0" if config == "walk-off" else "1")
-            tracer = subprocess.Popen(
-                [sys.executable, "-m", "allocscope", "record", "-q", "--pid", str(prog.pid), "-o", str(out)],
-                cwd=str(ROOT),
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            end = time.monotonic() + 120
-            while not (out / "meta.json").exists():
-                if tracer.poll() is not None or time.monotonic() > end:
-                    raise SystemExit(f"record failed: {tracer.stderr.read() if tracer.stderr else ''}")
-                time.sleep(0.05)
+            tracer = start_record(prog.pid, config, out)
         prog.send_signal(signal.SIGUSR1)  # the warm-up: libtorch's unwind tables are built meanwhile
         read_line(prog, "warm", timeout=600)
         time.sleep(3.0 if tracer else 0.5)

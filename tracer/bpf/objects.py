@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from .syscall import (
@@ -77,19 +78,24 @@ def uprobe_multi_link(
     return bpf(LINK_CREATE, attr)
 
 
-def tracer_objects(pid: int) -> dict[str, set[int]]:
-    """IDs of the BPF maps and programs process `pid` holds open."""
-    out: dict[str, set[int]] = {"maps": set(), "progs": set()}
+def fdinfo_texts(pid: int) -> Iterator[str]:
+    """The text of each /proc/PID/fdinfo entry of process `pid` (those gone meanwhile skipped)."""
     try:
         fds = os.listdir(f"/proc/{pid}/fdinfo")
     except OSError:
-        return out
+        return
     for fd in fds:
         try:
             with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                text = f.read()
+                yield f.read()
         except OSError:
             continue
+
+
+def tracer_objects(pid: int) -> dict[str, set[int]]:
+    """IDs of the BPF maps and programs process `pid` holds open."""
+    out: dict[str, set[int]] = {"maps": set(), "progs": set()}
+    for text in fdinfo_texts(pid):
         for line in text.splitlines():
             if line.startswith("map_id:"):
                 out["maps"].add(int(line.split()[1]))
