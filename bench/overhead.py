@@ -120,7 +120,8 @@ def start_attach_tracer(cfg: str, pid: int, tmp: Path, alloc_obj: str | None = N
     if cfg.startswith("allocscope") or cfg.startswith("floor"):
         out = tmp / f"bench-{time.monotonic_ns()}.allocscope"
         extra = ALLOCSCOPE_CONFIGS.get(cfg, EXTRA_CONFIGS.get(cfg))
-        proc, mon = attach_allocscope(pid, out, extra, ALLOCSCOPE or sys.executable, ROOT)
+        exe = EXTRA_EXES.get(cfg) or ALLOCSCOPE or sys.executable
+        proc, mon = attach_allocscope(pid, out, extra, exe, ROOT)
         return Tracer(proc, mon, trace=out)
     if cfg.startswith("memleak"):
         if alloc_obj and not (exported(alloc_obj, "mmap") and exported(alloc_obj, "munmap")):
@@ -167,6 +168,7 @@ def start_attach_tracer(cfg: str, pid: int, tmp: Path, alloc_obj: str | None = N
 
 
 ALLOCSCOPE = ""  # --allocscope: an allocscope executable (a bundle's) instead of this checkout's
+EXTRA_EXES: dict[str, str] = {}  # --define NAME=@EXE ARGS: that configuration's own allocscope (another build)
 BINS: Path | None = None  # --bins: brief_shape and provingd built elsewhere (a box without gcc)
 LAST_BPF_STATS: dict = {}  # bpf_stats of the allocscope trace finish_tracer last read
 
@@ -839,7 +841,8 @@ def main() -> None:
         help="an ad-hoc allocscope configuration: NAME (allocscope-... or floor-...) recording with "
         "the `record` arguments ARGS, e.g. allocscope-res-i10='--mode residency --interval 10'; "
         "repeatable; run when named in --configs (or always without --configs); priced against "
-        "floor-residency when ARGS has --mode residency, else floor",
+        "floor-residency when ARGS has --mode residency, else floor; ARGS starting @EXE: recorded "
+        "by EXE (an executable named allocscope: another build, side by side)",
     )
     ap.add_argument(
         "--allocscope",
@@ -874,7 +877,12 @@ def main() -> None:
         name = name.strip()
         if not sep or not name.startswith(("allocscope-", "floor-")) or name in ALLOCSCOPE_CONFIGS:
             sys.exit(f"--define {d!r}: expected NAME=ARGS with a new NAME starting allocscope- or floor-")
-        EXTRA_CONFIGS[name] = shlex.split(extra)
+        words = shlex.split(extra)
+        if words and words[0].startswith("@"):  # another build side by side: @EXE, an allocscope executable
+            EXTRA_EXES[name] = words.pop(0)[1:]
+            if Path(EXTRA_EXES[name]).name != "allocscope" or not os.access(EXTRA_EXES[name], os.X_OK):
+                sys.exit(f"--define {d!r}: @EXE must be an executable named allocscope")
+        EXTRA_CONFIGS[name] = words
         optional[name] = EXTRA_CONFIGS[name]
         if name.startswith("allocscope-"):
             FLOOR_OF[name] = "floor-residency" if "residency" in EXTRA_CONFIGS[name] else "floor"
