@@ -4,7 +4,7 @@
 An allocation-heavy Python loop (bytearray(1024): one malloc each, made at a Python depth of
 4 or 24 frames) under pyenv's CPython, attached with `record --pid`, three ways, interleaved
 per round, medians of the loop's own wall time:
-  untraced | traced, the walk off (ALLOCSCOPE_PYTHON=0) | traced, Python frames on
+  untraced | traced, the walk off (record --no-python-frames) | traced, Python frames on
 The walk's cost per event = (on - off) / mallocs, and, less noisy on a shared box, the BPF run
 time of the allocation programs (alloc_*, kernel.bpf_stats_enabled on for the run) per malloc.
 Also the frames the site got (a new stack is stored once; a known one costs the walk and one
@@ -127,11 +127,10 @@ PYCOUNTS = ("walks", "frames", "stored", "lost", "cut")
 def start_record(pid: int, config: str, out: Path) -> subprocess.Popen:
     """`allocscope record --pid PID -o OUT` (the walk off for config walk-off), once attached (its
     meta.json on disk)."""
-    env = dict(os.environ, ALLOCSCOPE_PYTHON="0" if config == "walk-off" else "1")
+    off = ["--no-python-frames"] if config == "walk-off" else []
     tracer = subprocess.Popen(
-        [sys.executable, "-m", "allocscope", "record", "-q", "--pid", str(pid), "-o", str(out)],
+        [sys.executable, "-m", "allocscope", "record", "-q", *off, "--pid", str(pid), "-o", str(out)],
         cwd=str(ROOT),
-        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

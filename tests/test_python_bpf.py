@@ -236,3 +236,16 @@ def test_python_launched(tmp_path):
     grow = location(rep, "grow")
     assert py_frames(grow)[:2] == [("grow", str(script), 5), ("<module>", str(script), 7)]
     assert grow["alloc_count"] == 17 and abs(grow["alloc_bytes"] - 17 * (1 << 20)) <= 17 * 64, grow["alloc_bytes"]
+    assert json.loads((out / "meta.json").read_text())["python_frames"] is True
+    # --no-python-frames: the walk off at record time; the same 17 MiB at native places, no Python frame
+    off = tmp_path / "off"
+    r = cli(
+        "record", "-q", "--no-python-frames", "-o", str(off), "--interval", "0.5", "--", py, str(script), timeout=180
+    )
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(cli("report", str(off), "--format", "json", "--sort", "peak", check=True).stdout)
+    assert not any(f["module"] == "python" for s in rep["sites"] for f in s["full_frames"])
+    meta = json.loads((off / "meta.json").read_text())
+    assert meta["python_frames"] is False and "python" not in meta, meta.get("python")
+    top = max(rep["locations"], key=lambda x: x["alloc_bytes"])
+    assert top["alloc_count"] >= 17 and top["alloc_bytes"] >= 17 * (1 << 20), top

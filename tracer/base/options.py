@@ -29,6 +29,7 @@ class RecordOptions:
     uprobe_sessions: str = "auto"  # sampled: auto/on/off; unsampled calls skip the return trap
     inject: bool = False  # --inject: the in-process sampler (tracer/inject/) decides, only sampled calls trap
     wait_min_ms: float = 1.0  # off-CPU waits at least this long are kept by stack (0: waits not traced)
+    python_frames: bool = True  # CPython's frames walked in the probe (tracer/runtimes/python.py, docs/python.md)
     unwind: str = "dwarf"  # dwarf: CFI rows unwound in BPF (tracer/unwind/); fp: frame pointers
     embed_symbols: bool = False  # the symbol tables of the modules on the stacks (tracer/record/embed_symbols.py)
     alloc_fns: list[str] = field(default_factory=list)  # --alloc-fn specs (tracer/allocators/custom.py)

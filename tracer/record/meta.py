@@ -81,6 +81,7 @@ def trace_meta(rec, complete: bool) -> dict:
             "fault_duty": o.fault_duty if o.mode == "residency" else 0,  # share of each second the events are open
         },
         "unwind": unwind,
+        "python_frames": o.python_frames,  # --no-python-frames: the walk off (docs/python.md)
         "waits": {"wait_min_ns": rec.snapshots.waits.wait_min_ns},
         **({"peaks": rec.peaks.meta()} if rec.peaks is not None else {}),
         **({"census": rec.snapshots.census_info} if rec.snapshots.census_info else {}),

@@ -238,7 +238,8 @@ class Recorder:
             if held and self.unwinder is not None:  # the program and ld.so are mapped already
                 self.unwinder.update(found.real_maps)
             self.phases.end("unwind tables")
-            self.python = start_python(t.pid, probes, self.progress, [] if launched else procfs.read_maps(t.pid))
+            if self.opts.python_frames:
+                self.python = start_python(t.pid, probes, self.progress, [] if launched else procfs.read_maps(t.pid))
             pandas.join()
             self.phases.end("import pandas (the rest, in a thread since the start)")
             if t.child is not None and self.unwinder is not None:  # launched

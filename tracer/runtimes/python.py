@@ -450,11 +450,8 @@ def layout_fields() -> list[str]:
 
 
 def start_python(pid: int, probes, say: Callable[[str], None], maps: list[Mapping]) -> PythonFrames | None:
-    """The recording's CPython frames (Recorder, before the attach): None when the program has no
-    `pyconf` map (an older store) or /proc/PID/mem cannot be opened, or ALLOCSCOPE_PYTHON=0 in
-    the environment (the walk off: bench/python_frames.py's baseline)."""
-    if os.environ.get("ALLOCSCOPE_PYTHON") == "0":
-        return None
+    """The recording's CPython frames (Recorder, before the attach, unless --no-python-frames):
+    None when the program has no `pyconf` map (an older store) or /proc/PID/mem cannot be opened."""
     try:
         tables = probes.bpf
         tables[b"pyconf"]
