@@ -333,7 +333,7 @@ def test_batch_block():
     assert lines[0] == (
         "== 12:00:05 +5.0s  RSS 4.0 MiB (peak 4.0 MiB)  live 21.5 KiB (+3.3 KiB)  heap 21.5 KiB  mmap 0 B  lost 0"
     )
-    assert lines[1] == "   3 locations by live bytes"
+    assert lines[1] == "   top 2 of 3 locations by live bytes"  # 2 rows shown of the 3 ranked
     assert lines[2].split() == ["LIVE", "CHANGE", "PEAK", "GROWTH/s", "VERDICT", "AGE", "ALLOC/s", "THREAD", "LOCATION"]
     assert lines[3].split()[:4] == ["19.5", "KiB", "+3.3", "KiB"]
     assert "growing" in lines[3] and ">=4s" in lines[3] and " 1.0 " in lines[3]
@@ -341,7 +341,7 @@ def test_batch_block():
     by_stack = LiveModel(symbolizer=FakeSymbolizer(), by="stack")
     grower_run(by_stack)
     lines = batch_block(by_stack.view(), "live", 2, "12:00:05").splitlines()
-    assert lines[1] == "   3 sites by live bytes" and lines[2].split()[-1] == "SITE"
+    assert lines[1] == "   top 2 of 3 sites by live bytes" and lines[2].split()[-1] == "SITE"
     assert lines[3].split()[-9:] == [
         "grower",
         "grow_tick",

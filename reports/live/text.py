@@ -160,7 +160,8 @@ def batch_block(view: LiveView, sort: str, top: int, clock: str) -> str:
     )
     kept = allocators_text(view)
     ranked = view.ranked(sort)
-    out = [head, f"   {len(ranked)} {NOUNS[view.by]} by {SORT_TITLES[sort]}"]
+    shown = f"top {top} of {len(ranked)}" if len(ranked) > top else f"{len(ranked)}"  # as the report's "Top N of M"
+    out = [head, f"   {shown} {NOUNS[view.by]} by {SORT_TITLES[sort]}"]
     if ranked:
         out.append(
             f"   {'LIVE':>10}  {'CHANGE':>10}  {'PEAK':>10}  {'GROWTH/s':>12}  {'VERDICT':<9}  {'AGE':>8}  "
