@@ -92,12 +92,15 @@ def location(rep: dict, function: str) -> dict:
     return found[0]
 
 
-def within_error(loc: dict, truth: int) -> None:
-    """A sampled estimate against its ground truth: inside 1.7x the report's 95 % bound (~3.3
-    sigma: a correct estimator fails this about once in a thousand runs)."""
-    err = loc["live_bytes_error"]
-    assert err > 0, loc
-    assert abs(loc["live_bytes"] - truth) <= 1.7 * err, (loc["live_bytes"], truth, err)
+def within_error(est: int, truth: int, trace: Path) -> None:
+    """A sampled estimate against its ground truth, inside 4 sigma of the sampling's own spread
+    at the truth (sigma = sqrt(truth * N), one sample per N bytes on average). The bound is the
+    truth's, not the report's 95 % bar: that bar is taken from the estimate, so it narrows when a
+    site drew few samples by chance (16 where 30 were expected failed a run of CI at 1.7x it)."""
+    n = json.loads((trace / "meta.json").read_text())["sampling"]["sample_bytes"]
+    assert n > 0
+    sigma = (truth * n) ** 0.5
+    assert abs(est - truth) <= 4 * sigma, (est, truth, sigma)
 
 
 def check_injected_meta(rep: dict, hooked: set[str]) -> dict:
@@ -176,7 +179,8 @@ def test_inject_c_estimates_restore_fork(tmp_path, procs, tracers, c_target, mon
     assert inj["marker_probe"] == ("nop5" if nop5 else "push"), inj["marker_probe"]
     large, small = location(rep, "hold_large"), location(rep, "hold_small")
     assert (large["live_bytes"], large["live_count"]) == (24 << 20, 24)  # >= N: every block, exact
-    within_error(small, 4000 * 4096)
+    assert small["live_bytes_error"] > 0, small
+    within_error(small["live_bytes"], 4000 * 4096, out)
     assert {t["name"] for t in large["threads"]} == {"holder"}
     assert not [x for x in rep["locations"] if "forker" in x["function"]]  # the child's are not ours
     # only sampled calls reached the probes: the agent's count is the trace's, a sliver of the calls
@@ -239,9 +243,8 @@ def test_inject_cxx(tmp_path, procs, tracers):
     keep = [x for x in rep["locations"] if x["function"].split("(")[0] == "keep_items"]
     assert {t["name"] for x in keep for t in x["threads"]} == {"cxx-keeper"}
     est = sum(x["live_bytes"] for x in keep)
-    err = sum(x["live_bytes_error"] ** 2 for x in keep) ** 0.5
-    truth = 3000 * 5000 + 3000 * 8
-    assert abs(est - truth) <= 1.7 * err, (est, truth, err)
+    assert all(x["live_bytes_error"] > 0 for x in keep), keep  # the report bars its estimate
+    within_error(est, 3000 * 5000 + 3000 * 8, out)
 
 
 def _free_port() -> int:
@@ -351,4 +354,6 @@ def test_inject_rust_static_rjem(tmp_path, procs, tracers):
     assert {t["name"] for t in part["threads"]} <= {f"synth-{i}" for i in range(4)}
     stage = location(rep, "gpu_staging_buffer")
     assert (stage["live_bytes"], stage["live_count"]) == (truth["staging_bytes"], 1)
-    within_error(location(rep, "make_request_record"), truth["records"] * truth["record_bytes"])
+    rec = location(rep, "make_request_record")
+    assert rec["live_bytes_error"] > 0, rec
+    within_error(rec["live_bytes"], truth["records"] * truth["record_bytes"], out)
