@@ -282,9 +282,9 @@ def bpf_delta(a: dict, b: dict, acc: dict[str, list[int]]) -> None:
 
 
 class Watch:
-    def __init__(self, pattern: str, out: Path, extra: list[str], nice: int) -> None:
+    def __init__(self, pattern: str, out: Path, extra: list[str], nice: int, allocscope: str = "") -> None:
         exe = ROOT / ".venv" / "bin" / "allocscope"
-        run = [str(exe)] if exe.exists() else [sys.executable, "-m", "allocscope"]
+        run = [allocscope] if allocscope else [str(exe)] if exe.exists() else [sys.executable, "-m", "allocscope"]
         self.cmd = [*run, "watch", "-q", "--pgrep", pattern, "-o", str(out), *extra]
         self.out = out
         self.p = subprocess.Popen(
@@ -483,9 +483,15 @@ def report(name: str, r: dict, watch: Watch | None) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def make_copies(workload: str, tmp: Path) -> tuple[Path, Path]:
-    """Two binaries of the workload, distinct files: A (watched) and B (never)."""
-    if workload == "brief":
+def make_copies(workload: str, tmp: Path, bins: str = "") -> tuple[Path, Path]:
+    """Two binaries of the workload, distinct files: A (watched) and B (never); from `bins`
+    (brief_shape, provingd built elsewhere: a box with no compiler) when given."""
+    if bins and workload in ("brief", "demo"):
+        src = Path(bins) / ("brief_shape" if workload == "brief" else "provingd")
+        if not src.is_file():
+            raise SystemExit(f"{src}: not found (build it: sh bench/default_cost_gpu.sh --build-bins {bins})")
+        names = ("bs_watched", "bs_plain") if workload == "brief" else ("provingd_watched", "provingd_plain")
+    elif workload == "brief":
         src = tmp / "brief_shape"
         cmd = ["gcc", "-O2", "-g", "-pthread", "-fno-omit-frame-pointer", "-o", str(src), str(HERE / "brief_shape.c")]
         subprocess.run(cmd, check=True)
@@ -509,7 +515,7 @@ def make_copies(workload: str, tmp: Path) -> tuple[Path, Path]:
 
 
 def run_workload(workload: str, tmp: Path, args: argparse.Namespace) -> None:
-    a_exe, b_exe = make_copies(workload, tmp)
+    a_exe, b_exe = make_copies(workload, tmp, args.bins)
     say(
         f"== {workload}: A = {a_exe.name} (inode {a_exe.stat().st_ino}), B = {b_exe.name} (inode {b_exe.stat().st_ino})"
     )
@@ -551,7 +557,7 @@ def run_workload(workload: str, tmp: Path, args: argparse.Namespace) -> None:
             if isinstance(arms[traced], DemoArm):  # the watch attaches to a process that runs, not a stopped one
                 os.kill(arms[traced].pid, signal.SIGCONT)
             try:
-                watch = Watch(pattern, tmp / f"watch-{workload}-{traced}", extra, args.nice)
+                watch = Watch(pattern, tmp / f"watch-{workload}-{traced}", extra, args.nice, args.allocscope)
             finally:
                 if isinstance(arms[traced], DemoArm):
                     arms[traced].pause()
@@ -609,6 +615,8 @@ def main() -> None:
         action="store_true",
         help="leave kernel.bpf_stats_enabled alone (its clock reads cost the A arm)",
     )
+    ap.add_argument("--allocscope", default="", help="allocscope to run (default .venv; or a bundle bin)")
+    ap.add_argument("--bins", default="", help="prebuilt brief_shape and provingd (default: built here with gcc)")
     ap.add_argument("--note", default="", help="a line for the header (e.g. 'taken while other work ran')")
     ap.add_argument("--out", help="also write the printed lines to this file")
     ap.add_argument("-v", "--verbose", action="store_true", help="a line per pair")
