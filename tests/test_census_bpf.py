@@ -126,8 +126,9 @@ def test_residency_under_inject(targets, tracers, tmp_path):
     # arena or heap the end census saw differently
     t = load_trace(out)
     why = (t.meta["census"], t.census.to_dict("records"))
-    assert 0 < err < 0.1 * since and abs(g["live"] - since) <= 1.7 * err, (g, since)
-    assert abs(g["live_before_attach"] - before_chunk) <= 1.7 * err + headers, (g, before_chunk, headers, why)
+    # 2x the 95 % bar: ~4 sigma (1.7x, ~3.3 sigma, fails a correct estimator once in ~1,000 runs)
+    assert 0 < err < 0.1 * since and abs(g["live"] - since) <= 2 * err, (g, since)
+    assert abs(g["live_before_attach"] - before_chunk) <= 2 * err + headers, (g, before_chunk, headers, why)
     assert near(g["retained"], ford), (g, ford, why)
     assert dec["sum_bytes"] == dec["rss_bytes"] and dec["live_heap_error_bytes"] == err
     # the agent's tables are in other anon, measured: without them it is as small as without
