@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import ROOT, attached, wait_for
+from support import ROOT, attached, report_json, wait_for
 
 pytestmark = pytest.mark.bpf
 
@@ -92,6 +92,38 @@ def test_sigpipe_ends_the_program_as_in_a_shell(tmp_path):
     tr.stdout.close()  # like head -2
     assert tr.wait(120) == 128 + signal.SIGPIPE, tr.stderr.read()
     assert "(target killed by SIGPIPE)" in tr.stderr.read().decode()
+
+
+EXECS = """#!/bin/sh
+echo before
+exec sh -c 'sleep 0.3; echo after; exit 5'
+"""
+
+
+def test_a_script_that_execs_runs_to_its_end(tmp_path):
+    """`record -- ./script` of a `#!/bin/sh` script (the kernel runs its interpreter: probed is
+    dash's allocator, not the script file's) that execs another program: the trace ends at the
+    exec, but the program is neither killed nor left: allocscope waits for it, its stdout is
+    whole and allocscope exits with its status."""
+    script = tmp_path / "execs.sh"
+    script.write_text(EXECS)
+    script.chmod(0o755)
+    trace = tmp_path / "x.allocscope"
+    p = run("record", "-o", str(trace), "--", str(script))
+    assert p.returncode == 5, p.stderr
+    assert p.stdout == "before\nafter\n"
+    lines = ours(p.stderr)
+    assert all(line.startswith("allocscope: ") for line in lines), lines
+    assert "(the target exec'd another program)" in lines[-2], lines
+    assert lines[-1].startswith("allocscope: execs.sh (pid ") and lines[-1].endswith(
+        f"exec'd {os.path.realpath('/bin/sh')}: the trace ends at the exec; "
+        "waiting for the program to end (allocscope exits with its status)"
+    ), lines
+    assert not any("SIGTERM" in line or "SIGKILL" in line for line in lines), lines
+    rep = report_json(trace)
+    assert rep["target"]["exe"] == os.path.realpath("/bin/sh"), rep["target"]
+    assert rep["recording"]["end"]["reason"] == "exec", rep["recording"]["end"]
+    assert rep["totals"]["heap_live_bytes"] > 0  # dash's own mallocs before the exec
 
 
 TRAPPED = """

@@ -147,6 +147,6 @@ def record(
     finally:
         listeners.close()
     click.echo(summary_text(s), err=True)
-    code = end_launched(target, s, stop, grace, None if quiet else progress, progress)
+    code = end_launched(target, s, stop, grace, None if quiet else progress, progress, opts.duration)
     if code:
         sys.exit(code)

@@ -17,6 +17,7 @@ The grace period is `--grace` (GRACE_S by default).
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from .target import Target
 
 GRACE_S = 5.0
+EXEC_REASON = "target exec'd"  # how a recording that ended at the program's exec says why (tracer/record/events.py)
 REAP_S = 5.0  # after a SIGKILL: the longest it is waited for
 
 
@@ -56,11 +58,16 @@ def end_program(
     say: Callable[[str], None] | None = None,
     warn: Callable[[str], None] | None = None,
     signals: Callable[[], int] = lambda: 0,
+    until: float | None = None,
+    stopped_by: Callable[[], str | None] = lambda: None,
 ) -> int:
     """After the recording of launched `target`: its exit status (shell_status), the program
     ended as the module's docstring says. `reason`: why the recording stopped ("target exited",
     "duration", "SIGINT", "quit"...); `say`: progress (the SIGTERM), `warn`: what is always said
-    (the SIGKILL); `signals`: how many signals allocscope received so far."""
+    (the SIGKILL); `signals`: how many signals allocscope received so far. A program that exec'd
+    another one ended the recording but not its run: it is waited for like one still running
+    under a wrapper, until it ends, until `until` (monotonic: what is left of --duration) or
+    until a signal reaches allocscope (`stopped_by()`: its name), and only then stopped as above."""
     child = target.child
     assert child is not None
     child.on_hold = child.on_exec = None  # the probes are gone: a stop now is the program's own
@@ -70,6 +77,10 @@ def end_program(
     if child.reap(time.monotonic()) is not None:
         return shell_status(child.returncode)  # ended by itself (its process group is its own affair)
     name = f"{child.name} (pid {child.pid})"
+    if reason.startswith(EXEC_REASON):
+        reason = _run_on(target, name, signals, until, stopped_by, say)
+        if not reason:
+            return shell_status(child.returncode)
     first = signals()
     why = "--duration" if reason == "duration" else reason or "the recording stopped"
     if reason == "SIGINT" and not child.own_group:
@@ -95,6 +106,44 @@ def end_program(
         child.signal(signal.SIGKILL)
         child.reap(time.monotonic() + REAP_S)
     return shell_status(child.returncode)
+
+
+def _run_on(
+    target: Target,
+    name: str,
+    signals: Callable[[], int],
+    until: float | None,
+    why: Callable[[], str | None],
+    say: Callable[[str], None],
+) -> str:
+    """A launched program exec'd another one: the recording ended there (the probed allocator
+    and its blocks are gone, docs/limits.md), but the program runs on, and a wrapper waits for
+    it. "" once it has ended by itself; else why it is to be stopped now: "duration", or the
+    signal that reached allocscope."""
+    child = target.child
+    assert child is not None
+    now = _image(child.pid)
+    say(
+        f"{name} exec'd {now or 'another program'}: the trace ends at the exec; "
+        "waiting for the program to end (allocscope exits with its status)"
+    )
+    first = signals()
+    while True:
+        step = time.monotonic() + 0.1
+        if child.reap(step if until is None else min(step, until)) is not None:
+            return ""
+        if signals() != first:
+            return why() or "a signal"
+        if until is not None and time.monotonic() >= until:
+            return "duration"
+
+
+def _image(pid: int) -> str:
+    """The program a process runs now (/proc/PID/exe); "" when it cannot be read."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
 
 
 def _ended(returncode: int) -> str:

@@ -343,10 +343,30 @@ def _command_exe(argv: list[str]) -> str:
     return exe
 
 
+def program_image(path: str) -> str:
+    """The executable the kernel runs for `path`: the file itself, or for a script (`#!`) its
+    interpreter, followed as the kernel does (at most 4 levels); a real path. Its allocator and
+    libraries are the ones to probe (a script file has none)."""
+    path = os.path.realpath(path)
+    for _ in range(4):
+        try:
+            with open(path, "rb") as f:
+                head = f.read(256)
+        except OSError:
+            return path
+        if not head.startswith(b"#!"):
+            return path
+        words = head[2:].split(b"\n", 1)[0].split()
+        if not words:
+            return path
+        path = os.path.realpath(os.fsdecode(words[0]))
+    return path
+
+
 def command_target(argv: list[str]) -> Target:
     """A command looked up but not started (record --dry-run): pid 0."""
     exe = _command_exe(argv)
-    return Target(0, 0, os.path.realpath(exe), os.path.basename(argv[0])[:15], argv=list(argv))
+    return Target(0, 0, program_image(exe), os.path.basename(argv[0])[:15], argv=list(argv))
 
 
 def at_terminal() -> bool:
@@ -406,7 +426,7 @@ def target_from_command(argv: list[str]) -> Target:
     return Target(
         pid,
         procfs.starttime(pid),
-        os.path.realpath(exe),
+        program_image(exe),
         comm,
         child=Child(pid, own_group, os.path.basename(argv[0])),
         release_fd=w,
