@@ -336,6 +336,53 @@ def test_doctor_pid_not_root_one_line():
         sleeper.wait()
 
 
+@root_only
+def test_a_pid_whose_maps_cannot_be_read_is_one_line():
+    """record/top/watch --pid of a process whose memory map the kernel refuses (root's process to
+    nobody here; to root too, one of another user namespace such as a container's pid 1): the
+    target is refused when it is resolved, exit 4 — not a PermissionError traceback from the
+    first read of its maps."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    code = (
+        "import sys; from common.errors import AllocscopeError\n"
+        "from tracer.process.target import target_from_pid\n"
+        "from tracer.watch.watcher import command_pattern\n"
+        "for f in (target_from_pid, command_pattern):\n"
+        "    try: f(int(sys.argv[1])); print('resolved')\n"
+        "    except AllocscopeError as e: print(e.exit_code, e)\n"
+    )
+    try:
+        p = subprocess.run(
+            [
+                "setpriv",
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                sys.executable,
+                "-c",
+                code,
+                str(sleeper.pid),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        )
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    line = f"4 cannot read the memory map of pid {sleeper.pid} (sleep): permission denied (run allocscope as root)"
+    assert p.stdout.splitlines() == [line, line], (p.stdout, p.stderr)
+
+
+@root_only
+def test_watch_pid_of_its_own_parent(tmp_path):
+    """`watch --pid $$` names the shell the watch runs in: never matched (a parent of the tracer),
+    it would watch nothing for ever; one line instead, exit 3, before anything is held."""
+    p = cli("watch", "--pid", str(os.getpid()), "-o", str(tmp_path / "w"))
+    one_line_error(p, f"pid {os.getpid()} (", "is a parent of this watch", code=3)
+
+
 # --- paths that are no place for a trace (issue 53) ------------------------------------------
 
 

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from common.errors import TargetError, UsageError
+from common.errors import PermissionProblem, TargetError, UsageError
 
 PF_KTHREAD = 0x00200000
 PAGE = mmap.PAGESIZE
@@ -206,6 +206,20 @@ def check_target(pid: int) -> None:
     if int(read_status(pid).get("Tgid", pid)) != pid:
         tgid = read_status(pid).get("Tgid")
         raise TargetError(f"{pid} is a thread of process {tgid}; give the process id {tgid}")
+    try:  # the kernel's ptrace read check: what every reader of its maps and memory meets next
+        with open(f"/proc/{pid}/maps", "rb") as maps:
+            maps.read(1)
+    except PermissionError:
+        who = (
+            "even to root (a process of another user namespace, or one a security module guards)"
+            if os.geteuid() == 0
+            else "(run allocscope as root)"
+        )
+        raise PermissionProblem(
+            f"cannot read the memory map of pid {pid} ({comm(pid)}): permission denied {who}"
+        ) from None
+    except FileNotFoundError:
+        raise TargetError(f"no process with pid {pid}") from None
 
 
 def pgrep(pattern: str) -> list[tuple[int, str]]:

@@ -49,7 +49,12 @@ STOPPED_SAY_S = 5.0  # a matching process stopped this long is said once (traced
 
 
 def command_pattern(pid: int) -> tuple[str, str]:
-    """--pid: (the regex matching exactly its command line, its comm)."""
+    """--pid: (the regex matching exactly its command line, its comm). A pid that cannot be
+    traced is an error now, as for `record --pid`, not a watch that finds nothing: one it cannot
+    read, and one of the watch's own parents (never matched, like `--pgrep`'s)."""
+    procfs.check_target(pid)
+    if pid in procfs.ancestors(os.getpid()):
+        raise TargetError(f"pid {pid} ({procfs.comm(pid)}) is a parent of this watch: give the daemon's pid")
     try:
         args = procfs.cmdline(pid)
         comm = procfs.comm(pid)
