@@ -89,6 +89,22 @@ def test_report_json_output_file(good_trace, tmp_path):
     assert json.loads(out.read_text())["sites"][0]["live_bytes"] == 100
 
 
+def test_output_that_cannot_be_written_is_exit_6(good_trace):
+    """A report to -o or to a stdout that cannot be written (a full disk: /dev/full) is one line
+    and exit 6, output (README) — not exit 1, not an OSError traceback at the flush."""
+    one_line_error(cli("report", good_trace, "-o", "/dev/full"), "cannot write /dev/full: No space left", code=6)
+    with open("/dev/full", "w") as full:
+        for args in (
+            ["report", good_trace],
+            ["report", good_trace, "--format", "pprof"],
+            ["diff", good_trace, good_trace],
+        ):
+            p = subprocess.run(
+                [sys.executable, "-m", "allocscope", *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120
+            )
+            one_line_error(p, "cannot write to stdout: No space left on device", code=6)
+
+
 # --- record: argument errors (before anything is attached or written) ---------------------
 
 

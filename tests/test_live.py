@@ -399,6 +399,20 @@ def test_batch_printer_stops_after_iterations_and_on_a_closed_pipe():
     assert out.text.count("== ") == 2 and "[final]" not in out.text
 
 
+def test_batch_printer_on_a_full_disk_stops_and_says_why():
+    """`top --batch > mem.log` on a full disk (here /dev/full: ENOSPC at the flush): the recording
+    is asked to stop and `error` is the line top exits 6 with — not an OSError traceback out of
+    the printer's thread once the trace is finished."""
+    with open("/dev/full", "w") as full:
+        stop = StopRequest()
+        printer = BatchPrinter(full, stop, None, "live", 5, None)
+        printer.model = LiveModel(symbolizer=FakeSymbolizer())
+        printer.observe(Feed().step(1.0, {(GROW, T_GROW, "heap"): (3333, 1, 0, 0, 3333)}))
+        printer.pump.close()
+    assert printer.closed and stop.reason == "stdout not writable"
+    assert printer.error == "cannot write to stdout: No space left on device"
+
+
 def test_status_line_in_place():
     err = Collect()
     status = StatusLine(err)

@@ -10,6 +10,7 @@ import click
 from common.errors import PermissionProblem, UsageError
 
 from .base import CONTEXT, Command
+from .output import emit
 from .recording import resolve_target
 
 
@@ -50,26 +51,27 @@ def doctor(pid, pattern, warm):
             ) from None
         sys.exit(0 if ok else 1)
 
+    out: list[str] = []  # said at once (emit): a stdout that cannot be written is one line, exit 6
     if pid is not None or pattern is not None:
         from tracer.base.options import RecordOptions  # noqa: PLC0415
         from tracer.dryrun import describe  # noqa: PLC0415
 
         target = resolve_target(pid, pattern, ())
-        click.echo(describe(target, RecordOptions(), "allocscope doctor --pid"))
+        out.append(describe(target, RecordOptions(), "allocscope doctor --pid"))
         from tracer.inject.preflight import can_inject  # noqa: PLC0415
 
         ok_inject, lines = can_inject(target.pid, target.exe)
-        click.echo(f"--inject: {'can work' if ok_inject else 'cannot work'} in pid {target.pid}")
-        for line in lines:
-            click.echo(f"  {line}")
-        click.echo("")
+        out.append(f"--inject: {'can work' if ok_inject else 'cannot work'} in pid {target.pid}")
+        out += [f"  {line}" for line in lines]
+        out.append("")
     ok = True
     for check in run_checks():
         mark = "ok  " if check.ok else "FAIL"
-        click.echo(f"[{mark}] {check.name}: {check.detail}")
+        out.append(f"[{mark}] {check.name}: {check.detail}")
         if not check.ok:
             ok = False
             if check.fix:
-                click.echo(f"       fix: {check.fix}")
-    click.echo("tracing can work" if ok else "tracing cannot work until the failures above are fixed")
+                out.append(f"       fix: {check.fix}")
+    out.append("tracing can work" if ok else "tracing cannot work until the failures above are fixed")
+    emit("\n".join(out) + "\n", None)
     sys.exit(0 if ok else 1)

@@ -60,7 +60,8 @@ class BatchPrinter:
     """`top --batch`: one block per snapshot on `out` (reports.live.text.batch_block), flushed.
     With `iterations`, the recording is asked to stop after that many intervals (the final
     snapshot that follows is not printed). A closed `out` (the reader of the pipe went away)
-    stops the recording too, quietly: the trace is still finalized."""
+    stops the recording too, quietly: the trace is still finalized; one that cannot be written
+    (ENOSPC, EIO) stops it the same way, and `error` says why."""
 
     def __init__(
         self, out, stop, fold: Folding | None, sort: str, top: int, iterations: int | None, by: str = "location"
@@ -72,6 +73,7 @@ class BatchPrinter:
         self.intervals = 0  # snapshots before the final one (counted in the recorder's thread)
         self.printed = 0
         self.closed = False
+        self.error = ""  # stdout could not be written (not a closed pipe): top exits 6 with it
         self.pump = Pump(self._print, "allocscope-batch")
 
     def observe(self, snap) -> None:
@@ -95,10 +97,12 @@ class BatchPrinter:
             self.out.write(text)
             self.out.flush()
         except OSError as e:
-            if not isinstance(e, BrokenPipeError) and e.errno != errno.EPIPE:
-                raise
             self.closed = True
-            self.stop.request("stdout closed")
+            if isinstance(e, BrokenPipeError) or e.errno == errno.EPIPE:
+                self.stop.request("stdout closed")
+            else:  # a full disk under `> mem.log`: the trace is finished, then one line and exit 6
+                self.error = f"cannot write to stdout: {e.strerror or e}"
+                self.stop.request("stdout not writable")
             silence(self.out)
 
 

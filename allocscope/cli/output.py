@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from common.errors import AllocscopeError
+from common.errors import OutputError
 
 
 def progress(msg: str) -> None:
@@ -15,7 +15,9 @@ def progress(msg: str) -> None:
 
 
 def emit(data: str | bytes, output: str | None) -> None:
-    """Write text or bytes to `output`, or to stdout when it is None."""
+    """Write text or bytes to `output`, or to stdout when it is None; a write that fails (a full
+    disk, a read-only place, `> /dev/full`) is an OutputError (exit 6), one line. A reader of the
+    pipe that went away is not: BrokenPipeError goes on to the quiet exit (base.one_line_errors)."""
     if output:
         try:
             if isinstance(data, bytes):
@@ -23,8 +25,15 @@ def emit(data: str | bytes, output: str | None) -> None:
             else:
                 Path(output).write_text(data)
         except OSError as e:
-            raise AllocscopeError(f"cannot write {output}: {e.strerror}") from None
-    elif isinstance(data, bytes):
-        sys.stdout.buffer.write(data)
-    else:
-        click.echo(data, nl=not data.endswith("\n"))
+            raise OutputError(f"cannot write {output}: {e.strerror or e}") from None
+        return
+    try:
+        if isinstance(data, bytes):
+            sys.stdout.buffer.write(data)
+        else:
+            click.echo(data, nl=not data.endswith("\n"))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise OutputError(f"cannot write to stdout: {e.strerror or e}") from None

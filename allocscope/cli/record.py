@@ -11,7 +11,7 @@ from common.errors import UsageError
 
 from .base import CONTEXT, Command
 from .options import grace_option, metrics_options, probe_options, target_options, trace_options
-from .output import progress
+from .output import emit, progress
 from .recording import (
     check_inject,
     early_stop,
@@ -111,7 +111,7 @@ def record(
     if dry_run:
         from tracer.dryrun import describe  # noqa: PLC0415
 
-        click.echo(describe(resolve_target(pid, pattern, command, launch=False), opts))
+        emit(describe(resolve_target(pid, pattern, command, launch=False), opts) + "\n", None)
         return
     require_root()
     validate(opts)

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from common.errors import UsageError
+from common.errors import OutputError, UsageError
 from tracer.base.options import TOP_INTERVAL
 
 from .base import CONTEXT, Command
@@ -151,9 +151,10 @@ def top(
         except BaseException:
             early.discard()
             raise
+        out_error = ""
         if batch:
-            s, closed = _batch(target, opts, stop, folding, sort, top_n, iterations, by, early, listeners)
-            if not closed:
+            s, closed, out_error = _batch(target, opts, stop, folding, sort, top_n, iterations, by, early, listeners)
+            if not closed or out_error:
                 click.echo(summary_text(s), err=True)
         else:
             s = _screen(rec, target, opts, stop, folding, sort, threads_view, by, early, listeners)
@@ -162,6 +163,8 @@ def top(
     finally:
         listeners.close()
     code = end_launched(target, s, stop, grace, progress, progress)
+    if out_error:  # the trace is written and the program ended: then the error, exit 6
+        raise OutputError(out_error)
     if code:
         sys.exit(code)
 
@@ -184,7 +187,7 @@ def _batch(target, opts, stop, folding, sort, top_n, iterations, by, early=None,
     s, printer = record_batch(
         target, opts, stop, sys.stdout, folding, sort, top_n, iterations, progress, by, early=early, listeners=listeners
     )
-    return s, printer.closed
+    return s, printer.closed, printer.error
 
 
 def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None, listeners=None):
