@@ -273,7 +273,7 @@ def test_losses_and_incomplete_traces_warn(tmp_path, traces):
     doc = D.diff_traces(traces[0], load_trace(t.close(complete=False)))
     assert doc["warnings"] == [
         "A and B are different programs (provingd vs synthd): only sites with the same symbolized frames match",
-        "B: trace is incomplete (recording was interrupted); read up to interval 1",
+        "B: trace is incomplete (recording was interrupted); read up to +1.0 s, its last snapshot",
         "B lost events, its numbers are lower bounds: lost_ring_full=4: the event ring overflowed: some "
         "mmap/munmap/thread events are missing",
     ]

@@ -204,7 +204,10 @@ def test_sigkilled_writer_leaves_every_finished_interval(tmp_path):
     t = load_trace(str(path))
     last = t.last_seq
     assert last >= 30
-    assert t.warnings == [f"trace is incomplete (recording was interrupted); read up to interval {last}"]
+    upto = t.intervals["elapsed_s"].iloc[-1]  # a time, as the report's header gives the duration, not a seq
+    assert t.warnings == [
+        f"trace is incomplete (recording was interrupted); read up to +{upto:.1f} s, its last snapshot"
+    ]
     assert t.intervals["seq"].tolist() == list(range(1, last + 1))
     assert sorted(set(t.sites["seq"])) == list(range(1, last + 1))
     assert len(t.sites) == sum(1 + s % 50 for s in range(1, last + 1))

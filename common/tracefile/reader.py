@@ -316,7 +316,9 @@ def _load(path: str, progress) -> Trace:
         if missing:
             raise TraceFileError(f"{path}: table {table} lacks columns {missing}; corrupt or foreign trace")
     if not meta.get("complete"):
-        warnings.append(f"trace is incomplete (recording was interrupted); read up to interval {last}")
+        # the time, not the seq: peak snapshots take seqs too, and the report counts intervals apart
+        upto = float(intervals["elapsed_s"].iloc[-1]) if "elapsed_s" in intervals else 0.0
+        warnings.append(f"trace is incomplete (recording was interrupted); read up to +{upto:.1f} s, its last snapshot")
     return Trace(path=path, meta=meta, intervals=intervals, warnings=warnings, integrity=integrity, **frames)
 
 
