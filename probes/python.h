@@ -53,6 +53,8 @@ struct as_pystack {
     u64 native; /* the native stack's id in `stacks` */
     u32 n;      /* frames, innermost first */
     u32 entry;  /* bit i: frame i is the first its _PyEval_EvalFrameDefault call ran */
+    u32 cut;    /* 1: the walk stopped with frames left (deeper than AS_PY_DEPTH, or unreadable) */
+    u32 pad;
     struct as_pyframe f[AS_PY_DEPTH];
 };
 
@@ -99,18 +101,20 @@ static __always_inline int py_frame(struct as_pyconf *c, struct as_pywork *p)
     u32 n = p->st.n;
     if (!fr)
         return 0;
-    if (n >= AS_PY_DEPTH) {
-        py_count(AS_PYCNT_CUT, 1);
-        return 0;
-    }
     if (bpf_probe_read_user(p->w, AS_PY_FRAME_BYTES, (void *)fr))
-        return 0;
-    p->frame = p->w[(c->frame_previous >> 3) & 15];
+        return 0; /* p->frame stays set: the stack is said cut */
+    u64 next = p->w[(c->frame_previous >> 3) & 15];
     if (c->owner_cstack >= 0 && py_byte(p->w, c->frame_owner) == (u64)c->owner_cstack) {
         if (n > 0)
             p->st.entry |= 1u << ((n - 1) & 31); /* the frame above a shim began its eval loop */
+        p->frame = next;
         return 1;
     }
+    if (n >= AS_PY_DEPTH) { /* a Python frame past the kept ones (a shim there is no loss: read first) */
+        py_count(AS_PYCNT_CUT, 1);
+        return 0;
+    }
+    p->frame = next;
     u64 code = p->w[(c->frame_code >> 3) & 15], instr = p->w[(c->frame_instr >> 3) & 15];
     u32 i = n;
     asm volatile("" : "+r"(i)); /* the compiler must not drop the mask (it knows n < AS_PY_DEPTH) */
@@ -181,7 +185,8 @@ static __always_inline u64 py_stack(u32 tid, u64 sid)
     if (n == 0)
         return sid;
     py_count(AS_PYCNT_FRAMES, n);
-    u64 h = p->h;
+    p->st.cut = p->frame != 0; /* said in the report: a cut stack must not read as whole */
+    u64 h = p->h ^ p->st.cut;
     h = (h ^ (h >> 33)) * 0xff51afd7ed558ccdULL;
     if (h == 0 || h == sid)
         h = sid ^ 1;

@@ -155,6 +155,20 @@ def test_python_lines_name_the_memory(version, procs, tracers, tmp_path):
     if not version.startswith("debian"):  # pyenv's mmap module has its symbols
         assert "new_mmap_object" in natives, natives
 
+    # deeper than the probe keeps (AS_PY_DEPTH 32): 32 frames all kept, nothing said; 43 frames
+    # cut to the innermost 32 and a frame saying so in place of the rest, never shown as whole
+    leaf = f"descend|python|app.py:{LINES['descend_leaf']}"
+    deep = {s["live_bytes"]: s for s in rep["sites"] if s["location"] == leaf}
+    whole, cut = (next(s for b, s in deep.items() if 0 < b - own[k] <= 64) for k in ("whole", "cut"))
+    descent = [("descend", app, LINES["descend_leaf"])] + [("descend", app, LINES["descend"])] * 29
+    assert py_frames(whole) == [*descent, ("main", app, LINES["whole"]), ("<module>", app, LINES["module"])]
+    assert py_frames(cut) == [*descent, ("descend", app, LINES["descend"]), ("descend", app, LINES["descend"])] + [
+        ("[outer Python frames cut: 32 kept]", None, None)
+    ]
+    full = [(f["function"], f["module"]) for f in cut["full_frames"]]
+    below = full[full.index(("[outer Python frames cut: 32 kept]", "python")) + 1 :]
+    assert below and all(m != "python" for _, m in below), full  # the interpreter's C frames under it
+
     # --no-python: the native places as before, no Python frame anywhere
     native = json.loads(cli("report", str(out), "--format", "json", "--no-python", check=True).stdout)
     assert all(loc["module"] != "python" for loc in native["locations"])

@@ -98,3 +98,44 @@ def test_top_model_merges_python_frames():
     sf.add({k: [big if k == "stack_id" else v[1]] for k, v in stacks.items()})
     assert sf.resolve_new() == [big]
     assert [(f.function, f.line) for f in sf.get(big)] == [("Loader.load_batch", 26)]
+
+
+def test_a_cut_stack_says_so_in_its_run():
+    """A stack deeper than the probe keeps (AS_PY_DEPTH): the tracer marks its last kept frame
+    (pyframes.entry's ENTRY_CUT bit); python_frames adds a frame saying the outer frames were cut,
+    in that frame's run (an entry flag on the last kept frame moves to it), so the merged stack
+    does not read as whole and the next eval loop's C frame is not taken for the cut frames."""
+    import pandas as pd
+
+    from reports.render.shared import location_text
+    from reports.symbolize.python import python_frames
+
+    pyframes = pd.DataFrame(
+        {"stack_id": [9, 9, 9, 5], "idx": [0, 1, 2, 0], "code": [100, 100, 100, 77], "lasti": [0, 0, 0, 0]}
+        | {"entry": [0, 0, 3, 1]}  # idx 2: an eval loop's first frame, and the last kept one
+    )
+    pycode = pd.DataFrame(
+        {"seq": [1], "code": [100], "name": ["recurse"], "qualname": ["recurse"], "file": ["/r.py"]}
+        | {"firstlineno": [4], "linetable": [bytes([0x80 | (10 << 3) | 2, 0, 4])]}
+    )
+    got = python_frames(pyframes, pycode)
+    assert [(f.function, f.entry) for f in got[9]] == [
+        ("recurse", False),
+        ("recurse", False),
+        ("recurse", False),
+        ("[outer Python frames cut: 3 kept]", True),
+    ]
+    st = native("PyByteArray_Resize", "_PyEval_EvalFrameDefault", "PyEval_EvalCode", "_PyEval_EvalFrameDefault")
+    merged = merge_python(st, got[9])
+    assert names(merged) == ["PyByteArray_Resize", *["recurse"] * 3, "[outer Python frames cut: 3 kept]"] + [
+        "PyEval_EvalCode",
+        "_PyEval_EvalFrameDefault",  # the cut frames' eval loop: no run of it was kept
+    ]
+    assert location_key(group_of(merged)) == "recurse|python|r.py:4"
+
+    # a code object never read (freed before the tracer got to it): said why, not "no symbol"
+    (unread,) = got[5]
+    assert unread.function.startswith("[python code 0x") and unread.line is None
+    loc = {"function": unread.function, "module": PY_MODULE, "file": None, "line": None, "key_quality": "address"}
+    assert "freed before the tracer read it" in location_text(loc)
+    assert "no symbol" in location_text(loc | {"module": LIB})

@@ -144,6 +144,8 @@ def location_text(loc: dict) -> str:
     f = {k: loc.get(k) for k in LOCATION_FRAME_KEYS} if "function" in loc else loc["frames"][0]
     quality = loc.get("key_quality", "line")
     note = "  (no symbol: one location per address)" if quality == "address" else ""
+    if quality == "address" and f.get("module") == "python":  # reports.symbolize.python: not read in time
+        note = "  (its code object was freed before the tracer read it: no name or line)"
     return frame_text(f) + note
 
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import pandas as pd
 
 PY_MODULE = "python"  # the module of a Python frame (FrameInfo.module): not a file
+ENTRY_CUT = 2  # pyframes.entry's bit (tracer/runtimes/python.py): the outer frames were cut after this one
 
 
 class PyFrame(NamedTuple):
@@ -21,6 +22,11 @@ class PyFrame(NamedTuple):
     file: str
     line: int | None
     entry: bool  # the first frame an _PyEval_EvalFrameDefault call ran (where a C frame sits above)
+
+
+# `pyframes.entry` holds 1 on an eval loop's first frame; ENTRY_CUT on the last frame of a stack
+# deeper than the probe keeps (AS_PY_DEPTH): python_frames then adds a frame saying so (cut_label)
+# after it, in the same eval loop's run, so the report never shows a cut stack as whole.
 
 
 def _varint(table: bytes, i: int) -> tuple[int, int]:
@@ -96,14 +102,23 @@ def python_frames(pyframes: pd.DataFrame, pycode: pd.DataFrame) -> dict[int, lis
     lines: dict[tuple[int, int], int | None] = {}
     out: dict[int, list[PyFrame]] = {}
     fr = pyframes.drop_duplicates(["stack_id", "idx"]).sort_values(["stack_id", "idx"])
-    for sid, code, lasti, entry in zip(fr["stack_id"], fr["code"], fr["lasti"], fr["entry"]):
+    for sid, idx, code, lasti, flags in zip(fr["stack_id"], fr["idx"], fr["code"], fr["lasti"], fr["entry"]):
+        entry, cut = bool(int(flags) & 1), bool(int(flags) & ENTRY_CUT)
         c = codes.get(int(code))
         if c is None:
-            f = PyFrame(f"[python code {int(code):#x}]", "", None, bool(entry))
+            f = PyFrame(f"[python code {int(code):#x}]", "", None, entry and not cut)
         else:
             key = (int(code), int(lasti))
             if key not in lines:
                 lines[key] = line_at(c[3], c[2], int(lasti))
-            f = PyFrame(c[0], c[1], lines[key], bool(entry))
-        out.setdefault(int(sid), []).append(f)
+            f = PyFrame(c[0], c[1], lines[key], entry and not cut)
+        frames = out.setdefault(int(sid), [])
+        frames.append(f)
+        if cut:  # the probe kept idx + 1 frames, the outer ones it did not read: said, in their place
+            frames.append(PyFrame(cut_label(int(idx) + 1), "", None, entry))
     return out
+
+
+def cut_label(kept: int) -> str:
+    """The frame standing for a stack's outer Python frames the probe did not keep."""
+    return f"[outer Python frames cut: {kept} kept]"

@@ -42,6 +42,7 @@ MAX_CODES = 1 << 16  # code objects cached
 MAX_LINETABLE = 1 << 20
 MAX_NAME = 4096
 FRAME_BYTES = 80  # what the probe reads of a frame (AS_PY_FRAME_BYTES)
+ENTRY_CUT = 2  # pyframes.entry's bit: the stack's outer Python frames were cut after this one
 USER_END = 1 << 47  # x86-64 user addresses lie below
 _FILE_RX = re.compile(r"(?:^|/)(?:lib)?python(\d+)\.(\d+)[a-z]*(?:\.so[.\d]*)?$")
 
@@ -384,9 +385,10 @@ class PythonFrames:
                 self.codes[key] = None
         return self.codes[key]
 
-    def frames_of(self, ids) -> dict[int, tuple[int, list[tuple[int, int, bool, int]]]]:
+    def frames_of(self, ids) -> dict[int, tuple[int, list[tuple[int, int, int, int]]]]:
         """stack id -> (native id, [(code address, instruction index, entry, code tag)]) of the
-        ids that have Python frames."""
+        ids that have Python frames; entry: 1 on an eval loop's first frame, | ENTRY_CUT on the
+        last frame the probe kept of a stack whose outer frames it cut (deeper than AS_PY_DEPTH)."""
         if self.interp is None:
             return {}
         t = self.tables("pystacks")
@@ -397,10 +399,13 @@ class PythonFrames:
             except KeyError:
                 continue
             frames = []
-            for i in range(min(int(v.n), len(v.f))):
+            n = min(int(v.n), len(v.f))
+            cut = int(getattr(v, "cut", 0)) != 0  # frames beyond the last one not read (AS_PY_DEPTH)
+            for i in range(n):
                 code, instr = int(v.f[i].code), int(v.f[i].instr)
                 lasti = (instr - code - self.adaptive) // 2
-                frames.append((code, lasti, bool(v.entry >> i & 1), int(v.f[i].tag)))
+                entry = (int(v.entry) >> i & 1) | (ENTRY_CUT if cut and i == n - 1 else 0)
+                frames.append((code, lasti, entry, int(v.f[i].tag)))
             out[int(sid)] = (int(v.native), frames)
         return out
 

@@ -7,7 +7,8 @@ INFLATES buffers of INFLATE bytes that zlib (a C extension) made, called at `inf
 started after the attach keeps LATES bytearrays of LATE bytes made at `late_block`; a generator
 (`chunks`), a key function `sorted` calls back (`sort_key`) and a coroutine (`fetch`) keep
 theirs; `map_region` keeps MAPS anonymous mappings of MAP bytes (Python's mmap module: a
-system call, no allocator), every page touched. Prints
+system call, no allocator), every page touched; `descend` keeps one bytearray made 32 Python
+frames deep and one 43 deep (the probe keeps 32). Prints
 "done" with its own counts and keeps everything until killed. argv[1] scales the batches (the
 diff of two runs). The `# line:` comments are how the test finds the lines.
 """
@@ -118,6 +119,16 @@ def map_buffers():
         held.append(map_region())  # line: map_buffers
 
 
+WHOLE = 640 << 10  # made 32 Python frames deep: every frame kept
+CUT = 704 << 10  # made 43 deep: the outer 11 cut (AS_PY_DEPTH 32), and said so
+
+
+def descend(n, size):
+    if n == 0:
+        return bytearray(size)  # line: descend_leaf
+    return descend(n - 1, size)  # line: descend
+
+
 def warm_up(payload, seconds=1.5):
     """Transient work (all freed) while the tracer builds the unwind tables of libpython and zlib
     the first stacks cross: the held allocations after it have whole native stacks."""
@@ -151,12 +162,14 @@ def main():
     sort_keys()  # C (sorted) calling back into Python
     asyncio.run(serve())  # coroutines
     map_buffers()  # the mmap family
+    held.append(descend(29, WHOLE))  # line: whole (30 frames of descend, main, <module>: 32)
+    held.append(descend(40, CUT))  # line: cut (43 frames)
     worker_done.wait()
     late.join()
     print(
         f"done batches={BATCHES * BATCH} segments={SEGMENTS * SEGMENT} inflates={INFLATES * INFLATE} "
         f"lates={LATES * LATE} chunks={CHUNKS * CHUNK} keys={KEYS * CHUNK} fetches={FETCHES * FETCH} "
-        f"maps={MAPS * MAP} "
+        f"maps={MAPS * MAP} whole={WHOLE} cut={CUT} "
         f"pid={threading.get_native_id()} worker={worker.native_id}",
         flush=True,
     )
@@ -164,4 +177,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main()  # line: module
