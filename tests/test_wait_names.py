@@ -91,3 +91,23 @@ def test_top_names_the_wait_as_the_report_does():
     assert line == f"waiting: {NAME} 2 thr holding 0 B (longest 3.5s)", line
     assert "+0x" not in line
     assert wait_name(w) == f"{NAME} ae.c:496"  # the metrics' `wait` label too
+
+
+def test_a_thread_of_the_allocators_own_waits_in_its_entry_not_in_clone3():
+    """redis' jemalloc_bg_thd blocks with jemalloc's frames (allocator code: waiting machinery)
+    on libc's; every frame folds, and the place was the outermost one, `clone3`, in the report's
+    "Held while waiting" and top's "waiting: clone3 1 thr". It is the thread's entry function."""
+    je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    frames = (
+        FrameInfo("__futex_abstimed_wait_common", LIBC, None, None),
+        FrameInfo("pthread_cond_timedwait", LIBC, None, None),
+        FrameInfo("background_thread_sleep", je, None, None),
+        FrameInfo("background_thread_entry", je, None, None),
+        FrameInfo("start_thread", LIBC, "pthread_create.c", 442),
+        FrameInfo("clone3", LIBC, "clone3.S", 81),
+    )
+    place = wait_place(frames)
+    assert (place["function"], place["module"]) == ("background_thread_entry", je), place
+    # the redis stack keeps its own place (nothing folds past the code that decided to wait)
+    main = tuple(FrameInfo(FRAMES[k][0], k[0], FRAMES[k][1], FRAMES[k][2]) for k in WAIT_STACK)
+    assert wait_place(main)["function"] == "aeMain"
