@@ -20,6 +20,7 @@ from reports.analysis import build_report
 from reports.analysis import findings as F
 from reports.analysis.diff import diff_traces
 from reports.render.diff_text import diff_to_text
+from reports.render.html_tables import waits_html
 from reports.render.jsonout import to_json
 from reports.render.text import to_text
 from reports.trace import load_trace
@@ -190,6 +191,11 @@ def test_blocked_threads_keeping_the_peak_join_the_first_finding(burst):
     )
     assert f[0]["table"] == "Held at the peak; Held while waiting"
     assert f[0]["figures"]["waiting"]["threads"] == 3 and f[0]["figures"]["waiting"]["of_bytes"] == 24 * MIB
+    # the table's header gives the moment by its time, as the report's header gives the duration: not
+    # by its seq ("interval 3"), which peak snapshots also take (a 4-interval run said "interval 8")
+    doc["waits"]["peak"]["by_location"][0].update(longest_s=1.5, handed_on_bytes=0, frames=[])
+    assert "Held while waiting  (+2.5s: 3 threads blocked, 3 of them holding 24.0 MiB" in to_text(doc)
+    assert "<p>+2.5s: 3 threads blocked, 3 of them holding" in waits_html(doc)
 
 
 @pytest.mark.parametrize(

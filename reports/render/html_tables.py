@@ -221,9 +221,9 @@ def waits_html(doc: dict) -> str:
     pk = w.get("peak")
     parts = []
     if pk:
-        when = f"+{pk['elapsed_s']:.1f}s, " if pk.get("elapsed_s") is not None else ""
+        when = f"+{pk['elapsed_s']:.1f}s" if pk.get("elapsed_s") is not None else f"interval {pk['seq']}"
         parts.append(
-            f"<p>{esc(when)}interval {esc(pk['seq'])}: {esc(pk['blocked'])} threads blocked, "
+            f"<p>{esc(when)}: {esc(pk['blocked'])} threads blocked, "
             f"{esc(pk['holding'])} of them holding {bytes_cell(pk['held_bytes'])} "
             f"(waits of at least {esc(w['wait_min_ms'])} ms)</p>"
         )

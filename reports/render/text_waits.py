@@ -35,12 +35,13 @@ def waits_text(w: dict, s: Style, top: int) -> list[str]:
     if not pk:
         out.append(s.bold("Held while waiting") + s.dim(f"  (no thread was blocked at a snapshot; {thr})"))
     else:
-        when = f"+{pk['elapsed_s']:.1f}s, " if pk.get("elapsed_s") is not None else ""
+        # its time, as the header gives the duration; a seq (peak snapshots take seqs too) only without one
+        when = f"+{pk['elapsed_s']:.1f}s" if pk.get("elapsed_s") is not None else f"interval {pk['seq']}"
         handed = (
             f"; {human_bytes(pk['handed_on_bytes'])} they allocated was passed on" if pk.get("handed_on_bytes") else ""
         )
         out.append(
-            s.bold("Held while waiting") + f"  ({when}interval {pk['seq']}: {pk['blocked']} threads blocked, "
+            s.bold("Held while waiting") + f"  ({when}: {pk['blocked']} threads blocked, "
             f"{pk['holding']} of them holding {human_bytes(pk['held_bytes'])}{handed}; {thr})"
         )
         rows = []
