@@ -131,6 +131,11 @@ def test_record_bad_label(tmp_path, label):
         (["--uprobe-sessions", "on"], "needs --sample-bytes"),
         (["--uprobe-sessions", "on", "--sample-bytes", "4096", "--mode", "residency"], "needs --sample-bytes"),
         (["--uprobe-sessions", "on", "--sample-bytes", "4096", "--uprobes", "perf"], "not with --uprobes perf"),
+        # residency mode probes no heap call: a sampling rate for them was silently ignored
+        (
+            ["--mode", "residency", "--sample-bytes", "4096"],
+            "--sample-bytes samples heap calls, which --mode residency",
+        ),
     ],
 )
 def test_record_bad_uprobe_options(tmp_path, args, needle):

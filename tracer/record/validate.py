@@ -37,6 +37,11 @@ def validate(opts: RecordOptions, output: bool = True) -> None:
             )
         if opts.uprobes == "perf":
             raise UsageError("--uprobe-sessions on needs uprobe_multi links: not with --uprobes perf")
+    if opts.mode == "residency" and opts.sample_bytes > 0 and not opts.inject:  # --inject: its own line below
+        raise UsageError(
+            "--sample-bytes samples heap calls, which --mode residency does not probe: "
+            "give one of them (watch: --sample-bytes alone records in full mode)"
+        )
     if opts.inject:
         if opts.mode != "full":
             raise UsageError("--inject samples heap calls: not with --mode residency")
