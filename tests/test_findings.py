@@ -18,7 +18,9 @@ from test_diff import run_trace
 
 from reports.analysis import build_report
 from reports.analysis import findings as F
+from reports.analysis.children import children_summary
 from reports.analysis.diff import diff_traces
+from reports.analysis.ending import end_finding
 from reports.render.diff_text import diff_to_text
 from reports.render.html_tables import waits_html
 from reports.render.jsonout import to_json
@@ -97,6 +99,39 @@ def test_steady_small_heap_says_no_problem_in_one_line(steady):
     assert len(block) == 2 and block[1].startswith("  1. No problem found") and block[1].endswith("[Totals]"), block
     keys = [k for k in json.loads(to_json(steady)) if k != "integrity"]  # the damage check may lead
     assert keys[:2] == ["schema", "findings"]
+
+
+def test_what_the_trace_does_not_cover_comes_first_never_no_problem(steady):
+    """`record -- sh -c 'exec prog'` and a parent whose work is in forked children: the same small
+    heap said "No problem found" about a program that was never traced; the first finding now says
+    what the trace does not hold."""
+    doc = copy.deepcopy(steady)
+    doc["recording"]["end"] = {"reason": "exec", "time": 0.25, "exit_code": None, "signal": None, "oom": None}
+    f = F.report_findings(doc, end_finding(doc))
+    assert [x["kind"] for x in f] == ["ended", "peak"], f
+    assert f[0]["text"] == (
+        "The target exec'd another program at +0.2s: this trace holds only what the program before the exec "
+        "allocated (its allocator and blocks went with it); record the new program itself (-- CMD, or --pid "
+        "once it runs)."
+    )
+    doc = copy.deepcopy(steady)
+    doc["recording"]["children"] = children_summary(
+        {
+            "children": {
+                "seen": 1,
+                "target_cpu_s": 0.0,
+                "cpu_s": 2.77,
+                "anon_max_bytes": 114 << 20,
+                "listed": [{"pid": 27302}],
+            }
+        }
+    )
+    f = F.report_findings(doc)
+    assert [x["kind"] for x in f] == ["children", "peak"], f
+    assert f[0]["text"].startswith(
+        "The work is in 1 forked child (pids 27302): 2.77s of CPU against 0.00s in the target"
+    )
+    assert f[0]["figures"] == {"children": 1, "cpu_s": 2.77, "target_cpu_s": 0.0}
 
 
 def test_burst_names_the_peak_holder_and_the_growing_location(burst):

@@ -142,10 +142,33 @@ def _waiting_at_end(doc: dict) -> str:
     return f"{v['threads']} threads blocked in {where} held {human_bytes(int(v['held_bytes']))}"
 
 
+def _exec_finding(end: dict) -> dict:
+    """A target that exec'd another program: the trace is of the program before the exec only;
+    never "no problem found" about a program that was not traced."""
+    when = f" at {elapsed_text(float(end['time']))}" if end.get("time") is not None else ""
+    return finding(
+        "ended",
+        f"The target exec'd another program{when}: this trace holds only what the program before "
+        "the exec allocated (its allocator and blocks went with it); record the new program itself "
+        "(-- CMD, or --pid once it runs).",
+        "Totals",
+        "header",
+        reason="exec",
+        signal=None,
+        oom=None,
+        location=None,
+        live_bytes=0,
+        rss_bytes=0,
+    )
+
+
 def end_finding(doc: dict) -> dict | None:
     """The first finding of a killed or OOM-killed target: how, when, and what it held then (the
-    last measurement while it was alive); None for any other end."""
+    last measurement while it was alive); of one that exec'd another program, that the trace
+    stops there (_exec_finding); None for any other end."""
     end = (doc.get("recording") or {}).get("end") or {}
+    if end.get("reason") == "exec":
+        return _exec_finding(end)
     if end.get("reason") not in ("killed", "oom_killed"):
         return None
     head = end_text(end)

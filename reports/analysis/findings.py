@@ -11,7 +11,7 @@ re-derived from the trace, so a finding can only say what a table of the same re
 A diff's findings are diff_findings.py's (`diff_findings`), from the thresholds and sentence
 pieces here.
 
-Every finding is a dict: kind (peak, waiting, growing, retained, release_cost, losses,
+Every finding is a dict: kind (ended, children, peak, waiting, growing, retained, release_cost, losses,
 no_problem; in a diff: out_of_proportion, changed, waiting, thread_groups, retained, losses,
 no_change), text (one sentence, plain text), table (the title of the table it comes from, as
 the text report names it), section (the id of that table's section in the HTML page) and
@@ -27,6 +27,7 @@ from common.tracefile.names import NOT_LOST
 
 from ..units import human_bytes, human_rate
 from .advice import allocator_prefix
+from .children import children_warnings
 
 MAX_FINDINGS = 6
 PEAK_MAX_HOLDERS = 3  # locations named as holding the peak...
@@ -394,6 +395,25 @@ def _device_finding(doc: dict) -> dict | None:
     return finding("device", text, "Top locations (device)", "locations", device_bytes=dev, device_peak_bytes=peak)
 
 
+def _children_finding(doc: dict) -> dict | None:
+    """The work was in forked children the trace does not follow (analysis/children.py): the
+    first finding, never "no problem found" about a parent that only waited for them."""
+    summary = (doc.get("recording") or {}).get("children")
+    said = children_warnings(summary)
+    if not said or summary is None:
+        return None
+    line = said[0]
+    return finding(
+        "children",
+        line[0].upper() + line[1:] + ".",
+        "Totals",
+        "header",
+        children=int(summary["seen"]) + int(summary.get("unseen") or 0),
+        cpu_s=summary["cpu_s"],
+        target_cpu_s=summary["target_cpu_s"],
+    )
+
+
 def report_findings(doc: dict, end: dict | None = None) -> list[dict]:
     """The findings of an allocscope.report/1 document, most important first (see the module
     docstring); one `no_problem` finding when nothing stands out: nothing growing, nothing
@@ -404,6 +424,7 @@ def report_findings(doc: dict, end: dict | None = None) -> list[dict]:
     wait = kept_while_waiting(doc)
     others = [f for f in (_growing_finding(doc), _retained_finding(doc), release_finding(doc), _loss_finding(doc)) if f]
     device = _device_finding(doc)
+    end = end or _children_finding(doc)  # either is what the trace covers: said first
     if not (end or wait or others or burst(doc) or device):
         tot = doc["totals"]
         return [
