@@ -250,6 +250,19 @@ def test_record_command_not_found(tmp_path):
 
 
 @root_only
+def test_record_script_with_a_missing_interpreter(tmp_path):
+    """A `#!` script is probed in its interpreter; one that does not exist is said as such, not
+    as 'no malloc/free found in /no/such/interp (statically linked and stripped?)'."""
+    script = tmp_path / "bad.sh"
+    script.write_text("#!/no/such/interp\necho hi\n")
+    script.chmod(0o755)
+    for args in (["-o", str(tmp_path / "t")], ["--dry-run"]):
+        p = cli("record", *args, "--", str(script))
+        one_line_error(p, f"cannot run {script}: its interpreter /no/such/interp: No such file or directory", code=3)
+    assert not (tmp_path / "t").exists()
+
+
+@root_only
 def test_record_tracefs_not_mounted(tmp_path):
     """In a private mount namespace without tracefs: one line naming the fix, nothing written."""
     out = tmp_path / "t"

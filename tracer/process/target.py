@@ -347,13 +347,15 @@ def program_image(path: str) -> str:
     """The executable the kernel runs for `path`: the file itself, or for a script (`#!`) its
     interpreter, followed as the kernel does (at most 4 levels); a real path. Its allocator and
     libraries are the ones to probe (a script file has none)."""
-    path = os.path.realpath(path)
-    for _ in range(4):
+    script, path = path, os.path.realpath(path)
+    for depth in range(4):
         try:
             with open(path, "rb") as f:
                 head = f.read(256)
-        except OSError:
-            return path
+        except OSError as e:
+            if depth == 0:
+                return path  # the command itself: its exec says why (126)
+            raise TargetError(f"cannot run {script}: its interpreter {path}: {e.strerror}") from None
         if not head.startswith(b"#!"):
             return path
         words = head[2:].split(b"\n", 1)[0].split()
