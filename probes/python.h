@@ -152,6 +152,21 @@ static __always_inline void py_tags(struct as_pyconf *c, struct as_pywork *p)
     }
 }
 
+/* A new stack stored: the tracer wakes and reads its code objects at once, while they live (a
+ * module body runs once at import and is freed then, `exec`'d code too; read at the next
+ * snapshot, they would be gone). Once per stored stack; a full ring leaves it to the snapshot. */
+static __always_inline void py_wake(u32 tid, u64 h)
+{
+    struct as_event *e = events.ringbuf_reserve(sizeof(struct as_event));
+    if (!e)
+        return;
+    __builtin_memset(e, 0, sizeof(*e));
+    e->type = AS_EV_PYSTACK;
+    e->tid = tid;
+    e->addr = h;
+    events.ringbuf_submit(e, 0);
+}
+
 /* The stack id of an allocation by thread `tid` whose native stack is `sid`: `sid` itself when
  * the thread runs no Python (or the walk finds no frame), else the id of native + Python frames. */
 static __always_inline u64 py_stack(u32 tid, u64 sid)
@@ -208,6 +223,7 @@ static __always_inline u64 py_stack(u32 tid, u64 sid)
         return sid; /* the copy in `stacks` stays unnamed: harmless */
     }
     py_count(AS_PYCNT_STORED, 1);
+    py_wake(tid, h);
     return h;
 }
 

@@ -169,6 +169,13 @@ def test_python_lines_name_the_memory(version, procs, tracers, tmp_path):
     below = full[full.index(("[outer Python frames cut: 32 kept]", "python")) + 1 :]
     assert below and all(m != "python" for _, m in below), full  # the interpreter's C frames under it
 
+    # exec'd code, freed once run (0.2 s after its allocation, the snapshots 0.5 s apart): named,
+    # its code object read when its stack was stored
+    snip = [loc for loc in rep["locations"] if loc["location"] == "<module>|python|<snippet>:2"]
+    assert len(snip) == 1, [loc["location"] for loc in rep["locations"] if loc["live_bytes"] >= own["snip"]]
+    assert py_frames(snip[0])[:2] == [("<module>", "<snippet>", 2), ("main", app, LINES["snippet"])]
+    assert 0 < snip[0]["live_bytes"] - own["snip"] <= 64, (snip[0]["live_bytes"], own)
+
     # --no-python: the native places as before, no Python frame anywhere
     native = json.loads(cli("report", str(out), "--format", "json", "--no-python", check=True).stdout)
     assert all(loc["module"] != "python" for loc in native["locations"])

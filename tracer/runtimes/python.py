@@ -39,6 +39,7 @@ REFRESH_S = 0.25  # the thread walk at most this often from tick()
 MAX_THREADS = 4096  # PyThreadStates walked per interpreter
 MAX_INTERPRETERS = 64
 MAX_CODES = 1 << 16  # code objects cached
+MAX_PENDING = 1 << 14  # stacks whose code objects wait for the next tick (AS_PY_STACKS)
 MAX_LINETABLE = 1 << 20
 MAX_NAME = 4096
 FRAME_BYTES = 80  # what the probe reads of a frame (AS_PY_FRAME_BYTES)
@@ -303,6 +304,7 @@ class PythonFrames:
         self.codes: dict[int, Code | None] = {}
         self.written_codes: set[int] = set()
         self.adaptive = 0
+        self.pending: list[int] = []  # stacks stored since the last tick (stored())
 
     # --- discovery -----------------------------------------------------------------------
 
@@ -364,6 +366,25 @@ class PythonFrames:
     def tick(self) -> None:
         if self.interp is not None and time.monotonic() - self.last_refresh >= REFRESH_S:
             self.refresh()
+        if self.pending:
+            self.read_pending()
+
+    def stored(self, sid: int) -> None:
+        """The probe stored stack `sid` (its AS_EV_PYSTACK event): read its code objects at the
+        next tick, right after the poll that brought the event."""
+        if len(self.pending) < MAX_PENDING:
+            self.pending.append(sid)
+
+    def read_pending(self) -> None:
+        """The code objects of the stacks stored since the last tick, read now into the cache the
+        snapshot's columns() takes them from: a module body (run once at import) or `exec`'d code
+        is freed as soon as it has run, long before the next snapshot."""
+        ids, self.pending = self.pending, []
+        if self.interp is None:
+            return
+        for _native, frames in self.frames_of(ids).values():
+            for code, _lasti, _entry, tag in frames:
+                self.code(code, tag)
 
     # --- stacks and code objects ---------------------------------------------------------
 

@@ -8,7 +8,7 @@ started after the attach keeps LATES bytearrays of LATE bytes made at `late_bloc
 (`chunks`), a key function `sorted` calls back (`sort_key`) and a coroutine (`fetch`) keep
 theirs; `map_region` keeps MAPS anonymous mappings of MAP bytes (Python's mmap module: a
 system call, no allocator), every page touched; `descend` keeps one bytearray made 32 Python
-frames deep and one 43 deep (the probe keeps 32). Prints
+frames deep and one 43 deep (the probe keeps 32); exec'd code keeps SNIP bytes. Prints
 "done" with its own counts and keeps everything until killed. argv[1] scales the batches (the
 diff of two runs). The `# line:` comments are how the test finds the lines.
 """
@@ -129,6 +129,12 @@ def descend(n, size):
     return descend(n - 1, size)  # line: descend
 
 
+SNIP = 320 << 10
+# code run once and freed at once (a module body at import, exec'd code): its code object is
+# read when the probe stores the stack (AS_EV_PYSTACK), not at the next snapshot (0.5 s later)
+SNIPPET = "import time\nheld.append(bytearray(SNIP))\ntime.sleep(0.2)\n"
+
+
 def warm_up(payload, seconds=1.5):
     """Transient work (all freed) while the tracer builds the unwind tables of libpython and zlib
     the first stacks cross: the held allocations after it have whole native stacks."""
@@ -164,12 +170,13 @@ def main():
     map_buffers()  # the mmap family
     held.append(descend(29, WHOLE))  # line: whole (30 frames of descend, main, <module>: 32)
     held.append(descend(40, CUT))  # line: cut (43 frames)
+    exec(compile(SNIPPET, "<snippet>", "exec"), {"held": held, "SNIP": SNIP})  # line: snippet
     worker_done.wait()
     late.join()
     print(
         f"done batches={BATCHES * BATCH} segments={SEGMENTS * SEGMENT} inflates={INFLATES * INFLATE} "
         f"lates={LATES * LATE} chunks={CHUNKS * CHUNK} keys={KEYS * CHUNK} fetches={FETCHES * FETCH} "
-        f"maps={MAPS * MAP} whole={WHOLE} cut={CUT} "
+        f"maps={MAPS * MAP} whole={WHOLE} cut={CUT} snip={SNIP} "
         f"pid={threading.get_native_id()} worker={worker.native_id}",
         flush=True,
     )
