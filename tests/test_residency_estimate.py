@@ -123,7 +123,9 @@ def test_shared_memory_advice_names_cuda_only_where_cuda_is_mapped():
     }
     arenas = pd.DataFrame(columns=["id", "kind", "retained_bytes"])
     postgres = residency_advice(arenas, dec, cuda_mapped({"probes": {}}, {"mmap": 1, "shmem": 2}))
-    assert postgres and postgres[0].startswith("150 MiB is shared memory (shared anonymous mappings")
+    assert postgres and postgres[0].startswith("150.0 MiB is shared memory (shared anonymous mappings")
+    # in the units of the RSS line above it (postgres' 10.6 MiB of shmem read "10 MiB", its 0 B "0 MiB")
+    assert postgres[0].endswith("): 0 B of it at the shmem sites, 150.0 MiB mapped before the attach or not traced")
     assert not any("CUDA" in a or "cuda" in a for a in postgres), postgres
     gpu = residency_advice(arenas, dec, cuda_mapped({"probes": {"cuda": {"module": "/usr/lib/libcuda.so.1"}}}))
     assert "pinned CUDA host memory" in gpu[0] and "cuda-pinned sites" in gpu[0]

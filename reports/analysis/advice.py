@@ -82,7 +82,7 @@ def residency_advice(arenas: pd.DataFrame, dec: dict | None, cuda: bool = False)
         )
     if dec["shmem_bytes"] > 0.2 * rss:
         out.append(
-            f"{dec['shmem_bytes'] >> 20} MiB is shared memory ("
+            f"{human_bytes(dec['shmem_bytes'])} is shared memory ("
             + (
                 "e.g. pinned CUDA host memory shows as RssShmem"
                 if cuda
@@ -90,10 +90,10 @@ def residency_advice(arenas: pd.DataFrame, dec: dict | None, cuda: bool = False)
             )
             + ")"
             + (
-                f": {dec['shmem_attributed_bytes'] >> 20} MiB of it at the "
+                f": {human_bytes(dec['shmem_attributed_bytes'])} of it at the "
                 + ("shmem and cuda-pinned" if cuda else "shmem")
                 + " sites, "
-                f"{dec['shmem_unattributed_bytes'] >> 20} MiB mapped before the attach or not traced"
+                f"{human_bytes(dec['shmem_unattributed_bytes'])} mapped before the attach or not traced"
                 if "shmem_attributed_bytes" in dec
                 else ""
             )
