@@ -112,6 +112,7 @@ class Snapshots:
         # sites: the kernel side plus what the rare-shape tracker allocated and freed
         rec.ring.replay_slow()
         changed = self.site_reader.update(self.sites, rec.tracker, rec.source_names, final)
+        totals = self._read_totals()  # next to the sites: what follows (the final live table, the census) takes time
         part = self.sites.part(seq, changed)
         if part is not None:
             w.write_part("sites", seq, part)
@@ -163,7 +164,7 @@ class Snapshots:
         part = self.purges.part(seq)
         if part is not None:
             w.write_part("purges", seq, part)
-        row = self._interval_row(seq, now, alive, readable, final, state)
+        row = self._interval_row(seq, now, alive, readable, final, state, totals)
         w.write_part("intervals", seq, pa.table({k: [v] for k, v in row.items()}))
         if rec.peaks is not None:
             rec.peaks.take(row["live_bytes"])  # a slow rise re-arms the wake from this snapshot's live
@@ -220,10 +221,20 @@ class Snapshots:
         marks = rec.injection.sys_marks() if rec.injection is not None and not final else None
         return target_state(rec.target.pid, marks)
 
-    def _interval_row(self, seq: int, now: int, alive: bool, readable: bool, final: bool, state: TargetState) -> dict:
+    def _read_totals(self) -> tuple:
+        """The kernel's counters and totals for the interval row, read right after the sites: on
+        a busy target, read after the final snapshot's live table and census instead, they were
+        hundreds of ms younger than the sites, and the report's "live now" and its locations
+        disagreed (a postgres backend: live now 0 B, a location 26.8 KiB live at the end)."""
         rec = self.rec
         counters = interval_counters(rec, rec.probes.maps.read_counters())
-        heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak = rec.probes.maps.read_totals()
+        return counters, rec.probes.maps.read_totals()
+
+    def _interval_row(
+        self, seq: int, now: int, alive: bool, readable: bool, final: bool, state: TargetState, totals: tuple
+    ) -> dict:
+        rec = self.rec
+        counters, (heap_live, heap_peak, reg_bytes, reg_count, cuda_host, dev_live, dev_peak) = totals
         heap_count = counters["n_allocs"] - counters["n_frees"]
         mm_live = reg_bytes - rec.slow.taken_bytes + rec.tracker.live_bytes()
         mm_count = reg_count - rec.slow.taken_count + rec.tracker.live_count()
