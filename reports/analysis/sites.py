@@ -422,7 +422,8 @@ def at_peak(trace: Trace, tot: dict, sites: pd.DataFrame) -> tuple[dict, dict[in
         "seq": seq,
         "elapsed_s": None if seq is None else json_num(float(elapsed_s(trace)[seq]), 3),
         "live_bytes": 0 if seq is None else max(int(live[seq]), int(sites["at_peak_bytes"].sum()) if len(sites) else 0),
-        "peak_first": peak_first(tot),
+        # no snapshot caught anything live (a peak between two of them): no peak table to lead with
+        "peak_first": peak_first(tot) and seq is not None,
         "max_fraction": PEAK_FIRST_MAX_FRACTION,
         "peak_snapshot": bool(seq is not None and snap.get(seq)),
         "margin_bytes": int(tot.get("peak_margin_bytes") or 0),
