@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -80,6 +81,13 @@ def test_report_no_finished_interval(good_trace):
         if n.startswith("intervals-"):
             os.unlink(os.path.join(good_trace, "parts", n))
     one_line_error(cli("report", good_trace), "no finished interval")
+
+
+def test_report_complete_trace_without_its_parts(good_trace):
+    """A finished trace copied without parts/ was said to have 'no finished interval (the
+    recording stopped before its first snapshot)': its meta.json says complete."""
+    shutil.rmtree(os.path.join(good_trace, "parts"))
+    one_line_error(cli("report", good_trace), "cannot read its tables, parts/: No such file or directory", code=5)
 
 
 def test_report_json_output_file(good_trace, tmp_path):

@@ -242,7 +242,10 @@ def _load(path: str, progress) -> Trace:
     pdir = os.path.join(path, F.PARTS)
     try:
         names = os.listdir(pdir)
-    except OSError:
+    except OSError as e:
+        if meta.get("complete") or not isinstance(e, FileNotFoundError):
+            # the writer makes parts/ with the trace: a trace without it lost its tables
+            raise TraceFileError(f"{path}: cannot read its tables, {F.PARTS}/: {e.strerror}") from None
         names = []
     parts: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for n in names:
