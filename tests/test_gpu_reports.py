@@ -316,7 +316,7 @@ def test_rss_split_attributes_shmem_and_device_files(report):
     assert d["file_device_sources"] == {"cuda-managed": 4 * MIB, "device": 64 * KIB}
     assert (d["file_device_bytes"], d["file_regular_bytes"]) == (4 * MIB + 64 * KIB, FILE - 4 * MIB - 64 * KIB)
     assert any(
-        "16 MiB of it at the shmem and cuda-pinned sites, 3 MiB mapped before the attach" in a for a in report["advice"]
+        "16.1 MiB of it at the shmem and cuda-pinned sites, 3.0 MiB mapped before the attach" in a for a in report["advice"]
     )
 
 
