@@ -121,3 +121,30 @@ def test_attached_without_census_never_calls_pre_attach_memory_retained(tmp_path
     # launched: nothing predates the attach, resident - live is retained
     d = rss_decomposition(_attached_trace(tmp_path, launched=True))
     assert (d["retained_bytes"], d["before_or_retained_bytes"]) == (45 * MiB, 0)
+    # ...and the report never speaks of memory "from before the attach" (`gzip`, `xz` launched:
+    # "glibc: memory from before the attach is in other anon ... not separable without a census")
+    assert d["unseparated"] == [], d["unseparated"]
+    (tmp_path / "l").mkdir()
+    text = to_text(build_report(_attached_trace(tmp_path / "l", launched=True)))
+    assert "before the attach" not in text, text
+
+
+def test_a_launched_programs_unseen_chunks_are_the_allocators_own():
+    """The census of a launched xz found 656 bytes in use no traced call returned (glibc's tcache):
+    the RSS line called them "live before the attach", of a program traced from its exec."""
+    from reports.analysis.equations import rss_equation
+
+    dec = {
+        "live_heap_bytes": 0,
+        "live_before_attach_known": True,
+        "live_before_attach_bytes": 656,
+        "retained_bytes": 0,
+        "other_anon_bytes": 0,
+        "file_bytes": 0,
+        "shmem_bytes": 0,
+        "rss_bytes": 656,
+    }
+    labels = [t["label"] for t in rss_equation({**dec, "launched": True})["terms"]]
+    assert "allocators' own (in use, never returned by a call)" in labels and "live before the attach" not in labels
+    labels = [t["label"] for t in rss_equation({**dec, "launched": False})["terms"]]
+    assert "live before the attach" in labels

@@ -26,7 +26,13 @@ def rss_equation(dec: dict) -> dict:
     retained + before the attach or retained + other anonymous + file + shmem."""
     terms = [term("live heap since the attach", dec["live_heap_bytes"])]
     if dec.get("live_before_attach_known") or dec.get("live_before_attach_bytes"):
-        label = "heap in use (census)" if dec.get("mode") == "residency" else "live before the attach"
+        label = (
+            "heap in use (census)"
+            if dec.get("mode") == "residency"
+            else "allocators' own (in use, never returned by a call)"
+            if dec.get("launched")
+            else "live before the attach"
+        )
         terms.append(term(label, dec.get("live_before_attach_bytes") or 0))
     if dec.get("retained_known", True) and not ("live_or_retained_bytes" in dec and not dec["retained_bytes"]):
         terms.append(term("retained by allocator", dec["retained_bytes"]))

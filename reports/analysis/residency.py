@@ -401,7 +401,11 @@ def rss_decomposition(
     timeline = allocator_timeline(trace)
     for a in allocs:
         a["timeline"] = timeline.get(a["source"], [])
-    allocator_terms(allocs, outside, (trace.meta.get("target") or {}).get("launched") is False)
+    launched = (trace.meta.get("target") or {}).get("launched") is not False
+    allocator_terms(allocs, outside, not launched)
+    if launched and not residency:
+        for a in allocs:  # no block from before an attach: what a census finds in use unseen is its own
+            a["before_label"] = LAUNCHED_UNSEEN
     sampled = sampled_split(trace, allocs, parts)
     out = {
         "rss_bytes": int(last["rss_bytes"]),
@@ -413,10 +417,11 @@ def rss_decomposition(
         **split,
         **sampled,
         "live_before_attach_known": any(a["live_before_attach"] is not None for a in allocs),
-        "unseparated": [a["name"] for a in allocs if a["live_before_attach"] is None],
+        # launched: traced from its first call, nothing is from before an attach to separate
+        "unseparated": [] if launched else [a["name"] for a in allocs if a["live_before_attach"] is None],
         "unseparated_note": BEFORE_UNSEPARATED,
         "allocators": allocs,
-        "launched": (trace.meta.get("target") or {}).get("launched") is not False,
+        "launched": launched,
         "mode": trace.meta.get("mode") or "full",
     }
     out["equations"] = split_equations(out)
@@ -424,6 +429,9 @@ def rss_decomposition(
 
 
 UNPROBED = "live or retained: no allocator probes (residency mode)"
+# A launched program's chunks in use that no traced call returned: the allocator's own (glibc's
+# tcache, 656 bytes a thread), never "from before the attach" — there was none.
+LAUNCHED_UNSEEN = "the allocator's own (in use, never returned by a call)"
 
 
 def unprobed(allocs: list[dict]) -> None:
