@@ -145,6 +145,6 @@ def test_a_launched_programs_unseen_chunks_are_the_allocators_own():
         "rss_bytes": 656,
     }
     labels = [t["label"] for t in rss_equation({**dec, "launched": True})["terms"]]
-    assert "allocators' own (in use, never returned by a call)" in labels and "live before the attach" not in labels
+    assert "allocator internals (in use, never returned by a call)" in labels and "live before the attach" not in labels
     labels = [t["label"] for t in rss_equation({**dec, "launched": False})["terms"]]
     assert "live before the attach" in labels

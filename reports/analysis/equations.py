@@ -29,7 +29,7 @@ def rss_equation(dec: dict) -> dict:
         label = (
             "heap in use (census)"
             if dec.get("mode") == "residency"
-            else "allocators' own (in use, never returned by a call)"
+            else "allocator internals (in use, never returned by a call)"
             if dec.get("launched")
             else "live before the attach"
         )

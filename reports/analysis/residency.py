@@ -431,7 +431,7 @@ def rss_decomposition(
 UNPROBED = "live or retained: no allocator probes (residency mode)"
 # A launched program's chunks in use that no traced call returned: the allocator's own (glibc's
 # tcache, 656 bytes a thread), never "from before the attach" — there was none.
-LAUNCHED_UNSEEN = "the allocator's own (in use, never returned by a call)"
+LAUNCHED_UNSEEN = "allocator internals (in use, never returned by a call)"
 
 
 def unprobed(allocs: list[dict]) -> None:
