@@ -120,6 +120,7 @@ enum as_event_type {
     AS_EV_CODE = 10,       /* a file mapped executable (a library loaded): the tracer reads the maps */
     AS_EV_PEAK = 11,       /* live total past the wake threshold: addr = total, len = threshold */
     AS_EV_PYSTACK = 12,    /* a stack with Python frames stored (addr = its id): read its code objects now */
+    AS_EV_PYTHREAD = 13,   /* the probe found tid's PyThreadState (addr) itself: the tracer's walk owns it */
 };
 /* AS_EV_MMAP .. AS_EV_BRK are the rare shapes the kernel side does not account itself (a
  * partial munmap, MAP_FIXED, an mremap it cannot follow, brk shrinking tracked pages): the

@@ -41,6 +41,11 @@ struct as_pyconf {
     u32 tag_file;       /* ... and the words of co_filename and co_name from there */
     u32 tag_name;
     u32 pad;
+    u64 runtime;           /* &_PyRuntime: a thread not in `pythreads` is looked for from there */
+    u32 rt_interp_head;    /* _PyRuntime.interpreters.head */
+    u32 interp_threads;    /* PyInterpreterState.threads.head */
+    u32 tstate_next;       /* PyThreadState.next */
+    u32 tstate_native_tid; /* PyThreadState.native_thread_id */
 };
 
 struct as_pyframe {
@@ -66,8 +71,12 @@ struct as_pystack {
 #define AS_PYCNT_LOST 3
 #define AS_PYCNT_CUT 4
 
+#define AS_PY_THREAD_WALK 32         /* thread states looked at for a thread not in `pythreads` */
+#define AS_PY_REWALK_NS 200000000ULL /* a thread found in none: looked for again after this */
+
 BPF_ARRAY(pyconf, struct as_pyconf, 1);
 BPF_HASH(pythreads, u32, u64, AS_PY_THREADS);
+BPF_TABLE("lru_hash", u32, u64, pynotstate, AS_PY_THREADS); /* tid -> when none was found */
 BPF_F_TABLE("hash", u64, struct as_pystack, pystacks, AS_PY_STACKS, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(pycounts, u64, 8);
 
@@ -167,6 +176,51 @@ static __always_inline void py_wake(u32 tid, u64 h)
     events.ringbuf_submit(e, 0);
 }
 
+/* The PyThreadState of thread `tid` when the tracer has not named it yet (a thread started since
+ * its last walk: a ThreadPoolExecutor's worker started on the first submit allocates at once): the
+ * main interpreter's thread states, newest first (a new thread's is at the head), up to
+ * AS_PY_THREAD_WALK, their native_thread_id compared. Found: kept in `pythreads` and told to the
+ * tracer (AS_EV_PYTHREAD: its walk then owns the entry, removed when the thread is gone). Not
+ * found (a native thread: a BLAS pool, a C library's own): not looked for again for
+ * AS_PY_REWALK_NS. 0 when none. */
+static __always_inline u64 py_find_tstate(struct as_pyconf *c, u32 tid)
+{
+    if (!c->runtime)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u64 *last = pynotstate.lookup(&tid);
+    if (last && now - *last < AS_PY_REWALK_NS)
+        return 0;
+    u64 interp = 0, ts = 0;
+    if (bpf_probe_read_user(&interp, sizeof(interp), (void *)(c->runtime + c->rt_interp_head)) || !interp ||
+        bpf_probe_read_user(&ts, sizeof(ts), (void *)(interp + c->interp_threads))) {
+        pynotstate.update(&tid, &now);
+        return 0;
+    }
+#pragma clang loop unroll(disable)
+    for (u32 k = 0; k < AS_PY_THREAD_WALK; k++) {
+        u64 id = 0;
+        if (!ts || bpf_probe_read_user(&id, sizeof(id), (void *)(ts + c->tstate_native_tid)))
+            break;
+        if (id == tid) {
+            pythreads.update(&tid, &ts);
+            struct as_event *e = events.ringbuf_reserve(sizeof(struct as_event));
+            if (e) {
+                __builtin_memset(e, 0, sizeof(*e));
+                e->type = AS_EV_PYTHREAD;
+                e->tid = tid;
+                e->addr = ts;
+                events.ringbuf_submit(e, 0);
+            }
+            return ts;
+        }
+        if (bpf_probe_read_user(&ts, sizeof(ts), (void *)(ts + c->tstate_next)))
+            break;
+    }
+    pynotstate.update(&tid, &now);
+    return 0;
+}
+
 /* The stack id of an allocation by thread `tid` whose native stack is `sid`: `sid` itself when
  * the thread runs no Python (or the walk finds no frame), else the id of native + Python frames. */
 static __always_inline u64 py_stack(u32 tid, u64 sid)
@@ -175,15 +229,18 @@ static __always_inline u64 py_stack(u32 tid, u64 sid)
     struct as_pyconf *c = pyconf.lookup(&zero);
     if (!c || !c->on || !sid)
         return sid;
-    u64 *ts = pythreads.lookup(&tid);
-    if (!ts || !*ts)
+    u64 *known = pythreads.lookup(&tid);
+    u64 ts = known ? *known : 0;
+    if (!ts)
+        ts = py_find_tstate(c, tid);
+    if (!ts)
         return sid;
     struct as_pywork *p = pywork.lookup(&zero);
     if (!p)
         return sid;
     py_count(AS_PYCNT_WALKS, 1);
     u64 frame = 0;
-    if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(*ts + c->tstate_frame)))
+    if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(ts + c->tstate_frame)))
         return sid;
     if (c->cframe_frame >= 0 && frame && bpf_probe_read_user(&frame, sizeof(frame), (void *)(frame + c->cframe_frame)))
         return sid;

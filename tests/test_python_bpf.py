@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -175,6 +176,13 @@ def test_python_lines_name_the_memory(version, procs, tracers, tmp_path):
     assert len(snip) == 1, [loc["location"] for loc in rep["locations"] if loc["live_bytes"] >= own["snip"]]
     assert py_frames(snip[0])[:2] == [("<module>", "<snippet>", 2), ("main", app, LINES["snippet"])]
     assert 0 < snip[0]["live_bytes"] - own["snip"] <= 64, (snip[0]["live_bytes"], own)
+
+    # threads started while recording that allocate at once (a ThreadPoolExecutor's, spawned by
+    # its first submits): found by the probe itself, before the tracer's next thread walk
+    pool = location(rep, "pool_block")
+    assert py_frames(pool)[:2] == [("pool_block", app, LINES["pool_block"]), ("_WorkItem.run", ANY, ANY)], pool
+    assert abs(pool["live_bytes"] - own["pools"]) <= 0.05 * own["pools"], (pool["live_bytes"], own)
+    assert own["pid"] not in [t["tid"] for t in pool["threads"]], pool["threads"]
 
     # --no-python: the native places as before, no Python frame anywhere
     native = json.loads(cli("report", str(out), "--format", "json", "--no-python", check=True).stdout)

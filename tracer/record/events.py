@@ -24,6 +24,7 @@ EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_TRIM, EV_NAME, EV_EXIT, EV_EXEC, EV_CO
 )
 SLOW_EVENTS = (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK)
 EV_PYSTACK = L.enum("AS_EV_PYSTACK")  # a stack with Python frames stored (probes/python.h py_wake)
+EV_PYTHREAD = L.enum("AS_EV_PYTHREAD")  # a thread's PyThreadState the probe found (py_find_tstate)
 
 
 def _s64(v: int) -> int:
@@ -48,6 +49,10 @@ class RingEvents:
         if typ == EV_PYSTACK:
             if rec.python is not None:
                 rec.python.stored(ev.addr)  # its code objects read in the loop, once the poll returns
+            return
+        if typ == EV_PYTHREAD:
+            if rec.python is not None:
+                rec.python.thread_found(tid, ev.addr)
             return
         if typ in SLOW_EVENTS:
             self.slow_events.append(ev)  # replayed in order once the poll returns (replay_slow)

@@ -255,10 +255,16 @@ def code_key(addr: int, tag: int) -> int:
     return (addr ^ (tag * 0xFF51AFD7ED558CCD)) & MASK64
 
 
-def conf_values(lay: Layout) -> dict[str, int]:
-    """The fields of `struct as_pyconf` (probes/python.h) for a layout."""
+def conf_values(lay: Layout, runtime: int = 0) -> dict[str, int]:
+    """The fields of `struct as_pyconf` (probes/python.h) for a layout; `runtime`: the address of
+    `_PyRuntime` (the probe looks for a thread the tracer has not named from there; 0: it does not)."""
     base, fi, ni = tag_offsets(lay)
     return {
+        "runtime": runtime,
+        "rt_interp_head": lay.runtime_interpreters_head,
+        "interp_threads": lay.interp_threads_head,
+        "tstate_next": lay.tstate_next,
+        "tstate_native_tid": lay.tstate_native_thread_id,
         "code_tag": base,
         "tag_file": fi,
         "tag_name": ni,
@@ -333,7 +339,8 @@ class PythonFrames:
         self.adaptive = found.layout.code_adaptive
         conf = self.tables("pyconf")
         leaf = conf.Leaf()  # type: ignore[attr-defined]
-        for k, v in conf_values(found.layout).items():
+        find = os.environ.get("ALLOCSCOPE_PYTHON_FIND") != "0"  # 0: bench/python_native_threads.py's baseline
+        for k, v in conf_values(found.layout, found.runtime if find else 0).items():
             setattr(leaf, k, v)
         conf[conf.Key(0)] = leaf  # type: ignore[attr-defined,index]
         self.refresh()
@@ -362,6 +369,13 @@ class PythonFrames:
             if self.tids.get(tid) != ts:
                 t[t.Key(tid)] = t.Leaf(ts)  # type: ignore[attr-defined,index]
         self.tids = now
+
+    def thread_found(self, tid: int, tstate: int) -> None:
+        """The probe found thread `tid`'s PyThreadState itself (AS_EV_PYTHREAD, a thread started
+        since the last walk) and put it in `pythreads`: the walk owns that entry from now on (it
+        is removed when the thread is gone)."""
+        if self.interp is not None:
+            self.tids[tid] = tstate
 
     def tick(self) -> None:
         if self.interp is not None and time.monotonic() - self.last_refresh >= REFRESH_S:

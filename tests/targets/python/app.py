@@ -8,7 +8,8 @@ started after the attach keeps LATES bytearrays of LATE bytes made at `late_bloc
 (`chunks`), a key function `sorted` calls back (`sort_key`) and a coroutine (`fetch`) keep
 theirs; `map_region` keeps MAPS anonymous mappings of MAP bytes (Python's mmap module: a
 system call, no allocator), every page touched; `descend` keeps one bytearray made 32 Python
-frames deep and one 43 deep (the probe keeps 32); exec'd code keeps SNIP bytes. Prints
+frames deep and one 43 deep (the probe keeps 32); exec'd code keeps SNIP bytes; a ThreadPoolExecutor's threads, started
+on its first submits, POOLS blocks made at `pool_block`. Prints
 "done" with its own counts and keeps everything until killed. argv[1] scales the batches (the
 diff of two runs). The `# line:` comments are how the test finds the lines.
 """
@@ -19,6 +20,7 @@ import signal
 import sys
 import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 BATCH = 4 << 20
 BATCHES = 13 * (int(sys.argv[1]) if len(sys.argv) > 1 else 1)  # a prime count, scaled for the diff
@@ -129,6 +131,14 @@ def descend(n, size):
     return descend(n - 1, size)  # line: descend
 
 
+POOL = 288 << 10
+POOLS = 6
+
+
+def pool_block(i):
+    return bytearray(POOL)  # line: pool_block
+
+
 SNIP = 320 << 10
 # code run once and freed at once (a module body at import, exec'd code): its code object is
 # read when the probe stores the stack (AS_EV_PYSTACK), not at the next snapshot (0.5 s later)
@@ -171,12 +181,14 @@ def main():
     held.append(descend(29, WHOLE))  # line: whole (30 frames of descend, main, <module>: 32)
     held.append(descend(40, CUT))  # line: cut (43 frames)
     exec(compile(SNIPPET, "<snippet>", "exec"), {"held": held, "SNIP": SNIP})  # line: snippet
+    with ThreadPoolExecutor(3) as pool:  # its threads start on the first submits and allocate at once
+        held.extend(pool.map(pool_block, range(POOLS)))
     worker_done.wait()
     late.join()
     print(
         f"done batches={BATCHES * BATCH} segments={SEGMENTS * SEGMENT} inflates={INFLATES * INFLATE} "
         f"lates={LATES * LATE} chunks={CHUNKS * CHUNK} keys={KEYS * CHUNK} fetches={FETCHES * FETCH} "
-        f"maps={MAPS * MAP} whole={WHOLE} cut={CUT} snip={SNIP} "
+        f"maps={MAPS * MAP} whole={WHOLE} cut={CUT} snip={SNIP} pools={POOLS * POOL} "
         f"pid={threading.get_native_id()} worker={worker.native_id}",
         flush=True,
     )
