@@ -133,6 +133,12 @@ def test_record_bad_label(tmp_path, label):
     one_line_error(cli("record", "--pid", "1", "-o", str(tmp_path / "t"), "--label", label), "KEY=VALUE", code=2)
 
 
+def test_record_label_given_twice(tmp_path):
+    """--label pw=10 --label pw=12 kept the last without a word: the trace said pw=12."""
+    p = cli("record", "--pid", "1", "-o", str(tmp_path / "t"), "--label", "pw=10", "--label", "pw=12")
+    one_line_error(p, "--label pw given twice: pw=10 and pw=12", code=2)
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [

@@ -23,6 +23,8 @@ def parse_labels(values: tuple[str, ...]) -> dict[str, str]:
         key = key.strip()
         if not sep or not key or any(c.isspace() for c in key):
             raise UsageError(f"--label wants KEY=VALUE (e.g. --label pw=12), not {v!r}")
+        if labels.get(key, val) != val:  # one would be dropped without a word (diff --per reads one)
+            raise UsageError(f"--label {key} given twice: {key}={labels[key]} and {key}={val}")
         labels[key] = val
     return labels
 
