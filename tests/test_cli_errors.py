@@ -208,6 +208,9 @@ def test_record_zombie(tmp_path):
 @root_only
 def test_record_pgrep_no_match(tmp_path):
     one_line_error(cli("record", "--pgrep", "no-such-process-xq7z", "-o", str(tmp_path / "t")), "matches no process")
+    # the pattern as the shell took it, not Python's repr (which doubled every backslash)
+    p = cli("record", "--pgrep", r"no-such \*:7399", "-o", str(tmp_path / "t"))
+    one_line_error(p, r"--pgrep 'no-such \*:7399' matches no process", code=3)
 
 
 @root_only

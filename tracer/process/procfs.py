@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -228,7 +229,7 @@ def pgrep(pattern: str) -> list[tuple[int, str]]:
     try:
         rx = re.compile(pattern)
     except re.error as e:
-        raise UsageError(f"--pgrep pattern {pattern!r} is not a valid regular expression: {e}") from None
+        raise UsageError(f"--pgrep pattern {shlex.quote(pattern)} is not a valid regular expression: {e}") from None
     mine = ancestors(os.getpid())
     found = []
     for name in os.listdir("/proc"):

@@ -17,6 +17,7 @@ import ctypes as ct
 import errno
 import os
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -112,11 +113,13 @@ def target_from_pid(pid: int) -> Target:
 def target_from_pgrep(pattern: str) -> Target:
     found = procfs.pgrep(pattern)
     if not found:
-        raise TargetError(f"--pgrep {pattern!r} matches no process")
+        raise TargetError(f"--pgrep {shlex.quote(pattern)} matches no process")
     if len(found) > 1:
         listing = "; ".join(f"{pid}: {line[:60]}" for pid, line in found[:8])
         more = f" (+{len(found) - 8} more)" if len(found) > 8 else ""
-        raise TargetError(f"--pgrep {pattern!r} matches {len(found)} processes, give one with --pid: {listing}{more}")
+        raise TargetError(
+            f"--pgrep {shlex.quote(pattern)} matches {len(found)} processes, give one with --pid: {listing}{more}"
+        )
     return target_from_pid(found[0][0])
 
 

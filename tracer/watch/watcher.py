@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -118,7 +119,9 @@ class Watcher:
         try:
             self.rx = re.compile(self.pattern)
         except re.error as e:
-            raise UsageError(f"--pgrep pattern {self.pattern!r} is not a valid regular expression: {e}") from None
+            raise UsageError(
+                f"--pgrep pattern {shlex.quote(self.pattern)} is not a valid regular expression: {e}"
+            ) from None
 
     @property
     def recorders(self) -> list:
@@ -264,7 +267,7 @@ class Watcher:
             what = (
                 f"--pid {self.options.pid}'s command line"
                 if self.options.pid is not None
-                else f"--pgrep {self.pattern!r}"
+                else f"--pgrep {shlex.quote(self.pattern)}"
             )
             gated = sorted(self.gate.comms) if self.gate else []
             held = f"; new incarnations of {', '.join(gated)} are held at their exec" if gated else ""
