@@ -148,3 +148,19 @@ def test_a_launched_programs_unseen_chunks_are_the_allocators_own():
     assert "allocator internals (in use, never returned by a call)" in labels and "live before the attach" not in labels
     labels = [t["label"] for t in rss_equation({**dec, "launched": False})["terms"]]
     assert "live before the attach" in labels
+
+
+def test_not_probed_says_each_reason_once():
+    """A watch's residency trace of redis listed eleven functions each followed by
+    '(residency mode: no allocator probes)'; one reason, its functions together."""
+    from reports.render.text import skipped_text
+
+    skipped = {
+        "malloc": "residency mode: no allocator probes",
+        "free": "residency mode: no allocator probes",
+        "pvalloc": "not defined by libjemalloc.so.2",
+        "calloc": "residency mode: no allocator probes",
+    }
+    assert skipped_text(skipped) == (
+        "malloc, free, calloc (residency mode: no allocator probes), pvalloc (not defined by libjemalloc.so.2)"
+    )

@@ -57,7 +57,7 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     out.append(f"exe {t.get('exe')}; " + allocators_text(doc))
     probes = rec.get("probes") or {}
     if probes.get("skipped"):
-        out.append(s.dim("not probed: " + ", ".join(f"{k} ({v})" for k, v in probes["skipped"].items())))
+        out.append(s.dim("not probed: " + skipped_text(probes["skipped"])))
     gpu = doc.get("gpu") or {}
     if gpu.get("driver"):
         out.append(driver_text(gpu))
@@ -324,11 +324,20 @@ def to_text(doc: dict, top: int = 20, color: bool = False, frames_per_site: int 
     return "\n".join(out) + "\n"
 
 
+def skipped_text(skipped: dict[str, str]) -> str:
+    """Functions not probed, those with one reason together: 'malloc_trim, pvalloc (not defined by
+    libjemalloc.so.2)', never eleven times '(residency mode: no allocator probes)'."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in skipped.items():
+        by_reason.setdefault(why, []).append(name)
+    return ", ".join(f"{', '.join(names)} ({why})" for why, names in by_reason.items())
+
+
 def driver_text(gpu: dict) -> str:
     """'CUDA driver /usr/lib/.../libcuda.so.1: 14 calls probed[; not probed: ...]'."""
     skipped = gpu.get("skipped") or {}
     return f"CUDA driver {gpu['driver']}: {len(gpu.get('probed') or [])} calls probed" + (
-        "; not probed: " + ", ".join(f"{k} ({v})" for k, v in skipped.items()) if skipped else ""
+        "; not probed: " + skipped_text(skipped) if skipped else ""
     )
 
 
