@@ -293,3 +293,22 @@ def test_reader_refuses_a_held_part_with_rows_of_an_earlier_part(tmp_path):
             "not a valid sites part, skipped (its rows are of interval 2..3, its name says 3)",
         )
     ]
+
+
+def test_a_trace_being_written_reads_as_such_not_as_interrupted(tmp_path):
+    """`report` of the trace a watch (or a record) is writing now said 'ended: interrupted' and
+    'recording was interrupted': the writer holds the directory's lock while it writes, so the
+    reader tells a recording under way from one that was cut short."""
+    path = tmp_path / "w.allocscope"
+    w = TraceWriter(str(path))
+    w.write_meta(META)
+    write_interval(w, 1)
+    write_interval(w, 2)
+    w._wait_batch()
+    t = load_trace(str(path))
+    assert t.warnings == ["trace is still being recorded; read up to +2.0 s, its last snapshot so far"]
+    assert t.meta["end_reason"] == "still being recorded" and not t.complete
+    w.close()  # the writer gone without finishing (as if killed): cut short
+    t = load_trace(str(path))
+    assert t.warnings == ["trace is incomplete (recording was interrupted); read up to +2.0 s, its last snapshot"]
+    assert "end_reason" not in t.meta

@@ -17,6 +17,7 @@ depends on it (reports.analysis.integrity) and the CLI can exit non-zero.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections import defaultdict
@@ -321,8 +322,35 @@ def _load(path: str, progress) -> Trace:
     if not meta.get("complete"):
         # the time, not the seq: peak snapshots take seqs too, and the report counts intervals apart
         upto = float(intervals["elapsed_s"].iloc[-1]) if "elapsed_s" in intervals else 0.0
-        warnings.append(f"trace is incomplete (recording was interrupted); read up to +{upto:.1f} s, its last snapshot")
+        if being_recorded(path):  # a recording or watch under way: nothing was cut short
+            meta = {**meta, "end_reason": meta.get("end_reason") or STILL_RECORDING}
+            warnings.append(f"trace is still being recorded; read up to +{upto:.1f} s, its last snapshot so far")
+        else:
+            warnings.append(
+                f"trace is incomplete (recording was interrupted); read up to +{upto:.1f} s, its last snapshot"
+            )
     return Trace(path=path, meta=meta, intervals=intervals, warnings=warnings, integrity=integrity, **frames)
+
+
+STILL_RECORDING = "still being recorded"  # the `end_reason` of a trace a tracer is writing now
+
+
+def being_recorded(path: str) -> bool:
+    """A tracer holds the trace directory's lock (writer.hold_lock): it is being written now. A
+    tracer that was killed holds nothing (the kernel let go), and neither does a complete trace."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # our shared lock goes with it
+    return False
 
 
 def _symbols_part(name: str) -> tuple[str, int] | None:

@@ -41,6 +41,7 @@ the reader tells a damaged, truncated or missing part from one as written; meta.
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import json
 import os
@@ -72,6 +73,16 @@ def parquet_options(table: str, nbytes: int | None, small_part_bytes: int = SMAL
     return {"compression": "zstd", **F.PARQUET_OPTIONS.get(table, {})}
 
 
+def hold_lock(dirfd: int) -> None:
+    """flock the trace directory for as long as it is written (the kernel lets go when the
+    descriptor is closed or the tracer dies): a reader tells a recording under way from one
+    that was cut short (reader.being_recorded). A file system without locks: nothing held."""
+    try:
+        fcntl.flock(dirfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+
+
 class TraceWriter:
     def __init__(
         self,
@@ -87,6 +98,7 @@ class TraceWriter:
             self._dirfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             os.mkdir(F.PARTS, 0o700, dir_fd=self._dirfd)
             self._partsfd = os.open(F.PARTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._dirfd)
+            hold_lock(self._dirfd)
         except FileExistsError:
             raise OutputError(f"{path} appeared while starting; not overwriting it") from None
         except OSError as e:
