@@ -552,6 +552,8 @@ def test_tracer_memory_flat_on_busy_target(bins, tmp_path, tracers):
         counts = map_counts(tr.pid)
         rc, so, se = stop(tr)
         assert rc == 0, se
+        # attached while stopped: said, or the recording reads as one of an idle program
+        assert f"allocscope: pid {busy.pid} is stopped (SIGSTOP, job control or a debugger)" in se, se
     finally:
         busy.kill()
         busy.wait()

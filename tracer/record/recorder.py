@@ -298,6 +298,11 @@ class Recorder:
             self.progress(
                 f"recording pid {t.pid} ({t.comm}); allocator {found.alloc.kind} {found.alloc.path}; Ctrl-C to stop"
             )
+            if not launched and not held and _stopped(t.pid, self.opts.inject):
+                self.progress(
+                    f"pid {t.pid} is stopped (SIGSTOP, job control or a debugger): "
+                    "it allocates nothing until it is continued"
+                )
             poll_loop(self, probes)
             finish(self, probes)
         finally:
@@ -315,6 +320,15 @@ class Recorder:
 
 def _import_pandas() -> None:
     import pandas  # noqa: F401, PLC0415
+
+
+def _stopped(pid: int, inject: bool) -> bool:
+    """The target is stopped now (state T; t, a debugger's stop, unless --inject's own ptrace
+    could be it): a recording of it would look like one of an idle program."""
+    try:
+        return procfs.state(pid) in (("T",) if inject else ("T", "t"))
+    except (OSError, IndexError):
+        return False
 
 
 def record(
