@@ -26,6 +26,7 @@ import pytest
 from support import ROOT, cli, need_tool, wait_for
 
 from reports.trace import load_trace
+from reports.units import human_bytes
 
 pytestmark = pytest.mark.bpf
 
@@ -168,9 +169,14 @@ def test_resort_default_mode_no_part_at_the_peak_above_the_rss_high_water(target
     time: 654 MiB of first touches, never more than 41 MiB held (+13 MiB of heap glibc keeps)."""
     out = tmp_path / "resort.allocscope"
     # the watch's default: residency mode, its page-fault events open 0.1 s of each second
-    cli("record", "-q", "--mode", "residency", "-o", str(out), "--", str(targets["resort"]), "6", "40", check=True)
+    rec = cli(
+        "record", "-q", "--mode", "residency", "-o", str(out), "--", str(targets["resort"]), "6", "40", check=True
+    )
     doc = json.loads(cli("report", str(out), "--format", "json", check=True).stdout)
     tot, peak = doc["totals"], doc["at_peak"]
+    # the summary line's live figure is the report's (it said the mapped bytes: xz -9, 673.2 MiB
+    # on the line, 135.2 MiB in the report)
+    assert f"; live {human_bytes(tot['live_bytes'])} in {tot['live_count']} blocks at " in rec.stderr, rec.stderr
     assert doc["recording"]["invariants"] == []
     # the churn happened: the kernel's own count of the target's page faults (exact under the
     # default duty too, from /proc/PID/stat), while the sampled touches are an estimate that one

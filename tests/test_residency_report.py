@@ -164,3 +164,21 @@ def test_not_probed_says_each_reason_once():
     assert skipped_text(skipped) == (
         "malloc, free, calloc (residency mode: no allocator probes), pvalloc (not defined by libjemalloc.so.2)"
     )
+
+
+def test_the_record_summary_line_says_the_reports_live_in_residency_mode(tmp_path):
+    """`record --mode residency -- xz -9`: the line said 'live 673.2 MiB' (the dictionary's mapped
+    bytes) where the report said 'live now 135.2 MiB' (mapped, not yet touched, taken off)."""
+    from allocscope.cli.recording import summary_text
+    from tracer.record.finish import Summary
+
+    t = SynthTrace(tmp_path / "x.allocscope")
+    t.meta["mode"] = "residency"
+    s = t.stack(["mmap", "lzma_alloc", "main"])
+    t.interval({(s, 7, "mmap"): (100 * MiB, 1, 0, 0)}, rss=20 * MiB)  # mapped 100, resident 20
+    path = t.close()
+    rep = build_report(load_trace(path))
+    assert rep["totals"]["live_bytes"] == 20 * MiB, rep["totals"]
+    line = summary_text(Summary(path, 1.0, 1, "target exited", 100 * MiB, 1, 1, 0, 4096), "residency")
+    assert "; live 20.0 MiB in 1 blocks at 1 sites;" in line, line
+    assert "; live 100.0 MiB in 1 blocks" in summary_text(Summary(path, 1.0, 1, "x", 100 * MiB, 1, 1, 0, 4096))

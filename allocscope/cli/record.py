@@ -146,7 +146,7 @@ def record(
         listeners.target_ended(end_reason(s, output))
     finally:
         listeners.close()
-    click.echo(summary_text(s), err=True)
+    click.echo(summary_text(s, opts.mode), err=True)
     code = end_launched(target, s, stop, grace, None if quiet else progress, progress, opts.duration)
     if code:
         sys.exit(code)

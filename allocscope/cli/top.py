@@ -155,7 +155,7 @@ def top(
         if batch:
             s, closed, out_error = _batch(target, opts, stop, folding, sort, top_n, iterations, by, early, listeners)
             if not closed or out_error:
-                click.echo(summary_text(s), err=True)
+                click.echo(summary_text(s, opts.mode), err=True)
         else:
             s = _screen(rec, target, opts, stop, folding, sort, threads_view, by, early, listeners)
         if s is not None:
@@ -218,5 +218,5 @@ def _screen(rec, target, opts, stop, folding, sort, threads_view, by, early=None
     written = f"trace written to {opts.output}" if opts.output else "nothing written (no -o)"
     screen.finish(f"ended: {closing_text(s.end, reason)}; {written}", wait)
     if reason != "SIGHUP":  # after a hang-up the terminal is gone: the trace is finalized, nothing to say
-        _last_words(screen_text(screen.last_frame) + summary_text(s) + "\n")
+        _last_words(screen_text(screen.last_frame) + summary_text(s, opts.mode) + "\n")
     return s
