@@ -422,7 +422,7 @@ def test_release_cost_never_says_zero_seconds():
     }
     f = release_finding(doc)
     assert f["text"] == (
-        "Giving memory back caused 1578 remote TLB shootdowns "
-        "(the calls took 42 µs; most: munmap on redis-server, 42 µs in 12 calls)."
+        "1578 remote TLB shootdowns on its threads (from any page-table change: unmapping, mprotect, "
+        "copy-on-write); giving memory back took 42 µs in the calls (most: munmap on redis-server, 42 µs in 12 calls)."
     )
     assert "0.00s" not in f["text"] and f["figures"]["remote_shootdowns"] == 1578
