@@ -321,8 +321,8 @@ def release_finding(doc: dict) -> dict | None:
         )
     else:  # the shootdowns alone are news: the calls' time is said as it is, never "0.00s"
         # counted on the target's threads whatever changed the page tables (tlb:tlb_flush), so
-        # never said to be caused by the release calls (xz -9: 16449 of them from copy-on-write of
-        # the zero page, one munmap of 36 KiB)
+        # never said to be caused by the release calls (xz -9: 16449 of them beside one munmap of
+        # 36 KiB that released nothing)
         text = (
             f"{shoot} remote TLB shootdowns on its threads (from any page-table change: unmapping, "
             f"mprotect, copy-on-write); giving memory back took {duration_text(total)} in the calls"
