@@ -42,10 +42,12 @@ struct as_pyconf {
     u32 tag_name;
     u32 pad;
     u64 runtime;           /* &_PyRuntime: a thread not in `pythreads` is looked for from there */
-    u32 rt_interp_head;    /* _PyRuntime.interpreters.head */
+    u32 rt_main_interp;    /* _PyRuntime._main_interpreter (the main PyInterpreterState, inside it) */
     u32 interp_threads;    /* PyInterpreterState.threads.head */
     u32 tstate_next;       /* PyThreadState.next */
     u32 tstate_native_tid; /* PyThreadState.native_thread_id */
+    u32 multi;             /* 1: subinterpreters exist: a thread's state in the newest is looked for */
+    u32 rt_interp_head;    /* _PyRuntime.interpreters.head (the newest interpreter) */
 };
 
 struct as_pyframe {
@@ -85,9 +87,10 @@ BPF_PERCPU_ARRAY(pycounts, u64, 8);
  * registers they multiplied along the loop past its complexity limit). */
 struct as_pywork {
     struct as_pystack st;
-    u64 w[16]; /* the frame's first bytes */
-    u64 frame; /* the next frame to read */
-    u64 h;     /* the hash so far */
+    u64 w[16];   /* the frame's first bytes */
+    u64 frame;   /* the next frame to read */
+    u64 h;       /* the hash so far */
+    u64 next_ts; /* the thread's state in the interpreter walked next (the main one), 0: none */
 };
 BPF_PERCPU_ARRAY(pywork, struct as_pywork, 1);
 
@@ -103,11 +106,28 @@ static __always_inline u64 py_byte(u64 *w, u32 off)
     return (w[(off >> 3) & 15] >> ((off & 7) * 8)) & 0xff;
 }
 
+/* A thread state's current frame (3.13: tstate->current_frame; 3.11, 3.12: through its cframe),
+ * 0 when it runs none or it cannot be read. */
+static __always_inline u64 py_tstate_frame(struct as_pyconf *c, u64 ts)
+{
+    u64 frame = 0;
+    if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(ts + c->tstate_frame)))
+        return 0;
+    if (c->cframe_frame >= 0 && frame && bpf_probe_read_user(&frame, sizeof(frame), (void *)(frame + c->cframe_frame)))
+        return 0;
+    return frame;
+}
+
 /* One frame of the walk: 0 when it ends here. */
 static __always_inline int py_frame(struct as_pyconf *c, struct as_pywork *p)
 {
     u64 fr = p->frame;
     u32 n = p->st.n;
+    if (!fr && p->next_ts) { /* a subinterpreter's frames ended: the main interpreter's that entered it */
+        fr = py_tstate_frame(c, p->next_ts);
+        p->next_ts = 0;
+        p->frame = fr;
+    }
     if (!fr)
         return 0;
     if (bpf_probe_read_user(p->w, AS_PY_FRAME_BYTES, (void *)fr))
@@ -183,6 +203,44 @@ static __always_inline void py_wake(u32 tid, u64 h)
  * tracer (AS_EV_PYTHREAD: its walk then owns the entry, removed when the thread is gone). Not
  * found (a native thread: a BLAS pool, a C library's own): not looked for again for
  * AS_PY_REWALK_NS. 0 when none. */
+/* Thread `tid`'s state among the first AS_PY_THREAD_WALK of interpreter `interp` (newest first),
+ * 0 when none. */
+static __always_inline u64 py_tstate_in(struct as_pyconf *c, u64 interp, u32 tid)
+{
+    u64 ts = 0;
+    if (bpf_probe_read_user(&ts, sizeof(ts), (void *)(interp + c->interp_threads)))
+        return 0;
+#pragma clang loop unroll(disable)
+    for (u32 k = 0; k < AS_PY_THREAD_WALK; k++) {
+        u64 id = 0;
+        if (!ts || bpf_probe_read_user(&id, sizeof(id), (void *)(ts + c->tstate_native_tid)))
+            return 0;
+        if (id == tid)
+            return ts;
+        if (bpf_probe_read_user(&ts, sizeof(ts), (void *)(ts + c->tstate_next)))
+            return 0;
+    }
+    return 0;
+}
+
+/* A thread that entered a subinterpreter (`_xxsubinterpreters.run_string`, mod_wsgi's) runs
+ * there on its state in that interpreter, made when it entered (3.13: each time), which neither
+ * the tracer's walk nor `pythreads` may know yet: in a process with subinterpreters (pyconf.multi)
+ * the newest interpreter's states are looked through at each walk; the thread's frames there are
+ * walked first, then the main interpreter's that entered it (`next_ts`). */
+static __always_inline u64 py_sub_tstate(struct as_pyconf *c, u32 tid, u64 ts, struct as_pywork *p)
+{
+    u64 head = 0;
+    if (!c->multi || bpf_probe_read_user(&head, sizeof(head), (void *)(c->runtime + c->rt_interp_head)) || !head ||
+        head == c->runtime + c->rt_main_interp)
+        return ts;
+    u64 sub = py_tstate_in(c, head, tid);
+    if (!sub || sub == ts)
+        return ts;
+    p->next_ts = ts;
+    return sub;
+}
+
 static __always_inline u64 py_find_tstate(struct as_pyconf *c, u32 tid)
 {
     if (!c->runtime)
@@ -191,34 +249,21 @@ static __always_inline u64 py_find_tstate(struct as_pyconf *c, u32 tid)
     u64 *last = pynotstate.lookup(&tid);
     if (last && now - *last < AS_PY_REWALK_NS)
         return 0;
-    u64 interp = 0, ts = 0;
-    if (bpf_probe_read_user(&interp, sizeof(interp), (void *)(c->runtime + c->rt_interp_head)) || !interp ||
-        bpf_probe_read_user(&ts, sizeof(ts), (void *)(interp + c->interp_threads))) {
+    u64 ts = py_tstate_in(c, c->runtime + c->rt_main_interp, tid);
+    if (!ts) {
         pynotstate.update(&tid, &now);
         return 0;
     }
-#pragma clang loop unroll(disable)
-    for (u32 k = 0; k < AS_PY_THREAD_WALK; k++) {
-        u64 id = 0;
-        if (!ts || bpf_probe_read_user(&id, sizeof(id), (void *)(ts + c->tstate_native_tid)))
-            break;
-        if (id == tid) {
-            pythreads.update(&tid, &ts);
-            struct as_event *e = events.ringbuf_reserve(sizeof(struct as_event));
-            if (e) {
-                __builtin_memset(e, 0, sizeof(*e));
-                e->type = AS_EV_PYTHREAD;
-                e->tid = tid;
-                e->addr = ts;
-                events.ringbuf_submit(e, 0);
-            }
-            return ts;
-        }
-        if (bpf_probe_read_user(&ts, sizeof(ts), (void *)(ts + c->tstate_next)))
-            break;
+    pythreads.update(&tid, &ts);
+    struct as_event *e = events.ringbuf_reserve(sizeof(struct as_event));
+    if (e) {
+        __builtin_memset(e, 0, sizeof(*e));
+        e->type = AS_EV_PYTHREAD;
+        e->tid = tid;
+        e->addr = ts;
+        events.ringbuf_submit(e, 0);
     }
-    pynotstate.update(&tid, &now);
-    return 0;
+    return ts;
 }
 
 /* The stack id of an allocation by thread `tid` whose native stack is `sid`: `sid` itself when
@@ -239,12 +284,9 @@ static __always_inline u64 py_stack(u32 tid, u64 sid)
     if (!p)
         return sid;
     py_count(AS_PYCNT_WALKS, 1);
-    u64 frame = 0;
-    if (bpf_probe_read_user(&frame, sizeof(frame), (void *)(ts + c->tstate_frame)))
-        return sid;
-    if (c->cframe_frame >= 0 && frame && bpf_probe_read_user(&frame, sizeof(frame), (void *)(frame + c->cframe_frame)))
-        return sid;
-    p->frame = frame;
+    p->next_ts = 0;
+    ts = py_sub_tstate(c, tid, ts, p);
+    p->frame = py_tstate_frame(c, ts);
     p->h = sid;
     p->st.n = 0;
     p->st.entry = 0;

@@ -184,6 +184,17 @@ def test_python_lines_name_the_memory(version, procs, tracers, tmp_path):
     assert abs(pool["live_bytes"] - own["pools"]) <= 0.05 * own["pools"], (pool["live_bytes"], own)
     assert own["pid"] not in [t["tid"] for t in pool["threads"]], pool["threads"]
 
+    # a subinterpreter the main thread entered: its frames first, then, under the C code that ran
+    # it, the main interpreter's line that entered it
+    sub = [loc for loc in rep["locations"] if loc["location"] == "sub_block|python|<string>:3"]
+    assert len(sub) == 1, [loc["location"] for loc in rep["locations"] if loc["live_bytes"] >= own["sub"]]
+    assert 0 < sub[0]["live_bytes"] - own["sub"] <= 64, (sub[0]["live_bytes"], own)
+    fr = [(f["function"], f["module"] == "python") for f in sub[0]["frames"]]
+    i, j = fr.index(("sub_block", True)), fr.index(("run_in_sub", True))
+    assert fr[i + 1] == ("<module>", True) and fr[j + 1] == ("main", True), fr
+    assert not all(p for _, p in fr[i + 2 : j]), fr  # run_string's C frames between
+    assert py_frames(sub[0])[1] == ("<module>", "<string>", 4) and py_frames(sub[0])[2][2] == LINES["run_in_sub"]
+
     # --no-python: the native places as before, no Python frame anywhere
     native = json.loads(cli("report", str(out), "--format", "json", "--no-python", check=True).stdout)
     assert all(loc["module"] != "python" for loc in native["locations"])

@@ -146,10 +146,17 @@ def find_interpreter(mem: ProcMem, maps: list[Mapping]) -> Interpreter | None:
 
 
 def thread_states(mem: ProcMem, interp: Interpreter) -> dict[int, int]:
-    """native thread id -> PyThreadState address, every interpreter's threads."""
+    """native thread id -> PyThreadState address, every interpreter's threads (a thread with a
+    state in several: the main interpreter's, the last walked)."""
+    return {tid: states[-1] for tid, states in thread_states_all(mem, interp).items()}
+
+
+def thread_states_all(mem: ProcMem, interp: Interpreter) -> dict[int, list[int]]:
+    """native thread id -> its PyThreadStates, one per interpreter it has one in, newest
+    interpreter first (`interpreters.head`; the main interpreter last)."""
     lay = interp.layout
     assert lay is not None
-    out: dict[int, int] = {}
+    out: dict[int, list[int]] = {}
     head = mem.u64(interp.runtime + lay.runtime_interpreters_head)
     seen_i = 0
     while head and seen_i < MAX_INTERPRETERS:
@@ -159,8 +166,8 @@ def thread_states(mem: ProcMem, interp: Interpreter) -> dict[int, int]:
         while ts and n < MAX_THREADS:
             n += 1
             tid = mem.u64(ts + lay.tstate_native_thread_id)
-            if tid is not None and 0 < tid < 1 << 32:
-                out[int(tid)] = ts
+            if tid is not None and 0 < tid < 1 << 32 and ts not in out.get(int(tid), ()):
+                out.setdefault(int(tid), []).append(ts)
             ts = mem.u64(ts + lay.tstate_next)
         head = mem.u64(head + lay.interp_next)
     return out
@@ -260,11 +267,13 @@ def conf_values(lay: Layout, runtime: int = 0) -> dict[str, int]:
     `_PyRuntime` (the probe looks for a thread the tracer has not named from there; 0: it does not)."""
     base, fi, ni = tag_offsets(lay)
     return {
-        "runtime": runtime,
-        "rt_interp_head": lay.runtime_interpreters_head,
+        "runtime": runtime if lay.runtime_main_interp >= 0 else 0,
+        "rt_main_interp": max(lay.runtime_main_interp, 0),
         "interp_threads": lay.interp_threads_head,
         "tstate_next": lay.tstate_next,
         "tstate_native_tid": lay.tstate_native_thread_id,
+        "rt_interp_head": lay.runtime_interpreters_head,
+        "multi": 0,
         "code_tag": base,
         "tag_file": fi,
         "tag_name": ni,
@@ -306,6 +315,7 @@ class PythonFrames:
         self.unknown_said = False
         self.looked: set[str] = set()  # candidate files already looked at
         self.tids: dict[int, int] = {}
+        self.multi = False  # pyconf.multi written (subinterpreters seen)
         self.last_refresh = 0.0
         self.codes: dict[int, Code | None] = {}
         self.written_codes: set[int] = set()
@@ -349,12 +359,20 @@ class PythonFrames:
     # --- threads -------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """`pythreads` made equal to the process's thread states now."""
+        """`pythreads` made equal to the process's thread states now (a thread with states in a
+        subinterpreter and the main one: the main one's; the probe looks in the newest
+        subinterpreter itself once pyconf.multi is set)."""
         if self.interp is None:
             return
         self.last_refresh = time.monotonic()
         now = thread_states(self.mem, self.interp)
         lay = self.interp.layout
+        if not self.multi and lay is not None and self.several_interpreters():
+            self.multi = True
+            conf = self.tables("pyconf")
+            leaf = conf[conf.Key(0)]  # type: ignore[attr-defined,index]
+            leaf.multi = 1
+            conf[conf.Key(0)] = leaf  # type: ignore[attr-defined,index]
         if lay is not None and lay.runtime_main_interp >= 0 and self.pid not in now:  # not started yet
             now[self.pid] = self.interp.runtime + lay.runtime_main_interp + lay.interp_initial_thread
         if now == self.tids:
@@ -369,6 +387,14 @@ class PythonFrames:
             if self.tids.get(tid) != ts:
                 t[t.Key(tid)] = t.Leaf(ts)  # type: ignore[attr-defined,index]
         self.tids = now
+
+    def several_interpreters(self) -> bool:
+        """Subinterpreters exist (the interpreters list's head is not the main one): the probe
+        then looks for a thread's state in the newest too (probes/python.h py_sub_tstate)."""
+        assert self.interp is not None and self.interp.layout is not None
+        lay = self.interp.layout
+        head = self.mem.u64(self.interp.runtime + lay.runtime_interpreters_head)
+        return bool(head) and lay.runtime_main_interp >= 0 and head != self.interp.runtime + lay.runtime_main_interp
 
     def thread_found(self, tid: int, tstate: int) -> None:
         """The probe found thread `tid`'s PyThreadState itself (AS_EV_PYTHREAD, a thread started

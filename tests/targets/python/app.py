@@ -9,7 +9,8 @@ started after the attach keeps LATES bytearrays of LATE bytes made at `late_bloc
 theirs; `map_region` keeps MAPS anonymous mappings of MAP bytes (Python's mmap module: a
 system call, no allocator), every page touched; `descend` keeps one bytearray made 32 Python
 frames deep and one 43 deep (the probe keeps 32); exec'd code keeps SNIP bytes; a ThreadPoolExecutor's threads, started
-on its first submits, POOLS blocks made at `pool_block`. Prints
+on its first submits, POOLS blocks made at `pool_block`; a subinterpreter, SUB bytes made at its
+`sub_block`, entered at `run_in_sub`. Prints
 "done" with its own counts and keeps everything until killed. argv[1] scales the batches (the
 diff of two runs). The `# line:` comments are how the test finds the lines.
 """
@@ -139,6 +140,22 @@ def pool_block(i):
     return bytearray(POOL)  # line: pool_block
 
 
+SUB = 352 << 10
+# run in a subinterpreter the main thread entered: its frames, then the main interpreter's
+SUB_CODE = (
+    f"import builtins, time\ndef sub_block():\n    return bytearray({SUB})\nbuiltins.kept = sub_block()\n"
+    "time.sleep(0.2)\n"
+)
+
+
+def run_in_sub(interp):
+    try:
+        import _xxsubinterpreters as si
+    except ImportError:  # 3.13
+        import _interpreters as si
+    si.run_string(interp, SUB_CODE)  # line: run_in_sub
+
+
 SNIP = 320 << 10
 # code run once and freed at once (a module body at import, exec'd code): its code object is
 # read when the probe stores the stack (AS_EV_PYSTACK), not at the next snapshot (0.5 s later)
@@ -164,6 +181,11 @@ def main():
     worker_go, worker_done = threading.Event(), threading.Event()
     worker = threading.Thread(target=lambda: (worker_go.wait(), compactor(worker_done)), name="compactor")
     worker.start()
+    try:
+        import _xxsubinterpreters as si
+    except ImportError:  # 3.13
+        import _interpreters as si
+    sub = si.create()
     print("ready", flush=True)
     go.wait()
     late = threading.Thread(target=late_worker, name="late")
@@ -181,6 +203,7 @@ def main():
     held.append(descend(29, WHOLE))  # line: whole (30 frames of descend, main, <module>: 32)
     held.append(descend(40, CUT))  # line: cut (43 frames)
     exec(compile(SNIPPET, "<snippet>", "exec"), {"held": held, "SNIP": SNIP})  # line: snippet
+    run_in_sub(sub)
     with ThreadPoolExecutor(3) as pool:  # its threads start on the first submits and allocate at once
         held.extend(pool.map(pool_block, range(POOLS)))
     worker_done.wait()
@@ -188,7 +211,7 @@ def main():
     print(
         f"done batches={BATCHES * BATCH} segments={SEGMENTS * SEGMENT} inflates={INFLATES * INFLATE} "
         f"lates={LATES * LATE} chunks={CHUNKS * CHUNK} keys={KEYS * CHUNK} fetches={FETCHES * FETCH} "
-        f"maps={MAPS * MAP} whole={WHOLE} cut={CUT} snip={SNIP} pools={POOLS * POOL} "
+        f"maps={MAPS * MAP} whole={WHOLE} cut={CUT} snip={SNIP} pools={POOLS * POOL} sub={SUB} "
         f"pid={threading.get_native_id()} worker={worker.native_id}",
         flush=True,
     )
