@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from support import (
     ROOT,
@@ -327,6 +329,35 @@ def test_embedded_symbols_when_binary_is_gone(release_targets, run_target, tmp_p
     assert functions(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"]
     assert fr[0]["line"] is None  # names only: lines need the file (or its debug file)
     assert_thread_bottom(fr)
+
+
+def test_a_binary_deleted_while_it_runs_is_named_without_embed_symbols(release_targets, tmp_path, tracers):
+    """A daemon whose binary was deleted or replaced since it started (a package upgrade): the
+    trace carries that module's symbols, read through /proc/PID/map_files while it runs, so its
+    frames are named (they were 'deep-upgraded+0x1234 (no symbol)', even with --embed-symbols);
+    the modules still on disk are not embedded."""
+    exe = tmp_path / "deep-upgraded"
+    shutil.copy(release_targets["deep"], exe)
+    tgt = Target(exe, "--wait-stdin")
+    try:
+        tgt.expect("ready")
+        exe.unlink()  # the running binary is gone from the disk
+        out = tmp_path / "gone.allocscope"
+        tr = tracers("record", "--pid", str(tgt.p.pid), "-o", str(out), "--interval", "0.5")
+        wait_for(lambda: attached(out) or tr.poll() is not None, timeout=120, what="probes attached")
+        tgt.go()
+        tgt.expect("done")
+        time.sleep(0.6)
+        tr.send_signal(signal.SIGINT)
+        assert tr.wait(120) == 0, tr.stderr.read()
+    finally:
+        tgt.kill()
+    rep = report_json(out)
+    fr = site_with(rep, "level10")["frames"]
+    assert functions(fr)[:11] == [f"level{i}" for i in range(10, 0, -1)] + ["deep_main"]
+    assert fr[0]["module"] == str(exe)
+    embedded = pa.concat_tables([pq.read_table(p) for p in (out / "parts").glob("symbols-*.parquet")])
+    assert set(embedded.column("module").to_pylist()) == {str(exe)}  # libc is on disk: read there
 
 
 def test_falls_back_to_frame_pointers_when_the_unwinder_cannot_load():

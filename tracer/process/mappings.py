@@ -4,6 +4,7 @@ to (module, build ID, file offset), and the `maps` table of the trace whenever i
 from __future__ import annotations
 
 import bisect
+import os
 import time
 
 import pyarrow as pa
@@ -13,13 +14,31 @@ from common.tracefile import format as F
 
 from . import procfs
 
+DELETED = " (deleted)"
+
+
+def live_file(pid: int, m: procfs.Mapping) -> str:
+    """A path that opens the file behind mapping `m` of `pid`: its own path, or for a file deleted
+    (or replaced by an upgrade) since it was mapped, /proc/PID/map_files/START-END while the
+    process lives (root); the gone path otherwise."""
+    if not m.path.endswith(DELETED):
+        return m.path
+    mf = f"/proc/{pid}/map_files/{m.start:x}-{m.end:x}"
+    return mf if pid and os.path.exists(mf) else m.path.removesuffix(DELETED)
+
+
+def mapping_build_id(pid: int, m: procfs.Mapping) -> str:
+    """Build ID of the file behind `m` (live_file): a deleted daemon binary's too."""
+    return build_id(live_file(pid, m))
+
 
 class MapIndex:
     """Resolve absolute addresses to (module, build id, file offset) with one maps snapshot."""
 
-    def __init__(self, maps: list[procfs.Mapping]) -> None:
+    def __init__(self, maps: list[procfs.Mapping], pid: int = 0) -> None:
         self.maps = sorted(maps, key=lambda m: m.start)
         self.starts = [m.start for m in self.maps]
+        self.pid = pid  # a deleted module's build ID is read through /proc/PID/map_files
 
     def updated(self, maps: list[procfs.Mapping]) -> MapIndex:
         """A new index where `maps` win and older mappings they do not overlap are kept, so
@@ -31,7 +50,7 @@ class MapIndex:
             i = bisect.bisect_left(starts, m.end)
             if i == 0 or new[i - 1].end <= m.start:
                 keep.append(m)
-        return MapIndex(new + keep)
+        return MapIndex(new + keep, self.pid)
 
     def find(self, ip: int) -> procfs.Mapping | None:
         i = bisect.bisect_right(self.starts, ip) - 1
@@ -45,8 +64,7 @@ class MapIndex:
             return "", "", -1
         if not m.is_file:
             return m.path, "", -1
-        path = m.path[: -len(" (deleted)")] if m.path.endswith(" (deleted)") else m.path
-        return path, build_id(path), ip - m.start + m.offset
+        return m.path.removesuffix(DELETED), mapping_build_id(self.pid, m), ip - m.start + m.offset
 
     def is_code(self, ip: int) -> bool:
         m = self.find(ip)
@@ -70,7 +88,7 @@ class MapsWatcher:
         self.pid = pid
         self.still_ours = still_ours or (lambda: True)  # False once the pid is another program
         self.current: list[procfs.Mapping] = []
-        self.index = MapIndex([])
+        self.index = MapIndex([], pid)
         self.dirty = True  # read again at the next snapshot
         self.unwritten: list[procfs.Mapping] | None = None
         self.on_change = on_change or (lambda maps: None)
@@ -109,7 +127,7 @@ class MapsWatcher:
     def seed(self, maps: list[procfs.Mapping]) -> None:
         """The maps read before the attach (pid mode): the first `maps` part."""
         self.current = maps
-        self.index = MapIndex(maps)
+        self.index = MapIndex(maps, self.pid)
         self.unwritten = maps
 
     def refresh(self, seq: int = 0, key: tuple | None = None) -> list[procfs.Mapping] | None:
@@ -151,7 +169,7 @@ class MapsWatcher:
                 "offset": [m.offset for m in changed],
                 "inode": [m.inode for m in changed],
                 "path": [m.path for m in changed],
-                "build_id": [build_id(m.path) if m.is_file and "x" in m.perms else "" for m in changed],
+                "build_id": [mapping_build_id(self.pid, m) if m.is_file and "x" in m.perms else "" for m in changed],
             },
             schema=F.SCHEMAS["maps"],
         )

@@ -15,21 +15,30 @@ put it on a stack. File and line numbers are not embedded. reports/symbolize/emb
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import pyarrow as pa
 
-from common.elf import DEBUG_DIRS, module_symbols
+from common.elf import DEBUG_DIRS, build_id, module_symbols
 from common.tracefile.format import SYMBOLS_SCHEMA
+
+from ..process.mappings import DELETED, live_file
+from ..process.procfs import read_maps
 
 
 class SymbolEmbedder:
-    """Owned by the Recorder when --embed-symbols is on: remembers which (module, build ID)
-    pairs were embedded and makes the `symbols` part for the ones a new batch of stacks adds."""
+    """Owned by the Recorder: remembers which (module, build ID) pairs were embedded and makes the
+    `symbols` part for the ones a new batch of stacks adds. Without --embed-symbols (`gone_only`)
+    only the modules a report could not read back: deleted or replaced on disk since the target
+    mapped them (a daemon running on across a package upgrade), read through /proc/PID/map_files
+    while the target lives; once it has ended, nothing could name their frames."""
 
-    def __init__(self, debug_dirs: Iterable[str] = DEBUG_DIRS) -> None:
+    def __init__(self, debug_dirs: Iterable[str] = DEBUG_DIRS, pid: int = 0, gone_only: bool = False) -> None:
         self.debug_dirs = tuple(debug_dirs)
         self.embedded: set[tuple[str, str]] = set()  # (module path, build ID) already in the trace
+        self.pid = pid
+        self.gone_only = gone_only
 
     def new_modules(self, stack_cols: dict[str, list]) -> list[tuple[str, str]]:
         """(module, build ID) of the file-backed frames of `stack_cols` (columns of a `stacks`
@@ -47,8 +56,11 @@ class SymbolEmbedder:
         (no rows when they bring none)."""
         cols: dict[str, list] = {n: [] for n in SYMBOLS_SCHEMA.names}
         for path, bid in self.new_modules(stack_cols):
-            clean = path.removesuffix(" (deleted)")
-            for start, size, name in module_symbols(clean, bid or None, self.debug_dirs):
+            clean = path.removesuffix(DELETED)
+            source = self._gone(clean, bid)
+            if source is None and self.gone_only:
+                continue  # on disk as traced: the report reads it there
+            for start, size, name in module_symbols(source or clean, bid or None, self.debug_dirs):
                 cols["seq"].append(seq)
                 cols["build_id"].append(bid or "")
                 cols["module"].append(path)
@@ -56,3 +68,17 @@ class SymbolEmbedder:
                 cols["size"].append(size)
                 cols["name"].append(name)
         return pa.table(cols, schema=SYMBOLS_SCHEMA)
+
+    def _gone(self, path: str, bid: str) -> str | None:
+        """Where to read `path` from when it is no longer on disk as the target mapped it (deleted,
+        or another build there now): its mapping in /proc/PID/map_files; None when it is."""
+        if os.path.exists(path) and (not bid or build_id(path) == bid):
+            return None
+        try:
+            maps = read_maps(self.pid) if self.pid else []
+        except OSError:
+            maps = []
+        for m in maps:
+            if m.path == path + DELETED:
+                return live_file(self.pid, m)
+        return None

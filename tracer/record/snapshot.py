@@ -78,7 +78,8 @@ class Snapshots:
         self.census_rows: list[tuple] = []  # glibc's arenas (tracer/allocators/census.py), not written yet
         self.census_info: dict[str, dict] = {}  # meta.json `census`: how each one went
         self.census_thread: threading.Thread | None = None
-        self.embedder = SymbolEmbedder() if opts.embed_symbols else None
+        # --embed-symbols: every module's symbols; else those of modules deleted or replaced on disk
+        self.embedder = SymbolEmbedder(pid=target.pid, gone_only=not opts.embed_symbols)
         self.last_row: dict = {}
         self.last_rss: dict[str, int] = {}
         self.last_alive: tuple[int, int] | None = None  # (seq, ts_ns) of the last RSS read while alive
@@ -93,7 +94,9 @@ class Snapshots:
         if rec.python is not None:
             self.py_parts.append(write_python_parts(rec.python, rec.writer, seq, new_ids))
         if self.embedder is not None:
-            rec.writer.write_part(F.SYMBOLS, seq, self.embedder.part(seq, cols))
+            part = self.embedder.part(seq, cols)
+            if part.num_rows or not self.embedder.gone_only:  # no empty part a snapshot by default
+                rec.writer.write_part(F.SYMBOLS, seq, part)
 
     def snapshot(self, final: bool = False) -> None:
         rec = self.rec
