@@ -8,9 +8,10 @@ branch behind them. Every call must still be counted exactly once.
 from __future__ import annotations
 
 import glob
+import signal
 
 import pytest
-from support import ROOT, build, functions, record_run, report_json
+from support import ROOT, build, functions, record_attached, record_run, report_json, stop_tracer
 
 pytestmark = pytest.mark.bpf
 
@@ -63,3 +64,30 @@ def test_jemalloc_calls_counted_once_with_moved_probes(jem, tmp_path, procs, tra
     assert last["n_free_null"] == 100  # jemalloc's free probe sits before its NULL handling
     assert last["n_frees"] == 5000 + 4  # churn, and the 4 blocks realloc moved
     assert last["n_allocs"] == 700 + 9 + 8 + 5000
+
+
+def test_an_allocator_library_deleted_under_a_running_program_is_still_probed(jem, tmp_path, procs, tracers):
+    """A library upgraded under a running daemon (libjemalloc replaced by a package upgrade: its
+    mapping says '(deleted)'): the allocator was not found there, glibc was taken for the one
+    serving malloc and the report said 'No problem found' over nothing. It is found and probed
+    through /proc/PID/map_files, and said by the name it was mapped under."""
+    import json
+    import shutil
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    shutil.copy(JEMALLOC[0], lib / "libjemalloc.so.2")
+    tgt = procs("env", f"LD_LIBRARY_PATH={lib}", jem, "--wait-signal")
+    tgt.expect("ready")
+    (lib / "libjemalloc.so.2").unlink()  # upgraded on disk: the running copy is deleted
+    out = tmp_path / "gone.allocscope"
+    tr = record_attached(tracers, tgt.pid, out, "--interval", "0.5")
+    tgt.signal(signal.SIGUSR1)
+    tgt.expect("done")
+    stop_tracer(tr, 0.6)
+    probes = json.loads((out / "meta.json").read_text())["probes"]
+    assert probes["allocator_kind"] == "jemalloc", probes
+    assert probes["allocator"] == f"{lib / 'libjemalloc.so.2'} (deleted)", probes["allocator"]
+    rep = report_json(out)
+    leak = [s for s in rep["sites"] if "jem_leak" in functions(s["frames"])]
+    assert sum(s["live_count"] for s in leak) == 700 and sum(s["live_bytes"] for s in leak) == 700 * 333

@@ -24,6 +24,7 @@ from common import allocators as registry
 from common.allocators import FREES, STANDARD, Family
 from common.elf import STT_NOTYPE, is_static, open_elf, query_functions, read_symbols, segments, vaddr_to_offset
 
+from ..process.mappings import DELETED, live_file
 from ..process.procfs import Mapping
 
 # Every family's facts (library and symbol patterns, entry points -> probes, purge calls) are in
@@ -49,6 +50,17 @@ class Allocator:
     @property
     def label(self) -> str:
         return f"{self.kind}:{self.prefix}" if self.prefix else self.kind
+
+    @property
+    def shown(self) -> str:
+        """The path to say: a deleted library probed through /proc/PID/map_files (code_files) by
+        the name it was mapped under ('/usr/lib/.../libjemalloc.so.2 (deleted)')."""
+        if "/map_files/" in self.path:
+            try:
+                return os.readlink(self.path)
+            except OSError:
+                pass
+        return self.path
 
 
 @dataclass(frozen=True)
@@ -205,24 +217,29 @@ def file_id(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def code_files(maps: list[Mapping]) -> list[str]:
-    """The files mapped executable, in address-space order, once each (by file, not by name)."""
+def code_files(maps: list[Mapping], pid: int = 0) -> list[str]:
+    """The files mapped executable, in address-space order, once each (by file, not by name). A
+    file deleted or replaced on disk since it was mapped (a library upgraded under a running
+    daemon) is /proc/PID/map_files/START-END of `pid`: its symbols are read and its probes
+    attached there (the kernel resolves the link to the mapped inode)."""
     files: list[str] = []
     ids: set[tuple[int, int]] = set()
     for m in maps:
-        if m.is_file and "x" in m.perms and m.path not in files:
-            fid = file_id(m.path)
+        path = live_file(pid, m) if m.path.endswith(DELETED) else m.path
+        if m.is_file and "x" in m.perms and path not in files:
+            fid = file_id(path)
             if fid is not None and fid not in ids:
                 ids.add(fid)
-                files.append(m.path)
+                files.append(path)
     return files
 
 
-def find_allocators(exe_path: str, maps: list[Mapping]) -> list[Allocator]:
+def find_allocators(exe_path: str, maps: list[Mapping], pid: int = 0) -> list[Allocator]:
     """Every allocator of the process, the one serving `malloc` first: the executable's when it
     defines malloc, else a known allocator library (preloaded tcmalloc or mimalloc, libjemalloc),
-    else libc. The others keep their own source name, heap:KIND[:PREFIX]."""
-    files = code_files(maps)
+    else libc. The others keep their own source name, heap:KIND[:PREFIX]. `pid`: the process
+    whose maps these are (a deleted library's allocator is found through it, code_files)."""
+    files = code_files(maps, pid)
     exe_real = os.path.realpath(exe_path) if exe_path else ""
     found: list[Allocator] = []
     for path in files:
@@ -299,7 +316,7 @@ class Plan:
         a = self.allocator
         return {
             "kind": a.kind,
-            "module": a.path,
+            "module": a.shown,
             "prefix": a.prefix,
             "source": a.source,
             "serves_malloc": a.serves_malloc,
@@ -339,7 +356,7 @@ def plan_allocator(a: Allocator) -> Plan:
     table = STANDARD if not a.prefix else {a.prefix + k: v for k, v in STANDARD.items()}
     for sym in table:
         if sym not in a.entries:
-            plan.skipped[sym] = f"not defined by {os.path.basename(a.path)}"
+            plan.skipped[sym] = f"not defined by {os.path.basename(a.shown)}"
     by_offset: dict[int, str] = {}
     for sym, prog in a.entries.items():
         off = a.offsets[sym]

@@ -160,7 +160,7 @@ class Uprobes:
         rep = self.report
         primary = plans[0].allocator if plans else None
         if primary is not None:
-            rep.allocator, rep.allocator_kind = primary.path, primary.kind
+            rep.allocator, rep.allocator_kind = primary.shown, primary.kind
         if self.options.mode == "residency":
             rep.skipped = dict.fromkeys(STANDARD, "residency mode: no allocator probes")
             rep.allocators = [

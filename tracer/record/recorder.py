@@ -296,7 +296,7 @@ class Recorder:
                 snaps.census_thread.start()  # beside the loop: the ring keeps being drained
             release(t)
             self.progress(
-                f"recording pid {t.pid} ({t.comm}); allocator {found.alloc.kind} {found.alloc.path}; Ctrl-C to stop"
+                f"recording pid {t.pid} ({t.comm}); allocator {found.alloc.kind} {found.alloc.shown}; Ctrl-C to stop"
             )
             if not launched and not held and _stopped(t.pid, self.opts.inject):
                 self.progress(

@@ -48,7 +48,7 @@ def scan(rec) -> Found:
     if held:
         have = {m.path for m in maps}
         maps = maps + [m for m in launch_maps(t) if m.path not in have]
-    allocators = find_allocators(t.exe, maps)
+    allocators = find_allocators(t.exe, maps, t.pid)
     if not allocators or not allocators[0].serves_malloc:
         raise NoAllocatorError(
             f"no malloc/free found in {t.exe} or its libraries (statically linked and stripped?); nothing to probe"
