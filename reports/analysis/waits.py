@@ -96,18 +96,16 @@ def is_wait_wrapper(f: FrameInfo) -> bool:
     return bool(f.module) and bool(_WAIT_MODULES.match(os.path.basename(f.module)))
 
 
-# Where every thread's stack begins (libc's): never the place a thread waits.
-_THREAD_ROOTS = frozenset(
-    ("clone3", "clone", "__clone", "__clone3", "__clone_internal", "start_thread", "_start")
-    + ("__libc_start_call_main", "__libc_start_main", "__libc_start_main_impl")
+_THREAD_ROOTS = frozenset(  # where every thread's stack begins (libc's): never the place a thread waits
+    ("clone3", "clone", "__clone", "__clone3", "__clone_internal", "start_thread", "_start", "__libc_start_call_main")
+    + ("__libc_start_main", "__libc_start_main_impl")
 )
 
 
 def fold_wait_frames(frames: tuple[FrameInfo, ...]) -> tuple[FrameInfo, ...]:
-    """The wait stack without the waiting machinery at its innermost end (at least the
-    outermost frame is kept). A thread whose frames are all machinery (jemalloc's background
-    thread: an allocator's own code, then libc's) waits in the outermost of them above the
-    thread's start, its entry function (background_thread_entry), never in clone3."""
+    """The wait stack without the waiting machinery at its innermost end (at least the outermost
+    frame is kept). A thread of machinery frames only (jemalloc's background thread: allocator code
+    on libc's) waits in its entry above the thread's start (background_thread_entry), never clone3."""
     cut = 0
     while cut < len(frames) - 1 and is_wait_wrapper(frames[cut]):
         cut += 1
