@@ -17,17 +17,18 @@ import time
 from pathlib import Path
 
 import pytest
-from support import ROOT, attached, report_json, wait_for
+from support import ROOT, attached, build, report_json, wait_for
 
 pytestmark = pytest.mark.bpf
 
 ALLOCSCOPE = [sys.executable, "-m", "allocscope"]
 
 
-def run(*args: str, stdout=subprocess.PIPE, timeout: float = 120) -> subprocess.CompletedProcess:
+def run(*args: str, stdout=subprocess.PIPE, timeout: float = 120, env=None) -> subprocess.CompletedProcess:
     """`allocscope ARGS` in a session of its own (no controlling terminal, like a CI job or a unit)."""
     return subprocess.run(
         [*ALLOCSCOPE, *args],
+        env=env,
         stdout=stdout,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -124,6 +125,84 @@ def test_a_script_that_execs_runs_to_its_end(tmp_path):
     assert rep["target"]["exe"] == os.path.realpath("/bin/sh"), rep["target"]
     assert rep["recording"]["end"]["reason"] == "exec", rep["recording"]["end"]
     assert rep["totals"]["heap_live_bytes"] > 0  # dash's own mallocs before the exec
+
+
+KEEPER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+void *volatile kept[7];
+__attribute__((noinline)) void keep_block(int i) { kept[i] = malloc(3000); memset(kept[i], 1, 3000); }
+int main(int argc, char **argv) {
+    for (int i = 0; i < 7; i++)
+        keep_block(i);
+    for (int i = 0; i < argc; i++)
+        printf("%s\n", argv[i]);
+    const char *path = getenv("PATH");
+    printf("PATH %.*s\n", (int)strcspn(path, ":"), path);
+    return 0;
+}
+"""
+# pyenv's shim, as `pyenv rehash` writes it (@ROOT@ stands for PYENV_ROOT)
+SHIM = """#!/usr/bin/env bash
+set -e
+[ -n "$PYENV_DEBUG" ] && set -x
+
+program="${0##*/}"
+
+export PYENV_ROOT="@ROOT@"
+exec "@ROOT@/libexec/pyenv" exec "$program" "$@"
+"""
+# a stand-in for pyenv itself: `which NAME` and `exec NAME ARGS` of its one version, 9.9
+PYENV = """#!/bin/sh
+case "$1" in
+which) echo "$PYENV_ROOT/versions/9.9/bin/$2" ;;
+exec) shift; p=$1; shift; PATH="$PYENV_ROOT/versions/9.9/bin:$PATH" exec "$PYENV_ROOT/versions/9.9/bin/$p" "$@" ;;
+esac
+"""
+
+
+def test_wrappers_that_only_exec_are_followed_to_the_program(tmp_path):
+    """`record -- ./script` of a `#!/usr/bin/env -S keeper --flag` script, and `record -- keeper`
+    where keeper is a pyenv shim (pyenv itself a stand-in: its shim's text is pyenv's): the
+    program they would exec is launched as they would run it (env: the name from PATH, its
+    arguments then the script's path; pyenv: `pyenv which`, its folder first in PATH), traced
+    from its first instruction: its 7 blocks of keep_block, and its own exit, not an exec."""
+    src = tmp_path / "keeper.c"
+    src.write_text(KEEPER)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    keeper = build(bindir / "keeper", src)
+    script = tmp_path / "wrapped.sh"
+    script.write_text("#!/usr/bin/env -S keeper --flag\n")
+    script.chmod(0o755)
+    pyroot = tmp_path / "pyroot"
+    for d in ("libexec", "shims", "versions/9.9/bin"):
+        (pyroot / d).mkdir(parents=True)
+    (pyroot / "libexec/pyenv").write_text(PYENV)
+    (pyroot / "shims/keeper").write_text(SHIM.replace("@ROOT@", str(pyroot)))
+    (pyroot / "versions/9.9/bin/keeper").write_bytes(keeper.read_bytes())
+    for f in ("libexec/pyenv", "shims/keeper", "versions/9.9/bin/keeper"):
+        (pyroot / f).chmod(0o755)
+    real = str(pyroot / "versions/9.9/bin/keeper")
+    cases = [
+        ("env", bindir, [str(script), "x"], str(keeper), ["keeper", "--flag", str(script), "x"], str(bindir),
+         f"{script} runs keeper through env: recording {keeper}"),
+        ("pyenv", pyroot / "shims", ["keeper", "y"], real, [real, "y"], str(pyroot / "versions/9.9/bin"),
+         f"keeper is a pyenv shim: recording {real}"),
+    ]  # fmt: skip
+    for name, first, argv, exe, printed, path0, said in cases:
+        env = {**os.environ, "PATH": f"{first}:{os.environ['PATH']}"}
+        trace = tmp_path / f"{name}.allocscope"
+        p = run("record", "-o", str(trace), "--", *argv, env=env)
+        assert p.returncode == 0, (name, p.stderr)
+        assert p.stdout.splitlines() == [*printed, f"PATH {path0}"], (name, p.stdout)
+        assert ours(p.stderr)[0] == f"allocscope: {said}, from its first instruction", (name, p.stderr)
+        rep = report_json(trace)
+        assert rep["target"]["exe"] == exe, (name, rep["target"])
+        assert rep["recording"]["end"]["reason"] != "exec", (name, rep["recording"]["end"])
+        [loc] = [x for x in rep["locations"] if x["function"] == "keep_block"]
+        assert (loc["live_bytes"], loc["live_count"]) == (7 * 3000, 7), (name, loc)
 
 
 TRAPPED = """

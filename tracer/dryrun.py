@@ -30,6 +30,8 @@ def describe(target: Target, opts: RecordOptions, title: str = "allocscope recor
         raise TargetError(f"cannot read the memory map of pid {target.pid}: {e.strerror}") from None
     who = f"command {target.exe}" if target.pid == 0 else f"pid {target.pid} ({target.comm}) {target.exe}"
     out = [f"{title}: {who}; mode {opts.mode}; what a recording would probe, nothing attached"]
+    if target.via:
+        out.append(target.via)
     allocators = find_allocators(target.exe, maps, target.pid)
     if not allocators:
         out.append("no allocator found (no malloc/free in the executable or its libraries): nothing to probe")

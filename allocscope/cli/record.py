@@ -118,6 +118,8 @@ def record(
     listeners = start_listeners(metrics, opts.labels, metrics_top, None if quiet else progress)  # listening first
     try:
         target = resolve_target(pid, pattern, command)
+        if target.via and not quiet:
+            progress(target.via)
         listeners.target_started(target.pid, target.comm, output, launched=target.child is not None)
         early = start_probes(target, opts)  # built in a thread while the tracer's modules load
         try:

@@ -144,6 +144,8 @@ def top(
     listeners = start_listeners(metrics, opts.labels, metrics_top, progress if batch else None)
     try:
         target = resolve_target(pid, pattern, command)
+        if target.via and batch:
+            progress(target.via)
         listeners.target_started(target.pid, target.comm, output, launched=target.child is not None)
         early = start_probes(target, opts)  # built in a thread while the tracer and the reports load
         try:

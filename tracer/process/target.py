@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from common.errors import TargetError, UsageError
 
-from . import ending, procfs
+from . import ending, procfs, wrappers
 
 
 @dataclass
@@ -47,6 +47,9 @@ class Target:
     exit_status: int | None = field(default=None, init=False, repr=False, compare=False)
     # `watch` (tracer/watch/gate.py) stopped it at its exec: release() calls this to let it run
     on_release: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    # launch mode: the wrappers the command went through to its program, said to the user
+    # (tracer/process/wrappers.py); "" when it runs as given
+    via: str = field(default="", compare=False)
 
     def alive(self) -> bool:
         """The process is still running (not a zombie; a reused pid is not it). The recorder asks
@@ -370,8 +373,9 @@ def program_image(path: str) -> str:
 
 def command_target(argv: list[str]) -> Target:
     """A command looked up but not started (record --dry-run): pid 0."""
-    exe = _command_exe(argv)
-    return Target(0, 0, program_image(exe), os.path.basename(argv[0])[:15], argv=list(argv))
+    run = wrappers.resolve(_command_exe(argv), argv)
+    name = os.path.basename(run.argv[0])[:15]
+    return Target(0, 0, program_image(run.exe), name, argv=list(run.argv), via=run.said())
 
 
 def at_terminal() -> bool:
@@ -389,11 +393,14 @@ def at_terminal() -> bool:
         os.close(fd)
 
 
-def _exec(exe: str, argv: list[str]) -> None:
+def _exec(exe: str, argv: list[str], env: dict[str, str] | None) -> None:
     """In the forked child: exec the program, or say why not and exit as a shell does (126: found
     but cannot run, 127: else)."""
     try:
-        os.execv(exe, argv)
+        if env is None:
+            os.execv(exe, argv)
+        else:
+            os.execve(exe, argv, env)
     except OSError as e:
         os.write(2, f"allocscope: cannot run {argv[0]}: {e.strerror}\n".encode(errors="replace"))
         os._exit(126 if e.errno in (errno.EACCES, errno.ENOEXEC, errno.EISDIR) else 127)
@@ -401,8 +408,11 @@ def _exec(exe: str, argv: list[str]) -> None:
 
 def target_from_command(argv: list[str]) -> Target:
     """Fork argv stopped before exec; the probes attach to its pid, then release() lets it
-    exec, so it is traced from its first allocation. Its process group: the module's docstring."""
-    exe = _command_exe(argv)
+    exec, so it is traced from its first allocation. Its process group: the module's docstring.
+    A wrapper that only execs another program (tracer/process/wrappers.py) is resolved first: the
+    program it would run is launched, as it would run it."""
+    run = wrappers.resolve(_command_exe(argv), argv)
+    exe, argv, env = run.exe, run.argv, run.environ()
     own_group = not at_terminal()
     _load_libc()  # not in the forked child (another thread may hold the loader's lock at the fork)
     r, w = os.pipe()
@@ -417,7 +427,7 @@ def target_from_command(argv: list[str]) -> Target:
             if os.read(r, 1) == b"g":
                 os.close(r)
                 _ptrace(PTRACE_TRACEME, 0)
-                _exec(exe, argv)
+                _exec(exe, argv, env)
         except BaseException:  # noqa: BLE001 (the forked child must end in _exit, whatever happened)
             pass
         os._exit(127)
@@ -436,6 +446,7 @@ def target_from_command(argv: list[str]) -> Target:
         child=Child(pid, own_group, os.path.basename(argv[0])),
         release_fd=w,
         argv=list(argv),
+        via=run.said(),
     )
 
 
