@@ -312,6 +312,19 @@ def test_stacks_cut_short_are_said_but_are_no_loss():
     assert head.endswith("lost 12 (ring_full 12), 37 stacks cut short"), head
     s = Summary("/t/x.allocscope", 2.0, 2, "SIGINT", 0, 0, 0, 0, 1 << 10, {"reason": "stopped"}, 37)
     assert summary_text(s).endswith("lost 0 (37 stacks cut short while unwind tables were built); 1.0 KiB on disk")
+    # so do stacks kept to their innermost 64 frames (too deep, or a frame the unwinder cannot follow)
+    assert lost_events({"lost_stack_truncated": 2262, "lost_ring_full": 1}) == 1
+    s = Summary("/t/x.allocscope", 2.0, 2, "SIGINT", 0, 0, 0, 0, 1 << 10, {"reason": "stopped"}, 0, 2262)
+    assert summary_text(s).endswith(
+        "lost 0 (2262 stacks kept to their innermost frames (too deep to unwind)); 1.0 KiB on disk"
+    )
+    snap = feed.step(3.0, {}, lost_stack_pending=37, lost_stack_truncated=5, lost_ring_full=12)
+    model.update(snap)
+    assert (
+        batch_block(model.view(), "live", 2, "12:00:03")
+        .splitlines()[0]
+        .endswith("lost 12 (ring_full 12), 42 stacks cut short")
+    )
 
 
 def test_verdict_is_new_until_four_intervals():

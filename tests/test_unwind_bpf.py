@@ -412,6 +412,9 @@ def test_deeper_than_64_frames_is_counted_truncated(release_targets, run_target)
     s = site_with(rep, "recurse")
     assert len(s["full_frames"]) == 64 and s["live_bytes"] == 777
     assert any("lost_stack_truncated" in a for a in rep["advice"]), rep["advice"]
+    # a stack kept to its innermost 64 frames loses no event and no byte: said, never as a loss
+    assert rep["totals"]["lost_events"] == 0, rep["totals"]
+    assert not [f for f in rep["findings"] if f["kind"] == "losses"], rep["findings"]
 
 
 DL_CHAIN = ["dl_level4", "dl_level3", "dl_level2", "dl_level1", "dl_entry", "call_lib", "main"]

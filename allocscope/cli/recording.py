@@ -119,8 +119,9 @@ def summary_text(s, mode: str = "full") -> str:
     if ended != s.end_reason and not ended.startswith("the target"):
         ended = f"target {ended}"
     intervals = f"{s.intervals} interval{'' if s.intervals == 1 else 's'}"
-    cut = s.cut_short
-    lost = f"lost {s.lost}" + (f" ({cut} stacks cut short while unwind tables were built)" if cut else "")
+    cut = [f"{s.cut_short} stacks cut short while unwind tables were built"] if s.cut_short else []
+    cut += [f"{s.truncated} stacks kept to their innermost frames (too deep to unwind)"] if s.truncated else []
+    lost = f"lost {s.lost}" + (f" ({'; '.join(cut)})" if cut else "")
     return (
         f"allocscope: {where}: {intervals} in {s.seconds:.1f}s ({ended}); "
         f"live {human_bytes(live)} in {s.live_count} blocks at {s.sites} sites; "

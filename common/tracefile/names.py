@@ -20,9 +20,10 @@ TLB_REASONS = (
     "remote_wrong_cpu",
 )
 
-# A stack cut short while its module's unwind table was being built: the event and its bytes are
-# counted (at a shorter stack), nothing lost.
-NOT_LOST = frozenset({"lost_stack_pending"})
+# A stack cut short, while its module's unwind table was being built or past 64 frames or a frame
+# the unwinder cannot follow: the event and its bytes are counted (at its innermost frames),
+# nothing lost. Said beside the losses ("N stacks cut short"), never as one.
+NOT_LOST = frozenset({"lost_stack_pending", "lost_stack_truncated"})
 
 
 def lost_events(counters: Mapping[str, int | float]) -> int:

@@ -26,7 +26,7 @@ LOSS_ADVICE = {
     "lost_ring_full": "the event ring overflowed: some mmap/munmap/thread events are missing",
     "lost_flow_full": "the thread-flow map was full: some cross-thread frees are not in the flow table",
     "lost_stack_truncated": "some stacks were cut short (deeper than 64 frames, or code the DWARF unwinder "
-    "cannot follow): their sites show the innermost frames only",
+    "cannot follow): their sites show the innermost frames only; their bytes are all counted",
     "lost_stack_pending": "some stacks were cut short at a module whose unwind table was still being built "
     "(the lines below say which, until when); `allocscope doctor --pid PID --warm` "
     "before recording builds them all ahead",
@@ -53,7 +53,8 @@ def totals(trace: Trace) -> dict:
     """Whole-process numbers: live_bytes, live_count (tracked and outstanding at the end),
     peak_live_bytes, rss_bytes (last sample while the target was readable), peak_rss_bytes
     (highest sample), hwm_bytes (kernel VmHWM), lost_events (sum of the lost_* counters except
-    byte counts and lost_stack_pending), losses (the non-zero lost_* counters), heap_live_bytes, mmap_live_bytes,
+    byte counts and the stacks cut short, NOT_LOST), losses (the non-zero lost_* counters),
+    heap_live_bytes, mmap_live_bytes,
     duration_s, intervals — host memory only — and, kept apart: device_bytes (GPU memory live
     at the end, `intervals.device_live_bytes`), device_peak_bytes (its highest), device_count
     (GPU allocations live at the end, from the sites), cuda_host_bytes (pinned and managed host

@@ -92,14 +92,14 @@ def mode_text(mode: str, sample_bytes: int = 0, fault_sample: int = 0) -> str:
 
 
 def losses_text(view: LiveView) -> str:
-    """'lost 0', 'lost 12 (ring_full 12)'; stacks cut short while an unwind table was built are
-    no loss (common/tracefile/names.py NOT_LOST): said after it, ', 37 stacks cut short'."""
+    """'lost 0', 'lost 12 (ring_full 12)'; stacks cut short (while an unwind table was built, or
+    too deep) are no loss (common/tracefile/names.py NOT_LOST): said after it, ', 37 stacks cut short'."""
     lost = {k: v for k, v in view.losses.items() if k not in NOT_LOST}
     text = "lost 0"
     if lost:
         parts = ", ".join(f"{k.removeprefix('lost_')} {v}" for k, v in sorted(lost.items()))
         text = f"lost {view.lost} ({parts})"
-    cut = view.losses.get("lost_stack_pending", 0)
+    cut = view.losses.get("lost_stack_pending", 0) + view.losses.get("lost_stack_truncated", 0)
     return text + (f", {cut} stacks cut short" if cut else "")
 
 

@@ -29,6 +29,7 @@ class Summary:
     bytes_written: int
     end: dict | None = None  # meta.json `end` (how the target ended, tracer/process/ending.py)
     cut_short: int = 0  # stacks cut short while an unwind table was built (lost_stack_pending): no event lost
+    truncated: int = 0  # stacks cut short past 64 frames or an unfollowable frame (lost_stack_truncated): no loss
 
 
 def finish(rec, probes) -> None:
@@ -75,6 +76,7 @@ def summary(rec) -> Summary:
         rec.writer.bytes_written,
         rec.end,
         int(row.get("lost_stack_pending", 0)),
+        int(row.get("lost_stack_truncated", 0)),
     )
 
 
