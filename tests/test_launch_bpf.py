@@ -10,6 +10,7 @@ import gzip
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,7 +98,19 @@ def test_sigpipe_ends_the_program_as_in_a_shell(tmp_path):
 
 EXECS = """#!/bin/sh
 echo before
-exec sh -c 'sleep 0.3; echo after; exit 5'
+exec /bin/sh "$(dirname "$0")/after.sh"
+"""
+# the program it becomes: untraced soon after the exec (TracerPid 0: allocscope let it go), then ends
+AFTER = """sleep 1.2
+i=0
+while [ $i -lt 100 ]; do
+    t=$(awk '/TracerPid/ {print $2}' /proc/$$/status)
+    [ "$t" = 0 ] && break
+    sleep 0.05; i=$((i+1))
+done
+echo "tracer $t"
+echo after
+exit 5
 """
 
 
@@ -109,10 +122,11 @@ def test_a_script_that_execs_runs_to_its_end(tmp_path):
     script = tmp_path / "execs.sh"
     script.write_text(EXECS)
     script.chmod(0o755)
+    (tmp_path / "after.sh").write_text(AFTER)
     trace = tmp_path / "x.allocscope"
     p = run("record", "-o", str(trace), "--", str(script))
     assert p.returncode == 5, p.stderr
-    assert p.stdout == "before\nafter\n"
+    assert p.stdout == "before\ntracer 0\nafter\n"  # whole, and the program it became no longer ptraced
     lines = ours(p.stderr)
     assert all(line.startswith("allocscope: ") for line in lines), lines
     assert "(the target exec'd another program)" in lines[-2], lines
@@ -332,3 +346,11 @@ def test_top_batch_launch_follows_the_same_rules(tmp_path):
     lines = ours(p.stderr)
     assert all(line.startswith("allocscope: ") for line in lines), lines
     assert lines[-1].startswith("allocscope: recording stopped (1 iteration): SIGTERM to sh (pid "), lines
+    # a program that exec'd another one ends the view there, and --iterations still bounds the run:
+    # stopped at once (not waited for, as record waits), its status allocscope's (143: SIGTERM)
+    t0 = time.monotonic()
+    p = run("top", "--batch", "--iterations", "3", "--interval", "0.5", "--", "sh", "-c", "exec sleep 60")
+    assert p.returncode == 143 and time.monotonic() - t0 < 20, p.stderr
+    lines = ours(p.stderr)
+    assert lines[-1].startswith("allocscope: recording stopped (--iterations): SIGTERM to sh (pid "), lines
+    assert lines[-2].endswith(f"exec'd {os.path.realpath(shutil.which('sleep'))}: the trace ends at the exec"), lines

@@ -72,11 +72,14 @@ def start_probes(target, opts):
     return EarlyProbes(target.pid, opts, target.child is not None)
 
 
-def end_launched(target, s, stop, grace: float, say=None, warn=None, duration: float | None = None) -> int:
+def end_launched(
+    target, s, stop, grace: float, say=None, warn=None, duration: float | None = None, bound: str = "--duration"
+) -> int:
     """A launched program once its recording `s` is over (tracer/process/launch.py): ended by
     itself, or stopped (SIGTERM, the grace period, SIGKILL); its exit status as a shell says it,
     for allocscope to exit with. One that exec'd another program is waited for, at most until
-    `duration` (seconds since the recording began) is up. 0 for a --pid/--pgrep target."""
+    `duration` (seconds since the recording began; `bound`: the option that set it) is up. 0 for
+    a --pid/--pgrep target."""
     if target.child is None:
         return 0
     import time  # noqa: PLC0415
@@ -85,7 +88,9 @@ def end_launched(target, s, stop, grace: float, say=None, warn=None, duration: f
 
     stop.finalizing = False  # a signal now cuts the grace period short: no "finalizing" word
     until = None if duration is None else time.monotonic() + max(0.0, duration - s.seconds)
-    return end_program(target, s.end_reason or "", grace, say, warn, lambda: stop.signals, until, lambda: stop.reason)
+    return end_program(
+        target, s.end_reason or "", grace, say, warn, lambda: stop.signals, until, lambda: stop.reason, bound
+    )
 
 
 def residency_live(s) -> int | None:

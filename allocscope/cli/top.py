@@ -164,7 +164,10 @@ def top(
             listeners.target_ended(end_reason(s, output))
     finally:
         listeners.close()
-    code = end_launched(target, s, stop, grace, progress, progress)
+    # --iterations bounds the run: a program that exec'd another one is stopped with the view
+    # (record's wait for it would outlast every iteration); else it is waited for, as record does
+    bounded = s is not None and batch and iterations is not None
+    code = end_launched(target, s, stop, grace, progress, progress, s.seconds if bounded else None, "--iterations")
     if out_error:  # the trace is written and the program ended: then the error, exit 6
         raise OutputError(out_error)
     if code:

@@ -60,6 +60,7 @@ def end_program(
     signals: Callable[[], int] = lambda: 0,
     until: float | None = None,
     stopped_by: Callable[[], str | None] = lambda: None,
+    bound: str = "--duration",
 ) -> int:
     """After the recording of launched `target`: its exit status (shell_status), the program
     ended as the module's docstring says. `reason`: why the recording stopped ("target exited",
@@ -82,7 +83,7 @@ def end_program(
         if not reason:
             return shell_status(child.returncode)
     first = signals()
-    why = "--duration" if reason == "duration" else reason or "the recording stopped"
+    why = bound if reason == "duration" else reason or "the recording stopped"
     if reason == "SIGINT" and not child.own_group:
         # Ctrl-C at the terminal went to the program too: its own way of ending first
         say(f"{name} got the Ctrl-C too: waiting up to {grace:g} s for it to end")
@@ -123,6 +124,10 @@ def _run_on(
     child = target.child
     assert child is not None
     now = _image(child.pid)
+    child.detach()  # untraced from here: its signals its own, a debugger welcome, our end not its end
+    if until is not None and time.monotonic() >= until:  # the run's bound is already up: stopped at once
+        say(f"{name} exec'd {now or 'another program'}: the trace ends at the exec")
+        return "duration"
     say(
         f"{name} exec'd {now or 'another program'}: the trace ends at the exec; "
         "waiting for the program to end (allocscope exits with its status)"

@@ -221,6 +221,42 @@ class Child:
             self.traced = False
             self.exiting = False
 
+    def detach(self, timeout: float = 2.0) -> bool:
+        """Stop tracing it while it runs on (it exec'd another program after the recording ended):
+        a SIGSTOP to its main thread alone (tgkill: no other thread can take it and stop the
+        group), its stop taken, a detach that suppresses it; signals that stop it before are
+        passed on. Untraced, it is no longer held at each signal, a debugger can attach, and
+        allocscope's end does not kill it (PTRACE_O_EXITKILL). False when it did not stop in
+        `timeout` (it stays traced) or ended."""
+        if not self.traced or self.returncode is not None or self.exiting:
+            return False
+        if _load_libc().tgkill(self.pid, self.pid, signal.SIGSTOP) != 0:
+            return False
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -1
+                return False
+            if not pid:
+                time.sleep(0.002)
+                continue
+            if not os.WIFSTOPPED(status):
+                self.returncode = os.waitstatus_to_exitcode(status)
+                return False
+            sig = os.WSTOPSIG(status)
+            if status >> 16 == 0 and sig == signal.SIGSTOP:
+                if _ptrace(PTRACE_DETACH, self.pid, 0, 0) == 0:
+                    self.traced = False
+                return not self.traced
+            if status >> 16 == PTRACE_EVENT_EXIT:
+                self.exiting = True
+                self.resume()
+                return False
+            _ptrace(PTRACE_CONT, self.pid, 0, 0 if sig == signal.SIGTRAP else sig)
+        return False
+
     def wait(self, timeout: float) -> int | None:
         self.resume()
         end = time.monotonic() + timeout
