@@ -79,7 +79,8 @@ def test_an_allocator_library_deleted_under_a_running_program_is_still_probed(je
     shutil.copy(JEMALLOC[0], lib / "libjemalloc.so.2")
     tgt = procs("env", f"LD_LIBRARY_PATH={lib}", jem, "--wait-signal")
     tgt.expect("ready")
-    (lib / "libjemalloc.so.2").unlink()  # upgraded on disk: the running copy is deleted
+    (lib / "libjemalloc.so.2").unlink()  # upgraded on disk: the running copy is deleted,
+    shutil.copy(JEMALLOC[0], lib / "libjemalloc.so.2")  # a new file (inode) under its name
     out = tmp_path / "gone.allocscope"
     tr = record_attached(tracers, tgt.pid, out, "--interval", "0.5")
     tgt.signal(signal.SIGUSR1)
@@ -89,5 +90,7 @@ def test_an_allocator_library_deleted_under_a_running_program_is_still_probed(je
     assert probes["allocator_kind"] == "jemalloc", probes
     assert probes["allocator"] == f"{lib / 'libjemalloc.so.2'} (deleted)", probes["allocator"]
     rep = report_json(out)
+    kinds = [a.get("kind") for a in rep["recording"]["allocators"]]
+    assert kinds.count("jemalloc") == 1, rep["recording"]["allocators"]  # the new file is not the mapped one
     leak = [s for s in rep["sites"] if "jem_leak" in functions(s["frames"])]
     assert sum(s["live_count"] for s in leak) == 700 and sum(s["live_bytes"] for s in leak) == 700 * 333

@@ -316,7 +316,8 @@ def test_stacks_cut_short_are_said_but_are_no_loss():
     assert lost_events({"lost_stack_truncated": 2262, "lost_ring_full": 1}) == 1
     s = Summary("/t/x.allocscope", 2.0, 2, "SIGINT", 0, 0, 0, 0, 1 << 10, {"reason": "stopped"}, 0, 2262)
     assert summary_text(s).endswith(
-        "lost 0 (2262 stacks kept to their innermost frames (too deep to unwind)); 1.0 KiB on disk"
+        "lost 0 (2262 stacks kept to their innermost frames (too deep, or a frame the unwinder cannot follow)); "
+        "1.0 KiB on disk"
     )
     snap = feed.step(3.0, {}, lost_stack_pending=37, lost_stack_truncated=5, lost_ring_full=12)
     model.update(snap)

@@ -68,7 +68,7 @@ def feed_incarnation(exp: MetricsExporter, ticks: int, lost: int = 0) -> Feed:
         upd = {(GROW, T_GROW, "heap"): (3333 * k, k, 0, 0, 3333 * k)}
         if k == 1:
             upd[(CONFIG, T_MAIN, "heap")] = (2000, 1, 0, 0, 2000)
-        exp.observe(feed.step(float(k), upd, rss=9 << 20, lost_live_full=lost))
+        exp.observe(feed.step(float(k), upd, rss=9 << 20, lost_live_full=lost, lost_stack_truncated=7))
     return feed
 
 
@@ -89,6 +89,8 @@ def test_figures_labels_and_incarnations(exporter):
         (("location", CONFIG_SITE), ("pw", "12")): 2000,
     }
     assert one(s, "allocscope_lost_events_total", kind="live_full") == 3
+    # stacks kept to their innermost frames are no loss (the report's lost_events): no such series
+    assert not [lb for _n, lb in s if dict(lb).get("kind") == "stack_truncated"], s
     assert 0 < one(s, "allocscope_exporter_cpu_seconds_total") < 60
     assert one(s, "allocscope_target_info", pid="101", comm="grower", trace="/var/lib/allocscope/grower-101.allocscope")
     assert {dict(lb)["reason"]: v for lb, v in series(s, "allocscope_target_ends_total").items()} == {

@@ -118,14 +118,16 @@ def summary_text(s, mode: str = "full") -> str:
     from reports.analysis.ending import closing_text  # noqa: PLC0415
     from reports.units import human_bytes  # noqa: PLC0415
 
-    live = (residency_live(s) if mode == "residency" else None) or s.live_bytes
+    est = residency_live(s) if mode == "residency" else None
+    live = s.live_bytes if est is None else est  # a real 0 B stays 0 B
     where = f"wrote {s.path}" if s.path else "wrote nothing (no -o)"
     ended = closing_text(s.end, s.end_reason)  # how the target ended, as the report says it
     if ended != s.end_reason and not ended.startswith("the target"):
         ended = f"target {ended}"
     intervals = f"{s.intervals} interval{'' if s.intervals == 1 else 's'}"
     cut = [f"{s.cut_short} stacks cut short while unwind tables were built"] if s.cut_short else []
-    cut += [f"{s.truncated} stacks kept to their innermost frames (too deep to unwind)"] if s.truncated else []
+    deep = "(too deep, or a frame the unwinder cannot follow)"
+    cut += [f"{s.truncated} stacks kept to their innermost frames {deep}"] if s.truncated else []
     lost = f"lost {s.lost}" + (f" ({'; '.join(cut)})" if cut else "")
     return (
         f"allocscope: {where}: {intervals} in {s.seconds:.1f}s ({ended}); "

@@ -20,6 +20,8 @@ import glob
 import os
 from dataclasses import dataclass
 
+from common.tracefile.names import NOT_LOST
+
 from ..analysis import FrameInfo
 from .model import LiveModel
 from .text import site_text
@@ -181,8 +183,8 @@ class FleetMetrics:
         self.lost_now = {
             k.removeprefix("lost_"): int(v)
             for k, v in snap.row.items()
-            if k.startswith("lost_") and not k.endswith("_bytes") and v is not None
-        }
+            if k.startswith("lost_") and not k.endswith("_bytes") and k not in NOT_LOST and v is not None
+        }  # stacks cut short are no loss (common/tracefile/names.py), as in the report's lost_events
         rows = getattr(snap, "allocators", ()) or ()
         if rows:
             self.allocators = tuple(rows)

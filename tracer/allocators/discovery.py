@@ -226,6 +226,8 @@ def code_files(maps: list[Mapping], pid: int = 0) -> list[str]:
     ids: set[tuple[int, int]] = set()
     for m in maps:
         path = live_file(pid, m) if m.path.endswith(DELETED) else m.path
+        if m.path.endswith(DELETED) and "/map_files/" not in path:
+            continue  # gone, and no pid to reach the mapped inode: the name may hold another file now
         if m.is_file and "x" in m.perms and path not in files:
             fid = file_id(path)
             if fid is not None and fid not in ids:

@@ -69,8 +69,8 @@ def _head(path: str) -> bytes:
 
 def _env_script(cur: Launch, head: bytes) -> Launch | None:
     """`#!/usr/bin/env [-S] NAME [ARGS]`: [NAME, ARGS..., script, args...] with NAME from PATH."""
-    if not head.startswith(b"#!"):
-        return None
+    if not head.startswith(b"#!") or not os.access(cur.exe, os.X_OK):
+        return None  # a script the kernel would not run (no x bit, noexec mount): its exec says why
     words = head[2:].split(b"\n", 1)[0].split()
     if len(words) < 2 or os.path.basename(words[0]) != b"env":
         return None

@@ -27,7 +27,10 @@ def attach_new_allocators(rec, maps: list[procfs.Mapping]) -> None:
     source (heap:KIND[:PREFIX])."""
     probed = {(file_id(pl.allocator.path), pl.allocator.prefix) for pl in rec.plans}
     new = [
-        a for path in code_files(maps) for a in allocators_in(path, False) if (file_id(a.path), a.prefix) not in probed
+        a
+        for path in code_files(maps, rec.target.pid)
+        for a in allocators_in(path, False)
+        if (file_id(a.path), a.prefix) not in probed
     ]
     if not new or rec.opts.mode == "residency" or rec.probes is None:
         return
