@@ -286,6 +286,9 @@ class Recorder:
             # the names before the trace is announced (meta.json): a test or a user acting on it at
             # once (exec renames the thread) must not find the new name taken for the old one's
             self.snapshots.threads.seen(1, self.t0_ns, procfs.thread_names(t.pid) if not launched else {})
+            # stopped at the attach: read before the trace is announced (one who sees meta.json may
+            # continue it at once), said after the "recording" line
+            stopped = not launched and not held and _stopped(t.pid, self.opts.inject)
             self._start_writer()
             self.started = True
             snaps = self.snapshots
@@ -298,7 +301,7 @@ class Recorder:
             self.progress(
                 f"recording pid {t.pid} ({t.comm}); allocator {found.alloc.kind} {found.alloc.shown}; Ctrl-C to stop"
             )
-            if not launched and not held and _stopped(t.pid, self.opts.inject):
+            if stopped:
                 self.progress(
                     f"pid {t.pid} is stopped (SIGSTOP, job control or a debugger): "
                     "it allocates nothing until it is continued"
