@@ -398,9 +398,7 @@ def program_image(path: str) -> str:
             if depth == 0:
                 return path  # the command itself: its exec says why (126)
             raise TargetError(f"cannot run {script}: its interpreter {path}: {e.strerror}") from None
-        if not head.startswith(b"#!"):
-            return path
-        words = head[2:].split(b"\n", 1)[0].split()
+        words = wrappers.shebang(head)
         if not words:
             return path
         path = os.path.realpath(os.fsdecode(words[0]))

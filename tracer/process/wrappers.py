@@ -67,11 +67,18 @@ def _head(path: str) -> bytes:
         return b""
 
 
+def shebang(head: bytes) -> list[bytes] | None:
+    """The words of a script's `#!` line (interpreter first), None for a file that is not one."""
+    if not head.startswith(b"#!"):
+        return None
+    return head[2:].split(b"\n", 1)[0].split()
+
+
 def _env_script(cur: Launch, head: bytes) -> Launch | None:
     """`#!/usr/bin/env [-S] NAME [ARGS]`: [NAME, ARGS..., script, args...] with NAME from PATH."""
-    if not head.startswith(b"#!") or not os.access(cur.exe, os.X_OK):
-        return None  # a script the kernel would not run (no x bit, noexec mount): its exec says why
-    words = head[2:].split(b"\n", 1)[0].split()
+    words = shebang(head)
+    if words is None or not os.access(cur.exe, os.X_OK):
+        return None  # not a script, or one the kernel would not run (no x bit): its exec says why
     if len(words) < 2 or os.path.basename(words[0]) != b"env":
         return None
     rest = [os.fsdecode(w) for w in words[1:]]
