@@ -181,28 +181,21 @@ static __always_inline void py_tags(struct as_pyconf *c, struct as_pywork *p)
     }
 }
 
-/* A new stack stored: the tracer wakes and reads its code objects at once, while they live (a
- * module body runs once at import and is freed then, `exec`'d code too; read at the next
- * snapshot, they would be gone). Once per stored stack; a full ring leaves it to the snapshot. */
-static __always_inline void py_wake(u32 tid, u64 h)
+/* An event for the tracer, woken at once (AS_EV_PYSTACK: a new stack stored, read its code
+ * objects while they live; AS_EV_PYTHREAD: a thread's state found). Rare: once per stored stack
+ * or found thread; a full ring leaves the work to the next snapshot or walk. */
+static __always_inline void py_event(u32 type, u32 tid, u64 addr)
 {
     struct as_event *e = events.ringbuf_reserve(sizeof(struct as_event));
     if (!e)
         return;
     __builtin_memset(e, 0, sizeof(*e));
-    e->type = AS_EV_PYSTACK;
+    e->type = type;
     e->tid = tid;
-    e->addr = h;
+    e->addr = addr;
     events.ringbuf_submit(e, 0);
 }
 
-/* The PyThreadState of thread `tid` when the tracer has not named it yet (a thread started since
- * its last walk: a ThreadPoolExecutor's worker started on the first submit allocates at once): the
- * main interpreter's thread states, newest first (a new thread's is at the head), up to
- * AS_PY_THREAD_WALK, their native_thread_id compared. Found: kept in `pythreads` and told to the
- * tracer (AS_EV_PYTHREAD: its walk then owns the entry, removed when the thread is gone). Not
- * found (a native thread: a BLAS pool, a C library's own): not looked for again for
- * AS_PY_REWALK_NS. 0 when none. */
 /* Thread `tid`'s state among the first AS_PY_THREAD_WALK of interpreter `interp` (newest first),
  * 0 when none. */
 static __always_inline u64 py_tstate_in(struct as_pyconf *c, u64 interp, u32 tid)
@@ -241,6 +234,13 @@ static __always_inline u64 py_sub_tstate(struct as_pyconf *c, u32 tid, u64 ts, s
     return sub;
 }
 
+/* The PyThreadState of thread `tid` when the tracer has not named it yet (a thread started since
+ * its last walk: a ThreadPoolExecutor's worker started on the first submit allocates at once): the
+ * main interpreter's thread states, newest first (a new thread's is at the head), up to
+ * AS_PY_THREAD_WALK, their native_thread_id compared. Found: kept in `pythreads` and told to the
+ * tracer (AS_EV_PYTHREAD: its walk then owns the entry, removed when the thread is gone). Not
+ * found (a native thread: a BLAS pool, a C library's own): not looked for again for
+ * AS_PY_REWALK_NS. 0 when none. */
 static __always_inline u64 py_find_tstate(struct as_pyconf *c, u32 tid)
 {
     if (!c->runtime)
@@ -255,14 +255,7 @@ static __always_inline u64 py_find_tstate(struct as_pyconf *c, u32 tid)
         return 0;
     }
     pythreads.update(&tid, &ts);
-    struct as_event *e = events.ringbuf_reserve(sizeof(struct as_event));
-    if (e) {
-        __builtin_memset(e, 0, sizeof(*e));
-        e->type = AS_EV_PYTHREAD;
-        e->tid = tid;
-        e->addr = ts;
-        events.ringbuf_submit(e, 0);
-    }
+    py_event(AS_EV_PYTHREAD, tid, ts);
     return ts;
 }
 
@@ -299,7 +292,9 @@ static __always_inline u64 py_stack(u32 tid, u64 sid)
     if (n == 0)
         return sid;
     py_count(AS_PYCNT_FRAMES, n);
-    p->st.cut = p->frame != 0; /* said in the report: a cut stack must not read as whole */
+    /* said in the report: a cut stack must not read as whole (frames left, or the main
+     * interpreter's that entered a subinterpreter not walked yet) */
+    p->st.cut = p->frame != 0 || p->next_ts != 0;
     u64 h = p->h ^ p->st.cut;
     h = (h ^ (h >> 33)) * 0xff51afd7ed558ccdULL;
     if (h == 0 || h == sid)
@@ -322,7 +317,7 @@ static __always_inline u64 py_stack(u32 tid, u64 sid)
         return sid; /* the copy in `stacks` stays unnamed: harmless */
     }
     py_count(AS_PYCNT_STORED, 1);
-    py_wake(tid, h);
+    py_event(AS_EV_PYSTACK, tid, h);
     return h;
 }
 
